@@ -1,0 +1,109 @@
+/* config.h — the model configuration both engines share.
+ *
+ * A kv_config is plain data (no pointers): it comes from a built-in preset,
+ * or from a Hugging Face config.json (model_type llama, qwen2, gemma3_text,
+ * gemma3), and can be written back as a config.json that Hugging Face
+ * transformers reads. Everything an engine needs is resolved here, so
+ * engines never look at model_type strings: per-layer attention type,
+ * window, RoPE base and the layer whose KV cache each layer reads. */
+#ifndef KV_CONFIG_H
+#define KV_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "err.h"
+
+#define KV_MAX_LAYERS 256
+#define KV_MAX_EOS 8
+
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3 } kv_arch;
+typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
+typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;
+typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3 } kv_rope_scale;
+
+typedef struct {
+    kv_rope_scale type;
+    double factor;               /* linear and llama3 */
+    double low_freq_factor;      /* llama3 only */
+    double high_freq_factor;     /* llama3 only */
+    int original_max_position;   /* llama3 only */
+} kv_rope_scaling;
+
+typedef struct {
+    kv_arch arch;
+    char model_type[32];         /* as written to config.json: "llama", "qwen2", "gemma3_text" */
+
+    int hidden;                  /* E: hidden_size */
+    int n_layers;                /* L: num_hidden_layers */
+    int n_heads;                 /* H: num_attention_heads */
+    int n_kv_heads;              /* KV: num_key_value_heads */
+    int head_dim;                /* D */
+    int intermediate;            /* intermediate_size */
+    int vocab;                   /* V: vocab_size */
+    int max_positions;           /* max_position_embeddings: the longest context accepted */
+
+    double rms_eps;
+    bool norm_plus_one;          /* Gemma: x * (1 + w); others x * w */
+    kv_act act;
+    bool qkv_bias;               /* Qwen2: q/k/v projections have biases */
+    bool qk_norm;                /* Gemma 3: RMSNorm over D on q and k before RoPE */
+    bool sandwich_norms;         /* Gemma 3: post-attention / pre- and post-feedforward norms */
+    bool tie_embeddings;         /* lm_head is embed_tokens */
+    float embed_scale;           /* Gemma: sqrt(hidden) as float32; others 1 */
+    double attn_scale;           /* multiplier of q.k: 1/sqrt(head_dim) or query_pre_attn_scalar^-0.5 */
+    double final_softcap;        /* 0 = none; else logits = cap * tanh(logits / cap) */
+
+    double rope_theta;           /* global (full attention) layers */
+    double rope_local_theta;     /* sliding layers (Gemma 3 rope_local_base_freq) */
+    kv_rope_scaling rope_scaling;/* applies to global layers (Gemma 3 and Llama alike) */
+
+    int sliding_window;          /* W, 0 when no layer slides */
+    uint8_t layer_type[KV_MAX_LAYERS];  /* kv_attn_type of each layer */
+    int16_t kv_owner[KV_MAX_LAYERS];    /* layer whose cache layer i reads; i when it owns one */
+    int kv_pad_to;               /* KV-shared reads go through head_dim padded to a multiple of this; 0 = none */
+
+    int bos_id;                  /* -1 when unknown */
+    int eos_ids[KV_MAX_EOS];
+    int n_eos;
+
+    /* Prefix of the decoder's tensor names, e.g. "model." or
+     * "language_model.model." (Gemma3ForConditionalGeneration). lm_head
+     * lives at lm_head_name. */
+    char tensor_prefix[64];
+    char lm_head_name[96];
+} kv_config;
+
+/* Attention window of layer i: 0 for global layers. */
+int config_layer_window(const kv_config *c, int layer);
+
+/* RoPE base of layer i (rope_local_theta on sliding layers of Gemma 3). */
+double config_layer_theta(const kv_config *c, int layer);
+
+/* Checks internal consistency (positive sizes, H divisible by KV, owners
+ * earlier and of the same type, ...). Returns 0 or fills e and returns -1. */
+int config_validate(const kv_config *c, kv_err *e);
+
+/* Reads a Hugging Face config.json. On error fills e with
+ * "<path>: <problem>" and returns -1; *out is then unspecified. */
+int config_load_json(const char *path, kv_config *out, kv_err *e);
+
+/* Parses config.json text (len bytes, need not be NUL-terminated); `name`
+ * is used in error messages. Used by config_load_json and the fuzzer. */
+int config_parse_json(const char *text, size_t len, const char *name,
+                      kv_config *out, kv_err *e);
+
+/* Writes c as a Hugging Face config.json to path (temp file + rename). */
+int config_write_json(const kv_config *c, const char *path, kv_err *e);
+
+/* Built-in presets: "tiny-llama", "tiny-qwen2", "tiny-gemma3",
+ * "tiny-gemma3-kvshared", "qwen2.5-0.5b-shape", "gemma3-1b-shape".
+ * Returns 0, or -1 with e filled for an unknown name. */
+int config_preset(const char *name, kv_config *out, kv_err *e);
+
+/* NULL-terminated list of preset names, for --help and tests. */
+const char *const *config_preset_names(void);
+
+/* One line describing the model, for `kvdiff run --verbose`. */
+void config_describe(const kv_config *c, char *buf, size_t n);
+
+#endif

@@ -1,0 +1,23 @@
+/* err.h — the one error type every library function fills.
+ *
+ * Library code never prints and never exits: it returns -1 (or NULL) and
+ * writes a one-line message naming the file and the problem into a kv_err
+ * the caller owns. Only main() and tests print it. */
+#ifndef KV_ERR_H
+#define KV_ERR_H
+
+#include <stddef.h>
+
+typedef struct {
+    char msg[1024];
+} kv_err;
+
+/* Formats the message (printf style) into e (e may be NULL) and returns -1,
+ * so callers can write `return kv_errf(e, "...")`. */
+int kv_errf(kv_err *e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* Prepends "prefix: " to an existing message (used to add a file name). */
+int kv_err_prefix(kv_err *e, const char *prefix);
+
+#endif

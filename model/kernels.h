@@ -1,0 +1,109 @@
+/* kernels.h — the deterministic, batch-invariant numeric kernels.
+ *
+ * THE ORDER RULE. Every output element is computed by one fixed sequence of
+ * floating-point operations that depends neither on how many rows are in
+ * the batch, nor on the thread count, nor on whether the scalar or a SIMD
+ * path runs:
+ *
+ *  - matmul: weights are packed at load into panels of KERN_PANEL (16)
+ *    output columns, K-major: panel p holds W[16p + j][k] at [k][j]. Output
+ *    y[m][n] starts at +0.0f and accumulates acc = fmaf(x[m][k], w[n][k], acc)
+ *    for k = 0, 1, ..., K-1, then adds the bias (acc + b[n]) if any. SIMD
+ *    paths put the 16 outputs of a panel in lanes; each lane runs exactly
+ *    that sequence. Threads and row tiles split rows and panels, never k.
+ *    bf16 weights are widened exactly to float before the same fmaf.
+ *  - dot products inside attention and norms: 8 partial sums, lane l taking
+ *    elements i with i % 8 == l in ascending i (fmaf), then combined as
+ *    ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)). Lengths need not be multiples
+ *    of 8 (missing elements contribute nothing).
+ *  - attention: keys visited in the order given (the caller gives them in
+ *    ascending absolute position); two passes: max of scores, then
+ *    sum of exp and the weighted sum of values in that same key order.
+ *
+ * All kernels take a kern_ctx: the chosen instruction set and the thread
+ * pool, passed in, never global. */
+#ifndef KV_KERNELS_H
+#define KV_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "pool.h"
+
+#define KERN_PANEL 16
+
+typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 } kern_isa;
+typedef enum { KERN_F32 = 0, KERN_BF16 = 1 } kern_wtype;
+
+typedef struct {
+    kern_isa isa;
+    kern_pool *pool;     /* may be NULL: single-threaded */
+} kern_ctx;
+
+/* Best instruction set this CPU supports. */
+kern_isa kern_isa_best(void);
+const char *kern_isa_name(kern_isa isa);
+/* Parses "scalar", "avx2", "avx512", "auto"; -1 when unknown. */
+int kern_isa_parse(const char *s, kern_isa *out);
+
+/* A linear layer y = x W^T (+ b), W of shape (n_out, n_in). */
+typedef struct {
+    int n_out, n_in;
+    kern_wtype wtype;
+    void *panels;        /* (ceil(n_out/16), n_in, 16) floats or bf16; padding lanes are 0 */
+    float *bias;         /* (n_out) or NULL */
+} kern_linear;
+
+/* Allocates an empty (zero) packed matrix. Returns 0, -1 on allocation failure. */
+int kern_linear_init(kern_linear *L, int n_out, int n_in, kern_wtype wt, bool with_bias);
+void kern_linear_free(kern_linear *L);   /* accepts a zeroed struct */
+
+/* Packs rows [row0, row0 + nrows) of W from row-major floats (nrows x n_in).
+ * With bf16 storage each value is rounded to nearest even. */
+void kern_linear_set_rows(kern_linear *L, int row0, int nrows, const float *src);
+
+/* Copies row r of W (n_in values, exactly as stored) to out. */
+void kern_linear_get_row(const kern_linear *L, int r, float *out);
+
+/* y (M x n_out) = x (M x n_in) W^T + b. Rows of x and y are contiguous. */
+void kern_matmul(const kern_ctx *c, const kern_linear *L, const float *x, int M, float *y);
+
+/* Fixed-order dot product (the 8-lane rule above). */
+float kern_dot(const float *a, const float *b, int n);
+
+/* RMSNorm of one row: out = x / sqrt(mean(x^2) + eps) * (plus_one ? 1 + w : w).
+ * mean(x^2) is accumulated in double in ascending order; the scale is
+ * rounded to float once. stats (may be NULL) receives the input's mean,
+ * rms and absmax. out may equal x. */
+void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_one,
+                  float *out, float stats[3]);
+
+/* RoPE tables for one position: cos/sin of pos * inv_freq[d] for d < D/2,
+ * the angle formed in double. scale_kind/factors as config's rope scaling
+ * (inv_freq already includes it: pass the precomputed inv_freq). */
+void kern_rope_inv_freq(double theta, int head_dim, double *inv_freq /* D/2 */);
+void kern_rope_table(double pos, const double *inv_freq, int head_dim,
+                     float *cos_out, float *sin_out /* D/2 each */);
+
+/* Rotate-half RoPE in place on n_heads heads of head_dim each:
+ * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s. */
+void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
+
+/* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i].
+ * SiLU: x / (1 + exp(-x)); GELU: exact tanh form computed in double. */
+void kern_silu_mul(float *gate, const float *up, int n);
+void kern_gelu_tanh_mul(float *gate, const float *up, int n);
+
+/* Attention for M query rows.
+ *   q     (M, H*D) queries (RoPE applied, not scaled)
+ *   krow, vrow: pointers to key/value rows (KV*D floats each) in the order
+ *               keys are visited (ascending absolute position)
+ *   kbeg, kend: query row m attends keys krow[kbeg[m] .. kend[m]-1]
+ *               (kend > kbeg; an empty range gives zeros and lse = -inf)
+ *   out   (M, H*D), lse (M, H) natural-log sum of exp(scale q.k) per head
+ * Query head h reads KV head h / (H / KV). Rows are split across threads. */
+void kern_attention(const kern_ctx *c, int M, const float *q, int H, int KV, int D,
+                    float scale, const float *const *krow, const float *const *vrow,
+                    const int *kbeg, const int *kend, float *out, float *lse);
+
+#endif
