@@ -51,6 +51,7 @@ typedef struct {
     bool tie_embeddings;         /* lm_head is embed_tokens */
     float embed_scale;           /* Gemma: sqrt(hidden) as float32; others 1 */
     double attn_scale;           /* multiplier of q.k: 1/sqrt(head_dim) or query_pre_attn_scalar^-0.5 */
+    double query_pre_attn_scalar;/* Gemma 3 as in config.json (attn_scale = 1/sqrt of it); 0 for others */
     double final_softcap;        /* 0 = none; else logits = cap * tanh(logits / cap) */
 
     double rope_theta;           /* global (full attention) layers */
@@ -60,7 +61,6 @@ typedef struct {
     int sliding_window;          /* W, 0 when no layer slides */
     uint8_t layer_type[KV_MAX_LAYERS];  /* kv_attn_type of each layer */
     int16_t kv_owner[KV_MAX_LAYERS];    /* layer whose cache layer i reads; i when it owns one */
-    int kv_pad_to;               /* KV-shared reads go through head_dim padded to a multiple of this; 0 = none */
 
     int bos_id;                  /* -1 when unknown */
     int eos_ids[KV_MAX_EOS];
@@ -79,8 +79,9 @@ int config_layer_window(const kv_config *c, int layer);
 /* RoPE base of layer i (rope_local_theta on sliding layers of Gemma 3). */
 double config_layer_theta(const kv_config *c, int layer);
 
-/* Checks internal consistency (positive sizes, H divisible by KV, owners
- * earlier and of the same type, ...). Returns 0 or fills e and returns -1. */
+/* Checks internal consistency (sizes in range, H divisible by KV, even
+ * head_dim, flags and scales those of the family, owners earlier, owning
+ * and of the same type, ...). Returns 0 or fills e and returns -1. */
 int config_validate(const kv_config *c, kv_err *e);
 
 /* Reads a Hugging Face config.json. On error fills e with
@@ -88,11 +89,17 @@ int config_validate(const kv_config *c, kv_err *e);
 int config_load_json(const char *path, kv_config *out, kv_err *e);
 
 /* Parses config.json text (len bytes, need not be NUL-terminated); `name`
- * is used in error messages. Used by config_load_json and the fuzzer. */
+ * is used in error messages. Used by config_load_json and the fuzzer. On
+ * success *out (all of it, padding included, zeroed first) passes
+ * config_validate; on error *out is untouched. */
 int config_parse_json(const char *text, size_t len, const char *name,
                       kv_config *out, kv_err *e);
 
-/* Writes c as a Hugging Face config.json to path (temp file + rename). */
+/* Writes c as a Hugging Face config.json to path (temp file + rename), as
+ * model_type llama, qwen2 or gemma3_text; reading it back gives c again,
+ * except tensor_prefix and lm_head_name, which config.json does not hold.
+ * Refuses (-1, "<path>: ...") an invalid c and KV owners other than
+ * num_kv_shared_layers can say. */
 int config_write_json(const kv_config *c, const char *path, kv_err *e);
 
 /* Built-in presets: "tiny-llama", "tiny-qwen2", "tiny-gemma3",

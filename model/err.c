@@ -19,8 +19,11 @@ int kv_errf(kv_err *e, const char *fmt, ...)
 int kv_err_prefix(kv_err *e, const char *prefix)
 {
     if (e) {
+        /* The result is cut to the message size (checked, not an accident). */
         char tmp[sizeof e->msg];
-        snprintf(tmp, sizeof tmp, "%s: %s", prefix, e->msg);
+        int n = snprintf(tmp, sizeof tmp, "%s: %s", prefix, e->msg);
+        if (n < 0)
+            return -1;
         memcpy(e->msg, tmp, sizeof tmp);
     }
     return -1;

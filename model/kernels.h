@@ -85,6 +85,15 @@ void kern_rope_inv_freq(double theta, int head_dim, double *inv_freq /* D/2 */);
 void kern_rope_table(double pos, const double *inv_freq, int head_dim,
                      float *cos_out, float *sin_out /* D/2 each */);
 
+/* Applies RoPE scaling to inv_freq (half = D/2 values) in place, in double.
+ * type as kv_rope_scale in config.h: 0 none, 1 linear (inv_freq / factor),
+ * 2 llama3 (HF _compute_llama3_parameters: wavelengths beyond
+ * original_max_position / low_freq_factor divided by factor, below
+ * original_max_position / high_freq_factor kept, blended in between). */
+void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double factor,
+                              double low_freq_factor, double high_freq_factor,
+                              int original_max_position);
+
 /* Rotate-half RoPE in place on n_heads heads of head_dim each:
  * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s. */
 void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
@@ -105,5 +114,24 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n);
 void kern_attention(const kern_ctx *c, int M, const float *q, int H, int KV, int D,
                     float scale, const float *const *krow, const float *const *vrow,
                     const int *kbeg, const int *kend, float *out, float *lse);
+
+/* The same attention over one shared key list (nkeys rows, in ascending
+ * position) where query row m reads key j iff mask[m * nkeys + j] != 0 —
+ * the fixed-shape form runtimes use. Keys the mask keeps are visited in
+ * list order, so it gives the same bits as kern_attention over the same
+ * keys. A row with no key gives zeros and lse = -inf. Returns 0, or -1
+ * when its gather space cannot be allocated. */
+int kern_attention_masked(const kern_ctx *c, int M, const float *q, int H, int KV, int D,
+                          float scale, const float *const *krow, const float *const *vrow,
+                          int nkeys, const uint8_t *mask, float *out, float *lse);
+
+/* Cascade attention's merge of two partial softmaxes over disjoint key
+ * sets: (out, lse) and (out2, lse2), each (M, H) heads of D. In place into
+ * out, lse: with mx = max(lse, lse2), wa = expf(lse - mx), wb = expf(lse2 - mx),
+ * out = fmaf(out2, wb, out * wa) / (wa + wb), lse = mx + logf(wa + wb).
+ * A side with lse = -inf (no key) contributes nothing. A different order
+ * from one softmax over all keys: close to it, not bit-identical. */
+void kern_lse_merge(int M, int H, int D, float *out, float *lse, const float *out2,
+                    const float *lse2);
 
 #endif

@@ -1,0 +1,54 @@
+/* cli.h — helpers shared by the kvdiff verbs: strict number parsing, the
+ * model / threads / prompt options every engine-running verb takes. */
+#ifndef KV_CLI_H
+#define KV_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "../model/err.h"
+#include "../model/kernels.h"
+#include "../model/model.h"
+
+enum { EXIT_OK = 0, EXIT_DIVERGED = 1, EXIT_USAGE = 2 };
+
+/* Strict parsers: the whole string must be a number in [lo, hi]. Return 0
+ * or fill e with "--opt: 'text' is not ..." and return -1. */
+int cli_int(const char *opt, const char *s, long lo, long hi, long *out, kv_err *e);
+int cli_u64(const char *opt, const char *s, uint64_t *out, kv_err *e);
+int cli_double(const char *opt, const char *s, double lo, double hi, double *out, kv_err *e);
+
+/* What the model options select. */
+typedef struct {
+    const char *model;      /* preset name or folder; default "tiny-gemma3" */
+    uint64_t weights_seed;  /* synthetic presets */
+    int wtype;              /* -1 from file, else kern_wtype */
+    int threads;
+    kern_isa isa;
+} cli_model_opts;
+
+void cli_model_defaults(cli_model_opts *o);
+/* Handles --model, --weights-seed, --dtype, --threads, --isa; returns 1 if
+ * the option was one of these, 0 if not, -1 on a bad value. */
+int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_err *e);
+
+/* Opens the model and the kernel context (pool) the options name. */
+int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e);
+void cli_close_model(kv_model *m, kern_ctx *kc);
+
+/* Prompt selection: exactly one of tokens / file / random. */
+typedef struct {
+    const char *tokens;     /* "5,17,42" */
+    const char *file;       /* token list file */
+    long random_len;        /* > 0: that many ids drawn with seed */
+    uint64_t seed;
+} cli_prompt_opts;
+
+int cli_make_prompt(const cli_prompt_opts *p, int vocab, int32_t **ids, int *n, kv_err *e);
+
+/* Prints "kvdiff VERB: message" to stderr. */
+void cli_error(const char *verb, const kv_err *e);
+
+/* Prints n ids separated by spaces (wrapping is left to the terminal). */
+void cli_print_ids(FILE *f, const int32_t *ids, int n);
+
+#endif

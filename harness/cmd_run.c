@@ -1,0 +1,261 @@
+/* cmd_run.c — `kvdiff run`: generate with one engine and print the tokens. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "verbs.h"
+#include "../model/generate.h"
+#include "../model/tokenizer.h"
+#include "../reference/reference.h"
+
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvdiff run [--model PRESET|DIR] [prompt] [options]\n"
+            "\n"
+            "Runs the prompt through an engine and generates new tokens; prints the\n"
+            "prompt and generated token ids.\n"
+            "\n"
+            "model:\n"
+            "  --model M          preset name or Hugging Face folder (default tiny-gemma3)\n"
+            "  --weights-seed N   weight seed of a preset (default 0; as `gen --seed`)\n"
+            "  --dtype T          weight storage f32 or bf16 (default: as the file; presets f32)\n"
+            "prompt (one of):\n"
+            "  --prompt-tokens L  ids, e.g. 5,17,42\n"
+            "  --prompt-file F    file of ids separated by spaces, commas or newlines\n"
+            "  --prompt-random N  N ids drawn with --seed (default: 32 random ids)\n"
+            "generation:\n"
+            "  --max-new N        tokens to generate (default 16)\n"
+            "  --temperature T    0 = greedy (default); > 0 samples with PCG32\n"
+            "  --top-k K          sample among the K most likely (default 0 = all)\n"
+            "  --top-p P          nucleus sampling mass (default 1)\n"
+            "  --seed N           seed of the random prompt and of sampling (default 0)\n"
+            "  --ignore-eos       do not stop at an end-of-sequence token\n"
+            "engine:\n"
+            "  --engine E         reference (default)\n"
+            "  --prefill P        all (default), token, or N tokens per step\n"
+            "  --max-ctx N        cache positions (default: prompt + max-new)\n"
+            "  --threads N        worker threads (default: all cores)\n"
+            "  --isa I            auto, scalar, avx2, avx512 (same bits either way)\n"
+            "  --verbose          model, engine, cache size and speed on stderr\n");
+}
+
+typedef struct {
+    cli_model_opts mo;
+    cli_prompt_opts po;
+    gen_opts go;
+    const char *engine;
+    int prefill_step;
+    long max_ctx;
+    int verbose;
+} run_opts;
+
+static int parse_prefill(const char *s, int *step, kv_err *e)
+{
+    long v;
+    if (!strcmp(s, "all"))
+        *step = 0;
+    else if (!strcmp(s, "token"))
+        *step = 1;
+    else if (cli_int("--prefill", s, 1, 1 << 30, &v, e) == 0)
+        *step = (int)v;
+    else
+        return kv_errf(e, "--prefill: '%s' is not all, token or a positive count", s);
+    return 0;
+}
+
+static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
+{
+    static const struct option longopts[] = {
+        {"model", required_argument, 0, 0},       {"weights-seed", required_argument, 0, 0},
+        {"dtype", required_argument, 0, 0},       {"threads", required_argument, 0, 0},
+        {"isa", required_argument, 0, 0},         {"prompt-tokens", required_argument, 0, 0},
+        {"prompt-file", required_argument, 0, 0}, {"prompt-random", required_argument, 0, 0},
+        {"max-new", required_argument, 0, 0},     {"temperature", required_argument, 0, 0},
+        {"top-k", required_argument, 0, 0},       {"top-p", required_argument, 0, 0},
+        {"seed", required_argument, 0, 0},        {"ignore-eos", no_argument, 0, 0},
+        {"engine", required_argument, 0, 0},      {"prefill", required_argument, 0, 0},
+        {"max-ctx", required_argument, 0, 0},     {"verbose", no_argument, 0, 0},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+    int idx, ch;
+    long v;
+    optind = 0;
+    while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        if (ch == 'h')
+            return 1;
+        if (ch != 0)
+            return kv_errf(e, "see kvdiff run --help");
+        const char *name = longopts[idx].name;
+        int r = cli_model_option(&o->mo, name, optarg, e);
+        if (r < 0)
+            return -1;
+        if (r > 0)
+            continue;
+        if (!strcmp(name, "prompt-tokens")) o->po.tokens = optarg;
+        else if (!strcmp(name, "prompt-file")) o->po.file = optarg;
+        else if (!strcmp(name, "prompt-random")) {
+            if (cli_int("--prompt-random", optarg, 1, 1 << 24, &o->po.random_len, e) < 0)
+                return -1;
+        } else if (!strcmp(name, "max-new")) {
+            if (cli_int("--max-new", optarg, 0, 1 << 24, &v, e) < 0)
+                return -1;
+            o->go.max_new = (int)v;
+        } else if (!strcmp(name, "temperature")) {
+            if (cli_double("--temperature", optarg, 0, 1e6, &o->go.samp.temperature, e) < 0)
+                return -1;
+        } else if (!strcmp(name, "top-k")) {
+            if (cli_int("--top-k", optarg, 0, 1 << 30, &v, e) < 0)
+                return -1;
+            o->go.samp.top_k = (int)v;
+        } else if (!strcmp(name, "top-p")) {
+            if (cli_double("--top-p", optarg, 1e-9, 1, &o->go.samp.top_p, e) < 0)
+                return -1;
+        } else if (!strcmp(name, "seed")) {
+            if (cli_u64("--seed", optarg, &o->po.seed, e) < 0)
+                return -1;
+            o->go.seed = o->po.seed;
+        } else if (!strcmp(name, "ignore-eos")) o->go.ignore_eos = true;
+        else if (!strcmp(name, "engine")) o->engine = optarg;
+        else if (!strcmp(name, "prefill")) {
+            if (parse_prefill(optarg, &o->prefill_step, e) < 0)
+                return -1;
+        } else if (!strcmp(name, "max-ctx")) {
+            if (cli_int("--max-ctx", optarg, 1, 1L << 30, &o->max_ctx, e) < 0)
+                return -1;
+        } else if (!strcmp(name, "verbose")) o->verbose = 1;
+    }
+    if (optind < argc)
+        return kv_errf(e, "unexpected argument '%s'", argv[optind]);
+    if (strcmp(o->engine, "reference"))
+        return kv_errf(e, "--engine: '%s' is not a known engine (reference)", o->engine);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Prints the decoded text of ids, quoted, with control bytes escaped. */
+static void print_text(const char *label, const kv_tokenizer *tok, const int32_t *ids, int n)
+{
+    size_t cap = (size_t)n * 64 + 1;
+    char *buf = malloc(cap);
+    if (!buf)
+        return;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++)
+        tok_decode(tok, ids[i], buf, cap);
+    printf("%s\"", label);
+    for (const unsigned char *p = (const unsigned char *)buf; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p == '\n')
+            printf("\\n");
+        else if (*p < 0x20 || *p == 0x7f)
+            printf("\\x%02x", *p);
+        else
+            putchar(*p);
+    }
+    printf("\"\n");
+    free(buf);
+}
+
+static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *kc,
+                          const kv_tokenizer *tok, const int32_t *prompt, int n_prompt,
+                          kv_err *e)
+{
+    const kv_config *c = &m->cfg;
+    long ctx = o->max_ctx ? o->max_ctx : (long)n_prompt + o->go.max_new;
+    if (ctx < (long)n_prompt + o->go.max_new || ctx > c->max_positions)
+        return kv_errf(e, "prompt (%d) + max-new (%d) needs %ld positions; the model "
+                          "allows %d and --max-ctx is %ld",
+                       n_prompt, o->go.max_new, (long)n_prompt + o->go.max_new,
+                       c->max_positions, ctx);
+    ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
+    kv_engine *eng = ref_create(m, kc, &ro, NULL, e);
+    if (!eng)
+        return -1;
+    gen_result res;
+    double t0 = now_s();
+    int rc = generate(eng, c, prompt, n_prompt, &o->go, NULL, &res, e);
+    double t1 = now_s();
+    if (rc == 0) {
+        printf("prompt    %d tokens: ", res.n_prompt);
+        cli_print_ids(stdout, res.tokens, res.n_prompt);
+        printf("\ngenerated %d tokens: ", res.n_new);
+        cli_print_ids(stdout, res.tokens + res.n_prompt, res.n_new);
+        printf("\n");
+        if (tok) {
+            print_text("prompt text    ", tok, res.tokens, res.n_prompt);
+            print_text("generated text ", tok, res.tokens + res.n_prompt, res.n_new);
+        }
+        if (res.stopped_at_eos)
+            printf("stopped at end-of-sequence token %d\n", res.tokens[res.n_prompt + res.n_new - 1]);
+    }
+    if (rc == 0 && o->verbose) {
+        char desc[256];
+        eng->describe(eng, desc, sizeof desc);
+        fprintf(stderr, "engine    %s, %d thread%s, %s, %s weights\n", desc,
+                pool_threads(kc->pool), pool_threads(kc->pool) == 1 ? "" : "s",
+                kern_isa_name(kc->isa), m->wtype == KERN_BF16 ? "bf16" : "f32");
+        fprintf(stderr, "cache     %.1f KiB for %ld positions\n",
+                (double)eng->cache_bytes(eng) / 1024.0, ctx);
+        fprintf(stderr, "time      %.3f s for %d + %d tokens\n", t1 - t0, res.n_prompt, res.n_new);
+    }
+    gen_result_free(&res);
+    engine_free(eng);
+    return rc == 0 ? 0 : -1;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    run_opts o;
+    memset(&o, 0, sizeof o);
+    cli_model_defaults(&o.mo);
+    o.engine = "reference";
+    o.go.max_new = 16;
+    o.go.samp.top_p = 1.0;
+    kv_err e = {{0}};
+    int pr = parse_run(argc, argv, &o, &e);
+    if (pr == 1) {
+        run_usage(stdout);
+        return EXIT_OK;
+    }
+    if (pr < 0) {
+        cli_error("run", &e);
+        return EXIT_USAGE;
+    }
+    kv_model m;
+    kern_ctx kc;
+    if (cli_open_model(&o.mo, &m, &kc, &e) < 0) {
+        cli_error("run", &e);
+        return EXIT_USAGE;
+    }
+    if (o.verbose) {
+        char desc[512];
+        config_describe(&m.cfg, desc, sizeof desc);
+        fprintf(stderr, "model     %s (%s, fingerprint %016llx)\n", desc, m.source,
+                (unsigned long long)m.fingerprint);
+    }
+    int32_t *prompt = NULL;
+    int n_prompt = 0, rc = EXIT_OK;
+    kv_tokenizer *tok = NULL;
+    /* A folder may carry a vocabulary; presets have none. */
+    if (strcmp(m.source, o.mo.model) == 0 && tok_load(o.mo.model, &tok, &e) < 0)
+        rc = EXIT_USAGE;
+    else if (cli_make_prompt(&o.po, m.cfg.vocab, &prompt, &n_prompt, &e) < 0 ||
+             run_generation(&o, &m, &kc, tok, prompt, n_prompt, &e) < 0)
+        rc = EXIT_USAGE;
+    if (rc != EXIT_OK)
+        cli_error("run", &e);
+    tok_free(tok);
+    free(prompt);
+    cli_close_model(&m, &kc);
+    return rc;
+}

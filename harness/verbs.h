@@ -1,0 +1,8 @@
+/* verbs.h — the kvdiff verbs; each returns the process exit code. */
+#ifndef KV_VERBS_H
+#define KV_VERBS_H
+
+int cmd_gen(int argc, char **argv);
+int cmd_run(int argc, char **argv);
+
+#endif

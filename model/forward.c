@@ -1,0 +1,239 @@
+/* forward.c — one transformer layer as both engines compute it (see
+ * forward.h). Row-independent: the engines differ only in their caches. */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* State                                                                */
+
+int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
+{
+    const kv_config *c = &m->cfg;
+    const size_t E = (size_t)c->hidden, QD = (size_t)c->n_heads * c->head_dim;
+    const size_t KD = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->intermediate;
+    const size_t half = (size_t)c->head_dim / 2, H = (size_t)c->n_heads, n = (size_t)cap;
+    memset(s, 0, sizeof *s);
+    s->cap = cap;
+    s->x = malloc(n * E * sizeof(float));
+    s->xn = malloc(n * E * sizeof(float));
+    s->q = malloc(n * QD * sizeof(float));
+    s->k = malloc(n * KD * sizeof(float));
+    s->v = malloc(n * KD * sizeof(float));
+    s->att = malloc(n * QD * sizeof(float));
+    s->lse = malloc(n * H * sizeof(float));
+    s->nkeys = malloc(n * H * sizeof(float));
+    s->proj = malloc(n * E * sizeof(float));
+    s->gate = malloc(n * I * sizeof(float));
+    s->up = malloc(n * I * sizeof(float));
+    s->stats = malloc(n * 3 * sizeof(float));
+    s->rope_cos = malloc(n * half * sizeof(float));
+    s->rope_sin = malloc(n * half * sizeof(float));
+    s->inv_freq_local = malloc(half * sizeof(double));
+    s->inv_freq_global = malloc(half * sizeof(double));
+    if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->lse || !s->nkeys ||
+        !s->proj || !s->gate || !s->up || !s->stats || !s->rope_cos || !s->rope_sin ||
+        !s->inv_freq_local || !s->inv_freq_global) {
+        fw_state_free(s);
+        return kv_errf(e, "out of memory for activations of %d rows", cap);
+    }
+    /* Sliding layers use the local base without scaling (Gemma 3); global
+     * layers use rope_theta with the configured scaling. */
+    const kv_rope_scaling *rs = &c->rope_scaling;
+    kern_rope_inv_freq(c->rope_local_theta, c->head_dim, s->inv_freq_local);
+    kern_rope_inv_freq(c->rope_theta, c->head_dim, s->inv_freq_global);
+    kern_rope_scale_inv_freq(s->inv_freq_global, (int)half, (int)rs->type, rs->factor,
+                             rs->low_freq_factor, rs->high_freq_factor,
+                             rs->original_max_position);
+    return 0;
+}
+
+void fw_state_free(fw_state *s)
+{
+    if (!s)
+        return;
+    float *f[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->lse, s->nkeys, s->proj,
+                  s->gate, s->up, s->stats, s->rope_cos, s->rope_sin};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        free(f[i]);
+    free(s->inv_freq_local);
+    free(s->inv_freq_global);
+    memset(s, 0, sizeof *s);
+}
+
+/* ------------------------------------------------------------------ */
+/* Observer plumbing                                                    */
+
+int fw_wants(kv_observer *obs, kv_stage st, int layer)
+{
+    if (!obs || !obs->emit)
+        return 0;
+    return obs->wants ? obs->wants(obs, st, layer) : 1;
+}
+
+int fw_emit(kv_observer *obs, kv_stage st, int layer, int64_t pos0, int n, int ncols,
+            const float *data)
+{
+    if (!fw_wants(obs, st, layer))
+        return 0;
+    kv_event ev = {.stage = st, .layer = layer, .pos0 = pos0, .nrows = n,
+                   .ncols = ncols, .data = data};
+    return obs->emit(obs, &ev);
+}
+
+/* Emit and bail out when the observer asks to stop. */
+#define EMIT(st, layer, ncols, data)                                           \
+    do {                                                                       \
+        if (fw_emit(obs, st, layer, pos0, n, ncols, data) != 0)                \
+            return 1;                                                          \
+    } while (0)
+
+/* ------------------------------------------------------------------ */
+/* Layer pieces                                                         */
+
+int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *tokens,
+             int n, int64_t pos0, kv_observer *obs)
+{
+    (void)kc;
+    const int E = m->cfg.hidden;
+    const float scale = m->cfg.embed_scale;
+    for (int i = 0; i < n; i++) {
+        float *row = s->x + (size_t)i * E;
+        kern_linear_get_row(&m->embed, tokens[i], row);
+        if (scale != 1.0f)
+            for (int j = 0; j < E; j++)
+                row[j] *= scale;
+    }
+    EMIT(STAGE_EMBED, -1, E, s->x);
+    return 0;
+}
+
+static void norm_rows(const kv_model *m, const float *in, const float *w, int n, int width,
+                      float *out, float *stats)
+{
+    for (int i = 0; i < n; i++)
+        kern_rmsnorm(in + (size_t)i * width, w, width, m->cfg.rms_eps, m->cfg.norm_plus_one,
+                     out + (size_t)i * width, stats ? stats + 3 * i : NULL);
+}
+
+static void rope_rows(const kv_model *m, int layer, fw_state *s, int n,
+                      const int64_t *rope_pos, bool with_k)
+{
+    const kv_config *c = &m->cfg;
+    const int D = c->head_dim, half = D / 2;
+    const double *inv = c->layer_type[layer] == ATTN_SLIDING ? s->inv_freq_local
+                                                             : s->inv_freq_global;
+    for (int i = 0; i < n; i++) {
+        float *cs = s->rope_cos + (size_t)i * half, *sn = s->rope_sin + (size_t)i * half;
+        kern_rope_table((double)rope_pos[i], inv, D, cs, sn);
+        kern_rope_apply(s->q + (size_t)i * c->n_heads * D, c->n_heads, D, cs, sn);
+        if (with_k)
+            kern_rope_apply(s->k + (size_t)i * c->n_kv_heads * D, c->n_kv_heads, D, cs, sn);
+    }
+}
+
+int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                   int64_t pos0, const int64_t *rope_pos, kv_observer *obs)
+{
+    const kv_config *c = &m->cfg;
+    const model_layer *ly = &m->layers[layer];
+    const int E = c->hidden, D = c->head_dim;
+    const bool owns = c->kv_owner[layer] == layer;
+
+    EMIT(STAGE_X_IN, layer, E, s->x);
+    norm_rows(m, s->x, ly->attn_norm, n, E, s->xn, s->stats);
+    EMIT(STAGE_ATTN_NORM_STATS, layer, 3, s->stats);
+    EMIT(STAGE_ATTN_NORM, layer, E, s->xn);
+
+    kern_matmul(kc, &ly->wq, s->xn, n, s->q);
+    if (owns) {
+        kern_matmul(kc, &ly->wk, s->xn, n, s->k);
+        kern_matmul(kc, &ly->wv, s->xn, n, s->v);
+    }
+    if (c->qk_norm) {
+        /* q_norm / k_norm normalise each head's D values. */
+        norm_rows(m, s->q, ly->q_norm, n * c->n_heads, D, s->q, NULL);
+        if (owns)
+            norm_rows(m, s->k, ly->k_norm, n * c->n_kv_heads, D, s->k, NULL);
+    }
+    rope_rows(m, layer, s, n, rope_pos, owns);
+    EMIT(STAGE_Q, layer, c->n_heads * D, s->q);
+    if (owns) {
+        EMIT(STAGE_K, layer, c->n_kv_heads * D, s->k);
+        EMIT(STAGE_V, layer, c->n_kv_heads * D, s->v);
+    }
+    return 0;
+}
+
+int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
+                 const int *nkeys, kv_observer *obs)
+{
+    const int H = m->cfg.n_heads;
+    EMIT(STAGE_ATTN_LSE, layer, H, s->lse);
+    if (fw_wants(obs, STAGE_ATTN_NKEYS, layer)) {
+        for (int i = 0; i < n; i++)
+            for (int h = 0; h < H; h++)
+                s->nkeys[(size_t)i * H + h] = (float)nkeys[i];
+        EMIT(STAGE_ATTN_NKEYS, layer, H, s->nkeys);
+    }
+    EMIT(STAGE_ATTN_OUT, layer, H * m->cfg.head_dim, s->att);
+    return 0;
+}
+
+static void add_rows(float *x, const float *y, size_t count)
+{
+    for (size_t i = 0; i < count; i++)
+        x[i] = x[i] + y[i];
+}
+
+int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                    int64_t pos0, kv_observer *obs)
+{
+    const kv_config *c = &m->cfg;
+    const model_layer *ly = &m->layers[layer];
+    const int E = c->hidden, I = c->intermediate;
+
+    kern_matmul(kc, &ly->wo, s->att, n, s->proj);
+    if (c->sandwich_norms)
+        norm_rows(m, s->proj, ly->post_attn_norm, n, E, s->proj, NULL);
+    EMIT(STAGE_ATTN_PROJ, layer, E, s->proj);
+    add_rows(s->x, s->proj, (size_t)n * E);
+    EMIT(STAGE_H_MID, layer, E, s->x);
+
+    norm_rows(m, s->x, ly->ffn_norm, n, E, s->xn, s->stats);
+    EMIT(STAGE_FFN_NORM_STATS, layer, 3, s->stats);
+    EMIT(STAGE_FFN_NORM, layer, E, s->xn);
+    kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
+    kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
+    if (c->act == ACT_GELU_TANH)
+        kern_gelu_tanh_mul(s->gate, s->up, n * I);
+    else
+        kern_silu_mul(s->gate, s->up, n * I);
+    kern_matmul(kc, &ly->w_down, s->gate, n, s->proj);
+    if (c->sandwich_norms)
+        norm_rows(m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);
+    EMIT(STAGE_FFN_OUT, layer, E, s->proj);
+    add_rows(s->x, s->proj, (size_t)n * E);
+    EMIT(STAGE_X_OUT, layer, E, s->x);
+    return 0;
+}
+
+int fw_logits(const kern_ctx *kc, const kv_model *m, fw_state *s, int row0, int n,
+              int64_t pos0, float *logits, kv_observer *obs)
+{
+    const kv_config *c = &m->cfg;
+    const int E = c->hidden;
+    float *xn = s->xn + (size_t)row0 * E;
+    norm_rows(m, s->x + (size_t)row0 * E, m->final_norm, n, E, xn, NULL);
+    EMIT(STAGE_FINAL_NORM, -1, E, xn);
+    kern_matmul(kc, model_lm_head(m), xn, n, logits);
+    if (c->final_softcap > 0) {
+        const double cap = c->final_softcap;
+        for (size_t i = 0; i < (size_t)n * c->vocab; i++)
+            logits[i] = (float)(cap * tanh((double)logits[i] / cap));
+    }
+    EMIT(STAGE_LOGITS, -1, c->vocab, logits);
+    return 0;
+}

@@ -1,0 +1,74 @@
+/* forward.h — the transformer layer math both engines share.
+ *
+ * An engine owns its KV cache and decides which keys each query sees; all
+ * the rest of a layer is here, row-independent, so an engine that feeds
+ * the same rows gets the same bits whatever its batching:
+ *
+ *   fw_embed         tokens -> x (scaled embedding rows)
+ *   fw_attn_inputs   x -> attn norm -> q, k, v (bias, q/k norm, RoPE)
+ *   (engine)         write k, v to its cache; kern_attention -> att, lse
+ *   fw_attn_emit     report lse, keys attended, attention output
+ *   fw_layer_finish  att -> o_proj (-> post norm) -> residual -> FFN -> x
+ *   fw_logits        x -> final norm -> logits (softcap)
+ *
+ * Every function emits its intermediates to the observer (may be NULL),
+ * labelled with absolute positions pos0 .. pos0 + n - 1. */
+#ifndef KV_FORWARD_H
+#define KV_FORWARD_H
+
+#include <stdint.h>
+#include "../dump/observer.h"
+#include "err.h"
+#include "kernels.h"
+#include "model.h"
+
+/* Activations for up to `cap` rows, sized for one model. */
+typedef struct {
+    int cap;
+    float *x;        /* (cap, E) residual stream */
+    float *xn;       /* (cap, E) normalised input of the current block */
+    float *q;        /* (cap, H*D) */
+    float *k, *v;    /* (cap, KV*D) */
+    float *att;      /* (cap, H*D) attention output */
+    float *lse;      /* (cap, H) */
+    float *nkeys;    /* (cap, H) keys attended, for the observer */
+    float *proj;     /* (cap, E) */
+    float *gate, *up;/* (cap, I) */
+    float *stats;    /* (cap, 3) */
+    float *rope_cos, *rope_sin; /* (cap, D/2) */
+    double *inv_freq_local, *inv_freq_global; /* (D/2) */
+} fw_state;
+
+int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e);
+void fw_state_free(fw_state *s);   /* accepts a zeroed struct */
+
+/* Does the observer want this (stage, layer)? False for a NULL observer. */
+int fw_wants(kv_observer *obs, kv_stage st, int layer);
+
+/* Emits rows; returns the observer's verdict (0 = continue). */
+int fw_emit(kv_observer *obs, kv_stage st, int layer, int64_t pos0, int n, int ncols,
+            const float *data);
+
+/* s->x = embedding of tokens (n rows). Token ids must be in range. */
+int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *tokens,
+             int n, int64_t pos0, kv_observer *obs);
+
+/* From s->x: s->xn, s->q and (when the layer owns a cache) s->k, s->v, with
+ * RoPE at positions rope_pos[0..n) (normally pos0 + i). */
+int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                   int64_t pos0, const int64_t *rope_pos, kv_observer *obs);
+
+/* Emits attn_lse (from s->lse), attn_nkeys (nkeys[r] keys read by row r,
+ * the same for every head) and attn_out (s->att). */
+int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
+                 const int *nkeys, kv_observer *obs);
+
+/* From s->att and s->x: output projection, residual, FFN, residual -> s->x. */
+int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                    int64_t pos0, kv_observer *obs);
+
+/* Logits of rows [row0, row0 + n) of s->x into logits (n, V). Uses s->xn. */
+int fw_logits(const kern_ctx *kc, const kv_model *m, fw_state *s, int row0, int n,
+              int64_t pos0, float *logits, kv_observer *obs);
+
+#endif

@@ -1,0 +1,726 @@
+/* kernels.c — the batch-invariant kernels of kernels.h: the scalar
+ * reference path of each, the packed-weight layout, thread splitting and
+ * the run-time choice of SIMD path (kernels_x86.c).
+ *
+ * The scalar loops here ARE the definition of every result (the ORDER RULE
+ * in kernels.h); SIMD paths must match them bit for bit, and the tests
+ * check that they do. On x86-64 the hot scalar loops are also compiled in
+ * a target("fma") clone: there fmaf() is one instruction instead of a libm
+ * call, and fma is exactly rounded either way, so the result is the same. */
+#include "kernels.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+/* ------------------------------------------------------------------------
+ * SIMD entry points from kernels_x86.c (no header of its own: this file is
+ * the only caller; keep these declarations in step with the definitions). */
+#if defined(__x86_64__)
+#define KERN_X86 1
+#define FMA_CLONE __attribute__((target("fma")))
+kern_isa kern_x86_best(void);
+void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, int m0, int m1,
+                          int p0, int p1, float *y);
+void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, size_t off,
+                     int n, int D, float scale, float *s);
+void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
+                 int D, float *out);
+float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n);
+#else
+#define KERN_X86 0
+#endif
+
+/* ------------------------------------------------------------------------
+ * instruction sets */
+
+kern_isa kern_isa_best(void)
+{
+#if KERN_X86
+    return kern_x86_best();
+#else
+    return KERN_ISA_SCALAR;
+#endif
+}
+
+const char *kern_isa_name(kern_isa isa)
+{
+    switch (isa) {
+    case KERN_ISA_SCALAR: return "scalar";
+    case KERN_ISA_AVX2: return "avx2";
+    case KERN_ISA_AVX512: return "avx512";
+    }
+    return "unknown";
+}
+
+int kern_isa_parse(const char *s, kern_isa *out)
+{
+    kern_isa isa;
+    if (!s)
+        return -1;
+    if (strcmp(s, "scalar") == 0)
+        isa = KERN_ISA_SCALAR;
+    else if (strcmp(s, "avx2") == 0)
+        isa = KERN_ISA_AVX2;
+    else if (strcmp(s, "avx512") == 0)
+        isa = KERN_ISA_AVX512;
+    else if (strcmp(s, "auto") == 0)
+        isa = kern_isa_best();
+    else
+        return -1;
+    if (out)
+        *out = isa;
+    return 0;
+}
+
+/* A ctx may ask for more than the CPU has (a config written elsewhere):
+ * step down the ladder scalar < avx2 < avx512. The result is the same on
+ * every path, so this changes speed only. */
+static kern_isa usable_isa(kern_isa want)
+{
+    kern_isa best = kern_isa_best();
+    return want > best ? best : want;
+}
+
+#if KERN_X86
+static int cpu_has_fma(void)
+{
+    return __builtin_cpu_supports("fma");
+}
+#endif
+
+/* ------------------------------------------------------------------------
+ * bf16 */
+
+static float bf16_to_f32(uint16_t h)
+{
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Round to nearest even; NaN stays NaN (quieted, sign kept), overflow
+ * rounds to infinity as IEEE says. */
+static uint16_t f32_to_bf16(float f)
+{
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((bits >> 16) | 0x0040u);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* ------------------------------------------------------------------------
+ * packed linear layers */
+
+static size_t panel_count(int n_out)
+{
+    return ((size_t)n_out + KERN_PANEL - 1) / KERN_PANEL;
+}
+
+static size_t wsize(kern_wtype wt)
+{
+    return wt == KERN_BF16 ? sizeof(uint16_t) : sizeof(float);
+}
+
+int kern_linear_init(kern_linear *L, int n_out, int n_in, kern_wtype wt, bool with_bias)
+{
+    memset(L, 0, sizeof *L);
+    if (n_out <= 0 || n_in <= 0)
+        return -1;
+    /* 64-byte alignment: one panel row is one cache line (f32) and SIMD
+     * loads never straddle lines; aligned_alloc wants a multiple of 64. */
+    size_t bytes = panel_count(n_out) * (size_t)n_in * KERN_PANEL * wsize(wt);
+    bytes = (bytes + 63) & ~(size_t)63;
+    void *panels = aligned_alloc(64, bytes);
+    if (!panels)
+        return -1;
+    memset(panels, 0, bytes);    /* padding lanes must be 0 */
+    float *bias = NULL;
+    if (with_bias) {
+        bias = calloc((size_t)n_out, sizeof *bias);
+        if (!bias) {
+            free(panels);
+            return -1;
+        }
+    }
+    L->n_out = n_out;
+    L->n_in = n_in;
+    L->wtype = wt;
+    L->panels = panels;
+    L->bias = bias;
+    return 0;
+}
+
+void kern_linear_free(kern_linear *L)
+{
+    if (!L)
+        return;
+    free(L->panels);
+    free(L->bias);
+    memset(L, 0, sizeof *L);
+}
+
+void kern_linear_set_rows(kern_linear *L, int row0, int nrows, const float *src)
+{
+    const size_t K = (size_t)L->n_in;
+    for (int r = row0; r < row0 + nrows; r++) {
+        const float *s = src + (size_t)(r - row0) * K;
+        size_t base = (size_t)(r / KERN_PANEL) * K * KERN_PANEL + (size_t)(r % KERN_PANEL);
+        if (L->wtype == KERN_BF16) {
+            uint16_t *d = (uint16_t *)L->panels + base;
+            for (size_t k = 0; k < K; k++)
+                d[k * KERN_PANEL] = f32_to_bf16(s[k]);
+        } else {
+            float *d = (float *)L->panels + base;
+            for (size_t k = 0; k < K; k++)
+                d[k * KERN_PANEL] = s[k];
+        }
+    }
+}
+
+void kern_linear_get_row(const kern_linear *L, int r, float *out)
+{
+    const size_t K = (size_t)L->n_in;
+    size_t base = (size_t)(r / KERN_PANEL) * K * KERN_PANEL + (size_t)(r % KERN_PANEL);
+    if (L->wtype == KERN_BF16) {
+        const uint16_t *w = (const uint16_t *)L->panels + base;
+        for (size_t k = 0; k < K; k++)
+            out[k] = bf16_to_f32(w[k * KERN_PANEL]);
+    } else {
+        const float *w = (const float *)L->panels + base;
+        for (size_t k = 0; k < K; k++)
+            out[k] = w[k * KERN_PANEL];
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * matmul: scalar definition */
+
+/* y[m][16p + j] for rows [m0, m1), panels [p0, p1): start at +0, fmaf over
+ * k ascending, then add the bias. Lanes past n_out are computed (their
+ * weights are 0) but never stored. */
+INLINE void tile_scalar_body(const kern_linear *L, const float *x, int m0, int m1, int p0,
+                             int p1, float *y)
+{
+    const int K = L->n_in, N = L->n_out;
+    for (int m = m0; m < m1; m++) {
+        const float *xr = x + (size_t)m * K;
+        for (int p = p0; p < p1; p++) {
+            float acc[KERN_PANEL] = { 0.0f };
+            size_t base = (size_t)p * K * KERN_PANEL;
+            if (L->wtype == KERN_BF16) {
+                const uint16_t *w = (const uint16_t *)L->panels + base;
+                for (int k = 0; k < K; k++)
+                    for (int j = 0; j < KERN_PANEL; j++)
+                        acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
+            } else {
+                const float *w = (const float *)L->panels + base;
+                for (int k = 0; k < K; k++)
+                    for (int j = 0; j < KERN_PANEL; j++)
+                        acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
+            }
+            int n0 = p * KERN_PANEL;
+            int nv = N - n0 < KERN_PANEL ? N - n0 : KERN_PANEL;
+            float *yr = y + (size_t)m * N + n0;
+            for (int j = 0; j < nv; j++)
+                yr[j] = L->bias ? acc[j] + L->bias[n0 + j] : acc[j];
+        }
+    }
+}
+
+static void tile_scalar(const kern_linear *L, const float *x, int m0, int m1, int p0, int p1,
+                        float *y)
+{
+    tile_scalar_body(L, x, m0, m1, p0, p1, y);
+}
+
+#if KERN_X86
+FMA_CLONE static void tile_scalar_fma(const kern_linear *L, const float *x, int m0, int m1,
+                                      int p0, int p1, float *y)
+{
+    tile_scalar_body(L, x, m0, m1, p0, p1, y);
+}
+#endif
+
+/* ------------------------------------------------------------------------
+ * matmul: splitting and dispatch
+ *
+ * Work is a grid of tasks, each a block of rows x a block of panels, and
+ * every task computes its outputs whole (all of k), so the split never
+ * touches a reduction:
+ *   - small products (under ~64k FMAs) run as one task on the caller: the
+ *     pool hand-off would cost more than it saves;
+ *   - otherwise, with panels to spare (>= 2 per thread) or too few rows to
+ *     share, each thread takes a contiguous range of panels and all rows:
+ *     in decode every weight byte is then read by exactly one thread;
+ *   - otherwise (a narrow matrix, many rows) each thread takes a block of
+ *     rows and all panels.
+ * Inside a task the SIMD path blocks over k, panels and rows for cache
+ * reuse (kernels_x86.c); the scalar path walks row by row. x and y must
+ * not overlap: y is written (and, between k blocks, re-read) while x is
+ * still being read. */
+
+typedef struct {
+    const kern_linear *L;
+    const float *x;
+    float *y;
+    int M;
+    int nrow_blocks, npanel_blocks;
+    kern_isa isa;
+    int scalar_fma;
+} mm_job;
+
+static void mm_run_tile(const mm_job *j, int m0, int m1, int p0, int p1)
+{
+#if KERN_X86
+    if (j->isa != KERN_ISA_SCALAR) {
+        kern_x86_matmul_tile(j->isa, j->L, j->x, m0, m1, p0, p1, j->y);
+        return;
+    }
+    if (j->scalar_fma) {
+        tile_scalar_fma(j->L, j->x, m0, m1, p0, p1, j->y);
+        return;
+    }
+#endif
+    tile_scalar(j->L, j->x, m0, m1, p0, p1, j->y);
+}
+
+static void mm_task(void *ctx, int t)
+{
+    const mm_job *j = ctx;
+    int np = (int)panel_count(j->L->n_out);
+    int rb = t % j->nrow_blocks, pb = t / j->nrow_blocks;
+    int m0 = (int)((int64_t)rb * j->M / j->nrow_blocks);
+    int m1 = (int)((int64_t)(rb + 1) * j->M / j->nrow_blocks);
+    int p0 = (int)((int64_t)pb * np / j->npanel_blocks);
+    int p1 = (int)((int64_t)(pb + 1) * np / j->npanel_blocks);
+    if (m0 < m1 && p0 < p1)
+        mm_run_tile(j, m0, m1, p0, p1);
+}
+
+void kern_matmul(const kern_ctx *c, const kern_linear *L, const float *x, int M, float *y)
+{
+    if (M <= 0)
+        return;
+    int np = (int)panel_count(L->n_out);
+    int T = pool_threads(c->pool);
+    mm_job j = { .L = L, .x = x, .y = y, .M = M, .nrow_blocks = 1, .npanel_blocks = 1,
+                 .isa = usable_isa(c->isa), .scalar_fma = 0 };
+#if KERN_X86
+    j.scalar_fma = cpu_has_fma();
+#endif
+    double work = (double)M * L->n_out * L->n_in;
+    if (T > 1 && work >= 65536.0) {
+        if (np >= 2 * T || M < 2 * T)
+            j.npanel_blocks = np < T ? np : T;
+        else
+            j.nrow_blocks = T;
+    }
+    pool_run(c->pool, mm_task, &j, j.nrow_blocks * j.npanel_blocks);
+}
+
+/* ------------------------------------------------------------------------
+ * dot product: the 8-lane rule */
+
+INLINE float combine8(const float s[8])
+{
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+INLINE float dot_body(const float *a, const float *b, int n)
+{
+    float s[8] = { 0.0f };
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            s[l] = fmaf(a[i + l], b[i + l], s[l]);
+    for (int l = 0; i + l < n; l++)
+        s[l] = fmaf(a[i + l], b[i + l], s[l]);
+    return combine8(s);
+}
+
+static float dot_scalar(const float *a, const float *b, int n)
+{
+    return dot_body(a, b, n);
+}
+
+#if KERN_X86
+FMA_CLONE static float dot_scalar_fma(const float *a, const float *b, int n)
+{
+    return dot_body(a, b, n);
+}
+#endif
+
+/* The scalar-path dot, in its fastest exact form. */
+static float dot_ref(const float *a, const float *b, int n, int scalar_fma)
+{
+#if KERN_X86
+    if (scalar_fma)
+        return dot_scalar_fma(a, b, n);
+#else
+    (void)scalar_fma;
+#endif
+    return dot_scalar(a, b, n);
+}
+
+float kern_dot(const float *a, const float *b, int n)
+{
+    /* No ctx here: every path gives the same bits, so take the fastest. */
+#if KERN_X86
+    kern_isa isa = kern_isa_best();
+    if (isa != KERN_ISA_SCALAR)
+        return kern_x86_dot(isa, a, b, n);
+    return dot_ref(a, b, n, cpu_has_fma());
+#else
+    return dot_scalar(a, b, n);
+#endif
+}
+
+/* ------------------------------------------------------------------------
+ * RMSNorm */
+
+void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_one,
+                  float *out, float stats[3])
+{
+    double ss = 0.0, sum = 0.0;
+    float absmax = 0.0f;
+    for (int i = 0; i < n; i++) {
+        double v = x[i];
+        ss += v * v;          /* a float squared is exact in double */
+        sum += v;
+        float a = fabsf(x[i]);
+        if (a > absmax)
+            absmax = a;
+    }
+    double mean_sq = n > 0 ? ss / n : 0.0;
+    if (stats) {
+        stats[0] = n > 0 ? (float)(sum / n) : 0.0f;
+        stats[1] = (float)sqrt(mean_sq);
+        stats[2] = absmax;
+    }
+    /* One rounding of the scale, then two float multiplies per element in
+     * the order the frameworks use: (x * scale) * weight. */
+    float scale = (float)(1.0 / sqrt(mean_sq + eps));
+    for (int i = 0; i < n; i++) {
+        float wi = plus_one ? 1.0f + w[i] : w[i];
+        out[i] = (x[i] * scale) * wi;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * RoPE */
+
+void kern_rope_inv_freq(double theta, int head_dim, double *inv_freq)
+{
+    for (int d = 0; d < head_dim / 2; d++)
+        inv_freq[d] = pow(theta, -(double)(2 * d) / (double)head_dim);
+}
+
+void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double factor,
+                              double low_freq_factor, double high_freq_factor,
+                              int original_max_position)
+{
+    if (type == 1) {
+        for (int d = 0; d < half; d++)
+            inv_freq[d] /= factor;
+        return;
+    }
+    if (type != 2)
+        return;
+    /* HF modeling_rope_utils._compute_llama3_parameters: long wavelengths
+     * are slowed by factor, short ones kept, the band between blended. */
+    const double two_pi = 6.283185307179586476925286766559;
+    double old_len = original_max_position;
+    double low_freq_wavelen = old_len / low_freq_factor;
+    double high_freq_wavelen = old_len / high_freq_factor;
+    for (int d = 0; d < half; d++) {
+        double f = inv_freq[d];
+        double wavelen = two_pi / f;
+        if (wavelen > low_freq_wavelen) {
+            inv_freq[d] = f / factor;
+        } else if (!(wavelen < high_freq_wavelen)) {
+            double smooth = (old_len / wavelen - low_freq_factor) /
+                            (high_freq_factor - low_freq_factor);
+            inv_freq[d] = (1.0 - smooth) * f / factor + smooth * f;
+        }
+    }
+}
+
+void kern_rope_table(double pos, const double *inv_freq, int head_dim, float *cos_out,
+                     float *sin_out)
+{
+    for (int d = 0; d < head_dim / 2; d++) {
+        double angle = pos * inv_freq[d];
+        cos_out[d] = (float)cos(angle);
+        sin_out[d] = (float)sin(angle);
+    }
+}
+
+void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t)
+{
+    const int half = head_dim / 2;
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (size_t)h * head_dim;
+        for (int d = 0; d < half; d++) {
+            float x1 = xh[d], x2 = xh[d + half];
+            xh[d] = x1 * cos_t[d] - x2 * sin_t[d];
+            xh[d + half] = x2 * cos_t[d] + x1 * sin_t[d];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * gated activations: the activation in double, rounded once, then one
+ * float multiply by up (as the frameworks do act(gate) * up in float). */
+
+void kern_silu_mul(float *gate, const float *up, int n)
+{
+    for (int i = 0; i < n; i++) {
+        double g = gate[i];
+        float act = (float)(g / (1.0 + exp(-g)));
+        gate[i] = act * up[i];
+    }
+}
+
+void kern_gelu_tanh_mul(float *gate, const float *up, int n)
+{
+    const double pi = 3.14159265358979323846264338327950288;
+    const double k = sqrt(2.0 / pi);
+    for (int i = 0; i < n; i++) {
+        double g = gate[i];
+        float act = (float)(0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g))));
+        gate[i] = act * up[i];
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * attention
+ *
+ * For query row m and head h (KV head h / (H / KV)), keys j in
+ * [kbeg[m], kend[m]) in the order given:
+ *   s_j  = dot(q, k_j) * scale          (8-lane dot, then a float multiply)
+ *   mx   = max_j s_j
+ *   p_j  = expf(s_j - mx);  l += p_j    (float, key order)
+ *   o[d] = fmaf(p_j, v_j[d], o[d])      (key order, o starts at +0)
+ *   out  = o / l  (a true division: one rounding, the exact quotient)
+ *   lse  = mx + logf(l)
+ * Scores are kept in a stack buffer of ATTN_CHUNK; a longer range is done
+ * in chunks and its scores computed twice (once for the max, once for the
+ * weights): the same values, so the same result, in O(1) memory.
+ *
+ * Threads: each (row, head) pair is independent. Tasks take pairs
+ * round-robin (task t: pairs t, t + ntasks, ...) so that causal prefill,
+ * whose later rows see more keys, is balanced across the pool's contiguous
+ * task blocks. */
+
+#define ATTN_CHUNK 4096
+
+typedef struct {
+    int M, H, KV, D;
+    float scale;
+    const float *q;
+    const float *const *krow;
+    const float *const *vrow;
+    const int *kbeg, *kend;
+    const uint8_t *mask;    /* masked form: (M, nkeys), key j read iff non-zero */
+    int nkeys;
+    const float **pick;     /* masked form: (ntasks, 2 nkeys) gathered key/value rows */
+    float *out, *lse;
+    int ntasks;
+    kern_isa isa;
+    int scalar_fma;
+} attn_job;
+
+static void attn_scores(const attn_job *j, const float *q, const float *const *krow,
+                        size_t off, int n, float *s)
+{
+#if KERN_X86
+    if (j->isa != KERN_ISA_SCALAR) {
+        kern_x86_scores(j->isa, q, krow, off, n, j->D, j->scale, s);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++)
+        s[i] = dot_ref(q, krow[i] + off, j->D, j->scalar_fma) * j->scale;
+}
+
+INLINE void pv_body(const float *p, const float *const *vrow, size_t off, int n, int D,
+                    float *out)
+{
+    for (int i = 0; i < n; i++) {
+        const float *v = vrow[i] + off;
+        for (int d = 0; d < D; d++)
+            out[d] = fmaf(p[i], v[d], out[d]);
+    }
+}
+
+static void pv_scalar(const float *p, const float *const *vrow, size_t off, int n, int D,
+                      float *out)
+{
+    pv_body(p, vrow, off, n, D, out);
+}
+
+#if KERN_X86
+FMA_CLONE static void pv_scalar_fma(const float *p, const float *const *vrow, size_t off, int n,
+                                    int D, float *out)
+{
+    pv_body(p, vrow, off, n, D, out);
+}
+#endif
+
+static void attn_pv(const attn_job *j, const float *p, const float *const *vrow, size_t off,
+                    int n, float *out)
+{
+#if KERN_X86
+    if (j->isa != KERN_ISA_SCALAR) {
+        kern_x86_pv(j->isa, p, vrow, off, n, j->D, out);
+        return;
+    }
+    if (j->scalar_fma) {
+        pv_scalar_fma(p, vrow, off, n, j->D, out);
+        return;
+    }
+#endif
+    pv_scalar(p, vrow, off, n, j->D, out);
+}
+
+/* The masked form reads exactly the keys the mask keeps, in list order:
+ * they are gathered into `pick` and handed to the same code as a range,
+ * so a mask and a range selecting the same keys give the same bits. */
+static int attn_keys(const attn_job *j, int m, const float *const **krow,
+                     const float *const **vrow, const float **pick)
+{
+    if (!j->mask) {
+        *krow = j->krow + j->kbeg[m];
+        *vrow = j->vrow + j->kbeg[m];
+        return j->kend[m] - j->kbeg[m];
+    }
+    const uint8_t *mr = j->mask + (size_t)m * j->nkeys;
+    int n = 0;
+    for (int i = 0; i < j->nkeys; i++)
+        if (mr[i]) {
+            pick[n] = j->krow[i];
+            pick[j->nkeys + n] = j->vrow[i];
+            n++;
+        }
+    *krow = (const float *const *)pick;
+    *vrow = (const float *const *)(pick + j->nkeys);
+    return n;
+}
+
+static void attn_one(const attn_job *j, int m, int h, float *s, const float **pick)
+{
+    const int D = j->D;
+    const size_t hd = (size_t)j->H * D;
+    const float *q = j->q + (size_t)m * hd + (size_t)h * D;
+    float *o = j->out + (size_t)m * hd + (size_t)h * D;
+    const size_t off = (size_t)(h / (j->H / j->KV)) * D;
+    const float *const *krow, *const *vrow;
+    const int n = attn_keys(j, m, &krow, &vrow, pick);
+
+    memset(o, 0, (size_t)D * sizeof *o);
+    if (n <= 0) {
+        j->lse[(size_t)m * j->H + h] = -INFINITY;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
+        int cn = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
+        attn_scores(j, q, krow + c0, off, cn, s);
+        for (int i = 0; i < cn; i++)
+            if (s[i] > mx)
+                mx = s[i];
+    }
+    float l = 0.0f;
+    for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
+        int cn = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
+        if (n > ATTN_CHUNK)     /* else s still holds this (the only) chunk */
+            attn_scores(j, q, krow + c0, off, cn, s);
+        for (int i = 0; i < cn; i++) {
+            s[i] = expf(s[i] - mx);
+            l += s[i];
+        }
+        attn_pv(j, s, vrow + c0, off, cn, o);
+    }
+    for (int d = 0; d < D; d++)
+        o[d] = o[d] / l;
+    j->lse[(size_t)m * j->H + h] = mx + logf(l);
+}
+
+static void attn_task(void *ctx, int t)
+{
+    const attn_job *j = ctx;
+    float s[ATTN_CHUNK];
+    int pairs = j->M * j->H;
+    const float **pick = j->pick ? j->pick + (size_t)t * 2 * (size_t)j->nkeys : NULL;
+    for (int i = t; i < pairs; i += j->ntasks)
+        attn_one(j, i / j->H, i % j->H, s, pick);
+}
+
+static int attn_run(const kern_ctx *c, attn_job j)
+{
+#if KERN_X86
+    j.scalar_fma = cpu_has_fma();
+#endif
+    int T = pool_threads(c->pool);
+    int pairs = j.M * j.H;
+    /* A few tasks per thread evens out rows of different lengths. */
+    j.ntasks = T == 1 ? 1 : (pairs < 8 * T ? pairs : 8 * T);
+    if (j.mask) {
+        j.pick = malloc((size_t)j.ntasks * 2 * (size_t)j.nkeys * sizeof *j.pick);
+        if (!j.pick)
+            return -1;
+    }
+    pool_run(c->pool, attn_task, &j, j.ntasks);
+    free(j.pick);
+    return 0;
+}
+
+void kern_attention(const kern_ctx *c, int M, const float *q, int H, int KV, int D,
+                    float scale, const float *const *krow, const float *const *vrow,
+                    const int *kbeg, const int *kend, float *out, float *lse)
+{
+    if (M <= 0 || H <= 0 || D <= 0)
+        return;
+    (void)attn_run(c, (attn_job){.M = M, .H = H, .KV = KV, .D = D, .scale = scale, .q = q,
+                                 .krow = krow, .vrow = vrow, .kbeg = kbeg, .kend = kend,
+                                 .out = out, .lse = lse, .isa = usable_isa(c->isa)});
+}
+
+int kern_attention_masked(const kern_ctx *c, int M, const float *q, int H, int KV, int D,
+                          float scale, const float *const *krow, const float *const *vrow,
+                          int nkeys, const uint8_t *mask, float *out, float *lse)
+{
+    if (M <= 0 || H <= 0 || D <= 0)
+        return 0;
+    return attn_run(c, (attn_job){.M = M, .H = H, .KV = KV, .D = D, .scale = scale, .q = q,
+                           .krow = krow, .vrow = vrow, .mask = mask, .nkeys = nkeys,
+                           .out = out, .lse = lse, .isa = usable_isa(c->isa)});
+}
+
+void kern_lse_merge(int M, int H, int D, float *out, float *lse, const float *out2,
+                    const float *lse2)
+{
+    for (int i = 0; i < M * H; i++) {
+        float a = lse[i], b = lse2[i];
+        float *o = out + (size_t)i * D;
+        const float *o2 = out2 + (size_t)i * D;
+        if (b == -INFINITY)
+            continue;
+        if (a == -INFINITY) {
+            memcpy(o, o2, (size_t)D * sizeof *o);
+            lse[i] = b;
+            continue;
+        }
+        float mx = a > b ? a : b;
+        float wa = expf(a - mx), wb = expf(b - mx), sum = wa + wb;
+        for (int d = 0; d < D; d++)
+            o[d] = fmaf(o2[d], wb, o[d] * wa) / sum;
+        lse[i] = mx + logf(sum);
+    }
+}

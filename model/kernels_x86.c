@@ -1,0 +1,598 @@
+/* kernels_x86.c — the AVX2 and AVX-512 paths of the kernels in kernels.c.
+ *
+ * Every function here computes exactly the operations of the scalar path in
+ * kernels.c (the ORDER RULE in kernels.h), only several lanes at a time:
+ * vector FMA is fmaf per lane, vector add is a float add per lane. Nothing
+ * here reassociates a sum. The tests compare all paths bit for bit.
+ *
+ * The file compiles without any -m flag: each function carries its own
+ * target attribute and kernels.c dispatches at run time. On other
+ * architectures it is empty and kernels.c uses the scalar path.
+ *
+ * No header of its own: the entry points (kern_x86_*) are declared in
+ * kernels.c, which is their only caller; keep the two lists in step. */
+#include "kernels.h"
+
+#if defined(__x86_64__)
+
+#include <immintrin.h>
+
+#define ATTR512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
+#define ATTR2 __attribute__((target("avx2,fma")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Entry points, declared again in kernels.c. */
+kern_isa kern_x86_best(void);
+void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, int m0, int m1,
+                          int p0, int p1, float *y);
+void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, size_t off,
+                     int n, int D, float scale, float *s);
+void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
+                 int D, float *out);
+float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n);
+
+/* libgcc / compiler-rt fill the CPU model in a constructor, so no
+ * __builtin_cpu_init here (that would also race between threads). */
+kern_isa kern_x86_best(void)
+{
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma"))
+        return KERN_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return KERN_ISA_AVX2;
+    return KERN_ISA_SCALAR;
+}
+
+/* ------------------------------------------------------------------------
+ * matmul micro-kernels
+ *
+ * A micro-kernel computes an MR x NR tile: MR rows of x against NR panels
+ * (16 outputs each) over the k range [k0, k0 + kc). Its accumulators live
+ * in registers; between k blocks they are parked in y itself (a float
+ * store and reload are exact), so k blocking does not change the sequence
+ * of fmaf each output sees: start at +0 (first block), fmaf for k
+ * ascending, add the bias after the last block.
+ *
+ * The kernels are written once as always-inline bodies with MR, NR and the
+ * weight type as arguments; each (MR, NR, type) instance below is a
+ * separate function in which those are constants, so the tests on them
+ * fold away and only that tile's accumulators remain, in registers. */
+
+typedef struct {
+    const float *x;      /* x at (row m, column k0) */
+    size_t ldx;          /* floats between rows of x */
+    const void *w;       /* panel p at row k0 (float or uint16_t) */
+    size_t pstride;      /* elements between consecutive panels (n_in * 16) */
+    int kc;              /* k steps in this block */
+    float *y;            /* y at (row m, column 16 p) */
+    size_t ldy;          /* floats between rows of y */
+    const float *bias;   /* bias at 16 p when this is the last k block, else NULL */
+    int first;           /* accumulators start at +0 (else reload from y) */
+    int lastvalid;       /* lanes of panel NR-1 that exist (16 unless the matrix's last) */
+} mk_args;
+
+typedef void (*mk_fn)(const mk_args *a);
+
+/* Accumulators are named variables c<i><j> (row i, panel j), not an
+ * array: clang does not turn an array of vectors carried across the k loop
+ * into registers, gcc does; named variables work for both. Every use is
+ * guarded by a test on the constants MR and NR, so each instance keeps
+ * only its own. FOR_TILE(M) expands M(i, j) over the largest tile, 8 x 4. */
+#define FOR_ROW(M, i) M(i, 0) M(i, 1) M(i, 2) M(i, 3)
+#define FOR_TILE(M)                                                                    \
+    FOR_ROW(M, 0) FOR_ROW(M, 1) FOR_ROW(M, 2) FOR_ROW(M, 3) FOR_ROW(M, 4) FOR_ROW(M, 5) \
+    FOR_ROW(M, 6) FOR_ROW(M, 7)
+#define FOR_ROWS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+
+/* --- AVX-512: one zmm = one panel --- */
+
+INLINE ATTR512 __m512 w512(const void *w, size_t idx, int bf16)
+{
+    if (bf16) {
+        /* bf16 -> f32 is exact: the 16 bits become the high half. */
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + idx));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    return _mm512_loadu_ps((const float *)w + idx);
+}
+
+INLINE ATTR512 void mk512_body(const int MR, const int NR, const int bf16, const mk_args *a)
+{
+    const __mmask16 lastmask = (__mmask16)((1u << a->lastvalid) - 1u);
+    const float *xr = a->x;
+    const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
+    const int kc = a->kc;
+    float *y = a->y;
+#define MASK512(j) ((j) == NR - 1 ? lastmask : (__mmask16)0xFFFF)
+
+#define DECL(i, j) __m512 c##i##j = _mm512_setzero_ps();
+    FOR_TILE(DECL)
+#undef DECL
+    if (!a->first) {
+#define LOAD(i, j)                                                              \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = _mm512_maskz_loadu_ps(MASK512(j), y + i * ldy + 16 * j);
+        FOR_TILE(LOAD)
+#undef LOAD
+    }
+    for (int k = 0; k < kc; k++) {
+        const size_t wk = (size_t)k * 16;
+        __m512 w0 = w512(a->w, wk, bf16);
+        __m512 w1 = NR > 1 ? w512(a->w, ps + wk, bf16) : w0;
+        __m512 w2 = NR > 2 ? w512(a->w, 2 * ps + wk, bf16) : w0;
+        __m512 w3 = NR > 3 ? w512(a->w, 3 * ps + wk, bf16) : w0;
+#define FMA(i, j)                                                               \
+    if (NR > j)                                                                 \
+        c##i##j = _mm512_fmadd_ps(xb, w##j, c##i##j);
+#define ROW(i)                                                                  \
+    if (MR > i) {                                                               \
+        __m512 xb = _mm512_set1_ps(xr[i * ldx + k]);                            \
+        FOR_ROW(FMA, i)                                                         \
+    }
+        FOR_ROWS(ROW)
+#undef ROW
+#undef FMA
+    }
+    if (a->bias) {
+        const float *b = a->bias;
+        __m512 b0 = _mm512_maskz_loadu_ps(MASK512(0), b);
+        __m512 b1 = NR > 1 ? _mm512_maskz_loadu_ps(MASK512(1), b + 16) : b0;
+        __m512 b2 = NR > 2 ? _mm512_maskz_loadu_ps(MASK512(2), b + 32) : b0;
+        __m512 b3 = NR > 3 ? _mm512_maskz_loadu_ps(MASK512(3), b + 48) : b0;
+#define BIAS(i, j)                                                              \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = _mm512_add_ps(c##i##j, b##j);
+        FOR_TILE(BIAS)
+#undef BIAS
+    }
+#define STORE(i, j)                                                             \
+    if (MR > i && NR > j)                                                       \
+        _mm512_mask_storeu_ps(y + i * ldy + 16 * j, MASK512(j), c##i##j);
+    FOR_TILE(STORE)
+#undef STORE
+#undef MASK512
+}
+
+/* --- AVX2: two ymm = one panel (lanes 0-7 in c<i><j>l, 8-15 in c<i><j>h) --- */
+
+INLINE ATTR2 __m256 w256(const void *w, size_t idx, int bf16)
+{
+    if (bf16) {
+        __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + idx));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + idx);
+}
+
+/* Lane masks for maskload/maskstore: lane l is on when l < valid. */
+INLINE ATTR2 __m256i lanes_below(int valid)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), idx);
+}
+
+INLINE ATTR2 void mk256_body(const int MR, const int NR, const int bf16, const mk_args *a)
+{
+    const __m256i ones = _mm256_set1_epi32(-1);
+    const __m256i lml = lanes_below(a->lastvalid), lmh = lanes_below(a->lastvalid - 8);
+    const float *xr = a->x;
+    const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
+    const int kc = a->kc;
+    float *y = a->y;
+#define MASKL(j) ((j) == NR - 1 ? lml : ones)
+#define MASKH(j) ((j) == NR - 1 ? lmh : ones)
+
+#define DECL(i, j) __m256 c##i##j##l = _mm256_setzero_ps(), c##i##j##h = c##i##j##l;
+    FOR_TILE(DECL)
+#undef DECL
+    if (!a->first) {
+#define LOAD(i, j)                                                              \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = _mm256_maskload_ps(y + i * ldy + 16 * j, MASKL(j));        \
+        c##i##j##h = _mm256_maskload_ps(y + i * ldy + 16 * j + 8, MASKH(j));    \
+    }
+        FOR_TILE(LOAD)
+#undef LOAD
+    }
+    for (int k = 0; k < kc; k++) {
+        const size_t wk = (size_t)k * 16;
+        __m256 w0l = w256(a->w, wk, bf16), w0h = w256(a->w, wk + 8, bf16);
+        __m256 w1l = NR > 1 ? w256(a->w, ps + wk, bf16) : w0l;
+        __m256 w1h = NR > 1 ? w256(a->w, ps + wk + 8, bf16) : w0l;
+        __m256 w2l = NR > 2 ? w256(a->w, 2 * ps + wk, bf16) : w0l;
+        __m256 w2h = NR > 2 ? w256(a->w, 2 * ps + wk + 8, bf16) : w0l;
+        __m256 w3l = NR > 3 ? w256(a->w, 3 * ps + wk, bf16) : w0l;
+        __m256 w3h = NR > 3 ? w256(a->w, 3 * ps + wk + 8, bf16) : w0l;
+#define FMA(i, j)                                                               \
+    if (NR > j) {                                                               \
+        c##i##j##l = _mm256_fmadd_ps(xb, w##j##l, c##i##j##l);                  \
+        c##i##j##h = _mm256_fmadd_ps(xb, w##j##h, c##i##j##h);                  \
+    }
+#define ROW(i)                                                                  \
+    if (MR > i) {                                                               \
+        __m256 xb = _mm256_set1_ps(xr[i * ldx + k]);                            \
+        FOR_ROW(FMA, i)                                                         \
+    }
+        FOR_ROWS(ROW)
+#undef ROW
+#undef FMA
+    }
+    if (a->bias) {
+        const float *b = a->bias;
+        __m256 b0l = _mm256_maskload_ps(b, MASKL(0)), b0h = _mm256_maskload_ps(b + 8, MASKH(0));
+        __m256 b1l = NR > 1 ? _mm256_maskload_ps(b + 16, MASKL(1)) : b0l;
+        __m256 b1h = NR > 1 ? _mm256_maskload_ps(b + 24, MASKH(1)) : b0l;
+        __m256 b2l = NR > 2 ? _mm256_maskload_ps(b + 32, MASKL(2)) : b0l;
+        __m256 b2h = NR > 2 ? _mm256_maskload_ps(b + 40, MASKH(2)) : b0l;
+        __m256 b3l = NR > 3 ? _mm256_maskload_ps(b + 48, MASKL(3)) : b0l;
+        __m256 b3h = NR > 3 ? _mm256_maskload_ps(b + 56, MASKH(3)) : b0l;
+#define BIAS(i, j)                                                              \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = _mm256_add_ps(c##i##j##l, b##j##l);                        \
+        c##i##j##h = _mm256_add_ps(c##i##j##h, b##j##h);                        \
+    }
+        FOR_TILE(BIAS)
+#undef BIAS
+    }
+#define STORE(i, j)                                                             \
+    if (MR > i && NR > j) {                                                     \
+        _mm256_maskstore_ps(y + i * ldy + 16 * j, MASKL(j), c##i##j##l);        \
+        _mm256_maskstore_ps(y + i * ldy + 16 * j + 8, MASKH(j), c##i##j##h);    \
+    }
+    FOR_TILE(STORE)
+#undef STORE
+#undef MASKL
+#undef MASKH
+}
+
+/* --- instances --- */
+
+#define MK512(MR, NR)                                                                  \
+    static ATTR512 void mk512_f32_##MR##x##NR(const mk_args *a) { mk512_body(MR, NR, 0, a); } \
+    static ATTR512 void mk512_bf16_##MR##x##NR(const mk_args *a) { mk512_body(MR, NR, 1, a); }
+#define MK256(MR, NR)                                                                  \
+    static ATTR2 void mk256_f32_##MR##x##NR(const mk_args *a) { mk256_body(MR, NR, 0, a); } \
+    static ATTR2 void mk256_bf16_##MR##x##NR(const mk_args *a) { mk256_body(MR, NR, 1, a); }
+
+/* AVX-512 shapes: MR*NR accumulators of 32 zmm, leaving room for weights. */
+MK512(1, 1) MK512(1, 2) MK512(1, 3) MK512(1, 4)
+MK512(2, 1) MK512(2, 2) MK512(2, 3) MK512(2, 4)
+MK512(3, 1) MK512(3, 2) MK512(3, 3) MK512(3, 4)
+MK512(4, 1) MK512(4, 2) MK512(4, 3) MK512(4, 4)
+MK512(5, 1) MK512(5, 2) MK512(5, 3) MK512(5, 4)
+MK512(6, 1) MK512(6, 2) MK512(6, 3) MK512(6, 4)
+MK512(7, 1) MK512(7, 2) MK512(7, 3)
+MK512(8, 1) MK512(8, 2) MK512(8, 3)
+
+/* AVX2 shapes: 2*MR*NR accumulators of 16 ymm. */
+MK256(1, 1) MK256(1, 2) MK256(1, 3) MK256(1, 4)
+MK256(2, 1) MK256(2, 2) MK256(2, 3)
+MK256(3, 1) MK256(3, 2)
+MK256(4, 1)
+MK256(5, 1)
+MK256(6, 1)
+
+#define ROW512(t, MR) \
+    { NULL, mk512_##t##_##MR##x1, mk512_##t##_##MR##x2, mk512_##t##_##MR##x3, NR4_##MR(t) }
+#define T512(MR) ROW512(f32, MR)
+#define B512(MR) ROW512(bf16, MR)
+#define NR4_1(t) mk512_##t##_1x4
+#define NR4_2(t) mk512_##t##_2x4
+#define NR4_3(t) mk512_##t##_3x4
+#define NR4_4(t) mk512_##t##_4x4
+#define NR4_5(t) mk512_##t##_5x4
+#define NR4_6(t) mk512_##t##_6x4
+#define NR4_7(t) NULL
+#define NR4_8(t) NULL
+
+/* [bf16][MR][NR]; NULL where the shape would not fit the register file. */
+static const mk_fn mk512_table[2][9][5] = {
+    { { NULL }, T512(1), T512(2), T512(3), T512(4), T512(5), T512(6), T512(7), T512(8) },
+    { { NULL }, B512(1), B512(2), B512(3), B512(4), B512(5), B512(6), B512(7), B512(8) },
+};
+
+static const mk_fn mk256_table[2][7][5] = {
+    { { NULL },
+      { NULL, mk256_f32_1x1, mk256_f32_1x2, mk256_f32_1x3, mk256_f32_1x4 },
+      { NULL, mk256_f32_2x1, mk256_f32_2x2, mk256_f32_2x3, NULL },
+      { NULL, mk256_f32_3x1, mk256_f32_3x2, NULL, NULL },
+      { NULL, mk256_f32_4x1, NULL, NULL, NULL },
+      { NULL, mk256_f32_5x1, NULL, NULL, NULL },
+      { NULL, mk256_f32_6x1, NULL, NULL, NULL } },
+    { { NULL },
+      { NULL, mk256_bf16_1x1, mk256_bf16_1x2, mk256_bf16_1x3, mk256_bf16_1x4 },
+      { NULL, mk256_bf16_2x1, mk256_bf16_2x2, mk256_bf16_2x3, NULL },
+      { NULL, mk256_bf16_3x1, mk256_bf16_3x2, NULL, NULL },
+      { NULL, mk256_bf16_4x1, NULL, NULL, NULL },
+      { NULL, mk256_bf16_5x1, NULL, NULL, NULL },
+      { NULL, mk256_bf16_6x1, NULL, NULL, NULL } },
+};
+
+/* ------------------------------------------------------------------------
+ * matmul tile: rows [m0, m1) x panels [p0, p1) of y, all of k.
+ *
+ * Loop nest (outermost first), the usual GEMM cache blocking:
+ *   k blocks of KC      — an x row-tile slice (MR x KC) stays in L1
+ *   panel blocks of PB  — PB panel slices (PB x KC x 16) stay in L2 and are
+ *                         reused by every row tile
+ *   row tiles of MR     — one x slice reused across the panel block
+ *   panel groups of NR  — one micro-kernel call
+ * For a few rows (decode) there is nothing to reuse: one k block, one panel
+ * block, so the weights stream from memory exactly once, NR panels at a time.
+ * None of this changes the per-output fmaf sequence. */
+
+typedef struct {
+    int mr, nr;          /* main tile shape */
+    int kc, pb;          /* k block, panels per L2 block */
+} mm_plan;
+
+static mm_plan plan_for(kern_isa isa, const kern_linear *L, int rows)
+{
+    mm_plan pl;
+    if (isa == KERN_ISA_AVX512) {
+        pl.mr = rows >= 8 ? 8 : rows;
+        pl.nr = pl.mr <= 6 ? 4 : 3;
+    } else {
+        pl.mr = rows >= 6 ? 6 : rows;
+        pl.nr = pl.mr == 1 ? 4 : pl.mr == 2 ? 3 : pl.mr == 3 ? 2 : 1;
+    }
+    if (rows <= 4) {
+        pl.kc = L->n_in;
+        pl.pb = 1 << 30;
+    } else {
+        pl.kc = 256;
+        /* 16 output lanes x KC x element size per panel slice; ~1 MiB of L2. */
+        pl.pb = (1 << 20) / (KERN_PANEL * pl.kc * (L->wtype == KERN_BF16 ? 2 : 4));
+    }
+    return pl;
+}
+
+/* The widest available kernel of mr rows and at most nr panels; every
+ * table has all nr = 1 entries, so this always finds one. */
+static int shape_nr(kern_isa isa, int bf16, int mr, int nr)
+{
+    if (isa == KERN_ISA_AVX512) {
+        while (!mk512_table[bf16][mr][nr])
+            nr--;
+    } else {
+        while (!mk256_table[bf16][mr][nr])
+            nr--;
+    }
+    return nr;
+}
+
+void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, int m0, int m1,
+                          int p0, int p1, float *y)
+{
+    const int K = L->n_in, N = L->n_out;
+    const int bf16 = L->wtype == KERN_BF16;
+    const size_t esz = bf16 ? 2 : 4;
+    const size_t pstride = (size_t)K * KERN_PANEL;
+    const int nlast = (N + KERN_PANEL - 1) / KERN_PANEL - 1;   /* the only partial panel */
+    const mm_plan pl = plan_for(isa, L, m1 - m0);
+
+    for (int k0 = 0; k0 < K; k0 += pl.kc) {
+        int kc = K - k0 < pl.kc ? K - k0 : pl.kc;
+        int first = k0 == 0, last = k0 + kc == K;
+        for (int b0 = p0; b0 < p1; b0 += pl.pb) {
+            int b1 = p1 - b0 < pl.pb ? p1 : b0 + pl.pb;
+            for (int m = m0; m < m1; m += pl.mr) {
+                int mr = m1 - m < pl.mr ? m1 - m : pl.mr;
+                int nr;
+                for (int p = b0; p < b1; p += nr) {
+                    nr = shape_nr(isa, bf16, mr, b1 - p < pl.nr ? b1 - p : pl.nr);
+                    mk_fn fn = isa == KERN_ISA_AVX512 ? mk512_table[bf16][mr][nr]
+                                                      : mk256_table[bf16][mr][nr];
+                    mk_args a = {
+                        .x = x + (size_t)m * K + k0,
+                        .ldx = (size_t)K,
+                        .w = (const char *)L->panels +
+                             ((size_t)p * pstride + (size_t)k0 * KERN_PANEL) * esz,
+                        .pstride = pstride,
+                        .kc = kc,
+                        .y = y + (size_t)m * N + (size_t)p * KERN_PANEL,
+                        .ldy = (size_t)N,
+                        .bias = last && L->bias ? L->bias + (size_t)p * KERN_PANEL : NULL,
+                        .first = first,
+                        .lastvalid = p + nr - 1 == nlast ? N - nlast * KERN_PANEL : KERN_PANEL,
+                    };
+                    fn(&a);
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * attention helpers
+ *
+ * Dot products follow the 8-lane rule: lane l of one ymm accumulates the
+ * elements i % 8 == l in ascending i; the tail (n % 8 elements) is an FMA
+ * blended under a mask so absent lanes keep their value exactly (even a
+ * -0, which fmaf(0, 0, -0) would turn into +0). The 8 partial
+ * sums are then combined in the fixed tree of combine8 (the scalar path's
+ * definition). Eight keys are computed together so eight FMA chains are in
+ * flight and their combines can be done as vectors. */
+
+static float combine8(const float s[8])
+{
+    return ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
+}
+
+INLINE ATTR2 __m256 tail_fma2(__m256 acc, const float *a, const float *b, __m256i m)
+{
+    __m256 t = _mm256_fmadd_ps(_mm256_maskload_ps(a, m), _mm256_maskload_ps(b, m), acc);
+    return _mm256_blendv_ps(acc, t, _mm256_castsi256_ps(m));
+}
+
+/* combine8 of eight keys at once: lane t of the result is
+ * ((a_t[0]+a_t[4]) + (a_t[1]+a_t[5])) + ((a_t[2]+a_t[6]) + (a_t[3]+a_t[7])),
+ * the same adds of the same values (hadd adds neighbours, and a float add
+ * is commutative), so the same bits as combine8. */
+INLINE ATTR2 __m256 combine8x8(const __m256 a[8])
+{
+    /* [lo(a_2t), lo(a_2t+1)] + [hi(a_2t), hi(a_2t+1)]: lane l of key k
+     * becomes u_l = s_l + s_l+4. */
+#define HALVES(t) _mm256_add_ps(_mm256_permute2f128_ps(a[2 * t], a[2 * t + 1], 0x20), \
+                                _mm256_permute2f128_ps(a[2 * t], a[2 * t + 1], 0x31))
+    __m256 u0 = HALVES(0), u1 = HALVES(1), u2 = HALVES(2), u3 = HALVES(3);
+#undef HALVES
+    /* (u0+u1), (u2+u3) per key, then their sum: keys come out as
+     * [0, 2, 4, 6 | 1, 3, 5, 7]. */
+    __m256 h1 = _mm256_hadd_ps(u0, u1);
+    __m256 h2 = _mm256_hadd_ps(u2, u3);
+    __m256 r = _mm256_hadd_ps(h1, h2);
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* s[j] = dot(q, krow[j] + off) * scale for j < n. Used by both SIMD paths:
+ * the 8-lane rule is one ymm, AVX-512 has nothing to add. */
+static ATTR2 void scores_avx2(const float *q, const float *const *krow, size_t off, int n,
+                              int D, float scale, float *s)
+{
+    const int Dv = D & ~7, rem = D - Dv;
+    const __m256i tm = lanes_below(rem);
+    float lanes[8];
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        /* Named accumulators a0..a7, one per key (see FOR_TILE). */
+#define SCDECL(t) const float *k##t = krow[j + t] + off; __m256 a##t = _mm256_setzero_ps();
+        FOR_ROWS(SCDECL)
+#undef SCDECL
+        for (int i = 0; i < Dv; i += 8) {
+            __m256 qv = _mm256_loadu_ps(q + i);
+#define SCFMA(t) a##t = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k##t + i), a##t);
+            FOR_ROWS(SCFMA)
+#undef SCFMA
+        }
+        if (rem) {
+#define SCTAIL(t) a##t = tail_fma2(a##t, q + Dv, k##t + Dv, tm);
+            FOR_ROWS(SCTAIL)
+#undef SCTAIL
+        }
+        const __m256 acc[8] = { a0, a1, a2, a3, a4, a5, a6, a7 };
+        _mm256_storeu_ps(s + j, _mm256_mul_ps(combine8x8(acc), _mm256_set1_ps(scale)));
+    }
+    for (; j < n; j++) {
+        const float *kj = krow[j] + off;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int i = 0; i < Dv; i += 8)
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(kj + i), a0);
+        if (rem)
+            a0 = tail_fma2(a0, q + Dv, kj + Dv, tm);
+        _mm256_storeu_ps(lanes, a0);
+        s[j] = combine8(lanes) * scale;
+    }
+}
+
+static ATTR2 float dot_avx2(const float *a, const float *b, int n)
+{
+    const int nv = n & ~7;
+    __m256 acc = _mm256_setzero_ps();
+    for (int i = 0; i < nv; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    if (n > nv)
+        acc = tail_fma2(acc, a + nv, b + nv, lanes_below(n - nv));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    return combine8(lanes);
+}
+
+/* out[d] = fmaf(p[j], v_j[d], out[d]) for j ascending. A chunk of up to
+ * 128 outputs (NC zmm, the last one masked) stays in registers across all
+ * keys; NC is a constant in each instance, so only o0..o(NC-1) remain,
+ * in registers. */
+INLINE ATTR512 void pv_chunk512(const int NC, const float *p, const float *const *vrow,
+                                size_t off, int n, float *out, __mmask16 lastmask)
+{
+    /* Named accumulators o0..o7, as in the matmul kernels. */
+#define PVMASK(c) ((c) == NC - 1 ? lastmask : (__mmask16)0xFFFF)
+#define PVLOAD(c) __m512 o##c = NC > c ? _mm512_maskz_loadu_ps(PVMASK(c), out + 16 * c) \
+                                       : _mm512_setzero_ps();
+    FOR_ROWS(PVLOAD)
+#undef PVLOAD
+    for (int j = 0; j < n; j++) {
+        const float *v = vrow[j] + off;
+        __m512 pj = _mm512_set1_ps(p[j]);
+#define PVFMA(c)                                                                \
+    if (NC > c)                                                                 \
+        o##c = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(PVMASK(c), v + 16 * c), o##c);
+        FOR_ROWS(PVFMA)
+#undef PVFMA
+    }
+#define PVSTORE(c)                                                              \
+    if (NC > c)                                                                 \
+        _mm512_mask_storeu_ps(out + 16 * c, PVMASK(c), o##c);
+    FOR_ROWS(PVSTORE)
+#undef PVSTORE
+#undef PVMASK
+}
+
+static ATTR512 void pv_avx512(const float *p, const float *const *vrow, size_t off, int n,
+                              int D, float *out)
+{
+    for (int d0 = 0; d0 < D; d0 += 128) {
+        int w = D - d0 < 128 ? D - d0 : 128;
+        int nc = (w + 15) / 16;
+        __mmask16 lm = (__mmask16)((1u << (w - 16 * (nc - 1))) - 1u);
+        size_t o2 = off + (size_t)d0;
+        float *o = out + d0;
+        switch (nc) {
+        case 1: pv_chunk512(1, p, vrow, o2, n, o, lm); break;
+        case 2: pv_chunk512(2, p, vrow, o2, n, o, lm); break;
+        case 3: pv_chunk512(3, p, vrow, o2, n, o, lm); break;
+        case 4: pv_chunk512(4, p, vrow, o2, n, o, lm); break;
+        case 5: pv_chunk512(5, p, vrow, o2, n, o, lm); break;
+        case 6: pv_chunk512(6, p, vrow, o2, n, o, lm); break;
+        case 7: pv_chunk512(7, p, vrow, o2, n, o, lm); break;
+        default: pv_chunk512(8, p, vrow, o2, n, o, lm); break;
+        }
+    }
+}
+
+static ATTR2 void pv_avx2(const float *p, const float *const *vrow, size_t off, int n,
+                          int D, float *out)
+{
+    const int Dv = D & ~7;
+    const __m256i tm = lanes_below(D - Dv);
+    for (int j = 0; j < n; j++) {
+        const float *v = vrow[j] + off;
+        __m256 pj = _mm256_set1_ps(p[j]);
+        for (int i = 0; i < Dv; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i),
+                                                      _mm256_loadu_ps(out + i)));
+        if (D > Dv) {
+            __m256 t = _mm256_fmadd_ps(pj, _mm256_maskload_ps(v + Dv, tm),
+                                       _mm256_maskload_ps(out + Dv, tm));
+            _mm256_maskstore_ps(out + Dv, tm, t);
+        }
+    }
+}
+
+void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, size_t off,
+                     int n, int D, float scale, float *s)
+{
+    (void)isa;   /* the ymm code is the same instruction mix on both */
+    scores_avx2(q, krow, off, n, D, scale, s);
+}
+
+void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
+                 int D, float *out)
+{
+    if (isa == KERN_ISA_AVX512)
+        pv_avx512(p, vrow, off, n, D, out);
+    else
+        pv_avx2(p, vrow, off, n, D, out);
+}
+
+float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n)
+{
+    (void)isa;
+    return dot_avx2(a, b, n);
+}
+
+#else
+/* Not x86-64: kernels.c never calls into this file. ISO C wants a
+ * declaration in every translation unit. */
+typedef int kern_x86_unused;
+#endif

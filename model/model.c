@@ -1,0 +1,488 @@
+/* model.c — the tensor catalogue, synthetic weights, and loading weights
+ * (from safetensors or from PCG32) into the kernels' packed layout. */
+#include "model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <xxhash.h>
+
+#include "pcg32.h"
+#include "safetensors.h"
+
+/* ------------------------------------------------------------------ */
+/* Catalogue                                                            */
+
+static int add_spec(tensor_spec *specs, int cap, int n, const char *name,
+                    tensor_kind kind, int layer, int64_t d0, int64_t d1)
+{
+    if (specs && n < cap) {
+        tensor_spec *s = &specs[n];
+        snprintf(s->name, sizeof s->name, "%s", name);
+        s->kind = kind;
+        s->layer = layer;
+        s->ndim = d1 > 0 ? 2 : 1;
+        s->shape[0] = d0;
+        s->shape[1] = d1 > 0 ? d1 : 0;
+    }
+    return n + 1;
+}
+
+static bool layer_owns_kv(const kv_config *c, int i)
+{
+    return c->kv_owner[i] == i;
+}
+
+int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
+{
+    const int64_t E = c->hidden, I = c->intermediate;
+    const int64_t QD = (int64_t)c->n_heads * c->head_dim;
+    const int64_t KD = (int64_t)c->n_kv_heads * c->head_dim;
+    const char *p = c->tensor_prefix;
+    char name[160];
+    int n = 0;
+
+    snprintf(name, sizeof name, "%sembed_tokens.weight", p);
+    n = add_spec(specs, cap, n, name, TENSOR_EMBED, -1, c->vocab, E);
+    for (int i = 0; i < c->n_layers; i++) {
+        bool owns = layer_owns_kv(c, i);
+#define LAYER_T(suffix, kind, d0, d1)                                          \
+    do {                                                                       \
+        snprintf(name, sizeof name, "%slayers.%d.%s", p, i, suffix);           \
+        n = add_spec(specs, cap, n, name, kind, i, d0, d1);                    \
+    } while (0)
+        LAYER_T("input_layernorm.weight", TENSOR_NORM, E, 0);
+        LAYER_T("self_attn.q_proj.weight", TENSOR_LINEAR, QD, E);
+        if (c->qkv_bias)
+            LAYER_T("self_attn.q_proj.bias", TENSOR_BIAS, QD, 0);
+        if (owns) {
+            LAYER_T("self_attn.k_proj.weight", TENSOR_LINEAR, KD, E);
+            if (c->qkv_bias)
+                LAYER_T("self_attn.k_proj.bias", TENSOR_BIAS, KD, 0);
+            LAYER_T("self_attn.v_proj.weight", TENSOR_LINEAR, KD, E);
+            if (c->qkv_bias)
+                LAYER_T("self_attn.v_proj.bias", TENSOR_BIAS, KD, 0);
+        }
+        LAYER_T("self_attn.o_proj.weight", TENSOR_LINEAR, E, QD);
+        if (c->qk_norm) {
+            LAYER_T("self_attn.q_norm.weight", TENSOR_NORM, c->head_dim, 0);
+            if (owns)
+                LAYER_T("self_attn.k_norm.weight", TENSOR_NORM, c->head_dim, 0);
+        }
+        LAYER_T("post_attention_layernorm.weight", TENSOR_NORM, E, 0);
+        if (c->sandwich_norms) {
+            LAYER_T("pre_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
+            LAYER_T("post_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
+        }
+        LAYER_T("mlp.gate_proj.weight", TENSOR_LINEAR, I, E);
+        LAYER_T("mlp.up_proj.weight", TENSOR_LINEAR, I, E);
+        LAYER_T("mlp.down_proj.weight", TENSOR_LINEAR, E, I);
+#undef LAYER_T
+    }
+    snprintf(name, sizeof name, "%snorm.weight", p);
+    n = add_spec(specs, cap, n, name, TENSOR_NORM, -1, E, 0);
+    if (!c->tie_embeddings)
+        n = add_spec(specs, cap, n, c->lm_head_name, TENSOR_EMBED, -1, c->vocab, E);
+    return n;
+}
+
+static int64_t spec_rows(const tensor_spec *s) { return s->shape[0]; }
+static int64_t spec_cols(const tensor_spec *s) { return s->ndim == 2 ? s->shape[1] : 1; }
+
+/* ------------------------------------------------------------------ */
+/* Synthetic weights                                                    */
+
+static uint64_t name_hash(const char *s)
+{
+    return XXH3_64bits(s, strlen(s));
+}
+
+/* Rows have their own streams (sequence = row index) so blocks of rows can
+ * be drawn independently. */
+static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
+                       int64_t row0, int64_t nrows, float *out)
+{
+    const int64_t cols = spec_cols(s);
+    const uint64_t base = seed * 0x9E3779B97F4A7C15ULL ^ name_hash(s->name);
+    float scale = 1.0f, offset = 0.0f;
+
+    switch (s->kind) {
+    case TENSOR_LINEAR: scale = 1.0f / sqrtf((float)cols); break;
+    case TENSOR_BIAS:   scale = 0.3f; break;
+    case TENSOR_NORM:   scale = 0.1f; offset = c->norm_plus_one ? 0.0f : 1.0f; break;
+    case TENSOR_EMBED:  scale = c->embed_scale != 1.0f ? 1.0f / c->embed_scale : 1.0f; break;
+    }
+    /* A 1-D tensor is one row of `shape[0]` values: draw it as one stream. */
+    if (s->ndim == 1) {
+        pcg32 r;
+        pcg32_seed(&r, base, 0);
+        for (int64_t j = 0; j < s->shape[0]; j++) {
+            float v = offset + scale * pcg32_unit_uniform(&r);
+            if (j >= row0 && j < row0 + nrows)
+                out[j - row0] = v;
+        }
+        return;
+    }
+    for (int64_t i = 0; i < nrows; i++) {
+        pcg32 r;
+        pcg32_seed(&r, base, (uint64_t)(row0 + i));
+        for (int64_t j = 0; j < cols; j++)
+            out[i * cols + j] = offset + scale * pcg32_unit_uniform(&r);
+    }
+}
+
+void synth_tensor(const kv_config *c, const tensor_spec *s, uint64_t seed, float *out)
+{
+    if (s->ndim == 1)
+        synth_rows(c, s, seed, 0, s->shape[0], out);
+    else
+        synth_rows(c, s, seed, 0, spec_rows(s), out);
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading through a row source                                         */
+
+/* Where rows come from: a safetensors file or the synthetic generator. */
+typedef struct {
+    const kv_config *cfg;
+    st_file *st;            /* NULL: synthetic */
+    uint64_t seed;
+    const char *dir;
+} row_source;
+
+static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
+{
+    if (!src->st)
+        return 0;
+    const st_tensor *t = st_find(src->st, s->name);
+    if (!t)
+        return kv_errf(e, "%s: tensor '%s' is missing (needed by config.json)",
+                       src->dir, s->name);
+    if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
+        return kv_errf(e, "%s: tensor '%s' has dtype %s; kvdiff reads F32, F16 and BF16",
+                       t->file, s->name, st_dtype_name(t->dtype));
+    bool ok = t->ndim == s->ndim && t->shape[0] == s->shape[0] &&
+              (s->ndim == 1 || t->shape[1] == s->shape[1]);
+    if (!ok) {
+        char got[96] = "", want[64];
+        for (int d = 0; d < t->ndim && strlen(got) < 64; d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
+                     (long long)t->shape[d]);
+        if (s->ndim == 1)
+            snprintf(want, sizeof want, "%lld", (long long)s->shape[0]);
+        else
+            snprintf(want, sizeof want, "%lld, %lld", (long long)s->shape[0],
+                     (long long)s->shape[1]);
+        return kv_errf(e, "%s: tensor '%s' has shape [%s] but config.json implies [%s]",
+                       t->file, s->name, got, want);
+    }
+    return 0;
+}
+
+static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0,
+                       int64_t nrows, float *out, kv_err *e)
+{
+    if (!src->st) {
+        synth_rows(src->cfg, s, src->seed, row0, nrows, out);
+        return 0;
+    }
+    const st_tensor *t = st_find(src->st, s->name);
+    int64_t cols = spec_cols(s);
+    if (s->ndim == 1)
+        return st_read_f32(t, (uint64_t)row0, (uint64_t)nrows, out, e);
+    return st_read_f32(t, (uint64_t)(row0 * cols), (uint64_t)(nrows * cols), out, e);
+}
+
+static int load_vector(const row_source *src, const tensor_spec *s, float **dst,
+                       XXH3_state_t *h, kv_err *e)
+{
+    int64_t n = s->shape[0];
+    *dst = malloc((size_t)n * sizeof(float));
+    if (!*dst)
+        return kv_errf(e, "out of memory loading '%s'", s->name);
+    if (source_rows(src, s, 0, n, *dst, e) < 0)
+        return -1;
+    XXH3_64bits_update(h, *dst, (size_t)n * sizeof(float));
+    return 0;
+}
+
+static int load_linear(const row_source *src, const tensor_spec *s, kern_wtype wt,
+                       bool bias_slot, kern_linear *L, XXH3_state_t *h, kv_err *e)
+{
+    const int64_t rows = spec_rows(s), cols = spec_cols(s);
+    if (kern_linear_init(L, (int)rows, (int)cols, wt, bias_slot) < 0)
+        return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
+                       (long long)rows, (long long)cols);
+    const int64_t block = 256;
+    float *buf = malloc((size_t)(block * cols) * sizeof(float));
+    if (!buf)
+        return kv_errf(e, "out of memory loading '%s'", s->name);
+    for (int64_t r = 0; r < rows; r += block) {
+        int64_t nr = rows - r < block ? rows - r : block;
+        if (source_rows(src, s, r, nr, buf, e) < 0) {
+            free(buf);
+            return -1;
+        }
+        kern_linear_set_rows(L, (int)r, (int)nr, buf);
+    }
+    free(buf);
+    size_t esz = wt == KERN_BF16 ? 2 : 4;
+    size_t panels = ((size_t)rows + KERN_PANEL - 1) / KERN_PANEL;
+    XXH3_64bits_update(h, L->panels, panels * (size_t)cols * KERN_PANEL * esz);
+    return 0;
+}
+
+/* Which member of a layer a catalogue entry fills. */
+static const char *suffix_of(const tensor_spec *s)
+{
+    const char *p = strstr(s->name, "layers.");
+    p = p ? strchr(p + 7, '.') : NULL;
+    return p ? p + 1 : s->name;
+}
+
+static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_model *m,
+                             XXH3_state_t *h, kv_err *e)
+{
+    model_layer *ly = &m->layers[s->layer];
+    const char *sx = suffix_of(s);
+    bool qb = m->cfg.qkv_bias;
+    kern_wtype wt = m->wtype;
+
+    if (!strcmp(sx, "self_attn.q_proj.weight")) return load_linear(src, s, wt, qb, &ly->wq, h, e);
+    if (!strcmp(sx, "self_attn.k_proj.weight")) return load_linear(src, s, wt, qb, &ly->wk, h, e);
+    if (!strcmp(sx, "self_attn.v_proj.weight")) return load_linear(src, s, wt, qb, &ly->wv, h, e);
+    if (!strcmp(sx, "self_attn.o_proj.weight")) return load_linear(src, s, wt, false, &ly->wo, h, e);
+    if (!strcmp(sx, "mlp.gate_proj.weight")) return load_linear(src, s, wt, false, &ly->w_gate, h, e);
+    if (!strcmp(sx, "mlp.up_proj.weight")) return load_linear(src, s, wt, false, &ly->w_up, h, e);
+    if (!strcmp(sx, "mlp.down_proj.weight")) return load_linear(src, s, wt, false, &ly->w_down, h, e);
+    if (s->kind == TENSOR_BIAS) {
+        kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk : &ly->wv;
+        if (source_rows(src, s, 0, s->shape[0], L->bias, e) < 0)
+            return -1;
+        XXH3_64bits_update(h, L->bias, (size_t)s->shape[0] * sizeof(float));
+        return 0;
+    }
+    float **dst = NULL;
+    if (!strcmp(sx, "input_layernorm.weight")) dst = &ly->attn_norm;
+    else if (!strcmp(sx, "self_attn.q_norm.weight")) dst = &ly->q_norm;
+    else if (!strcmp(sx, "self_attn.k_norm.weight")) dst = &ly->k_norm;
+    else if (!strcmp(sx, "post_attention_layernorm.weight"))
+        dst = m->cfg.sandwich_norms ? &ly->post_attn_norm : &ly->ffn_norm;
+    else if (!strcmp(sx, "pre_feedforward_layernorm.weight")) dst = &ly->ffn_norm;
+    else if (!strcmp(sx, "post_feedforward_layernorm.weight")) dst = &ly->post_ffn_norm;
+    if (!dst)
+        return kv_errf(e, "internal: no slot for tensor '%s'", s->name);
+    return load_vector(src, s, dst, h, e);
+}
+
+static int load_all(const row_source *src, kv_model *m, kv_err *e)
+{
+    const kv_config *c = &m->cfg;
+    int n = tensors_list(c, NULL, 0);
+    tensor_spec *specs = calloc((size_t)n, sizeof *specs);
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    XXH3_state_t *h = XXH3_createState();
+    int rc = -1;
+    if (!specs || !m->layers || !h) {
+        kv_errf(e, "out of memory");
+        goto done;
+    }
+    tensors_list(c, specs, n);
+    XXH3_64bits_reset(h);
+    for (int i = 0; i < n; i++)
+        if (source_check(src, &specs[i], e) < 0)
+            goto done;
+    for (int i = 0; i < n; i++) {
+        const tensor_spec *s = &specs[i];
+        int r;
+        if (s->layer >= 0)
+            r = load_layer_tensor(src, s, m, h, e);
+        else if (s->kind == TENSOR_NORM)
+            r = load_vector(src, s, &m->final_norm, h, e);
+        else if (i == 0)
+            r = load_linear(src, s, m->wtype, false, &m->embed, h, e);
+        else
+            r = load_linear(src, s, m->wtype, false, &m->lm_head, h, e);
+        if (r < 0)
+            goto done;
+    }
+    m->fingerprint = XXH3_64bits_digest(h);
+    rc = 0;
+done:
+    XXH3_freeState(h);
+    free(specs);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Public entry points                                                  */
+
+int model_from_preset(const char *preset, uint64_t seed, const model_opts *o,
+                      kv_model *m, kv_err *e)
+{
+    memset(m, 0, sizeof *m);
+    if (config_preset(preset, &m->cfg, e) < 0)
+        return -1;
+    m->wtype = (o && o->wtype >= 0) ? (kern_wtype)o->wtype : KERN_F32;
+    snprintf(m->source, sizeof m->source, "preset %s seed %llu", preset,
+             (unsigned long long)seed);
+    row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = preset};
+    if (load_all(&src, m, e) < 0) {
+        model_free(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* Gemma3ForConditionalGeneration checkpoints put the decoder under one of
+ * two prefixes depending on the transformers version that saved them. */
+static void resolve_prefix(kv_config *c, const st_file *st)
+{
+    static const char *const alternatives[] = {
+        "model.", "language_model.model.", "model.language_model.", ""};
+    char name[160];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", c->tensor_prefix);
+    if (st_find(st, name))
+        return;
+    for (size_t i = 0; i < sizeof alternatives / sizeof *alternatives; i++) {
+        snprintf(name, sizeof name, "%sembed_tokens.weight", alternatives[i]);
+        if (st_find(st, name)) {
+            snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "%s", alternatives[i]);
+            return;
+        }
+    }
+}
+
+int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
+{
+    char path[4096];
+    memset(m, 0, sizeof *m);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (config_load_json(path, &m->cfg, e) < 0)
+        return -1;
+    st_file *st = st_open_dir(dir, e);
+    if (!st)
+        return -1;
+    resolve_prefix(&m->cfg, st);
+    char embed_name[160];
+    snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", m->cfg.tensor_prefix);
+    const st_tensor *emb = st_find(st, embed_name);
+    if (o && o->wtype >= 0)
+        m->wtype = (kern_wtype)o->wtype;
+    else
+        m->wtype = (emb && emb->dtype == ST_BF16) ? KERN_BF16 : KERN_F32;
+    snprintf(m->source, sizeof m->source, "%s", dir);
+    row_source src = {.cfg = &m->cfg, .st = st, .seed = 0, .dir = dir};
+    int rc = load_all(&src, m, e);
+    st_close(st);
+    if (rc < 0)
+        model_free(m);
+    return rc;
+}
+
+int model_open(const char *spec, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e)
+{
+    struct stat sb;
+    if (strchr(spec, '/') || (stat(spec, &sb) == 0 && S_ISDIR(sb.st_mode)))
+        return model_load_dir(spec, o, m, e);
+    return model_from_preset(spec, seed, o, m, e);
+}
+
+const kern_linear *model_lm_head(const kv_model *m)
+{
+    return m->cfg.tie_embeddings ? &m->embed : &m->lm_head;
+}
+
+void model_free(kv_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers) {
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            model_layer *ly = &m->layers[i];
+            kern_linear *lin[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
+                                  &ly->w_gate, &ly->w_up, &ly->w_down};
+            for (size_t j = 0; j < sizeof lin / sizeof *lin; j++)
+                kern_linear_free(lin[j]);
+            free(ly->attn_norm);
+            free(ly->ffn_norm);
+            free(ly->post_attn_norm);
+            free(ly->post_ffn_norm);
+            free(ly->q_norm);
+            free(ly->k_norm);
+        }
+        free(m->layers);
+    }
+    kern_linear_free(&m->embed);
+    kern_linear_free(&m->lm_head);
+    free(m->final_norm);
+    memset(m, 0, sizeof *m);
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing a synthetic preset as a Hugging Face folder                  */
+
+static int ensure_dir(const char *dir, kv_err *e)
+{
+    struct stat sb;
+    if (stat(dir, &sb) == 0)
+        return S_ISDIR(sb.st_mode) ? 0 : kv_errf(e, "%s: exists and is not a directory", dir);
+    if (mkdir(dir, 0777) < 0)
+        return kv_errf(e, "%s: cannot create directory: %s", dir, strerror(errno));
+    return 0;
+}
+
+int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e)
+{
+    kv_config c;
+    char path[4096], seedtxt[32];
+    if (config_preset(preset, &c, e) < 0 || ensure_dir(dir, e) < 0)
+        return -1;
+    int n = tensors_list(&c, NULL, 0);
+    tensor_spec *specs = calloc((size_t)n, sizeof *specs);
+    st_decl *decls = calloc((size_t)n, sizeof *decls);
+    if (!specs || !decls) {
+        free(specs);
+        free(decls);
+        return kv_errf(e, "out of memory");
+    }
+    tensors_list(&c, specs, n);
+    for (int i = 0; i < n; i++) {
+        decls[i].name = specs[i].name;
+        decls[i].dtype = bf16 ? ST_BF16 : ST_F32;
+        decls[i].ndim = specs[i].ndim;
+        decls[i].shape[0] = specs[i].shape[0];
+        decls[i].shape[1] = specs[i].shape[1];
+    }
+    snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);
+    const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "preset", preset,
+                          "seed", seedtxt, NULL};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    st_writer *w = st_writer_open(path, decls, (size_t)n, meta, e);
+    int rc = w ? 0 : -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
+        float *buf = malloc(cnt * sizeof(float));
+        if (!buf) {
+            rc = kv_errf(e, "out of memory generating '%s'", specs[i].name);
+            break;
+        }
+        synth_tensor(&c, &specs[i], seed, buf);
+        rc = st_writer_put_f32(w, buf, e);
+        free(buf);
+    }
+    if (rc == 0) {
+        rc = st_writer_finish(w, e);
+        w = NULL;
+    }
+    st_writer_abort(w);
+    free(specs);
+    free(decls);
+    if (rc < 0)
+        return -1;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    return config_write_json(&c, path, e);
+}

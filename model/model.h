@@ -1,0 +1,87 @@
+/* model.h — the weights both engines run on.
+ *
+ * A kv_model owns every weight, packed for the kernels (see kernels.h).
+ * It comes from a Hugging Face folder (config.json + safetensors) or from
+ * a built-in preset whose weights are drawn from PCG32. The tensor
+ * catalogue (names and shapes exactly as Hugging Face transformers uses
+ * them) is shared by the loader, the synthetic generator and `kvdiff gen`,
+ * so a generated folder loads back to the same bytes. */
+#ifndef KV_MODEL_H
+#define KV_MODEL_H
+
+#include <stdint.h>
+#include "config.h"
+#include "err.h"
+#include "kernels.h"
+
+typedef enum {
+    TENSOR_EMBED,     /* (V, E) token embeddings */
+    TENSOR_LINEAR,    /* (out, in) projection */
+    TENSOR_BIAS,      /* (out) */
+    TENSOR_NORM,      /* (n) RMSNorm multiplier as stored */
+} tensor_kind;
+
+typedef struct {
+    char name[160];
+    tensor_kind kind;
+    int ndim;
+    int64_t shape[2];
+    int layer;          /* -1 for model-level tensors */
+} tensor_spec;
+
+/* Fills specs (may be NULL to count) with the tensors a model of config c
+ * has, in a fixed canonical order, names using c->tensor_prefix. Returns
+ * the count. */
+int tensors_list(const kv_config *c, tensor_spec *specs, int cap);
+
+/* Draws tensor s of a synthetic model with the given seed into out
+ * (shape product floats). Each tensor has its own PCG32 stream derived from
+ * its name, so the result does not depend on the order tensors are made.
+ * Scales keep activations of order 1 through every layer. */
+void synth_tensor(const kv_config *c, const tensor_spec *s, uint64_t seed, float *out);
+
+typedef struct {
+    kern_linear wq, wk, wv, wo;     /* wk, wv empty (n_out 0) on KV-shared followers */
+    kern_linear w_gate, w_up, w_down;
+    float *attn_norm;               /* (E) input_layernorm */
+    float *ffn_norm;                /* (E) post_attention_layernorm (Llama, Qwen2) or
+                                       pre_feedforward_layernorm (Gemma 3) */
+    float *post_attn_norm;          /* (E) Gemma 3 only */
+    float *post_ffn_norm;           /* (E) Gemma 3 only */
+    float *q_norm, *k_norm;         /* (D) Gemma 3 only; k_norm NULL on followers */
+} model_layer;
+
+typedef struct {
+    kv_config cfg;
+    kern_wtype wtype;               /* storage of the projection weights */
+    kern_linear embed;              /* (V, E); also the LM head when tied */
+    kern_linear lm_head;            /* (V, E) when untied, else empty */
+    float *final_norm;              /* (E) */
+    model_layer *layers;            /* (L) */
+    uint64_t fingerprint;           /* xxh3-64 of every packed weight, in catalogue order */
+    char source[512];               /* "preset tiny-gemma3 seed 0" or the folder path */
+} kv_model;
+
+typedef struct {
+    int wtype;                      /* -1: from the file (BF16 files stay bf16, others f32); else kern_wtype */
+} model_opts;
+
+/* Loads a Hugging Face folder. Errors name the file and tensor. */
+int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e);
+
+/* Builds a preset with synthetic weights. */
+int model_from_preset(const char *preset, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e);
+
+/* A folder path (contains '/' or exists as a directory) or a preset name. */
+int model_open(const char *spec, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e);
+
+void model_free(kv_model *m);     /* accepts a zeroed struct */
+
+/* The matrix producing logits (embed when tied). */
+const kern_linear *model_lm_head(const kv_model *m);
+
+/* Writes a synthetic preset as a Hugging Face folder (config.json and
+ * model.safetensors with dtype F32 or BF16). Creates dir if needed. */
+int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e);
+
+#endif

@@ -1,0 +1,49 @@
+/* tokenizer.h — decode-only view of a Hugging Face tokenizer.json.
+ *
+ * kvdiff never encodes text: prompts are token ids. The vocabulary only
+ * turns ids back into text for people ("diverges at position 31, token
+ * ' Paris'"). Two families of vocabularies are understood:
+ *   - byte-level BPE (GPT-2, Llama 3, Qwen2): decoder "ByteLevel"; each
+ *     character of a token stands for one byte (GPT-2's bytes_to_unicode);
+ *   - SentencePiece style (Gemma, Llama 2): "▁" stands for a space and
+ *     "<0xNN>" tokens for raw bytes (decoder Replace / ByteFallback, or
+ *     Metaspace).
+ * Anything else decodes to the token strings as written. Special tokens
+ * decode to their content. Decoding is per token: whole-string decoder
+ * steps (Llama 2's Strip of the first leading space) are not applied. */
+#ifndef KV_TOKENIZER_H
+#define KV_TOKENIZER_H
+
+#include <stddef.h>
+#include "err.h"
+
+typedef struct kv_tokenizer kv_tokenizer;
+
+/* Loads <dir>/tokenizer.json. A folder without one is not an error: returns
+ * 0 with *out = NULL (no vocabulary; tok_decode then writes "<unk:ID>").
+ * A malformed file: -1 with e naming the file. Free *out with tok_free. */
+int tok_load(const char *dir, kv_tokenizer **out, kv_err *e);
+
+/* Parses tokenizer.json text (len bytes, need not be NUL-terminated); name
+ * is used in messages. Used by tok_load and the fuzzer. Returns 0 with *out
+ * owned by the caller, or -1 with e filled and *out = NULL. */
+int tok_parse(const char *text, size_t len, const char *name,
+              kv_tokenizer **out, kv_err *e);
+
+/* Number of ids, i.e. the highest id + 1 (0 for NULL). Ids below it may
+ * still have no token (gaps). */
+int tok_count(const kv_tokenizer *t);
+
+/* Appends the text of token `id` to the NUL-terminated string in buf (n
+ * bytes in all), truncating to fit and always terminating when n > 0.
+ * The text is raw bytes: a byte token can be half of a UTF-8 character that
+ * the next token completes, so append a whole sequence before printing it.
+ * A decoded NUL byte is written as "<0x00>". Ids without a token, and every
+ * id when t is NULL, append "<unk:ID>". Returns the length of the token's
+ * text, which may exceed what fit. */
+size_t tok_decode(const kv_tokenizer *t, int id, char *buf, size_t n);
+
+/* Frees t (NULL is fine). */
+void tok_free(kv_tokenizer *t);
+
+#endif

@@ -1,0 +1,89 @@
+/* tokens.c — parsing token-id lists (tokens.h). */
+#include "tokens.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOKENS_MAX_FILE (64u << 20)
+
+static int is_sep(char ch)
+{
+    return ch == ',' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
+}
+
+int tokens_parse(const char *text, size_t len, const char *name, int vocab, int32_t **ids,
+                 int *n, kv_err *e)
+{
+    size_t cap = 64, count = 0, i = 0;
+    int32_t *out = malloc(cap * sizeof *out);
+    if (!out)
+        return kv_errf(e, "%s: out of memory", name);
+    while (i < len) {
+        if (is_sep(text[i])) {
+            i++;
+            continue;
+        }
+        size_t start = i;
+        int64_t v = 0;
+        int digits = 1, big = 0;
+        while (i < len && !is_sep(text[i])) {
+            char ch = text[i++];
+            if (ch < '0' || ch > '9')
+                digits = 0;
+            else if (!big && (v = v * 10 + (ch - '0')) > INT32_MAX)
+                big = 1;
+        }
+        int shown = (int)(i - start > 24 ? 24 : i - start);
+        if (!digits || big || (vocab > 0 && v >= vocab)) {
+            free(out);
+            if (!digits)
+                return kv_errf(e, "%s: item %zu '%.*s' is not a token id (a non-negative integer)",
+                               name, count + 1, shown, text + start);
+            return kv_errf(e, "%s: item %zu: token id %.*s is outside the vocabulary (0..%d)",
+                           name, count + 1, shown, text + start, vocab > 0 ? vocab - 1 : INT32_MAX);
+        }
+        if (count == cap) {
+            int32_t *grown = count >= INT32_MAX / 2 ? NULL : realloc(out, 2 * cap * sizeof *out);
+            if (!grown) {
+                free(out);
+                return kv_errf(e, "%s: too many tokens", name);
+            }
+            out = grown;
+            cap *= 2;
+        }
+        out[count++] = (int32_t)v;
+    }
+    if (count == 0) {
+        free(out);
+        return kv_errf(e, "%s: no token ids", name);
+    }
+    *ids = out;
+    *n = (int)count;
+    return 0;
+}
+
+int tokens_load(const char *path, int vocab, int32_t **ids, int *n, kv_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(TOKENS_MAX_FILE + 1);
+    if (!buf) {
+        fclose(f);
+        return kv_errf(e, "%s: out of memory", path);
+    }
+    size_t len = fread(buf, 1, TOKENS_MAX_FILE + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    int rc;
+    if (bad)
+        rc = kv_errf(e, "%s: read error", path);
+    else if (len > TOKENS_MAX_FILE)
+        rc = kv_errf(e, "%s: larger than %u bytes", path, TOKENS_MAX_FILE);
+    else
+        rc = tokens_parse(buf, len, path, vocab, ids, n, e);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,791 @@
+/* check_config.c — tests of model/config: the conformance configs resolve
+ * to what the conformance README says, library defaults for sparse configs,
+ * presets validate and round-trip through config.json, bad input is refused
+ * with a message naming the file and the field. Run from the repository
+ * root (the conformance configs are read from tests/data/conformance). */
+#include <check.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/config.h"
+
+/* ---- helpers ------------------------------------------------------------ */
+
+static void make_tmpdir(char dir[64])
+{
+    snprintf(dir, 64, "/tmp/kvdiff-config-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+/* Removes a flat temporary folder and everything in it. */
+static void remove_tmpdir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char path[512];
+    while (d && (de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
+        unlink(path);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static kv_config parse_ok(const char *json)
+{
+    kv_config c;
+    kv_err e = { "" };
+    memset(&c, 0, sizeof c);
+    int rc = config_parse_json(json, strlen(json), "test.json", &c, &e);
+    ck_assert_msg(rc == 0, "parse failed: %s", e.msg);
+    return c;
+}
+
+static kv_config load_ok(const char *path)
+{
+    kv_config c;
+    kv_err e = { "" };
+    memset(&c, 0, sizeof c);
+    ck_assert_msg(config_load_json(path, &c, &e) == 0, "%s", e.msg);
+    ck_assert_msg(config_validate(&c, &e) == 0, "%s", e.msg);
+    return c;
+}
+
+static void assert_owners_are_self(const kv_config *c)
+{
+    for (int i = 0; i < c->n_layers; i++)
+        ck_assert_int_eq(c->kv_owner[i], i);
+}
+
+static void assert_all_global(const kv_config *c)
+{
+    for (int i = 0; i < c->n_layers; i++) {
+        ck_assert_int_eq(c->layer_type[i], ATTN_GLOBAL);
+        ck_assert_int_eq(config_layer_window(c, i), 0);
+        ck_assert(config_layer_theta(c, i) == c->rope_theta);
+    }
+}
+
+/* Field-by-field equality, then the bytes (both sides start memset to 0). */
+static void assert_same_config(const kv_config *a, const kv_config *b)
+{
+    ck_assert_int_eq(a->arch, b->arch);
+    ck_assert_str_eq(a->model_type, b->model_type);
+    ck_assert_int_eq(a->hidden, b->hidden);
+    ck_assert_int_eq(a->n_layers, b->n_layers);
+    ck_assert_int_eq(a->n_heads, b->n_heads);
+    ck_assert_int_eq(a->n_kv_heads, b->n_kv_heads);
+    ck_assert_int_eq(a->head_dim, b->head_dim);
+    ck_assert_int_eq(a->intermediate, b->intermediate);
+    ck_assert_int_eq(a->vocab, b->vocab);
+    ck_assert_int_eq(a->max_positions, b->max_positions);
+    ck_assert(a->rms_eps == b->rms_eps);
+    ck_assert(a->norm_plus_one == b->norm_plus_one && a->act == b->act);
+    ck_assert(a->qkv_bias == b->qkv_bias && a->qk_norm == b->qk_norm);
+    ck_assert(a->sandwich_norms == b->sandwich_norms);
+    ck_assert(a->tie_embeddings == b->tie_embeddings);
+    ck_assert(a->embed_scale == b->embed_scale);
+    ck_assert(a->attn_scale == b->attn_scale);
+    ck_assert(a->query_pre_attn_scalar == b->query_pre_attn_scalar);
+    ck_assert(a->final_softcap == b->final_softcap);
+    ck_assert(a->rope_theta == b->rope_theta);
+    ck_assert(a->rope_local_theta == b->rope_local_theta);
+    ck_assert_int_eq(a->rope_scaling.type, b->rope_scaling.type);
+    ck_assert(a->rope_scaling.factor == b->rope_scaling.factor);
+    ck_assert(a->rope_scaling.low_freq_factor == b->rope_scaling.low_freq_factor);
+    ck_assert(a->rope_scaling.high_freq_factor == b->rope_scaling.high_freq_factor);
+    ck_assert_int_eq(a->rope_scaling.original_max_position, b->rope_scaling.original_max_position);
+    ck_assert_int_eq(a->sliding_window, b->sliding_window);
+    for (int i = 0; i < KV_MAX_LAYERS; i++) {
+        ck_assert_int_eq(a->layer_type[i], b->layer_type[i]);
+        ck_assert_int_eq(a->kv_owner[i], b->kv_owner[i]);
+    }
+    ck_assert_int_eq(a->bos_id, b->bos_id);
+    ck_assert_int_eq(a->n_eos, b->n_eos);
+    for (int i = 0; i < KV_MAX_EOS; i++)
+        ck_assert_int_eq(a->eos_ids[i], b->eos_ids[i]);
+    ck_assert_str_eq(a->tensor_prefix, b->tensor_prefix);
+    ck_assert_str_eq(a->lm_head_name, b->lm_head_name);
+    ck_assert_int_eq(memcmp(a, b, sizeof *a), 0);
+}
+
+/* Writes c to a temporary config.json, reads it back, compares; a second
+ * write of what was read gives the same bytes. */
+static void assert_round_trip(const kv_config *c)
+{
+    char dir[64], p1[128], p2[128], b1[8192], b2[8192];
+    kv_err e = { "" };
+    make_tmpdir(dir);
+    snprintf(p1, sizeof p1, "%s/config.json", dir);
+    snprintf(p2, sizeof p2, "%s/again.json", dir);
+    ck_assert_msg(config_write_json(c, p1, &e) == 0, "%s", e.msg);
+    kv_config back = load_ok(p1);
+    assert_same_config(c, &back);
+    ck_assert_msg(config_write_json(&back, p2, &e) == 0, "%s", e.msg);
+    FILE *f1 = fopen(p1, "r"), *f2 = fopen(p2, "r");
+    ck_assert(f1 && f2);
+    size_t n1 = fread(b1, 1, sizeof b1, f1), n2 = fread(b2, 1, sizeof b2, f2);
+    fclose(f1);
+    fclose(f2);
+    ck_assert(n1 == n2 && memcmp(b1, b2, n1) == 0);
+    remove_tmpdir(dir);
+}
+
+/* ---- the conformance configs -------------------------------------------- */
+
+START_TEST(conformance_llama)
+{
+    kv_config c = load_ok("tests/data/conformance/llama/config.json");
+    ck_assert_int_eq(c.arch, ARCH_LLAMA);
+    ck_assert_str_eq(c.model_type, "llama");
+    ck_assert_int_eq(c.hidden, 64);
+    ck_assert_int_eq(c.n_layers, 4);
+    ck_assert_int_eq(c.n_heads, 4);
+    ck_assert_int_eq(c.n_kv_heads, 2);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.intermediate, 96);
+    ck_assert_int_eq(c.vocab, 256);
+    ck_assert_int_eq(c.max_positions, 4096);
+    ck_assert(c.rms_eps == 1e-5);
+    ck_assert(!c.norm_plus_one && !c.qkv_bias && !c.qk_norm && !c.sandwich_norms);
+    ck_assert_int_eq(c.act, ACT_SILU);
+    ck_assert(!c.tie_embeddings);
+    ck_assert(c.embed_scale == 1.0f);
+    ck_assert(c.attn_scale == 1.0 / sqrt(16.0));
+    ck_assert(c.query_pre_attn_scalar == 0.0 && c.final_softcap == 0.0);
+    ck_assert(c.rope_theta == 500000.0 && c.rope_local_theta == 500000.0);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    ck_assert_int_eq(c.sliding_window, 0);
+    assert_all_global(&c);
+    assert_owners_are_self(&c);
+    ck_assert_int_eq(c.bos_id, 1);
+    ck_assert_int_eq(c.n_eos, 1);
+    ck_assert_int_eq(c.eos_ids[0], 2);
+    ck_assert_str_eq(c.tensor_prefix, "model.");
+    ck_assert_str_eq(c.lm_head_name, "lm_head.weight");
+}
+END_TEST
+
+START_TEST(conformance_qwen2)
+{
+    kv_config c = load_ok("tests/data/conformance/qwen2/config.json");
+    ck_assert_int_eq(c.arch, ARCH_QWEN2);
+    ck_assert_str_eq(c.model_type, "qwen2");
+    ck_assert_int_eq(c.hidden, 96);
+    ck_assert_int_eq(c.n_layers, 4);
+    ck_assert_int_eq(c.n_heads, 6);
+    ck_assert_int_eq(c.n_kv_heads, 2);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert_int_eq(c.intermediate, 128);
+    ck_assert_int_eq(c.vocab, 320);
+    ck_assert_int_eq(c.max_positions, 4096);
+    ck_assert(c.rms_eps == 1e-6);
+    ck_assert(c.qkv_bias && c.tie_embeddings);
+    ck_assert(!c.norm_plus_one && !c.qk_norm && !c.sandwich_norms);
+    ck_assert_int_eq(c.act, ACT_SILU);
+    ck_assert(c.embed_scale == 1.0f);
+    ck_assert(c.attn_scale == 1.0 / sqrt(16.0));
+    ck_assert(c.rope_theta == 1e6 && c.rope_local_theta == 1e6);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    /* sliding_window 4096 is present but use_sliding_window is false */
+    ck_assert_int_eq(c.sliding_window, 0);
+    assert_all_global(&c);
+    assert_owners_are_self(&c);
+    ck_assert_int_eq(c.bos_id, 1);
+    ck_assert_int_eq(c.n_eos, 1);
+    ck_assert_int_eq(c.eos_ids[0], 2);
+    ck_assert_str_eq(c.tensor_prefix, "model.");
+}
+END_TEST
+
+START_TEST(conformance_gemma3)
+{
+    static const int sliding[6] = { 1, 1, 0, 1, 1, 0 };
+    kv_config c = load_ok("tests/data/conformance/gemma3/config.json");
+    ck_assert_int_eq(c.arch, ARCH_GEMMA3);
+    ck_assert_str_eq(c.model_type, "gemma3_text");
+    ck_assert_int_eq(c.hidden, 64);
+    ck_assert_int_eq(c.n_layers, 6);
+    ck_assert_int_eq(c.n_heads, 4);
+    ck_assert_int_eq(c.n_kv_heads, 2);
+    ck_assert_int_eq(c.head_dim, 32);
+    ck_assert_int_eq(c.intermediate, 96);
+    ck_assert_int_eq(c.vocab, 256);
+    ck_assert(c.rms_eps == 1e-6);
+    ck_assert(c.norm_plus_one && c.qk_norm && c.sandwich_norms && !c.qkv_bias);
+    ck_assert_int_eq(c.act, ACT_GELU_TANH);
+    ck_assert(c.tie_embeddings);
+    ck_assert(c.embed_scale == 8.0f);
+    ck_assert(c.query_pre_attn_scalar == 24.0);
+    ck_assert(c.attn_scale == 1.0 / sqrt(24.0));
+    ck_assert(c.final_softcap == 0.0);
+    ck_assert(c.rope_theta == 1e6 && c.rope_local_theta == 1e4);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    ck_assert_int_eq(c.sliding_window, 8);
+    for (int i = 0; i < 6; i++) {
+        ck_assert_int_eq(c.layer_type[i], sliding[i] ? ATTN_SLIDING : ATTN_GLOBAL);
+        ck_assert_int_eq(config_layer_window(&c, i), sliding[i] ? 8 : 0);
+        ck_assert(config_layer_theta(&c, i) == (sliding[i] ? 1e4 : 1e6));
+    }
+    assert_owners_are_self(&c);
+    ck_assert_int_eq(c.bos_id, 1);
+    ck_assert_int_eq(c.n_eos, 1);
+    ck_assert_int_eq(c.eos_ids[0], 2);
+    ck_assert_str_eq(c.tensor_prefix, "model.");
+}
+END_TEST
+
+/* ---- defaults and variants ---------------------------------------------- */
+
+/* The shape of google/gemma-3-4b-it's config.json: the text config leaves
+ * heads, head_dim, vocab, query_pre_attn_scalar and the RoPE bases to the
+ * library; eos is at the top level. */
+static const char GEMMA3_4B_LIKE[] =
+    "{\"architectures\": [\"Gemma3ForConditionalGeneration\"],"
+    " \"boi_token_index\": 255999, \"eoi_token_index\": 256000,"
+    " \"eos_token_id\": [1, 106], \"image_token_index\": 262144,"
+    " \"initializer_range\": 0.02, \"mm_tokens_per_image\": 256,"
+    " \"model_type\": \"gemma3\","
+    " \"text_config\": {\"hidden_size\": 2560, \"intermediate_size\": 10240,"
+    "   \"model_type\": \"gemma3_text\", \"num_hidden_layers\": 34,"
+    "   \"rope_scaling\": {\"factor\": 8.0, \"rope_type\": \"linear\"},"
+    "   \"sliding_window\": 1024},"
+    " \"torch_dtype\": \"bfloat16\", \"transformers_version\": \"4.50.0.dev0\","
+    " \"vision_config\": {\"hidden_size\": 1152, \"image_size\": 896,"
+    "   \"model_type\": \"siglip_vision_model\", \"num_hidden_layers\": 27}}";
+
+START_TEST(gemma3_nested_defaults)
+{
+    kv_config c = parse_ok(GEMMA3_4B_LIKE);
+    ck_assert_int_eq(c.arch, ARCH_GEMMA3);
+    ck_assert_str_eq(c.model_type, "gemma3_text");
+    ck_assert_int_eq(c.hidden, 2560);
+    ck_assert_int_eq(c.n_layers, 34);
+    ck_assert_int_eq(c.intermediate, 10240);
+    ck_assert_int_eq(c.n_heads, 8);
+    ck_assert_int_eq(c.n_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 256);
+    ck_assert_int_eq(c.vocab, 262208);
+    ck_assert_int_eq(c.max_positions, 131072);
+    ck_assert(c.rms_eps == 1e-6);
+    ck_assert(c.query_pre_attn_scalar == 256.0);
+    ck_assert(c.attn_scale == 1.0 / 16.0);
+    ck_assert(c.embed_scale == sqrtf(2560.0f));
+    ck_assert(c.rope_theta == 1e6 && c.rope_local_theta == 1e4);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LINEAR);
+    ck_assert(c.rope_scaling.factor == 8.0);
+    ck_assert_int_eq(c.sliding_window, 1024);
+    for (int i = 0; i < 34; i++)
+        ck_assert_int_eq(c.layer_type[i], (i + 1) % 6 ? ATTN_SLIDING : ATTN_GLOBAL);
+    ck_assert(c.tie_embeddings);
+    ck_assert_int_eq(c.bos_id, 2);
+    ck_assert_int_eq(c.n_eos, 2);
+    ck_assert_int_eq(c.eos_ids[0], 1);
+    ck_assert_int_eq(c.eos_ids[1], 106);
+    ck_assert_str_eq(c.tensor_prefix, "language_model.model.");
+    assert_owners_are_self(&c);
+}
+END_TEST
+
+START_TEST(gemma3_pattern_without_layer_types)
+{
+    kv_config c = parse_ok("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 7,"
+                           " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                           " \"head_dim\": 32, \"vocab_size\": 256, \"sliding_window\": 8,"
+                           " \"sliding_window_pattern\": 3}");
+    static const int sliding[7] = { 1, 1, 0, 1, 1, 0, 1 };
+    for (int i = 0; i < 7; i++)
+        ck_assert_int_eq(c.layer_type[i], sliding[i] ? ATTN_SLIDING : ATTN_GLOBAL);
+    ck_assert_int_eq(c.sliding_window, 8);
+    /* library defaults for what is absent */
+    ck_assert(c.query_pre_attn_scalar == 256.0 && c.rope_local_theta == 1e4);
+    ck_assert_int_eq(c.bos_id, 2);
+    ck_assert_int_eq(c.n_eos, 1);
+    ck_assert_int_eq(c.eos_ids[0], 1);
+    assert_round_trip(&c);
+}
+END_TEST
+
+START_TEST(gemma3_no_sliding_layers)
+{
+    kv_config c = parse_ok("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+                           " \"vocab_size\": 256, \"sliding_window\": null,"
+                           " \"layer_types\": [\"full_attention\", \"full_attention\"],"
+                           " \"final_logit_softcapping\": 30.0}");
+    ck_assert_int_eq(c.sliding_window, 0);
+    ck_assert(c.final_softcap == 30.0);
+    assert_all_global(&c);
+    assert_round_trip(&c);
+}
+END_TEST
+
+START_TEST(llama_defaults)
+{
+    kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 100}");
+    ck_assert_int_eq(c.n_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert(c.rms_eps == 1e-6 && c.rope_theta == 10000.0);
+    ck_assert(!c.tie_embeddings);
+    ck_assert_int_eq(c.max_positions, 2048);
+    ck_assert_int_eq(c.bos_id, 1);
+    ck_assert_int_eq(c.n_eos, 1);
+    ck_assert_int_eq(c.eos_ids[0], 2);
+}
+END_TEST
+
+START_TEST(qwen2_defaults)
+{
+    kv_config c = parse_ok("{\"model_type\": \"qwen2\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"num_key_value_heads\": null,"
+                           " \"vocab_size\": 100, \"eos_token_id\": null,"
+                           " \"layer_types\": [\"full_attention\", \"full_attention\"]}");
+    ck_assert_int_eq(c.n_kv_heads, 4);
+    ck_assert_int_eq(c.head_dim, 16);
+    ck_assert(c.rope_theta == 10000.0 && !c.tie_embeddings && c.qkv_bias);
+    ck_assert_int_eq(c.max_positions, 32768);
+    ck_assert_int_eq(c.bos_id, -1);
+    ck_assert_int_eq(c.n_eos, 0);
+    assert_round_trip(&c);
+}
+END_TEST
+
+START_TEST(llama3_rope_scaling)
+{
+    kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                           " \"vocab_size\": 300, \"rope_theta\": 500000.0,"
+                           " \"eos_token_id\": [7, 9, 11], \"bos_token_id\": null,"
+                           " \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0,"
+                           " \"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192,"
+                           " \"rope_type\": \"llama3\"}}");
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LLAMA3);
+    ck_assert(c.rope_scaling.factor == 32.0);
+    ck_assert(c.rope_scaling.low_freq_factor == 1.0);
+    ck_assert(c.rope_scaling.high_freq_factor == 4.0);
+    ck_assert_int_eq(c.rope_scaling.original_max_position, 8192);
+    ck_assert_int_eq(c.bos_id, -1);
+    ck_assert_int_eq(c.n_eos, 3);
+    ck_assert_int_eq(c.eos_ids[2], 11);
+    assert_round_trip(&c);
+}
+END_TEST
+
+START_TEST(rope_type_synonyms)
+{
+    /* the old key "type", alone or agreeing with rope_type */
+    kv_config c = parse_ok("{\"model_type\": \"qwen2\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                           " \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2}}");
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LINEAR);
+    ck_assert(c.rope_scaling.factor == 2.0);
+    c = parse_ok("{\"model_type\": \"qwen2\", \"hidden_size\": 64,"
+                 " \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                 " \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                 " \"rope_scaling\": {\"type\": \"default\", \"rope_type\": \"default\"}}");
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+}
+END_TEST
+
+/* transformers 5 writes rope_parameters instead of rope_theta/rope_scaling. */
+START_TEST(rope_parameters_v5)
+{
+    kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                           " \"rope_parameters\": {\"rope_type\": \"default\","
+                           " \"rope_theta\": 500000.0}}");
+    ck_assert(c.rope_theta == 500000.0 && c.rope_local_theta == 500000.0);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    c = parse_ok("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64,"
+                 " \"intermediate_size\": 96, \"num_hidden_layers\": 6,"
+                 " \"num_attention_heads\": 2, \"num_key_value_heads\": 1,"
+                 " \"vocab_size\": 100, \"rope_parameters\": {"
+                 " \"full_attention\": {\"rope_type\": \"linear\", \"factor\": 8.0,"
+                 "   \"rope_theta\": 2000000.0},"
+                 " \"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": 20000.0}}}");
+    ck_assert(c.rope_theta == 2e6 && c.rope_local_theta == 2e4);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LINEAR);
+    ck_assert(c.rope_scaling.factor == 8.0);
+}
+END_TEST
+
+START_TEST(parse_unterminated_buffer)
+{
+    static const char json[] = "{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                               " \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+                               " \"num_attention_heads\": 4, \"vocab_size\": 100}";
+    size_t n = sizeof json - 1;
+    char *copy = malloc(n);  /* no terminating NUL: ASan catches an over-read */
+    kv_config c;
+    kv_err e;
+    ck_assert_ptr_nonnull(copy);
+    memcpy(copy, json, n);
+    ck_assert_msg(config_parse_json(copy, n, "buf", &c, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(c.hidden, 64);
+    free(copy);
+}
+END_TEST
+
+/* ---- presets ------------------------------------------------------------ */
+
+START_TEST(presets_validate_and_round_trip)
+{
+    int n = 0;
+    for (const char *const *name = config_preset_names(); *name; name++, n++) {
+        kv_config c;
+        kv_err e;
+        memset(&c, 0x55, sizeof c);  /* presets must not depend on the caller's bytes */
+        ck_assert_msg(config_preset(*name, &c, &e) == 0, "%s: %s", *name, e.msg);
+        ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
+        assert_round_trip(&c);
+    }
+    ck_assert_int_eq(n, 6);
+}
+END_TEST
+
+START_TEST(preset_values)
+{
+    kv_config c;
+    kv_err e;
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    ck_assert(c.arch == ARCH_LLAMA && c.hidden == 64 && c.n_layers == 4 && c.head_dim == 16);
+    ck_assert(c.rope_theta == 500000.0 && c.rms_eps == 1e-5 && !c.tie_embeddings);
+    ck_assert(c.bos_id == 1 && c.n_eos == 1 && c.eos_ids[0] == 2);
+    ck_assert_int_eq(config_preset("tiny-qwen2", &c, &e), 0);
+    ck_assert(c.qkv_bias && c.tie_embeddings && c.rope_theta == 1e6);
+    ck_assert_int_eq(config_preset("tiny-gemma3", &c, &e), 0);
+    ck_assert(c.head_dim == 32 && c.sliding_window == 12 && c.query_pre_attn_scalar == 24.0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(c.layer_type[i], i < 5 ? ATTN_SLIDING : ATTN_GLOBAL);
+    ck_assert_int_eq(config_preset("qwen2.5-0.5b-shape", &c, &e), 0);
+    ck_assert(c.hidden == 896 && c.n_layers == 24 && c.n_heads == 14 && c.n_kv_heads == 2);
+    ck_assert(c.head_dim == 64 && c.intermediate == 4864 && c.vocab == 151936);
+    ck_assert_int_eq(config_preset("gemma3-1b-shape", &c, &e), 0);
+    ck_assert(c.hidden == 1152 && c.n_layers == 26 && c.n_heads == 4 && c.n_kv_heads == 1);
+    ck_assert(c.head_dim == 256 && c.intermediate == 6912 && c.vocab == 262144);
+    ck_assert(c.sliding_window == 512 && c.n_eos == 2 && c.eos_ids[1] == 106);
+    ck_assert_int_eq(config_preset("tiny-mistral", &c, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "tiny-mistral"));
+}
+END_TEST
+
+START_TEST(kvshared_owners)
+{
+    static const int owner[12] = { 0, 1, 2, 3, 4, 5, 6, 7, 7, 7, 7, 5 };
+    kv_config c;
+    kv_err e;
+    ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &c, &e), 0);
+    ck_assert_int_eq(c.n_layers, 12);
+    for (int i = 0; i < 12; i++) {
+        ck_assert_int_eq(c.layer_type[i], (i + 1) % 6 ? ATTN_SLIDING : ATTN_GLOBAL);
+        ck_assert_int_eq(c.kv_owner[i], owner[i]);
+    }
+    /* the same from config.json */
+    kv_config p = parse_ok("{\"model_type\": \"gemma3_text\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 128, \"num_hidden_layers\": 12,"
+                           " \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                           " \"head_dim\": 32, \"vocab_size\": 256, \"sliding_window\": 12,"
+                           " \"num_kv_shared_layers\": 4}");
+    for (int i = 0; i < 12; i++)
+        ck_assert_int_eq(p.kv_owner[i], owner[i]);
+}
+END_TEST
+
+START_TEST(describe_line)
+{
+    kv_config c;
+    kv_err e;
+    char buf[200];
+    ck_assert_int_eq(config_preset("tiny-gemma3", &c, &e), 0);
+    config_describe(&c, buf, sizeof buf);
+    ck_assert_str_eq(buf, "gemma3_text: 6 layers (5 sliding W=12, 1 global), "
+                          "E=64 H=4/KV=2 D=32 I=128 V=256");
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    config_describe(&c, buf, sizeof buf);
+    ck_assert_str_eq(buf, "llama: 4 layers (4 global), E=64 H=4/KV=2 D=16 I=128 V=256");
+    ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &c, &e), 0);
+    config_describe(&c, buf, sizeof buf);
+    ck_assert_ptr_nonnull(strstr(buf, "(10 sliding W=12, 2 global, 4 KV-shared)"));
+    config_describe(&c, buf, 8);
+    ck_assert_str_eq(buf, "gemma3_");
+}
+END_TEST
+
+/* ---- validation of hand-made structs ------------------------------------ */
+
+START_TEST(validate_rejects)
+{
+    kv_config base, c;
+    kv_err e;
+    ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &base, &e), 0);
+    c = base; c.n_kv_heads = 3;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "n_kv_heads"));
+    c = base; c.kv_owner[3] = 4;          /* a later layer */
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "kv_owner[3]"));
+    c = base; c.kv_owner[11] = 7;         /* global layer reading a sliding one */
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.kv_owner[10] = 9;         /* 9 does not own its cache */
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.attn_scale = 1.0 / sqrt(32.0);
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, "attn_scale"));
+    c = base; c.embed_scale = 1.0f;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.sliding_window = 0;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.head_dim = 31;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.eos_ids[0] = 256;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.qkv_bias = true;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.n_layers = KV_MAX_LAYERS + 1;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    c = base; c.rope_scaling.type = ROPE_SCALE_LLAMA3; c.rope_scaling.factor = 8;
+    c.rope_scaling.low_freq_factor = 4; c.rope_scaling.high_freq_factor = 1;
+    c.rope_scaling.original_max_position = 8192;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    ck_assert_int_eq(config_validate(NULL, &e), -1);
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    c.layer_type[1] = ATTN_SLIDING;
+    c.sliding_window = 4;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+}
+END_TEST
+
+/* ---- writing errors ----------------------------------------------------- */
+
+START_TEST(write_unwritable_path)
+{
+    kv_config c;
+    kv_err e;
+    const char *path = "/nonexistent-kvdiff-dir/sub/config.json";
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    ck_assert_int_eq(config_write_json(&c, path, &e), -1);
+    ck_assert_msg(strncmp(e.msg, path, strlen(path)) == 0, "%s", e.msg);
+}
+END_TEST
+
+START_TEST(write_refuses_inexpressible_owners)
+{
+    char dir[64], path[128];
+    kv_config c;
+    kv_err e;
+    make_tmpdir(dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &c, &e), 0);
+    c.kv_owner[9] = 6;  /* valid for an engine, but not the num_kv_shared_layers rule */
+    ck_assert_int_eq(config_validate(&c, &e), 0);
+    ck_assert_int_eq(config_write_json(&c, path, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, path));
+    ck_assert_ptr_nonnull(strstr(e.msg, "kv_owner[9]"));
+    ck_assert_int_eq(access(path, F_OK), -1);
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    ck_assert_int_eq(config_write_json(&c, NULL, &e), -1);
+    remove_tmpdir(dir);
+}
+END_TEST
+
+START_TEST(load_errors_name_the_path)
+{
+    char dir[64], path[128];
+    kv_config c;
+    kv_err e;
+    make_tmpdir(dir);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    ck_assert_int_eq(config_load_json(path, &c, &e), -1);
+    ck_assert_ptr_nonnull(strstr(e.msg, path));
+    write_file(path, "{\"model_type\": \"llama\", \"hidden_size\": -5}");
+    ck_assert_int_eq(config_load_json(path, &c, &e), -1);
+    ck_assert_msg(strstr(e.msg, path) && strstr(e.msg, "hidden_size"), "%s", e.msg);
+    ck_assert_int_eq(config_load_json(dir, &c, &e), -1);   /* a folder */
+    ck_assert_ptr_nonnull(strstr(e.msg, dir));
+    remove_tmpdir(dir);
+}
+END_TEST
+
+/* ---- bad input ---------------------------------------------------------- */
+
+#define LLAMA_HEAD "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96," \
+                   " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
+#define QWEN2_HEAD "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96," \
+                   " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
+#define GEMMA_HEAD "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64," \
+                   " \"intermediate_size\": 96, \"num_hidden_layers\": 6," \
+                   " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256"
+
+typedef struct {
+    const char *json;
+    const char *expect;   /* must appear in the message, after "bad.json: " */
+} bad_case;
+
+static const bad_case BAD[] = {
+    { "this is not json", "not valid JSON" },
+    { "[1, 2, 3]", "top level is an array" },
+    { "{\"hidden_size\": 64}", "model_type is missing" },
+    { "{\"model_type\": 5}", "model_type is 5; expected a string" },
+    { "{\"model_type\": \"mistral\", \"hidden_size\": 64}",
+      "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, gemma3_text, gemma3)" },
+    { "{\"model_type\": \"llama\", \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
+      " \"num_attention_heads\": 4, \"vocab_size\": 256}", "hidden_size is missing" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": -5}", "hidden_size is -5; expected 1..1048576" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": \"64\"}",
+      "hidden_size is the string \"64\"; expected an integer" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": 64.5}", "hidden_size is 64.5" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": 2000000}", "hidden_size is 2000000" },
+    { LLAMA_HEAD ", \"num_key_value_heads\": 3}",
+      "num_key_value_heads is 3, which does not divide num_attention_heads 4" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 100000}",
+      "num_hidden_layers is 100000; expected 1..256" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
+      "rope_scaling type 'yarn' is not supported" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}",
+      "rope_scaling type 'dynamic' is not supported" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"longrope\"}}",
+      "rope_scaling type 'longrope' is not supported" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\"}}", "rope_scaling.factor is missing" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"factor\": 2.0}}", "rope_scaling has no rope_type" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\", \"type\": \"yarn\", \"factor\": 2}}",
+      "rope_scaling has rope_type 'linear' and type 'yarn'" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+      " \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}",
+      "rope_scaling.low_freq_factor is missing" },
+    { LLAMA_HEAD ", \"rope_scaling\": 8}", "rope_scaling is 8; expected an object or null" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": 3}}", "rope_scaling.rope_type is 3" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 2},"
+      " \"rope_parameters\": {\"rope_type\": \"default\"}}", "rope_scaling and rope_parameters" },
+    { LLAMA_HEAD ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"default\"}}}",
+      "rope_parameters is keyed by layer type" },
+    { LLAMA_HEAD ", \"partial_rotary_factor\": 0.5}", "partial_rotary_factor is 0.5" },
+    { LLAMA_HEAD ", \"rope_theta\": -1}", "rope_theta is -1" },
+    { LLAMA_HEAD ", \"rms_norm_eps\": 0}", "rms_norm_eps is 0" },
+    { LLAMA_HEAD ", \"attention_bias\": true}", "attention_bias is true" },
+    { LLAMA_HEAD ", \"mlp_bias\": true}", "mlp_bias is true" },
+    { LLAMA_HEAD ", \"hidden_act\": \"gelu\"}", "hidden_act 'gelu' is not supported for llama" },
+    { LLAMA_HEAD ", \"tie_word_embeddings\": \"yes\"}", "tie_word_embeddings is the string" },
+    { LLAMA_HEAD ", \"head_dim\": 15}", "head_dim is 15; RoPE needs an even head_dim" },
+    { "{\"model_type\": \"llama\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+      " \"num_hidden_layers\": 4, \"num_attention_heads\": 3, \"vocab_size\": 256}",
+      "head_dim is missing and hidden_size 64 is not a multiple of num_attention_heads 3" },
+    { LLAMA_HEAD ", \"bos_token_id\": 256}", "bos_token_id is 256; expected 0..255" },
+    { LLAMA_HEAD ", \"eos_token_id\": [1, \"2\"]}", "eos_token_id[1] is the string \"2\"" },
+    { LLAMA_HEAD ", \"eos_token_id\": [1, 2.5]}", "eos_token_id[1] is 2.5" },
+    { LLAMA_HEAD ", \"eos_token_id\": \"</s>\"}", "eos_token_id is the string" },
+    { LLAMA_HEAD ", \"eos_token_id\": [1,2,3,4,5,6,7,8,9]}", "eos_token_id lists 9 ids" },
+    { LLAMA_HEAD ", \"num_kv_shared_layers\": 2}", "num_kv_shared_layers is 2; KV sharing" },
+    { LLAMA_HEAD ", \"hidden_size\": 32}", "not valid JSON: duplicate object key" },
+    { QWEN2_HEAD ", \"use_sliding_window\": true}", "use_sliding_window is true" },
+    { QWEN2_HEAD ", \"layer_types\": [\"full_attention\", \"sliding_attention\","
+      " \"full_attention\", \"full_attention\"]}", "layer_types[1] is 'sliding_attention'" },
+    { GEMMA_HEAD ", \"layer_types\": [\"sliding_attention\", \"full_attention\"]}",
+      "layer_types has 2 entries but num_hidden_layers is 6" },
+    { GEMMA_HEAD ", \"layer_types\": [\"sliding_attention\", \"chunked_attention\","
+      " \"full_attention\", \"sliding_attention\", \"sliding_attention\", \"full_attention\"]}",
+      "layer_types[1] is the string \"chunked_attention\"; expected 'sliding_attention' or "
+      "'full_attention'" },
+    { GEMMA_HEAD ", \"layer_types\": \"sliding\"}", "layer_types is the string" },
+    { GEMMA_HEAD ", \"num_kv_shared_layers\": 6}", "num_kv_shared_layers is 6 but the model has 6" },
+    { GEMMA_HEAD ", \"num_kv_shared_layers\": -1}", "num_kv_shared_layers is -1" },
+    { GEMMA_HEAD ", \"layer_types\": [\"full_attention\", \"sliding_attention\","
+      " \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\"],"
+      " \"num_kv_shared_layers\": 5}",
+      "num_kv_shared_layers is 5: layer 1 (sliding_attention) has no earlier non-shared" },
+    { GEMMA_HEAD ", \"sliding_window\": null}", "sliding_window is null but layer 0" },
+    { GEMMA_HEAD ", \"sliding_window\": 0}", "sliding_window is 0" },
+    { GEMMA_HEAD ", \"sliding_window_pattern\": 0}", "sliding_window_pattern is 0" },
+    { GEMMA_HEAD ", \"attn_logit_softcapping\": 50.0}", "attn_logit_softcapping is 50" },
+    { GEMMA_HEAD ", \"final_logit_softcapping\": 0}", "final_logit_softcapping is 0" },
+    { GEMMA_HEAD ", \"hidden_activation\": \"gelu\"}", "hidden_activation 'gelu' is not supported" },
+    { GEMMA_HEAD ", \"query_pre_attn_scalar\": 0}", "query_pre_attn_scalar is 0" },
+    { GEMMA_HEAD ", \"head_dim\": null}", "head_dim is null" },
+    { GEMMA_HEAD ", \"attention_bias\": true}", "attention_bias is true" },
+    { GEMMA_HEAD ", \"use_bidirectional_attention\": true}", "use_bidirectional_attention is true" },
+    { GEMMA_HEAD ", \"rope_parameters\": {\"rope_type\": \"default\"}}",
+      "rope_parameters has neither full_attention nor sliding_attention" },
+    { GEMMA_HEAD ", \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": \"linear\","
+      " \"factor\": 2}}}", "rope_parameters.sliding_attention is scaled" },
+    { "{\"model_type\": \"gemma3\"}", "text_config is missing" },
+    { "{\"model_type\": \"gemma3\", \"text_config\": [1]}", "text_config is an array" },
+    { "{\"model_type\": \"gemma3\", \"text_config\": {\"model_type\": \"llama\"}}",
+      "text_config.model_type is the string \"llama\"" },
+    { "{\"model_type\": \"gemma3\", \"text_config\": {\"hidden_size\": -1}}",
+      "text_config.hidden_size is -1" },
+    { "{\"model_type\": \"gemma3\", \"eos_token_id\": [1, 999999],"
+      " \"text_config\": {\"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 2}}",
+      "eos_token_id[1] is 999999" },
+    { "{\"model_type\": \"gemma3\", \"text_config\": {\"hidden_size\": 64, \"intermediate_size\": 64,"
+      " \"num_hidden_layers\": 2, \"rope_scaling\": {\"rope_type\": \"yarn\"}}}",
+      "text_config.rope_scaling type 'yarn' is not supported" },
+};
+
+START_TEST(bad_input_is_refused)
+{
+    const bad_case *b = &BAD[_i];
+    kv_config c;
+    kv_err e = { "" };
+    char want[700];
+    snprintf(want, sizeof want, "bad.json: %s", b->expect);
+    ck_assert_int_eq(config_parse_json(b->json, strlen(b->json), "bad.json", &c, &e), -1);
+    ck_assert_msg(strstr(e.msg, want) != NULL, "case %d: message '%s' lacks '%s'", _i,
+                  e.msg, want);
+    ck_assert_ptr_null(strchr(e.msg, '\n'));
+}
+END_TEST
+
+Suite *config_suite(void)
+{
+    Suite *s = suite_create("config");
+    TCase *t = tcase_create("parse");
+    tcase_add_test(t, conformance_llama);
+    tcase_add_test(t, conformance_qwen2);
+    tcase_add_test(t, conformance_gemma3);
+    tcase_add_test(t, gemma3_nested_defaults);
+    tcase_add_test(t, gemma3_pattern_without_layer_types);
+    tcase_add_test(t, gemma3_no_sliding_layers);
+    tcase_add_test(t, llama_defaults);
+    tcase_add_test(t, qwen2_defaults);
+    tcase_add_test(t, llama3_rope_scaling);
+    tcase_add_test(t, rope_type_synonyms);
+    tcase_add_test(t, rope_parameters_v5);
+    tcase_add_test(t, parse_unterminated_buffer);
+    tcase_add_loop_test(t, bad_input_is_refused, 0, (int)(sizeof BAD / sizeof BAD[0]));
+    suite_add_tcase(s, t);
+    TCase *p = tcase_create("presets");
+    tcase_add_test(p, presets_validate_and_round_trip);
+    tcase_add_test(p, preset_values);
+    tcase_add_test(p, kvshared_owners);
+    tcase_add_test(p, describe_line);
+    tcase_add_test(p, validate_rejects);
+    suite_add_tcase(s, p);
+    TCase *w = tcase_create("files");
+    tcase_add_test(w, write_unwritable_path);
+    tcase_add_test(w, write_refuses_inexpressible_owners);
+    tcase_add_test(w, load_errors_name_the_path);
+    suite_add_tcase(s, w);
+    return s;
+}

@@ -1,0 +1,112 @@
+/* testutil.c — test helpers (testutil.h). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+static int capture_emit(kv_observer *self, const kv_event *ev)
+{
+    capture *c = (capture *)self;
+    int li = ev->layer + 1;
+    if (!c->rows[ev->stage][li]) {
+        c->rows[ev->stage][li] = calloc((size_t)c->T * ev->ncols, sizeof(float));
+        c->ncols[ev->stage][li] = ev->ncols;
+    }
+    if (ev->ncols != c->ncols[ev->stage][li])
+        return 1;
+    for (int r = 0; r < ev->nrows; r++) {
+        int64_t p = ev->pos0 + r;
+        if (p < 0 || p >= c->T)
+            continue;
+        memcpy(c->rows[ev->stage][li] + (size_t)p * ev->ncols,
+               ev->data + (size_t)r * ev->ncols, (size_t)ev->ncols * sizeof(float));
+    }
+    return 0;
+}
+
+static int capture_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
+{
+    capture *c = (capture *)self;
+    (void)is_prompt;
+    if (pos >= 0 && pos < (int64_t)(sizeof c->tokens / sizeof *c->tokens)) {
+        c->tokens[pos] = id;
+        if (pos + 1 > c->n_tokens)
+            c->n_tokens = (int)pos + 1;
+    }
+    return 0;
+}
+
+capture *capture_new(int T)
+{
+    capture *c = calloc(1, sizeof *c);
+    c->T = T;
+    c->base.emit = capture_emit;
+    c->base.token = capture_token;
+    return c;
+}
+
+void capture_free(capture *c)
+{
+    if (!c)
+        return;
+    for (int s = 0; s < STAGE_COUNT; s++)
+        for (int l = 0; l <= KV_MAX_LAYERS; l++)
+            free(c->rows[s][l]);
+    free(c);
+}
+
+const float *capture_get(const capture *c, kv_stage st, int layer, int *ncols)
+{
+    if (ncols)
+        *ncols = c->ncols[st][layer + 1];
+    return c->rows[st][layer + 1];
+}
+
+char *test_tmpdir(char *buf, size_t n)
+{
+    snprintf(buf, n, "/tmp/kvdiff-test-XXXXXX");
+    return mkdtemp(buf);
+}
+
+void test_rmtree(const char *dir)
+{
+    char cmd[4200];
+    if (!dir || strncmp(dir, "/tmp/kvdiff-test-", 17) != 0)
+        return;
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+}
+
+int test_run_cli(const char *args, char *out, size_t n)
+{
+    const char *bin = getenv("KVDIFF_BIN");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff", args);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t len = fread(out, 1, n - 1, p);
+    out[len] = 0;
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+double test_rel_err(const float *a, const float *b, size_t n)
+{
+    double md = 0, mb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > md || isnan(d))
+            md = isnan(d) ? INFINITY : d;
+        if (fabs((double)b[i]) > mb)
+            mb = fabs((double)b[i]);
+    }
+    return mb > 0 ? md / mb : md;
+}

@@ -1,0 +1,38 @@
+/* testutil.h — helpers shared by the tests: an observer that captures
+ * every emitted row, temporary folders, running the kvdiff binary. */
+#ifndef KV_TESTUTIL_H
+#define KV_TESTUTIL_H
+
+#include <stdint.h>
+#include "dump/observer.h"
+#include "model/config.h"
+
+/* Captures rows of every (stage, layer) for positions 0..T-1. */
+typedef struct {
+    kv_observer base;
+    int T;
+    float *rows[STAGE_COUNT][KV_MAX_LAYERS + 1]; /* [stage][layer + 1] (T, ncols) */
+    int ncols[STAGE_COUNT][KV_MAX_LAYERS + 1];
+    int32_t tokens[1 << 14];
+    int n_tokens;
+} capture;
+
+capture *capture_new(int T);
+void capture_free(capture *c);
+/* Captured (T, ncols) rows or NULL when nothing was emitted. */
+const float *capture_get(const capture *c, kv_stage st, int layer, int *ncols);
+
+/* mkdtemp under /tmp; returns a static-lifetime copy in buf. */
+char *test_tmpdir(char *buf, size_t n);
+/* rm -rf of a test's temp folder. */
+void test_rmtree(const char *dir);
+
+/* Runs the kvdiff binary (KVDIFF_BIN or ./kvdiff) with the given
+ * arguments (a shell-quoted string); captures stdout+stderr into out
+ * (NUL-terminated, truncated to n) and returns the exit code. */
+int test_run_cli(const char *args, char *out, size_t n);
+
+/* max |a - b| / max |b| over n values. */
+double test_rel_err(const float *a, const float *b, size_t n);
+
+#endif
