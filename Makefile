@@ -37,15 +37,17 @@ kvdiff: $(BUILD)/kvdiff
 	@cp $< $@
 
 $(BUILD)/kvdiff: $(CLI_OBJ) $(LIB)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "  LD $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(LIB): $(LIB_OBJ)
 	@rm -f $@
-	$(AR) rcs $@ $^
+	@$(AR) rcs $@ $^
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	@echo "  CC $<"
+	@$(CC) $(BASE_CFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 # The test runner lists every `Suite *x_suite(void)` found in tests/.
 $(BUILD)/tests/suites.inc: $(TEST_SRC)
@@ -56,10 +58,12 @@ $(BUILD)/tests/suites.inc: $(TEST_SRC)
 $(BUILD)/tests/runner.o: $(BUILD)/tests/suites.inc
 $(BUILD)/tests/%.o: tests/%.c
 	@mkdir -p $(dir $@)
-	$(CC) $(BASE_CFLAGS) $(CHECK_CFLAGS) $(CFLAGS) -I$(BUILD)/tests -MMD -MP -c $< -o $@
+	@echo "  CC $<"
+	@$(CC) $(BASE_CFLAGS) $(CHECK_CFLAGS) $(CFLAGS) -I$(BUILD)/tests -MMD -MP -c $< -o $@
 
 $(BUILD)/check_kvdiff: $(TEST_OBJ) $(LIB) $(BUILD)/kvdiff
-	$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
+	@echo "  LD $@"
+	@$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
 # The closing line is Check's summary.
 test: kvdiff $(BUILD)/check_kvdiff
