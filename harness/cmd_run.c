@@ -9,6 +9,7 @@
 #include "verbs.h"
 #include "../model/generate.h"
 #include "../model/tokenizer.h"
+#include "../chunked/chunked.h"
 #include "../reference/reference.h"
 
 static void run_usage(FILE *f)
@@ -35,8 +36,15 @@ static void run_usage(FILE *f)
             "  --seed N           seed of the random prompt and of sampling (default 0)\n"
             "  --ignore-eos       do not stop at an end-of-sequence token\n"
             "engine:\n"
-            "  --engine E         reference (default)\n"
-            "  --prefill P        all (default), token, or N tokens per step\n"
+            "  --engine E         reference (default) or chunked\n"
+            "  --prefill P        reference: all (default), token, or N tokens per step\n"
+            "  --chunk C          chunked: prompt tokens per prefill chunk (default 16)\n"
+            "  --cache S          chunked: dense (default), split, or ring\n"
+            "  --attn A           chunked: exact (default, bit-identical) or cascade\n"
+            "  --kv-share K       chunked, KV-shared layers: plain (default), padded, owner-list\n"
+            "  --kv-pad N         chunked, --kv-share padded: head_dim padded to a multiple of N (64)\n"
+            "  --inject I[=V]     chunked: reproduce a cache bug (repeatable)\n"
+            "  --list-injections  list the injections and exit\n"
             "  --max-ctx N        cache positions (default: prompt + max-new)\n"
             "  --threads N        worker threads (default: all cores)\n"
             "  --isa I            auto, scalar, avx2, avx512 (same bits either way)\n"
@@ -49,9 +57,53 @@ typedef struct {
     gen_opts go;
     const char *engine;
     int prefill_step;
+    chk_opts co;
+    bool chunk_given;
     long max_ctx;
     int verbose;
+    int list_injections;
 } run_opts;
+
+static void list_injections(void)
+{
+    for (int i = 0; i < INJ_COUNT; i++)
+        printf("  %-22s %s\n", chk_injection_name((chk_injection)i),
+               chk_injection_help((chk_injection)i));
+}
+
+/* Options of the chunked engine; returns 1 if handled, 0 if not, -1 bad. */
+static int chunked_option(run_opts *o, const char *name, const char *val, kv_err *e)
+{
+    long v;
+    if (!strcmp(name, "chunk")) {
+        if (cli_int("--chunk", val, 0, 1L << 30, &v, e) < 0)
+            return -1;
+        if (v < 1)
+            return kv_errf(e, "--chunk: %ld must be at least 1", v);
+        o->co.chunk = (int)v;
+        o->chunk_given = true;
+    } else if (!strcmp(name, "cache")) {
+        if (chk_cache_parse(val, &o->co.cache) < 0)
+            return kv_errf(e, "--cache: '%s' is not dense, split or ring", val);
+    } else if (!strcmp(name, "attn")) {
+        if (strcmp(val, "exact") && strcmp(val, "cascade"))
+            return kv_errf(e, "--attn: '%s' is not exact or cascade", val);
+        o->co.attn = strcmp(val, "exact") ? CHK_ATTN_CASCADE : CHK_ATTN_EXACT;
+    } else if (!strcmp(name, "kv-share")) {
+        if (chk_share_parse(val, &o->co.share) < 0)
+            return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-list", val);
+    } else if (!strcmp(name, "kv-pad")) {
+        if (cli_int("--kv-pad", val, 1, 4096, &v, e) < 0)
+            return -1;
+        o->co.share_pad = (int)v;
+    } else if (!strcmp(name, "inject")) {
+        if (chk_injection_parse(val, &o->co.inj, e) < 0)
+            return -1;
+    } else {
+        return 0;
+    }
+    return 1;
+}
 
 static int parse_prefill(const char *s, int *step, kv_err *e)
 {
@@ -79,7 +131,11 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
         {"seed", required_argument, 0, 0},        {"ignore-eos", no_argument, 0, 0},
         {"engine", required_argument, 0, 0},      {"prefill", required_argument, 0, 0},
         {"max-ctx", required_argument, 0, 0},     {"verbose", no_argument, 0, 0},
-        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
+        {"chunk", required_argument, 0, 0},       {"cache", required_argument, 0, 0},
+        {"attn", required_argument, 0, 0},        {"kv-share", required_argument, 0, 0},
+        {"kv-pad", required_argument, 0, 0},      {"inject", required_argument, 0, 0},
+        {"list-injections", no_argument, 0, 0},   {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int idx, ch;
     long v;
     optind = 0;
@@ -90,6 +146,8 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
             return kv_errf(e, "see kvdiff run --help");
         const char *name = longopts[idx].name;
         int r = cli_model_option(&o->mo, name, optarg, e);
+        if (r == 0)
+            r = chunked_option(o, name, optarg, e);
         if (r < 0)
             return -1;
         if (r > 0)
@@ -126,11 +184,18 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
             if (cli_int("--max-ctx", optarg, 1, 1L << 30, &o->max_ctx, e) < 0)
                 return -1;
         } else if (!strcmp(name, "verbose")) o->verbose = 1;
+        else if (!strcmp(name, "list-injections")) o->list_injections = 1;
     }
     if (optind < argc)
         return kv_errf(e, "unexpected argument '%s'", argv[optind]);
-    if (strcmp(o->engine, "reference"))
-        return kv_errf(e, "--engine: '%s' is not a known engine (reference)", o->engine);
+    if (strcmp(o->engine, "reference") && strcmp(o->engine, "chunked"))
+        return kv_errf(e, "--engine: '%s' is not a known engine (reference, chunked)", o->engine);
+    bool chunked_opts = o->chunk_given || o->co.cache != CACHE_DENSE ||
+                        o->co.attn != CHK_ATTN_EXACT || o->co.share != SHARE_PLAIN;
+    for (int i = 0; i < INJ_COUNT; i++)
+        chunked_opts = chunked_opts || o->co.inj.on[i];
+    if (chunked_opts && strcmp(o->engine, "chunked"))
+        return kv_errf(e, "--chunk, --cache, --attn, --kv-share and --inject need --engine chunked");
     return 0;
 }
 
@@ -177,8 +242,15 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
                           "allows %d and --max-ctx is %ld",
                        n_prompt, o->go.max_new, (long)n_prompt + o->go.max_new,
                        c->max_positions, ctx);
-    ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
-    kv_engine *eng = ref_create(m, kc, &ro, NULL, e);
+    kv_engine *eng;
+    if (!strcmp(o->engine, "chunked")) {
+        chk_opts co = o->co;
+        co.max_ctx = (int)ctx;
+        eng = chk_create(m, kc, &co, NULL, e);
+    } else {
+        ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
+        eng = ref_create(m, kc, &ro, NULL, e);
+    }
     if (!eng)
         return -1;
     gen_result res;
@@ -204,8 +276,13 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
         fprintf(stderr, "engine    %s, %d thread%s, %s, %s weights\n", desc,
                 pool_threads(kc->pool), pool_threads(kc->pool) == 1 ? "" : "s",
                 kern_isa_name(kc->isa), m->wtype == KERN_BF16 ? "bf16" : "f32");
-        fprintf(stderr, "cache     %.1f KiB for %ld positions\n",
-                (double)eng->cache_bytes(eng) / 1024.0, ctx);
+        fprintf(stderr, "cache     %.1f KiB for %ld positions", (double)eng->cache_bytes(eng) / 1024.0,
+                ctx);
+        if (!strcmp(o->engine, "chunked"))
+            fprintf(stderr, " (sliding layers %.1f KiB, global layers %.1f KiB)",
+                    (double)chk_cache_bytes_of(eng, ATTN_SLIDING) / 1024.0,
+                    (double)chk_cache_bytes_of(eng, ATTN_GLOBAL) / 1024.0);
+        fprintf(stderr, "\n");
         fprintf(stderr, "time      %.3f s for %d + %d tokens\n", t1 - t0, res.n_prompt, res.n_new);
     }
     gen_result_free(&res);
@@ -221,10 +298,15 @@ int cmd_run(int argc, char **argv)
     o.engine = "reference";
     o.go.max_new = 16;
     o.go.samp.top_p = 1.0;
+    chk_opts_default(&o.co);
     kv_err e = {{0}};
     int pr = parse_run(argc, argv, &o, &e);
     if (pr == 1) {
         run_usage(stdout);
+        return EXIT_OK;
+    }
+    if (pr == 0 && o.list_injections) {
+        list_injections();
         return EXIT_OK;
     }
     if (pr < 0) {

@@ -119,6 +119,45 @@ START_TEST(test_bad_model_folders)
 }
 END_TEST
 
+START_TEST(test_chunked_engine_cli)
+{
+    char a[1 << 14];
+    const char *base = "run --model tiny-gemma3 --prompt-random 200 --seed 3 --max-new 32";
+    char args[512];
+    snprintf(args, sizeof args, "%s --engine reference", base);
+    ck_assert_int_eq(test_run_cli(args, a, sizeof a), 0);
+    snprintf(args, sizeof args, "%s --engine chunked --chunk 5 --cache ring", base);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    ck_assert_str_eq(a, out);
+    snprintf(args, sizeof args, "%s --engine chunked --chunk 5 --cache ring --inject isolated-chunks",
+             base);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    ck_assert_str_ne(a, out);
+    ck_assert_int_eq(test_run_cli("run --list-injections", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "ring-no-wrap"));
+    ck_assert_ptr_nonnull(strstr(out, "decode-index-stuck"));
+    ck_assert_int_eq(test_run_cli("run --engine chunked --cache ring --chunk 4 --verbose "
+                                  "--prompt-random 20 --max-new 2", out, sizeof out), 0);
+    ck_assert_ptr_nonnull(strstr(out, "sliding layers 40.0 KiB"));
+}
+END_TEST
+
+START_TEST(test_chunked_bad_arguments)
+{
+    expect_error("run --engine chunked --chunk 0", "--chunk: 0 must be at least 1");
+    expect_error("run --engine chunked --chunk 100 --prompt-random 10 --max-new 2",
+                 "--chunk 100 must be between 1 and the context (12)");
+    expect_error("run --engine chunked --cache tree", "--cache: 'tree'");
+    expect_error("run --engine chunked --inject warp-drive", "unknown injection 'warp-drive'");
+    expect_error("run --engine chunked --inject window", "needs a value");
+    expect_error("run --engine chunked --inject window=x", "not an integer");
+    expect_error("run --engine chunked --inject zero-shared-kv", "no KV-shared layer");
+    expect_error("run --engine chunked --inject ring-no-wrap", "needs --cache ring");
+    expect_error("run --chunk 4", "need --engine chunked");
+    expect_error("run --engine chunked --kv-share mirrored", "--kv-share: 'mirrored'");
+}
+END_TEST
+
 Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -129,6 +168,8 @@ Suite *cli_suite(void)
     tcase_add_test(tc, test_sampling_is_seeded);
     tcase_add_test(tc, test_bad_arguments);
     tcase_add_test(tc, test_bad_model_folders);
+    tcase_add_test(tc, test_chunked_engine_cli);
+    tcase_add_test(tc, test_chunked_bad_arguments);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,93 @@
+/* chunked.h — the chunked / cascade engine: what real runtimes do.
+ *
+ * The prompt is prefilled in chunks of C tokens (the last may be short),
+ * then tokens are decoded one at a time. The KV cache is one of:
+ *   dense  one preallocated buffer per layer sized for the whole context;
+ *          attention runs over every slot with a validity mask (fixed
+ *          shapes, the MaxText/JAX style);
+ *   split  a preallocated prefill cache and a separate decode cache per
+ *          layer, read together under "position < prefill length" and
+ *          "decode slot < decode index" masks;
+ *   ring   sliding layers keep window + C slots written modulo their size
+ *          (memory independent of the context); global layers are dense.
+ * KV-shared layers compute no K/V and read their owner's cache, directly,
+ * through a head-dim padded copy, or by reusing the owner's key list.
+ *
+ * With exact attention keys are visited in ascending absolute position
+ * whatever the layout, so every strategy and chunk size gives the
+ * reference's bits. Cascade attention merges a prefix and a chunk partial
+ * softmax by log-sum-exp: close, not identical, on purpose.
+ *
+ * Fault injections reproduce cache bugs seen in real ports; the catalogue
+ * (names, one-line help, applicability) is in this module too. */
+#ifndef KV_CHUNKED_H
+#define KV_CHUNKED_H
+
+#include <stdbool.h>
+#include "../dump/observer.h"
+#include "../model/engine.h"
+#include "../model/kernels.h"
+#include "../model/model.h"
+
+typedef enum { CACHE_DENSE, CACHE_SPLIT, CACHE_RING, CACHE_KIND_COUNT } chk_cache_kind;
+typedef enum { CHK_ATTN_EXACT, CHK_ATTN_CASCADE } chk_attn_kind;
+typedef enum { SHARE_PLAIN, SHARE_PADDED, SHARE_OWNER_LIST, SHARE_KIND_COUNT } chk_share_kind;
+
+typedef enum {
+    INJ_ISOLATED_CHUNKS,
+    INJ_ISOLATED_CHUNKS_POS,
+    INJ_WINDOW,
+    INJ_STALE_LOCAL,
+    INJ_ZERO_SHARED_KV,
+    INJ_SPLIT_MASK_OFF_BY_ONE,
+    INJ_DECODE_INDEX_STUCK,
+    INJ_ROPE_OFFSET,
+    INJ_RING_NO_WRAP,
+    INJ_COUNT
+} chk_injection;
+
+typedef struct {
+    bool on[INJ_COUNT];
+    int window;         /* window=N */
+    int rope_offset;    /* rope-offset=N */
+} chk_injections;
+
+typedef struct {
+    int chunk;              /* C >= 1 prompt tokens per prefill step */
+    chk_cache_kind cache;
+    chk_attn_kind attn;
+    chk_share_kind share;
+    int share_pad;          /* SHARE_PADDED: head_dim rounded up to a multiple of this */
+    int max_ctx;            /* positions the caches are sized for */
+    chk_injections inj;
+} chk_opts;
+
+/* Defaults: chunk 16, dense, exact, plain sharing, pad 64, no injection. */
+void chk_opts_default(chk_opts *o);
+
+/* Checks options against the model (chunk range, injections that apply).
+ * Errors say what does not apply and why. */
+int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e);
+
+/* The model, context and observer must outlive the engine. */
+kv_engine *chk_create(const kv_model *m, const kern_ctx *kc, const chk_opts *o,
+                      kv_observer *obs, kv_err *e);
+
+/* Cache bytes held for layers of one attention type (ATTN_SLIDING or
+ * ATTN_GLOBAL), owners only, snapshots included. */
+size_t chk_cache_bytes_of(const kv_engine *eng, kv_attn_type type);
+
+/* --- the injection catalogue --- */
+const char *chk_injection_name(chk_injection i);
+const char *chk_injection_help(chk_injection i);
+/* Parses "NAME" or "NAME=VALUE" into inj (several calls accumulate). */
+int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e);
+/* "isolated-chunks,window=512" for reports; "none" when empty. */
+void chk_injections_describe(const chk_injections *inj, char *buf, size_t n);
+
+const char *chk_cache_name(chk_cache_kind k);
+int chk_cache_parse(const char *s, chk_cache_kind *out);
+const char *chk_share_name(chk_share_kind k);
+int chk_share_parse(const char *s, chk_share_kind *out);
+
+#endif
