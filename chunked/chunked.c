@@ -46,7 +46,7 @@ typedef struct {
     int64_t pos;             /* next absolute position */
     int64_t prefill_len;     /* tokens of the first forward() call; -1 before it */
     int decode_count;        /* decode tokens written so far */
-    layer_cache *caches;     /* (L); used for owner layers */
+    layer_cache *caches;     /* (L); owners, and followers under SHARE_PLAIN */
     cand_list *cands;        /* (L) */
     float *zero_row;         /* (KV*D) zero-shared-kv */
     fw_state fw;
@@ -157,6 +157,11 @@ static void buf_store(kv_buf *b, int slot, const chk_engine *c, const float *k, 
 /* ------------------------------------------------------------------ */
 /* Writing a chunk's K/V                                                */
 
+static bool has_storage(const chk_engine *c, int layer)
+{
+    return c->caches[layer].main.nslots > 0;
+}
+
 static void store_row(chk_engine *c, int layer, int64_t p, const float *k, const float *v)
 {
     layer_cache *lc = &c->caches[layer];
@@ -218,8 +223,9 @@ static const float *slot_row(const float *base, int slot, int stride)
  * the cache of its owner. */
 static void cand_build(chk_engine *c, int layer, int64_t s, int64_t hi, cand_list *cl)
 {
-    const int owner = c->m->cfg.kv_owner[layer];
-    const layer_cache *lc = &c->caches[owner];
+    /* A follower with a cache of its own reads it; else its owner's. */
+    const int src = has_storage(c, layer) ? layer : c->m->cfg.kv_owner[layer];
+    const layer_cache *lc = &c->caches[src];
     const kv_buf *b = &lc->main;
     const int st = c->stride;
     cl->n = 0;
@@ -327,7 +333,7 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
     fw_state *fs = &c->fw;
     cand_list *cl = &c->cands[layer];
 
-    if (follower && c->o.share == SHARE_OWNER_LIST && !c->o.inj.on[INJ_ZERO_SHARED_KV]) {
+    if (follower && c->o.share == SHARE_OWNER_READ_ONLY && !c->o.inj.on[INJ_ZERO_SHARED_KV]) {
         /* Reuse the list the owner built in this chunk (already unpadded). */
         cl = &c->cands[owner];
     } else {
@@ -419,11 +425,8 @@ static int run_chunk(chk_engine *c, const int32_t *tokens, int n, bool last, flo
         return -1;
     set_rope_positions(c, s, n);
     for (int l = 0; l < cfg->n_layers; l++) {
-        layer_cache *lc = &c->caches[l];
-        if (cfg->kv_owner[l] == l) {
-            buf_begin_chunk(&lc->main, c->stride);
-            buf_begin_chunk(&lc->dec, c->stride);
-        }
+        buf_begin_chunk(&c->caches[l].main, c->stride);
+        buf_begin_chunk(&c->caches[l].dec, c->stride);
     }
     if (in_decode(c, s))
         c->decode_count += n;
@@ -432,9 +435,12 @@ static int run_chunk(chk_engine *c, const int32_t *tokens, int n, bool last, flo
     for (int l = 0; l < cfg->n_layers; l++) {
         if (fw_attn_inputs(c->kc, c->m, l, fs, n, s, c->rope_pos, obs))
             goto stopped;
-        if (cfg->kv_owner[l] == l)
-            for (int r = 0; r < n; r++)
-                store_row(c, l, s + r, fs->k + (size_t)r * kvf, fs->v + (size_t)r * kvf);
+        /* The owner writes its rows, and under plain sharing so does every
+         * follower's own copy. */
+        for (int l2 = l; cfg->kv_owner[l] == l && l2 < cfg->n_layers; l2++)
+            if (cfg->kv_owner[l2] == l && has_storage(c, l2))
+                for (int r = 0; r < n; r++)
+                    store_row(c, l2, s + r, fs->k + (size_t)r * kvf, fs->v + (size_t)r * kvf);
         if (layer_attention(c, l, s, n, e) < 0)
             return -1;
         if (fw_attn_emit(c->m, l, fs, n, s, c->nkeys, obs) ||
@@ -506,7 +512,7 @@ size_t chk_cache_bytes_of(const kv_engine *self, kv_attn_type type)
     const kv_config *cfg = &c->m->cfg;
     size_t total = 0;
     for (int l = 0; l < cfg->n_layers; l++)
-        if (cfg->kv_owner[l] == l && cfg->layer_type[l] == type)
+        if (cfg->layer_type[l] == type)
             total += buf_bytes(&c->caches[l].main, c->stride) +
                      buf_bytes(&c->caches[l].dec, c->stride);
     return total;
@@ -546,13 +552,13 @@ static void chk_destroy(kv_engine *self)
     free(c);
 }
 
-/* Sizes every owner layer's buffers for the strategy. */
+/* Sizes the buffers of every layer that has storage for the strategy. */
 static int alloc_caches(chk_engine *c, kv_err *e)
 {
     const kv_config *cfg = &c->m->cfg;
     const int T = c->o.max_ctx;
     for (int l = 0; l < cfg->n_layers; l++) {
-        if (cfg->kv_owner[l] != l)
+        if (cfg->kv_owner[l] != l && c->o.share != SHARE_PLAIN)
             continue;
         layer_cache *lc = &c->caches[l];
         const bool sliding = cfg->layer_type[l] == ATTN_SLIDING;

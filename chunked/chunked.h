@@ -10,8 +10,7 @@
  *          "decode slot < decode index" masks;
  *   ring   sliding layers keep window + C slots written modulo their size
  *          (memory independent of the context); global layers are dense.
- * KV-shared layers compute no K/V and read their owner's cache, directly,
- * through a head-dim padded copy, or by reusing the owner's key list.
+ * KV-shared layers compute no K/V and read their owner's (see chk_share_kind).
  *
  * With exact attention keys are visited in ascending absolute position
  * whatever the layout, so every strategy and chunk size gives the
@@ -31,7 +30,15 @@
 
 typedef enum { CACHE_DENSE, CACHE_SPLIT, CACHE_RING, CACHE_KIND_COUNT } chk_cache_kind;
 typedef enum { CHK_ATTN_EXACT, CHK_ATTN_CASCADE } chk_attn_kind;
-typedef enum { SHARE_PLAIN, SHARE_PADDED, SHARE_OWNER_LIST, SHARE_KIND_COUNT } chk_share_kind;
+/* How KV-shared layers get their owner's K/V:
+ *   plain            each follower keeps its own cache, written with the
+ *                    owner's K/V whenever the owner writes;
+ *   padded           followers read the owner's cache, stored with head_dim
+ *                    padded to a multiple of share_pad and sliced back;
+ *   owner-read-only  followers have no storage: they read the owner's
+ *                    accumulated history through the key list the owner
+ *                    built for the chunk, and never write. */
+typedef enum { SHARE_PLAIN, SHARE_PADDED, SHARE_OWNER_READ_ONLY, SHARE_KIND_COUNT } chk_share_kind;
 
 typedef enum {
     INJ_ISOLATED_CHUNKS,
@@ -74,7 +81,7 @@ kv_engine *chk_create(const kv_model *m, const kern_ctx *kc, const chk_opts *o,
                       kv_observer *obs, kv_err *e);
 
 /* Cache bytes held for layers of one attention type (ATTN_SLIDING or
- * ATTN_GLOBAL), owners only, snapshots included. */
+ * ATTN_GLOBAL), every layer that has storage, snapshots included. */
 size_t chk_cache_bytes_of(const kv_engine *eng, kv_attn_type type);
 
 /* --- the injection catalogue --- */

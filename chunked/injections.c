@@ -157,7 +157,7 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
 }
 
 static const char *const cache_names[CACHE_KIND_COUNT] = {"dense", "split", "ring"};
-static const char *const share_names[SHARE_KIND_COUNT] = {"plain", "padded", "owner-list"};
+static const char *const share_names[SHARE_KIND_COUNT] = {"plain", "padded", "owner-read-only"};
 
 const char *chk_cache_name(chk_cache_kind k)
 {

@@ -41,7 +41,7 @@ static void run_usage(FILE *f)
             "  --chunk C          chunked: prompt tokens per prefill chunk (default 16)\n"
             "  --cache S          chunked: dense (default), split, or ring\n"
             "  --attn A           chunked: exact (default, bit-identical) or cascade\n"
-            "  --kv-share K       chunked, KV-shared layers: plain (default), padded, owner-list\n"
+            "  --kv-share K       chunked, KV-shared layers: plain (default), padded, owner-read-only\n"
             "  --kv-pad N         chunked, --kv-share padded: head_dim padded to a multiple of N (64)\n"
             "  --inject I[=V]     chunked: reproduce a cache bug (repeatable)\n"
             "  --list-injections  list the injections and exit\n"
@@ -91,7 +91,7 @@ static int chunked_option(run_opts *o, const char *name, const char *val, kv_err
         o->co.attn = strcmp(val, "exact") ? CHK_ATTN_CASCADE : CHK_ATTN_EXACT;
     } else if (!strcmp(name, "kv-share")) {
         if (chk_share_parse(val, &o->co.share) < 0)
-            return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-list", val);
+            return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-read-only", val);
     } else if (!strcmp(name, "kv-pad")) {
         if (cli_int("--kv-pad", val, 1, 4096, &v, e) < 0)
             return -1;

@@ -241,7 +241,7 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma3", CACHE_RING, 5, "stale-local", SHARE_PLAIN, P, NEW, {5, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, P, NEW, {7, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 8, STAGE_ATTN_LSE}},
-    {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_LIST, P, NEW, {0, 8, STAGE_ATTN_LSE}},
+    {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 8, STAGE_ATTN_LSE}},
     {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", SHARE_PLAIN, P, NEW, {P, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P, NEW, {P + 1, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3", CACHE_DENSE, 16, "decode-index-stuck", SHARE_PLAIN, P, NEW, {P + 1, 0, STAGE_ATTN_LSE}},
@@ -322,6 +322,33 @@ START_TEST(test_ring_memory_flat)
 }
 END_TEST
 
+/* plain sharing keeps a copy per follower; the other variants none. */
+START_TEST(test_kv_share_storage)
+{
+    kv_model m;
+    kv_err e = {{0}};
+    open_model("tiny-gemma3-kvshared", &m);
+    kern_ctx kc = {.isa = kern_isa_best()};
+    size_t bytes[SHARE_KIND_COUNT];
+    for (int share = 0; share < SHARE_KIND_COUNT; share++) {
+        chk_opts o;
+        chk_opts_default(&o);
+        o.share = (chk_share_kind)share;
+        o.max_ctx = 64;
+        o.share_pad = 48; /* head_dim 32 stored as 48 */
+        kv_engine *eng = chk_create(&m, &kc, &o, NULL, &e);
+        ck_assert_msg(eng != NULL, "%s", e.msg);
+        bytes[share] = eng->cache_bytes(eng);
+        engine_free(eng);
+    }
+    const size_t per_layer = 64 * 2 * 64 * sizeof(float); /* slots x K,V x KV*D */
+    ck_assert_uint_eq(bytes[SHARE_OWNER_READ_ONLY], 8 * per_layer);  /* 8 owners */
+    ck_assert_uint_eq(bytes[SHARE_PLAIN], 12 * per_layer);           /* + 4 followers */
+    ck_assert_uint_eq(bytes[SHARE_PADDED], 8 * per_layer * 48 / 32); /* padded rows */
+    model_free(&m);
+}
+END_TEST
+
 START_TEST(test_refusals)
 {
     kv_model g, k;
@@ -380,6 +407,7 @@ Suite *chunked_suite(void)
     tcase_add_loop_test(tc, test_injection_lands_where_predicted, 0,
                         (int)(sizeof inj_cases / sizeof *inj_cases));
     tcase_add_test(tc, test_ring_memory_flat);
+    tcase_add_test(tc, test_kv_share_storage);
     tcase_add_test(tc, test_refusals);
     suite_add_tcase(s, tc);
     return s;
