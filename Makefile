@@ -81,9 +81,10 @@ check-asan:
 
 # Kernel throughput (printed), then engine prefill/decode speed (printed and
 # appended to bench/results.tsv, one row per figure, to compare commits).
-bench: $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine
+bench: $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_dump
 	./$(BUILD)/bench/bench_kernels
 	./$(BUILD)/bench/bench_engine bench/results.tsv
+	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

@@ -48,7 +48,7 @@ for src in fuzz/fuzz_*.c; do
     [ -d "fuzz/corpus/$name" ] && seeds=fuzz/corpus/$name
     echo "fuzz: $name for ${seconds}s"
     # shellcheck disable=SC2086
-    if ! "$bin" -max_total_time="$seconds" -artifact_prefix="$out/$name-" \
+    if ! "$bin" -max_total_time="$seconds" -timeout=10 -artifact_prefix="$out/$name-" \
             -print_final_stats=1 "$out/corpus/$name" $seeds; then
         echo "fuzz: $name FAILED (see $out/$name-*)" >&2
         status=1

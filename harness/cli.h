@@ -11,6 +11,8 @@
 
 enum { EXIT_OK = 0, EXIT_DIVERGED = 1, EXIT_USAGE = 2 };
 
+#define KVDIFF_VERSION "0.1.0"
+
 /* Strict parsers: the whole string must be a number in [lo, hi]. Return 0
  * or fill e with "--opt: 'text' is not ..." and return -1. */
 int cli_int(const char *opt, const char *s, long lo, long hi, long *out, kv_err *e);

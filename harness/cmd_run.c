@@ -1,5 +1,7 @@
 /* cmd_run.c — `kvdiff run`: generate with one engine and print the tokens. */
 #include <getopt.h>
+#include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 #include "../model/generate.h"
 #include "../model/tokenizer.h"
 #include "../chunked/chunked.h"
+#include "../dump/dump.h"
 #include "../reference/reference.h"
 
 static void run_usage(FILE *f)
@@ -48,7 +51,16 @@ static void run_usage(FILE *f)
             "  --max-ctx N        cache positions (default: prompt + max-new)\n"
             "  --threads N        worker threads (default: all cores)\n"
             "  --isa I            auto, scalar, avx2, avx512 (same bits either way)\n"
-            "  --verbose          model, engine, cache size and speed on stderr\n");
+            "  --verbose          model, engine, cache size and speed on stderr\n"
+            "recording (docs/dump-format.md):\n"
+            "  --dump FILE        record every intermediate to an HDF5 dump\n"
+            "  --fingerprint      record a 64-bit hash and L2/absmax per row instead\n"
+            "  --dump-layers A:B  layers to record (inclusive; A:, :B, N)\n"
+            "  --dump-positions A:B  positions to record (inclusive)\n"
+            "  --dump-stages L    comma list of stages (x_in,q,k,v,attn_out,x_out,...)\n"
+            "  --dump-logits      also store full logits (top-k and lse are always kept)\n"
+            "  --dump-compress    shuffle + deflate the datasets\n"
+            "Ctrl-C (or SIGTERM) stops the run and leaves the dump readable, marked partial.\n");
 }
 
 typedef struct {
@@ -62,7 +74,36 @@ typedef struct {
     long max_ctx;
     int verbose;
     int list_injections;
+    const char *dump_path;
+    dump_opts dopts;
+    bool dump_opts_given;
 } run_opts;
+
+/* Set by SIGINT / SIGTERM; the dump's observer turns it into a stop. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int signo)
+{
+    stop_signal = signo;
+}
+
+/* Options of the dump; returns 1 if handled, 0 if not, -1 bad. */
+static int dump_option(run_opts *o, const char *name, const char *val, kv_err *e)
+{
+    int rc = 0;
+    if (!strcmp(name, "dump")) o->dump_path = val;
+    else if (!strcmp(name, "fingerprint")) o->dopts.fingerprint = true;
+    else if (!strcmp(name, "dump-layers")) rc = dump_parse_layers(val, &o->dopts, e);
+    else if (!strcmp(name, "dump-positions")) rc = dump_parse_positions(val, &o->dopts, e);
+    else if (!strcmp(name, "dump-stages")) rc = dump_parse_stages(val, &o->dopts, e);
+    else if (!strcmp(name, "dump-logits")) o->dopts.full_logits = true;
+    else if (!strcmp(name, "dump-compress")) o->dopts.compress = true;
+    else
+        return 0;
+    if (strcmp(name, "dump"))
+        o->dump_opts_given = true;
+    return rc < 0 ? -1 : 1;
+}
 
 static void list_injections(void)
 {
@@ -134,8 +175,11 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
         {"chunk", required_argument, 0, 0},       {"cache", required_argument, 0, 0},
         {"attn", required_argument, 0, 0},        {"kv-share", required_argument, 0, 0},
         {"kv-pad", required_argument, 0, 0},      {"inject", required_argument, 0, 0},
-        {"list-injections", no_argument, 0, 0},   {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"list-injections", no_argument, 0, 0},   {"dump", required_argument, 0, 0},
+        {"fingerprint", no_argument, 0, 0},       {"dump-layers", required_argument, 0, 0},
+        {"dump-positions", required_argument, 0, 0}, {"dump-stages", required_argument, 0, 0},
+        {"dump-logits", no_argument, 0, 0},       {"dump-compress", no_argument, 0, 0},
+        {"help", no_argument, 0, 'h'},            {0, 0, 0, 0}};
     int idx, ch;
     long v;
     optind = 0;
@@ -148,6 +192,8 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
         int r = cli_model_option(&o->mo, name, optarg, e);
         if (r == 0)
             r = chunked_option(o, name, optarg, e);
+        if (r == 0)
+            r = dump_option(o, name, optarg, e);
         if (r < 0)
             return -1;
         if (r > 0)
@@ -196,6 +242,8 @@ static int parse_run(int argc, char **argv, run_opts *o, kv_err *e)
         chunked_opts = chunked_opts || o->co.inj.on[i];
     if (chunked_opts && strcmp(o->engine, "chunked"))
         return kv_errf(e, "--chunk, --cache, --attn, --kv-share and --inject need --engine chunked");
+    if (o->dump_opts_given && !o->dump_path)
+        return kv_errf(e, "--fingerprint and --dump-* need --dump FILE");
     return 0;
 }
 
@@ -231,6 +279,76 @@ static void print_text(const char *label, const kv_tokenizer *tok, const int32_t
     free(buf);
 }
 
+/* The settings a dump records: enough to re-run the same engine. */
+static char *engine_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m,
+                                  long ctx)
+{
+    json_t *j = json_object();
+    json_object_set_new(j, "engine", json_string(o->engine));
+    json_object_set_new(j, "model", json_string(o->mo.model));
+    json_object_set_new(j, "weights_seed", json_integer((json_int_t)o->mo.weights_seed));
+    json_object_set_new(j, "weights", json_string(m->wtype == KERN_BF16 ? "bf16" : "f32"));
+    json_object_set_new(j, "threads", json_integer(pool_threads(kc->pool)));
+    json_object_set_new(j, "isa", json_string(kern_isa_name(kc->isa)));
+    json_object_set_new(j, "max_ctx", json_integer(ctx));
+    if (!strcmp(o->engine, "chunked")) {
+        char inj[256];
+        chk_injections_describe(&o->co.inj, inj, sizeof inj);
+        json_object_set_new(j, "chunk", json_integer(o->co.chunk));
+        json_object_set_new(j, "cache", json_string(chk_cache_name(o->co.cache)));
+        json_object_set_new(j, "attention", json_string(o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade"));
+        json_object_set_new(j, "kv_share", json_string(chk_share_name(o->co.share)));
+        json_object_set_new(j, "inject", json_string(inj));
+    } else {
+        json_object_set_new(j, "prefill_step", json_integer(o->prefill_step));
+    }
+    json_object_set_new(j, "temperature", json_real(o->go.samp.temperature));
+    json_object_set_new(j, "top_k", json_integer(o->go.samp.top_k));
+    json_object_set_new(j, "top_p", json_real(o->go.samp.top_p));
+    char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
+    json_decref(j);
+    return text;
+}
+
+static dump_writer *open_dump(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
+                              kv_err *e)
+{
+    char *settings = engine_settings_json(o, kc, m, ctx);
+    dump_meta meta = {.engine = o->engine, .engine_settings = settings ? settings : "{}",
+                      .cfg = &m->cfg, .weight_fingerprint = m->fingerprint, .seed = o->po.seed,
+                      .tool_version = "kvdiff " KVDIFF_VERSION, .max_positions = (int)ctx};
+    dump_writer *w = dump_create(o->dump_path, &meta, &o->dopts, e);
+    free(settings);
+    if (w) {
+        stop_signal = 0;
+        dump_watch_flag(w, &stop_signal);
+        struct sigaction sa;
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = on_stop_signal;
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
+    }
+    return w;
+}
+
+/* Closes the dump with the status the run earned. */
+static int close_dump(dump_writer *w, int gen_rc, const kv_err *gen_err, kv_err *e)
+{
+    char why[1100];
+    const char *reason = NULL;
+    if (stop_signal)
+        snprintf(why, sizeof why, "interrupted by %s", stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+    else if (dump_error(w))
+        snprintf(why, sizeof why, "%s", dump_error(w));
+    else if (gen_rc != 0)
+        snprintf(why, sizeof why, "engine error: %s", gen_err->msg);
+    if (stop_signal || dump_error(w) || gen_rc != 0)
+        reason = why;
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    return dump_close(w, reason, e);
+}
+
 static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *kc,
                           const kv_tokenizer *tok, const int32_t *prompt, int n_prompt,
                           kv_err *e)
@@ -242,21 +360,40 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
                           "allows %d and --max-ctx is %ld",
                        n_prompt, o->go.max_new, (long)n_prompt + o->go.max_new,
                        c->max_positions, ctx);
+    dump_writer *w = NULL;
+    if (o->dump_path && !(w = open_dump(o, m, kc, ctx, e)))
+        return -1;
+    kv_observer *obs = w ? dump_observer(w) : NULL;
     kv_engine *eng;
     if (!strcmp(o->engine, "chunked")) {
         chk_opts co = o->co;
         co.max_ctx = (int)ctx;
-        eng = chk_create(m, kc, &co, NULL, e);
+        eng = chk_create(m, kc, &co, obs, e);
     } else {
         ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
-        eng = ref_create(m, kc, &ro, NULL, e);
+        eng = ref_create(m, kc, &ro, obs, e);
     }
-    if (!eng)
+    if (!eng) {
+        if (w)
+            dump_close(w, "engine could not start", NULL);
         return -1;
+    }
     gen_result res;
     double t0 = now_s();
-    int rc = generate(eng, c, prompt, n_prompt, &o->go, NULL, &res, e);
+    int rc = generate(eng, c, prompt, n_prompt, &o->go, obs, &res, e);
     double t1 = now_s();
+    if (w) {
+        kv_err ce = {{0}};
+        int crc = close_dump(w, rc, e, &ce);
+        if (rc == 0 && crc < 0) {
+            *e = ce;
+            rc = -1;
+        } else if (rc != 0 && stop_signal) {
+            kv_errf(e, "interrupted; %s holds what was computed (status partial)", o->dump_path);
+        } else if (rc != 0 && crc == 0) {
+            kv_err_prefix(e, "stopped");
+        }
+    }
     if (rc == 0) {
         printf("prompt    %d tokens: ", res.n_prompt);
         cli_print_ids(stdout, res.tokens, res.n_prompt);
@@ -270,6 +407,8 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
         if (res.stopped_at_eos)
             printf("stopped at end-of-sequence token %d\n", res.tokens[res.n_prompt + res.n_new - 1]);
     }
+    if (rc == 0 && w)
+        printf("dump      %s (%s)\n", o->dump_path, o->dopts.fingerprint ? "fingerprint" : "full");
     if (rc == 0 && o->verbose) {
         char desc[256];
         eng->describe(eng, desc, sizeof desc);
@@ -299,6 +438,7 @@ int cmd_run(int argc, char **argv)
     o.go.max_new = 16;
     o.go.samp.top_p = 1.0;
     chk_opts_default(&o.co);
+    dump_opts_default(&o.dopts);
     kv_err e = {{0}};
     int pr = parse_run(argc, argv, &o, &e);
     if (pr == 1) {

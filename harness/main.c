@@ -5,8 +5,6 @@
 #include "cli.h"
 #include "verbs.h"
 
-#define KVDIFF_VERSION "0.1.0"
-
 typedef struct {
     const char *name;
     int (*fn)(int argc, char **argv);
@@ -15,7 +13,9 @@ typedef struct {
 
 static const verb verbs[] = {
     {"gen", cmd_gen, "write a synthetic preset as a Hugging Face folder"},
-    {"run", cmd_run, "generate with an engine and print the tokens"},
+    {"run", cmd_run, "generate with an engine and print the tokens (--dump records it)"},
+    {"inspect", cmd_inspect, "show what a dump holds"},
+    {"validate", cmd_validate, "check a dump against the open schema"},
 };
 
 static void usage(FILE *f)

@@ -16,19 +16,11 @@
 #define INLINE static inline __attribute__((always_inline))
 
 /* ------------------------------------------------------------------------
- * SIMD entry points from kernels_x86.c (no header of its own: this file is
- * the only caller; keep these declarations in step with the definitions). */
+ * SIMD entry points (kernels_x86.c) */
 #if defined(__x86_64__)
+#include "kernels_x86.h"
 #define KERN_X86 1
 #define FMA_CLONE __attribute__((target("fma")))
-kern_isa kern_x86_best(void);
-void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, int m0, int m1,
-                          int p0, int p1, float *y);
-void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, size_t off,
-                     int n, int D, float scale, float *s);
-void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
-                 int D, float *out);
-float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n);
 #else
 #define KERN_X86 0
 #endif

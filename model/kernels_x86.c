@@ -9,9 +9,8 @@
  * target attribute and kernels.c dispatches at run time. On other
  * architectures it is empty and kernels.c uses the scalar path.
  *
- * No header of its own: the entry points (kern_x86_*) are declared in
- * kernels.c, which is their only caller; keep the two lists in step. */
-#include "kernels.h"
+ * The entry points (kern_x86_*) are declared in kernels_x86.h. */
+#include "kernels_x86.h"
 
 #if defined(__x86_64__)
 
@@ -20,16 +19,6 @@
 #define ATTR512 __attribute__((target("avx512f,avx512bw,avx512vl,fma")))
 #define ATTR2 __attribute__((target("avx2,fma")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* Entry points, declared again in kernels.c. */
-kern_isa kern_x86_best(void);
-void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, int m0, int m1,
-                          int p0, int p1, float *y);
-void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, size_t off,
-                     int n, int D, float scale, float *s);
-void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
-                 int D, float *out);
-float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n);
 
 /* libgcc / compiler-rt fill the CPU model in a constructor, so no
  * __builtin_cpu_init here (that would also race between threads). */

@@ -1,0 +1,153 @@
+/* bench_dump.c — what recording costs.
+ *
+ * A 1024-token prompt (plus a few decode steps) through the reference
+ * engine on qwen2.5-0.5b-shape, three ways: no dump, --fingerprint, and a
+ * full dump; next to the disk's raw write rate measured here with plain
+ * write() calls of 1 MiB. Prints a table and appends rows to the TSV named
+ * on the command line. Targets: fingerprint overhead <= 5%; full dump >=
+ * 70% of the raw write rate.
+ * Usage: bench_dump OUT.tsv [DIR] [PRESET] [PROMPT] */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dump/dump.h"
+#include "model/generate.h"
+#include "reference/reference.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* MB/s of writing `mib` MiB to a fresh file, through the page cache as
+ * the dump is (then removed). */
+static double raw_write_rate(const char *dir, int mib)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/bench_raw.bin", dir);
+    char *buf = malloc(1 << 20);
+    memset(buf, 0x5a, 1 << 20);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || !buf) {
+        free(buf);
+        return 0;
+    }
+    double t0 = now_s();
+    for (int i = 0; i < mib; i++)
+        if (write(fd, buf, 1 << 20) != 1 << 20)
+            break;
+    close(fd);
+    double t = now_s() - t0;
+    unlink(path);
+    free(buf);
+    return mib * 1.048576 / t;
+}
+
+typedef struct {
+    double seconds;
+    double bytes;
+} run_cost;
+
+static run_cost timed_run(const kv_model *m, const kern_ctx *kc, const int32_t *prompt, int n,
+                          int nnew, const char *path, bool fingerprint)
+{
+    kv_err e = {{0}};
+    dump_writer *w = NULL;
+    if (path) {
+        dump_opts o;
+        dump_opts_default(&o);
+        o.fingerprint = fingerprint;
+        dump_meta meta = {.engine = "reference", .engine_settings = "{}", .cfg = &m->cfg,
+                          .weight_fingerprint = m->fingerprint, .tool_version = "kvdiff bench",
+                          .max_positions = n + nnew};
+        w = dump_create(path, &meta, &o, &e);
+        if (!w) {
+            fprintf(stderr, "bench: %s\n", e.msg);
+            exit(1);
+        }
+    }
+    kv_observer *obs = w ? dump_observer(w) : NULL;
+    ref_opts ro = {.max_ctx = n + nnew, .prefill_step = 0};
+    double t0 = now_s();
+    kv_engine *eng = ref_create(m, kc, &ro, obs, &e);
+    gen_opts go = {.max_new = nnew, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
+    gen_result res;
+    if (!eng || generate(eng, &m->cfg, prompt, n, &go, obs, &res, &e) != 0) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        exit(1);
+    }
+    if (w && dump_close(w, NULL, &e) < 0) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        exit(1);
+    }
+    run_cost rc = {.seconds = now_s() - t0, .bytes = 0};
+    struct stat sb;
+    if (path && stat(path, &sb) == 0)
+        rc.bytes = (double)sb.st_size;
+    gen_result_free(&res);
+    engine_free(eng);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fprintf(stderr, "usage: bench_dump OUT.tsv [DIR] [PRESET] [PROMPT]\n");
+        return 2;
+    }
+    const char *dir = argc > 2 ? argv[2] : "/tmp";
+    const char *preset = argc > 3 ? argv[3] : "qwen2.5-0.5b-shape";
+    int n = argc > 4 ? atoi(argv[4]) : 1024, nnew = 8;
+    kv_err e = {{0}};
+    kv_model m;
+    model_opts mo = {.wtype = KERN_F32};
+    if (model_from_preset(preset, 0, &mo, &m, &e) < 0) {
+        fprintf(stderr, "bench: %s\n", e.msg);
+        return 1;
+    }
+    kern_ctx kc = {.isa = kern_isa_best(), .pool = pool_create(2)};
+    int32_t *prompt = malloc((size_t)n * sizeof *prompt);
+    for (int i = 0; i < n; i++)
+        prompt[i] = (int32_t)((i * 7919 + 13) % m.cfg.vocab);
+    char fp_path[4096], full_path[4096];
+    snprintf(fp_path, sizeof fp_path, "%s/bench_fp.h5", dir);
+    snprintf(full_path, sizeof full_path, "%s/bench_full.h5", dir);
+
+    run_cost none = timed_run(&m, &kc, prompt, n, nnew, NULL, false);
+    run_cost fp = timed_run(&m, &kc, prompt, n, nnew, fp_path, true);
+    run_cost full = timed_run(&m, &kc, prompt, n, nnew, full_path, false);
+    double raw = raw_write_rate(dir, (int)(full.bytes / (1 << 20)) + 1);
+    double extra = full.seconds - none.seconds;
+    double dump_rate = extra > 0 ? full.bytes / 1e6 / extra : 0;
+    double fp_over = 100.0 * (fp.seconds - none.seconds) / none.seconds;
+
+    printf("%-28s %10s %12s\n", "run", "seconds", "file MB");
+    printf("%-28s %10.2f %12s\n", "no dump", none.seconds, "-");
+    printf("%-28s %10.2f %12.3f   overhead %+.1f%%\n", "fingerprint", fp.seconds, fp.bytes / 1e6,
+           fp_over);
+    printf("%-28s %10.2f %12.1f   written at %.0f MB/s (raw disk %.0f MB/s, %.0f%%)\n",
+           "full dump", full.seconds, full.bytes / 1e6, dump_rate, raw, 100.0 * dump_rate / raw);
+    FILE *tsv = fopen(argv[1], "a");
+    if (tsv) {
+        char date[32];
+        time_t t = time(NULL);
+        strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", gmtime(&t));
+        fprintf(tsv, "%s\t-\tdump\t%s\tf32\t2\tfingerprint_overhead_pct\t%.1f\n", date, preset, fp_over);
+        fprintf(tsv, "%s\t-\tdump\t%s\tf32\t2\tfull_dump_MB_s\t%.0f\n", date, preset, dump_rate);
+        fprintf(tsv, "%s\t-\tdump\t%s\tf32\t2\traw_write_MB_s\t%.0f\n", date, preset, raw);
+        fclose(tsv);
+    }
+    unlink(fp_path);
+    unlink(full_path);
+    free(prompt);
+    pool_free(kc.pool);
+    model_free(&m);
+    return 0;
+}

@@ -1,0 +1,438 @@
+/* dump.c — what the writer, reader and validator share: HDF5 error
+ * messages, opening a file for reading (SWMR-flagged ones too), attribute
+ * readers, stage widths and the model_config parser (dump_internal.h). */
+#include "dump_internal.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                               */
+
+void dump_h5_quiet(void)
+{
+    static bool done;
+    if (!done) {
+        H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+        done = true;
+    }
+}
+
+typedef struct {
+    char innermost[512];
+    int err_no;
+} stack_walk;
+
+/* Walked upward: entry 0 is where the error was first detected. A system
+ * call failure shows up as "errno = N" in the description of some entry. */
+static herr_t walk_entry(unsigned n, const H5E_error2_t *err, void *data)
+{
+    stack_walk *w = data;
+    const char *d = err->desc ? err->desc : "";
+    if (n == 0)
+        snprintf(w->innermost, sizeof w->innermost, "%s", d);
+    const char *en = strstr(d, "errno = ");
+    if (en && w->err_no == 0)
+        w->err_no = atoi(en + 8);
+    return 0;
+}
+
+void dump_h5_detail(char *buf, size_t n, int *errno_out)
+{
+    stack_walk w = {.innermost = "", .err_no = 0};
+    H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk_entry, &w);
+    H5Eclear2(H5E_DEFAULT);
+    if (w.err_no > 0)
+        snprintf(buf, n, "%s", strerror(w.err_no));
+    else
+        snprintf(buf, n, "%s", w.innermost[0] ? w.innermost : "HDF5 error (no detail)");
+    if (errno_out)
+        *errno_out = w.err_no;
+}
+
+void dump_h5_close(hid_t id)
+{
+    if (id < 0)
+        return;
+    hid_t saved = H5Eget_num(H5E_DEFAULT) > 0 ? H5Eget_current_stack() : H5I_INVALID_HID;
+    H5E_BEGIN_TRY {
+        switch (H5Iget_type(id)) {
+        case H5I_FILE: H5Fclose(id); break;
+        case H5I_GROUP: H5Gclose(id); break;
+        case H5I_DATASET: H5Dclose(id); break;
+        case H5I_ATTR: H5Aclose(id); break;
+        case H5I_DATASPACE: H5Sclose(id); break;
+        case H5I_DATATYPE: H5Tclose(id); break;
+        case H5I_GENPROP_LST: H5Pclose(id); break;
+        default: break;
+        }
+    } H5E_END_TRY;
+    if (saved >= 0)
+        H5Eset_current_stack(saved);
+}
+
+int dump_h5_fail(kv_err *e, const char *path, const char *what)
+{
+    char detail[512];
+    dump_h5_detail(detail, sizeof detail, NULL);
+    return kv_errf(e, "%s: %s: %s", path, what, detail);
+}
+
+/* ------------------------------------------------------------------ */
+/* Opening for reading                                                  */
+
+/* Turns HDF5's "truncated file: eof = A, sblock->base_addr = B,
+ * stored_eof = C" into words; other details pass through. */
+static int open_error(kv_err *e, const char *path, const char *detail)
+{
+    long long eof, base, stored;
+    const char *t = strstr(detail, "truncated file");
+    if (t && sscanf(t, "truncated file: eof = %lld, sblock->base_addr = %lld, stored_eof = %lld",
+                    &eof, &base, &stored) == 3)
+        return kv_errf(e, "%s: truncated file (%lld bytes; its HDF5 superblock says %lld)", path,
+                       eof, stored);
+    if (t)
+        return kv_errf(e, "%s: truncated file (%s)", path, detail);
+    return kv_errf(e, "%s: cannot open as HDF5: %s", path, detail);
+}
+
+hid_t dump_h5_open_read(const char *path, kv_err *e)
+{
+    struct stat st;
+    char first[512], second[512];
+    dump_h5_quiet();
+    if (stat(path, &st) != 0)
+        return kv_errf(e, "%s: %s", path, strerror(errno)), H5I_INVALID_HID;
+    if (S_ISDIR(st.st_mode))
+        return kv_errf(e, "%s: is a folder, not a dump", path), H5I_INVALID_HID;
+    if (st.st_size == 0)
+        return kv_errf(e, "%s: empty file (not an HDF5 file)", path), H5I_INVALID_HID;
+    htri_t is = H5Fis_hdf5(path);
+    if (is == 0)
+        return kv_errf(e, "%s: not an HDF5 file", path), H5I_INVALID_HID;
+    if (is < 0)
+        return dump_h5_fail(e, path, "cannot read"), H5I_INVALID_HID;
+    hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f >= 0)
+        return f;
+    dump_h5_detail(first, sizeof first, NULL);
+    /* A writer killed in SWMR mode leaves the superblock marked "open for
+     * writing"; a SWMR reader may still open it, and sees every flushed row.
+     * One read attempt: a SWMR reader retries bad checksums (a live writer
+     * may be mid-write) for seconds, and our writer is dead or done. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+    if (fapl >= 0 && H5Pset_metadata_read_attempts(fapl, 1) >= 0)
+        f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl);
+    dump_h5_close(fapl);
+    if (f >= 0)
+        return f;
+    dump_h5_detail(second, sizeof second, NULL);
+    bool flags_refused = strstr(first, "already open") || strstr(first, "consistency flags");
+    open_error(e, path, flags_refused ? second : first);
+    return H5I_INVALID_HID;
+}
+
+/* ------------------------------------------------------------------ */
+/* Attributes                                                           */
+
+hid_t dump_h5_vlstr(void)
+{
+    hid_t t = H5Tcopy(H5T_C_S1);
+    if (t < 0)
+        return H5I_INVALID_HID;
+    if (H5Tset_size(t, H5T_VARIABLE) < 0 || H5Tset_cset(t, H5T_CSET_UTF8) < 0) {
+        H5Tclose(t);
+        return H5I_INVALID_HID;
+    }
+    return t;
+}
+
+/* Opens a single-valued attribute of the given class; fills *type. */
+static hid_t open_scalar_attr(hid_t obj, const char *name, H5T_class_t want, hid_t *type)
+{
+    hid_t a = H5I_INVALID_HID, s = H5I_INVALID_HID;
+    *type = H5I_INVALID_HID;
+    if (H5Aexists(obj, name) <= 0)
+        return H5I_INVALID_HID;
+    if ((a = H5Aopen(obj, name, H5P_DEFAULT)) < 0 || (*type = H5Aget_type(a)) < 0 ||
+        (s = H5Aget_space(a)) < 0)
+        goto error;
+    H5T_class_t cls = H5Tget_class(*type);
+    bool ok_class = cls == want || (want == H5T_FLOAT && cls == H5T_INTEGER);
+    if (!ok_class || H5Sget_simple_extent_npoints(s) != 1)
+        goto error;
+    H5Sclose(s);
+    return a;
+error:
+    H5E_BEGIN_TRY {
+        H5Sclose(s);
+        H5Tclose(*type);
+        H5Aclose(a);
+    } H5E_END_TRY;
+    *type = H5I_INVALID_HID;
+    H5Eclear2(H5E_DEFAULT);
+    return H5I_INVALID_HID;
+}
+
+static char *read_vlstr(hid_t a, hid_t ftype)
+{
+    hid_t mt = H5Tcopy(H5T_C_S1);
+    char *v = NULL, *out = NULL;
+    if (mt >= 0 && H5Tset_size(mt, H5T_VARIABLE) >= 0 &&
+        H5Tset_cset(mt, H5Tget_cset(ftype)) >= 0 && H5Aread(a, mt, &v) >= 0) {
+        out = strdup(v ? v : "");
+        H5free_memory(v);
+    }
+    if (mt >= 0)
+        H5Tclose(mt);
+    return out;
+}
+
+static char *read_fixed_str(hid_t a, hid_t ftype)
+{
+    size_t size = H5Tget_size(ftype);
+    hid_t mt = H5Tcopy(ftype);
+    char *out = size ? calloc(1, size + 1) : NULL;
+    if (mt < 0 || !out || H5Tset_strpad(mt, H5T_STR_NULLTERM) < 0 ||
+        H5Tset_size(mt, size + 1) < 0 || H5Aread(a, mt, out) < 0) {
+        free(out);
+        out = NULL;
+    }
+    if (mt >= 0)
+        H5Tclose(mt);
+    return out;
+}
+
+int dump_h5_attr_str(hid_t obj, const char *name, char **out)
+{
+    hid_t t, a = open_scalar_attr(obj, name, H5T_STRING, &t);
+    if (a < 0)
+        return -1;
+    *out = H5Tis_variable_str(t) > 0 ? read_vlstr(a, t) : read_fixed_str(a, t);
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Eclear2(H5E_DEFAULT);
+    return *out ? 0 : -1;
+}
+
+int dump_h5_attr_i64(hid_t obj, const char *name, int64_t *out)
+{
+    hid_t t, a = open_scalar_attr(obj, name, H5T_INTEGER, &t);
+    if (a < 0)
+        return -1;
+    int rc;
+    /* Read unsigned 64-bit as such so a large seed keeps its bits instead
+     * of being clipped by the conversion to int64. */
+    if (H5Tget_sign(t) == H5T_SGN_NONE && H5Tget_size(t) == 8) {
+        uint64_t u;
+        rc = H5Aread(a, H5T_NATIVE_UINT64, &u) < 0 ? -1 : 0;
+        *out = (int64_t)u;
+    } else {
+        rc = H5Aread(a, H5T_NATIVE_INT64, out) < 0 ? -1 : 0;
+    }
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Eclear2(H5E_DEFAULT);
+    return rc;
+}
+
+int dump_h5_attr_f64(hid_t obj, const char *name, double *out)
+{
+    hid_t t, a = open_scalar_attr(obj, name, H5T_FLOAT, &t);
+    if (a < 0)
+        return -1;
+    int rc = H5Aread(a, H5T_NATIVE_DOUBLE, out) < 0 ? -1 : 0;
+    H5Tclose(t);
+    H5Aclose(a);
+    H5Eclear2(H5E_DEFAULT);
+    return rc;
+}
+
+H5T_class_t dump_h5_attr_class(hid_t obj, const char *name)
+{
+    H5T_class_t cls = H5T_NO_CLASS;
+    if (H5Aexists(obj, name) > 0) {
+        hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+        hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+        if (t >= 0)
+            cls = H5Tget_class(t);
+        H5E_BEGIN_TRY {
+            H5Tclose(t);
+            H5Aclose(a);
+        } H5E_END_TRY;
+    }
+    H5Eclear2(H5E_DEFAULT);
+    return cls;
+}
+
+/* ------------------------------------------------------------------ */
+/* Stages and the model config                                          */
+
+int dump_stage_cols(const kv_config *c, kv_stage st)
+{
+    switch (st) {
+    case STAGE_ATTN_NORM_STATS:
+    case STAGE_FFN_NORM_STATS:
+        return 3;
+    case STAGE_Q:
+    case STAGE_ATTN_OUT:
+        return c->n_heads * c->head_dim;
+    case STAGE_K:
+    case STAGE_V:
+        return c->n_kv_heads * c->head_dim;
+    case STAGE_ATTN_LSE:
+    case STAGE_ATTN_NKEYS:
+        return c->n_heads;
+    case STAGE_LOGITS:
+        return c->vocab;
+    default:
+        return c->hidden;
+    }
+}
+
+typedef struct {
+    dump_problem_fn fn;
+    void *ctx;
+    int n;
+} problems;
+
+static void problem(problems *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(problems *p, const char *fmt, ...)
+{
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    p->n++;
+    if (p->fn)
+        p->fn(p->ctx, msg);
+}
+
+/* An integer field in [lo, hi]; JSON null reads as 0 when null_ok. */
+static int int_field(const json_t *o, const char *key, long long lo, long long hi, bool null_ok,
+                     problems *p)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v) {
+        problem(p, "model_config has no field \"%s\".", key);
+        return 0;
+    }
+    if (null_ok && json_is_null(v))
+        return 0;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        problem(p, "model_config field \"%s\" must be an integer from %lld to %lld.", key, lo, hi);
+        return 0;
+    }
+    return (int)json_integer_value(v);
+}
+
+static double num_field(const json_t *o, const char *key, problems *p)
+{
+    const json_t *v = json_object_get(o, key);
+    if (!v || !json_is_number(v)) {
+        problem(p, v ? "model_config field \"%s\" must be a number." :
+                       "model_config has no field \"%s\".", key);
+        return 0;
+    }
+    return json_number_value(v);
+}
+
+/* layer_types and kv_owner: arrays of one entry per layer. */
+static void layer_fields(const json_t *o, kv_config *c, problems *p)
+{
+    const json_t *types = json_object_get(o, "layer_types"), *own = json_object_get(o, "kv_owner");
+    const int L = c->n_layers;
+    if (!json_is_array(types) || (int)json_array_size(types) != L)
+        problem(p, "model_config field \"layer_types\" must be an array of num_hidden_layers "
+                   "(%d) strings.", L);
+    else
+        for (int i = 0; i < L; i++) {
+            const char *t = json_string_value(json_array_get(types, (size_t)i));
+            if (t && !strcmp(t, "sliding_attention"))
+                c->layer_type[i] = ATTN_SLIDING;
+            else if (t && !strcmp(t, "full_attention"))
+                c->layer_type[i] = ATTN_GLOBAL;
+            else
+                problem(p, "model_config layer_types[%d] must be \"sliding_attention\" or "
+                           "\"full_attention\".", i);
+        }
+    if (!json_is_array(own) || (int)json_array_size(own) != L) {
+        problem(p, "model_config field \"kv_owner\" must be an array of num_hidden_layers "
+                   "(%d) integers.", L);
+        return;
+    }
+    bool bad = false;
+    for (int i = 0; i < L; i++) {
+        const json_t *v = json_array_get(own, (size_t)i);
+        long long k = json_is_integer(v) ? json_integer_value(v) : -1;
+        if (k < 0 || k > i) {
+            problem(p, "model_config kv_owner[%d] must be an integer from 0 to %d (an earlier "
+                       "or the same layer).", i, i);
+            bad = true;
+        } else {
+            c->kv_owner[i] = (int16_t)k;
+        }
+    }
+    for (int i = 0; i < L && !bad; i++)
+        if (c->kv_owner[c->kv_owner[i]] != c->kv_owner[i])
+            problem(p, "model_config kv_owner[%d] is %d, which does not own a cache itself.", i,
+                    c->kv_owner[i]);
+}
+
+static void arch_of(kv_config *c)
+{
+    if (!strcmp(c->model_type, "qwen2"))
+        c->arch = ARCH_QWEN2;
+    else if (!strcmp(c->model_type, "gemma3_text") || !strcmp(c->model_type, "gemma3"))
+        c->arch = ARCH_GEMMA3;
+    else
+        c->arch = ARCH_LLAMA;
+}
+
+int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void *ctx)
+{
+    problems p = {fn, ctx, 0};
+    json_error_t jerr;
+    json_t *o = text ? json_loads(text, JSON_REJECT_DUPLICATES, &jerr) : NULL;
+    if (!json_is_object(o)) {
+        if (o)
+            problem(&p, "model_config is not a JSON object.");
+        else
+            problem(&p, "model_config is not valid JSON (%s).", text ? jerr.text : "missing");
+        json_decref(o);
+        return p.n;
+    }
+    kv_config c;
+    memset(&c, 0, sizeof c);
+    const char *mt = json_string_value(json_object_get(o, "model_type"));
+    if (!mt || strlen(mt) >= sizeof c.model_type)
+        problem(&p, "model_config field \"model_type\" must be a string of at most %zu characters.",
+                sizeof c.model_type - 1);
+    else
+        snprintf(c.model_type, sizeof c.model_type, "%s", mt);
+    arch_of(&c);
+    /* Bounds keep every product (H*D, rows*cols) far from overflow. */
+    c.hidden = int_field(o, "hidden_size", 1, 1 << 20, false, &p);
+    c.n_layers = int_field(o, "num_hidden_layers", 1, KV_MAX_LAYERS, false, &p);
+    c.n_heads = int_field(o, "num_attention_heads", 1, 1 << 12, false, &p);
+    c.n_kv_heads = int_field(o, "num_key_value_heads", 1, 1 << 12, false, &p);
+    c.head_dim = int_field(o, "head_dim", 1, 1 << 12, false, &p);
+    c.intermediate = int_field(o, "intermediate_size", 1, 1 << 22, false, &p);
+    c.vocab = int_field(o, "vocab_size", 1, 1 << 24, false, &p);
+    c.sliding_window = int_field(o, "sliding_window", 0, INT32_MAX, true, &p);
+    c.rms_eps = num_field(o, "rms_norm_eps", &p);
+    c.rope_theta = num_field(o, "rope_theta", &p);
+    c.rope_local_theta = num_field(o, "rope_local_base_freq", &p);
+    if (c.n_layers > 0)
+        layer_fields(o, &c, &p);
+    json_decref(o);
+    if (p.n == 0)
+        *out = c;
+    return p.n;
+}

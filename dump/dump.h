@@ -1,0 +1,135 @@
+/* dump.h — writing and reading kvdiff dumps (docs/dump-format.md).
+ *
+ * The writer is an observer sink: engines emit rows to the kv_observer it
+ * hands out and know nothing of HDF5. Rows are buffered per dataset and
+ * appended in blocks to chunked, extendible datasets; the file is written
+ * in SWMR mode and flushed after every block, so a crash leaves a coherent
+ * file marked `partial: running`. dump_close sets the final status.
+ *
+ * The reader opens any schema-v1 file (ours or another program's, SWMR-
+ * flagged or not) and reads hyperslabs, so memory stays bounded. */
+#ifndef KV_DUMP_H
+#define KV_DUMP_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "../model/config.h"
+#include "../model/err.h"
+#include "observer.h"
+
+#define DUMP_FORMAT "kvdiff-dump"
+#define DUMP_VERSION 1
+
+/* ---------------------------------------------------------------- */
+/* Selection                                                          */
+
+typedef struct {
+    int layer_lo, layer_hi;        /* inclusive; default 0 .. INT32_MAX */
+    int64_t pos_lo, pos_hi;        /* inclusive; default 0 .. INT64_MAX */
+    bool stages[STAGE_COUNT];      /* default: all but STAGE_LOGITS */
+    bool full_logits;              /* also store /model/logits */
+    bool compress;                 /* shuffle + deflate */
+    bool fingerprint;              /* hashes and statistics instead of rows */
+    int topk;                      /* /output top-k (default 8) */
+    int block_rows;                /* rows buffered per dataset (default 64) */
+} dump_opts;
+
+void dump_opts_default(dump_opts *o);
+/* "10:23" (inclusive), "10:", ":23", "7". */
+int dump_parse_layers(const char *s, dump_opts *o, kv_err *e);
+int dump_parse_positions(const char *s, dump_opts *o, kv_err *e);
+/* Comma list of stage names (observer.h), e.g. "k,v,x_out"; replaces the set. */
+int dump_parse_stages(const char *s, dump_opts *o, kv_err *e);
+
+/* ---------------------------------------------------------------- */
+/* Writer                                                             */
+
+typedef struct {
+    const char *engine;            /* "reference", "chunked" */
+    const char *engine_settings;   /* JSON object text */
+    const kv_config *cfg;
+    uint64_t weight_fingerprint;
+    uint64_t seed;
+    const char *tool_version;      /* "kvdiff 0.1.0" */
+    int max_positions;             /* positions the run can reach (sizes nothing; a bound for checks) */
+} dump_meta;
+
+typedef struct dump_writer dump_writer;
+
+/* Creates path (truncating) with every group and dataset the selection
+ * implies, status "partial: running", then switches to SWMR. Errors name
+ * the path (unwritable, exists as a folder, ...). */
+dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opts *o,
+                         kv_err *e);
+
+/* The sink to hand to an engine / generate(); valid until dump_close. */
+kv_observer *dump_observer(dump_writer *w);
+
+/* When *flag becomes non-zero (set by a signal handler), the observer asks
+ * the engine to stop at its next event. flag may be NULL. */
+void dump_watch_flag(dump_writer *w, volatile sig_atomic_t *flag);
+
+/* First write error seen by the observer (the engine only sees "stop"). */
+const char *dump_error(const dump_writer *w);
+
+/* Writes buffered rows, leaves SWMR, sets status "complete" (why == NULL)
+ * or "partial: <why>", closes. Frees w. Returns -1 (e filled) if anything
+ * failed, in which case the status is never "complete". */
+int dump_close(dump_writer *w, const char *why, kv_err *e);
+
+/* ---------------------------------------------------------------- */
+/* Reader                                                             */
+
+typedef struct dump_file dump_file;
+
+typedef struct {
+    bool present;
+    int64_t first_position;
+    int64_t rows;
+    int cols;                      /* 1 for 1-D datasets */
+} dump_dataset_info;
+
+/* Opens for reading (SWMR-flagged files too). Errors: not HDF5, not a
+ * kvdiff dump, another format version, missing root attributes. */
+dump_file *dump_open(const char *path, kv_err *e);
+void dump_file_close(dump_file *f);   /* accepts NULL */
+
+const char *dump_path(const dump_file *f);
+const char *dump_attr(const dump_file *f, const char *name);  /* string root attribute or NULL */
+int64_t dump_attr_int(const dump_file *f, const char *name, int64_t dflt);
+bool dump_is_fingerprint(const dump_file *f);
+bool dump_is_complete(const dump_file *f);
+
+/* The parsed model_config (only the fields listed in the format; others
+ * zero). Returns -1 with e filled when missing or malformed. */
+int dump_model_config(const dump_file *f, kv_config *out, kv_err *e);
+
+int dump_n_layers(const dump_file *f);         /* num_hidden_layers of model_config */
+int64_t dump_n_tokens(const dump_file *f);
+int64_t dump_prompt_length(const dump_file *f);
+int dump_read_tokens(const dump_file *f, int32_t *out, kv_err *e);  /* n_tokens ids */
+
+/* Stage dataset of a layer (layer -1: /model). In fingerprint mode the
+ * info describes <stage>.hash. */
+dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage);
+
+/* Reads rows [row0, row0 + n) of a full-mode stage into out (n x cols). */
+int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
+                   float *out, kv_err *e);
+/* Fingerprint mode: hashes (n) and stats (n x 2). */
+int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
+                     uint64_t *hash, float *stats, kv_err *e);
+/* /output: lse (n) and top-k ids/values (n x k); k from dump_output_k. */
+dump_dataset_info dump_output_info(const dump_file *f);
+int dump_output_k(const dump_file *f);
+int dump_read_output(const dump_file *f, int64_t row0, int64_t n, float *lse, int32_t *ids,
+                     float *vals, kv_err *e);
+
+/* Checks the file against schema v1; calls report(ctx, line) once per
+ * violation (each a sentence naming the object). Returns the number of
+ * violations, or -1 when the file cannot be opened at all (e filled). */
+int dump_validate(const char *path, void (*report)(void *ctx, const char *line), void *ctx,
+                  kv_err *e);
+
+#endif

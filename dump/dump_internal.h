@@ -1,0 +1,57 @@
+/* dump_internal.h — helpers the dump module's files share (writer.c,
+ * reader.c, validate.c, all over dump.c). Not a public header: nothing
+ * outside dump/ includes it. */
+#ifndef KV_DUMP_INTERNAL_H
+#define KV_DUMP_INTERNAL_H
+
+#include <hdf5.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "dump.h"
+
+/* HDF5 prints its error stack on every failure unless told not to; our
+ * messages say what failed, so printing is turned off, process-wide, once. */
+void dump_h5_quiet(void);
+
+/* The most telling line of the current HDF5 error stack ("No such file or
+ * directory" when a system call failed, else the innermost description),
+ * then clears the stack. *errno_out (may be NULL) gets the errno, or 0. */
+void dump_h5_detail(char *buf, size_t n, int *errno_out);
+
+/* Closes any HDF5 id (file, group, dataset, attribute, dataspace,
+ * datatype, property list); ignores invalid ones. Keeps the error stack of
+ * a failure just seen, so cleanup can run before the message is made. */
+void dump_h5_close(hid_t id);
+
+/* Fills e with "<path>: <what>: <HDF5 detail>" and returns -1. */
+int dump_h5_fail(kv_err *e, const char *path, const char *what);
+
+/* Opens path read-only; a file still flagged by a SWMR writer (killed
+ * mid-run) is opened again with H5F_ACC_SWMR_READ. Errors say: no such
+ * file, a folder, empty, not an HDF5 file, truncated, or HDF5's reason. */
+hid_t dump_h5_open_read(const char *path, kv_err *e);
+
+/* Variable-length UTF-8 string type (caller closes). */
+hid_t dump_h5_vlstr(void);
+
+/* Attribute readers. 0 on success; -1 when absent, not of that class, not
+ * a single value, or unreadable. Strings (variable or fixed length) are
+ * returned malloc'd. Integers of any width and sign; a uint64 above
+ * INT64_MAX comes back with its bits (two's complement). Numbers: integer
+ * or float attributes as double. */
+int dump_h5_attr_str(hid_t obj, const char *name, char **out);
+int dump_h5_attr_i64(hid_t obj, const char *name, int64_t *out);
+int dump_h5_attr_f64(hid_t obj, const char *name, double *out);
+/* The attribute's type class, or H5T_NO_CLASS when absent or unreadable. */
+H5T_class_t dump_h5_attr_class(hid_t obj, const char *name);
+
+/* Columns of a stage for a model: E, 3, H*D, KV*D, H or V. */
+int dump_stage_cols(const kv_config *c, kv_stage st);
+
+/* Parses model_config JSON (docs/dump-format.md). Every problem is passed
+ * to problem(ctx, sentence); returns their number. *out is filled (zeroed
+ * first) only when there are none. */
+typedef void (*dump_problem_fn)(void *ctx, const char *msg);
+int dump_config_parse(const char *text, kv_config *out, dump_problem_fn problem, void *ctx);
+
+#endif

@@ -1,0 +1,681 @@
+/* validate.c — dump_validate: checks a file against schema v1
+ * (docs/dump-format.md) and reports every violation, one sentence each,
+ * naming the object. It reads the file with HDF5 directly rather than
+ * through dump_open, which refuses a file at its first problem.
+ *
+ * NaN and infinities in the data are allowed (they are what a debugging
+ * dump is for); each dataset holding some gets one line starting with
+ * "note: ", passed to the same callback and not counted as a violation. */
+#include "dump_internal.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SCAN_BLOCK_ELEMS (1 << 16)   /* floats read at a time by the NaN scan */
+
+typedef struct {
+    const char *path;
+    hid_t file;
+    void (*report)(void *ctx, const char *line);
+    void *ctx;
+    int violations;
+    kv_config cfg;
+    bool cfg_ok;
+    bool fingerprint;
+    bool have_tokens;
+    int64_t n_tokens;
+    /* Bytes the data scans may still read: a file that claims far more
+     * data than it holds (unallocated chunks read as fill) is not scanned
+     * whole. Generous for real dumps: 64 x the file size. */
+    int64_t scan_budget;
+} vstate;
+
+typedef enum { ELEM_F32, ELEM_I32, ELEM_U64 } elem_kind;
+
+/* What a dataset must be. cols: -1 unknown (not checked), 0 for 1-D. */
+typedef struct {
+    elem_kind kind;
+    int64_t cols;
+} expect;
+
+/* What a dataset is, as far as the checks got. */
+typedef struct {
+    bool ok;              /* type and shape as expected: its data may be read */
+    bool have_first;
+    int64_t rows, cols, first;
+} found;
+
+/* ------------------------------------------------------------------ */
+/* Reporting                                                            */
+
+static void say(vstate *v, const char *prefix, const char *fmt, va_list ap)
+{
+    char line[1024];
+    size_t n = (size_t)snprintf(line, sizeof line, "%s", prefix);
+    vsnprintf(line + n, sizeof line - n, fmt, ap);
+    if (v->report)
+        v->report(v->ctx, line);
+}
+
+static void violation(vstate *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void violation(vstate *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say(v, "", fmt, ap);
+    va_end(ap);
+    v->violations++;
+}
+
+static void note(vstate *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void note(vstate *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say(v, "note: ", fmt, ap);
+    va_end(ap);
+}
+
+static void config_problem(void *ctx, const char *msg)
+{
+    violation(ctx, "%s", msg);
+}
+
+static const char *class_name(H5T_class_t c)
+{
+    switch (c) {
+    case H5T_INTEGER: return "an integer";
+    case H5T_FLOAT: return "a float";
+    case H5T_STRING: return "a string";
+    case H5T_COMPOUND: return "a compound";
+    case H5T_ARRAY: return "an array";
+    case H5T_VLEN: return "a variable-length sequence";
+    case H5T_ENUM: return "an enum";
+    default: return "an unusual type";
+    }
+}
+
+static void type_desc(hid_t t, char *buf, size_t n)
+{
+    H5T_class_t c = H5Tget_class(t);
+    size_t bits = H5Tget_size(t) * 8;
+    if (c == H5T_INTEGER)
+        snprintf(buf, n, "%s%zu", H5Tget_sign(t) == H5T_SGN_NONE ? "uint" : "int", bits);
+    else if (c == H5T_FLOAT)
+        snprintf(buf, n, "float%zu", bits);
+    else
+        snprintf(buf, n, "%s", class_name(c));
+}
+
+/* ------------------------------------------------------------------ */
+/* Attributes                                                           */
+
+/* Present, of the class wanted (integers count as numbers) and a single
+ * value; reports otherwise. obj_desc: "The root attribute", "/layers/3". */
+static bool attr_ok(vstate *v, hid_t obj, const char *where, const char *name, H5T_class_t want)
+{
+    H5T_class_t c = dump_h5_attr_class(obj, name);
+    const char *want_name = want == H5T_FLOAT ? "a number" : class_name(want);
+    if (c == H5T_NO_CLASS) {
+        violation(v, "%s has no attribute %s (%s).", where, name, want_name);
+        return false;
+    }
+    if (c != want && !(want == H5T_FLOAT && c == H5T_INTEGER)) {
+        violation(v, "%s: attribute %s is %s, not %s.", where, name, class_name(c), want_name);
+        return false;
+    }
+    return true;
+}
+
+static char *str_attr(vstate *v, hid_t obj, const char *where, const char *name)
+{
+    char *s = NULL;
+    if (attr_ok(v, obj, where, name, H5T_STRING) && dump_h5_attr_str(obj, name, &s) < 0) {
+        violation(v, "%s: attribute %s is not a single readable string.", where, name);
+        s = NULL;
+    }
+    return s;
+}
+
+static bool int_attr(vstate *v, hid_t obj, const char *where, const char *name, int64_t *out)
+{
+    if (!attr_ok(v, obj, where, name, H5T_INTEGER))
+        return false;
+    if (dump_h5_attr_i64(obj, name, out) < 0) {
+        violation(v, "%s: attribute %s is not a single integer.", where, name);
+        return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Root                                                                 */
+
+/* Returns false when the file is not a v1 kvdiff dump: nothing further
+ * would mean anything. */
+static bool check_format(vstate *v)
+{
+    const char *root = "The root group";
+    char *fmt = str_attr(v, v->file, root, "format");
+    int64_t ver = DUMP_VERSION;
+    bool ok = fmt && !strcmp(fmt, DUMP_FORMAT);
+    if (fmt && !ok)
+        violation(v, "The root attribute format is '%s', not '%s': this is not a kvdiff dump.",
+                  fmt, DUMP_FORMAT);
+    free(fmt);
+    if (!ok)
+        return false;
+    if (int_attr(v, v->file, root, "format_version", &ver) && ver != DUMP_VERSION) {
+        violation(v, "The root attribute format_version is %lld: schema version %lld; this kvdiff "
+                     "checks version %d.", (long long)ver, (long long)ver, DUMP_VERSION);
+        return false;
+    }
+    return true;
+}
+
+static void check_settings(vstate *v)
+{
+    char *s = str_attr(v, v->file, "The root group", "engine_settings");
+    json_t *j = s ? json_loads(s, 0, NULL) : NULL;
+    if (s && !json_is_object(j))
+        violation(v, "The root attribute engine_settings is not a JSON object.");
+    json_decref(j);
+    free(s);
+}
+
+static bool is_hex16(const char *s)
+{
+    if (strlen(s) != 16)
+        return false;
+    for (int i = 0; i < 16; i++)
+        if (!strchr("0123456789abcdefABCDEF", s[i]))
+            return false;
+    return true;
+}
+
+static void check_root(vstate *v)
+{
+    const char *root = "The root group";
+    int64_t seed;
+    char *mode = str_attr(v, v->file, root, "mode");
+    if (mode && strcmp(mode, "full") && strcmp(mode, "fingerprint"))
+        violation(v, "The root attribute mode is '%s'; it must be 'full' or 'fingerprint'.", mode);
+    v->fingerprint = mode && !strcmp(mode, "fingerprint");
+    free(mode);
+    free(str_attr(v, v->file, root, "engine"));
+    free(str_attr(v, v->file, root, "tool_version"));
+    check_settings(v);
+    char *cfg = str_attr(v, v->file, root, "model_config");
+    if (cfg)
+        v->cfg_ok = dump_config_parse(cfg, &v->cfg, config_problem, v) == 0;
+    free(cfg);
+    char *fp = str_attr(v, v->file, root, "weight_fingerprint");
+    if (fp && fp[0] && !is_hex16(fp))
+        violation(v, "The root attribute weight_fingerprint is '%s'; it must be 16 hex digits "
+                     "or empty.", fp);
+    free(fp);
+    int_attr(v, v->file, root, "seed", &seed);
+    char *st = str_attr(v, v->file, root, "status");
+    if (st && strcmp(st, "complete") && strncmp(st, "partial: ", 9))
+        violation(v, "The root attribute status is '%s'; it must be 'complete' or "
+                     "'partial: <why>'.", st);
+    free(st);
+}
+
+/* ------------------------------------------------------------------ */
+/* Datasets                                                             */
+
+/* Opens a member that must be an object of the given type; reports. */
+static hid_t open_member(vstate *v, hid_t loc, const char *name, const char *path, H5I_type_t want)
+{
+    hid_t o = H5Oopen(loc, name, H5P_DEFAULT);
+    if (o < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        violation(v, "%s cannot be opened (a dangling or external link?).", path);
+        return H5I_INVALID_HID;
+    }
+    if (H5Iget_type(o) != want) {
+        violation(v, "%s is not a %s.", path, want == H5I_GROUP ? "group" : "dataset");
+        dump_h5_close(o);
+        return H5I_INVALID_HID;
+    }
+    return o;
+}
+
+static bool type_matches(hid_t t, elem_kind k)
+{
+    H5T_class_t c = H5Tget_class(t);
+    size_t size = H5Tget_size(t);
+    if (k == ELEM_F32)
+        return c == H5T_FLOAT && size == 4;
+    return c == H5T_INTEGER && size == (k == ELEM_I32 ? 4u : 8u) &&
+           H5Tget_sign(t) == (k == ELEM_I32 ? H5T_SGN_2 : H5T_SGN_NONE);
+}
+
+static const char *kind_name(elem_kind k)
+{
+    return k == ELEM_F32 ? "float32" : k == ELEM_I32 ? "int32" : "uint64";
+}
+
+/* Type, rank, width, first_position and the position range. */
+static found check_dataset(vstate *v, hid_t d, const char *path, expect x)
+{
+    found f = {.ok = true};
+    hid_t t = H5Dget_type(d), s = H5Dget_space(d);
+    hsize_t dims[2] = {0, 1};
+    int rank = s >= 0 ? H5Sget_simple_extent_ndims(s) : -1;
+    const int want_rank = x.cols == 0 ? 1 : 2;
+    if (t >= 0 && !type_matches(t, x.kind)) {
+        char desc[64];
+        type_desc(t, desc, sizeof desc);
+        violation(v, "%s is %s; it must be %s.", path, desc, kind_name(x.kind));
+        f.ok = false;
+    }
+    if (rank != want_rank || H5Sget_simple_extent_dims(s, dims, NULL) < 0) {
+        violation(v, "%s has %d dimensions; it must be %s.", path, rank < 0 ? 0 : rank,
+                  want_rank == 1 ? "1-D [rows]" : "2-D [rows, cols]");
+        f.ok = false;
+    } else {
+        f.rows = (int64_t)(dims[0] > (hsize_t)INT64_MAX ? (hsize_t)INT64_MAX : dims[0]);
+        f.cols = rank == 2 ? (int64_t)dims[1] : 1;
+        if (x.cols > 0 && f.cols != x.cols) {
+            violation(v, "%s has %lld columns; the model config says %lld.", path,
+                      (long long)f.cols, (long long)x.cols);
+            f.ok = false;
+        }
+    }
+    dump_h5_close(t);
+    dump_h5_close(s);
+    if (int_attr(v, d, path, "first_position", &f.first)) {
+        f.have_first = true;
+        if (f.first < 0)
+            violation(v, "%s: first_position %lld is negative.", path, (long long)f.first);
+        else if (v->have_tokens && f.rows > v->n_tokens - f.first)
+            violation(v, "%s covers positions %lld..%lld, but /tokens holds only %lld tokens.", path,
+                      (long long)f.first, (long long)(f.first + f.rows - 1), (long long)v->n_tokens);
+    }
+    return f;
+}
+
+/* Takes n bytes from the scan budget; false when they are not there. */
+static bool scan_allowed(vstate *v, const char *path, int64_t rows, int64_t cols, size_t esize)
+{
+    double bytes = (double)rows * (double)cols * (double)esize;
+    if (bytes > (double)v->scan_budget) {
+        note(v, "%s was not scanned: it claims %.0f bytes of data, far more than the file holds.",
+             path, bytes);
+        return false;
+    }
+    v->scan_budget -= (int64_t)bytes;
+    return true;
+}
+
+/* Reads rows [r0, r0 + n) of a float32 or int32 dataset as such. */
+static int read_block(hid_t d, elem_kind k, int64_t r0, int64_t n, int64_t cols, int rank, void *buf)
+{
+    hsize_t start[2] = {(hsize_t)r0, 0}, count[2] = {(hsize_t)n, (hsize_t)cols};
+    hid_t fs = H5Dget_space(d), ms = H5Screate_simple(rank, count, NULL);
+    int rc = fs >= 0 && ms >= 0 &&
+                     H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
+                     H5Dread(d, k == ELEM_F32 ? H5T_NATIVE_FLOAT : H5T_NATIVE_INT32, ms, fs,
+                             H5P_DEFAULT, buf) >= 0 ? 0 : -1;
+    dump_h5_close(ms);
+    dump_h5_close(fs);
+    return rc;
+}
+
+/* Counts NaN and infinities (floats) or ids outside [0, limit) (ints). */
+static void scan_values(vstate *v, hid_t d, const char *path, const found *f, elem_kind k,
+                        int64_t limit)
+{
+    if (!f->ok || f->rows == 0 || f->cols < 1 || !scan_allowed(v, path, f->rows, f->cols, 4))
+        return;
+    hid_t s = H5Dget_space(d);
+    const int rank = s >= 0 ? H5Sget_simple_extent_ndims(s) : -1;
+    dump_h5_close(s);
+    int64_t per = f->cols >= SCAN_BLOCK_ELEMS ? 1 : SCAN_BLOCK_ELEMS / f->cols;
+    void *buf = rank > 0 ? malloc((size_t)per * (size_t)f->cols * 4) : NULL;
+    long long nan = 0, inf = 0, bad = 0;
+    for (int64_t r0 = 0; buf && r0 < f->rows; r0 += per) {
+        int64_t n = f->rows - r0 < per ? f->rows - r0 : per;
+        if (read_block(d, k, r0, n, f->cols, rank, buf) < 0) {
+            H5Eclear2(H5E_DEFAULT);
+            violation(v, "%s: rows %lld..%lld cannot be read.", path, (long long)r0,
+                      (long long)(r0 + n - 1));
+            break;
+        }
+        for (size_t i = 0; i < (size_t)(n * f->cols); i++) {
+            if (k == ELEM_F32) {
+                float x = ((float *)buf)[i];
+                nan += isnan(x) != 0;
+                inf += isinf(x) != 0;
+            } else {
+                int32_t id = ((int32_t *)buf)[i];
+                bad += id < 0 || (int64_t)id >= limit;
+            }
+        }
+    }
+    free(buf);
+    if (nan || inf)
+        note(v, "%s holds %lld NaN and %lld infinite values (allowed).", path, nan, inf);
+    if (bad)
+        violation(v, "%s holds %lld ids outside 0..%lld.", path, bad, (long long)(limit - 1));
+}
+
+/* ------------------------------------------------------------------ */
+/* /tokens                                                              */
+
+static void check_tokens(vstate *v)
+{
+    int64_t pl;
+    if (H5Lexists(v->file, "tokens", H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        violation(v, "/tokens is missing (int32 [n], the prompt then the generated tokens).");
+        return;
+    }
+    hid_t d = open_member(v, v->file, "tokens", "/tokens", H5I_DATASET);
+    if (d < 0)
+        return;
+    hid_t t = H5Dget_type(d), s = H5Dget_space(d);
+    hsize_t n = 0;
+    bool int32 = t >= 0 && type_matches(t, ELEM_I32);
+    if (!int32)
+        violation(v, "/tokens is not int32.");
+    if (s < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, &n, NULL) < 0)
+        violation(v, "/tokens is not 1-D.");
+    else
+        v->have_tokens = true, v->n_tokens = (int64_t)n;
+    dump_h5_close(t);
+    dump_h5_close(s);
+    if (int_attr(v, d, "/tokens", "prompt_length", &pl) &&
+        (pl < 0 || (v->have_tokens && pl > v->n_tokens)))
+        violation(v, "/tokens: prompt_length %lld is outside 0..%lld (the number of tokens).",
+                  (long long)pl, (long long)v->n_tokens);
+    if (int32 && v->have_tokens && v->cfg_ok) {
+        found f = {.ok = true, .rows = v->n_tokens, .cols = 1};
+        scan_values(v, d, "/tokens", &f, ELEM_I32, v->cfg.vocab);
+    }
+    dump_h5_close(d);
+}
+
+/* ------------------------------------------------------------------ */
+/* Stage groups: /layers/<i> and /model                                 */
+
+typedef enum { PART_ROWS, PART_HASH, PART_STATS } part;
+
+typedef struct {
+    vstate *v;
+    const char *gpath;
+    int layer;                    /* -1: /model */
+    bool seen[STAGE_COUNT][3];    /* [stage][part] */
+    found got[STAGE_COUNT][3];
+} group_walk;
+
+/* "q" (full mode), "q.hash" / "q.stats" (fingerprint mode) of a stage
+ * that belongs in this group; -1 otherwise. */
+static int parse_member(const group_walk *g, const char *name, part *p)
+{
+    char stage[64];
+    const char *dot = strrchr(name, '.');
+    size_t len = dot ? (size_t)(dot - name) : strlen(name);
+    if (len >= sizeof stage)
+        return -1;
+    memcpy(stage, name, len);
+    stage[len] = 0;
+    if (!g->v->fingerprint && dot)
+        return -1;
+    if (g->v->fingerprint) {
+        if (!dot || (strcmp(dot, ".hash") && strcmp(dot, ".stats")))
+            return -1;
+        *p = !strcmp(dot, ".hash") ? PART_HASH : PART_STATS;
+    } else {
+        *p = PART_ROWS;
+    }
+    int st = stage_parse(stage);
+    if (st < 0 || (st >= STAGE_LAYER_COUNT) != (g->layer < 0))
+        return -1;
+    return st;
+}
+
+static expect expect_of(const vstate *v, kv_stage st, part p)
+{
+    expect x = {ELEM_F32, -1};
+    if (p == PART_HASH)
+        x = (expect){ELEM_U64, 0};
+    else if (p == PART_STATS)
+        x.cols = 2;
+    else if (v->cfg_ok)
+        x.cols = dump_stage_cols(&v->cfg, st);
+    return x;
+}
+
+static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, void *data)
+{
+    group_walk *g = data;
+    vstate *v = g->v;
+    char path[512];
+    part p = PART_ROWS;
+    (void)info;
+    snprintf(path, sizeof path, "%s/%s", g->gpath, name);
+    int st = parse_member(g, name, &p);
+    if (st < 0) {
+        violation(v, "%s: unknown stage dataset name for a %s-mode dump (%s).", path,
+                  v->fingerprint ? "fingerprint" : "full",
+                  v->fingerprint ? "<stage>.hash or <stage>.stats"
+                                 : g->layer >= 0 ? "a layer stage such as x_in, q, k, x_out"
+                                                 : "embed, final_norm or logits");
+        return 0;
+    }
+    if (g->layer >= 0 && v->cfg_ok && (st == STAGE_K || st == STAGE_V) &&
+        v->cfg.kv_owner[g->layer] != g->layer)
+        violation(v, "%s: layer %d reads layer %d's cache (kv_owner), so it records no %s.", path,
+                  g->layer, v->cfg.kv_owner[g->layer], stage_name((kv_stage)st));
+    hid_t d = open_member(v, gid, name, path, H5I_DATASET);
+    if (d < 0)
+        return 0;
+    expect x = expect_of(v, (kv_stage)st, p);
+    found f = check_dataset(v, d, path, x);
+    g->seen[st][p] = true;
+    g->got[st][p] = f;
+    if (x.kind == ELEM_F32)
+        scan_values(v, d, path, &f, ELEM_F32, 0);
+    dump_h5_close(d);
+    return 0;
+}
+
+/* Fingerprint mode: every .hash has its .stats, covering the same rows. */
+static void check_pairs(vstate *v, const group_walk *g)
+{
+    for (int st = 0; st < STAGE_COUNT; st++) {
+        const bool h = g->seen[st][PART_HASH], s = g->seen[st][PART_STATS];
+        const found *a = &g->got[st][PART_HASH], *b = &g->got[st][PART_STATS];
+        const char *name = stage_name((kv_stage)st);
+        if (h != s)
+            violation(v, "%s/%s.%s has no matching %s.%s.", g->gpath, name, h ? "hash" : "stats",
+                      name, h ? "stats" : "hash");
+        else if (h && (a->rows != b->rows || a->first != b->first))
+            violation(v, "%s: %s.hash (%lld rows from %lld) and %s.stats (%lld rows from %lld) differ.",
+                      g->gpath, name, (long long)a->rows, (long long)a->first, name,
+                      (long long)b->rows, (long long)b->first);
+    }
+}
+
+static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer)
+{
+    group_walk *g = calloc(1, sizeof *g);
+    if (!g)
+        return;
+    g->v = v;
+    g->gpath = gpath;
+    g->layer = layer;
+    if (H5Literate(gid, H5_INDEX_NAME, H5_ITER_INC, NULL, check_member, g) < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        violation(v, "%s: its members cannot be listed.", gpath);
+    }
+    if (v->fingerprint)
+        check_pairs(v, g);
+    free(g);
+}
+
+/* A canonical non-negative decimal ("3", not "03" or "+3"); -1 otherwise. */
+static int layer_index(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 6 || (n > 1 && name[0] == '0'))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+    return atoi(name);
+}
+
+static void check_layer_attrs(vstate *v, hid_t g, const char *gpath, int l)
+{
+    char *att = str_attr(v, g, gpath, "attention");
+    int64_t window, owner;
+    double theta;
+    bool sliding = v->cfg_ok && v->cfg.layer_type[l] == ATTN_SLIDING;
+    if (att && strcmp(att, "sliding") && strcmp(att, "global"))
+        violation(v, "%s: attribute attention is '%s'; it must be 'sliding' or 'global'.", gpath, att);
+    else if (att && v->cfg_ok && strcmp(att, sliding ? "sliding" : "global"))
+        violation(v, "%s: attribute attention is '%s', but model_config layer_types says %s.", gpath,
+                  att, sliding ? "sliding_attention" : "full_attention");
+    free(att);
+    if (int_attr(v, g, gpath, "window", &window) && v->cfg_ok &&
+        window != (sliding ? v->cfg.sliding_window : 0))
+        violation(v, "%s: attribute window is %lld; model_config says %d.", gpath,
+                  (long long)window, sliding ? v->cfg.sliding_window : 0);
+    if (attr_ok(v, g, gpath, "rope_theta", H5T_FLOAT)) {
+        double want = sliding ? v->cfg.rope_local_theta : v->cfg.rope_theta;
+        if (dump_h5_attr_f64(g, "rope_theta", &theta) < 0)
+            violation(v, "%s: attribute rope_theta is not a single number.", gpath);
+        else if (v->cfg_ok && theta != want)
+            violation(v, "%s: attribute rope_theta is %g; model_config says %g.", gpath, theta, want);
+    }
+    if (int_attr(v, g, gpath, "kv_owner", &owner) && v->cfg_ok && owner != v->cfg.kv_owner[l])
+        violation(v, "%s: attribute kv_owner is %lld; model_config says %d.", gpath,
+                  (long long)owner, v->cfg.kv_owner[l]);
+}
+
+static herr_t check_layer(hid_t layers, const char *name, const H5L_info_t *info, void *data)
+{
+    vstate *v = data;
+    char gpath[300];
+    (void)info;
+    snprintf(gpath, sizeof gpath, "/layers/%s", name);
+    int l = layer_index(name);
+    if (l < 0) {
+        violation(v, "%s: the group name is not a layer index (a non-negative integer).", gpath);
+        return 0;
+    }
+    if (v->cfg_ok && l >= v->cfg.n_layers) {
+        violation(v, "%s: layer %d is not below num_hidden_layers (%d).", gpath, l, v->cfg.n_layers);
+        return 0;
+    }
+    if (!v->cfg_ok && l >= KV_MAX_LAYERS)
+        return 0;
+    hid_t g = open_member(v, layers, name, gpath, H5I_GROUP);
+    if (g < 0)
+        return 0;
+    check_layer_attrs(v, g, gpath, l);
+    check_stage_group(v, g, gpath, l);
+    dump_h5_close(g);
+    return 0;
+}
+
+static void check_layers_and_model(vstate *v)
+{
+    if (H5Lexists(v->file, "layers", H5P_DEFAULT) > 0) {
+        hid_t g = open_member(v, v->file, "layers", "/layers", H5I_GROUP);
+        if (g >= 0 && H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, check_layer, v) < 0)
+            violation(v, "/layers: its members cannot be listed.");
+        dump_h5_close(g);
+    }
+    if (H5Lexists(v->file, "model", H5P_DEFAULT) > 0) {
+        hid_t g = open_member(v, v->file, "model", "/model", H5I_GROUP);
+        if (g >= 0)
+            check_stage_group(v, g, "/model", -1);
+        dump_h5_close(g);
+    }
+    H5Eclear2(H5E_DEFAULT);
+}
+
+/* ------------------------------------------------------------------ */
+/* /output                                                              */
+
+static found check_output_dataset(vstate *v, hid_t g, const char *name, expect x)
+{
+    char path[64];
+    found none = {.ok = false};
+    snprintf(path, sizeof path, "/output/%s", name);
+    if (H5Lexists(g, name, H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        violation(v, "%s is missing (the /output group holds lse, topk_ids and topk_values).", path);
+        return none;
+    }
+    hid_t d = open_member(v, g, name, path, H5I_DATASET);
+    if (d < 0)
+        return none;
+    found f = check_dataset(v, d, path, x);
+    if (x.kind == ELEM_F32)
+        scan_values(v, d, path, &f, ELEM_F32, 0);
+    else if (v->cfg_ok)
+        scan_values(v, d, path, &f, ELEM_I32, v->cfg.vocab);
+    dump_h5_close(d);
+    return f;
+}
+
+static void check_output(vstate *v)
+{
+    int64_t k = -1;
+    if (H5Lexists(v->file, "output", H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return;  /* optional: a writer may record no logits at all */
+    }
+    hid_t g = open_member(v, v->file, "output", "/output", H5I_GROUP);
+    if (g < 0)
+        return;
+    if (int_attr(v, g, "/output", "k", &k) && k < 1) {
+        violation(v, "/output: attribute k is %lld; it must be at least 1.", (long long)k);
+        k = -1;
+    }
+    found lse = check_output_dataset(v, g, "lse", (expect){ELEM_F32, 0});
+    found ids = check_output_dataset(v, g, "topk_ids", (expect){ELEM_I32, k});
+    found val = check_output_dataset(v, g, "topk_values", (expect){ELEM_F32, k});
+    const found *all[3] = {&lse, &ids, &val};
+    for (int i = 1; i < 3; i++)
+        if (all[0]->have_first && all[i]->have_first &&
+            (all[i]->rows != all[0]->rows || all[i]->first != all[0]->first))
+            violation(v, "/output: lse (%lld rows from position %lld) and %s (%lld rows from "
+                         "position %lld) disagree.", (long long)lse.rows, (long long)lse.first,
+                      i == 1 ? "topk_ids" : "topk_values", (long long)all[i]->rows,
+                      (long long)all[i]->first);
+    dump_h5_close(g);
+}
+
+/* ------------------------------------------------------------------ */
+/* Entry                                                                */
+
+int dump_validate(const char *path, void (*report)(void *ctx, const char *line), void *ctx,
+                  kv_err *e)
+{
+    vstate v = {.path = path, .report = report, .ctx = ctx};
+    struct stat st;
+    v.file = dump_h5_open_read(path, e);
+    if (v.file < 0)
+        return -1;
+    v.scan_budget = (stat(path, &st) == 0 ? (int64_t)st.st_size : 0) * 64 + (16 << 20);
+    if (check_format(&v)) {
+        check_root(&v);
+        check_tokens(&v);
+        check_layers_and_model(&v);
+        check_output(&v);
+    }
+    dump_h5_close(v.file);
+    return v.violations;
+}

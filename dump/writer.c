@@ -1,0 +1,873 @@
+/* writer.c — the dump writer (dump.h, docs/dump-format.md).
+ *
+ * dump_create makes every group, dataset and attribute the selection
+ * implies, then switches the file to SWMR mode: from there on only raw
+ * data is appended, which SWMR allows, and every appended block is flushed
+ * so a crash (kill -9 included) leaves a coherent file holding the rows
+ * written so far, its status still "partial: running". Attributes cannot
+ * change under SWMR, so dump_close closes the file, reopens it normally and
+ * rewrites status and /tokens' prompt_length.
+ *
+ * Compressed dumps (shuffle + deflate) are written in SWMR mode too: HDF5
+ * 1.10.8 accepts filtered chunked datasets under SWMR (tests cover a crash
+ * in the middle of a compressed dump).
+ *
+ * Object timestamps are off and every chunk has a defined fill value, so
+ * two identical runs give identical files, byte for byte. */
+#include "dump_internal.h"
+
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#define MAX_BLOCK_ROWS (1 << 20)
+#define MAX_CHUNK_BYTES ((size_t)1 << 31)  /* HDF5 allows < 4 GiB; stay far below */
+
+/* One extendible dataset being appended to, a block of rows at a time. */
+typedef struct {
+    hid_t dset;
+    hid_t mtype;          /* memory type of the buffered elements (predefined: never closed) */
+    size_t row_bytes;     /* bytes of one row */
+    int cols;             /* 0 for a 1-D dataset */
+    int64_t first;        /* position of row 0: the first_position attribute */
+    int64_t written;      /* rows in the file */
+    int nbuf;             /* rows buffered */
+    unsigned char *buf;   /* (block_rows, row_bytes), allocated at the first row */
+    char *name;           /* "/layers/3/q", for messages */
+} appender;
+
+/* One recorded stage of one layer, or of the model. */
+typedef struct {
+    appender rows;        /* full mode: the rows; fingerprint mode: <stage>.hash */
+    appender stats;       /* fingerprint mode: <stage>.stats */
+    int cols;             /* floats per row the engine emits */
+} stage_sink;
+
+struct dump_writer {
+    kv_observer obs;      /* first member: the callbacks cast self back */
+    char *path;
+    hid_t file;
+    dump_opts o;
+    kv_config cfg;
+    int max_positions;
+    int64_t first;        /* first_position of every stage and output dataset */
+    stage_sink *sinks[STAGE_COUNT][KV_MAX_LAYERS + 1];  /* [stage][layer + 1]; NULL: not recorded */
+    appender tokens, lse, topk_ids, topk_vals;
+    int64_t n_prompt;
+    int32_t *top_ids;     /* (topk) scratch for one row */
+    float *top_vals;
+    volatile sig_atomic_t *flag;
+    bool failed;          /* err holds the first error; the observer now says stop */
+    bool io_failed;       /* an HDF5 call failed: the file is not reopened */
+    kv_err err;
+};
+
+static void abandon_file(const dump_writer *w);
+
+/* ------------------------------------------------------------------ */
+/* Errors                                                               */
+
+/* "<path>: <what>: <HDF5 detail>" into e. Call right after the failing
+ * HDF5 call: the next API call clears the error stack. */
+static int h5err(const dump_writer *w, kv_err *e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int h5err(const dump_writer *w, kv_err *e, const char *fmt, ...)
+{
+    char what[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    return dump_h5_fail(e, w->path, what);
+}
+
+/* Records the first run-time error; the observer then asks to stop. */
+static int fail(dump_writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int fail(dump_writer *w, const char *fmt, ...)
+{
+    if (!w->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(w->err.msg, sizeof w->err.msg, fmt, ap);
+        va_end(ap);
+        w->failed = true;
+    }
+    return -1;
+}
+
+/* A run-time HDF5 failure: recorded, and the file is left alone after. */
+static int fail_h5(dump_writer *w, const char *what, const char *object)
+{
+    kv_err e;
+    char msg[700];
+    snprintf(msg, sizeof msg, "%s %s", what, object);
+    h5err(w, &e, "%s", msg);
+    w->io_failed = true;
+    return fail(w, "%s", e.msg);
+}
+
+/* ------------------------------------------------------------------ */
+/* Attributes and objects                                               */
+
+static int write_attr(hid_t obj, const char *name, hid_t ftype, hid_t mtype, const void *value)
+{
+    hid_t s = H5Screate(H5S_SCALAR), a = H5I_INVALID_HID;
+    int rc = s >= 0 && (a = H5Acreate2(obj, name, ftype, s, H5P_DEFAULT, H5P_DEFAULT)) >= 0 &&
+                     H5Awrite(a, mtype, value) >= 0 ? 0 : -1;
+    dump_h5_close(a);
+    dump_h5_close(s);
+    return rc;
+}
+
+static int write_str_attr(hid_t obj, const char *name, const char *value)
+{
+    hid_t t = dump_h5_vlstr();
+    if (t < 0)
+        return -1;
+    int rc = write_attr(obj, name, t, t, &value);
+    dump_h5_close(t);
+    return rc;
+}
+
+static int write_i64_attr(hid_t obj, const char *name, int64_t v)
+{
+    return write_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v);
+}
+
+/* Group without timestamps, so identical runs give identical bytes. */
+static hid_t make_group(hid_t parent, const char *name)
+{
+    hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE), g = H5I_INVALID_HID;
+    if (gcpl >= 0 && H5Pset_obj_track_times(gcpl, 0) >= 0)
+        g = H5Gcreate2(parent, name, H5P_DEFAULT, gcpl, H5P_DEFAULT);
+    dump_h5_close(gcpl);
+    return g;
+}
+
+static void app_init(appender *a)
+{
+    memset(a, 0, sizeof *a);
+    a->dset = H5I_INVALID_HID;
+}
+
+/* Chunks of (block_rows, cols), no timestamps, fill value 0 so a partly
+ * written chunk holds defined bytes; shuffle + deflate(4) when asked. */
+static hid_t make_dcpl(const dump_writer *w, int rank, const hsize_t *chunk, hid_t mtype)
+{
+    static const unsigned char zero[16];
+    hid_t p = H5Pcreate(H5P_DATASET_CREATE);
+    if (p < 0)
+        return H5I_INVALID_HID;
+    if (H5Pset_chunk(p, rank, chunk) < 0 || H5Pset_obj_track_times(p, 0) < 0 ||
+        H5Pset_fill_value(p, mtype, zero) < 0 || H5Pset_fill_time(p, H5D_FILL_TIME_ALLOC) < 0 ||
+        (w->o.compress && (H5Pset_shuffle(p) < 0 || H5Pset_deflate(p, 4) < 0))) {
+        dump_h5_close(p);
+        return H5I_INVALID_HID;
+    }
+    return p;
+}
+
+/* Creates an empty extendible dataset group/name of `cols` columns (0:
+ * 1-D) with its first_position attribute. */
+static int app_create(dump_writer *w, appender *a, hid_t group, const char *gpath,
+                      const char *name, hid_t ftype, hid_t mtype, int cols, int64_t first,
+                      kv_err *e)
+{
+    const int rank = cols > 0 ? 2 : 1;
+    hsize_t dims[2] = {0, (hsize_t)cols}, maxd[2] = {H5S_UNLIMITED, (hsize_t)cols};
+    hsize_t chunk[2] = {(hsize_t)w->o.block_rows, (hsize_t)cols};
+    hid_t space = H5I_INVALID_HID, dcpl = H5I_INVALID_HID;
+    a->mtype = mtype;
+    a->cols = cols;
+    a->row_bytes = H5Tget_size(mtype) * (size_t)(cols > 0 ? cols : 1);
+    a->first = first;
+    size_t n = strlen(gpath) + strlen(name) + 2;
+    if (!(a->name = malloc(n)))
+        return kv_errf(e, "%s: out of memory", w->path);
+    snprintf(a->name, n, "%s/%s", gpath, name);
+    int rc = (space = H5Screate_simple(rank, dims, maxd)) >= 0 &&
+                     (dcpl = make_dcpl(w, rank, chunk, mtype)) >= 0 &&
+                     (a->dset = H5Dcreate2(group, name, ftype, space, H5P_DEFAULT, dcpl,
+                                           H5P_DEFAULT)) >= 0 &&
+                     write_i64_attr(a->dset, "first_position", first) >= 0 ? 0 : -1;
+    dump_h5_close(dcpl);
+    dump_h5_close(space);
+    return rc < 0 ? h5err(w, e, "cannot create %s", a->name) : 0;
+}
+
+static void app_free(appender *a)
+{
+    dump_h5_close(a->dset);
+    free(a->buf);
+    free(a->name);
+    app_init(a);
+}
+
+/* ------------------------------------------------------------------ */
+/* Appending                                                            */
+
+/* Writes the buffered rows as rows [written, written + nbuf) and flushes
+ * the dataset, so a crash after this keeps them. */
+static int app_write(dump_writer *w, appender *a)
+{
+    if (a->nbuf == 0 || w->io_failed)
+        return a->nbuf == 0 ? 0 : -1;
+    const int rank = a->cols > 0 ? 2 : 1;
+    hsize_t start[2] = {(hsize_t)a->written, 0}, count[2] = {(hsize_t)a->nbuf, (hsize_t)a->cols};
+    hsize_t extent[2] = {(hsize_t)(a->written + a->nbuf), (hsize_t)a->cols};
+    hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
+    int rc = H5Dset_extent(a->dset, extent) >= 0 && (fspace = H5Dget_space(a->dset)) >= 0 &&
+                     H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
+                     (mspace = H5Screate_simple(rank, count, NULL)) >= 0 &&
+                     H5Dwrite(a->dset, a->mtype, mspace, fspace, H5P_DEFAULT, a->buf) >= 0 &&
+                     H5Dflush(a->dset) >= 0 ? 0 : -1;
+    dump_h5_close(mspace);
+    dump_h5_close(fspace);
+    if (rc < 0)
+        return fail_h5(w, "cannot append to", a->name);
+    a->written += a->nbuf;
+    a->nbuf = 0;
+    return 0;
+}
+
+/* Tokens go out before any block of rows, so a file cut short never holds
+ * a row whose token it lacks. */
+static int app_flush(dump_writer *w, appender *a)
+{
+    if (a != &w->tokens && app_write(w, &w->tokens) < 0)
+        return -1;
+    return app_write(w, a);
+}
+
+/* Appends one row for position pos; rows come in order, one per position. */
+static int app_push(dump_writer *w, appender *a, int64_t pos, const void *row)
+{
+    int64_t next = a->first + a->written + a->nbuf;
+    if (pos != next)
+        return fail(w, "%s: %s: the row for position %lld came when position %lld was due "
+                       "(rows must arrive in order, without gaps or repeats)",
+                    w->path, a->name, (long long)pos, (long long)next);
+    if (!a->buf && !(a->buf = malloc((size_t)w->o.block_rows * a->row_bytes)))
+        return fail(w, "%s: out of memory for a block of %s", w->path, a->name);
+    memcpy(a->buf + (size_t)a->nbuf * a->row_bytes, row, a->row_bytes);
+    if (++a->nbuf == w->o.block_rows)
+        return app_flush(w, a);
+    return 0;
+}
+
+/* Full mode: the row. Fingerprint mode: XXH3-64 of its bytes (little-endian
+ * floats: every host we build for) and (L2 norm summed in double, max |x|;
+ * NaN never wins the max, and makes the norm NaN). */
+static int sink_push(dump_writer *w, stage_sink *s, int64_t pos, const float *row)
+{
+    if (!w->o.fingerprint)
+        return app_push(w, &s->rows, pos, row);
+    uint64_t h = XXH3_64bits(row, (size_t)s->cols * sizeof(float));
+    double ss = 0;
+    float mx = 0;
+    for (int j = 0; j < s->cols; j++) {
+        ss += (double)row[j] * (double)row[j];
+        if (fabsf(row[j]) > mx)
+            mx = fabsf(row[j]);
+    }
+    float st[2] = {(float)sqrt(ss), mx};
+    if (app_push(w, &s->rows, pos, &h) < 0)
+        return -1;
+    return app_push(w, &s->stats, pos, st);
+}
+
+/* ------------------------------------------------------------------ */
+/* /output: log-sum-exp and top-k of each logits row                    */
+
+/* Natural log-sum-exp, terms summed in double in index order (the same
+ * bits every run); NaN in, NaN out; all -inf gives -inf. Each term is a
+ * float expf: exact enough for a float32 result, and a vocabulary-wide
+ * exp() in double per row was most of what /output cost. */
+static float row_lse(const float *x, int n)
+{
+    float m = -INFINITY;
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            return NAN;
+        if (x[i] > m)
+            m = x[i];
+    }
+    if (isinf(m))
+        return m;
+    /* Terms below e^-104 are 0 in float: skipping them skips expf's slow
+     * underflow path, which a wide vocabulary hits for most entries. */
+    for (int i = 0; i < n; i++)
+        if (x[i] - m > -104.0f)
+            s += (double)expf(x[i] - m);
+    return (float)((double)m + log(s));
+}
+
+/* Orders values for top-k: larger first, NaN after every number. */
+static bool ranks_above(float x, float y)
+{
+    return x > y || (isnan(y) && !isnan(x));
+}
+
+/* The k largest of x (descending; on ties the lower id first). */
+static void row_topk(const float *x, int n, int k, int32_t *ids, float *vals)
+{
+    int have = 0;
+    for (int i = 0; i < n; i++) {
+        if (have == k && !ranks_above(x[i], vals[k - 1]))
+            continue;
+        int j = have < k ? have++ : k - 1;
+        while (j > 0 && ranks_above(x[i], vals[j - 1])) {
+            vals[j] = vals[j - 1];
+            ids[j] = ids[j - 1];
+            j--;
+        }
+        vals[j] = x[i];
+        ids[j] = i;
+    }
+}
+
+static bool position_recorded(const dump_writer *w, int64_t p)
+{
+    return p >= w->o.pos_lo && p <= w->o.pos_hi;
+}
+
+static int on_logits(dump_writer *w, const kv_event *ev)
+{
+    const int V = w->cfg.vocab, K = w->o.topk;
+    stage_sink *s = w->sinks[STAGE_LOGITS][0];
+    if (ev->layer != -1 || ev->ncols != V)
+        return fail(w, "%s: logits event of layer %d with %d columns (expected layer -1, vocab %d)",
+                    w->path, ev->layer, ev->ncols, V);
+    for (int r = 0; r < ev->nrows; r++) {
+        const int64_t p = ev->pos0 + r;
+        const float *row = ev->data + (size_t)r * V;
+        if (!position_recorded(w, p))
+            continue;
+        float lse = row_lse(row, V);
+        row_topk(row, V, K, w->top_ids, w->top_vals);
+        if (app_push(w, &w->lse, p, &lse) < 0 || app_push(w, &w->topk_ids, p, w->top_ids) < 0 ||
+            app_push(w, &w->topk_vals, p, w->top_vals) < 0 || (s && sink_push(w, s, p, row) < 0))
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The observer                                                         */
+
+static bool must_stop(const dump_writer *w)
+{
+    return w->failed || (w->flag && *w->flag);
+}
+
+static int writer_emit(kv_observer *self, const kv_event *ev)
+{
+    dump_writer *w = (dump_writer *)self;
+    if (must_stop(w))
+        return 1;
+    if (ev->stage == STAGE_LOGITS)
+        return on_logits(w, ev) < 0;
+    if (ev->stage < 0 || ev->stage >= STAGE_COUNT || ev->layer < -1 || ev->layer >= KV_MAX_LAYERS)
+        return 0;
+    stage_sink *s = w->sinks[ev->stage][ev->layer + 1];
+    if (!s)
+        return 0;
+    if (ev->ncols != s->cols)
+        return fail(w, "%s: %s: the engine emitted %d columns, the model config says %d", w->path,
+                    s->rows.name, ev->ncols, s->cols) < 0;
+    for (int r = 0; r < ev->nrows; r++) {
+        const int64_t p = ev->pos0 + r;
+        if (w->max_positions > 0 && p >= w->max_positions)
+            return fail(w, "%s: %s: position %lld is past the run's %d positions", w->path,
+                        s->rows.name, (long long)p, w->max_positions) < 0;
+        if (position_recorded(w, p) && sink_push(w, s, p, ev->data + (size_t)r * s->cols) < 0)
+            return 1;
+    }
+    return 0;
+}
+
+static int writer_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
+{
+    dump_writer *w = (dump_writer *)self;
+    if (must_stop(w))
+        return 1;
+    if (app_push(w, &w->tokens, pos, &id) < 0)
+        return 1;
+    if (is_prompt)
+        w->n_prompt++;
+    return 0;
+}
+
+/* Logits always: /output is computed from them, and engines compute the
+ * logits of every row only when someone wants them. */
+static int writer_wants(kv_observer *self, kv_stage st, int layer)
+{
+    dump_writer *w = (dump_writer *)self;
+    if (st == STAGE_LOGITS)
+        return 1;
+    if (st < 0 || st >= STAGE_COUNT || layer < -1 || layer >= KV_MAX_LAYERS)
+        return 0;
+    return w->sinks[st][layer + 1] != NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Creation                                                             */
+
+/* model_config in the order of docs/dump-format.md. */
+static char *config_json(const kv_config *c)
+{
+    json_t *o = json_object(), *types = json_array(), *owners = json_array();
+    char *text = NULL;
+    if (!o || !types || !owners)
+        goto done;
+    json_object_set_new(o, "model_type", json_string(c->model_type));
+    json_object_set_new(o, "hidden_size", json_integer(c->hidden));
+    json_object_set_new(o, "num_hidden_layers", json_integer(c->n_layers));
+    json_object_set_new(o, "num_attention_heads", json_integer(c->n_heads));
+    json_object_set_new(o, "num_key_value_heads", json_integer(c->n_kv_heads));
+    json_object_set_new(o, "head_dim", json_integer(c->head_dim));
+    json_object_set_new(o, "intermediate_size", json_integer(c->intermediate));
+    json_object_set_new(o, "vocab_size", json_integer(c->vocab));
+    json_object_set_new(o, "sliding_window", json_integer(c->sliding_window));
+    for (int l = 0; l < c->n_layers; l++) {
+        json_array_append_new(types, json_string(c->layer_type[l] == ATTN_SLIDING
+                                                     ? "sliding_attention" : "full_attention"));
+        json_array_append_new(owners, json_integer(c->kv_owner[l]));
+    }
+    json_object_set(o, "layer_types", types);
+    json_object_set(o, "kv_owner", owners);
+    json_object_set_new(o, "rms_norm_eps", json_real(c->rms_eps));
+    json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+    json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
+    text = json_dumps(o, JSON_COMPACT);
+done:
+    json_decref(types);
+    json_decref(owners);
+    json_decref(o);
+    return text;
+}
+
+static int root_attrs(dump_writer *w, const dump_meta *m, kv_err *e)
+{
+    char *config = config_json(&w->cfg);
+    char fp[17] = "";
+    if (!config)
+        return kv_errf(e, "%s: out of memory for the model config", w->path);
+    /* 0 stands for "unknown": an xxh3 of real weights is never 0 in practice. */
+    if (m->weight_fingerprint)
+        snprintf(fp, sizeof fp, "%016llx", (unsigned long long)m->weight_fingerprint);
+    int64_t version = DUMP_VERSION;
+    uint64_t seed = m->seed;
+    int rc = -1;
+    hid_t f = w->file;
+    if (write_str_attr(f, "format", DUMP_FORMAT) >= 0 &&
+        write_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version) >= 0 &&
+        write_str_attr(f, "mode", w->o.fingerprint ? "fingerprint" : "full") >= 0 &&
+        write_str_attr(f, "engine", m->engine ? m->engine : "") >= 0 &&
+        write_str_attr(f, "engine_settings", m->engine_settings ? m->engine_settings : "{}") >= 0 &&
+        write_str_attr(f, "model_config", config) >= 0 &&
+        write_str_attr(f, "weight_fingerprint", fp) >= 0 &&
+        write_attr(f, "seed", H5T_STD_U64LE, H5T_NATIVE_UINT64, &seed) >= 0 &&
+        write_str_attr(f, "status", "partial: running") >= 0 &&
+        write_str_attr(f, "tool_version", m->tool_version ? m->tool_version : "") >= 0)
+        rc = 0;
+    else
+        h5err(w, e, "cannot write the root attributes");
+    free(config);
+    return rc;
+}
+
+static int tokens_create(dump_writer *w, kv_err *e)
+{
+    if (app_create(w, &w->tokens, w->file, "", "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, 0, 0,
+                   e) < 0)
+        return -1;
+    if (write_i64_attr(w->tokens.dset, "prompt_length", 0) < 0)
+        return h5err(w, e, "cannot write /tokens prompt_length");
+    return 0;
+}
+
+static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, const char *gpath,
+                       kv_err *e)
+{
+    stage_sink *s = calloc(1, sizeof *s);
+    char name[64];
+    if (!s)
+        return kv_errf(e, "%s: out of memory", w->path);
+    w->sinks[st][layer + 1] = s;
+    app_init(&s->rows);
+    app_init(&s->stats);
+    s->cols = dump_stage_cols(&w->cfg, st);
+    if (!w->o.fingerprint)
+        return app_create(w, &s->rows, group, gpath, stage_name(st), H5T_IEEE_F32LE,
+                          H5T_NATIVE_FLOAT, s->cols, w->first, e);
+    snprintf(name, sizeof name, "%s.hash", stage_name(st));
+    if (app_create(w, &s->rows, group, gpath, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, 0,
+                   w->first, e) < 0)
+        return -1;
+    snprintf(name, sizeof name, "%s.stats", stage_name(st));
+    return app_create(w, &s->stats, group, gpath, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2,
+                      w->first, e);
+}
+
+static int layer_attrs(dump_writer *w, hid_t g, int l, const char *gpath, kv_err *e)
+{
+    const kv_config *c = &w->cfg;
+    double theta = config_layer_theta(c, l);
+    if (write_str_attr(g, "attention", c->layer_type[l] == ATTN_SLIDING ? "sliding" : "global") < 0 ||
+        write_i64_attr(g, "window", config_layer_window(c, l)) < 0 ||
+        write_attr(g, "rope_theta", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &theta) < 0 ||
+        write_i64_attr(g, "kv_owner", c->kv_owner[l]) < 0)
+        return h5err(w, e, "cannot write the attributes of %s", gpath);
+    return 0;
+}
+
+static int layer_create(dump_writer *w, hid_t layers, int l, kv_err *e)
+{
+    char name[16], gpath[32];
+    snprintf(name, sizeof name, "%d", l);
+    snprintf(gpath, sizeof gpath, "/layers/%d", l);
+    hid_t g = make_group(layers, name);
+    if (g < 0)
+        return h5err(w, e, "cannot create %s", gpath);
+    int rc = layer_attrs(w, g, l, gpath, e);
+    for (int st = 0; st < STAGE_LAYER_COUNT && rc == 0; st++) {
+        /* KV-shared followers compute no K/V of their own. */
+        bool follower_kv = (st == STAGE_K || st == STAGE_V) && w->cfg.kv_owner[l] != l;
+        if (w->o.stages[st] && !follower_kv)
+            rc = sink_create(w, (kv_stage)st, l, g, gpath, e);
+    }
+    dump_h5_close(g);
+    return rc;
+}
+
+static int layers_create(dump_writer *w, kv_err *e)
+{
+    hid_t g = make_group(w->file, "layers");
+    if (g < 0)
+        return h5err(w, e, "cannot create /layers");
+    int hi = w->o.layer_hi < w->cfg.n_layers - 1 ? w->o.layer_hi : w->cfg.n_layers - 1;
+    bool any = false;
+    for (int st = 0; st < STAGE_LAYER_COUNT; st++)
+        any = any || w->o.stages[st];
+    int rc = 0;
+    for (int l = w->o.layer_lo; any && l <= hi && rc == 0; l++)
+        rc = layer_create(w, g, l, e);
+    dump_h5_close(g);
+    return rc;
+}
+
+static int model_create(dump_writer *w, kv_err *e)
+{
+    hid_t g = make_group(w->file, "model");
+    if (g < 0)
+        return h5err(w, e, "cannot create /model");
+    int rc = 0;
+    if (w->o.stages[STAGE_EMBED])
+        rc = sink_create(w, STAGE_EMBED, -1, g, "/model", e);
+    if (rc == 0 && w->o.stages[STAGE_FINAL_NORM])
+        rc = sink_create(w, STAGE_FINAL_NORM, -1, g, "/model", e);
+    if (rc == 0 && (w->o.full_logits || w->o.stages[STAGE_LOGITS]))
+        rc = sink_create(w, STAGE_LOGITS, -1, g, "/model", e);
+    dump_h5_close(g);
+    return rc;
+}
+
+static int output_create(dump_writer *w, kv_err *e)
+{
+    hid_t g = make_group(w->file, "output");
+    if (g < 0)
+        return h5err(w, e, "cannot create /output");
+    int rc = -1;
+    if (write_i64_attr(g, "k", w->o.topk) < 0)
+        h5err(w, e, "cannot write /output k");
+    else if (app_create(w, &w->lse, g, "/output", "lse", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 0,
+                        w->first, e) == 0 &&
+             app_create(w, &w->topk_ids, g, "/output", "topk_ids", H5T_STD_I32LE,
+                        H5T_NATIVE_INT32, w->o.topk, w->first, e) == 0 &&
+             app_create(w, &w->topk_vals, g, "/output", "topk_values", H5T_IEEE_F32LE,
+                        H5T_NATIVE_FLOAT, w->o.topk, w->first, e) == 0)
+        rc = 0;
+    dump_h5_close(g);
+    return rc;
+}
+
+static int create_file(dump_writer *w, const dump_meta *m, kv_err *e)
+{
+    /* The root group takes its timestamp setting from the file creation
+     * properties: off there too, or it records the second it was made. */
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
+    if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0 &&
+        H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0)
+        w->file = H5Fcreate(w->path, H5F_ACC_TRUNC, fcpl, fapl);
+    dump_h5_close(fcpl);
+    dump_h5_close(fapl);
+    if (w->file < 0)
+        return h5err(w, e, "cannot create the dump");
+    if (root_attrs(w, m, e) < 0 || tokens_create(w, e) < 0 || layers_create(w, e) < 0 ||
+        model_create(w, e) < 0 || output_create(w, e) < 0)
+        return -1;
+    /* From here on only raw data changes: what SWMR allows. */
+    if (H5Fstart_swmr_write(w->file) < 0)
+        return h5err(w, e, "cannot switch to SWMR mode");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Arguments                                                            */
+
+static int check_settings(const char *path, const char *text, kv_err *e)
+{
+    json_error_t jerr;
+    json_t *j = json_loads(text, 0, &jerr);
+    bool ok = json_is_object(j);
+    json_decref(j);
+    if (ok)
+        return 0;
+    if (!j)
+        return kv_errf(e, "%s: engine_settings is not valid JSON (%s)", path, jerr.text);
+    return kv_errf(e, "%s: engine_settings must be a JSON object", path);
+}
+
+static int check_args(const char *path, const dump_meta *m, const dump_opts *o, kv_err *e)
+{
+    if (!path || !*path)
+        return kv_errf(e, "dump: no file name");
+    if (!m || !m->cfg || !o)
+        return kv_errf(e, "%s: no model config or options given", path);
+    if (config_validate(m->cfg, e) < 0)
+        return kv_err_prefix(e, path);
+    const kv_config *c = m->cfg;
+    if (m->engine_settings && check_settings(path, m->engine_settings, e) < 0)
+        return -1;
+    if (o->block_rows < 1 || o->block_rows > MAX_BLOCK_ROWS)
+        return kv_errf(e, "%s: block_rows %d is outside 1..%d", path, o->block_rows, MAX_BLOCK_ROWS);
+    if (o->topk < 1 || o->topk > c->vocab)
+        return kv_errf(e, "%s: top-k %d is outside 1..%d (the vocabulary)", path, o->topk, c->vocab);
+    int widest = c->vocab > c->n_heads * c->head_dim ? c->vocab : c->n_heads * c->head_dim;
+    if ((size_t)o->block_rows * (size_t)widest * sizeof(float) > MAX_CHUNK_BYTES)
+        return kv_errf(e, "%s: blocks of %d rows of %d floats exceed HDF5's chunk size limit",
+                       path, o->block_rows, widest);
+    if (o->layer_lo < 0 || o->layer_hi < o->layer_lo)
+        return kv_errf(e, "%s: layer range %d..%d is empty or negative", path, o->layer_lo,
+                       o->layer_hi);
+    if (o->layer_lo >= c->n_layers)
+        return kv_errf(e, "%s: layers from %d selected, but the model has %d (0..%d)", path,
+                       o->layer_lo, c->n_layers, c->n_layers - 1);
+    if (o->pos_lo < 0 || o->pos_hi < o->pos_lo)
+        return kv_errf(e, "%s: position range %lld..%lld is empty or negative", path,
+                       (long long)o->pos_lo, (long long)o->pos_hi);
+    if (m->max_positions > 0 && o->pos_lo >= m->max_positions)
+        return kv_errf(e, "%s: positions from %lld selected, but the run reaches %d", path,
+                       (long long)o->pos_lo, m->max_positions);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lifetime                                                             */
+
+static void writer_free(dump_writer *w)
+{
+    for (int st = 0; st < STAGE_COUNT; st++)
+        for (int l = 0; l <= KV_MAX_LAYERS; l++) {
+            stage_sink *s = w->sinks[st][l];
+            if (s) {
+                app_free(&s->rows);
+                app_free(&s->stats);
+                free(s);
+            }
+        }
+    app_free(&w->tokens);
+    app_free(&w->lse);
+    app_free(&w->topk_ids);
+    app_free(&w->topk_vals);
+    dump_h5_close(w->file);
+    free(w->top_ids);
+    free(w->top_vals);
+    free(w->path);
+    free(w);
+}
+
+dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opts *o, kv_err *e)
+{
+    if (check_args(path, meta, o, e) < 0)
+        return NULL;
+    dump_h5_quiet();
+    dump_writer *w = calloc(1, sizeof *w);
+    if (!w)
+        return kv_errf(e, "%s: out of memory", path), NULL;
+    w->file = H5I_INVALID_HID;
+    app_init(&w->tokens);
+    app_init(&w->lse);
+    app_init(&w->topk_ids);
+    app_init(&w->topk_vals);
+    w->o = *o;
+    w->cfg = *meta->cfg;
+    w->max_positions = meta->max_positions;
+    w->first = o->pos_lo;
+    w->path = strdup(path);
+    w->top_ids = malloc((size_t)o->topk * sizeof *w->top_ids);
+    w->top_vals = malloc((size_t)o->topk * sizeof *w->top_vals);
+    if (!w->path || !w->top_ids || !w->top_vals) {
+        kv_errf(e, "%s: out of memory", path);
+        writer_free(w);
+        return NULL;
+    }
+    if (create_file(w, meta, e) < 0) {
+        bool created = w->file >= 0;
+        abandon_file(w);
+        writer_free(w);
+        if (created)
+            unlink(path);  /* half made, and nobody has seen it yet */
+        return NULL;
+    }
+    w->obs.emit = writer_emit;
+    w->obs.token = writer_token;
+    w->obs.wants = writer_wants;
+    return w;
+}
+
+kv_observer *dump_observer(dump_writer *w)
+{
+    return w ? &w->obs : NULL;
+}
+
+void dump_watch_flag(dump_writer *w, volatile sig_atomic_t *flag)
+{
+    if (w)
+        w->flag = flag;
+}
+
+const char *dump_error(const dump_writer *w)
+{
+    return w && w->failed ? w->err.msg : NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Closing                                                              */
+
+static void flush_all(dump_writer *w)
+{
+    app_write(w, &w->tokens);
+    for (int st = 0; st < STAGE_COUNT; st++)
+        for (int l = 0; l <= KV_MAX_LAYERS; l++)
+            if (w->sinks[st][l]) {
+                app_write(w, &w->sinks[st][l]->rows);
+                app_write(w, &w->sinks[st][l]->stats);
+            }
+    app_write(w, &w->lse);
+    app_write(w, &w->topk_ids);
+    app_write(w, &w->topk_vals);
+}
+
+static void close_dataset(dump_writer *w, appender *a)
+{
+    if (a->dset >= 0 && H5Dclose(a->dset) < 0)
+        fail_h5(w, "cannot close", a->name);
+    a->dset = H5I_INVALID_HID;
+}
+
+/* After a write failed (disk full, file size limit), libhdf5 1.10.8 cannot
+ * close the file: H5Fclose fails, leaves it half destroyed, and the library
+ * crashes at exit (H5F__close_cb from its atexit handler). Nothing more can
+ * reach the disk anyway, so the file's descriptor is pointed at /dev/null:
+ * the closing writes then succeed and vanish, and the file on disk stays as
+ * the failure left it. */
+static void abandon_file(const dump_writer *w)
+{
+    int *fd = NULL;
+    if (w->file < 0 || H5Fget_vfd_handle(w->file, H5P_DEFAULT, (void **)&fd) < 0 || !fd)
+        return;
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+        dup2(null, *fd);
+        close(null);
+    }
+}
+
+/* Closes the SWMR file; afterwards w->file is invalid whatever happened. */
+static void close_file(dump_writer *w)
+{
+    if (w->io_failed)
+        abandon_file(w);
+    for (int st = 0; st < STAGE_COUNT; st++)
+        for (int l = 0; l <= KV_MAX_LAYERS; l++)
+            if (w->sinks[st][l]) {
+                close_dataset(w, &w->sinks[st][l]->rows);
+                close_dataset(w, &w->sinks[st][l]->stats);
+            }
+    close_dataset(w, &w->tokens);
+    close_dataset(w, &w->lse);
+    close_dataset(w, &w->topk_ids);
+    close_dataset(w, &w->topk_vals);
+    if (H5Fclose(w->file) < 0)
+        fail_h5(w, "cannot close", "the file");
+    w->file = H5I_INVALID_HID;
+}
+
+static int rewrite_attr(hid_t obj, const char *name, hid_t mtype, const void *value)
+{
+    hid_t a = H5Aopen(obj, name, H5P_DEFAULT);
+    int rc = a >= 0 && H5Awrite(a, mtype, value) >= 0 ? 0 : -1;
+    dump_h5_close(a);
+    return rc;
+}
+
+/* Reopens the closed file normally (SWMR forbids changing attributes) and
+ * sets prompt_length, then status: last, so it says "complete" only when
+ * everything before it went to disk. */
+static int set_final_attrs(dump_writer *w, const char *status)
+{
+    hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), f = H5I_INVALID_HID, tok = H5I_INVALID_HID;
+    hid_t str = dump_h5_vlstr();
+    int64_t np = w->n_prompt;
+    int rc = fapl >= 0 && str >= 0 &&
+                     H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0 &&
+                     (f = H5Fopen(w->path, H5F_ACC_RDWR, fapl)) >= 0 &&
+                     (tok = H5Dopen2(f, "/tokens", H5P_DEFAULT)) >= 0 &&
+                     rewrite_attr(tok, "prompt_length", H5T_NATIVE_INT64, &np) >= 0 &&
+                     rewrite_attr(f, "status", str, &status) >= 0 ? 0 : -1;
+    dump_h5_close(str);
+    dump_h5_close(fapl);
+    dump_h5_close(tok);
+    /* Closing writes the attributes out: its failure is a failure. */
+    if (rc == 0 && H5Fclose(f) < 0)
+        rc = -1;
+    else if (rc < 0)
+        dump_h5_close(f);
+    if (rc < 0)
+        fail_h5(w, "cannot set the final status of", "the file");
+    return rc;
+}
+
+int dump_close(dump_writer *w, const char *why, kv_err *e)
+{
+    if (!w)
+        return 0;
+    /* Rows buffered before a non-I/O error (a gap, a bad width) are good. */
+    if (!w->io_failed)
+        flush_all(w);
+    close_file(w);
+    /* After an I/O error (disk full, size limit) the file is not touched
+     * again: it keeps "partial: running". */
+    if (!w->io_failed) {
+        char status[1200];
+        if (why)
+            snprintf(status, sizeof status, "partial: %s", why);
+        else if (w->failed)
+            snprintf(status, sizeof status, "partial: writer error");
+        else
+            snprintf(status, sizeof status, "complete");
+        set_final_attrs(w, status);
+    }
+    int rc = w->failed ? kv_errf(e, "%s", w->err.msg) : 0;
+    writer_free(w);
+    return rc;
+}

@@ -1,0 +1,137 @@
+/* cmd_inspect.c — `kvdiff inspect` (what a dump holds) and
+ * `kvdiff validate` (does a dump conform to schema v1). */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli.h"
+#include "verbs.h"
+#include "../dump/dump.h"
+
+static int wants_help(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h"))
+            return 1;
+    return 0;
+}
+
+/* One line per layer: its attention and each stage's position range. */
+static void print_layer(const dump_file *f, int layer)
+{
+    char line[4096];
+    size_t len = 0;
+    int64_t lo = -1, hi = -1;
+    bool uniform = true;
+    for (int st = 0; st < STAGE_LAYER_COUNT; st++) {
+        dump_dataset_info di = dump_stage_info(f, layer, (kv_stage)st);
+        if (!di.present)
+            continue;
+        int64_t a = di.first_position, b = di.first_position + di.rows - 1;
+        if (lo < 0) {
+            lo = a;
+            hi = b;
+        } else if (a != lo || b != hi) {
+            uniform = false;
+        }
+        int w = snprintf(line + len, sizeof line - len, " %s[%lld..%lld]", stage_name(st),
+                         (long long)a, (long long)b);
+        if (w > 0 && (size_t)w < sizeof line - len)
+            len += (size_t)w;
+    }
+    if (lo < 0)
+        return;
+    if (uniform) {
+        len = 0;
+        for (int st = 0; st < STAGE_LAYER_COUNT; st++)
+            if (dump_stage_info(f, layer, (kv_stage)st).present) {
+                int w = snprintf(line + len, sizeof line - len, " %s", stage_name(st));
+                if (w > 0 && (size_t)w < sizeof line - len)
+                    len += (size_t)w;
+            }
+        printf("layer %-3d positions %lld..%lld:%s\n", layer, (long long)lo, (long long)hi, line);
+    } else {
+        printf("layer %-3d%s\n", layer, line);
+    }
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    if (wants_help(argc, argv) || argc != 2) {
+        fprintf(argc == 2 ? stdout : stderr,
+                "usage: kvdiff inspect FILE.h5\n\n"
+                "Prints what a dump holds: engine and settings, model, status, tokens,\n"
+                "and per layer the recorded stages and positions.\n");
+        return argc == 2 ? EXIT_OK : EXIT_USAGE;
+    }
+    kv_err e = {{0}};
+    dump_file *f = dump_open(argv[1], &e);
+    if (!f) {
+        cli_error("inspect", &e);
+        return EXIT_USAGE;
+    }
+    const char *st = dump_attr(f, "status");
+    printf("file      %s\n", argv[1]);
+    printf("status    %s\n", st ? st : "(missing)");
+    printf("mode      %s\n", dump_is_fingerprint(f) ? "fingerprint" : "full");
+    printf("engine    %s %s\n", dump_attr(f, "engine") ? dump_attr(f, "engine") : "?",
+           dump_attr(f, "engine_settings") ? dump_attr(f, "engine_settings") : "");
+    kv_config c;
+    if (dump_model_config(f, &c, &e) == 0) {
+        char desc[512];
+        config_describe(&c, desc, sizeof desc);
+        printf("model     %s\n", desc);
+    } else {
+        printf("model     (unreadable: %s)\n", e.msg);
+    }
+    printf("weights   %s\n", dump_attr(f, "weight_fingerprint") ? dump_attr(f, "weight_fingerprint") : "?");
+    printf("writer    %s\n", dump_attr(f, "tool_version") ? dump_attr(f, "tool_version") : "?");
+    printf("tokens    %lld (prompt %lld)\n", (long long)dump_n_tokens(f),
+           (long long)dump_prompt_length(f));
+    int L = dump_n_layers(f);
+    for (int l = 0; l < L; l++)
+        print_layer(f, l);
+    const kv_stage model_stages[] = {STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS};
+    for (size_t i = 0; i < sizeof model_stages / sizeof *model_stages; i++) {
+        dump_dataset_info di = dump_stage_info(f, -1, model_stages[i]);
+        if (di.present)
+            printf("model     %s positions %lld..%lld\n", stage_name(model_stages[i]),
+                   (long long)di.first_position, (long long)(di.first_position + di.rows - 1));
+    }
+    dump_dataset_info oi = dump_output_info(f);
+    if (oi.present)
+        printf("output    lse and top-%d logits, positions %lld..%lld\n", dump_output_k(f),
+               (long long)oi.first_position, (long long)(oi.first_position + oi.rows - 1));
+    dump_file_close(f);
+    return EXIT_OK;
+}
+
+static void print_violation(void *ctx, const char *line)
+{
+    const char *path = ctx;
+    printf("%s: %s\n", path, line);
+}
+
+int cmd_validate(int argc, char **argv)
+{
+    if (wants_help(argc, argv) || argc != 2) {
+        fprintf(argc == 2 ? stdout : stderr,
+                "usage: kvdiff validate FILE.h5\n\n"
+                "Checks a dump (ours or another program's) against the schema in\n"
+                "docs/dump-format.md and names every violation, one per line.\n"
+                "Exit 0 when it conforms, 2 when it does not or cannot be read.\n");
+        return argc == 2 ? EXIT_OK : EXIT_USAGE;
+    }
+    kv_err e = {{0}};
+    int n = dump_validate(argv[1], print_violation, argv[1], &e);
+    if (n < 0) {
+        cli_error("validate", &e);
+        return EXIT_USAGE;
+    }
+    if (n > 0) {
+        fprintf(stderr, "kvdiff validate: %s: %d violation%s of the dump schema v%d\n", argv[1], n,
+                n == 1 ? "" : "s", DUMP_VERSION);
+        return EXIT_USAGE;
+    }
+    printf("%s: conforms to the kvdiff dump schema v%d\n", argv[1], DUMP_VERSION);
+    return EXIT_OK;
+}

@@ -1,0 +1,181 @@
+/* check_dump_cli.c — recording as a user does it: `kvdiff run --dump`,
+ * `inspect`, `validate`, and a real run stopped by Ctrl-C or killed with
+ * SIGKILL leaving a readable file marked partial. */
+#include <check.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "dump/dump.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+START_TEST(test_dump_inspect_validate)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --engine chunked --chunk 7 "
+             "--prompt-random 40 --seed 2 --max-new 8 --dump %s/chk.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "dump      "));
+    snprintf(args, sizeof args, "inspect %s/chk.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "status    complete"));
+    ck_assert_ptr_nonnull(strstr(out, "engine    chunked"));
+    ck_assert_ptr_nonnull(strstr(out, "\"chunk\":7"));
+    ck_assert_ptr_nonnull(strstr(out, "tokens    48 (prompt 40)"));
+    ck_assert_ptr_nonnull(strstr(out, "layer 5"));
+    snprintf(args, sizeof args, "validate %s/chk.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "conforms"));
+    /* Selection and fingerprint. */
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 40 --max-new 4 "
+             "--dump %s/sel.h5 --dump-layers 2:3 --dump-positions 10:20 --dump-stages k,v,x_out",
+             dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "inspect %s/sel.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "layer 2   positions 10..20: k v x_out"));
+    ck_assert_ptr_null(strstr(out, "layer 1 "));
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 40 --max-new 4 "
+             "--dump %s/fp.h5 --fingerprint", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "inspect %s/fp.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "mode      fingerprint"));
+    test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_dump_bad_input)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    /* Not HDF5, empty, truncated. */
+    snprintf(path, sizeof path, "%s/junk.h5", dir);
+    FILE *f = fopen(path, "w");
+    fputs("this is not an HDF5 file at all\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "inspect %s", path);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "junk.h5") && strstr(out, "not an HDF5 file"), "%s", out);
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "run --model tiny-llama --prompt-random 30 --max-new 4 "
+             "--dump %s/whole.h5", dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    snprintf(path, sizeof path, "%s/whole.h5", dir);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert_int_eq(truncate(path, sb.st_size / 2), 0);
+    snprintf(args, sizeof args, "inspect %s", path);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "whole.h5"));
+    /* Unwritable output: a folder that does not exist; a folder itself. */
+    ck_assert_int_eq(test_run_cli("run --max-new 2 --dump /nonexistent-dir/x.h5", out, sizeof out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "/nonexistent-dir/x.h5"));
+    snprintf(args, sizeof args, "run --max-new 2 --dump %s", dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    ck_assert_int_eq(test_run_cli("run --fingerprint", out, sizeof out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "need --dump"));
+    ck_assert_int_eq(test_run_cli("run --dump x.h5 --dump-layers 3:1", out, sizeof out), 2);
+    ck_assert_int_eq(test_run_cli("run --dump x.h5 --dump-stages q,bogus", out, sizeof out), 2);
+    ck_assert_ptr_nonnull(strstr(out, "bogus"));
+    ck_assert_int_eq(test_run_cli("inspect", out, sizeof out), 2);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Starts a long recorded run, waits until rows are on disk, sends sig. */
+static void run_and_signal(const char *path, int sig, int *status)
+{
+    const char *bin = getenv("KVDIFF_BIN");
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        int devnull = open("/dev/null", 1);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(bin ? bin : "./kvdiff", "kvdiff", "run", "--model", "tiny-gemma3", "--prompt-random",
+              "4000", "--prefill", "token", "--max-new", "90", "--ignore-eos", "--dump", path,
+              (char *)NULL);
+        _exit(127);
+    }
+    /* Wait until several blocks of rows are on disk (the first flush
+     * alone allocates ~1.4 MB of chunks); this only decides when to pull
+     * the plug, nothing is asserted about time. */
+    struct stat sb;
+    for (int i = 0; i < 4000; i++) {
+        if (stat(path, &sb) == 0 && sb.st_size > (8 << 20))
+            break;
+        usleep(5000);
+    }
+    kill(pid, sig);
+    ck_assert_int_eq(waitpid(pid, status, 0), pid);
+}
+
+START_TEST(test_ctrl_c_leaves_partial_dump)
+{
+    char dir[64], path[128], args[256];
+    int status;
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/int.h5", dir);
+    run_and_signal(path, SIGINT, &status);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status %d", status);
+    snprintf(args, sizeof args, "inspect %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "status    partial: interrupted by SIGINT"), "%s", out);
+    kv_err e = {{0}};
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f != NULL, "%s", e.msg);
+    ck_assert(!dump_is_complete(f));
+    dump_dataset_info di = dump_stage_info(f, 5, STAGE_X_OUT);
+    ck_assert(di.present);
+    ck_assert_int_gt(di.rows, 64);
+    dump_file_close(f);
+    test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_kill_9_leaves_readable_dump)
+{
+    char dir[64], path[128], args[256];
+    int status;
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/killed.h5", dir);
+    run_and_signal(path, SIGKILL, &status);
+    ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    snprintf(args, sizeof args, "inspect %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "status    partial: running"), "%s", out);
+    kv_err e = {{0}};
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f != NULL, "%s", e.msg);
+    dump_dataset_info di = dump_stage_info(f, 0, STAGE_X_IN);
+    ck_assert(di.present);
+    ck_assert_int_gt(di.rows, 0);
+    /* The rows that made it are whole: read the last one. */
+    float row[64];
+    ck_assert_msg(dump_read_rows(f, 0, STAGE_X_IN, di.rows - 1, 1, row, &e) == 0, "%s", e.msg);
+    dump_file_close(f);
+    test_rmtree(dir);
+}
+END_TEST
+
+Suite *dump_cli_suite(void)
+{
+    Suite *s = suite_create("dump_cli");
+    TCase *tc = tcase_create("binary");
+    tcase_add_test(tc, test_dump_inspect_validate);
+    tcase_add_test(tc, test_dump_bad_input);
+    tcase_add_test(tc, test_ctrl_c_leaves_partial_dump);
+    tcase_add_test(tc, test_kill_9_leaves_readable_dump);
+    suite_add_tcase(s, tc);
+    return s;
+}
