@@ -1,0 +1,126 @@
+/* cmp_internal.h — what the files of compare/ share and nobody else sees:
+ * the element rule, per-row records, the walk context, and the entry
+ * points of the diagnosis, recomputation and token modules. */
+#ifndef KV_CMP_INTERNAL_H
+#define KV_CMP_INTERNAL_H
+
+#include "compare.h"
+
+/* Thresholds, named once (docs/diagnosis.md quotes them). */
+#define CMP_DRIFT_REL 1e-4      /* row-relative error below which a first divergence is "tiny" */
+#define CMP_DRIFT_BOUND 1e-3    /* row-relative error drift is not expected to pass */
+#define CMP_MATCH_TOL 1e-4      /* recomputation / rotation error that counts as reproducing */
+#define CMP_NORM_TOL 1e-5       /* relative per-head L2 norm difference for "rotation-like" */
+#define CMP_ROW_BUDGET (1 << 20)/* floats per read buffer: caps rows of wide stages (logits) */
+
+/* The element rule of one (layer, stage) (compare.h, cmp_opts). */
+typedef struct {
+    bool exact;
+    double atol, rtol;
+    uint64_t ulp;
+} cmp_tol;
+
+/* What one row comparison found. */
+typedef struct {
+    bool bitequal, bad;
+    int first_bad;               /* lowest violating column, -1 none */
+    int n_bad;
+    int nonfinite;
+    double max_abs, ref_absmax;
+    uint64_t max_ulp;
+    double dot, ref_sq, test_sq, err_sq;
+} cmp_rowrec;
+
+/* ref_rowmax: the largest finite |ref| of the row (rtol's scale). */
+bool cmp_elem_ok(float test, float ref, double ref_rowmax, const cmp_tol *t);
+bool cmp_elem_nonfinite_mismatch(float test, float ref);
+void cmp_row_compare(const float *test, const float *ref, int n, const cmp_tol *t,
+                     cmp_rowrec *rec);
+void cmp_row_hashed(bool equal, cmp_rowrec *rec);
+double cmp_rowrec_rel(const cmp_rowrec *rec);
+/* max |a - b| / max |b| over n values (non-finite pairs give +inf). */
+double cmp_row_rel_err(const float *a, const float *b, int n);
+void cmp_stats_init(cmp_stats *s);
+void cmp_stats_add(cmp_stats *s, const cmp_rowrec *rec, int64_t pos);
+
+/* Floats per row the config implies for (layer, stage); 0 when the stage
+ * does not exist there (k, v of KV-shared layers). */
+int cmp_stage_cols(const kv_config *c, int layer, kv_stage st);
+
+/* Reads the row of (layer, stage) at pos into out (cols floats). Returns
+ * 0, 1 when not recorded there (or with another width, or no full rows),
+ * -1 on error. */
+int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int cols, float *out,
+                 kv_err *e);
+
+/* Settings of a source: an integer / string key of its settings JSON. */
+long cmp_settings_int(const cmp_source *s, const char *key, long dflt);
+bool cmp_settings_is(const cmp_source *s, const char *key, const char *value);
+
+/* Adds a note to the result (silently dropped past CMP_MAX_NOTES). */
+void cmp_note(cmp_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Everything the post-walk modules need. */
+typedef struct {
+    const cmp_source *ref, *test;
+    const cmp_opts *o;
+    const kv_config *cfg;        /* the reference's */
+    cmp_result *r;
+    int64_t pos_limit;           /* positions >= this are not compared (token cut) */
+    /* The point under diagnosis (diagnose.c): the first divergence, or the
+     * first difference beyond drift, with its evidence and diagnosis. */
+    const cmp_divergence *d;
+    cmp_evidence *ev;
+    cmp_diagnosis *g;
+    bool beyond;                 /* after drift: its size alone says nothing */
+} cmp_ctx;
+
+/* Evidence and diagnosis at r->first (diagnose.c). */
+int cmp_diagnose(cmp_ctx *c, kv_err *e);
+
+/* Tokens verdict and margins (tokens.c). */
+int cmp_tokens_compare(cmp_ctx *c, kv_err *e);
+/* KL / top-1 over the compared positions (tokens.c). */
+int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e);
+/* Top-1 minus top-2 logit of src at pos, NaN when unknown (tokens.c). */
+double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
+
+/* --- recompute.c --- */
+
+/* A candidate key set for attention at one query position: reference
+ * positions lo..hi, where positions in [zero_lo, zero_hi) read K = V = 0,
+ * up to two substitutions (the key at position from[i] read from
+ * position to[i], or zero when to[i] < 0) and extra_zero more keys with
+ * K = V = 0. all_zero: every key K = V = 0. */
+typedef struct {
+    int64_t lo, hi;
+    int64_t zero_lo, zero_hi;
+    int nsubst;
+    int64_t from[2], to[2];
+    int extra_zero;
+    bool all_zero;
+    cmp_diag_kind kind;          /* what it would mean */
+    char what[160];              /* in words, for the evidence */
+} cmp_hyp;
+
+int64_t cmp_hyp_nkeys(const cmp_hyp *h);
+
+/* Attention of the query row q (H*D) of layer `layer` over the key set h,
+ * keys and values read from src (the KV owner's k and v), in double.
+ * Returns 0, 1 when a needed row is not recorded, -1 on error. */
+int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
+                            const float *q, const cmp_hyp *h, double *lse, double *out,
+                            kv_err *e);
+
+/* Error of a recomputed (lse, out) against recorded rows: the larger of
+ * max_h |dlse| / max(1, |lse|) and max |dout| / max |out|. */
+double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
+                         const float *lse_rec, const float *out_rec);
+
+/* Best integer RoPE offset delta in [dmin, dmax] (0 excluded) mapping the
+ * rotated rows ref (nheads x D) to test; returns its row-relative error
+ * (+inf when none). Layer picks the RoPE base and scaling. */
+double cmp_rope_estimate(const kv_config *cfg, int layer, const float *ref, const float *test,
+                         int nheads, int64_t dmin, int64_t dmax, int64_t *delta);
+
+#endif

@@ -1,0 +1,889 @@
+/* compare.c — cmp_compare: compatibility checks, the (layer, stage) slots
+ * both recordings hold, the noise floor, and the walk in dataflow order
+ * that finds the first divergence while accumulating per-stage metrics.
+ *
+ * The walk reads one block of positions (opts.block_rows, fewer for wide
+ * stages such as logits) per (layer, stage) at a time, so memory depends on
+ * the model's widths, never on the length of the recordings. Within a
+ * block every slot is compared and the earliest violation in (position,
+ * dataflow rank) order wins; row records are kept for the block only, so
+ * the `upto` metrics stop exactly at the divergence. */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "cmp_internal.h"
+
+void cmp_opts_default(cmp_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->noise_factor = 2.0;
+    o->block_rows = 64;
+}
+
+/* ------------------------------------------------------------------ */
+/* Names and small helpers                                              */
+
+const char *cmp_verdict_name(cmp_verdict v)
+{
+    static const char *const names[] = {"identical", "within_tolerance", "diverged"};
+    return (v >= 0 && v <= CMP_DIVERGED) ? names[v] : "?";
+}
+
+const char *cmp_diag_name(cmp_diag_kind k)
+{
+    static const char *const names[CMP_DIAG_COUNT] = {
+        [CMP_DIAG_NONE] = "none",
+        [CMP_DIAG_ZERO_KV] = "zero_kv",
+        [CMP_DIAG_ROPE_OFFSET] = "rope_offset",
+        [CMP_DIAG_WINDOW] = "window",
+        [CMP_DIAG_CHUNK_ISOLATED] = "chunk_isolated",
+        [CMP_DIAG_EXTRA_KEY] = "extra_key",
+        [CMP_DIAG_DECODE_STUCK] = "decode_index_stuck",
+        [CMP_DIAG_RING_NO_WRAP] = "ring_no_wrap",
+        [CMP_DIAG_STALE_CACHE] = "stale_cache",
+        [CMP_DIAG_KEY_SET] = "key_set",
+        [CMP_DIAG_NUMERIC_DRIFT] = "numeric_drift",
+        [CMP_DIAG_NONFINITE] = "nonfinite",
+        [CMP_DIAG_UNCLASSIFIED] = "unclassified",
+    };
+    return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
+}
+
+const char *cmp_basis_name(cmp_basis b)
+{
+    static const char *const names[] = {"none", "recomputed", "exact_check", "heuristic"};
+    return (b >= 0 && b <= CMP_BASIS_HEURISTIC) ? names[b] : "?";
+}
+
+int cmp_exit_code(int rc, const cmp_result *r)
+{
+    if (rc < 0 || !r)
+        return 2;
+    return r->verdict == CMP_DIVERGED ? 1 : 0;
+}
+
+void cmp_note(cmp_result *r, const char *fmt, ...)
+{
+    if (r->n_notes >= CMP_MAX_NOTES)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->notes[r->n_notes++], sizeof r->notes[0], fmt, ap);
+    va_end(ap);
+}
+
+int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
+{
+    const int E = c->hidden, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+    switch (st) {
+    case STAGE_ATTN_NORM_STATS:
+    case STAGE_FFN_NORM_STATS:
+        return 3;
+    case STAGE_Q:
+    case STAGE_ATTN_OUT:
+        return H * D;
+    case STAGE_K:
+    case STAGE_V:
+        return (layer >= 0 && layer < KV_MAX_LAYERS && c->kv_owner[layer] != layer) ? 0 : KV * D;
+    case STAGE_ATTN_LSE:
+    case STAGE_ATTN_NKEYS:
+        return H;
+    case STAGE_LOGITS:
+        return c->vocab;
+    default:
+        return E;
+    }
+}
+
+/* Is pos recorded, with rows of exactly `cols` floats? */
+static bool src_has(const cmp_source *s, int layer, kv_stage st, int64_t pos, int cols)
+{
+    int64_t first = 0, rows = 0;
+    int c = 0;
+    if (s->info(s->ctx, layer, st, &first, &rows, &c) != 0 || rows <= 0 || c != cols)
+        return false;
+    return pos >= first && pos < first + rows;
+}
+
+int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int cols, float *out,
+                 kv_err *e)
+{
+    if (!s->read || !src_has(s, layer, st, pos, cols))
+        return 1;
+    return s->read(s->ctx, layer, st, pos, 1, out, e) < 0 ? -1 : 0;
+}
+
+static json_t *settings_of(const cmp_source *s)
+{
+    if (!s->settings_json)
+        return NULL;
+    json_t *j = json_loads(s->settings_json, 0, NULL);
+    if (j && !json_is_object(j)) {
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+long cmp_settings_int(const cmp_source *s, const char *key, long dflt)
+{
+    json_t *j = settings_of(s);
+    json_t *v = j ? json_object_get(j, key) : NULL;
+    long out = json_is_integer(v) ? (long)json_integer_value(v) : dflt;
+    json_decref(j);
+    return out;
+}
+
+bool cmp_settings_is(const cmp_source *s, const char *key, const char *value)
+{
+    json_t *j = settings_of(s);
+    json_t *v = j ? json_object_get(j, key) : NULL;
+    bool out = json_is_string(v) && strcmp(json_string_value(v), value) == 0;
+    json_decref(j);
+    return out;
+}
+
+/* ------------------------------------------------------------------ */
+/* Result lifetime                                                      */
+
+void cmp_result_free(cmp_result *r)
+{
+    if (!r)
+        return;
+    free(r->stages);
+    free(r->ev.lse_ref);
+    free(r->ev.lse_test);
+    free(r->beyond_ev.lse_ref);
+    free(r->beyond_ev.lse_test);
+    memset(r, 0, sizeof *r);
+}
+
+const cmp_stage_result *cmp_result_stage(const cmp_result *r, int layer, kv_stage st)
+{
+    for (int i = 0; i < r->n_stages; i++)
+        if (r->stages[i].layer == layer && r->stages[i].stage == st)
+            return &r->stages[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Compatibility                                                        */
+
+/* Same architecture and shapes, same weights when both say which. */
+static int check_models(const cmp_source *a, const cmp_source *b, const char *what, bool force,
+                        cmp_result *r, kv_err *e)
+{
+    const kv_config *x = &a->cfg, *y = &b->cfg;
+    char why[512] = "";
+    struct { const char *name; long u, v; } f[] = {
+        {"num_hidden_layers", x->n_layers, y->n_layers},
+        {"hidden_size", x->hidden, y->hidden},
+        {"num_attention_heads", x->n_heads, y->n_heads},
+        {"num_key_value_heads", x->n_kv_heads, y->n_kv_heads},
+        {"head_dim", x->head_dim, y->head_dim},
+        {"vocab_size", x->vocab, y->vocab},
+    };
+    if (strcmp(x->model_type, y->model_type))
+        snprintf(why, sizeof why, "model_type '%s' vs '%s'", x->model_type, y->model_type);
+    for (size_t i = 0; i < sizeof f / sizeof *f && !why[0]; i++)
+        if (f[i].u != f[i].v)
+            snprintf(why, sizeof why, "%s %ld vs %ld", f[i].name, f[i].u, f[i].v);
+    if (!why[0] && a->weights && b->weights && a->weights[0] && b->weights[0] &&
+        strcmp(a->weights, b->weights))
+        snprintf(why, sizeof why, "weight fingerprints %s vs %s", a->weights, b->weights);
+    if (why[0]) {
+        if (!force)
+            return kv_errf(e, "%s (%s) and %s (%s) are not the same model: %s; refusing to "
+                           "compare (--force to compare anyway)", a->label, what, b->label,
+                           what, why);
+        cmp_note(r, "compared despite different models (forced): %s", why);
+    }
+    if (x->sliding_window != y->sliding_window)
+        cmp_note(r, "configs differ: sliding_window %d (%s) vs %d (%s)", x->sliding_window,
+                 a->label, y->sliding_window, b->label);
+    for (int l = 0; l < x->n_layers && l < y->n_layers && l < KV_MAX_LAYERS; l++)
+        if (x->layer_type[l] != y->layer_type[l] || x->kv_owner[l] != y->kv_owner[l]) {
+            cmp_note(r, "configs differ: layer %d attention type or KV owner", l);
+            break;
+        }
+    return 0;
+}
+
+/* Same prompt; returns in *cut the first position whose token differs
+ * (prompt or generated), -1 when none differs. */
+static int check_prompts(const cmp_source *a, const cmp_source *b, bool force, cmp_result *r,
+                         int64_t *cut, kv_err *e)
+{
+    *cut = -1;
+    if (a->n_tokens <= 0 || b->n_tokens <= 0 || !a->tokens || !b->tokens) {
+        cmp_note(r, "%s has no tokens: the prompts could not be checked",
+                 a->n_tokens <= 0 ? a->label : b->label);
+        return 0;
+    }
+    const int64_t n = a->n_tokens < b->n_tokens ? a->n_tokens : b->n_tokens;
+    for (int64_t p = 0; p < n && *cut < 0; p++)
+        if (a->tokens[p] != b->tokens[p])
+            *cut = p;
+    char why[256] = "";
+    if (a->prompt_length != b->prompt_length)
+        snprintf(why, sizeof why, "prompt lengths %lld vs %lld", (long long)a->prompt_length,
+                 (long long)b->prompt_length);
+    else if (*cut >= 0 && *cut < a->prompt_length)
+        snprintf(why, sizeof why, "the prompts differ at position %lld (token %d vs %d)",
+                 (long long)*cut, a->tokens[*cut], b->tokens[*cut]);
+    if (why[0]) {
+        if (!force)
+            return kv_errf(e, "%s and %s did not run the same prompt: %s; refusing to compare "
+                           "(--force to compare the positions before it)", a->label, b->label,
+                           why);
+        cmp_note(r, "compared despite different prompts (forced): %s", why);
+        const int64_t pl = a->prompt_length < b->prompt_length ? a->prompt_length
+                                                               : b->prompt_length;
+        if (a->prompt_length != b->prompt_length && (*cut < 0 || *cut > pl))
+            *cut = pl;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Slots: the (layer, stage) pairs both recordings hold                 */
+
+typedef struct {
+    cmp_stage_result *res;
+    int cols;
+    cmp_tol tol;
+} walk_slot;
+
+typedef struct {
+    const cmp_source *ref, *test;
+    const cmp_opts *o;
+    cmp_result *r;
+    int64_t pos_limit;           /* exclusive */
+    walk_slot *slots;
+    int n;
+    int B;                       /* positions per block */
+    float *bufa, *bufb;          /* test, reference rows */
+    size_t buf_floats;
+    uint64_t *hasha, *hashb;
+    cmp_rowrec *recs;            /* (n, B) */
+    uint8_t *have;               /* (n, B) */
+} walker;
+
+/* Dataflow order: embed, layer stages, final_norm, logits. */
+static int order_pairs(int L, int *layers, kv_stage *stages)
+{
+    int n = 0;
+    layers[n] = -1, stages[n++] = STAGE_EMBED;
+    for (int l = 0; l < L; l++)
+        for (int s = 0; s < STAGE_LAYER_COUNT; s++)
+            layers[n] = l, stages[n++] = (kv_stage)s;
+    layers[n] = -1, stages[n++] = STAGE_FINAL_NORM;
+    layers[n] = -1, stages[n++] = STAGE_LOGITS;
+    return n;
+}
+
+typedef struct {
+    bool has;
+    int64_t lo, hi;
+    int cols;
+} presence;
+
+static presence present(const cmp_source *s, int layer, kv_stage st)
+{
+    presence p = {0};
+    int64_t first = 0, rows = 0;
+    if (s->info(s->ctx, layer, st, &first, &rows, &p.cols) != 0 || rows <= 0)
+        return p;
+    p.has = true;
+    p.lo = first;
+    p.hi = first + rows - 1;
+    if (!s->read)   /* fingerprint: the width is the model's (the hash dataset has 1) */
+        p.cols = cmp_stage_cols(&s->cfg, layer, st);
+    return p;
+}
+
+/* Union of what each side holds, to say what the overlap left out. */
+typedef struct {
+    uint8_t layers[KV_MAX_LAYERS + 1];   /* [layer + 1] */
+    bool stages[STAGE_COUNT];
+    int64_t lo, hi;
+} holding;
+
+static void hold(holding *h, int layer, kv_stage st, presence p)
+{
+    if (!p.has)
+        return;
+    h->layers[layer + 1] = 1;
+    h->stages[st] = true;
+    h->lo = p.lo < h->lo ? p.lo : h->lo;
+    h->hi = p.hi > h->hi ? p.hi : h->hi;
+}
+
+static void layer_list(const uint8_t *layers, int L, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int l = 0; l < L && used < n; l++) {
+        if (!layers[l + 1])
+            continue;
+        int end = l;
+        while (end + 1 < L && layers[end + 2])
+            end++;
+        int w = end > l ? snprintf(buf + used, n - used, "%s%d-%d", used ? "," : "", l, end)
+                        : snprintf(buf + used, n - used, "%s%d", used ? "," : "", l);
+        used += w > 0 ? (size_t)w : 0;
+        l = end;
+    }
+    if (!buf[0])
+        snprintf(buf, n, "none");
+}
+
+static int layer_stage_count(const holding *h)
+{
+    int n = 0;
+    for (int s = 0; s < STAGE_LAYER_COUNT; s++)
+        n += h->stages[s];
+    return n;
+}
+
+static void describe_overlap(cmp_result *r, const holding *hr, const holding *ht,
+                             const holding *hc, int L, const char *rl, const char *tl)
+{
+    char a[160], b[160], c[160];
+    const int nr = layer_stage_count(hr), nt = layer_stage_count(ht), nc = layer_stage_count(hc);
+    bool layers_differ = memcmp(hr->layers, hc->layers, sizeof hr->layers) ||
+                         memcmp(ht->layers, hc->layers, sizeof ht->layers);
+    bool pos_differ = hr->lo != hc->lo || hr->hi != hc->hi || ht->lo != hc->lo ||
+                      ht->hi != hc->hi;
+    bool stages_differ = memcmp(hr->stages, hc->stages, sizeof hr->stages) ||
+                         memcmp(ht->stages, hc->stages, sizeof ht->stages);
+    r->compared.partial = layers_differ || pos_differ || stages_differ;
+    if (!r->compared.partial)
+        return;
+    layer_list(hc->layers, L, c, sizeof c);
+    layer_list(hr->layers, L, a, sizeof a);
+    layer_list(ht->layers, L, b, sizeof b);
+    cmp_note(r, "compared the overlap only: layers %s (%s: %s, %s: %s); positions %lld..%lld "
+             "(%s: %lld..%lld, %s: %lld..%lld); %d layer stages (%s: %d, %s: %d)", c, rl, a, tl,
+             b, (long long)hc->lo, (long long)hc->hi, rl, (long long)hr->lo, (long long)hr->hi,
+             tl, (long long)ht->lo, (long long)ht->hi, nc, rl, nr, tl, nt);
+}
+
+/* Adds (layer, stage) over positions lo..hi to the compared set; refuses
+ * (or, forced, skips) widths that differ. */
+static int add_slot(walker *w, int layer, kv_stage st, presence a, presence b, int64_t lo,
+                    int64_t hi, kv_err *e)
+{
+    cmp_result *r = w->r;
+    if (a.cols != b.cols || a.cols <= 0) {
+        if (!w->o->force)
+            return kv_errf(e, "%s of layer %d has %d columns in %s and %d in %s; refusing to "
+                           "compare (--force skips it)", stage_name(st), layer, a.cols,
+                           w->ref->label, b.cols, w->test->label);
+        cmp_note(r, "skipped %s of layer %d: %d vs %d columns", stage_name(st), layer, a.cols,
+                 b.cols);
+        return 0;
+    }
+    cmp_stage_result *sr = &r->stages[r->n_stages++];
+    sr->layer = layer;
+    sr->stage = st;
+    sr->cols = a.cols;
+    sr->pos_lo = lo;
+    sr->pos_hi = hi;
+    sr->hashed = !w->ref->read || !w->test->read;
+    cmp_stats_init(&sr->upto);
+    cmp_stats_init(&sr->all);
+    return 0;
+}
+
+/* What was compared, from the slots themselves. */
+static void count_coverage(walker *w)
+{
+    cmp_result *r = w->r;
+    cmp_coverage *cv = &r->compared;
+    bool layer_seen[KV_MAX_LAYERS] = {false}, stage_seen[STAGE_COUNT] = {false};
+    cv->pos_lo = INT64_MAX;
+    cv->pos_hi = -1;
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *sr = &r->stages[i];
+        w->slots[i].res = &r->stages[i];
+        w->slots[i].cols = sr->cols;
+        cv->rows += sr->pos_hi - sr->pos_lo + 1;
+        cv->pos_lo = sr->pos_lo < cv->pos_lo ? sr->pos_lo : cv->pos_lo;
+        cv->pos_hi = sr->pos_hi > cv->pos_hi ? sr->pos_hi : cv->pos_hi;
+        cv->hashed |= sr->hashed;
+        if (sr->layer >= 0 && !layer_seen[sr->layer]) {
+            layer_seen[sr->layer] = true;
+            cv->n_layers++;
+        }
+        if (!stage_seen[sr->stage]) {
+            stage_seen[sr->stage] = true;
+            if (sr->stage < STAGE_LAYER_COUNT)
+                cv->n_stages++;
+            else
+                cv->n_model_stages++;
+        }
+    }
+    w->n = r->n_stages;
+}
+
+static int build_slots(walker *w, kv_err *e)
+{
+    const int L = w->ref->cfg.n_layers < w->test->cfg.n_layers ? w->ref->cfg.n_layers
+                                                               : w->test->cfg.n_layers;
+    int layers[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    kv_stage stages[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    const int n = order_pairs(L, layers, stages);
+    cmp_result *r = w->r;
+    r->stages = calloc((size_t)n, sizeof *r->stages);
+    w->slots = calloc((size_t)n, sizeof *w->slots);
+    if (!r->stages || !w->slots)
+        return kv_errf(e, "compare: out of memory");
+    holding hr = {.lo = INT64_MAX, .hi = -1}, ht = hr, hc = hr;
+    for (int i = 0; i < n; i++) {
+        presence a = present(w->ref, layers[i], stages[i]);
+        presence b = present(w->test, layers[i], stages[i]);
+        hold(&hr, layers[i], stages[i], a);
+        hold(&ht, layers[i], stages[i], b);
+        const int64_t lo = a.lo > b.lo ? a.lo : b.lo, both_hi = a.hi < b.hi ? a.hi : b.hi;
+        if (!a.has || !b.has || lo > both_hi)
+            continue;
+        /* The overlap as recorded; the token cut is reported apart. */
+        hold(&hc, layers[i], stages[i], (presence){true, lo, both_hi, a.cols});
+        const int64_t hi = w->pos_limit >= 0 && both_hi >= w->pos_limit ? w->pos_limit - 1
+                                                                          : both_hi;
+        if (lo <= hi && add_slot(w, layers[i], stages[i], a, b, lo, hi, e) < 0)
+            return -1;
+    }
+    count_coverage(w);
+    if (hc.lo <= hc.hi)
+        describe_overlap(r, &hr, &ht, &hc, L, w->ref->label, w->test->label);
+    if (w->pos_limit >= 0 && w->pos_limit <= hc.hi)
+        cmp_note(r, "positions %lld..%lld not compared: the input token at %lld differs, so "
+                 "every row from there on has other inputs", (long long)w->pos_limit,
+                 (long long)hc.hi, (long long)w->pos_limit);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading blocks                                                       */
+
+static int rows_per_read(const walker *w, int cols)
+{
+    int n = CMP_ROW_BUDGET / (cols > 0 ? cols : 1);
+    if (n > w->B)
+        n = w->B;
+    return n < 1 ? 1 : n;
+}
+
+static int alloc_buffers(walker *w, kv_err *e)
+{
+    size_t need = 1;
+    for (int i = 0; i < w->n; i++) {
+        size_t f = (size_t)rows_per_read(w, w->slots[i].cols) * (size_t)w->slots[i].cols;
+        need = f > need ? f : need;
+    }
+    w->buf_floats = need;
+    w->bufa = malloc(need * sizeof(float));
+    w->bufb = malloc(need * sizeof(float));
+    w->hasha = malloc((size_t)w->B * sizeof(uint64_t));
+    w->hashb = malloc((size_t)w->B * sizeof(uint64_t));
+    w->recs = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B * sizeof *w->recs);
+    w->have = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B);
+    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->recs || !w->have)
+        return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
+    return 0;
+}
+
+static void walker_free(walker *w)
+{
+    free(w->slots);
+    free(w->bufa);
+    free(w->bufb);
+    free(w->hasha);
+    free(w->hashb);
+    free(w->recs);
+    free(w->have);
+}
+
+/* Rows (or their hashes, for a slot compared by fingerprint) of n positions. */
+static int read_side(const cmp_source *s, const cmp_stage_result *sr, int64_t p, int64_t n,
+                     float *buf, uint64_t *hash, kv_err *e)
+{
+    if (sr->hashed && !s->read) {
+        if (!s->read_hash)
+            return kv_errf(e, "%s: no rows and no hashes for %s of layer %d", s->label,
+                           stage_name(sr->stage), sr->layer);
+        return s->read_hash(s->ctx, sr->layer, sr->stage, p, n, hash, e) < 0 ? -1 : 0;
+    }
+    if (s->read(s->ctx, sr->layer, sr->stage, p, n, buf, e) < 0)
+        return -1;
+    if (sr->hashed)
+        for (int64_t r = 0; r < n; r++)
+            hash[r] = XXH3_64bits(buf + (size_t)r * sr->cols, (size_t)sr->cols * sizeof(float));
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Noise floor                                                          */
+
+/* floor(layer, stage) = max |ref - noise| over the positions both hold. */
+static int noise_floor(walker *w, kv_err *e)
+{
+    const cmp_source *nz = w->o->noise;
+    int64_t cut = -1;
+    if (check_models(w->ref, nz, "noise floor", w->o->force, w->r, e) < 0 ||
+        check_prompts(w->ref, nz, w->o->force, w->r, &cut, e) < 0)
+        return -1;
+    if (!nz->read || !w->ref->read)
+        return kv_errf(e, "the noise floor needs full rows, not fingerprints");
+    for (int i = 0; i < w->n; i++) {
+        cmp_stage_result *sr = w->slots[i].res;
+        presence p = present(nz, sr->layer, sr->stage);
+        if (!p.has || p.cols != sr->cols)
+            continue;
+        int64_t lo = p.lo > sr->pos_lo ? p.lo : sr->pos_lo;
+        int64_t hi = p.hi < sr->pos_hi ? p.hi : sr->pos_hi;
+        if (cut >= 0 && hi >= cut)
+            hi = cut - 1;
+        const int step = rows_per_read(w, sr->cols);
+        for (int64_t q = lo; q <= hi; q += step) {
+            int64_t n = hi - q + 1 < step ? hi - q + 1 : step;
+            if (w->ref->read(w->ref->ctx, sr->layer, sr->stage, q, n, w->bufb, e) < 0 ||
+                nz->read(nz->ctx, sr->layer, sr->stage, q, n, w->bufa, e) < 0)
+                return -1;
+            for (size_t k = 0; k < (size_t)n * sr->cols; k++) {
+                double d = fabs((double)w->bufa[k] - (double)w->bufb[k]);
+                if (isfinite(d) && d > sr->noise_floor)
+                    sr->noise_floor = d;
+            }
+        }
+    }
+    return 0;
+}
+
+static void set_tolerances(walker *w)
+{
+    const cmp_opts *o = w->o;
+    for (int i = 0; i < w->n; i++) {
+        walk_slot *s = &w->slots[i];
+        s->res->atol_eff = o->atol + (o->noise ? o->noise_factor * s->res->noise_floor : 0);
+        s->tol.atol = s->res->atol_eff;
+        s->tol.rtol = o->rtol;
+        s->tol.ulp = o->ulp;
+        s->tol.exact = s->tol.atol == 0 && s->tol.rtol == 0 && s->tol.ulp == 0;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* The walk                                                             */
+
+typedef struct {
+    int64_t pos;                 /* -1 none yet */
+    int slot;
+} first_bad;
+
+static bool earlier(int64_t p, int slot, const first_bad *f)
+{
+    return f->pos < 0 || p < f->pos || (p == f->pos && slot < f->slot);
+}
+
+/* Compares one slot over positions [p0, p1] into the block's records. */
+/* Larger than rounding drift: a non-finite, a row-relative error above the
+ * drift bound, or a key count that moved. */
+static bool is_large(const cmp_rowrec *rec, kv_stage st)
+{
+    return rec->bad && (rec->nonfinite > 0 || cmp_rowrec_rel(rec) > CMP_DRIFT_BOUND ||
+                        st == STAGE_ATTN_NKEYS);
+}
+
+static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1, first_bad *f,
+                           first_bad *lg, kv_err *e)
+{
+    walk_slot *s = &w->slots[i];
+    const cmp_stage_result *sr = s->res;
+    const int step = rows_per_read(w, s->cols);
+    for (int64_t q = p0; q <= p1; q += step) {
+        const int64_t n = p1 - q + 1 < step ? p1 - q + 1 : step;
+        if (read_side(w->test, sr, q, n, w->bufa, w->hasha, e) < 0 ||
+            read_side(w->ref, sr, q, n, w->bufb, w->hashb, e) < 0)
+            return -1;
+        for (int64_t r = 0; r < n; r++) {
+            const int64_t p = q + r;
+            cmp_rowrec *rec = &w->recs[(size_t)i * w->B + (size_t)(p - b0)];
+            if (sr->hashed)
+                cmp_row_hashed(w->hasha[r] == w->hashb[r], rec);
+            else
+                cmp_row_compare(w->bufa + (size_t)r * s->cols, w->bufb + (size_t)r * s->cols,
+                                s->cols, &s->tol, rec);
+            w->have[(size_t)i * w->B + (size_t)(p - b0)] = 1;
+            if (rec->bad && earlier(p, i, f))
+                *f = (first_bad){p, i};
+            if (is_large(rec, sr->stage) && earlier(p, i, lg))
+                *lg = (first_bad){p, i};
+        }
+    }
+    return 0;
+}
+
+static int walk_block(walker *w, int64_t b0, int64_t b1, first_bad *f, first_bad *lg,
+                      kv_err *e)
+{
+    memset(w->have, 0, (size_t)w->n * (size_t)w->B);
+    for (int i = 0; i < w->n; i++) {
+        const cmp_stage_result *sr = w->slots[i].res;
+        int64_t p0 = sr->pos_lo > b0 ? sr->pos_lo : b0;
+        int64_t p1 = sr->pos_hi < b1 ? sr->pos_hi : b1;
+        if (p0 <= p1 && walk_slot_block(w, i, b0, p0, p1, f, lg, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Rows of the block go to `all`; to `upto` only before the divergence. */
+static void merge_block(walker *w, int64_t b0, int64_t b1, const first_bad *f)
+{
+    for (int i = 0; i < w->n; i++)
+        for (int64_t p = b0; p <= b1; p++) {
+            size_t k = (size_t)i * w->B + (size_t)(p - b0);
+            if (!w->have[k])
+                continue;
+            cmp_stage_result *sr = w->slots[i].res;
+            cmp_stats_add(&sr->all, &w->recs[k], p);
+            if (f->pos < 0 || p < f->pos || (p == f->pos && i < f->slot))
+                cmp_stats_add(&sr->upto, &w->recs[k], p);
+        }
+}
+
+static void set_element(cmp_divergence *d, const kv_config *c, int col)
+{
+    const int D = c->head_dim;
+    d->col = col;
+    d->head = d->dim = -1;
+    switch (d->stage) {
+    case STAGE_Q:
+    case STAGE_ATTN_OUT:
+    case STAGE_K:
+    case STAGE_V:
+        d->head = col / D;
+        d->dim = col % D;
+        break;
+    case STAGE_ATTN_LSE:
+    case STAGE_ATTN_NKEYS:
+        d->head = col;
+        break;
+    default:
+        break;
+    }
+}
+
+/* Fills d from the divergent row (read again: buffers were reused). */
+static int fill_divergence(walker *w, const first_bad *f, int64_t b0, cmp_divergence *d,
+                           kv_err *e)
+{
+    walk_slot *s = &w->slots[f->slot];
+    const cmp_stage_result *sr = s->res;
+    const cmp_rowrec *rec = &w->recs[(size_t)f->slot * w->B + (size_t)(f->pos - b0)];
+    const kv_config *c = &w->ref->cfg;
+    memset(d, 0, sizeof *d);
+    d->found = true;
+    d->pos = f->pos;
+    d->layer = sr->layer;
+    d->stage = sr->stage;
+    d->hashed = sr->hashed;
+    d->col = d->head = d->dim = -1;
+    d->n_bad = rec->n_bad;
+    d->row_max_abs = rec->max_abs;
+    d->row_rel = cmp_rowrec_rel(rec);
+    if (sr->layer >= 0) {
+        d->layer_window = config_layer_window(c, sr->layer);
+        d->layer_sliding = d->layer_window > 0;
+        d->kv_owner = c->kv_owner[sr->layer];
+    }
+    if (sr->hashed)
+        return 0;
+    if (w->test->read(w->test->ctx, sr->layer, sr->stage, f->pos, 1, w->bufa, e) < 0 ||
+        w->ref->read(w->ref->ctx, sr->layer, sr->stage, f->pos, 1, w->bufb, e) < 0)
+        return -1;
+    const int col = rec->first_bad;
+    set_element(d, c, col);
+    d->test = w->bufa[col];
+    d->ref = w->bufb[col];
+    d->nonfinite = cmp_elem_nonfinite_mismatch(d->test, d->ref);
+    d->abs_err = d->nonfinite ? NAN : fabs((double)d->test - (double)d->ref);
+    d->ulp = d->nonfinite ? 0 : cmp_ulp_distance(d->test, d->ref);
+    if (!d->nonfinite)
+        for (int k = 0; k < s->cols; k++)
+            d->nonfinite |= cmp_elem_nonfinite_mismatch(w->bufa[k], w->bufb[k]);
+    return 0;
+}
+
+/* Evidence of identity at the divergent position: earlier stages of its
+ * layer, read from the block's records before they are overwritten. */
+static void earlier_stages(walker *w, const first_bad *f, int64_t b0, cmp_evidence *ev)
+{
+    const int layer = w->slots[f->slot].res->layer;
+    if (layer < 0)
+        return;
+    for (int i = 0; i < f->slot; i++) {
+        const cmp_stage_result *sr = w->slots[i].res;
+        size_t k = (size_t)i * w->B + (size_t)(f->pos - b0);
+        if (sr->layer != layer || !w->have[k])
+            continue;
+        ev->earlier_compared |= 1u << sr->stage;
+        if (w->recs[k].bitequal)
+            ev->earlier_identical |= 1u << sr->stage;
+    }
+}
+
+/* A first divergence that may be rounding drift: the walk goes on to the
+ * first difference larger than drift, so a bug behind it is not missed. */
+static bool tiny(const cmp_divergence *d)
+{
+    return d->found && !d->hashed && !d->nonfinite && d->row_rel <= CMP_DRIFT_REL;
+}
+
+/* Records what this block found first: the first divergence, and the
+ * first difference larger than drift when it is another row. */
+static int record_block(walker *w, int64_t b0, const first_bad *f, bool had_f,
+                        const first_bad *lg, bool had_lg, kv_err *e)
+{
+    cmp_result *r = w->r;
+    if (f->pos >= 0 && !had_f) {
+        if (fill_divergence(w, f, b0, &r->first, e) < 0)
+            return -1;
+        earlier_stages(w, f, b0, &r->ev);
+    }
+    if (lg->pos >= 0 && !had_lg && (lg->pos != f->pos || lg->slot != f->slot) &&
+        tiny(&r->first)) {
+        if (fill_divergence(w, lg, b0, &r->beyond, e) < 0)
+            return -1;
+        earlier_stages(w, lg, b0, &r->beyond_ev);
+    }
+    return 0;
+}
+
+static int walk(walker *w, kv_err *e)
+{
+    cmp_coverage *cv = &w->r->compared;
+    first_bad f = {-1, 0}, lg = {-1, 0};
+    cv->walked_to = -1;
+    for (int64_t b0 = cv->pos_lo; b0 <= cv->pos_hi; b0 += w->B) {
+        const int64_t b1 = b0 + w->B - 1 < cv->pos_hi ? b0 + w->B - 1 : cv->pos_hi;
+        const bool had_f = f.pos >= 0, had_lg = lg.pos >= 0;
+        if (walk_block(w, b0, b1, &f, &lg, e) < 0)
+            return -1;
+        merge_block(w, b0, b1, &f);
+        cv->walked_to = b1;
+        if (record_block(w, b0, &f, had_f, &lg, had_lg, e) < 0)
+            return -1;
+        if (f.pos >= 0 && !w->o->full && (!tiny(&w->r->first) || lg.pos >= 0))
+            break;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Verdict and entry point                                              */
+
+static void set_verdict(cmp_result *r)
+{
+    bool bitequal = true;
+    for (int i = 0; i < r->n_stages; i++)
+        bitequal &= r->stages[i].all.bitequal_rows == r->stages[i].all.rows;
+    if (r->first.found || r->tokens.kind == CMP_TOKENS_DIFFER)
+        r->verdict = CMP_DIVERGED;
+    else
+        r->verdict = bitequal ? CMP_IDENTICAL : CMP_WITHIN_TOLERANCE;
+}
+
+static void set_mode(cmp_result *r, const cmp_opts *o)
+{
+    r->atol = o->atol;
+    r->rtol = o->rtol;
+    r->ulp = o->ulp;
+    r->noise = o->noise != NULL;
+    r->noise_factor = o->noise_factor;
+    r->exact = o->atol == 0 && o->rtol == 0 && o->ulp == 0 && !o->noise;
+}
+
+static int check_options(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
+                         kv_err *e)
+{
+    if (!ref || !test || !ref->info || !test->info)
+        return kv_errf(e, "compare: a source without an info callback");
+    if ((!ref->read && !ref->read_hash) || (!test->read && !test->read_hash))
+        return kv_errf(e, "compare: a source with neither rows nor hashes");
+    if (o->atol < 0 || o->rtol < 0 || !isfinite(o->atol) || !isfinite(o->rtol) ||
+        o->noise_factor < 0 || !isfinite(o->noise_factor))
+        return kv_errf(e, "compare: tolerances must be finite and >= 0");
+    bool fp = !ref->read || !test->read;
+    if (fp && (o->atol > 0 || o->rtol > 0 || o->ulp > 0 || o->noise))
+        return kv_errf(e, "compare: %s holds fingerprints only: hashes compare exactly, "
+                       "without a tolerance or noise floor", !ref->read ? ref->label
+                                                                        : test->label);
+    return 0;
+}
+
+static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
+{
+    cmp_result *r = w->r;
+    if (build_slots(w, e) < 0)
+        return -1;
+    if (w->n == 0)
+        return kv_errf(e, "%s and %s hold no (layer, stage, position) in common: nothing to "
+                       "compare", w->ref->label, w->test->label);
+    if (alloc_buffers(w, e) < 0)
+        return -1;
+    if (w->o->noise && noise_floor(w, e) < 0)
+        return -1;
+    set_tolerances(w);
+    if (walk(w, e) < 0)
+        return -1;
+    if (cmp_tokens_compare(c, e) < 0 || cmp_logit_stats_compute(c, e) < 0)
+        return -1;
+    if (r->first.found && cmp_diagnose(c, e) < 0)
+        return -1;
+    if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER) {
+        r->diag.kind = CMP_DIAG_UNCLASSIFIED;
+        snprintf(r->diag.summary, sizeof r->diag.summary, "unclassified");
+        snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position %lld "
+                 "but no recorded stage does before it: record the logits and every stage)",
+                 (long long)r->tokens.pos);
+    }
+    set_verdict(r);
+    return 0;
+}
+
+int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *opts,
+                cmp_result *r, kv_err *e)
+{
+    cmp_opts dflt;
+    cmp_opts_default(&dflt);
+    const cmp_opts *o = opts ? opts : &dflt;
+    memset(r, 0, sizeof *r);
+    set_mode(r, o);
+    if (check_options(ref, test, o, e) < 0)
+        return -1;
+    /* Row records are kept per block: a bounded block keeps memory bounded. */
+    const int B = o->block_rows <= 0 ? 64 : o->block_rows > 4096 ? 4096 : o->block_rows;
+    walker w = {.ref = ref, .test = test, .o = o, .r = r, .B = B};
+    r->n_layers_model = ref->cfg.n_layers;
+    if (check_models(ref, test, "model", o->force, r, e) < 0 ||
+        check_prompts(ref, test, o->force, r, &w.pos_limit, e) < 0)
+        return -1;
+    r->compared.pos_cut = w.pos_limit;
+    if (!ref->complete)
+        cmp_note(r, "%s is partial (the run stopped early): compared what it holds", ref->label);
+    if (!test->complete)
+        cmp_note(r, "%s is partial (the run stopped early): compared what it holds", test->label);
+    cmp_ctx c = {.ref = ref, .test = test, .o = o, .cfg = &ref->cfg, .r = r,
+                 .pos_limit = w.pos_limit};
+    int rc = compare_run(&w, &c, e);
+    walker_free(&w);
+    return rc;
+}

@@ -1,0 +1,391 @@
+/* compare.h — the comparer: align two recordings, find the first divergence
+ * in dataflow order, say what kind of bug it looks like.
+ *
+ * A recording is seen through a cmp_source (an HDF5 dump, an in-memory
+ * recording made by cmp_memrec, anything that can hand out rows by absolute
+ * position). cmp_compare walks both in dataflow order — positions
+ * ascending; at each position the embedding, layers 0..L-1 with their
+ * stages in kv_stage order, then final_norm and logits — reading blocks of
+ * positions per (layer, stage), never a whole recording, and stops at the
+ * first element that differs (exact mode) or violates the tolerance — or,
+ * when that one is rounding drift, at the first difference larger than
+ * drift, so a bug behind drift is still found. It then gathers evidence
+ * at that point (which earlier stages are bitwise
+ * identical, the attention statistics, a recomputation of attention under
+ * each candidate key set, a RoPE offset estimate) and names the bug class
+ * (docs/diagnosis.md lists every rule). Tokens are compared up to the first
+ * differing one, with each run's logit margin there.
+ *
+ * Nothing here prints: renderers return text or JSON for the caller. */
+#ifndef KV_COMPARE_H
+#define KV_COMPARE_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "../dump/observer.h"
+#include "../model/config.h"
+#include "../model/err.h"
+
+/* ------------------------------------------------------------------ */
+/* Sources                                                              */
+
+/* One recording, as the comparer reads it. Every position is ABSOLUTE (the
+ * token index), never a dataset row. The struct and everything it points
+ * to are owned by whoever filled it and must stay valid and unchanged for
+ * the duration of a cmp_compare call. */
+typedef struct cmp_source {
+    void *ctx;                   /* passed back to every callback */
+    const char *label;           /* for messages: "reference", a file path */
+    kv_config cfg;               /* the resolved model config of the recording */
+    const char *engine;          /* "reference", "chunked", "pytorch"; may be NULL */
+    const char *settings_json;   /* engine settings (JSON object) or NULL; the
+                                  * comparer reads "chunk", "cache", "attention",
+                                  * "max_ctx" when present */
+    const char *weights;         /* weight fingerprint (hex) or NULL / "" unknown */
+    int64_t n_tokens;            /* tokens known (prompt then generated); 0 if none */
+    int64_t prompt_length;
+    const int32_t *tokens;       /* n_tokens ids, token at absolute position p */
+    bool complete;               /* false: the run stopped early (partial dump) */
+
+    /* Which positions of (layer, stage) are recorded: first_pos and rows
+     * (rows = 0 when absent) and floats per row (ignored for fingerprint-
+     * only sources: the comparer uses the config's width). layer = -1 for
+     * model-level stages (embed, final_norm, logits). Returns 0, or
+     * non-zero for "absent". Required. */
+    int (*info)(void *ctx, int layer, kv_stage st, int64_t *first_pos, int64_t *rows,
+                int *cols);
+    /* Reads positions pos0 .. pos0 + n - 1 (inside what info reported) into
+     * out (n x cols floats, row-major). Returns 0 or -1 with e filled. NULL
+     * for a fingerprint-only source (then read_hash is required). */
+    int (*read)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, float *out,
+                kv_err *e);
+    /* Optional: XXH3-64 (seed 0) of each row's float32 bytes (the dump
+     * format's fingerprint). Only used when read is NULL. */
+    int (*read_hash)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
+                     uint64_t *hash, kv_err *e);
+    /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the
+     * log-sum-exp of the logits and the top k (k >= 1) logits, descending,
+     * ties by lower id. output_info returns non-zero (or rows 0) when there
+     * is none; output reads n positions (lse n, ids and vals n x k). */
+    int (*output_info)(void *ctx, int64_t *first_pos, int64_t *rows, int *k);
+    int (*output)(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *topk_ids,
+                  float *topk_vals, kv_err *e);
+} cmp_source;
+
+/* ------------------------------------------------------------------ */
+/* In-memory recorder                                                   */
+
+/* A kv_observer sink that keeps every emitted row (grown as needed) and
+ * every announced token, and reads back as a cmp_source. For tests, the
+ * lockstep mode and small runs: memory grows with the run. */
+typedef struct cmp_memrec cmp_memrec;
+
+typedef struct {
+    int layer_lo, layer_hi;      /* inclusive layer range kept (model-level
+                                  * stages are kept whatever the range) */
+    int64_t pos_lo, pos_hi;      /* inclusive position range kept */
+    bool stages[STAGE_COUNT];    /* stages kept */
+    int topk;                    /* k of the /output (lse + top-k) derived from every
+                                  * logits row, kept even when full logits are not
+                                  * (stages[STAGE_LOGITS] off), as in a dump */
+} cmp_memrec_opts;
+
+/* Everything: all layers, positions, stages (full logits too), top-8. */
+void cmp_memrec_opts_default(cmp_memrec_opts *o);
+
+/* cfg is copied; engine and settings_json (may be NULL) are copied. o may
+ * be NULL (defaults). Returns NULL with e filled on a bad argument or when
+ * out of memory. */
+cmp_memrec *cmp_memrec_new(const kv_config *cfg, const char *engine, const char *settings_json,
+                           const cmp_memrec_opts *o, kv_err *e);
+void cmp_memrec_free(cmp_memrec *m);   /* accepts NULL */
+
+/* The sink to hand to an engine and generate(); valid until cmp_memrec_free.
+ * Rows of one (layer, stage) must arrive in position order without gaps
+ * (re-emitting a recorded position overwrites it); otherwise, or when out
+ * of memory, the observer asks the engine to stop and cmp_memrec_error
+ * says why. */
+kv_observer *cmp_memrec_observer(cmp_memrec *m);
+const char *cmp_memrec_error(const cmp_memrec *m);  /* NULL when none */
+
+/* Marks the recording partial (a run that stopped early); default complete. */
+void cmp_memrec_set_complete(cmp_memrec *m, bool complete);
+
+/* Fills *out with a view of m. The view (its tokens pointer in particular)
+ * is invalidated by further emits: take it after the run. */
+void cmp_memrec_source(cmp_memrec *m, cmp_source *out);
+
+/* The stored row of (layer, stage) at pos, writable (tests plant
+ * differences through it), or NULL when not recorded. *cols (may be NULL)
+ * receives the row's width. */
+float *cmp_memrec_row(cmp_memrec *m, int layer, kv_stage st, int64_t pos, int *cols);
+
+/* Bytes of rows held. */
+size_t cmp_memrec_bytes(const cmp_memrec *m);
+
+/* ------------------------------------------------------------------ */
+/* Options                                                              */
+
+/* An element of the test matches the reference's when:
+ *   exact mode (atol = rtol = 0, ulp = 0, no noise source): the float32
+ *     bits are equal (so NaN equals NaN only bit for bit, and -0 != +0);
+ *   otherwise: bits equal, or both NaN, or
+ *     |test - ref| <= atol_eff + rtol * max|ref row|, or ulp distance <= ulp,
+ *     where max|ref row| is the largest finite |ref| of that row (rtol is
+ *     scale-aware, as the reported relative errors are, so an element near
+ *     zero in a row of O(1) values does not need an atol: numpy's
+ *     element-wise rtol would flag every rounding difference there),
+ *     atol_eff = atol + noise_factor * floor(layer, stage) and floor is the
+ *     largest |ref - noise| over every position the reference and the noise
+ *     recording both hold for that (layer, stage) (0 where the noise run is
+ *     bit-identical, so those stages stay exact).
+ * A NaN or infinity against anything but its own kind is always a
+ * divergence. Fingerprint sources compare by hash: exact mode only. */
+typedef struct {
+    double atol;                 /* absolute; 0 = off */
+    double rtol;                 /* relative to the row's largest |ref|; 0 = off */
+    uint64_t ulp;                /* 0 = off */
+    const cmp_source *noise;     /* optional third recording of the same prompt
+                                  * (e.g. a cascade run) defining the noise floor */
+    double noise_factor;         /* default 2 */
+    bool force;                  /* compare despite a model / prompt mismatch */
+    bool full;                   /* keep walking after the divergence, so the
+                                  * per-stage `all` metrics cover everything */
+    int block_rows;              /* positions per read (default 64, at most 4096) */
+} cmp_opts;
+
+void cmp_opts_default(cmp_opts *o);
+
+/* ------------------------------------------------------------------ */
+/* Result                                                               */
+
+typedef enum { CMP_IDENTICAL, CMP_WITHIN_TOLERANCE, CMP_DIVERGED } cmp_verdict;
+
+/* Metrics over a set of compared rows of one (layer, stage). Relative
+ * errors are row-relative: max|test - ref| over a row divided by max|ref|
+ * over that row (scale-aware, no blow-up at zero crossings). Sums skip
+ * elements where either side is NaN or infinite. */
+typedef struct {
+    int64_t rows;                /* rows compared */
+    int64_t bitequal_rows;       /* rows whose bits are all equal */
+    int64_t violating_rows;      /* rows with an element outside the tolerance */
+    int64_t nonfinite;           /* elements where only one side is NaN/Inf
+                                  * (or NaN against an infinity) */
+    double max_abs, max_rel;
+    uint64_t max_ulp;
+    double dot, ref_sq, test_sq, err_sq;   /* for cosine and NMSE */
+    int64_t first_bitdiff_pos;   /* -1: every row bitwise equal */
+} cmp_stats;
+
+double cmp_stats_cosine(const cmp_stats *s);  /* 1 when both sides are all zero */
+double cmp_stats_nmse(const cmp_stats *s);    /* err_sq / ref_sq (0 when no error) */
+
+typedef struct {
+    int layer;                   /* -1: model level */
+    kv_stage stage;
+    int cols;
+    int64_t pos_lo, pos_hi;      /* positions both recordings hold (inclusive) */
+    bool hashed;                 /* compared by fingerprint (row hashes) */
+    double noise_floor;          /* max |ref - noise| (0 without a noise source) */
+    double atol_eff;             /* the absolute tolerance applied */
+    cmp_stats upto;              /* rows before the first divergence (dataflow order) */
+    cmp_stats all;               /* every row the walk visited (all of them with opts.full) */
+} cmp_stage_result;
+
+typedef struct {
+    bool found;
+    int64_t pos;
+    int layer;                   /* -1: model level */
+    kv_stage stage;
+    bool hashed;                 /* located from fingerprints: row only, no element */
+    int col;                     /* lowest violating column; -1 unknown */
+    int head, dim;               /* per-head stages (q, attn_out: query head; k, v:
+                                  * KV head; attn_lse, attn_nkeys: head, dim -1);
+                                  * -1 elsewhere */
+    float ref, test;             /* the values there */
+    double abs_err;              /* |test - ref| (NaN when one is non-finite) */
+    uint64_t ulp;                /* ulp distance (0 when non-finite) */
+    bool nonfinite;              /* one side NaN/Inf and the other not the same */
+    int n_bad;                   /* violating elements in that row */
+    double row_max_abs, row_rel; /* over the row: max |diff|, max |diff| / max |ref| */
+    bool layer_sliding;          /* the layer's attention (layer >= 0) */
+    int layer_window;
+    int kv_owner;
+} cmp_divergence;
+
+typedef enum {
+    CMP_DIAG_NONE,               /* no divergence */
+    CMP_DIAG_ZERO_KV,            /* attention read K = V = 0 */
+    CMP_DIAG_ROPE_OFFSET,        /* q (or k) rotated for another position */
+    CMP_DIAG_WINDOW,             /* sliding window of another size */
+    CMP_DIAG_CHUNK_ISOLATED,     /* a chunk attended only to itself */
+    CMP_DIAG_EXTRA_KEY,          /* one extra (unwritten) key at the first decode step */
+    CMP_DIAG_DECODE_STUCK,       /* decode write index not advancing */
+    CMP_DIAG_RING_NO_WRAP,       /* ring buffer not overwriting its oldest slot */
+    CMP_DIAG_STALE_CACHE,        /* sliding cache read from an earlier state */
+    CMP_DIAG_KEY_SET,            /* a different key set, no finer pattern */
+    CMP_DIAG_NUMERIC_DRIFT,      /* rounding-order differences, not a cache bug */
+    CMP_DIAG_NONFINITE,          /* NaN / Inf on one side */
+    CMP_DIAG_UNCLASSIFIED,
+    CMP_DIAG_COUNT
+} cmp_diag_kind;
+
+/* How the diagnosis was established, most trustworthy first. */
+typedef enum {
+    CMP_BASIS_NONE,
+    CMP_BASIS_RECOMPUTED,        /* recomputing from recorded rows reproduces the test */
+    CMP_BASIS_EXACT_CHECK,       /* an exact property of the recorded values */
+    CMP_BASIS_HEURISTIC          /* pattern of positions and counts only */
+} cmp_basis;
+
+typedef struct {
+    cmp_diag_kind kind;
+    cmp_basis basis;
+    char summary[256];           /* one line: "attention read a different key set ..." */
+    char detail[512];            /* the refinement: "(window in test appears to be 4, ...)" */
+    char evidence[768];          /* how it was established, in words */
+} cmp_diagnosis;
+
+/* Facts gathered at the first divergence (p, l, s) of a layer stage. */
+typedef struct {
+    uint32_t earlier_compared;   /* bit st: stage st at (p, l) compared */
+    uint32_t earlier_identical;  /* bit st: ... and bitwise identical */
+    int qkv;                     /* 1: q of layer l and k, v of its KV owner are bitwise
+                                  * identical at every recorded position qkv_from ..
+                                  * qkv_to; 0: not all bitwise (tolerance mode: they are
+                                  * within it, since they precede the divergence);
+                                  * -1: not all recorded */
+    int64_t qkv_from, qkv_to;    /* the positions that claim covers: qkv_to is p, or
+                                  * p - 1 when the divergence is at q, k or v itself */
+    int n_heads;                 /* entries in lse_ref / lse_test */
+    float *lse_ref, *lse_test;   /* attn_lse at (p, l), or NULL when not recorded */
+    int nkeys_ref, nkeys_test;   /* keys attended at (p, l), head 0; -1 unknown */
+    bool norms_equal;            /* stage q/k: per-head L2 norms equal (rotation-like) */
+    bool rope_found;
+    int64_t rope_delta;          /* best RoPE offset when rope_found */
+    double rope_err;             /* its row-relative error */
+    int recompute;               /* -1 not attempted, 0 no hypothesis matched, 1 one did */
+    char hypothesis[160];        /* the key set that reproduced the test */
+    double hyp_err;              /* its error against the test */
+    double ref_check_err;        /* the config's key set against the reference */
+    int64_t nkeys_diff_pos;      /* first position where any layer's key count differs; -1 none */
+    int nkeys_diff_layer;
+    double growth_first, growth_last;  /* row-relative error of x_out at p: layer l, last layer */
+    int growth_layer_last;
+} cmp_evidence;
+
+typedef enum {
+    CMP_TOKENS_NONE,             /* a side has no tokens */
+    CMP_TOKENS_IDENTICAL,        /* same count, same ids */
+    CMP_TOKENS_DIFFER,           /* a generated token differs */
+    CMP_TOKENS_LENGTH            /* common prefix identical, counts differ */
+} cmp_tokens_kind;
+
+typedef struct {
+    cmp_tokens_kind kind;
+    int64_t n_ref, n_test, prompt_length;
+    int64_t pos;                 /* first differing position (CMP_TOKENS_DIFFER) */
+    int64_t step;                /* pos - prompt_length: 0 = first generated token */
+    int32_t ref_id, test_id;
+    double ref_margin, test_margin;  /* top-1 minus top-2 logit at pos - 1; NaN unknown */
+    bool near_tie;               /* both margins known and small (< 0.05 * max(1, |top-1|)
+                                  * or < 1e-3): a flip a rounding difference can cause */
+} cmp_tokens;
+
+/* softmax(ref) vs softmax(test) over the compared positions. */
+typedef struct {
+    bool present;
+    bool from_topk;              /* only /output top-k: KL is approximate (a lower bound
+                                  * over the reference's top-k ids) */
+    int64_t positions;
+    int64_t top1_agree;
+    double kl_mean, kl_max;
+    int64_t kl_max_pos;
+} cmp_logit_stats;
+
+typedef struct {
+    int n_layers;                /* distinct layers with a compared stage */
+    int n_stages;                /* distinct layer stages compared */
+    int n_model_stages;          /* embed, final_norm, logits compared */
+    int64_t pos_lo, pos_hi;      /* positions compared (inclusive; lo > hi: none) */
+    int64_t rows;                /* rows in the overlap (all (layer, stage, position)) */
+    bool partial;                /* the overlap is smaller than either recording */
+    bool hashed;                 /* some stage compared by fingerprint */
+    int64_t pos_cut;             /* first position whose input token differs (walk
+                                  * stops before it); -1 none */
+    int64_t walked_to;           /* last position the walk read */
+} cmp_coverage;
+
+#define CMP_MAX_NOTES 16
+
+typedef struct {
+    cmp_verdict verdict;
+    bool exact;                  /* exact mode */
+    double atol, rtol, noise_factor;
+    uint64_t ulp;
+    bool noise;                  /* a noise-floor source was used */
+    int n_layers_model;          /* of the reference config */
+    cmp_coverage compared;
+    cmp_divergence first;        /* the first divergence */
+    cmp_evidence ev;             /* evidence at it */
+    /* When `first` is numeric drift (a tiny difference that attention over
+     * the config's keys reproduces), the walk goes on to the first
+     * difference larger than drift: a row-relative error above 1e-3, a
+     * non-finite value or a key count that differs. A bug behind drift
+     * shows here; found = false when the drift stays drift. */
+    cmp_divergence beyond;
+    cmp_evidence beyond_ev;
+    /* What the divergence looks like: that of `beyond` when found (so a bug
+     * behind drift is named, never "not a cache bug"), else of `first`. */
+    cmp_diagnosis diag;
+    cmp_tokens tokens;
+    cmp_logit_stats logits;
+    cmp_stage_result *stages;    /* n_stages entries, dataflow order */
+    int n_stages;
+    char notes[CMP_MAX_NOTES][256];  /* refusals overridden, partial overlap, ... */
+    int n_notes;
+} cmp_result;
+
+/* Compares test against ref. Returns 0 with *r filled (the verdict says
+ * identical / within tolerance / diverged), or -1 with e filled: a read
+ * error, nothing in common to compare, or a refusal (different model,
+ * weights or prompt, unless o->force). *r is always safe to
+ * cmp_result_free afterwards. o may be NULL (exact mode). */
+int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
+                cmp_result *r, kv_err *e);
+void cmp_result_free(cmp_result *r);   /* accepts NULL; leaves *r zeroed */
+
+/* The (layer, stage) entry, or NULL when not compared. */
+const cmp_stage_result *cmp_result_stage(const cmp_result *r, int layer, kv_stage st);
+
+/* h5diff-like exit code for the CLI: 0 same (identical or within
+ * tolerance), 1 diverged, 2 error (rc < 0 from cmp_compare). */
+int cmp_exit_code(int rc, const cmp_result *r);
+
+const char *cmp_verdict_name(cmp_verdict v);     /* "identical", "within_tolerance", "diverged" */
+const char *cmp_diag_name(cmp_diag_kind k);      /* stable ids: "zero_kv", "rope_offset", ... */
+const char *cmp_basis_name(cmp_basis b);         /* "recomputed", "exact_check", "heuristic" */
+
+/* Distance between two floats in units in the last place (ordering of
+ * float32 bit patterns; +0 and -0 are 0 apart). Non-finite: UINT64_MAX
+ * unless the bits are equal. */
+uint64_t cmp_ulp_distance(float a, float b);
+
+/* ------------------------------------------------------------------ */
+/* Rendering                                                            */
+
+enum {
+    CMP_RENDER_STAGES = 1        /* append the per-(layer, stage) metrics table / array */
+};
+
+/* Human-readable report (FIRST DIVERGENCE / DIAGNOSIS / TOKENS blocks).
+ * Returns a malloc'd string the caller frees, NULL when out of memory. */
+char *cmp_render_text(const cmp_result *r, unsigned flags);
+
+/* The same content as JSON with stable keys (a new reference the caller
+ * json_decref's; NULL when out of memory), and as compact text (malloc'd). */
+json_t *cmp_result_json(const cmp_result *r, unsigned flags);
+char *cmp_render_json(const cmp_result *r, unsigned flags);
+
+#endif

@@ -1,0 +1,880 @@
+/* diagnose.c — evidence at the first divergence and the rules that name
+ * the bug class (docs/diagnosis.md). Rules run most specific first:
+ * non-finite values, a RoPE offset (q/k rotated), a zero K/V read, numeric
+ * drift, a different key set (refined by recomputing attention under each
+ * candidate key set), and otherwise "unclassified" with the evidence.
+ *
+ * A diagnosis says how it was established: recomputed (our own attention
+ * or rotation from recorded rows reproduces the test), an exact check of
+ * recorded values, or a heuristic (positions and counts only). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmp_internal.h"
+
+static void say(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *buf, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, n, fmt, ap);
+    va_end(ap);
+}
+
+static void set_diag(cmp_ctx *c, cmp_diag_kind k, cmp_basis b, const char *summary)
+{
+    c->g->kind = k;
+    c->g->basis = b;
+    say(c->g->summary, sizeof c->g->summary, "%s", summary);
+}
+
+static bool is_attn_stage(kv_stage s)
+{
+    return s == STAGE_ATTN_LSE || s == STAGE_ATTN_NKEYS || s == STAGE_ATTN_OUT;
+}
+
+/* A row of (layer, stage) at pos from src, malloc'd, or NULL (not
+ * recorded, another width than the reference config's — a forced
+ * comparison of other shapes —, or *rc = -1 on error). */
+static float *row_of(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st,
+                     int64_t pos, int *rc, kv_err *e)
+{
+    const int cols = cmp_stage_cols(c->cfg, layer, st);
+    if (cols <= 0)
+        return NULL;
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!row) {
+        *rc = kv_errf(e, "compare: out of memory");
+        return NULL;
+    }
+    int r = cmp_read_row(src, layer, st, pos, cols, row, e);
+    if (r != 0) {
+        if (r < 0)
+            *rc = -1;
+        free(row);
+        return NULL;
+    }
+    return row;
+}
+
+/* ------------------------------------------------------------------ */
+/* Evidence                                                             */
+
+/* q of layer l and k, v of its KV owner bitwise identical at every
+ * recorded position up to p (before p when the divergence is at one of
+ * them), from the walk's per-stage statistics. */
+static void qkv_evidence(cmp_ctx *c)
+{
+    cmp_evidence *ev = c->ev;
+    const cmp_divergence *d = c->d;
+    const int owner = c->cfg->kv_owner[d->layer];
+    const int layers[3] = {d->layer, owner, owner};
+    const kv_stage stages[3] = {STAGE_Q, STAGE_K, STAGE_V};
+    ev->qkv = 1;
+    ev->qkv_from = 0;
+    ev->qkv_to = d->stage <= STAGE_V ? d->pos - 1 : d->pos;
+    if (ev->qkv_to < 0) {
+        ev->qkv = -1;
+        return;
+    }
+    for (int i = 0; i < 3; i++) {
+        const cmp_stage_result *sr = cmp_result_stage(c->r, layers[i], stages[i]);
+        if (!sr || sr->pos_hi < ev->qkv_to || sr->pos_lo > ev->qkv_to) {
+            ev->qkv = -1;
+            return;
+        }
+        ev->qkv_from = sr->pos_lo > ev->qkv_from ? sr->pos_lo : ev->qkv_from;
+        const int64_t f = sr->all.first_bitdiff_pos;
+        if (f >= 0 && f <= ev->qkv_to)
+            ev->qkv = 0;
+    }
+}
+
+static int attn_stats_evidence(cmp_ctx *c, kv_err *e)
+{
+    cmp_evidence *ev = c->ev;
+    const cmp_divergence *d = c->d;
+    int rc = 0;
+    ev->n_heads = c->cfg->n_heads;
+    ev->lse_ref = row_of(c, c->ref, d->layer, STAGE_ATTN_LSE, d->pos, &rc, e);
+    ev->lse_test = row_of(c, c->test, d->layer, STAGE_ATTN_LSE, d->pos, &rc, e);
+    float *na = row_of(c, c->ref, d->layer, STAGE_ATTN_NKEYS, d->pos, &rc, e);
+    float *nb = row_of(c, c->test, d->layer, STAGE_ATTN_NKEYS, d->pos, &rc, e);
+    ev->nkeys_ref = na ? (int)na[0] : -1;
+    ev->nkeys_test = nb ? (int)nb[0] : -1;
+    free(na);
+    free(nb);
+    return rc;
+}
+
+/* First (position, layer) where any recorded key count differs. */
+static int nkeys_scan(cmp_ctx *c, kv_err *e)
+{
+    cmp_evidence *ev = c->ev;
+    const int H = c->cfg->n_heads;
+    float *a = malloc((size_t)64 * H * sizeof(float)), *b = malloc((size_t)64 * H * sizeof(float));
+    int rc = (!a || !b) ? kv_errf(e, "compare: out of memory") : 0;
+    ev->nkeys_diff_pos = -1;
+    ev->nkeys_diff_layer = -1;
+    for (int i = 0; rc == 0 && i < c->r->n_stages; i++) {
+        const cmp_stage_result *sr = &c->r->stages[i];
+        if (sr->stage != STAGE_ATTN_NKEYS || sr->hashed || sr->cols != H)
+            continue;
+        for (int64_t p = sr->pos_lo; rc == 0 && p <= sr->pos_hi; p += 64) {
+            if (ev->nkeys_diff_pos >= 0 && p > ev->nkeys_diff_pos)
+                break;
+            const int64_t n = sr->pos_hi - p + 1 < 64 ? sr->pos_hi - p + 1 : 64;
+            if (c->ref->read(c->ref->ctx, sr->layer, STAGE_ATTN_NKEYS, p, n, a, e) < 0 ||
+                c->test->read(c->test->ctx, sr->layer, STAGE_ATTN_NKEYS, p, n, b, e) < 0) {
+                rc = -1;
+                break;
+            }
+            for (int64_t r = 0; r < n; r++)
+                if (memcmp(a + r * H, b + r * H, (size_t)H * sizeof(float)) != 0) {
+                    if (ev->nkeys_diff_pos < 0 || p + r < ev->nkeys_diff_pos) {
+                        ev->nkeys_diff_pos = p + r;
+                        ev->nkeys_diff_layer = sr->layer;
+                    }
+                    break;
+                }
+        }
+    }
+    free(a);
+    free(b);
+    return rc;
+}
+
+/* Row-relative error of x_out at p from layer l to the last recorded layer. */
+static int growth_evidence(cmp_ctx *c, kv_err *e)
+{
+    cmp_evidence *ev = c->ev;
+    const cmp_divergence *d = c->d;
+    int rc = 0;
+    ev->growth_first = ev->growth_last = NAN;
+    ev->growth_layer_last = -1;
+    for (int l = d->layer < 0 ? 0 : d->layer; l < c->cfg->n_layers && rc == 0; l++) {
+        float *a = row_of(c, c->test, l, STAGE_X_OUT, d->pos, &rc, e);
+        float *b = row_of(c, c->ref, l, STAGE_X_OUT, d->pos, &rc, e);
+        if (a && b) {
+            double rel = cmp_row_rel_err(a, b, c->cfg->hidden);
+            if (isnan(ev->growth_first))
+                ev->growth_first = rel;
+            ev->growth_last = rel;
+            ev->growth_layer_last = l;
+        }
+        free(a);
+        free(b);
+    }
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Recomputing attention at (p, l)                                      */
+
+typedef struct {
+    float *q_ref, *q_test, *out_ref, *out_test;
+    int64_t P, C, R;             /* prompt length, chunk (0 unknown), ring size (0 none) */
+    int W;                       /* the layer's window (0 global) */
+    int64_t lo_ref;              /* first key the config's window allows */
+    bool ref_rows_used;          /* the test lacked q or k/v: the reference's stood in */
+} attn_case;
+
+static void attn_case_free(attn_case *a)
+{
+    free(a->q_ref);
+    free(a->q_test);
+    free(a->out_ref);
+    free(a->out_test);
+}
+
+static int attn_case_init(cmp_ctx *c, attn_case *a, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    int rc = 0;
+    memset(a, 0, sizeof *a);
+    a->q_ref = row_of(c, c->ref, d->layer, STAGE_Q, d->pos, &rc, e);
+    a->q_test = row_of(c, c->test, d->layer, STAGE_Q, d->pos, &rc, e);
+    a->out_ref = row_of(c, c->ref, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    a->out_test = row_of(c, c->test, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    a->P = c->test->prompt_length > 0 ? c->test->prompt_length : c->ref->prompt_length;
+    /* The chunked run is normally the test; either side may say how it ran. */
+    const cmp_source *run = cmp_settings_int(c->test, "chunk", 0) > 0 ? c->test : c->ref;
+    a->C = cmp_settings_int(run, "chunk", 0);
+    a->W = config_layer_window(c->cfg, d->layer);
+    a->lo_ref = a->W > 0 && d->pos - a->W + 1 > 0 ? d->pos - a->W + 1 : 0;
+    if (a->W > 0 && a->C > 0 && cmp_settings_is(run, "cache", "ring")) {
+        long ctx = cmp_settings_int(run, "max_ctx", 0);
+        a->R = a->W + a->C;
+        if (ctx > 0 && a->R > ctx)
+            a->R = ctx;
+    }
+    return rc;
+}
+
+/* Error of hypothesis h against the test's recorded attention, from the
+ * test's own q, k, v (the reference's when the test lacks them). +inf
+ * when it cannot be recomputed. */
+static int hyp_err(cmp_ctx *c, attn_case *a, const cmp_hyp *h, bool on_ref, double *err,
+                   kv_err *e)
+{
+    const kv_config *cfg = c->cfg;
+    const int H = cfg->n_heads, D = cfg->head_dim;
+    const cmp_evidence *ev = c->ev;
+    const float *q = on_ref ? a->q_ref : (a->q_test ? a->q_test : a->q_ref);
+    const float *lse_rec = on_ref ? ev->lse_ref : ev->lse_test;
+    const float *out_rec = on_ref ? a->out_ref : a->out_test;
+    *err = INFINITY;
+    if (!q || (!lse_rec && !out_rec))
+        return 0;
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    int rc = (!lse || !out) ? kv_errf(e, "compare: out of memory") : 1;
+    if (rc == 1 && !on_ref)
+        rc = cmp_recompute_attention(c->test, cfg, c->d->layer, q, h, lse, out, e);
+    if (rc == 1 && !on_ref)
+        a->ref_rows_used = true;
+    if (rc == 1)   /* a match from the reference's k/v still pins the key set down */
+        rc = cmp_recompute_attention(c->ref, cfg, c->d->layer, q, h, lse, out, e);
+    if (!on_ref && !a->q_test)
+        a->ref_rows_used = true;
+    if (rc == 0)
+        *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+    free(lse);
+    free(out);
+    return rc < 0 ? -1 : 0;
+}
+
+static cmp_hyp hyp_ref(const cmp_divergence *d, const attn_case *a)
+{
+    cmp_hyp h = {.lo = a->lo_ref, .hi = d->pos, .zero_lo = 0, .zero_hi = 0};
+    say(h.what, sizeof h.what, "the config's keys %lld..%lld", (long long)h.lo, (long long)h.hi);
+    return h;
+}
+
+/* Prefill runs in chunks of C; each decode step is a chunk of one. */
+static int64_t chunk_start(int64_t p, const attn_case *a)
+{
+    return p >= a->P ? p : (p / a->C) * a->C;
+}
+
+static bool is_chunk_start(int64_t p, const attn_case *a)
+{
+    return p > 0 && chunk_start(p, a) == p;
+}
+
+/* First position of the chunk before the one starting at s. */
+static int64_t prev_chunk_start(int64_t s, const attn_case *a)
+{
+    if (s > a->P)
+        return s - 1;
+    return ((s - 1) / a->C) * a->C;
+}
+
+/* Candidates that change how many keys are read: one extra, only the
+ * chunk's own, a window of another size. */
+static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
+{
+    const int64_t p = c->d->pos;
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    const cmp_hyp base = hyp_ref(c->d, a);
+    int n = 0;
+    if (nt == nr + 1 && nr >= 0) {
+        cmp_hyp h = base;
+        h.extra_zero = 1;
+        h.kind = CMP_DIAG_EXTRA_KEY;
+        say(h.what, sizeof h.what, "the config's keys %lld..%lld plus one unwritten (zero) slot",
+            (long long)h.lo, (long long)h.hi);
+        hs[n++] = h;
+    }
+    if (a->C > 0 && chunk_start(p, a) > a->lo_ref) {
+        cmp_hyp h = base;
+        h.lo = chunk_start(p, a);
+        h.kind = CMP_DIAG_CHUNK_ISOLATED;
+        say(h.what, sizeof h.what, "only its own chunk's keys %lld..%lld", (long long)h.lo,
+            (long long)h.hi);
+        hs[n++] = h;
+    }
+    if (a->W > 0 && nt > 0 && nt != nr && nt <= p + 1) {
+        cmp_hyp h = base;
+        h.lo = p - nt + 1;
+        h.kind = CMP_DIAG_WINDOW;
+        say(h.what, sizeof h.what, "a window of %d keys (%lld..%lld)", nt, (long long)h.lo,
+            (long long)h.hi);
+        hs[n++] = h;
+    }
+    return n;
+}
+
+/* Candidates that read as many keys as the config but from wrong slots:
+ * a stuck decode index, a ring that does not wrap, a stale snapshot. */
+static int slot_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
+{
+    const int64_t p = c->d->pos;
+    const cmp_hyp base = hyp_ref(c->d, a);
+    int n = 0;
+    if (a->P > 0 && p == a->P + 1) {
+        cmp_hyp h = base;
+        h.nsubst = 2;
+        h.from[0] = a->P, h.to[0] = p;
+        h.from[1] = p, h.to[1] = -1;
+        h.kind = CMP_DIAG_DECODE_STUCK;
+        say(h.what, sizeof h.what, "keys where position %lld's slot holds position %lld's key "
+            "and position %lld's slot was never written", (long long)a->P, (long long)p,
+            (long long)p);
+        hs[n++] = h;
+        if (a->R > 0 && p - a->R >= 0) {   /* in a ring, that slot holds an older key */
+            h.to[1] = p - a->R;
+            say(h.what, sizeof h.what, "keys where position %lld's slot holds position %lld's "
+                "key and position %lld's ring slot still holds position %lld's", (long long)a->P,
+                (long long)p, (long long)p, (long long)(p - a->R));
+            hs[n++] = h;
+        }
+    }
+    if (a->R > 0 && p >= a->R) {
+        cmp_hyp h = base;
+        h.nsubst = 1;
+        h.from[0] = p, h.to[0] = p % a->R;
+        h.kind = CMP_DIAG_RING_NO_WRAP;
+        say(h.what, sizeof h.what, "the config's keys, the newest read from ring slot %lld "
+            "(still position %lld's)", (long long)(p % a->R), (long long)(p % a->R));
+        hs[n++] = h;
+    }
+    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a)) {
+        cmp_hyp h = base;
+        const int64_t prev = prev_chunk_start(p, a);
+        h.zero_lo = prev > a->lo_ref ? prev : a->lo_ref;
+        h.zero_hi = p;
+        h.kind = CMP_DIAG_STALE_CACHE;
+        say(h.what, sizeof h.what, "the config's keys with the previous chunk's (%lld..%lld) "
+            "read as never written", (long long)h.zero_lo, (long long)(p - 1));
+        hs[n++] = h;
+    }
+    return n;
+}
+
+/* The candidate key sets worth testing at (p, l), given the counts. */
+static int build_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
+{
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    int n = count_hyps(c, a, hs);
+    if (nr < 0 || nt < 0 || nr == nt)
+        n += slot_hyps(c, a, hs + n);
+    return n;
+}
+
+/* Tests every candidate; fills ev->recompute, ->hypothesis, ->hyp_err and
+ * returns the index of the matching one, or -1. */
+static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, int *best,
+                          kv_err *e)
+{
+    cmp_evidence *ev = c->ev;
+    cmp_hyp ref = hyp_ref(c->d, a);
+    *best = -1;
+    if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
+        return -1;
+    if (!(ev->ref_check_err <= CMP_MATCH_TOL))
+        return 0;   /* our attention does not reproduce the reference: no basis */
+    ev->recompute = 0;
+    double best_err = INFINITY;
+    for (int i = 0; i < n; i++) {
+        double err;
+        if (ev->nkeys_test >= 0 && cmp_hyp_nkeys(&hs[i]) != ev->nkeys_test)
+            continue;
+        if (hyp_err(c, a, &hs[i], false, &err, e) < 0)
+            return -1;
+        if (err <= CMP_MATCH_TOL && err < best_err) {
+            best_err = err;
+            *best = i;
+        }
+    }
+    if (*best >= 0) {
+        ev->recompute = 1;
+        ev->hyp_err = best_err;
+        say(ev->hypothesis, sizeof ev->hypothesis, "%s", hs[*best].what);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Rules                                                                */
+
+static void rule_nonfinite(cmp_ctx *c)
+{
+    const cmp_divergence *d = c->d;
+    const char *side = !isfinite(d->test) || isfinite(d->ref) ? "test" : "reference";
+    set_diag(c, CMP_DIAG_NONFINITE, CMP_BASIS_EXACT_CHECK,
+             "non-finite values: NaN or Inf on one side only");
+    say(c->g->detail, sizeof c->g->detail,
+        "(%s has %g where the other has %g: overflow, 0/0, a log/sqrt of a bad value or "
+        "uninitialised memory)", side, !isfinite(d->test) ? d->test : d->ref,
+        !isfinite(d->test) ? d->ref : d->test);
+}
+
+/* Per-head L2 norms equal: what a rotation (RoPE at another position)
+ * preserves and most other bugs do not. */
+static bool head_norms_equal(const float *a, const float *b, int nh, int D)
+{
+    for (int h = 0; h < nh; h++) {
+        double na = 0, nb = 0;
+        for (int i = 0; i < D; i++) {
+            na += (double)a[h * D + i] * a[h * D + i];
+            nb += (double)b[h * D + i] * b[h * D + i];
+        }
+        na = sqrt(na), nb = sqrt(nb);
+        if (fabs(na - nb) > CMP_NORM_TOL * fmax(na, 1e-30))
+            return false;
+    }
+    return true;
+}
+
+/* q (or k) rotated for another position: norms equal, an integer offset
+ * maps the reference row onto the test row. */
+static int rule_rope(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_evidence *ev = c->ev;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    const int D = c->cfg->head_dim;
+    const int nh = d->stage == STAGE_Q ? c->cfg->n_heads : c->cfg->n_kv_heads;
+    int rc = 0;
+    float *a = row_of(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
+    float *b = row_of(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return rc;
+    }
+    ev->norms_equal = head_norms_equal(a, b, nh, D);
+    if (ev->norms_equal) {
+        ev->rope_err = cmp_rope_estimate(c->cfg, d->layer, a, b, nh, -(d->pos + 16), 4096,
+                                         &ev->rope_delta);
+        ev->rope_found = ev->rope_err <= CMP_MATCH_TOL;
+    }
+    free(a);
+    free(b);
+    if (!ev->norms_equal)
+        return 0;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    const long long at = (long long)(d->pos + ev->rope_delta);
+    if (!ev->rope_found) {
+        set_diag(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_HEURISTIC,
+                 "a rotation-like difference: per-head norms are preserved");
+        say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset in %lld..+4096 "
+            "reproduces the test: best %+lld, error %.2g; a different RoPE base, scaling or "
+            "layout?)", -(long long)(d->pos + 16), (long long)ev->rope_delta, ev->rope_err);
+        return 1;
+    }
+    char s[256];
+    say(s, sizeof s, "%s rotated as if at position %lld: RoPE position offset of %+lld", what, at,
+        (long long)ev->rope_delta);
+    set_diag(c, CMP_DIAG_ROPE_OFFSET, CMP_BASIS_RECOMPUTED, s);
+    if (at == 0)
+        say(c->g->detail, sizeof c->g->detail, "(positions restart at 0 at position %lld: "
+            "RoPE positions restart per chunk, as if each chunk were a new sequence)",
+            (long long)d->pos);
+    say(c->g->evidence, sizeof c->g->evidence, "rotating the reference's %s by %+lld "
+        "positions reproduces the test's (error %.2g); per-head norms equal", what,
+        (long long)ev->rope_delta, ev->rope_err);
+    return 1;
+}
+
+/* Every head's output exactly zero and lse = log(n): n keys with K = V = 0. */
+static int rule_zero_kv(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const cmp_evidence *ev = c->ev;
+    const int H = c->cfg->n_heads, n = H * c->cfg->head_dim;
+    if (!is_attn_stage(d->stage) || !ev->lse_test || ev->nkeys_test < 1)
+        return 0;
+    int rc = 0;
+    float *out = row_of(c, c->test, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    float *ref = row_of(c, c->ref, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    bool zero = out != NULL, ref_zero = ref != NULL;
+    for (int i = 0; out && i < n; i++)
+        zero &= out[i] == 0.0f;
+    for (int i = 0; ref && i < n; i++)
+        ref_zero &= ref[i] == 0.0f;
+    const double lg = log((double)ev->nkeys_test);
+    for (int h = 0; zero && h < H; h++)
+        zero &= fabs((double)ev->lse_test[h] - lg) <= 1e-6 * fmax(1.0, lg);
+    free(out);
+    free(ref);
+    if (rc < 0 || !zero || ref_zero)
+        return rc;
+    const int owner = c->cfg->kv_owner[d->layer];
+    char s[256];
+    say(s, sizeof s, "attention read K = V = 0 (an empty or unwired cache%s)",
+        owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    set_diag(c, CMP_DIAG_ZERO_KV, CMP_BASIS_EXACT_CHECK, s);
+    if (owner != d->layer)
+        say(c->g->detail, sizeof c->g->detail, "(layer %d reads layer %d's cache: it got "
+            "nothing from it)", d->layer, owner);
+    say(c->g->evidence, sizeof c->g->evidence, "the test's attn_out is exactly 0 for every "
+        "head and attn_lse = log(%d) = %.6g, what %d key%s scoring 0 give%s", ev->nkeys_test, lg,
+        ev->nkeys_test, ev->nkeys_test == 1 ? "" : "s", ev->nkeys_test == 1 ? "s" : "");
+    return 1;
+}
+
+/* Is the point consistent with rounding drift? At an attention stage:
+ * attention over the config's keys, recomputed from each run's own q, k,
+ * v, reproduces both. Returns 1 yes (how says so), 0 cannot tell (not an
+ * attention stage, rows missing), -1 no (the key set itself differs), -2
+ * on error. */
+static int drift_consistent(cmp_ctx *c, attn_case *a, char *how, size_t n, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_evidence *ev = c->ev;
+    if (!a || d->layer < 0 || !is_attn_stage(d->stage))
+        return 0;
+    cmp_hyp ref = hyp_ref(d, a);
+    double err_t;
+    if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0 ||
+        hyp_err(c, a, &ref, false, &err_t, e) < 0)
+        return -2;
+    if (!(ev->ref_check_err <= CMP_MATCH_TOL) || !isfinite(err_t))
+        return 0;
+    if (err_t > CMP_MATCH_TOL)
+        return -1;
+    ev->recompute = 1;
+    ev->hyp_err = err_t;
+    say(ev->hypothesis, sizeof ev->hypothesis, "%s", ref.what);
+    say(how, n, "; recomputing attention over the config's keys reproduces both runs (errors "
+        "%.2g and %.2g)", ev->ref_check_err, err_t);
+    return 1;
+}
+
+static void drift_text(cmp_ctx *c, cmp_basis basis, const char *how)
+{
+    const cmp_divergence *d = c->d;
+    const cmp_evidence *ev = c->ev;
+    char grow[160] = "";
+    set_diag(c, CMP_DIAG_NUMERIC_DRIFT, basis, c->beyond
+             ? "numeric drift (a different rounding order, e.g. cascade attention): no cache "
+               "bug up to here"
+             : "numeric drift (a different rounding order, e.g. cascade attention): not a "
+               "cache bug");
+    if (ev->growth_layer_last >= 0)
+        say(grow, sizeof grow, ", %.2g at layer %d's x_out", ev->growth_last,
+            ev->growth_layer_last);
+    if (c->beyond)
+        say(c->g->detail, sizeof c->g->detail, "(it grew past %.0e here%s; later positions were "
+            "not checked: compare with a tolerance or a noise floor for those)", CMP_DRIFT_BOUND,
+            grow);
+    else
+        say(c->g->detail, sizeof c->g->detail, "(relative error %.2g at the first divergence%s; "
+            "never above %.0e, and keys attended identical at every position and layer%s)",
+            d->row_rel, grow, CMP_DRIFT_BOUND,
+            cmp_settings_is(c->test, "attention", "cascade") ? "; the test ran cascade attention"
+                                                              : "");
+    say(c->g->evidence, sizeof c->g->evidence, "%s%s", c->beyond
+        ? "attention at this point reads the config's keys"
+        : "tiny relative error (<= 1e-04) that stays small, no key-count difference anywhere",
+        how);
+}
+
+/* A tiny first divergence (or, beyond it, a larger one) that rounding
+ * explains. Returns 1 when it is drift, 2 when this point is drift but a
+ * larger difference follows (diagnose that one), 0 not drift, -1 error. */
+static int rule_drift(cmp_ctx *c, attn_case *a, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const cmp_evidence *ev = c->ev;
+    if (d->nonfinite || (ev->nkeys_ref >= 0 && ev->nkeys_test >= 0 &&
+                         ev->nkeys_ref != ev->nkeys_test))
+        return 0;
+    if (!c->beyond && !(d->row_rel <= CMP_DRIFT_REL))
+        return 0;
+    char how[256] = "";
+    const int cons = drift_consistent(c, a, how, sizeof how, e);
+    if (cons == -2)
+        return -1;
+    if (cons < 0 || (c->beyond && cons == 0))
+        return 0;
+    if (!c->beyond && c->r->beyond.found)
+        return 2;
+    /* A count that differs anywhere is a row larger than drift: `beyond`
+     * would hold it. Checked again since "not a cache bug" rests on it. */
+    if (!c->beyond && ev->nkeys_diff_pos >= 0)
+        return 0;
+    if (growth_evidence(c, e) < 0)
+        return -1;
+    drift_text(c, cons == 1 ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC, how);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* The key-set rule                                                     */
+
+/* What the positions and counts alone suggest. */
+static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
+{
+    const int64_t p = c->d->pos;
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    if (nr >= 0 && nt >= 0 && nr != nt) {
+        if (p == a->P && nt == nr + 1)
+            return CMP_DIAG_EXTRA_KEY;
+        if (a->C > 0 && is_chunk_start(p, a) && nt < nr && nt == 1)
+            return CMP_DIAG_CHUNK_ISOLATED;
+        if (a->W > 0 && nt <= p + 1)
+            return CMP_DIAG_WINDOW;
+        return CMP_DIAG_KEY_SET;
+    }
+    if (a->P > 0 && p == a->P + 1)
+        return CMP_DIAG_DECODE_STUCK;
+    if (a->W > 0 && a->R > 0 && p == a->R)
+        return CMP_DIAG_RING_NO_WRAP;
+    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a) && p <= a->P)
+        return CMP_DIAG_STALE_CACHE;
+    return CMP_DIAG_KEY_SET;
+}
+
+static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
+{
+    const int64_t p = c->d->pos;
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    char *s = c->g->summary, *t = c->g->detail;
+    const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail;
+    c->g->kind = k;
+    switch (k) {
+    case CMP_DIAG_WINDOW:
+        say(s, ns, "attention read a different key set at the sliding-window boundary");
+        if (nt == p + 1 && nt > a->W)
+            say(t, nd, "(window in test appears to be at least %d: it read all %d keys; config "
+                "says %d)", nt, nt, a->W);
+        else
+            say(t, nd, "(window in test appears to be %d, config says %d)", nt, a->W);
+        break;
+    case CMP_DIAG_CHUNK_ISOLATED:
+        say(s, ns, "attention read a different key set at a chunk boundary: chunks attend only "
+            "to themselves");
+        if (p >= a->P)
+            say(t, nd, "(keys attended %d vs %d at decode position %lld: each step saw only its "
+                "own token)", nr, nt, (long long)p);
+        else
+            say(t, nd, "(keys attended %d vs %d at position %lld, the first of a chunk of %lld)",
+                nr, nt, (long long)p, (long long)a->C);
+        break;
+    case CMP_DIAG_EXTRA_KEY:
+        say(s, ns, "at the first decode step: one extra key (off-by-one in the prefill/decode "
+            "mask)");
+        say(t, nd, "(keys attended %d vs %d at position %lld = prompt length)", nr, nt,
+            (long long)p);
+        break;
+    case CMP_DIAG_DECODE_STUCK:
+        say(s, ns, "at the second decode step: the new key overwrote the previous one (decode "
+            "index not advancing)");
+        say(t, nd, "(keys attended %d in both at position %lld = prompt length + 1)", nt,
+            (long long)p);
+        break;
+    case CMP_DIAG_RING_NO_WRAP:
+        say(s, ns, "keys read from a slot the ring did not overwrite (ring buffer not wrapping)");
+        say(t, nd, "(keys attended %d in both at position %lld = ring size: window %d + chunk "
+            "%lld)", nt, (long long)p, a->W, (long long)a->C);
+        break;
+    case CMP_DIAG_STALE_CACHE:
+        say(s, ns, "stale values: the sliding cache read is from an earlier state (state not "
+            "synced between chunk calls)");
+        if (p >= a->P)
+            say(t, nd, "(keys attended %d in both at position %lld, the first decode step after "
+                "the prompt's last chunk)", nt, (long long)p);
+        else
+            say(t, nd, "(keys attended %d in both at position %lld, the first of a chunk of "
+                "%lld)", nt, (long long)p, (long long)a->C);
+        break;
+    default:
+        c->g->kind = CMP_DIAG_KEY_SET;
+        say(s, ns, "attention read a different key set");
+        say(t, nd, "(keys attended %d vs %d)", nr, nt);
+        break;
+    }
+}
+
+/* Same q, k, v up to p; attn_lse or the key count differs. */
+static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
+{
+    cmp_evidence *ev = c->ev;
+    const cmp_divergence *d = c->d;
+    /* q, k, v up to p precede (p, l, s) in dataflow order: they are within
+     * the rule (bit-identical in exact mode), or the divergence would be
+     * earlier. */
+    if (!is_attn_stage(d->stage))
+        return 0;
+    bool lse_differs = ev->lse_ref && ev->lse_test &&
+                       memcmp(ev->lse_ref, ev->lse_test, (size_t)ev->n_heads * sizeof(float));
+    bool nkeys_differ = ev->nkeys_ref >= 0 && ev->nkeys_test >= 0 &&
+                        ev->nkeys_ref != ev->nkeys_test;
+    if (!lse_differs && !nkeys_differ)
+        return 0;
+    cmp_hyp hs[8];
+    int n = build_hyps(c, a, hs), best;
+    if (recompute_hyps(c, a, hs, n, &best, e) < 0)
+        return -1;
+    const cmp_diag_kind guess = keyset_heuristic(c, a);
+    if (best >= 0) {
+        keyset_text(c, a, hs[best].kind);
+        c->g->basis = CMP_BASIS_RECOMPUTED;
+        say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
+            "q, k, v%s over %s reproduces the test's attn_lse and attn_out (error %.2g); the "
+            "config's key set reproduces the reference (%.2g)",
+            a->ref_rows_used ? " (the reference's: the test did not record them)" : "",
+            ev->hypothesis, ev->hyp_err, ev->ref_check_err);
+        return 1;
+    }
+    if (ev->recompute == 0) {
+        keyset_text(c, a, CMP_DIAG_KEY_SET);
+        c->g->basis = CMP_BASIS_HEURISTIC;
+        say(c->g->evidence, sizeof c->g->evidence, "none of the %d key sets tried "
+            "reproduces the test's attention%s%s", n,
+            guess != CMP_DIAG_KEY_SET ? "; the positions alone suggest " : "",
+            guess != CMP_DIAG_KEY_SET ? cmp_diag_name(guess) : "");
+        return 1;
+    }
+    keyset_text(c, a, guess);
+    c->g->basis = CMP_BASIS_HEURISTIC;
+    say(c->g->evidence, sizeof c->g->evidence, "from positions and key counts only: "
+        "attention could not be recomputed from the recordings (%s)",
+        ev->ref_check_err > CMP_MATCH_TOL && isfinite(ev->ref_check_err)
+            ? "our recomputation does not reproduce the reference"
+            : "q, k or v not recorded");
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Unclassified                                                         */
+
+static const char *stage_hint(kv_stage s)
+{
+    switch (s) {
+    case STAGE_EMBED: return "the embedding differs: other weights, token ids or embedding scale";
+    case STAGE_X_IN: return "the residual stream entering the layer differs";
+    case STAGE_ATTN_NORM_STATS:
+    case STAGE_ATTN_NORM:
+    case STAGE_FFN_NORM_STATS:
+    case STAGE_FFN_NORM:
+    case STAGE_FINAL_NORM: return "a normalisation differs (eps, the (1 + w) convention, weights)";
+    case STAGE_Q:
+    case STAGE_K:
+    case STAGE_V: return "a projection differs (weights, bias, q/k norm or RoPE)";
+    case STAGE_ATTN_LSE:
+    case STAGE_ATTN_NKEYS:
+    case STAGE_ATTN_OUT: return "attention differs";
+    case STAGE_ATTN_PROJ: return "the output projection differs (o_proj or its norm)";
+    case STAGE_H_MID:
+    case STAGE_X_OUT: return "the residual addition differs";
+    case STAGE_FFN_OUT: return "the MLP differs (weights or activation)";
+    case STAGE_LOGITS: return "the LM head differs (weights or softcap)";
+    default: return "";
+    }
+}
+
+static void rule_unclassified(cmp_ctx *c)
+{
+    const cmp_divergence *d = c->d;
+    set_diag(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
+    if (c->beyond) {
+        say(c->g->detail, sizeof c->g->detail, "(after numeric drift from position %lld: a "
+            "relative error of %.2g at %s, drift grown past %.0e or a bug; compare with a "
+            "tolerance or a noise floor to tell)", (long long)c->r->first.pos, d->row_rel,
+            stage_name(d->stage), CMP_DRIFT_BOUND);
+        return;
+    }
+    if (d->hashed) {
+        say(c->g->detail, sizeof c->g->detail, "(fingerprints locate the row only: record "
+            "position %lld of layer %d in full to see the element and a diagnosis)",
+            (long long)d->pos, d->layer);
+        return;
+    }
+    if (is_attn_stage(d->stage) && c->ev->qkv == 1 && c->ev->nkeys_ref == c->ev->nkeys_test &&
+        c->ev->lse_ref && c->ev->lse_test &&
+        !memcmp(c->ev->lse_ref, c->ev->lse_test, (size_t)c->ev->n_heads * sizeof(float))) {
+        say(c->g->detail, sizeof c->g->detail, "(attn_out differs with identical q, k, v, "
+            "scores and key counts: the values read differ)");
+        return;
+    }
+    say(c->g->detail, sizeof c->g->detail, "(first difference at %s: %s; relative error "
+        "%.2g)", stage_name(d->stage), stage_hint(d->stage), d->row_rel);
+}
+
+/* ------------------------------------------------------------------ */
+/* Entry                                                                */
+
+static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    int rc;
+    if (d->nonfinite) {
+        rule_nonfinite(c);
+        return 0;
+    }
+    if (d->layer >= 0 && (rc = rule_rope(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if ((rc = rule_drift(c, d->layer >= 0 ? a : NULL, e)) != 0)
+        return rc < 0 ? -1 : rc == 2 ? 2 : 0;
+    if (d->layer >= 0 && (rc = rule_keyset(c, a, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    rule_unclassified(c);
+    return 0;
+}
+
+/* Evidence and rules at the point c->d. Returns 0, 2 (drift here, a
+ * larger difference follows), -1 on error. */
+static int diagnose_point(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_evidence *ev = c->ev;
+    ev->recompute = -1;
+    ev->nkeys_ref = ev->nkeys_test = -1;
+    ev->qkv = -1;
+    ev->nkeys_diff_pos = -1;
+    ev->nkeys_diff_layer = -1;
+    ev->growth_first = ev->growth_last = NAN;
+    ev->growth_layer_last = -1;
+    ev->ref_check_err = ev->hyp_err = ev->rope_err = NAN;
+    if (d->hashed) {
+        rule_unclassified(c);
+        return 0;
+    }
+    attn_case a;
+    memset(&a, 0, sizeof a);
+    int rc = 0;
+    if (d->layer >= 0) {
+        qkv_evidence(c);
+        rc = attn_stats_evidence(c, e);
+        if (rc == 0)
+            rc = attn_case_init(c, &a, e);
+    }
+    if (rc == 0 && !c->beyond)
+        rc = nkeys_scan(c, e);
+    if (rc == 0)
+        rc = run_rules(c, &a, e);
+    attn_case_free(&a);
+    return rc;
+}
+
+int cmp_diagnose(cmp_ctx *c, kv_err *e)
+{
+    cmp_result *r = c->r;
+    c->d = &r->first;
+    c->ev = &r->ev;
+    c->g = &r->diag;
+    c->beyond = false;
+    int rc = diagnose_point(c, e);
+    if (rc != 2) {
+        r->beyond.found = false;   /* not drift first: nothing is "beyond" it */
+        return rc;
+    }
+    /* Drift first, then something larger: name that one. */
+    memset(&r->diag, 0, sizeof r->diag);
+    c->d = &r->beyond;
+    c->ev = &r->beyond_ev;
+    c->beyond = true;
+    c->ev->nkeys_diff_pos = r->ev.nkeys_diff_pos;
+    c->ev->nkeys_diff_layer = r->ev.nkeys_diff_layer;
+    rc = diagnose_point(c, e);
+    return rc == 2 ? 0 : rc;
+}

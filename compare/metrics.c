@@ -1,0 +1,172 @@
+/* metrics.c — the element rule, row comparison and the per-(layer, stage)
+ * aggregates: bitwise equality, max abs, row-relative error, ULP distance,
+ * cosine similarity and NMSE. */
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+#include "cmp_internal.h"
+
+/* Float bit patterns mapped to integers that order like the floats, so the
+ * ULP distance is a subtraction (+0 and -0 both map to 0). */
+static int64_t ordered_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return (u & 0x80000000u) ? -(int64_t)(u & 0x7fffffffu) : (int64_t)u;
+}
+
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+uint64_t cmp_ulp_distance(float a, float b)
+{
+    if (same_bits(a, b))
+        return 0;
+    if (!isfinite(a) || !isfinite(b))
+        return UINT64_MAX;
+    int64_t d = ordered_bits(a) - ordered_bits(b);
+    return (uint64_t)(d < 0 ? -d : d);
+}
+
+/* One side NaN and the other not, or an infinity against anything else:
+ * a divergence whatever the tolerance. */
+bool cmp_elem_nonfinite_mismatch(float test, float ref)
+{
+    if (isfinite(test) && isfinite(ref))
+        return false;
+    if (isnan(test) && isnan(ref))
+        return false;
+    return !(isinf(test) && isinf(ref) && test == ref);
+}
+
+bool cmp_elem_ok(float test, float ref, double ref_rowmax, const cmp_tol *t)
+{
+    if (same_bits(test, ref))
+        return true;
+    if (t->exact)
+        return false;
+    if (!isfinite(test) || !isfinite(ref))
+        return !cmp_elem_nonfinite_mismatch(test, ref);
+    double d = fabs((double)test - (double)ref);
+    if (d <= t->atol + t->rtol * ref_rowmax)
+        return true;
+    return t->ulp > 0 && cmp_ulp_distance(test, ref) <= t->ulp;
+}
+
+void cmp_row_compare(const float *test, const float *ref, int n, const cmp_tol *t,
+                     cmp_rowrec *rec)
+{
+    memset(rec, 0, sizeof *rec);
+    rec->first_bad = -1;
+    rec->bitequal = memcmp(test, ref, (size_t)n * sizeof(float)) == 0;
+    double rowmax = 0;   /* rtol is relative to the row's scale */
+    for (int i = 0; i < n && !rec->bitequal && t->rtol > 0; i++)
+        if (isfinite(ref[i]) && fabs((double)ref[i]) > rowmax)
+            rowmax = fabs((double)ref[i]);
+    for (int i = 0; i < n; i++) {
+        const float a = test[i], b = ref[i];
+        if (!rec->bitequal && !cmp_elem_ok(a, b, rowmax, t)) {
+            if (rec->first_bad < 0)
+                rec->first_bad = i;
+            rec->n_bad++;
+        }
+        if (!isfinite(a) || !isfinite(b)) {
+            rec->nonfinite += cmp_elem_nonfinite_mismatch(a, b);
+            continue;
+        }
+        const double da = a, db = b, d = fabs(da - db);
+        if (d > rec->max_abs)
+            rec->max_abs = d;
+        if (fabs(db) > rec->ref_absmax)
+            rec->ref_absmax = fabs(db);
+        uint64_t u = cmp_ulp_distance(a, b);
+        if (u > rec->max_ulp)
+            rec->max_ulp = u;
+        rec->dot += da * db;
+        rec->ref_sq += db * db;
+        rec->test_sq += da * da;
+        rec->err_sq += (da - db) * (da - db);
+    }
+    rec->bad = rec->n_bad > 0;
+}
+
+/* Fingerprints only say equal or not. */
+void cmp_row_hashed(bool equal, cmp_rowrec *rec)
+{
+    memset(rec, 0, sizeof *rec);
+    rec->first_bad = -1;
+    rec->bitequal = equal;
+    rec->bad = !equal;
+    rec->n_bad = !equal;
+}
+
+double cmp_rowrec_rel(const cmp_rowrec *rec)
+{
+    if (rec->max_abs == 0)
+        return 0;
+    return rec->ref_absmax > 0 ? rec->max_abs / rec->ref_absmax : INFINITY;
+}
+
+double cmp_row_rel_err(const float *a, const float *b, int n)
+{
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(a[i]) || !isfinite(b[i])) {
+            if (cmp_elem_nonfinite_mismatch(a[i], b[i]))
+                return INFINITY;
+            continue;
+        }
+        double d = fabs((double)a[i] - (double)b[i]);
+        num = d > num ? d : num;
+        den = fabs((double)b[i]) > den ? fabs((double)b[i]) : den;
+    }
+    if (num == 0)
+        return 0;
+    return den > 0 ? num / den : INFINITY;
+}
+
+void cmp_stats_init(cmp_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    s->first_bitdiff_pos = -1;
+}
+
+void cmp_stats_add(cmp_stats *s, const cmp_rowrec *rec, int64_t pos)
+{
+    s->rows++;
+    s->bitequal_rows += rec->bitequal;
+    s->violating_rows += rec->bad;
+    s->nonfinite += rec->nonfinite;
+    if (!rec->bitequal && (s->first_bitdiff_pos < 0 || pos < s->first_bitdiff_pos))
+        s->first_bitdiff_pos = pos;
+    if (rec->max_abs > s->max_abs)
+        s->max_abs = rec->max_abs;
+    double rel = cmp_rowrec_rel(rec);
+    if (rel > s->max_rel)
+        s->max_rel = rel;
+    if (rec->max_ulp > s->max_ulp)
+        s->max_ulp = rec->max_ulp;
+    s->dot += rec->dot;
+    s->ref_sq += rec->ref_sq;
+    s->test_sq += rec->test_sq;
+    s->err_sq += rec->err_sq;
+}
+
+double cmp_stats_cosine(const cmp_stats *s)
+{
+    if (s->ref_sq == 0 && s->test_sq == 0)
+        return 1;
+    if (s->ref_sq == 0 || s->test_sq == 0)
+        return 0;
+    return s->dot / (sqrt(s->ref_sq) * sqrt(s->test_sq));
+}
+
+double cmp_stats_nmse(const cmp_stats *s)
+{
+    if (s->err_sq == 0)
+        return 0;
+    return s->ref_sq > 0 ? s->err_sq / s->ref_sq : INFINITY;
+}

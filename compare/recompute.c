@@ -1,0 +1,264 @@
+/* recompute.c — the comparer's own arithmetic on recorded rows: attention
+ * of one query over a hypothesised key set (in double, streaming the keys
+ * in blocks so memory stays bounded), and the RoPE offset that maps one
+ * recorded query to another. Both are checks, not engines: they need only
+ * reproduce a recording to ~1e-6, never bit for bit. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../model/kernels.h"
+#include "cmp_internal.h"
+
+#define KEY_BLOCK 64
+
+int64_t cmp_hyp_nkeys(const cmp_hyp *h)
+{
+    return (h->hi >= h->lo ? h->hi - h->lo + 1 : 0) + h->extra_zero;
+}
+
+static double attn_scale(const kv_config *c)
+{
+    if (c->attn_scale > 0)
+        return (float)c->attn_scale;   /* the engines multiply by it as a float */
+    if (c->query_pre_attn_scalar > 0)
+        return (float)(1.0 / sqrt(c->query_pre_attn_scalar));
+    return (float)(1.0 / sqrt((double)c->head_dim));
+}
+
+/* Online softmax state of every head. */
+typedef struct {
+    int H, KV, D;
+    double scale;
+    const float *q;
+    double *m, *s, *acc;         /* (H), (H), (H, D) */
+} softmax_state;
+
+/* One key (k, v: KV*D floats; NULL = K = V = 0) into every head. */
+static void add_key(softmax_state *st, const float *k, const float *v)
+{
+    const int group = st->H / st->KV;
+    for (int h = 0; h < st->H; h++) {
+        const int kh = h / group;
+        double score = 0;
+        if (k) {
+            const float *qh = st->q + (size_t)h * st->D, *kk = k + (size_t)kh * st->D;
+            for (int d = 0; d < st->D; d++)
+                score += (double)qh[d] * (double)kk[d];
+            score *= st->scale;
+        }
+        double *acc = st->acc + (size_t)h * st->D;
+        if (score > st->m[h]) {
+            const double f = exp(st->m[h] - score);
+            st->s[h] *= f;
+            for (int d = 0; d < st->D; d++)
+                acc[d] *= f;
+            st->m[h] = score;
+        }
+        const double w = exp(score - st->m[h]);
+        st->s[h] += w;
+        if (v)
+            for (int d = 0; d < st->D; d++)
+                acc[d] += w * (double)v[(size_t)kh * st->D + d];
+    }
+}
+
+/* Where the key at reference position j comes from: 0 zero, 1 itself,
+ * 2 another position (*from). */
+static int key_source(const cmp_hyp *h, int64_t j, int64_t *from)
+{
+    if (h->all_zero || (j >= h->zero_lo && j < h->zero_hi))
+        return 0;
+    for (int i = 0; i < h->nsubst; i++)
+        if (h->from[i] == j) {
+            *from = h->to[i];
+            return h->to[i] < 0 ? 0 : 2;
+        }
+    return 1;
+}
+
+typedef struct {
+    const cmp_source *src;
+    int owner, kvf;
+    float *k, *v;                /* (KEY_BLOCK, kvf) */
+    float *k1, *v1;              /* one substituted row */
+} key_reader;
+
+static int read_kv(const key_reader *kr, int64_t p, int64_t n, float *k, float *v, kv_err *e)
+{
+    int64_t first, rows;
+    int cols;
+    for (int s = STAGE_K; s <= STAGE_V; s++)
+        if (kr->src->info(kr->src->ctx, kr->owner, (kv_stage)s, &first, &rows, &cols) != 0 ||
+            p < first || p + n > first + rows || cols != kr->kvf)
+            return 1;
+    if (kr->src->read(kr->src->ctx, kr->owner, STAGE_K, p, n, k, e) < 0 ||
+        kr->src->read(kr->src->ctx, kr->owner, STAGE_V, p, n, v, e) < 0)
+        return -1;
+    return 0;
+}
+
+static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, kv_err *e)
+{
+    for (int64_t j0 = h->lo; j0 <= h->hi; j0 += KEY_BLOCK) {
+        const int64_t n = h->hi - j0 + 1 < KEY_BLOCK ? h->hi - j0 + 1 : KEY_BLOCK;
+        if (!h->all_zero) {
+            int rc = read_kv(kr, j0, n, kr->k, kr->v, e);
+            if (rc)
+                return rc;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            int64_t from = 0;
+            int how = key_source(h, j0 + r, &from);
+            if (how == 0) {
+                add_key(st, NULL, NULL);
+            } else if (how == 1) {
+                add_key(st, kr->k + (size_t)r * kr->kvf, kr->v + (size_t)r * kr->kvf);
+            } else {
+                int rc = read_kv(kr, from, 1, kr->k1, kr->v1, e);
+                if (rc)
+                    return rc;
+                add_key(st, kr->k1, kr->v1);
+            }
+        }
+    }
+    return 0;
+}
+
+int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
+                            const float *q, const cmp_hyp *h, double *lse, double *out,
+                            kv_err *e)
+{
+    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
+        return 1;
+    softmax_state st = {.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
+    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
+    st.m = malloc((size_t)H * sizeof(double));
+    st.s = calloc((size_t)H, sizeof(double));
+    st.acc = calloc((size_t)H * D, sizeof(double));
+    kr.k = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
+    kr.v = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
+    int rc = (!st.m || !st.s || !st.acc || !kr.k || !kr.v)
+                 ? kv_errf(e, "compare: out of memory recomputing attention") : 0;
+    if (rc == 0) {
+        kr.k1 = kr.k + (size_t)KEY_BLOCK * kr.kvf;
+        kr.v1 = kr.v + (size_t)KEY_BLOCK * kr.kvf;
+        for (int i = 0; i < H; i++)
+            st.m[i] = -INFINITY;
+        rc = add_range(&st, &kr, h, e);
+        for (int i = 0; rc == 0 && i < h->extra_zero; i++)
+            add_key(&st, NULL, NULL);
+    }
+    for (int i = 0; rc == 0 && i < H; i++) {
+        lse[i] = st.s[i] > 0 ? st.m[i] + log(st.s[i]) : -INFINITY;
+        for (int d = 0; d < D; d++)
+            out[(size_t)i * D + d] = st.s[i] > 0 ? st.acc[(size_t)i * D + d] / st.s[i] : 0;
+    }
+    free(st.m);
+    free(st.s);
+    free(st.acc);
+    free(kr.k);
+    free(kr.v);
+    return rc;
+}
+
+double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
+                         const float *lse_rec, const float *out_rec)
+{
+    const int H = cfg->n_heads, n = cfg->n_heads * cfg->head_dim;
+    double err = 0;
+    for (int h = 0; lse_rec && h < H; h++) {
+        if (!isfinite(lse[h]) || !isfinite(lse_rec[h])) {
+            if (lse[h] != (double)lse_rec[h])
+                return INFINITY;
+            continue;
+        }
+        double d = fabs(lse[h] - lse_rec[h]) / fmax(1.0, fabs((double)lse_rec[h]));
+        err = d > err ? d : err;
+    }
+    if (!out_rec)
+        return err;
+    double num = 0, den = 0;
+    for (int i = 0; i < n; i++) {
+        if (!isfinite(out_rec[i]))
+            return INFINITY;
+        num = fmax(num, fabs(out[i] - out_rec[i]));
+        den = fmax(den, fmax(fabs(out[i]), fabs((double)out_rec[i])));
+    }
+    if (num > 0)
+        err = fmax(err, den > 0 ? num / den : INFINITY);
+    return err;
+}
+
+/* ------------------------------------------------------------------ */
+/* RoPE offset                                                          */
+
+/* Inverse frequencies of the layer, as the engines build them: the local
+ * base on sliding layers (unscaled), the global base and scaling elsewhere. */
+static void layer_inv_freq(const kv_config *c, int layer, double *inv)
+{
+    const int D = c->head_dim;
+    const bool sliding = config_layer_window(c, layer) > 0;
+    double theta = sliding && c->rope_local_theta > 0 ? c->rope_local_theta : c->rope_theta;
+    kern_rope_inv_freq(theta, D, inv);
+    const kv_rope_scaling *rs = &c->rope_scaling;
+    if (!sliding && rs->type != ROPE_SCALE_NONE)
+        kern_rope_scale_inv_freq(inv, D / 2, (int)rs->type, rs->factor, rs->low_freq_factor,
+                                 rs->high_freq_factor, rs->original_max_position);
+}
+
+/* Row-relative error of ref rotated by the angles (cs, sn) against test;
+ * gives up (returns a value > limit) as soon as it exceeds limit. */
+static double rotated_err(const float *ref, const float *test, int nheads, int D,
+                          const double *cs, const double *sn, double test_max, double limit)
+{
+    const int half = D / 2;
+    const double cap = limit * test_max;
+    double worst = 0;
+    for (int h = 0; h < nheads; h++) {
+        const float *x = ref + (size_t)h * D, *y = test + (size_t)h * D;
+        for (int d = 0; d < half; d++) {
+            const double a = x[d], b = x[d + half];
+            const double r0 = a * cs[d] - b * sn[d], r1 = b * cs[d] + a * sn[d];
+            const double err = fmax(fabs(r0 - y[d]), fabs(r1 - y[d + half]));
+            worst = err > worst ? err : worst;
+            if (worst > cap)
+                return INFINITY;
+        }
+    }
+    return test_max > 0 ? worst / test_max : (worst > 0 ? INFINITY : 0);
+}
+
+double cmp_rope_estimate(const kv_config *cfg, int layer, const float *ref, const float *test,
+                         int nheads, int64_t dmin, int64_t dmax, int64_t *delta)
+{
+    const int D = cfg->head_dim, half = D / 2;
+    double *inv = malloc((size_t)half * 3 * sizeof(double));
+    double best = INFINITY;
+    *delta = 0;
+    if (!inv || D < 2 || D % 2)
+        goto done;
+    double *cs = inv + half, *sn = cs + half, test_max = 0;
+    for (int i = 0; i < nheads * D; i++)
+        test_max = fmax(test_max, fabs((double)test[i]));
+    layer_inv_freq(cfg, layer, inv);
+    for (int64_t dl = dmin; dl <= dmax; dl++) {
+        if (dl == 0)
+            continue;
+        for (int d = 0; d < half; d++) {
+            const double ang = (double)dl * inv[d];   /* in double, as the engines */
+            cs[d] = cos(ang);
+            sn[d] = sin(ang);
+        }
+        double err = rotated_err(ref, test, nheads, D, cs, sn, test_max,
+                                 isfinite(best) ? best : 1.0);
+        if (err < best) {
+            best = err;
+            *delta = dl;
+        }
+    }
+done:
+    free(inv);
+    return best;
+}

@@ -1,0 +1,535 @@
+/* render.c — a cmp_result as text (the FIRST DIVERGENCE / DIAGNOSIS /
+ * TOKENS report) and as JSON with the same content and stable keys. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmp_internal.h"
+
+/* ------------------------------------------------------------------ */
+/* Text                                                                 */
+
+static void model_stages(const cmp_result *r, char *buf, size_t n)
+{
+    static const kv_stage ms[] = {STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS};
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < sizeof ms / sizeof *ms; i++)
+        if (cmp_result_stage(r, -1, ms[i])) {
+            int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : " (+ ",
+                             stage_name(ms[i]));
+            used += w > 0 && (size_t)w < n - used ? (size_t)w : 0;
+        }
+    if (used && used + 1 < n)
+        strcat(buf, ")");
+}
+
+static void coverage_line(FILE *f, const cmp_result *r)
+{
+    const cmp_coverage *cv = &r->compared;
+    char ms[96];
+    model_stages(r, ms, sizeof ms);
+    long long np = cv->pos_hi >= cv->pos_lo ? (long long)(cv->pos_hi - cv->pos_lo + 1) : 0;
+    fprintf(f, "%d layer%s x %lld position%s x %d stage%s%s", cv->n_layers,
+            cv->n_layers == 1 ? "" : "s", np, np == 1 ? "" : "s", cv->n_stages,
+            cv->n_stages == 1 ? "" : "s", ms);
+    if (cv->hashed)
+        fprintf(f, " (fingerprints)");
+}
+
+static void tokens_phrase(FILE *f, const cmp_tokens *t)
+{
+    switch (t->kind) {
+    case CMP_TOKENS_IDENTICAL:
+        fprintf(f, "tokens byte-identical");
+        break;
+    case CMP_TOKENS_LENGTH:
+        fprintf(f, "tokens identical over the common %lld (reference %lld, test %lld)",
+                (long long)(t->n_ref < t->n_test ? t->n_ref : t->n_test), (long long)t->n_ref,
+                (long long)t->n_test);
+        break;
+    case CMP_TOKENS_NONE:
+        fprintf(f, "tokens not recorded");
+        break;
+    case CMP_TOKENS_DIFFER:
+        fprintf(f, "tokens differ at position %lld", (long long)t->pos);
+        break;
+    }
+}
+
+static void tolerance_phrase(FILE *f, const cmp_result *r)
+{
+    fprintf(f, "atol %g, rtol %g", r->atol, r->rtol);
+    if (r->ulp)
+        fprintf(f, ", %llu ulp", (unsigned long long)r->ulp);
+    if (r->noise)
+        fprintf(f, ", noise floor x%g", r->noise_factor);
+}
+
+static void same_report(FILE *f, const cmp_result *r)
+{
+    if (r->verdict == CMP_IDENTICAL) {
+        fprintf(f, "identical: ");
+        coverage_line(f, r);
+        fprintf(f, ", ");
+        tokens_phrase(f, &r->tokens);
+        fprintf(f, "\n");
+        return;
+    }
+    int64_t rows = 0, eq = 0;
+    cmp_stats agg;
+    cmp_stats_init(&agg);
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stats *s = &r->stages[i].all;
+        rows += s->rows;
+        eq += s->bitequal_rows;
+        agg.max_abs = fmax(agg.max_abs, s->max_abs);
+        agg.max_rel = fmax(agg.max_rel, s->max_rel);
+        agg.max_ulp = s->max_ulp > agg.max_ulp ? s->max_ulp : agg.max_ulp;
+    }
+    fprintf(f, "same within tolerance (");
+    tolerance_phrase(f, r);
+    fprintf(f, "): ");
+    coverage_line(f, r);
+    fprintf(f, "; %lld of %lld rows not bit-identical (max abs %.3g, max rel %.3g, max %llu "
+            "ulp), ", (long long)(rows - eq), (long long)rows, agg.max_abs, agg.max_rel,
+            (unsigned long long)agg.max_ulp);
+    tokens_phrase(f, &r->tokens);
+    fprintf(f, "\n");
+}
+
+static void layer_phrase(FILE *f, const cmp_divergence *d)
+{
+    if (d->layer < 0) {
+        fprintf(f, "model level");
+        return;
+    }
+    fprintf(f, "layer %d (", d->layer);
+    if (d->layer_sliding)
+        fprintf(f, "sliding, window %d", d->layer_window);
+    else
+        fprintf(f, "global");
+    if (d->kv_owner != d->layer)
+        fprintf(f, ", reads layer %d's KV", d->kv_owner);
+    fprintf(f, ")");
+}
+
+static void element_phrase(FILE *f, const cmp_divergence *d)
+{
+    static const char *const stats[3] = {"mean", "rms", "absmax"};
+    if (d->col < 0)
+        return;
+    if (d->stage == STAGE_Q || d->stage == STAGE_ATTN_OUT)
+        fprintf(f, ", head %d, dim %d", d->head, d->dim);
+    else if (d->stage == STAGE_K || d->stage == STAGE_V)
+        fprintf(f, ", KV head %d, dim %d", d->head, d->dim);
+    else if (d->stage == STAGE_ATTN_LSE || d->stage == STAGE_ATTN_NKEYS)
+        fprintf(f, ", head %d", d->head);
+    else if (d->stage == STAGE_LOGITS)
+        fprintf(f, ", token id %d", d->col);
+    else if ((d->stage == STAGE_ATTN_NORM_STATS || d->stage == STAGE_FFN_NORM_STATS) &&
+             d->col < 3)
+        fprintf(f, ", %s", stats[d->col]);
+    else
+        fprintf(f, ", column %d", d->col);
+}
+
+static void values_line(FILE *f, const cmp_divergence *d)
+{
+    if (d->hashed) {
+        fprintf(f, "  row hashes differ (fingerprints: the element is unknown)\n");
+        return;
+    }
+    fprintf(f, "  ref %.9g  test %.9g  (", d->ref, d->test);
+    if (d->nonfinite && (!isfinite(d->ref) || !isfinite(d->test)))
+        fprintf(f, "non-finite on one side");
+    else
+        fprintf(f, "abs %.3g, %.3g ulp", d->abs_err, (double)d->ulp);
+    fprintf(f, "; row: max abs %.3g, rel %.3g, %d element%s differ%s)\n", d->row_max_abs,
+            d->row_rel, d->n_bad, d->n_bad == 1 ? "" : "s", d->n_bad == 1 ? "s" : "");
+}
+
+static void earlier_phrase(FILE *f, const cmp_evidence *ev)
+{
+    const uint32_t cmp = ev->earlier_compared, id = ev->earlier_identical;
+    int n = 0, same = 0;
+    for (int s = 0; s < STAGE_LAYER_COUNT; s++)
+        if (cmp & (1u << s)) {
+            n++;
+            same += (id >> s) & 1u;
+        }
+    if (!n) {
+        fprintf(f, "no earlier stage of this layer recorded at this position");
+        return;
+    }
+    if (same == n) {
+        fprintf(f, "every earlier stage of this layer at this position identical");
+        return;
+    }
+    fprintf(f, "at this position %d of %d earlier stages within tolerance but not "
+            "bit-identical (", n - same, n);
+    const char *sep = "";
+    for (int s = 0; s < STAGE_LAYER_COUNT; s++)
+        if ((cmp & (1u << s)) && !(id & (1u << s))) {
+            fprintf(f, "%s%s", sep, stage_name((kv_stage)s));
+            sep = ", ";
+        }
+    fprintf(f, ")");
+}
+
+static void before_line(FILE *f, const cmp_divergence *d, const cmp_evidence *ev, bool beyond)
+{
+    if (d->layer < 0 || d->hashed)
+        return;
+    fprintf(f, "  before it: ");
+    if (ev->qkv == 1 && ev->qkv_from == 0)
+        fprintf(f, "q, k, v of every position <= %lld identical; ", (long long)ev->qkv_to);
+    else if (ev->qkv == 1)
+        fprintf(f, "q, k, v identical at positions %lld..%lld (earlier ones not recorded); ",
+                (long long)ev->qkv_from, (long long)ev->qkv_to);
+    else if (ev->qkv == 0 && beyond)
+        fprintf(f, "q, k, v not all bit-identical up to position %lld (the drift); ",
+                (long long)ev->qkv_to);
+    else if (ev->qkv == 0)   /* in tolerance mode: they precede the divergence */
+        fprintf(f, "q, k, v of every position <= %lld within tolerance, not all bit-identical; ",
+                (long long)ev->qkv_to);
+    earlier_phrase(f, ev);
+    fprintf(f, "\n");
+    if (!ev->lse_ref && !ev->lse_test && ev->nkeys_ref < 0)
+        return;
+    fprintf(f, "  attention here: ");
+    if (ev->lse_ref && ev->lse_test) {
+        int h = 0;
+        while (h < ev->n_heads - 1 && ev->lse_ref[h] == ev->lse_test[h])
+            h++;
+        bool same = !memcmp(ev->lse_ref, ev->lse_test, (size_t)ev->n_heads * sizeof(float));
+        fprintf(f, "attn_lse %s (head %d: ref %.9g, test %.9g)", same ? "identical" : "differs",
+                h, ev->lse_ref[h], ev->lse_test[h]);
+    } else {
+        fprintf(f, "attn_lse not recorded");
+    }
+    if (ev->nkeys_ref >= 0 && ev->nkeys_test >= 0)
+        fprintf(f, "; keys attended %d vs %d", ev->nkeys_ref, ev->nkeys_test);
+    fprintf(f, "\n");
+}
+
+static void diagnosis_block(FILE *f, const cmp_result *r)
+{
+    const cmp_diagnosis *g = &r->diag;
+    fprintf(f, "DIAGNOSIS  %s\n", g->summary);
+    if (g->detail[0])
+        fprintf(f, "           %s\n", g->detail);
+    if (g->evidence[0])
+        fprintf(f, "           %s: %s\n", g->basis == CMP_BASIS_RECOMPUTED ? "verified"
+                                          : g->basis == CMP_BASIS_EXACT_CHECK ? "exact check"
+                                                                                : "heuristic",
+                g->evidence);
+}
+
+static void margin(FILE *f, double m)
+{
+    if (isfinite(m))
+        fprintf(f, "margin %.3g", m);
+    else
+        fprintf(f, "margin n/a");
+}
+
+static void tokens_block(FILE *f, const cmp_result *r)
+{
+    const cmp_tokens *t = &r->tokens;
+    fprintf(f, "TOKENS     ");
+    if (t->kind != CMP_TOKENS_DIFFER) {
+        tokens_phrase(f, t);
+        fprintf(f, "\n");
+        return;
+    }
+    if (t->step >= 0)
+        fprintf(f, "first differing generated token at step %lld (position %lld): ",
+                (long long)t->step, (long long)t->pos);
+    else
+        fprintf(f, "first differing token at prompt position %lld: ", (long long)t->pos);
+    fprintf(f, "ref %d (", t->ref_id);
+    margin(f, t->ref_margin);
+    fprintf(f, ") vs test %d (", t->test_id);
+    margin(f, t->test_margin);
+    fprintf(f, ")\n");
+    if (t->near_tie)
+        fprintf(f, "           a near tie in both runs: a flip rounding alone can cause\n");
+}
+
+static void point_block(FILE *f, const char *title, const cmp_divergence *d,
+                        const cmp_evidence *ev, bool beyond)
+{
+    fprintf(f, "%s  position %lld, ", title, (long long)d->pos);
+    layer_phrase(f, d);
+    fprintf(f, ", stage %s", stage_name(d->stage));
+    element_phrase(f, d);
+    fprintf(f, "\n");
+    values_line(f, d);
+    before_line(f, d, ev, beyond);
+}
+
+/* The first divergence was drift; say so before the larger one. */
+static void drift_line(FILE *f, const cmp_result *r)
+{
+    fprintf(f, "  this one is numeric drift (relative error %.2g", r->first.row_rel);
+    if (r->ev.recompute == 1)
+        fprintf(f, "; attention over the config's keys reproduces both runs here");
+    fprintf(f, "); the first difference larger than drift (row-relative error above "
+            "%.0e) follows\n", 1e-3);
+}
+
+static void diverged_report(FILE *f, const cmp_result *r)
+{
+    const cmp_divergence *d = &r->first;
+    fprintf(f, "compared: ");
+    coverage_line(f, r);
+    fprintf(f, ", %s\n", r->exact ? "exact" : "with tolerance");
+    if (!d->found) {
+        fprintf(f, "FIRST DIVERGENCE  none in the recorded stages (positions %lld..%lld)\n",
+                (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
+    } else {
+        point_block(f, "FIRST DIVERGENCE", d, &r->ev, false);
+        if (r->beyond.found) {
+            drift_line(f, r);
+            point_block(f, "BEYOND DRIFT", &r->beyond, &r->beyond_ev, true);
+        }
+    }
+    if (r->diag.kind != CMP_DIAG_NONE)
+        diagnosis_block(f, r);
+    tokens_block(f, r);
+}
+
+static void stages_table(FILE *f, const cmp_result *r)
+{
+    fprintf(f, "%5s %-16s %7s %8s %10s %10s %10s %12s %10s\n", "layer", "stage", "rows",
+            "bitequal", "max_abs", "max_rel", "max_ulp", "cosine", "nmse");
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *s = &r->stages[i];
+        const cmp_stats *a = &s->all;
+        fprintf(f, "%5d %-16s %7lld %8lld %10.3g %10.3g %10llu %12.9f %10.3g\n", s->layer,
+                stage_name(s->stage), (long long)a->rows, (long long)a->bitequal_rows,
+                a->max_abs, a->max_rel, (unsigned long long)a->max_ulp, cmp_stats_cosine(a),
+                cmp_stats_nmse(a));
+    }
+}
+
+char *cmp_render_text(const cmp_result *r, unsigned flags)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return NULL;
+    if (r->verdict == CMP_DIVERGED)
+        diverged_report(f, r);
+    else
+        same_report(f, r);
+    if (r->logits.present && r->verdict == CMP_DIVERGED)
+        fprintf(f, "LOGITS     KL(ref || test) mean %.3g, max %.3g at position %lld%s; top-1 "
+                "agrees at %lld of %lld positions\n", r->logits.kl_mean, r->logits.kl_max,
+                (long long)r->logits.kl_max_pos, r->logits.from_topk ? " (from top-k only)" : "",
+                (long long)r->logits.top1_agree, (long long)r->logits.positions);
+    for (int i = 0; i < r->n_notes; i++)
+        fprintf(f, "note: %s\n", r->notes[i]);
+    if (flags & CMP_RENDER_STAGES)
+        stages_table(f, r);
+    if (fclose(f) != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* JSON                                                                 */
+
+/* JSON has no NaN or infinity: those become the strings "nan", "inf". */
+static json_t *jnum(double x)
+{
+    if (isfinite(x))
+        return json_real(x);
+    return json_string(isnan(x) ? "nan" : x > 0 ? "inf" : "-inf");
+}
+
+/* A quantity that may not have been computed (NaN): null then. */
+static json_t *jopt(double x)
+{
+    return isnan(x) ? json_null() : jnum(x);
+}
+
+static json_t *jstats(const cmp_stats *s)
+{
+    return json_pack("{sI sI sI sI so so sI so so sI}", "rows", (json_int_t)s->rows,
+                     "bitequal_rows", (json_int_t)s->bitequal_rows, "violating_rows",
+                     (json_int_t)s->violating_rows, "nonfinite", (json_int_t)s->nonfinite,
+                     "max_abs", jnum(s->max_abs), "max_rel", jnum(s->max_rel), "max_ulp",
+                     (json_int_t)(s->max_ulp > INT64_MAX ? INT64_MAX : s->max_ulp), "cosine",
+                     jnum(cmp_stats_cosine(s)), "nmse", jnum(cmp_stats_nmse(s)),
+                     "first_bitdiff_position", (json_int_t)s->first_bitdiff_pos);
+}
+
+static json_t *jcompared(const cmp_result *r)
+{
+    const cmp_coverage *cv = &r->compared;
+    json_t *ms = json_array();
+    for (int s = STAGE_EMBED; s < STAGE_COUNT; s++)
+        if (cmp_result_stage(r, -1, (kv_stage)s))
+            json_array_append_new(ms, json_string(stage_name((kv_stage)s)));
+    return json_pack("{si sI sI sI si so sI sb sb so sI}", "layers", cv->n_layers, "positions",
+                     (json_int_t)(cv->pos_hi >= cv->pos_lo ? cv->pos_hi - cv->pos_lo + 1 : 0),
+                     "position_lo", (json_int_t)cv->pos_lo, "position_hi",
+                     (json_int_t)cv->pos_hi, "stages", cv->n_stages, "model_stages", ms, "rows",
+                     (json_int_t)cv->rows, "partial", cv->partial, "fingerprint", cv->hashed,
+                     "token_cut", cv->pos_cut >= 0 ? json_integer(cv->pos_cut) : json_null(),
+                     "walked_to", (json_int_t)cv->walked_to);
+}
+
+static json_t *jdiv(const cmp_divergence *d)
+{
+    if (!d->found)
+        return json_null();
+    json_t *j = json_pack("{sI si ss sb si si si so so so sI sb si so so}", "position",
+                          (json_int_t)d->pos, "layer", d->layer, "stage", stage_name(d->stage),
+                          "fingerprint", d->hashed, "column", d->col, "head", d->head, "dim",
+                          d->dim, "ref", jnum(d->ref), "test", jnum(d->test), "abs",
+                          jnum(d->abs_err), "ulp",
+                          (json_int_t)(d->ulp > INT64_MAX ? INT64_MAX : d->ulp), "nonfinite",
+                          d->nonfinite, "bad_elements", d->n_bad, "row_max_abs",
+                          jnum(d->row_max_abs), "row_rel", jnum(d->row_rel));
+    if (j && d->layer >= 0) {
+        json_object_set_new(j, "attention", json_string(d->layer_sliding ? "sliding" : "global"));
+        json_object_set_new(j, "window", json_integer(d->layer_window));
+        json_object_set_new(j, "kv_owner", json_integer(d->kv_owner));
+    }
+    return j;
+}
+
+static json_t *jfloats(const float *x, int n)
+{
+    if (!x)
+        return json_null();
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(a, jnum(x[i]));
+    return a;
+}
+
+static json_t *jevidence(const cmp_divergence *d, const cmp_evidence *ev)
+{
+    if (!d->found)
+        return json_null();
+    json_t *identical = json_array(), *compared = json_array();
+    for (int s = 0; s < STAGE_LAYER_COUNT; s++) {
+        if (ev->earlier_compared & (1u << s))
+            json_array_append_new(compared, json_string(stage_name((kv_stage)s)));
+        if (ev->earlier_identical & (1u << s))
+            json_array_append_new(identical, json_string(stage_name((kv_stage)s)));
+    }
+    json_t *j = json_pack("{so so so sI sI so so si si}", "earlier_compared", compared,
+                          "earlier_identical", identical, "qkv_identical_upto_position",
+                          ev->qkv < 0 ? json_null() : json_boolean(ev->qkv == 1),
+                          "qkv_from", (json_int_t)ev->qkv_from, "qkv_to",
+                          (json_int_t)ev->qkv_to, "attn_lse_ref",
+                          jfloats(ev->lse_ref, ev->n_heads), "attn_lse_test",
+                          jfloats(ev->lse_test, ev->n_heads), "nkeys_ref", ev->nkeys_ref,
+                          "nkeys_test", ev->nkeys_test);
+    if (!j)
+        return NULL;
+    json_object_set_new(j, "norms_equal", json_boolean(ev->norms_equal));
+    json_object_set_new(j, "rope_delta", ev->rope_found ? json_integer(ev->rope_delta)
+                                                        : json_null());
+    json_object_set_new(j, "rope_error", jopt(ev->rope_err));
+    json_object_set_new(j, "recomputed", ev->recompute < 0 ? json_null()
+                                                           : json_boolean(ev->recompute == 1));
+    json_object_set_new(j, "hypothesis", ev->hypothesis[0] ? json_string(ev->hypothesis)
+                                                           : json_null());
+    json_object_set_new(j, "hypothesis_error", jopt(ev->hyp_err));
+    json_object_set_new(j, "reference_check_error", jopt(ev->ref_check_err));
+    json_object_set_new(j, "nkeys_differ_at", ev->nkeys_diff_pos < 0 ? json_null()
+        : json_pack("{sI si}", "position", (json_int_t)ev->nkeys_diff_pos, "layer",
+                    ev->nkeys_diff_layer));
+    json_object_set_new(j, "growth_first", jopt(ev->growth_first));
+    json_object_set_new(j, "growth_last", jopt(ev->growth_last));
+    json_object_set_new(j, "growth_last_layer", json_integer(ev->growth_layer_last));
+    return j;
+}
+
+static json_t *jtokens(const cmp_tokens *t)
+{
+    static const char *const kinds[] = {"none", "identical", "differ", "length_differs"};
+    const bool d = t->kind == CMP_TOKENS_DIFFER;
+    return json_pack("{ss sI sI sI so so so so so so sb}", "verdict", kinds[t->kind], "n_ref",
+                     (json_int_t)t->n_ref, "n_test", (json_int_t)t->n_test, "prompt_length",
+                     (json_int_t)t->prompt_length, "position",
+                     t->pos >= 0 ? json_integer(t->pos) : json_null(), "step",
+                     d ? json_integer(t->step) : json_null(), "ref_id",
+                     d ? json_integer(t->ref_id) : json_null(), "test_id",
+                     d ? json_integer(t->test_id) : json_null(), "ref_margin",
+                     d ? jopt(t->ref_margin) : json_null(), "test_margin",
+                     d ? jopt(t->test_margin) : json_null(), "near_tie", t->near_tie);
+}
+
+static json_t *jlogits(const cmp_logit_stats *l)
+{
+    if (!l->present)
+        return json_null();
+    return json_pack("{sb sI sI so so sI}", "from_topk", l->from_topk, "positions",
+                     (json_int_t)l->positions, "top1_agree", (json_int_t)l->top1_agree,
+                     "kl_mean", jnum(l->kl_mean), "kl_max", jnum(l->kl_max), "kl_max_position",
+                     (json_int_t)l->kl_max_pos);
+}
+
+static json_t *jstages(const cmp_result *r)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *s = &r->stages[i];
+        json_array_append_new(a, json_pack("{si ss si sI sI sb so so so so}", "layer", s->layer,
+                                           "stage", stage_name(s->stage), "cols", s->cols,
+                                           "position_lo", (json_int_t)s->pos_lo, "position_hi",
+                                           (json_int_t)s->pos_hi, "fingerprint", s->hashed,
+                                           "noise_floor", jnum(s->noise_floor), "atol",
+                                           jnum(s->atol_eff), "upto", jstats(&s->upto), "all",
+                                           jstats(&s->all)));
+    }
+    return a;
+}
+
+json_t *cmp_result_json(const cmp_result *r, unsigned flags)
+{
+    json_t *notes = json_array();
+    for (int i = 0; i < r->n_notes; i++)
+        json_array_append_new(notes, json_string(r->notes[i]));
+    json_t *mode = json_pack("{sb so so sI sb so}", "exact", r->exact, "atol", jnum(r->atol),
+                             "rtol", jnum(r->rtol), "ulp", (json_int_t)r->ulp, "noise_floor",
+                             r->noise, "noise_factor", jnum(r->noise_factor));
+    json_t *diag = r->first.found || r->diag.kind != CMP_DIAG_NONE
+        ? json_pack("{ss ss ss ss ss}", "kind", cmp_diag_name(r->diag.kind), "basis",
+                    cmp_basis_name(r->diag.basis), "summary", r->diag.summary, "detail",
+                    r->diag.detail, "evidence", r->diag.evidence)
+        : json_null();
+    json_t *beyond = jdiv(&r->beyond);
+    if (json_is_object(beyond))
+        json_object_set_new(beyond, "evidence", jevidence(&r->beyond, &r->beyond_ev));
+    json_t *j = json_pack("{ss si so so so so so so so so so}", "verdict",
+                          cmp_verdict_name(r->verdict), "exit_code", cmp_exit_code(0, r), "mode",
+                          mode, "compared", jcompared(r), "first_divergence", jdiv(&r->first),
+                          "evidence", jevidence(&r->first, &r->ev), "beyond_drift", beyond,
+                          "diagnosis", diag, "tokens", jtokens(&r->tokens), "logits",
+                          jlogits(&r->logits), "notes", notes);
+    if (j && (flags & CMP_RENDER_STAGES))
+        json_object_set_new(j, "stages", jstages(r));
+    return j;
+}
+
+char *cmp_render_json(const cmp_result *r, unsigned flags)
+{
+    json_t *j = cmp_result_json(r, flags);
+    if (!j)
+        return NULL;
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    return s;
+}

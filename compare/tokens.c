@@ -1,0 +1,256 @@
+/* tokens.c — the tokens verdict (first differing generated token, each
+ * run's logit margin there) and the logits metrics: KL(softmax(ref) ||
+ * softmax(test)) and top-1 agreement, from full logits or /output top-k. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmp_internal.h"
+
+/* Margins below this (in logits) make a flip plausible from rounding alone. */
+#define CMP_NEAR_TIE 0.01
+
+static int logits_row_margin(const cmp_source *src, int64_t pos, double *margin, kv_err *e)
+{
+    const int V = src->cfg.vocab;
+    float *row = malloc((size_t)(V > 0 ? V : 1) * sizeof(float));
+    if (!row)
+        return kv_errf(e, "compare: out of memory for a logits row");
+    int rc = cmp_read_row(src, -1, STAGE_LOGITS, pos, V, row, e);
+    if (rc == 0 && V >= 2) {
+        double t1 = -INFINITY, t2 = -INFINITY;
+        for (int i = 0; i < V; i++) {
+            if (row[i] > t1)
+                t2 = t1, t1 = row[i];
+            else if (row[i] > t2)
+                t2 = row[i];
+        }
+        *margin = t1 - t2;
+    }
+    free(row);
+    return rc;
+}
+
+static int output_margin(const cmp_source *src, int64_t pos, double *margin, kv_err *e)
+{
+    int64_t first = 0, rows = 0;
+    int k = 0;
+    if (!src->output_info || !src->output ||
+        src->output_info(src->ctx, &first, &rows, &k) != 0 || rows <= 0 || k < 2 ||
+        pos < first || pos >= first + rows)
+        return 1;
+    float lse, *vals = malloc((size_t)k * sizeof(float));
+    int32_t *ids = malloc((size_t)k * sizeof(int32_t));
+    int rc = (!vals || !ids) ? kv_errf(e, "compare: out of memory")
+                             : src->output(src->ctx, pos, 1, &lse, ids, vals, e);
+    if (rc == 0)
+        *margin = (double)vals[0] - (double)vals[1];
+    free(vals);
+    free(ids);
+    return rc < 0 ? -1 : 0;
+}
+
+double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc)
+{
+    double m = NAN;
+    *rc = 0;
+    if (pos < 0)
+        return m;
+    int r = logits_row_margin(src, pos, &m, e);
+    if (r == 1)
+        r = output_margin(src, pos, &m, e);
+    *rc = r < 0 ? -1 : 0;
+    return m;
+}
+
+int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
+{
+    cmp_tokens *t = &c->r->tokens;
+    const cmp_source *a = c->ref, *b = c->test;
+    memset(t, 0, sizeof *t);
+    t->n_ref = a->n_tokens;
+    t->n_test = b->n_tokens;
+    t->prompt_length = a->prompt_length;
+    t->pos = t->step = -1;
+    t->ref_margin = t->test_margin = NAN;
+    if (a->n_tokens <= 0 || b->n_tokens <= 0 || !a->tokens || !b->tokens) {
+        t->kind = CMP_TOKENS_NONE;
+        return 0;
+    }
+    const int64_t n = a->n_tokens < b->n_tokens ? a->n_tokens : b->n_tokens;
+    for (int64_t p = 0; p < n; p++)
+        if (a->tokens[p] != b->tokens[p]) {
+            t->pos = p;
+            break;
+        }
+    if (t->pos < 0) {
+        t->kind = a->n_tokens == b->n_tokens ? CMP_TOKENS_IDENTICAL : CMP_TOKENS_LENGTH;
+        return 0;
+    }
+    int rc1, rc2;
+    t->kind = CMP_TOKENS_DIFFER;
+    t->step = t->pos - a->prompt_length;
+    t->ref_id = a->tokens[t->pos];
+    t->test_id = b->tokens[t->pos];
+    /* The token at pos was chosen from the logits computed at pos - 1. */
+    t->ref_margin = cmp_logit_margin(a, t->pos - 1, e, &rc1);
+    t->test_margin = cmp_logit_margin(b, t->pos - 1, e, &rc2);
+    if (rc1 < 0 || rc2 < 0)
+        return -1;
+    t->near_tie = isfinite(t->ref_margin) && isfinite(t->test_margin) &&
+                  t->ref_margin < CMP_NEAR_TIE && t->test_margin < CMP_NEAR_TIE;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Logits metrics                                                       */
+
+static double row_lse(const float *x, int V, int *argmax)
+{
+    double mx = -INFINITY, s = 0;
+    *argmax = 0;
+    for (int i = 0; i < V; i++)
+        if (x[i] > mx) {
+            mx = x[i];
+            *argmax = i;
+        }
+    for (int i = 0; i < V; i++)
+        s += exp((double)x[i] - mx);
+    return mx + log(s);
+}
+
+static void add_kl(cmp_logit_stats *ls, double kl, bool agree, int64_t pos)
+{
+    ls->positions++;
+    ls->top1_agree += agree;
+    ls->kl_mean += kl;   /* a sum until the end */
+    if (ls->positions == 1 || kl > ls->kl_max) {
+        ls->kl_max = kl;
+        ls->kl_max_pos = pos;
+    }
+}
+
+static double kl_full(const float *p, const float *q, int V, bool *agree)
+{
+    for (int i = 0; i < V; i++)
+        if (!isfinite(p[i]) || !isfinite(q[i])) {
+            *agree = false;
+            return INFINITY;
+        }
+    int ap, aq;
+    const double lp = row_lse(p, V, &ap), lq = row_lse(q, V, &aq);
+    double kl = 0;
+    for (int i = 0; i < V; i++) {
+        const double a = (double)p[i] - lp, b = (double)q[i] - lq;
+        kl += exp(a) * (a - b);
+    }
+    *agree = ap == aq;
+    return kl > 0 ? kl : 0;
+}
+
+static int stats_from_logits(cmp_ctx *c, const cmp_stage_result *sr, kv_err *e)
+{
+    cmp_logit_stats *ls = &c->r->logits;
+    const int V = sr->cols;
+    int step = CMP_ROW_BUDGET / V;
+    step = step < 1 ? 1 : step > 64 ? 64 : step;
+    float *a = malloc((size_t)step * V * sizeof(float));
+    float *b = malloc((size_t)step * V * sizeof(float));
+    int rc = (!a || !b) ? kv_errf(e, "compare: out of memory for logits") : 0;
+    for (int64_t p = sr->pos_lo; rc == 0 && p <= sr->pos_hi; p += step) {
+        const int64_t n = sr->pos_hi - p + 1 < step ? sr->pos_hi - p + 1 : step;
+        if (c->ref->read(c->ref->ctx, -1, STAGE_LOGITS, p, n, a, e) < 0 ||
+            c->test->read(c->test->ctx, -1, STAGE_LOGITS, p, n, b, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            bool agree;
+            double kl = kl_full(a + (size_t)r * V, b + (size_t)r * V, V, &agree);
+            add_kl(ls, kl, agree, p + r);
+        }
+    }
+    free(a);
+    free(b);
+    return rc;
+}
+
+/* Approximate KL over the reference's top-k ids: a test logit missing from
+ * its top-k is taken as its k-th value (the largest it can be). */
+static double kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
+                      const float *vt, int k)
+{
+    double kl = 0;
+    for (int i = 0; i < k; i++) {
+        double lq = (double)vt[k - 1] - lt;
+        for (int j = 0; j < k; j++)
+            if (it[j] == ir[i])
+                lq = (double)vt[j] - lt;
+        const double lp = (double)vr[i] - lr;
+        kl += exp(lp) * (lp - lq);
+    }
+    return kl > 0 ? kl : 0;
+}
+
+typedef struct {
+    float lse[64];
+    int32_t *ids;
+    float *vals;
+} out_block;
+
+static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt, kv_err *e)
+{
+    cmp_logit_stats *ls = &c->r->logits;
+    const int k = kr < kt ? kr : kt;
+    out_block A = {.ids = malloc((size_t)64 * kr * 4), .vals = malloc((size_t)64 * kr * 4)};
+    out_block B = {.ids = malloc((size_t)64 * kt * 4), .vals = malloc((size_t)64 * kt * 4)};
+    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
+        const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
+        if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
+            c->test->output(c->test->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            const int32_t *ir = A.ids + r * kr, *it = B.ids + r * kt;
+            double kl = kl_topk(A.lse[r], ir, A.vals + r * kr, B.lse[r], it, B.vals + r * kt, k);
+            add_kl(ls, kl, ir[0] == it[0], p + r);
+        }
+    }
+    free(A.ids);
+    free(A.vals);
+    free(B.ids);
+    free(B.vals);
+    return rc;
+}
+
+int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e)
+{
+    cmp_logit_stats *ls = &c->r->logits;
+    memset(ls, 0, sizeof *ls);
+    const cmp_stage_result *sr = cmp_result_stage(c->r, -1, STAGE_LOGITS);
+    int rc = 0;
+    if (sr && !sr->hashed) {
+        rc = stats_from_logits(c, sr, e);
+    } else {
+        int64_t fa, ra, fb, rb;
+        int ka, kb;
+        const cmp_source *a = c->ref, *b = c->test;
+        if (!a->output_info || !b->output_info || !a->output || !b->output ||
+            a->output_info(a->ctx, &fa, &ra, &ka) != 0 ||
+            b->output_info(b->ctx, &fb, &rb, &kb) != 0 || ra <= 0 || rb <= 0 || ka < 1 || kb < 1)
+            return 0;
+        int64_t lo = fa > fb ? fa : fb, hi = fa + ra < fb + rb ? fa + ra - 1 : fb + rb - 1;
+        if (c->pos_limit >= 0 && hi >= c->pos_limit)
+            hi = c->pos_limit - 1;
+        if (lo > hi)
+            return 0;
+        ls->from_topk = true;
+        rc = stats_from_output(c, lo, hi, ka, kb, e);
+    }
+    ls->present = ls->positions > 0;
+    if (ls->positions > 0)
+        ls->kl_mean /= (double)ls->positions;
+    return rc;
+}
