@@ -66,7 +66,7 @@ static run_cost timed_run(const kv_model *m, const kern_ctx *kc, const int32_t *
         o.fingerprint = fingerprint;
         dump_meta meta = {.engine = "reference", .engine_settings = "{}", .cfg = &m->cfg,
                           .weight_fingerprint = m->fingerprint, .tool_version = "kvdiff bench",
-                          .max_positions = n + nnew};
+                          .max_positions = n + nnew, .prompt_length = n};
         w = dump_create(path, &meta, &o, &e);
         if (!w) {
             fprintf(stderr, "bench: %s\n", e.msg);

@@ -448,7 +448,7 @@ static int run_chunk(chk_engine *c, const int32_t *tokens, int n, bool last, flo
             goto stopped;
     }
     c->pos += n;
-    bool all = fw_wants(obs, STAGE_LOGITS, -1) || fw_wants(obs, STAGE_FINAL_NORM, -1);
+    bool all = obs && obs->all_logits;
     if (all || (last && logits)) {
         int row0 = all ? 0 : n - 1, rows = all ? n : 1;
         if (fw_logits(c->kc, c->m, fs, row0, rows, s + row0, c->logits, obs))

@@ -274,6 +274,7 @@ cmp_memrec *cmp_memrec_new(const kv_config *cfg, const char *engine, const char 
     m->obs.emit = mr_emit;
     m->obs.token = mr_token;
     m->obs.wants = mr_wants;
+    m->obs.all_logits = 1;
     return m;
 }
 

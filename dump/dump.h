@@ -27,7 +27,7 @@
 typedef struct {
     int layer_lo, layer_hi;        /* inclusive; default 0 .. INT32_MAX */
     int64_t pos_lo, pos_hi;        /* inclusive; default 0 .. INT64_MAX */
-    bool stages[STAGE_COUNT];      /* default: all but STAGE_LOGITS */
+    bool stages[STAGE_COUNT];      /* default: all but final_norm and logits */
     bool full_logits;              /* also store /model/logits */
     bool compress;                 /* shuffle + deflate */
     bool fingerprint;              /* hashes and statistics instead of rows */
@@ -53,6 +53,7 @@ typedef struct {
     uint64_t seed;
     const char *tool_version;      /* "kvdiff 0.1.0" */
     int max_positions;             /* positions the run can reach (sizes nothing; a bound for checks) */
+    int prompt_length;             /* known before the run; 0 = unknown (then logits of every row) */
 } dump_meta;
 
 typedef struct dump_writer dump_writer;

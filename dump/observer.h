@@ -57,6 +57,11 @@ typedef struct kv_observer {
     /* Quick filter: does this observer want (stage, layer)? NULL = all.
      * Engines skip building rows nobody wants. */
     int (*wants)(struct kv_observer *self, kv_stage stage, int layer);
+    /* Non-zero: engines compute the final norm and logits of every row
+     * (costly with a large vocabulary). Zero: only of the rows generation
+     * needs — the last prompt row and each decode step — which are still
+     * emitted to an observer that wants them. */
+    int all_logits;
 } kv_observer;
 
 #endif

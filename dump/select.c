@@ -18,7 +18,7 @@ void dump_opts_default(dump_opts *o)
     o->pos_lo = 0;
     o->pos_hi = INT64_MAX;
     for (int s = 0; s < STAGE_COUNT; s++)
-        o->stages[s] = s != STAGE_LOGITS;
+        o->stages[s] = s != STAGE_LOGITS && s != STAGE_FINAL_NORM;
     o->topk = 8;
     o->block_rows = 64;
 }

@@ -56,7 +56,9 @@ struct dump_writer {
     dump_opts o;
     kv_config cfg;
     int max_positions;
-    int64_t first;        /* first_position of every stage and output dataset */
+    int64_t first;        /* first_position of every stage dataset */
+    int64_t out_first;    /* first_position of /output: pos_lo, or the last prompt
+                             position when only generation's logits are computed */
     stage_sink *sinks[STAGE_COUNT][KV_MAX_LAYERS + 1];  /* [stage][layer + 1]; NULL: not recorded */
     appender tokens, lse, topk_ids, topk_vals;
     int64_t n_prompt;
@@ -589,11 +591,11 @@ static int output_create(dump_writer *w, kv_err *e)
     if (write_i64_attr(g, "k", w->o.topk) < 0)
         h5err(w, e, "cannot write /output k");
     else if (app_create(w, &w->lse, g, "/output", "lse", H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 0,
-                        w->first, e) == 0 &&
+                        w->out_first, e) == 0 &&
              app_create(w, &w->topk_ids, g, "/output", "topk_ids", H5T_STD_I32LE,
-                        H5T_NATIVE_INT32, w->o.topk, w->first, e) == 0 &&
+                        H5T_NATIVE_INT32, w->o.topk, w->out_first, e) == 0 &&
              app_create(w, &w->topk_vals, g, "/output", "topk_values", H5T_IEEE_F32LE,
-                        H5T_NATIVE_FLOAT, w->o.topk, w->first, e) == 0)
+                        H5T_NATIVE_FLOAT, w->o.topk, w->out_first, e) == 0)
         rc = 0;
     dump_h5_close(g);
     return rc;
@@ -712,6 +714,13 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     w->cfg = *meta->cfg;
     w->max_positions = meta->max_positions;
     w->first = o->pos_lo;
+    /* Logits of every prompt row cost a vocabulary-sized matmul per row:
+     * only when stored in full or when final_norm rows are asked for. */
+    w->obs.all_logits = o->full_logits || o->stages[STAGE_LOGITS] ||
+                        o->stages[STAGE_FINAL_NORM] || meta->prompt_length <= 0;
+    w->out_first = o->pos_lo;
+    if (!w->obs.all_logits && meta->prompt_length - 1 > o->pos_lo)
+        w->out_first = meta->prompt_length - 1;
     w->path = strdup(path);
     w->top_ids = malloc((size_t)o->topk * sizeof *w->top_ids);
     w->top_vals = malloc((size_t)o->topk * sizeof *w->top_vals);

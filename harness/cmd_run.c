@@ -311,12 +311,13 @@ static char *engine_settings_json(const run_opts *o, const kern_ctx *kc, const k
 }
 
 static dump_writer *open_dump(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
-                              kv_err *e)
+                              int n_prompt, kv_err *e)
 {
     char *settings = engine_settings_json(o, kc, m, ctx);
     dump_meta meta = {.engine = o->engine, .engine_settings = settings ? settings : "{}",
                       .cfg = &m->cfg, .weight_fingerprint = m->fingerprint, .seed = o->po.seed,
-                      .tool_version = "kvdiff " KVDIFF_VERSION, .max_positions = (int)ctx};
+                      .tool_version = "kvdiff " KVDIFF_VERSION, .max_positions = (int)ctx,
+                      .prompt_length = n_prompt};
     dump_writer *w = dump_create(o->dump_path, &meta, &o->dopts, e);
     free(settings);
     if (w) {
@@ -361,7 +362,7 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
                        n_prompt, o->go.max_new, (long)n_prompt + o->go.max_new,
                        c->max_positions, ctx);
     dump_writer *w = NULL;
-    if (o->dump_path && !(w = open_dump(o, m, kc, ctx, e)))
+    if (o->dump_path && !(w = open_dump(o, m, kc, ctx, n_prompt, e)))
         return -1;
     kv_observer *obs = w ? dump_observer(w) : NULL;
     kv_engine *eng;

@@ -89,7 +89,7 @@ static int ref_batch(ref_engine *r, const int32_t *tokens, int n, bool last, flo
     }
     r->pos += n;
     /* Logits of every row only when someone records them. */
-    bool all = fw_wants(obs, STAGE_LOGITS, -1) || fw_wants(obs, STAGE_FINAL_NORM, -1);
+    bool all = obs && obs->all_logits;
     if (all || (last && logits)) {
         int row0 = all ? 0 : n - 1, rows = all ? n : 1;
         if (fw_logits(r->kc, r->m, s, row0, rows, pos0 + row0, r->logits, obs))

@@ -293,7 +293,7 @@ START_TEST(test_round_trip_full)
 
     check_tokens(f, c, T, P);
     /* Every layer stage of every layer, embed and final_norm; no logits. */
-    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
     ck_assert(!dump_stage_info(f, -1, STAGE_LOGITS).present);
     ck_assert(!dump_stage_info(f, m.cfg.n_layers, STAGE_Q).present);
     ck_assert(!dump_stage_info(f, 0, STAGE_EMBED).present);
@@ -360,7 +360,7 @@ START_TEST(test_kv_shared_and_logits)
     }
     ck_assert_int_gt(followers, 0);
     ck_assert_int_eq(compare_full(f, c, 0, ROWS),
-                     m.cfg.n_layers * STAGE_LAYER_COUNT - 2 * followers + 3);
+                     m.cfg.n_layers * STAGE_LAYER_COUNT - 2 * followers + 2);
     ck_assert(dump_stage_info(f, -1, STAGE_LOGITS).present);
     check_output(f, c, m.cfg.vocab, 0, ROWS);
     dump_file_close(f);
@@ -415,7 +415,7 @@ START_TEST(test_fingerprint)
             }
             checked++;
         }
-    ck_assert_int_eq(checked, m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    ck_assert_int_eq(checked, m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
     /* Rows are not there to read; /output is as in full mode. */
     ck_assert_int_eq(dump_read_rows(f, 0, STAGE_Q, 0, 1, row, &e), -1);
     ck_assert_ptr_nonnull(strstr(e.msg, "fingerprint"));
@@ -502,7 +502,7 @@ START_TEST(test_compress)
     ck_assert(has_deflate(path, "/tokens"));
     dump_file *f = open_ok(path);
     check_tokens(f, c, T, P);
-    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
     check_output(f, c, m.cfg.vocab, 0, ROWS);
     dump_file_close(f);
     assert_valid(path);
@@ -664,7 +664,8 @@ static int trip_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
 
 static tripwire tripwire_on(kv_observer *inner, int64_t at)
 {
-    tripwire t = {.base = {.emit = trip_emit, .token = trip_token, .wants = trip_wants},
+    tripwire t = {.base = {.emit = trip_emit, .token = trip_token, .wants = trip_wants,
+                           .all_logits = inner->all_logits},
                   .inner = inner, .at = at};
     return t;
 }
@@ -707,7 +708,7 @@ START_TEST(test_swmr_crash)
     ck_assert_str_eq(dump_attr(f, "status"), "partial: running");
     ck_assert(!dump_is_complete(f));
     check_tokens(f, c, P, 0);  /* prompt_length is only set by dump_close */
-    ck_assert_int_eq(compare_full(f, c, 0, P), m.cfg.n_layers * STAGE_LAYER_COUNT + 3);
+    ck_assert_int_eq(compare_full(f, c, 0, P), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
     check_output(f, c, m.cfg.vocab, 0, P);
     dump_file_close(f);
     assert_valid(path);
@@ -742,7 +743,7 @@ START_TEST(test_interrupted)
     ck_assert_str_eq(dump_attr(f, "status"), "partial: interrupted by SIGINT");
     /* Token 43 was refused: positions 0..42 forwarded, 0..42 announced. */
     check_tokens(f, c, 43, P);
-    ck_assert_int_eq(compare_full(f, c, 0, 43), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    ck_assert_int_eq(compare_full(f, c, 0, 43), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
     dump_file_close(f);
     assert_valid(path);
     capture_free(c);
@@ -1240,7 +1241,7 @@ START_TEST(test_parse_selection)
     ck_assert(o.layer_lo == 0 && o.layer_hi == INT32_MAX && o.pos_lo == 0 && o.pos_hi == INT64_MAX);
     ck_assert(o.topk == 8 && o.block_rows == 64 && !o.full_logits && !o.compress && !o.fingerprint);
     for (int s = 0; s < STAGE_COUNT; s++)
-        ck_assert(o.stages[s] == (s != STAGE_LOGITS));
+        ck_assert(o.stages[s] == (s != STAGE_LOGITS && s != STAGE_FINAL_NORM));
 
     ck_assert(dump_parse_layers("10:23", &o, &e) == 0 && o.layer_lo == 10 && o.layer_hi == 23);
     ck_assert(dump_parse_layers("10:", &o, &e) == 0 && o.layer_lo == 10 && o.layer_hi == INT32_MAX);

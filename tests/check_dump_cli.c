@@ -31,6 +31,15 @@ START_TEST(test_dump_inspect_validate)
     ck_assert_ptr_nonnull(strstr(out, "\"chunk\":7"));
     ck_assert_ptr_nonnull(strstr(out, "tokens    48 (prompt 40)"));
     ck_assert_ptr_nonnull(strstr(out, "layer 5"));
+    /* Logits only where generation computes them: the last prompt row on. */
+    ck_assert_msg(strstr(out, "output    lse and top-8 logits, positions 39..46"), "%s", out);
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 40 --max-new 8 "
+             "--dump %s/all.h5 --dump-logits", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "inspect %s/all.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "output    lse and top-8 logits, positions 0..46"), "%s", out);
+    ck_assert_ptr_nonnull(strstr(out, "model     logits positions 0..46"));
     snprintf(args, sizeof args, "validate %s/chk.h5", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_ptr_nonnull(strstr(out, "conforms"));

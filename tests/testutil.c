@@ -45,6 +45,7 @@ capture *capture_new(int T)
     c->T = T;
     c->base.emit = capture_emit;
     c->base.token = capture_token;
+    c->base.all_logits = 1;
     return c;
 }
 
