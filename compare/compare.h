@@ -73,6 +73,13 @@ typedef struct cmp_source {
                   float *topk_vals, kv_err *e);
 } cmp_source;
 
+/* A dump file as a source (source_dump.c). Fills *out; the returned handle
+ * owns the open file and must outlive every use of *out. NULL with e
+ * filled (naming the file) when it cannot be read as a dump. */
+typedef struct cmp_dump_source cmp_dump_source;
+cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err *e);
+void cmp_dump_source_close(cmp_dump_source *d);   /* accepts NULL */
+
 /* ------------------------------------------------------------------ */
 /* In-memory recorder                                                   */
 

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <stdarg.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -429,6 +430,13 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     c.rms_eps = num_field(o, "rms_norm_eps", &p);
     c.rope_theta = num_field(o, "rope_theta", &p);
     c.rope_local_theta = num_field(o, "rope_local_base_freq", &p);
+    /* Optional: the multiplier of q.k (Gemma 3: query_pre_attn_scalar^-0.5);
+     * 1/sqrt(head_dim) when a writer leaves it out. */
+    json_t *scale = json_object_get(o, "attn_scale");
+    if (json_is_number(scale) && json_number_value(scale) > 0)
+        c.attn_scale = json_number_value(scale);
+    else if (c.head_dim > 0)
+        c.attn_scale = 1.0 / sqrt((double)c.head_dim);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
     json_decref(o);

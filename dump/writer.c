@@ -448,6 +448,7 @@ static char *config_json(const kv_config *c)
     json_object_set_new(o, "rms_norm_eps", json_real(c->rms_eps));
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
+    json_object_set_new(o, "attn_scale", json_real(c->attn_scale));
     text = json_dumps(o, JSON_COMPACT);
 done:
     json_decref(types);

@@ -14,6 +14,7 @@ typedef struct {
 static const verb verbs[] = {
     {"gen", cmd_gen, "write a synthetic preset as a Hugging Face folder"},
     {"run", cmd_run, "generate with an engine and print the tokens (--dump records it)"},
+    {"compare", cmd_compare, "find the first divergence between two dumps and diagnose it"},
     {"inspect", cmd_inspect, "show what a dump holds"},
     {"validate", cmd_validate, "check a dump against the open schema"},
 };

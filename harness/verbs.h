@@ -5,6 +5,7 @@
 int cmd_gen(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_compare(int argc, char **argv);
 int cmd_validate(int argc, char **argv);
 
 #endif

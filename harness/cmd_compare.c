@@ -1,0 +1,116 @@
+/* cmd_compare.c — `kvdiff compare REF.h5 TEST.h5`: the first divergence,
+ * its diagnosis, and whether the generated tokens are byte-identical.
+ * Exit codes as h5diff: 0 same (within tolerance), 1 diverged, 2 error. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "verbs.h"
+#include "../compare/compare.h"
+
+static void compare_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvdiff compare REF.h5 TEST.h5 [options]\n"
+            "\n"
+            "Aligns two dumps (ours or another program's, schema v1), finds the first\n"
+            "divergence in dataflow order (positions, then layers, then stages, down to\n"
+            "the element), says what kind of bug it looks like, and checks the\n"
+            "generated tokens. Exit 0 same, 1 diverged, 2 error.\n"
+            "\n"
+            "  --exact            any differing bit is a divergence (default)\n"
+            "  --atol X           absolute tolerance\n"
+            "  --rtol X           tolerance relative to the row's largest |ref|\n"
+            "  --ulp N            tolerance in units in the last place\n"
+            "  --noise-floor F    a third dump (e.g. a cascade run): per layer and stage\n"
+            "                     the tolerance grows by twice its difference from REF\n"
+            "  --force            compare despite a model or prompt mismatch\n"
+            "  --stages           add the per-layer, per-stage metrics table\n"
+            "  --json             print the result as JSON\n");
+}
+
+typedef struct {
+    cmp_opts co;
+    const char *noise;
+    bool json;
+    unsigned flags;
+} compare_args;
+
+static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
+{
+    static const struct option longopts[] = {
+        {"exact", no_argument, 0, 0},  {"atol", required_argument, 0, 0},
+        {"rtol", required_argument, 0, 0}, {"ulp", required_argument, 0, 0},
+        {"noise-floor", required_argument, 0, 0}, {"force", no_argument, 0, 0},
+        {"stages", no_argument, 0, 0}, {"json", no_argument, 0, 0},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int ch, idx;
+    optind = 0;
+    while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        if (ch == 'h')
+            return 1;
+        if (ch != 0)
+            return kv_errf(e, "see kvdiff compare --help");
+        const char *n = longopts[idx].name;
+        int rc = 0;
+        if (!strcmp(n, "exact")) a->co.atol = a->co.rtol = 0, a->co.ulp = 0;
+        else if (!strcmp(n, "atol")) rc = cli_double("--atol", optarg, 0, 1e30, &a->co.atol, e);
+        else if (!strcmp(n, "rtol")) rc = cli_double("--rtol", optarg, 0, 1e30, &a->co.rtol, e);
+        else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
+        else if (!strcmp(n, "noise-floor")) a->noise = optarg;
+        else if (!strcmp(n, "force")) a->co.force = true;
+        else if (!strcmp(n, "stages")) a->flags |= CMP_RENDER_STAGES;
+        else if (!strcmp(n, "json")) a->json = true;
+        if (rc < 0)
+            return -1;
+    }
+    if (argc - optind != 2)
+        return kv_errf(e, "give two dumps: kvdiff compare REF.h5 TEST.h5");
+    return 0;
+}
+
+int cmd_compare(int argc, char **argv)
+{
+    compare_args a;
+    memset(&a, 0, sizeof a);
+    cmp_opts_default(&a.co);
+    kv_err e = {{0}};
+    int pr = parse_compare(argc, argv, &a, &e);
+    if (pr == 1) {
+        compare_usage(stdout);
+        return EXIT_OK;
+    }
+    if (pr < 0) {
+        cli_error("compare", &e);
+        return EXIT_USAGE;
+    }
+    cmp_source ref, test, noise;
+    cmp_dump_source *dr = cmp_dump_source_open(argv[optind], &ref, &e);
+    cmp_dump_source *dt = dr ? cmp_dump_source_open(argv[optind + 1], &test, &e) : NULL;
+    cmp_dump_source *dn = NULL;
+    if (dt && a.noise && (dn = cmp_dump_source_open(a.noise, &noise, &e)))
+        a.co.noise = &noise;
+    int rc = -1;
+    cmp_result r;
+    memset(&r, 0, sizeof r);
+    if (dr && dt && (!a.noise || dn))
+        rc = cmp_compare(&ref, &test, &a.co, &r, &e);
+    int code = cmp_exit_code(rc, &r);
+    if (rc < 0) {
+        cli_error("compare", &e);
+    } else {
+        char *text = a.json ? cmp_render_json(&r, a.flags) : cmp_render_text(&r, a.flags);
+        if (text)
+            fputs(text, stdout);
+        if (text && text[0] && text[strlen(text) - 1] != '\n')
+            putchar('\n');
+        free(text);
+    }
+    cmp_result_free(&r);
+    cmp_dump_source_close(dn);
+    cmp_dump_source_close(dt);
+    cmp_dump_source_close(dr);
+    return code;
+}
