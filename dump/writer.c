@@ -56,6 +56,7 @@ struct dump_writer {
     dump_opts o;
     kv_config cfg;
     int max_positions;
+    int meta_prompt;      /* prompt length given at creation (0 unknown) */
     int64_t first;        /* first_position of every stage dataset */
     int64_t out_first;    /* first_position of /output: pos_lo, or the last prompt
                              position when only generation's logits are computed */
@@ -492,7 +493,8 @@ static int tokens_create(dump_writer *w, kv_err *e)
     if (app_create(w, &w->tokens, w->file, "", "tokens", H5T_STD_I32LE, H5T_NATIVE_INT32, 0, 0,
                    e) < 0)
         return -1;
-    if (write_i64_attr(w->tokens.dset, "prompt_length", 0) < 0)
+    /* Known up front when the caller says so, so a killed file has it. */
+    if (write_i64_attr(w->tokens.dset, "prompt_length", w->meta_prompt) < 0)
         return h5err(w, e, "cannot write /tokens prompt_length");
     return 0;
 }
@@ -714,6 +716,7 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     w->o = *o;
     w->cfg = *meta->cfg;
     w->max_positions = meta->max_positions;
+    w->meta_prompt = meta->prompt_length > 0 ? meta->prompt_length : 0;
     w->first = o->pos_lo;
     /* Logits of every prompt row cost a vocabulary-sized matmul per row:
      * only when stored in full or when final_norm rows are asked for. */

@@ -328,6 +328,8 @@ static dump_writer *open_dump(const run_opts *o, const kv_model *m, const kern_c
         sa.sa_handler = on_stop_signal;
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        /* A file size limit is a write error the dump reports, not a kill. */
+        signal(SIGXFSZ, SIG_IGN);
     }
     return w;
 }
@@ -384,9 +386,15 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
     int rc = generate(eng, c, prompt, n_prompt, &o->go, obs, &res, e);
     double t1 = now_s();
     if (w) {
-        kv_err ce = {{0}};
+        kv_err ce = {{0}}, we = {{0}};
+        /* The writer's own failure (disk full, ...) is what the user needs. */
+        if (dump_error(w))
+            kv_errf(&we, "%s", dump_error(w));
         int crc = close_dump(w, rc, e, &ce);
-        if (rc == 0 && crc < 0) {
+        if (we.msg[0]) {
+            *e = we;
+            rc = -1;
+        } else if (rc == 0 && crc < 0) {
             *e = ce;
             rc = -1;
         } else if (rc != 0 && stop_signal) {

@@ -163,6 +163,7 @@ START_TEST(test_kill_9_leaves_readable_dump)
     snprintf(args, sizeof args, "inspect %s", path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "status    partial: running"), "%s", out);
+    ck_assert_msg(strstr(out, "(prompt 4000)"), "%s", out);
     kv_err e = {{0}};
     dump_file *f = dump_open(path, &e);
     ck_assert_msg(f != NULL, "%s", e.msg);
@@ -177,6 +178,33 @@ START_TEST(test_kill_9_leaves_readable_dump)
 }
 END_TEST
 
+/* A full disk (here: a file size limit) is a clear error, and the file
+ * never says complete. */
+START_TEST(test_file_size_limit)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/small.h5", dir);
+    const char *bin = getenv("KVDIFF_BIN") ? getenv("KVDIFF_BIN") : "./kvdiff";
+    snprintf(args, sizeof args, "sh -c 'ulimit -f 256; exec %s run --model tiny-gemma3 "
+             "--prompt-random 2000 --max-new 2 --dump %s'", bin, path);
+    /* The limit must apply to kvdiff alone: run it under its own shell. */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "%s 2>&1", args);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = 0;
+    int st = pclose(p);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, out);
+    ck_assert_msg(strstr(out, "small.h5") && strstr(out, "File too large"), "%s", out);
+    snprintf(args, sizeof args, "inspect %s", path);
+    if (test_run_cli(args, out, sizeof out) == 0)
+        ck_assert_ptr_null(strstr(out, "status    complete"));
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *dump_cli_suite(void)
 {
     Suite *s = suite_create("dump_cli");
@@ -185,6 +213,7 @@ Suite *dump_cli_suite(void)
     tcase_add_test(tc, test_dump_bad_input);
     tcase_add_test(tc, test_ctrl_c_leaves_partial_dump);
     tcase_add_test(tc, test_kill_9_leaves_readable_dump);
+    tcase_add_test(tc, test_file_size_limit);
     suite_add_tcase(s, tc);
     return s;
 }
