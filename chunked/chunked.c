@@ -379,17 +379,23 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
 /* ------------------------------------------------------------------ */
 /* One chunk through every layer                                        */
 
-static int ensure_rows(chk_engine *c, int n, kv_err *e)
+/* The per-chunk buffers, sized for fw.cap rows. */
+static void rows_free(chk_engine *c)
 {
-    if (c->fw.cap >= n)
-        return 0;
-    const kv_config *cfg = &c->m->cfg;
     fw_state_free(&c->fw);
     free(c->rope_pos);
     free(c->nkeys);
     free(c->att2);
     free(c->lse2);
     free(c->logits);
+}
+
+static int ensure_rows(chk_engine *c, int n, kv_err *e)
+{
+    if (c->fw.cap >= n)
+        return 0;
+    const kv_config *cfg = &c->m->cfg;
+    rows_free(c);
     c->rope_pos = malloc((size_t)n * sizeof *c->rope_pos);
     c->nkeys = malloc((size_t)n * sizeof *c->nkeys);
     c->att2 = malloc((size_t)n * cfg->n_heads * cfg->head_dim * sizeof(float));
@@ -542,13 +548,8 @@ static void chk_destroy(kv_engine *self)
     free(c->caches);
     free(c->cands);
     free(c->zero_row);
-    fw_state_free(&c->fw);
-    free(c->rope_pos);
+    rows_free(c);
     free(c->mask);
-    free(c->nkeys);
-    free(c->att2);
-    free(c->lse2);
-    free(c->logits);
     free(c);
 }
 

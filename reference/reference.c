@@ -27,16 +27,22 @@ static size_t kv_row_floats(const kv_config *c)
     return (size_t)c->n_kv_heads * c->head_dim;
 }
 
-static int ensure_rows(ref_engine *r, int n, kv_err *e)
+/* The per-batch buffers, sized for fw.cap rows. */
+static void rows_free(ref_engine *r)
 {
-    if (r->fw.cap >= n)
-        return 0;
     fw_state_free(&r->fw);
     free(r->kbeg);
     free(r->kend);
     free(r->nkeys);
     free(r->rope_pos);
     free(r->logits);
+}
+
+static int ensure_rows(ref_engine *r, int n, kv_err *e)
+{
+    if (r->fw.cap >= n)
+        return 0;
+    rows_free(r);
     r->nkeys = malloc((size_t)n * sizeof(int));
     r->kbeg = malloc((size_t)n * sizeof(int));
     r->kend = malloc((size_t)n * sizeof(int));
@@ -167,12 +173,7 @@ static void ref_destroy(kv_engine *self)
     free(r->vcache);
     free(r->krow);
     free(r->vrow);
-    fw_state_free(&r->fw);
-    free(r->kbeg);
-    free(r->kend);
-    free(r->nkeys);
-    free(r->rope_pos);
-    free(r->logits);
+    rows_free(r);
     free(r);
 }
 
