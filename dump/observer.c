@@ -37,3 +37,46 @@ int stage_parse(const char *name)
             return s;
     return -1;
 }
+
+static int tee_wants_one(kv_observer *o, kv_stage st, int layer)
+{
+    return o && (!o->wants || o->wants(o, st, layer));
+}
+
+static int tee_wants(kv_observer *self, kv_stage st, int layer)
+{
+    kv_observer_tee *t = (kv_observer_tee *)self;
+    return tee_wants_one(t->a, st, layer) || tee_wants_one(t->b, st, layer);
+}
+
+static int tee_emit(kv_observer *self, const kv_event *ev)
+{
+    kv_observer_tee *t = (kv_observer_tee *)self;
+    if (tee_wants_one(t->a, ev->stage, ev->layer) && t->a->emit(t->a, ev))
+        return 1;
+    if (tee_wants_one(t->b, ev->stage, ev->layer) && t->b->emit(t->b, ev))
+        return 1;
+    return 0;
+}
+
+static int tee_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
+{
+    kv_observer_tee *t = (kv_observer_tee *)self;
+    if (t->a && t->a->token && t->a->token(t->a, pos, id, is_prompt))
+        return 1;
+    if (t->b && t->b->token && t->b->token(t->b, pos, id, is_prompt))
+        return 1;
+    return 0;
+}
+
+kv_observer *obs_tee_init(kv_observer_tee *t, kv_observer *a, kv_observer *b)
+{
+    memset(t, 0, sizeof *t);
+    t->a = a;
+    t->b = b;
+    t->obs.emit = tee_emit;
+    t->obs.token = tee_token;
+    t->obs.wants = tee_wants;
+    t->obs.all_logits = (a && a->all_logits) || (b && b->all_logits);
+    return &t->obs;
+}

@@ -64,4 +64,14 @@ typedef struct kv_observer {
     int all_logits;
 } kv_observer;
 
+/* Two sinks as one: every event goes to both (each filtered by its own
+ * wants), in order a then b; the first non-zero return stops the run.
+ * all_logits is either's. Fill with obs_tee_init; t must outlive the run. */
+typedef struct {
+    kv_observer obs;
+    kv_observer *a, *b;
+} kv_observer_tee;
+
+kv_observer *obs_tee_init(kv_observer_tee *t, kv_observer *a, kv_observer *b);
+
 #endif

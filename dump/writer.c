@@ -351,7 +351,9 @@ static int on_logits(dump_writer *w, const kv_event *ev)
     for (int r = 0; r < ev->nrows; r++) {
         const int64_t p = ev->pos0 + r;
         const float *row = ev->data + (size_t)r * V;
-        if (!position_recorded(w, p))
+        /* Rows before /output's first position come when another sink
+         * sharing the engine asked for every row's logits. */
+        if (!position_recorded(w, p) || p < w->out_first)
             continue;
         float lse = row_lse(row, V);
         row_topk(row, V, K, w->top_ids, w->top_vals);

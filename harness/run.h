@@ -1,0 +1,84 @@
+/* run.h — what the engine-running verbs (run, run --compare, bisect) share:
+ * their options, building an engine from them, recording to a dump. */
+#ifndef KV_RUN_H
+#define KV_RUN_H
+
+#include <signal.h>
+#include <stdbool.h>
+
+#include "cli.h"
+#include "../chunked/chunked.h"
+#include "../compare/compare.h"
+#include "../dump/dump.h"
+#include "../model/generate.h"
+
+typedef struct {
+    cli_model_opts mo;
+    cli_prompt_opts po;
+    gen_opts go;
+    const char *engine;          /* "reference" or "chunked" */
+    int prefill_step;            /* reference: 0 all, else tokens per step */
+    chk_opts co;
+    bool chunk_given;
+    long max_ctx;
+    int verbose;
+    int list_injections;
+    const char *dump_path;
+    dump_opts dopts;
+    bool dump_opts_given;
+    /* run --compare */
+    bool compare;
+    const char *dump_ref_path;   /* --dump-ref: record the reference too */
+    cmp_opts cmp;
+    bool json;
+    unsigned render_flags;
+    bool tolerance_given;
+    /* bisect */
+    const char *out_dir;
+} run_opts;
+
+void run_opts_init(run_opts *o);
+
+/* Parses the options of `run` (and of `bisect`, which takes the same engine,
+ * model and prompt options). Returns 1 for --help, 0, or -1 with e filled. */
+int run_parse(int argc, char **argv, run_opts *o, kv_err *e);
+
+/* The reference side of a comparison: o with the engine set to the
+ * reference and every chunked-engine option dropped. */
+void run_opts_reference(const run_opts *o, run_opts *ref);
+
+/* Cache positions the run needs, checked against the model; -1 on error. */
+long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e);
+
+/* The engine o names, emitting to obs (may be NULL). */
+kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
+                      kv_observer *obs, kv_err *e);
+
+/* Engine settings as JSON text (malloc'd): enough to re-run the same engine. */
+char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m, long ctx);
+
+/* Creates the dump at path with the selection d. SIGINT/SIGTERM then stop
+ * the run (the dump is closed partial); run_close_dump restores them. */
+dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts *d,
+                           const kv_model *m, const kern_ctx *kc, long ctx, int n_prompt,
+                           kv_err *e);
+
+/* Closes w with the status the run earned (gen_rc from generate()). On
+ * failure e says why: the writer's own error first, then the interruption,
+ * then the engine's. Returns 0 when the run and the dump are whole. */
+int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *gen_err,
+                   kv_err *e);
+
+/* Closes w marked "partial: why" after a run stopped on purpose. */
+int run_close_dump_partial(dump_writer *w, const char *why, kv_err *e);
+
+/* Set by SIGINT / SIGTERM while a dump is open. */
+extern volatile sig_atomic_t run_stop_signal;
+
+/* run --compare (run_compare.c): exit code. */
+int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
+                const int32_t *prompt, int n_prompt);
+
+double run_now(void);
+
+#endif

@@ -1,0 +1,249 @@
+/* run_compare.c — `kvdiff run --compare`: the reference and the engine under
+ * test on the same model, prompt and sampling, compared in memory.
+ *
+ * The reference runs first into an in-memory recording. The engine under
+ * test then runs with an observer that records its rows too and checks
+ * each one against the reference's as it is emitted; in exact mode, once a
+ * row differs, the run finishes the forward step holding it (every layer
+ * of that chunk or decode step, so the diagnosis has its evidence) and is
+ * stopped at the next one. The comparer then reads both recordings as it
+ * reads two dumps. Both engines see exactly the calls `kvdiff run` makes,
+ * so the verdict is the one two dumps would give. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+typedef struct {
+    kv_observer obs;
+    kv_observer *rec;            /* the test recording */
+    kv_observer *dump;           /* optional --dump writer */
+    cmp_memrec *ref;
+    bool stop_early;             /* exact mode */
+    bool found;                  /* a row differs */
+    int64_t pos, step_first, step_last;  /* its position and the step holding it */
+    int layer;
+    kv_stage stage;
+    bool stopped;                /* the checker stopped the run */
+} live_check;
+
+static int wants_one(kv_observer *o, kv_stage st, int layer)
+{
+    return o && (!o->wants || o->wants(o, st, layer));
+}
+
+static int lc_wants(kv_observer *self, kv_stage st, int layer)
+{
+    live_check *c = (live_check *)self;
+    return wants_one(c->rec, st, layer) || wants_one(c->dump, st, layer);
+}
+
+static int lc_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
+{
+    live_check *c = (live_check *)self;
+    if (c->rec->token && c->rec->token(c->rec, pos, id, is_prompt))
+        return 1;
+    return c->dump && c->dump->token ? c->dump->token(c->dump, pos, id, is_prompt) : 0;
+}
+
+static int lc_emit(kv_observer *self, const kv_event *ev)
+{
+    live_check *c = (live_check *)self;
+    /* A later forward step has begun: the divergent one is complete. */
+    if (c->found && ev->pos0 > c->step_last) {
+        c->stopped = true;
+        return 1;
+    }
+    if (wants_one(c->rec, ev->stage, ev->layer) && c->rec->emit(c->rec, ev))
+        return 1;
+    if (wants_one(c->dump, ev->stage, ev->layer) && c->dump->emit(c->dump, ev))
+        return 1;
+    if (!c->stop_early || c->found)
+        return 0;
+    size_t bytes = (size_t)ev->ncols * sizeof(float);
+    for (int r = 0; r < ev->nrows; r++) {
+        int cols = 0;
+        const float *want = cmp_memrec_row(c->ref, ev->layer, ev->stage, ev->pos0 + r, &cols);
+        if (!want || cols != ev->ncols)
+            continue;
+        if (memcmp(want, ev->data + (size_t)r * (size_t)ev->ncols, bytes) != 0) {
+            c->found = true;
+            c->pos = ev->pos0 + r;
+            c->layer = ev->layer;
+            c->stage = ev->stage;
+            c->step_first = ev->pos0;
+            c->step_last = ev->pos0 + ev->nrows - 1;
+            break;
+        }
+    }
+    return 0;
+}
+
+/* What the in-memory recordings keep: the --dump-* selection. */
+static void memrec_selection(const dump_opts *d, cmp_memrec_opts *mo)
+{
+    cmp_memrec_opts_default(mo);
+    mo->layer_lo = d->layer_lo;
+    mo->layer_hi = d->layer_hi;
+    mo->pos_lo = d->pos_lo;
+    mo->pos_hi = d->pos_hi;
+    for (int s = 0; s < STAGE_COUNT; s++)
+        mo->stages[s] = d->stages[s];
+    if (d->full_logits)
+        mo->stages[STAGE_LOGITS] = true;
+    mo->topk = d->topk;
+}
+
+/* One engine's run into rec (tee'd to a dump at path when given). For the
+ * test run, check != NULL wires the live checker in. Returns 0, or -1 with
+ * e filled. */
+static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
+                      const int32_t *prompt, int n_prompt, cmp_memrec *rec, const char *path,
+                      live_check *check, gen_result *res, kv_err *e)
+{
+    dump_writer *w = NULL;
+    if (path && !(w = run_open_dump(o, path, &o->dopts, m, kc, ctx, n_prompt, e)))
+        return -1;
+    kv_observer_tee tee;
+    kv_observer *obs;
+    if (check) {
+        check->rec = cmp_memrec_observer(rec);
+        check->dump = w ? dump_observer(w) : NULL;
+        check->obs.emit = lc_emit;
+        check->obs.token = lc_token;
+        check->obs.wants = lc_wants;
+        check->obs.all_logits = 1;
+        obs = &check->obs;
+    } else {
+        obs = obs_tee_init(&tee, cmp_memrec_observer(rec), w ? dump_observer(w) : NULL);
+    }
+    kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
+    if (!eng) {
+        if (w)
+            dump_close(w, "engine could not start", NULL);
+        return -1;
+    }
+    int rc = generate(eng, &m->cfg, prompt, n_prompt, &o->go, obs, res, e);
+    engine_free(eng);
+    bool ours = check && check->stopped && rc == 1;
+    if (ours)
+        rc = 0;
+    if (w && ours) {
+        /* A run stopped on purpose leaves a dump marked partial. */
+        char why[128];
+        snprintf(why, sizeof why, "stopped after the first divergence (position %lld)",
+                 (long long)check->pos);
+        if (run_close_dump_partial(w, why, e) < 0)
+            rc = -1;
+    } else if (w) {
+        kv_err ge = *e;
+        if (run_close_dump(w, path, rc, &ge, e) < 0)
+            rc = -1;
+    }
+    if (rc != 0 && cmp_memrec_error(rec))
+        kv_errf(e, "in-memory recording: %s", cmp_memrec_error(rec));
+    cmp_memrec_set_complete(rec, rc == 0 && !ours);
+    return rc == 0 ? 0 : -1;
+}
+
+static void describe_run(const run_opts *o, char *buf, size_t n)
+{
+    if (!strcmp(o->engine, "reference")) {
+        snprintf(buf, n, "reference prefill=%s", o->prefill_step ? "steps" : "all");
+        return;
+    }
+    char inj[256];
+    chk_injections_describe(&o->co.inj, inj, sizeof inj);
+    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", o->co.chunk,
+             chk_cache_name(o->co.cache), o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade",
+             chk_share_name(o->co.share), strcmp(inj, "none") ? " inject=" : "",
+             strcmp(inj, "none") ? inj : "");
+}
+
+int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
+                const int32_t *prompt, int n_prompt)
+{
+    kv_err e = {{0}};
+    run_opts ro;
+    run_opts_reference(o, &ro);
+    long ctx = run_context(o, &m->cfg, n_prompt, &e);
+    if (ctx < 0) {
+        cli_error("run", &e);
+        return EXIT_USAGE;
+    }
+    cmp_memrec_opts mo;
+    memrec_selection(&o->dopts, &mo);
+    char *ref_settings = run_settings_json(&ro, kc, m, ctx);
+    char *test_settings = run_settings_json(o, kc, m, ctx);
+    cmp_memrec *rr = cmp_memrec_new(&m->cfg, "reference", ref_settings, &mo, &e);
+    cmp_memrec *tr = rr ? cmp_memrec_new(&m->cfg, o->engine, test_settings, &mo, &e) : NULL;
+    free(ref_settings);
+    free(test_settings);
+    int code = EXIT_USAGE;
+    gen_result gref, gtest;
+    memset(&gref, 0, sizeof gref);
+    memset(&gtest, 0, sizeof gtest);
+    cmp_result r;
+    memset(&r, 0, sizeof r);
+    live_check lc;
+    memset(&lc, 0, sizeof lc);
+    lc.ref = rr;
+    lc.stop_early = !o->tolerance_given || (o->cmp.atol == 0 && o->cmp.rtol == 0 && o->cmp.ulp == 0);
+    char da[320], db[320];
+    describe_run(&ro, da, sizeof da);
+    describe_run(o, db, sizeof db);
+    double t0 = run_now();
+    if (!tr ||
+        record_run(&ro, m, kc, ctx, prompt, n_prompt, rr, o->dump_ref_path, NULL, &gref, &e) < 0) {
+        kv_err_prefix(&e, "reference run");
+        goto out;
+    }
+    double t1 = run_now();
+    if (record_run(o, m, kc, ctx, prompt, n_prompt, tr, o->dump_path, &lc, &gtest, &e) < 0) {
+        kv_err_prefix(&e, "test run");
+        goto out;
+    }
+    double t2 = run_now();
+    cmp_source rs, ts;
+    cmp_memrec_source(rr, &rs);
+    cmp_memrec_source(tr, &ts);
+    rs.label = "reference";
+    ts.label = o->engine;
+    int rc = cmp_compare(&rs, &ts, &o->cmp, &r, &e);
+    code = cmp_exit_code(rc, &r);
+    if (rc < 0)
+        goto out;
+    if (!o->json) {
+        printf("reference %s\ntest      %s\n", da, db);
+        if (lc.stopped)
+            printf("test run  stopped after the forward step of positions %lld..%lld, which "
+                   "holds the first differing row; the runs are compared up to there\n",
+                   (long long)lc.step_first, (long long)lc.step_last);
+        if (o->verbose)
+            fprintf(stderr, "time      reference %.3f s, test %.3f s, in memory %.1f MiB\n",
+                    t1 - t0, t2 - t1,
+                    (double)(cmp_memrec_bytes(rr) + cmp_memrec_bytes(tr)) / 1048576.0);
+    }
+    char *text = o->json ? cmp_render_json(&r, o->render_flags) : cmp_render_text(&r, o->render_flags);
+    if (text) {
+        fputs(text, stdout);
+        if (text[0] && text[strlen(text) - 1] != '\n')
+            putchar('\n');
+    }
+    free(text);
+    if (o->dump_ref_path)
+        fprintf(o->json ? stderr : stdout, "dump      %s (reference)\n", o->dump_ref_path);
+    if (o->dump_path)
+        fprintf(o->json ? stderr : stdout, "dump      %s (%s%s)\n", o->dump_path, o->engine,
+                lc.stopped ? ", partial: stopped after the first divergence" : "");
+out:
+    if (code == EXIT_USAGE)
+        cli_error("run", &e);
+    cmp_result_free(&r);
+    gen_result_free(&gref);
+    gen_result_free(&gtest);
+    cmp_memrec_free(tr);
+    cmp_memrec_free(rr);
+    return code;
+}
