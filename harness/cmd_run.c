@@ -178,8 +178,6 @@ int cmd_run(int argc, char **argv)
         list_injections();
         return EXIT_OK;
     }
-    if (pr == 0 && o.out_dir)
-        pr = kv_errf(&e, "-o/--out is an option of kvdiff bisect");
     if (pr < 0) {
         cli_error("run", &e);
         return EXIT_USAGE;

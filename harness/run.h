@@ -34,6 +34,7 @@ typedef struct {
     unsigned render_flags;
     bool tolerance_given;
     /* bisect */
+    bool bisect;                 /* parsing bisect's options */
     const char *out_dir;
 } run_opts;
 

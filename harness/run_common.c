@@ -226,6 +226,15 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         chunked_opts = chunked_opts || o->co.inj.on[i];
     if (chunked_opts && strcmp(o->engine, "chunked"))
         return kv_errf(e, "--chunk, --cache, --attn, --kv-share and --inject need --engine chunked");
+    if (o->bisect) {
+        if (o->compare || o->dump_path || o->dump_ref_path || o->dump_opts_given ||
+            o->tolerance_given)
+            return kv_errf(e, "bisect records and compares by itself (exactly): --compare, "
+                              "--dump*, --fingerprint and tolerances do not apply");
+        return 0;
+    }
+    if (o->out_dir)
+        return kv_errf(e, "-o/--out is an option of kvdiff bisect");
     if (o->dump_opts_given && !o->dump_path && !o->compare && !o->dump_ref_path)
         return kv_errf(e, "--fingerprint and --dump-* need --dump FILE");
     if (!o->compare && (o->dump_ref_path || o->json || o->render_flags || o->tolerance_given))

@@ -15,6 +15,7 @@ static char out[1 << 16];
 static char dumps[1 << 16];
 
 #define PROMPT "--model tiny-gemma3 --prompt-random 40 --seed 4 --max-new 16 --ignore-eos"
+#define PROMPT_KVS "--model tiny-gemma3-kvshared --prompt-random 40 --seed 4 --max-new 16 --ignore-eos"
 
 /* The line of text starting with key, copied into buf ("" when absent). */
 static const char *line_of(const char *text, const char *key, char *buf, size_t n)
@@ -32,15 +33,20 @@ static const char *line_of(const char *text, const char *key, char *buf, size_t 
 }
 
 /* What two full dumps of the same runs say (the verdict to match). */
-static int compare_by_dumps(const char *dir, const char *engine_args)
+static int compare_by_dumps_of(const char *dir, const char *prompt, const char *engine_args)
 {
     char args[768];
-    snprintf(args, sizeof args, "run " PROMPT " --dump %s/ref.h5", dir);
+    snprintf(args, sizeof args, "run %s --dump %s/ref.h5", prompt, dir);
     ck_assert_msg(test_run_cli(args, dumps, sizeof dumps) == 0, "%s", dumps);
-    snprintf(args, sizeof args, "run " PROMPT " %s --dump %s/test.h5", engine_args, dir);
+    snprintf(args, sizeof args, "run %s %s --dump %s/test.h5", prompt, engine_args, dir);
     ck_assert_msg(test_run_cli(args, dumps, sizeof dumps) == 0, "%s", dumps);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s/test.h5", dir, dir);
     return test_run_cli(args, dumps, sizeof dumps);
+}
+
+static int compare_by_dumps(const char *dir, const char *engine_args)
+{
+    return compare_by_dumps_of(dir, PROMPT, engine_args);
 }
 
 static void same_verdict(const char *a, const char *b)
@@ -149,6 +155,62 @@ START_TEST(test_compare_usage)
 }
 END_TEST
 
+/* bisect: fingerprints find the row, the neighbourhood's full dumps give
+ * the verdict two full dumps give. */
+static const struct {
+    const char *prompt, *engine;
+} bisect_cases[] = {
+    {PROMPT, "--engine chunked --chunk 5 --inject window=4"},
+    {PROMPT, "--engine chunked --chunk 5 --inject decode-index-stuck"},
+    {PROMPT, "--engine chunked --chunk 7 --cache ring --inject stale-local"},
+    {PROMPT_KVS, "--engine chunked --chunk 5 --inject zero-shared-kv"},
+    {PROMPT_KVS, "--engine chunked --chunk 5 --inject rope-offset=3"},
+};
+
+START_TEST(test_bisect_matches_dumps)
+{
+    char dir[64], args[900];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    ck_assert_int_eq(compare_by_dumps_of(dir, bisect_cases[_i].prompt, bisect_cases[_i].engine), 1);
+    snprintf(args, sizeof args, "bisect %s %s -o %s/b", bisect_cases[_i].prompt,
+             bisect_cases[_i].engine, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    same_verdict(out, dumps);
+    ck_assert_msg(strstr(out, "the first divergent row is at position"), "%s", out);
+    ck_assert_msg(!strstr(out, "warning"), "%s", out);
+    /* The neighbourhood dumps hold fewer layers than the model. */
+    snprintf(args, sizeof args, "inspect %s/b/test.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "complete"), "%s", out);
+    ck_assert_msg(!strstr(out, "layer 5 "), "%s", out);
+    snprintf(args, sizeof args, "inspect %s/b/test.fp.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "fingerprint"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_bisect_identical_and_usage)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "bisect " PROMPT " --engine chunked --chunk 3 --cache split -o %s/b",
+             dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "none differs"), "%s", out);
+    ck_assert_msg(strstr(out, "identical: 6 layers"), "%s", out);
+    /* A file where the folder should be. */
+    snprintf(args, sizeof args, "bisect " PROMPT " -o %s/b/ref.fp.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "kvdiff bisect: ") && strstr(out, "not a folder"), "%s", out);
+    static const char *const bad[] = {"bisect --dump x.h5", "bisect --fingerprint",
+                                      "bisect --compare", "bisect --atol 1", "bisect --chunk 0"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        ck_assert_msg(test_run_cli(bad[i], out, sizeof out) == 2, "%s: %s", bad[i], out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *lockstep_suite(void)
 {
     Suite *s = suite_create("lockstep");
@@ -159,6 +221,12 @@ Suite *lockstep_suite(void)
     tcase_add_test(tc, test_compare_tolerance_and_files);
     tcase_add_test(tc, test_compare_json);
     tcase_add_test(tc, test_compare_usage);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("bisect");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_bisect_matches_dumps, 0,
+                        (int)(sizeof bisect_cases / sizeof *bisect_cases));
+    tcase_add_test(tc, test_bisect_identical_and_usage);
     suite_add_tcase(s, tc);
     return s;
 }
