@@ -444,9 +444,15 @@ static int build_slots(walker *w, kv_err *e)
     if (!r->stages || !w->slots)
         return kv_errf(e, "compare: out of memory");
     holding hr = {.lo = INT64_MAX, .hi = -1}, ht = hr, hc = hr;
+    bool ref_layers = false, test_layers = false, common_layers = false;
     for (int i = 0; i < n; i++) {
         presence a = present(w->ref, layers[i], stages[i]);
         presence b = present(w->test, layers[i], stages[i]);
+        if (layers[i] >= 0) {
+            ref_layers |= a.has;
+            test_layers |= b.has;
+            common_layers |= a.has && b.has && (a.lo > b.lo ? a.lo : b.lo) <= (a.hi < b.hi ? a.hi : b.hi);
+        }
         hold(&hr, layers[i], stages[i], a);
         hold(&ht, layers[i], stages[i], b);
         const int64_t lo = a.lo > b.lo ? a.lo : b.lo, both_hi = a.hi < b.hi ? a.hi : b.hi;
@@ -459,6 +465,12 @@ static int build_slots(walker *w, kv_err *e)
         if (lo <= hi && add_slot(w, layers[i], stages[i], a, b, lo, hi, e) < 0)
             return -1;
     }
+    /* Both record layers but none in common: the embedding alone agreeing
+     * says nothing about the cache, so no verdict rests on it. */
+    if (ref_layers && test_layers && !common_layers)
+        return kv_errf(e, "%s and %s hold no layer stage in common (disjoint layer, stage or "
+                       "position selections): nothing to compare", w->ref->label,
+                       w->test->label);
     count_coverage(w);
     if (hc.lo <= hc.hi)
         describe_overlap(r, &hr, &ht, &hc, L, w->ref->label, w->test->label);

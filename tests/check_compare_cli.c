@@ -2,6 +2,8 @@
  * identical strategies say so (exit 0), an injected bug is located and
  * diagnosed (exit 1), bad input is refused (exit 2). */
 #include <check.h>
+#include <hdf5.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -75,12 +77,102 @@ START_TEST(test_compare_refusals)
 }
 END_TEST
 
+/* Overwrites one element of /layers/<layer>/<stage> at dataset row `row`. */
+static void poke(const char *path, const char *dset, hsize_t row, hsize_t col, float v)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
+    ck_assert_int_ge(d, 0);
+    hid_t fs = H5Dget_space(d);
+    hsize_t start[2] = {row, col}, count[2] = {1, 1};
+    ck_assert_int_ge(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL), 0);
+    hid_t ms = H5Screate_simple(2, count, NULL);
+    ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &v), 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(d);
+    H5Fclose(f);
+}
+
+/* NaN or infinity on one side is a divergence, located and named. */
+START_TEST(test_compare_nonfinite)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "nan.h5", "--engine chunked --chunk 5");
+    snprintf(path, sizeof path, "%s/nan.h5", dir);
+    const float bad = _i == 0 ? NAN : INFINITY;
+    poke(path, "/layers/3/h_mid", 17, 9, bad);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 17, layer 3"), "%s", out);
+    ck_assert_msg(strstr(out, "stage h_mid"), "%s", out);
+    ck_assert_msg(strstr(out, _i == 0 ? "nan" : "inf"), "%s", out);
+    ck_assert_msg(strstr(out, "NaN") || strstr(out, "non-finite"), "%s", out);
+    /* No tolerance excuses it. */
+    snprintf(args, sizeof args, "compare --atol 1e30 %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    /* NaN on both sides, bit for bit, is no difference. */
+    snprintf(args, sizeof args, "%s/ref.h5", dir);
+    poke(args, "/layers/3/h_mid", 17, 9, bad);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A dump cut short by a full disk: what it holds is compared and the
+ * output says it is partial. */
+START_TEST(test_compare_partial)
+{
+    char dir[64], args[768];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    snprintf(args, sizeof args, "sh -c 'ulimit -f 400; exec \"$KVDIFF_BIN\" run --model "
+             "tiny-gemma3 --prompt-random 40 --seed 4 --max-new 16 --ignore-eos --engine chunked "
+             "--chunk 5 --dump %s/part.h5 2>/dev/null'", dir);
+    ck_assert_int_eq(system(args) == 0, 0);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/part.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "identical: "), "%s", out);
+    ck_assert_msg(strstr(out, "part.h5 is partial"), "%s", out);
+    ck_assert_msg(strstr(out, "compared the overlap only"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Selections: disjoint ones are refused, overlapping ones compared on the
+ * overlap, and the output says which. */
+START_TEST(test_compare_selections)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "l01.h5", "--dump-layers 0:1");
+    record(dir, "l34.h5", "--engine chunked --chunk 5 --dump-layers 3:4");
+    record(dir, "late.h5", "--engine chunked --chunk 5 --dump-positions 45: --dump-stages k,v");
+    snprintf(args, sizeof args, "compare %s/l01.h5 %s/l34.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "kvdiff compare: ") && strstr(out, "nothing to compare"), "%s", out);
+    ck_assert_msg(strstr(out, "l01.h5") && strstr(out, "l34.h5"), "%s", out);
+    snprintf(args, sizeof args, "compare %s/l01.h5 %s/late.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "identical: 2 layers x 10 positions x 2 stages"), "%s", out);
+    ck_assert_msg(strstr(out, "positions 45..54"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *compare_cli_suite(void)
 {
     Suite *s = suite_create("compare_cli");
     TCase *tc = tcase_create("binary");
     tcase_add_test(tc, test_compare_verdicts);
     tcase_add_test(tc, test_compare_refusals);
+    tcase_add_loop_test(tc, test_compare_nonfinite, 0, 2);
+    tcase_add_test(tc, test_compare_partial);
+    tcase_add_test(tc, test_compare_selections);
     suite_add_tcase(s, tc);
     return s;
 }
