@@ -256,6 +256,7 @@ typedef struct {
     cmp_stage_result *res;
     int cols;
     cmp_tol tol;
+    bool prehash;                /* both sides have row hashes: read them first */
 } walk_slot;
 
 typedef struct {
@@ -269,6 +270,7 @@ typedef struct {
     float *bufa, *bufb;          /* test, reference rows */
     size_t buf_floats;
     uint64_t *hasha, *hashb;
+    float *statb;                /* (B, 2): the reference's L2 norm and absmax */
     cmp_rowrec *recs;            /* (n, B) */
     uint8_t *have;               /* (n, B) */
 } walker;
@@ -412,6 +414,8 @@ static void count_coverage(walker *w)
         const cmp_stage_result *sr = &r->stages[i];
         w->slots[i].res = &r->stages[i];
         w->slots[i].cols = sr->cols;
+        w->slots[i].prehash = !sr->hashed && !w->o->no_hashes && w->ref->read_hash &&
+                              w->ref->read_stats && w->test->read_hash;
         cv->rows += sr->pos_hi - sr->pos_lo + 1;
         cv->pos_lo = sr->pos_lo < cv->pos_lo ? sr->pos_lo : cv->pos_lo;
         cv->pos_hi = sr->pos_hi > cv->pos_hi ? sr->pos_hi : cv->pos_hi;
@@ -504,9 +508,10 @@ static int alloc_buffers(walker *w, kv_err *e)
     w->bufb = malloc(need * sizeof(float));
     w->hasha = malloc((size_t)w->B * sizeof(uint64_t));
     w->hashb = malloc((size_t)w->B * sizeof(uint64_t));
+    w->statb = malloc((size_t)w->B * 2 * sizeof(float));
     w->recs = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B * sizeof *w->recs);
     w->have = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B);
-    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->recs || !w->have)
+    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->statb || !w->recs || !w->have)
         return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
     return 0;
 }
@@ -518,6 +523,7 @@ static void walker_free(walker *w)
     free(w->bufb);
     free(w->hasha);
     free(w->hashb);
+    free(w->statb);
     free(w->recs);
     free(w->have);
 }
@@ -613,6 +619,39 @@ static bool is_large(const cmp_rowrec *rec, kv_stage st)
                         st == STAGE_ATTN_NKEYS);
 }
 
+/* Rows q .. q + n - 1 of a slot whose sides both hash every row: when
+ * every hash agrees and the reference's statistics are finite, the rows
+ * are bit-equal and their records come from the statistics, without
+ * reading a row. Returns 1 when done so, 0 when the rows must be read,
+ * -1 on error. */
+static int rows_by_hash(walker *w, int i, int64_t b0, int64_t q, int64_t n, kv_err *e)
+{
+    walk_slot *s = &w->slots[i];
+    cmp_stage_result *sr = s->res;
+    if (w->test->read_hash(w->test->ctx, sr->layer, sr->stage, q, n, w->hasha, e) < 0 ||
+        w->ref->read_hash(w->ref->ctx, sr->layer, sr->stage, q, n, w->hashb, e) < 0)
+        return -1;
+    if (memcmp(w->hasha, w->hashb, (size_t)n * sizeof(uint64_t)) != 0)
+        return 0;
+    if (w->ref->read_stats(w->ref->ctx, sr->layer, sr->stage, q, n, w->statb, e) < 0)
+        return -1;
+    for (int64_t r = 0; r < n; r++)
+        if (!isfinite(w->statb[2 * r]) || !isfinite(w->statb[2 * r + 1]))
+            return 0;
+    for (int64_t r = 0; r < n; r++) {
+        cmp_rowrec *rec = &w->recs[(size_t)i * w->B + (size_t)(q + r - b0)];
+        memset(rec, 0, sizeof *rec);
+        rec->first_bad = -1;
+        rec->bitequal = true;
+        rec->ref_absmax = w->statb[2 * r + 1];
+        const double l2 = w->statb[2 * r];
+        rec->dot = rec->ref_sq = rec->test_sq = l2 * l2;
+        w->have[(size_t)i * w->B + (size_t)(q + r - b0)] = 1;
+    }
+    sr->rows_by_hash += n;
+    return 1;
+}
+
 static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1, first_bad *f,
                            first_bad *lg, kv_err *e)
 {
@@ -621,6 +660,13 @@ static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1,
     const int step = rows_per_read(w, s->cols);
     for (int64_t q = p0; q <= p1; q += step) {
         const int64_t n = p1 - q + 1 < step ? p1 - q + 1 : step;
+        if (s->prehash) {
+            int h = rows_by_hash(w, i, b0, q, n, e);
+            if (h < 0)
+                return -1;
+            if (h > 0)
+                continue;
+        }
         if (read_side(w->test, sr, q, n, w->bufa, w->hasha, e) < 0 ||
             read_side(w->ref, sr, q, n, w->bufb, w->hashb, e) < 0)
             return -1;

@@ -64,6 +64,12 @@ typedef struct cmp_source {
      * format's fingerprint). Only used when read is NULL. */
     int (*read_hash)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                      uint64_t *hash, kv_err *e);
+    /* Optional, with read and read_hash: the L2 norm and absmax of each row
+     * (n x 2 floats). A source with all three has a hash of every row it
+     * holds; the comparer then reads hashes first and skips the rows of
+     * blocks whose hashes all agree (their statistics come from here). */
+    int (*read_stats)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
+                      float *l2_absmax, kv_err *e);
     /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the
      * log-sum-exp of the logits and the top k (k >= 1) logits, descending,
      * ties by lower id. output_info returns non-zero (or rows 0) when there
@@ -160,6 +166,8 @@ typedef struct {
     bool full;                   /* keep walking after the divergence, so the
                                   * per-stage `all` metrics cover everything */
     int block_rows;              /* positions per read (default 64, at most 4096) */
+    bool no_hashes;              /* read every row even where both sides' row
+                                  * hashes agree */
 } cmp_opts;
 
 void cmp_opts_default(cmp_opts *o);
@@ -194,6 +202,8 @@ typedef struct {
     int cols;
     int64_t pos_lo, pos_hi;      /* positions both recordings hold (inclusive) */
     bool hashed;                 /* compared by fingerprint (row hashes) */
+    int64_t rows_by_hash;        /* rows found bit-equal by their hashes alone
+                                  * (full dumps with row hashes), not read */
     double noise_floor;          /* max |ref - noise| (0 without a noise source) */
     double atol_eff;             /* the absolute tolerance applied */
     cmp_stats upto;              /* rows before the first divergence (dataflow order) */

@@ -10,6 +10,9 @@
 struct cmp_dump_source {
     dump_file *f;
     int32_t *tokens;
+    /* first_position of each stage dataset, looked up once: [layer + 1][stage] */
+    int64_t first[KV_MAX_LAYERS + 1][STAGE_COUNT];
+    bool known[KV_MAX_LAYERS + 1][STAGE_COUNT];
 };
 
 static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
@@ -25,23 +28,36 @@ static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *r
 }
 
 /* Positions are absolute; datasets count rows from their first_position. */
-static int64_t row_of(const dump_file *f, int layer, kv_stage st, int64_t pos)
+static int64_t row_of(cmp_dump_source *d, int layer, kv_stage st, int64_t pos)
 {
-    return pos - dump_stage_info(f, layer, st).first_position;
+    if (layer < -1 || layer >= KV_MAX_LAYERS || (int)st < 0 || st >= STAGE_COUNT)
+        return -1;
+    if (!d->known[layer + 1][st]) {
+        d->first[layer + 1][st] = dump_stage_info(d->f, layer, st).first_position;
+        d->known[layer + 1][st] = true;
+    }
+    return pos - d->first[layer + 1][st];
 }
 
 static int ds_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, float *out,
                    kv_err *e)
 {
     cmp_dump_source *d = ctx;
-    return dump_read_rows(d->f, layer, st, row_of(d->f, layer, st, pos0), n, out, e);
+    return dump_read_rows(d->f, layer, st, row_of(d, layer, st, pos0), n, out, e);
 }
 
 static int ds_read_hash(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                         uint64_t *hash, kv_err *e)
 {
     cmp_dump_source *d = ctx;
-    return dump_read_hashes(d->f, layer, st, row_of(d->f, layer, st, pos0), n, hash, NULL, e);
+    return dump_read_hashes(d->f, layer, st, row_of(d, layer, st, pos0), n, hash, NULL, e);
+}
+
+static int ds_read_stats(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
+                         float *stats, kv_err *e)
+{
+    cmp_dump_source *d = ctx;
+    return dump_read_hashes(d->f, layer, st, row_of(d, layer, st, pos0), n, NULL, stats, e);
 }
 
 static int ds_output_info(void *ctx, int64_t *first, int64_t *rows, int *k)
@@ -100,7 +116,8 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->complete = dump_is_complete(d->f);
     out->info = ds_info;
     out->read = dump_is_fingerprint(d->f) ? NULL : ds_read;
-    out->read_hash = dump_is_fingerprint(d->f) ? ds_read_hash : NULL;
+    out->read_hash = dump_has_row_hashes(d->f) ? ds_read_hash : NULL;
+    out->read_stats = dump_has_row_hashes(d->f) && out->read ? ds_read_stats : NULL;
     out->output_info = ds_output_info;
     out->output = ds_output;
     return d;

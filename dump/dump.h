@@ -100,6 +100,9 @@ const char *dump_path(const dump_file *f);
 const char *dump_attr(const dump_file *f, const char *name);  /* string root attribute or NULL */
 int64_t dump_attr_int(const dump_file *f, const char *name, int64_t dflt);
 bool dump_is_fingerprint(const dump_file *f);
+/* Fingerprint mode, or full mode with row_hashes = 1: every stage dataset
+ * has its <stage>.hash and <stage>.stats. */
+bool dump_has_row_hashes(const dump_file *f);
 bool dump_is_complete(const dump_file *f);
 
 /* The parsed model_config (only the fields listed in the format; others
@@ -118,7 +121,8 @@ dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage)
 /* Reads rows [row0, row0 + n) of a full-mode stage into out (n x cols). */
 int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
                    float *out, kv_err *e);
-/* Fingerprint mode: hashes (n) and stats (n x 2). */
+/* Hashes (n) and stats (n x 2: L2 norm, absmax) of fingerprint mode, or of
+ * a full dump with row hashes. Either pointer may be NULL. */
 int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
                      uint64_t *hash, float *stats, kv_err *e);
 /* /output: lse (n) and top-k ids/values (n x k); k from dump_output_k. */

@@ -24,11 +24,27 @@ typedef struct {
     int n;
 } attr_cache;
 
+/* Datasets kept open between reads: a comparer reads the same few
+ * datasets block after block, and opening one costs more than reading a
+ * block of hashes. Replaced round-robin; closed with the file. */
+#define DSET_CACHE 32
+typedef struct {
+    char path[96];
+    hid_t id;
+} dset_entry;
+
+typedef struct {
+    dset_entry e[DSET_CACHE];
+    int next;
+} dset_cache;
+
 struct dump_file {
     char *path;
     hid_t file;
     attr_cache *attrs;
+    dset_cache *dsets;
     bool fingerprint;
+    bool row_hashes;     /* full mode with <stage>.hash / .stats beside the rows */
     kv_config cfg;
     bool cfg_ok;
     char cfg_err[512];   /* the first model_config problem */
@@ -138,6 +154,28 @@ static hid_t open_dataset(const dump_file *f, const char *path)
     return d;
 }
 
+/* An open handle of path owned by the cache (not to be closed), or
+ * H5I_INVALID_HID when absent. */
+static hid_t cached_dataset(const dump_file *f, const char *path)
+{
+    dset_cache *c = f->dsets;
+    if (!c || strlen(path) >= sizeof c->e[0].path)
+        return H5I_INVALID_HID;
+    for (int i = 0; i < DSET_CACHE; i++)
+        if (c->e[i].id > 0 && !strcmp(c->e[i].path, path))
+            return c->e[i].id;
+    hid_t d = open_dataset(f, path);
+    if (d < 0)
+        return d;
+    dset_entry *slot = &c->e[c->next];
+    c->next = (c->next + 1) % DSET_CACHE;
+    if (slot->id > 0)
+        H5Dclose(slot->id);
+    snprintf(slot->path, sizeof slot->path, "%s", path);
+    slot->id = d;
+    return d;
+}
+
 /* Rank (1 or 2) and dims of a dataset; -1 for anything else. */
 static int shape_of(hid_t d, hsize_t dims[2])
 {
@@ -229,7 +267,9 @@ static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int c
                   : k == ELEM_I32 ? H5T_NATIVE_INT32
                                   : H5T_NATIVE_UINT64;
     hsize_t dims[2];
-    hid_t d = open_dataset(f, path), fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
+    const bool cached = strlen(path) < sizeof f->dsets->e[0].path;
+    hid_t d = cached ? cached_dataset(f, path) : open_dataset(f, path);
+    hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
     int rc = -1, rank;
     if (d < 0)
         return kv_errf(e, "%s: no dataset %s", f->path, path);
@@ -263,7 +303,8 @@ static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int c
 done:
     dump_h5_close(mspace);
     dump_h5_close(fspace);
-    dump_h5_close(d);
+    if (!cached)
+        dump_h5_close(d);
     return rc;
 }
 
@@ -287,8 +328,8 @@ int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0
     if (!f || !stage_fits(stage, layer))
         return kv_errf(e, "%s: no stage %s in layer %d", f ? f->path : "dump", stage_name(stage),
                        layer);
-    if (!f->fingerprint)
-        return kv_errf(e, "%s: a full dump holds rows, not hashes", f->path);
+    if (!f->fingerprint && !f->row_hashes)
+        return kv_errf(e, "%s: this full dump holds rows, not row hashes", f->path);
     stage_path(layer, stage, ".hash", path, sizeof path);
     if (hash && read_rows_at(f, path, ELEM_U64, 0, row0, n, hash, e) < 0)
         return -1;
@@ -394,6 +435,11 @@ const char *dump_path(const dump_file *f)
     return f ? f->path : NULL;
 }
 
+bool dump_has_row_hashes(const dump_file *f)
+{
+    return f && (f->fingerprint || f->row_hashes);
+}
+
 bool dump_is_fingerprint(const dump_file *f)
 {
     return f && f->fingerprint;
@@ -412,6 +458,10 @@ void dump_file_close(dump_file *f)
 {
     if (!f)
         return;
+    for (int i = 0; f->dsets && i < DSET_CACHE; i++)
+        if (f->dsets->e[i].id > 0)
+            H5Dclose(f->dsets->e[i].id);
+    free(f->dsets);
     dump_h5_close(f->file);
     for (int i = 0; f->attrs && i < f->attrs->n; i++) {
         free(f->attrs->items[i]->name);
@@ -431,9 +481,12 @@ dump_file *dump_open(const char *path, kv_err *e)
     if (fid < 0)
         return NULL;
     dump_file *f = calloc(1, sizeof *f);
-    if (!f || !(f->path = strdup(path)) || !(f->attrs = calloc(1, sizeof *f->attrs))) {
-        if (f)
+    if (!f || !(f->path = strdup(path)) || !(f->attrs = calloc(1, sizeof *f->attrs)) ||
+        !(f->dsets = calloc(1, sizeof *f->dsets))) {
+        if (f) {
             free(f->path);
+            free(f->attrs);
+        }
         free(f);
         dump_h5_close(fid);
         return kv_errf(e, "%s: out of memory", path), NULL;
@@ -444,6 +497,7 @@ dump_file *dump_open(const char *path, kv_err *e)
         return NULL;
     }
     f->fingerprint = !strcmp(dump_attr(f, "mode"), "fingerprint");
+    f->row_hashes = !f->fingerprint && dump_attr_int(f, "row_hashes", 0) == 1;
     f->cfg_ok =
         dump_config_parse(dump_attr(f, "model_config"), &f->cfg, keep_first_problem, f) == 0;
     load_tokens(f);

@@ -27,6 +27,7 @@ static void compare_usage(FILE *f)
             "  --noise-floor F    a third dump (e.g. a cascade run): per layer and stage\n"
             "                     the tolerance grows by twice its difference from REF\n"
             "  --force            compare despite a model or prompt mismatch\n"
+            "  --no-hashes        read every row, even where both dumps' row hashes agree\n"
             "  --stages           add the per-layer, per-stage metrics table\n"
             "  --json             print the result as JSON\n");
 }
@@ -45,6 +46,7 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         {"rtol", required_argument, 0, 0}, {"ulp", required_argument, 0, 0},
         {"noise-floor", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"stages", no_argument, 0, 0}, {"json", no_argument, 0, 0},
+        {"no-hashes", no_argument, 0, 0},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
     optind = 0;
@@ -61,6 +63,7 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
         else if (!strcmp(n, "noise-floor")) a->noise = optarg;
         else if (!strcmp(n, "force")) a->co.force = true;
+        else if (!strcmp(n, "no-hashes")) a->co.no_hashes = true;
         else if (!strcmp(n, "stages")) a->flags |= CMP_RENDER_STAGES;
         else if (!strcmp(n, "json")) a->json = true;
         if (rc < 0)

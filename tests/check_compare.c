@@ -856,6 +856,122 @@ START_TEST(test_fingerprint_source)
 }
 END_TEST
 
+/* Sources with rows, row hashes and row statistics (a full dump with row
+ * hashes): reads of layer rows are counted to see which the comparer
+ * skipped. */
+static int64_t rows_read;
+
+static int stats_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, float *out,
+                      kv_err *e)
+{
+    int cols;
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = cmp_memrec_row(ctx, layer, st, pos0 + r, &cols);
+        if (!row)
+            return kv_errf(e, "no row");
+        double ss = 0;
+        float mx = 0;
+        for (int j = 0; j < cols; j++) {
+            ss += (double)row[j] * row[j];
+            mx = fabsf(row[j]) > mx ? fabsf(row[j]) : mx;
+        }
+        out[2 * r] = (float)sqrt(ss);
+        out[2 * r + 1] = mx;
+    }
+    return 0;
+}
+
+static int (*memrec_read)(void *, int, kv_stage, int64_t, int64_t, float *, kv_err *);
+
+static int counted_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, float *out,
+                        kv_err *e)
+{
+    if (layer >= 0)   /* the logits are read apart, for the KL statistics */
+        rows_read += n;
+    return memrec_read(ctx, layer, st, pos0, n, out, e);
+}
+
+static void hashed_source(cmp_memrec *m, cmp_source *s)
+{
+    cmp_memrec_source(m, s);
+    memrec_read = s->read;
+    s->read = counted_read;
+    s->read_hash = hash_read;
+    s->read_stats = stats_read;
+}
+
+START_TEST(test_row_hashes_first)
+{
+    const inj_case *ic = find_case("window=4", CACHE_RING, 5);
+    kv_model m;
+    cmp_memrec *ref, *got;
+    cmp_result plain, q;
+    run_injection(ic, NULL, &plain, &m, &ref, &got);
+    cmp_source sa, sb;
+    kv_err e = {{0}};
+    /* Identical recordings: every row settled by its hash, none read. */
+    hashed_source(ref, &sa);
+    hashed_source(ref, &sb);
+    rows_read = 0;
+    ck_assert_msg(cmp_compare(&sa, &sb, NULL, &q, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(q.verdict, CMP_IDENTICAL);
+    ck_assert_int_eq(rows_read, 0);
+    for (int i = 0; i < q.n_stages; i++) {
+        const cmp_stage_result *sr = &q.stages[i];
+        ck_assert_int_eq(sr->rows_by_hash, sr->all.rows);
+        ck_assert_int_eq(sr->all.bitequal_rows, sr->all.rows);
+        ck_assert(fabs(cmp_stats_cosine(&sr->all) - 1) < 1e-6);
+        ck_assert(cmp_stats_nmse(&sr->all) == 0);
+    }
+    ck_assert(!q.compared.hashed);   /* compared as rows, not as fingerprints */
+    cmp_result_free(&q);
+    /* A bug: the same first divergence and diagnosis as reading every row,
+     * while the rows before it were never read. */
+    hashed_source(got, &sb);
+    cmp_opts all;
+    cmp_opts_default(&all);
+    all.no_hashes = true;
+    rows_read = 0;
+    ck_assert_int_eq(cmp_compare(&sa, &sb, &all, &q, &e), 0);
+    const int64_t read_all = rows_read;
+    cmp_result_free(&q);
+    rows_read = 0;
+    ck_assert_msg(cmp_compare(&sa, &sb, NULL, &q, &e) == 0, "%s", e.msg);
+    ck_assert(q.first.found && q.first.pos == plain.first.pos &&
+              q.first.layer == plain.first.layer && q.first.stage == plain.first.stage &&
+              q.first.col == plain.first.col && !q.first.hashed);
+    ck_assert_int_eq(q.diag.kind, plain.diag.kind);
+    ck_assert_int_lt(rows_read, read_all);
+    ck_assert_int_gt(cmp_result_stage(&q, 0, STAGE_X_IN)->rows_by_hash, 0);
+    cmp_result_free(&q);
+    /* --no-hashes reads everything. */
+    cmp_opts o;
+    cmp_opts_default(&o);
+    o.no_hashes = true;
+    hashed_source(ref, &sb);
+    rows_read = 0;
+    ck_assert_int_eq(cmp_compare(&sa, &sb, &o, &q, &e), 0);
+    ck_assert_int_gt(rows_read, 0);
+    ck_assert_int_eq(cmp_result_stage(&q, 0, STAGE_X_IN)->rows_by_hash, 0);
+    cmp_result_free(&q);
+    /* A NaN on both sides (bit-equal rows, non-finite statistics): the rows
+     * are read, and still equal. */
+    float *row = cmp_memrec_row(ref, 2, STAGE_V, 3, NULL);
+    row[1] = NAN;
+    rows_read = 0;
+    ck_assert_int_eq(cmp_compare(&sa, &sb, NULL, &q, &e), 0);
+    ck_assert_int_eq(q.verdict, CMP_IDENTICAL);
+    ck_assert_int_gt(rows_read, 0);
+    ck_assert_int_lt(cmp_result_stage(&q, 2, STAGE_V)->rows_by_hash,
+                     cmp_result_stage(&q, 2, STAGE_V)->all.rows);
+    cmp_result_free(&q);
+    cmp_result_free(&plain);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
 /* A differing generated token: both ids and each run's margin. */
 START_TEST(test_tokens_margin)
 {
@@ -1057,6 +1173,7 @@ Suite *compare_suite(void)
     tcase_add_test(tc, test_partial_overlap);
     tcase_add_test(tc, test_block_size_invariant);
     tcase_add_test(tc, test_fingerprint_source);
+    tcase_add_test(tc, test_row_hashes_first);
     tcase_add_test(tc, test_tokens_margin);
     tcase_add_test(tc, test_render_text_and_json);
     tcase_add_test(tc, test_ulp_and_exit_codes);
