@@ -65,9 +65,10 @@ typedef struct cmp_source {
     int (*read_hash)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                      uint64_t *hash, kv_err *e);
     /* Optional, with read and read_hash: the L2 norm and absmax of each row
-     * (n x 2 floats). A source with all three has a hash of every row it
-     * holds; the comparer then reads hashes first and skips the rows of
-     * blocks whose hashes all agree (their statistics come from here). */
+     * (n x 2 floats). A source with all three hashes its rows; the comparer
+     * then reads hashes first and skips the rows of blocks whose hashes all
+     * agree (their statistics come from here). Such a source's read_hash and
+     * read_stats return 1 for rows without a hash (then the rows are read). */
     int (*read_stats)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                       float *l2_absmax, kv_err *e);
     /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the

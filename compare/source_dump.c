@@ -13,7 +13,26 @@ struct cmp_dump_source {
     /* first_position of each stage dataset, looked up once: [layer + 1][stage] */
     int64_t first[KV_MAX_LAYERS + 1][STAGE_COUNT];
     bool known[KV_MAX_LAYERS + 1][STAGE_COUNT];
+    /* full mode with row hashes: the positions the hashes cover */
+    int64_t hash_lo[KV_MAX_LAYERS + 1][STAGE_COUNT], hash_hi[KV_MAX_LAYERS + 1][STAGE_COUNT];
+    bool hash_known[KV_MAX_LAYERS + 1][STAGE_COUNT];
 };
+
+/* Do the row hashes of a full dump cover positions pos0 .. pos0 + n - 1?
+ * (A dump cut short can hold fewer hashes than rows.) */
+static bool hashes_cover(cmp_dump_source *d, int layer, kv_stage st, int64_t pos0, int64_t n)
+{
+    if (layer < -1 || layer >= KV_MAX_LAYERS || (int)st < 0 || st >= STAGE_COUNT)
+        return false;
+    const int l = layer + 1;
+    if (!d->hash_known[l][st]) {
+        dump_dataset_info h = dump_hash_info(d->f, layer, st);
+        d->hash_lo[l][st] = h.present ? h.first_position : 0;
+        d->hash_hi[l][st] = h.present ? h.first_position + h.rows - 1 : -1;
+        d->hash_known[l][st] = true;
+    }
+    return pos0 >= d->hash_lo[l][st] && pos0 + n - 1 <= d->hash_hi[l][st];
+}
 
 static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
 {
@@ -50,6 +69,8 @@ static int ds_read_hash(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t
                         uint64_t *hash, kv_err *e)
 {
     cmp_dump_source *d = ctx;
+    if (!dump_is_fingerprint(d->f) && !hashes_cover(d, layer, st, pos0, n))
+        return 1;
     return dump_read_hashes(d->f, layer, st, row_of(d, layer, st, pos0), n, hash, NULL, e);
 }
 
@@ -57,6 +78,8 @@ static int ds_read_stats(void *ctx, int layer, kv_stage st, int64_t pos0, int64_
                          float *stats, kv_err *e)
 {
     cmp_dump_source *d = ctx;
+    if (!hashes_cover(d, layer, st, pos0, n))
+        return 1;
     return dump_read_hashes(d->f, layer, st, row_of(d, layer, st, pos0), n, NULL, stats, e);
 }
 

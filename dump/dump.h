@@ -31,6 +31,8 @@ typedef struct {
     bool full_logits;              /* also store /model/logits */
     bool compress;                 /* shuffle + deflate */
     bool fingerprint;              /* hashes and statistics instead of rows */
+    bool row_hashes;               /* full mode: hashes and statistics beside the rows
+                                    * (default on: comparers skip identical rows) */
     int topk;                      /* /output top-k (default 8) */
     int block_rows;                /* rows buffered per dataset (default 64) */
 } dump_opts;
@@ -117,6 +119,10 @@ int dump_read_tokens(const dump_file *f, int32_t *out, kv_err *e);  /* n_tokens 
 /* Stage dataset of a layer (layer -1: /model). In fingerprint mode the
  * info describes <stage>.hash. */
 dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage);
+
+/* The <stage>.hash dataset (fingerprint mode, or full mode with row
+ * hashes: a dump cut short may hold fewer hashes than rows). */
+dump_dataset_info dump_hash_info(const dump_file *f, int layer, kv_stage stage);
 
 /* Reads rows [row0, row0 + n) of a full-mode stage into out (n x cols). */
 int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,

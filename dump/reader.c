@@ -223,6 +223,16 @@ static bool stage_fits(kv_stage st, int layer)
     return (st >= STAGE_LAYER_COUNT) == (layer == -1);
 }
 
+dump_dataset_info dump_hash_info(const dump_file *f, int layer, kv_stage stage)
+{
+    dump_dataset_info none = {.present = false};
+    char path[128];
+    if (!dump_has_row_hashes(f) || !stage_fits(stage, layer))
+        return none;
+    stage_path(layer, stage, ".hash", path, sizeof path);
+    return info_at(f, path);
+}
+
 dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage)
 {
     dump_dataset_info none = {.present = false};

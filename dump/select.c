@@ -21,6 +21,7 @@ void dump_opts_default(dump_opts *o)
         o->stages[s] = s != STAGE_LOGITS && s != STAGE_FINAL_NORM;
     o->topk = 8;
     o->block_rows = 64;
+    o->row_hashes = true;
 }
 
 /* ------------------------------------------------------------------ */

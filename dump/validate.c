@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <xxhash.h>
 
 #define SCAN_BLOCK_ELEMS (1 << 16)   /* floats read at a time by the NaN scan */
 
@@ -27,6 +28,7 @@ typedef struct {
     kv_config cfg;
     bool cfg_ok;
     bool fingerprint;
+    bool row_hashes;      /* full mode with row_hashes = 1 */
     bool have_tokens;
     int64_t n_tokens;
     /* Bytes the data scans may still read: a file that claims far more
@@ -207,6 +209,16 @@ static void check_root(vstate *v)
         violation(v, "The root attribute mode is '%s'; it must be 'full' or 'fingerprint'.", mode);
     v->fingerprint = mode && !strcmp(mode, "fingerprint");
     free(mode);
+    if (!v->fingerprint && H5Aexists(v->file, "row_hashes") > 0) {
+        int64_t rh;
+        if (int_attr(v, v->file, root, "row_hashes", &rh)) {
+            if (rh != 0 && rh != 1)
+                violation(v, "The root attribute row_hashes is %lld; it must be 0 or 1.",
+                          (long long)rh);
+            v->row_hashes = rh != 0;   /* a bad value is one violation, not one per dataset */
+        }
+    }
+    H5Eclear2(H5E_DEFAULT);
     free(str_attr(v, v->file, root, "engine"));
     free(str_attr(v, v->file, root, "tool_version"));
     check_settings(v);
@@ -416,8 +428,8 @@ typedef struct {
     found got[STAGE_COUNT][3];
 } group_walk;
 
-/* "q" (full mode), "q.hash" / "q.stats" (fingerprint mode) of a stage
- * that belongs in this group; -1 otherwise. */
+/* "q" (full mode), "q.hash" / "q.stats" (fingerprint mode, and full mode
+ * with row hashes) of a stage that belongs in this group; -1 otherwise. */
 static int parse_member(const group_walk *g, const char *name, part *p)
 {
     char stage[64];
@@ -427,9 +439,9 @@ static int parse_member(const group_walk *g, const char *name, part *p)
         return -1;
     memcpy(stage, name, len);
     stage[len] = 0;
-    if (!g->v->fingerprint && dot)
+    if (!g->v->fingerprint && !g->v->row_hashes && dot)
         return -1;
-    if (g->v->fingerprint) {
+    if (g->v->fingerprint || dot) {
         if (!dot || (strcmp(dot, ".hash") && strcmp(dot, ".stats")))
             return -1;
         *p = !strcmp(dot, ".hash") ? PART_HASH : PART_STATS;
@@ -464,11 +476,12 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
     snprintf(path, sizeof path, "%s/%s", g->gpath, name);
     int st = parse_member(g, name, &p);
     if (st < 0) {
-        violation(v, "%s: unknown stage dataset name for a %s-mode dump (%s).", path,
+        violation(v, "%s: unknown stage dataset name for a %s-mode dump (%s%s).", path,
                   v->fingerprint ? "fingerprint" : "full",
                   v->fingerprint ? "<stage>.hash or <stage>.stats"
                                  : g->layer >= 0 ? "a layer stage such as x_in, q, k, x_out"
-                                                 : "embed, final_norm or logits");
+                                                 : "embed, final_norm or logits",
+                  v->row_hashes ? ", and their .hash and .stats" : "");
         return 0;
     }
     if (g->layer >= 0 && v->cfg_ok && (st == STAGE_K || st == STAGE_V) &&
@@ -505,6 +518,73 @@ static void check_pairs(vstate *v, const group_walk *g)
     }
 }
 
+/* Row hashes of a full dump: every row dataset has its .hash and .stats
+ * over the same positions, and each hash is the XXH3-64 of its row. */
+static void check_row_hashes(vstate *v, hid_t gid, const group_walk *g)
+{
+    for (int st = 0; st < STAGE_COUNT; st++) {
+        const char *name = stage_name((kv_stage)st);
+        const found *rows = &g->got[st][PART_ROWS], *h = &g->got[st][PART_HASH];
+        if (g->seen[st][PART_ROWS] != g->seen[st][PART_HASH]) {
+            violation(v, "%s/%s%s has no %s%s (the dump says row_hashes = 1).", g->gpath, name,
+                      g->seen[st][PART_HASH] ? ".hash" : "", name,
+                      g->seen[st][PART_HASH] ? " rows" : ".hash");
+            continue;
+        }
+        if (!g->seen[st][PART_ROWS] || !rows->ok || !h->ok)
+            continue;
+        if (rows->rows != h->rows || rows->first != h->first) {
+            violation(v, "%s: %s (%lld rows from %lld) and %s.hash (%lld rows from %lld) differ.",
+                      g->gpath, name, (long long)rows->rows, (long long)rows->first, name,
+                      (long long)h->rows, (long long)h->first);
+            continue;
+        }
+        char path[512];
+        snprintf(path, sizeof path, "%s/%s.hash", g->gpath, name);
+        if (rows->rows == 0 || rows->cols < 1 || !scan_allowed(v, path, rows->rows, rows->cols, 4))
+            continue;
+        hid_t dr = H5Dopen2(gid, name, H5P_DEFAULT);
+        snprintf(path, sizeof path, "%s.hash", name);
+        hid_t dh = H5Dopen2(gid, path, H5P_DEFAULT);
+        const int64_t per = rows->cols >= SCAN_BLOCK_ELEMS ? 1 : SCAN_BLOCK_ELEMS / rows->cols;
+        float *buf = malloc((size_t)per * (size_t)rows->cols * sizeof(float));
+        uint64_t *hash = malloc((size_t)per * sizeof(uint64_t));
+        for (int64_t r0 = 0; dr >= 0 && dh >= 0 && buf && hash && r0 < rows->rows; r0 += per) {
+            const int64_t n = rows->rows - r0 < per ? rows->rows - r0 : per;
+            hsize_t start[1] = {(hsize_t)r0}, count[1] = {(hsize_t)n};
+            hid_t fs = H5Dget_space(dh), ms = H5Screate_simple(1, count, NULL);
+            int rc = read_block(dr, ELEM_F32, r0, n, rows->cols, 2, buf);
+            if (rc == 0 && (fs < 0 || ms < 0 ||
+                            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
+                            H5Dread(dh, H5T_NATIVE_UINT64, ms, fs, H5P_DEFAULT, hash) < 0))
+                rc = -1;
+            dump_h5_close(ms);
+            dump_h5_close(fs);
+            if (rc < 0) {
+                H5Eclear2(H5E_DEFAULT);
+                violation(v, "%s/%s: rows %lld..%lld or their hashes cannot be read.", g->gpath,
+                          name, (long long)r0, (long long)(r0 + n - 1));
+                break;
+            }
+            int64_t bad = -1;
+            for (int64_t r = 0; r < n && bad < 0; r++)
+                if (XXH3_64bits(buf + (size_t)r * (size_t)rows->cols,
+                                (size_t)rows->cols * sizeof(float)) != hash[r])
+                    bad = r0 + r;
+            if (bad >= 0) {
+                violation(v, "%s/%s.hash: the hash of row %lld (position %lld) is not the "
+                             "XXH3-64 of that row's bytes.", g->gpath, name, (long long)bad,
+                          (long long)(bad + rows->first));
+                break;
+            }
+        }
+        free(buf);
+        free(hash);
+        dump_h5_close(dh);
+        dump_h5_close(dr);
+    }
+}
+
 static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer)
 {
     group_walk *g = calloc(1, sizeof *g);
@@ -517,8 +597,10 @@ static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer
         H5Eclear2(H5E_DEFAULT);
         violation(v, "%s: its members cannot be listed.", gpath);
     }
-    if (v->fingerprint)
+    if (v->fingerprint || v->row_hashes)
         check_pairs(v, g);
+    if (v->row_hashes)
+        check_row_hashes(v, gid, g);
     free(g);
 }
 

@@ -45,7 +45,8 @@ typedef struct {
 /* One recorded stage of one layer, or of the model. */
 typedef struct {
     appender rows;        /* full mode: the rows; fingerprint mode: <stage>.hash */
-    appender stats;       /* fingerprint mode: <stage>.stats */
+    appender stats;       /* fingerprint mode, full mode with row hashes: <stage>.stats */
+    appender hash;        /* full mode with row hashes: <stage>.hash */
     int cols;             /* floats per row the engine emits */
 } stage_sink;
 
@@ -264,23 +265,35 @@ static int app_push(dump_writer *w, appender *a, int64_t pos, const void *row)
     return 0;
 }
 
-/* Full mode: the row. Fingerprint mode: XXH3-64 of its bytes (little-endian
- * floats: every host we build for) and (L2 norm summed in double, max |x|;
- * NaN never wins the max, and makes the norm NaN). */
-static int sink_push(dump_writer *w, stage_sink *s, int64_t pos, const float *row)
+/* A row's fingerprint: XXH3-64 of its bytes (little-endian floats: every
+ * host we build for) and (L2 norm summed in double, max |x|; NaN never
+ * wins the max, and makes the norm NaN). */
+static void row_fingerprint(const float *row, int cols, uint64_t *h, float st[2])
 {
-    if (!w->o.fingerprint)
-        return app_push(w, &s->rows, pos, row);
-    uint64_t h = XXH3_64bits(row, (size_t)s->cols * sizeof(float));
+    *h = XXH3_64bits(row, (size_t)cols * sizeof(float));
     double ss = 0;
     float mx = 0;
-    for (int j = 0; j < s->cols; j++) {
+    for (int j = 0; j < cols; j++) {
         ss += (double)row[j] * (double)row[j];
         if (fabsf(row[j]) > mx)
             mx = fabsf(row[j]);
     }
-    float st[2] = {(float)sqrt(ss), mx};
-    if (app_push(w, &s->rows, pos, &h) < 0)
+    st[0] = (float)sqrt(ss);
+    st[1] = mx;
+}
+
+/* Full mode: the row (and its fingerprint with row hashes). Fingerprint
+ * mode: the fingerprint alone. */
+static int sink_push(dump_writer *w, stage_sink *s, int64_t pos, const float *row)
+{
+    if (!w->o.fingerprint && !w->o.row_hashes)
+        return app_push(w, &s->rows, pos, row);
+    uint64_t h;
+    float st[2];
+    row_fingerprint(row, s->cols, &h, st);
+    if (w->o.fingerprint)
+        return app_push(w, &s->rows, pos, &h) < 0 ? -1 : app_push(w, &s->stats, pos, st);
+    if (app_push(w, &s->rows, pos, row) < 0 || app_push(w, &s->hash, pos, &h) < 0)
         return -1;
     return app_push(w, &s->stats, pos, st);
 }
@@ -469,13 +482,15 @@ static int root_attrs(dump_writer *w, const dump_meta *m, kv_err *e)
     /* 0 stands for "unknown": an xxh3 of real weights is never 0 in practice. */
     if (m->weight_fingerprint)
         snprintf(fp, sizeof fp, "%016llx", (unsigned long long)m->weight_fingerprint);
-    int64_t version = DUMP_VERSION;
+    int64_t version = DUMP_VERSION, row_hashes = w->o.row_hashes ? 1 : 0;
     uint64_t seed = m->seed;
     int rc = -1;
     hid_t f = w->file;
     if (write_str_attr(f, "format", DUMP_FORMAT) >= 0 &&
         write_attr(f, "format_version", H5T_STD_I64LE, H5T_NATIVE_INT64, &version) >= 0 &&
         write_str_attr(f, "mode", w->o.fingerprint ? "fingerprint" : "full") >= 0 &&
+        (w->o.fingerprint || write_attr(f, "row_hashes", H5T_STD_I64LE, H5T_NATIVE_INT64,
+                                        &row_hashes) >= 0) &&
         write_str_attr(f, "engine", m->engine ? m->engine : "") >= 0 &&
         write_str_attr(f, "engine_settings", m->engine_settings ? m->engine_settings : "{}") >= 0 &&
         write_str_attr(f, "model_config", config) >= 0 &&
@@ -511,13 +526,17 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
     w->sinks[st][layer + 1] = s;
     app_init(&s->rows);
     app_init(&s->stats);
+    app_init(&s->hash);
     s->cols = dump_stage_cols(&w->cfg, st);
-    if (!w->o.fingerprint)
-        return app_create(w, &s->rows, group, gpath, stage_name(st), H5T_IEEE_F32LE,
-                          H5T_NATIVE_FLOAT, s->cols, w->first, e);
+    if (!w->o.fingerprint &&
+        app_create(w, &s->rows, group, gpath, stage_name(st), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
+                   s->cols, w->first, e) < 0)
+        return -1;
+    if (!w->o.fingerprint && !w->o.row_hashes)
+        return 0;
     snprintf(name, sizeof name, "%s.hash", stage_name(st));
-    if (app_create(w, &s->rows, group, gpath, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, 0,
-                   w->first, e) < 0)
+    if (app_create(w, w->o.fingerprint ? &s->rows : &s->hash, group, gpath, name, H5T_STD_U64LE,
+                   H5T_NATIVE_UINT64, 0, w->first, e) < 0)
         return -1;
     snprintf(name, sizeof name, "%s.stats", stage_name(st));
     return app_create(w, &s->stats, group, gpath, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2,
@@ -688,6 +707,7 @@ static void writer_free(dump_writer *w)
             if (s) {
                 app_free(&s->rows);
                 app_free(&s->stats);
+                app_free(&s->hash);
                 free(s);
             }
         }
@@ -776,6 +796,7 @@ static void flush_all(dump_writer *w)
             if (w->sinks[st][l]) {
                 app_write(w, &w->sinks[st][l]->rows);
                 app_write(w, &w->sinks[st][l]->stats);
+                app_write(w, &w->sinks[st][l]->hash);
             }
     app_write(w, &w->lse);
     app_write(w, &w->topk_ids);
@@ -817,6 +838,7 @@ static void close_file(dump_writer *w)
             if (w->sinks[st][l]) {
                 close_dataset(w, &w->sinks[st][l]->rows);
                 close_dataset(w, &w->sinks[st][l]->stats);
+                close_dataset(w, &w->sinks[st][l]->hash);
             }
     close_dataset(w, &w->tokens);
     close_dataset(w, &w->lse);

@@ -72,7 +72,9 @@ int cmd_inspect(int argc, char **argv)
     const char *st = dump_attr(f, "status");
     printf("file      %s\n", argv[1]);
     printf("status    %s\n", st ? st : "(missing)");
-    printf("mode      %s\n", dump_is_fingerprint(f) ? "fingerprint" : "full");
+    printf("mode      %s\n", dump_is_fingerprint(f)    ? "fingerprint"
+                            : dump_has_row_hashes(f) ? "full, with row hashes"
+                                                     : "full");
     printf("engine    %s %s\n", dump_attr(f, "engine") ? dump_attr(f, "engine") : "?",
            dump_attr(f, "engine_settings") ? dump_attr(f, "engine_settings") : "");
     kv_config c;

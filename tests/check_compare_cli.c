@@ -4,6 +4,7 @@
 #include <check.h>
 #include <hdf5.h>
 #include <math.h>
+#include <xxhash.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -77,19 +78,45 @@ START_TEST(test_compare_refusals)
 }
 END_TEST
 
-/* Overwrites one element of /layers/<layer>/<stage> at dataset row `row`. */
-static void poke(const char *path, const char *dset, hsize_t row, hsize_t col, float v)
+/* Overwrites one element of dataset dset at row `row`; with rehash, also
+ * the row's hash in dset.hash, as a writer would have written it. */
+static void poke(const char *path, const char *dset, hsize_t row, hsize_t col, float v,
+                 bool rehash)
 {
     hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     ck_assert_int_ge(f, 0);
     hid_t d = H5Dopen2(f, dset, H5P_DEFAULT);
     ck_assert_int_ge(d, 0);
     hid_t fs = H5Dget_space(d);
+    hsize_t dims[2];
+    H5Sget_simple_extent_dims(fs, dims, NULL);
     hsize_t start[2] = {row, col}, count[2] = {1, 1};
     ck_assert_int_ge(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL), 0);
     hid_t ms = H5Screate_simple(2, count, NULL);
     ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &v), 0);
     H5Sclose(ms);
+    if (rehash) {
+        float buf[4096];
+        ck_assert(dims[1] <= 4096);
+        hsize_t rstart[2] = {row, 0}, rcount[2] = {1, dims[1]};
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, rstart, NULL, rcount, NULL);
+        ms = H5Screate_simple(2, rcount, NULL);
+        ck_assert_int_ge(H5Dread(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, buf), 0);
+        H5Sclose(ms);
+        uint64_t h = XXH3_64bits(buf, dims[1] * sizeof(float));
+        char hpath[256];
+        snprintf(hpath, sizeof hpath, "%s.hash", dset);
+        hid_t dh = H5Dopen2(f, hpath, H5P_DEFAULT);
+        ck_assert_int_ge(dh, 0);
+        hid_t hs = H5Dget_space(dh);
+        hsize_t hstart[1] = {row}, hcount[1] = {1};
+        H5Sselect_hyperslab(hs, H5S_SELECT_SET, hstart, NULL, hcount, NULL);
+        ms = H5Screate_simple(1, hcount, NULL);
+        ck_assert_int_ge(H5Dwrite(dh, H5T_NATIVE_UINT64, ms, hs, H5P_DEFAULT, &h), 0);
+        H5Sclose(ms);
+        H5Sclose(hs);
+        H5Dclose(dh);
+    }
     H5Sclose(fs);
     H5Dclose(d);
     H5Fclose(f);
@@ -104,7 +131,7 @@ START_TEST(test_compare_nonfinite)
     record(dir, "nan.h5", "--engine chunked --chunk 5");
     snprintf(path, sizeof path, "%s/nan.h5", dir);
     const float bad = _i == 0 ? NAN : INFINITY;
-    poke(path, "/layers/3/h_mid", 17, 9, bad);
+    poke(path, "/layers/3/h_mid", 17, 9, bad, true);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
     ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 17, layer 3"), "%s", out);
@@ -116,9 +143,30 @@ START_TEST(test_compare_nonfinite)
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
     /* NaN on both sides, bit for bit, is no difference. */
     snprintf(args, sizeof args, "%s/ref.h5", dir);
-    poke(args, "/layers/3/h_mid", 17, 9, bad);
+    poke(args, "/layers/3/h_mid", 17, 9, bad, true);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A row changed behind its hash (a dump edited by hand, a writer with a
+ * bug): validate names it, and --no-hashes finds the difference the hashes
+ * hide. */
+START_TEST(test_compare_stale_hash)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "--engine chunked --chunk 5");
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    poke(path, "/layers/2/v", 30, 4, 7.0f, false);
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "/layers/2/v.hash: the hash of row 30"), "%s", out);
+    snprintf(args, sizeof args, "compare --no-hashes %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 30, layer 2"), "%s", out);
     test_rmtree(dir);
 }
 END_TEST
@@ -172,6 +220,7 @@ Suite *compare_cli_suite(void)
     tcase_add_test(tc, test_compare_refusals);
     tcase_add_loop_test(tc, test_compare_nonfinite, 0, 2);
     tcase_add_test(tc, test_compare_partial);
+    tcase_add_test(tc, test_compare_stale_hash);
     tcase_add_test(tc, test_compare_selections);
     suite_add_tcase(s, tc);
     return s;

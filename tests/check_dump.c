@@ -1054,7 +1054,7 @@ typedef enum {
     BREAK_CONFIG, BREAK_STATUS, BREAK_NO_TOKENS, BREAK_TOKENS_TYPE, BREAK_PROMPT_LENGTH,
     BREAK_LAYER_NAME, BREAK_LAYER_RANGE, BREAK_LAYER_ATTRS, BREAK_STAGE_NAME, BREAK_SHAPE,
     BREAK_DTYPE, BREAK_FIRST_POSITION, BREAK_PAST_TOKENS, BREAK_OUTPUT, BREAK_NAN,
-    BREAK_FP_TYPES, BREAK_COUNT
+    BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_FP_TYPES, BREAK_COUNT
 } breakage;
 
 /* What each breakage must produce: violations, a phrase in the report,
@@ -1082,9 +1082,14 @@ static const struct {
     [BREAK_SHAPE] = {1, "/layers/0/q has 5 columns", NULL},
     [BREAK_DTYPE] = {1, "/layers/0/x_in is float64; it must be float32", NULL},
     [BREAK_FIRST_POSITION] = {2, "/layers/0/k has no attribute first_position", NULL},
-    [BREAK_PAST_TOKENS] = {1, "/layers/1/v covers positions 10..56", NULL},
+    /* ... and its row hashes no longer cover the same positions */
+    [BREAK_PAST_TOKENS] = {2, "/layers/1/v covers positions 10..56", NULL},
     [BREAK_OUTPUT] = {1, "/output: lse (47 rows from position 0) and topk_ids (3 rows", NULL},
     [BREAK_NAN] = {0, "note: /layers/0/attn_lse holds 2 NaN and 1 infinite values", NULL},
+    [BREAK_STALE_HASH] = {1, "/layers/1/x_out.hash: the hash of row 6 (position 6) is not the "
+                             "XXH3-64", NULL},
+    [BREAK_NO_HASH] = {1, "/layers/0/q has no q.hash (the dump says row_hashes = 1)", NULL},
+    [BREAK_ROW_HASHES] = {1, "row_hashes is 7; it must be 0 or 1", NULL},
     [BREAK_FP_TYPES] = {2, "/layers/0/q.hash is float32; it must be uint64", NULL},
 };
 
@@ -1142,7 +1147,42 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         for (int i = 0; i < 47 * H; i++)
             rows[i] = i == 3 || i == 9 ? NAN : i == 20 ? INFINITY : 1.0f;
         put_dataset(h, "layers/0/attn_lse", H5T_NATIVE_FLOAT, 47, (hsize_t)H, rows, 0);
+        {
+            /* written as a writer would: hashes of the new rows */
+            uint64_t hash[47];
+            for (int r = 0; r < 47; r++)
+                hash[r] = XXH3_64bits(rows + (size_t)r * H, (size_t)H * sizeof(float));
+            put_dataset(h, "layers/0/attn_lse.hash", H5T_NATIVE_UINT64, 47, 0, hash, 0);
+        }
         break;
+    case BREAK_STALE_HASH: {
+        /* one element of a row changed, its hash not */
+        hid_t d = H5Dopen2(h, "layers/1/x_out", H5P_DEFAULT);
+        hid_t fs = H5Dget_space(d);
+        hsize_t start[2] = {6, 3}, count[2] = {1, 1};
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        hid_t ms = H5Screate_simple(2, count, NULL);
+        float x = 42.0f;
+        ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, &x) >= 0);
+        H5Sclose(ms);
+        H5Sclose(fs);
+        H5Dclose(d);
+        break;
+    }
+    case BREAK_NO_HASH:
+        H5Ldelete(h, "layers/0/q.hash", H5P_DEFAULT);
+        H5Ldelete(h, "layers/0/q.stats", H5P_DEFAULT);
+        break;
+    case BREAK_ROW_HASHES: {
+        int64_t seven = 7;
+        H5Adelete(h, "row_hashes");
+        hid_t s = H5Screate(H5S_SCALAR);
+        hid_t a = H5Acreate2(h, "row_hashes", H5T_STD_I64LE, s, H5P_DEFAULT, H5P_DEFAULT);
+        ck_assert(a >= 0 && H5Awrite(a, H5T_NATIVE_INT64, &seven) >= 0);
+        H5Aclose(a);
+        H5Sclose(s);
+        break;
+    }
     case BREAK_FP_TYPES:
         put_dataset(h, "layers/0/q.hash", H5T_NATIVE_FLOAT, 47, 0, rows, 0);
         put_dataset(h, "layers/0/k.stats", H5T_NATIVE_FLOAT, 47, 3, rows, 0);
@@ -1178,7 +1218,7 @@ START_TEST(test_broken_dumps)
         report_log r;
         int v = validate(path, &r);
         ck_assert_msg(v == broken[b].violations && strstr(r.text, broken[b].says),
-                      "breakage %d: %d violations (want %d with '%s'):\n%s", b, v,
+                      "breakage %d: %d violations (want %d with '%s'):\n%.3000s", b, v,
                       broken[b].violations, broken[b].says, r.text);
         kv_err e = {{0}};
         dump_file *f = dump_open(path, &e);
@@ -1219,7 +1259,13 @@ START_TEST(test_reader_bounds)
     ck_assert_msg(strstr(e.msg, "no dataset /layers/5/x_in"), "%s", e.msg);
     ck_assert_int_eq(dump_read_rows(f, -1, STAGE_X_IN, 0, 1, buf, &e), -1);
     ck_assert_int_eq(dump_read_rows(f, 0, STAGE_EMBED, 0, 1, buf, &e), -1);
-    ck_assert_int_eq(dump_read_hashes(f, 0, STAGE_Q, 0, 1, &h, NULL, &e), -1);
+    /* Row hashes beside the rows: the hash of each row. */
+    float stats[2];
+    ck_assert(dump_has_row_hashes(f));
+    ck_assert_int_eq(dump_read_rows(f, 0, STAGE_Q, 5, 1, buf, &e), 0);
+    ck_assert_int_eq(dump_read_hashes(f, 0, STAGE_Q, 5, 1, &h, stats, &e), 0);
+    ck_assert_uint_eq(h, XXH3_64bits(buf, (size_t)dump_stage_info(f, 0, STAGE_Q).cols * 4));
+    ck_assert_int_eq(dump_read_hashes(f, 0, STAGE_Q, 47, 1, &h, NULL, &e), -1);
     ck_assert_int_eq(dump_read_output(f, 40, 10, buf, NULL, NULL, &e), -1);
     ck_assert(!dump_stage_info(f, 0, STAGE_COUNT).present);
     ck_assert(!dump_stage_info(f, -2, STAGE_Q).present);
