@@ -257,7 +257,15 @@ typedef struct {
     int cols;
     cmp_tol tol;
     bool prehash;                /* both sides have row hashes: read them first */
+    /* prehash: hashes of both sides and the reference's statistics for
+     * positions span_lo .. span_lo + span_n - 1, read HASH_SPAN at a time
+     * (one read per block cost more than the hashes themselves) */
+    uint64_t *ha, *hb;
+    float *sb;
+    int64_t span_lo, span_n;
 } walk_slot;
+
+#define HASH_SPAN 1024
 
 typedef struct {
     const cmp_source *ref, *test;
@@ -270,7 +278,6 @@ typedef struct {
     float *bufa, *bufb;          /* test, reference rows */
     size_t buf_floats;
     uint64_t *hasha, *hashb;
-    float *statb;                /* (B, 2): the reference's L2 norm and absmax */
     cmp_rowrec *recs;            /* (n, B) */
     uint8_t *have;               /* (n, B) */
 } walker;
@@ -508,22 +515,25 @@ static int alloc_buffers(walker *w, kv_err *e)
     w->bufb = malloc(need * sizeof(float));
     w->hasha = malloc((size_t)w->B * sizeof(uint64_t));
     w->hashb = malloc((size_t)w->B * sizeof(uint64_t));
-    w->statb = malloc((size_t)w->B * 2 * sizeof(float));
     w->recs = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B * sizeof *w->recs);
     w->have = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B);
-    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->statb || !w->recs || !w->have)
+    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->recs || !w->have)
         return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
     return 0;
 }
 
 static void walker_free(walker *w)
 {
+    for (int i = 0; w->slots && i < w->n; i++) {
+        free(w->slots[i].ha);
+        free(w->slots[i].hb);
+        free(w->slots[i].sb);
+    }
     free(w->slots);
     free(w->bufa);
     free(w->bufb);
     free(w->hasha);
     free(w->hashb);
-    free(w->statb);
     free(w->recs);
     free(w->have);
 }
@@ -624,29 +634,54 @@ static bool is_large(const cmp_rowrec *rec, kv_stage st)
  * are bit-equal and their records come from the statistics, without
  * reading a row. Returns 1 when done so, 0 when the rows must be read,
  * -1 on error. */
+/* Loads hashes and statistics of positions q .. q + len - 1 into the
+ * slot's span. 1: not every row there has a hash. */
+static int load_span(walker *w, walk_slot *s, int64_t q, int64_t len, kv_err *e)
+{
+    const cmp_stage_result *sr = s->res;
+    s->span_n = 0;
+    if (!s->ha && (!(s->ha = malloc(HASH_SPAN * sizeof *s->ha)) ||
+                   !(s->hb = malloc(HASH_SPAN * sizeof *s->hb)) ||
+                   !(s->sb = malloc(2 * HASH_SPAN * sizeof *s->sb))))
+        return kv_errf(e, "compare: out of memory for row hashes");
+    int rc = w->test->read_hash(w->test->ctx, sr->layer, sr->stage, q, len, s->ha, e);
+    if (rc == 0)
+        rc = w->ref->read_hash(w->ref->ctx, sr->layer, sr->stage, q, len, s->hb, e);
+    if (rc == 0)
+        rc = w->ref->read_stats(w->ref->ctx, sr->layer, sr->stage, q, len, s->sb, e);
+    if (rc != 0)
+        return rc < 0 ? -1 : 1;
+    s->span_lo = q;
+    s->span_n = len;
+    return 0;
+}
+
 static int rows_by_hash(walker *w, int i, int64_t b0, int64_t q, int64_t n, kv_err *e)
 {
     walk_slot *s = &w->slots[i];
     cmp_stage_result *sr = s->res;
-    int ha = w->test->read_hash(w->test->ctx, sr->layer, sr->stage, q, n, w->hasha, e);
-    int hb = ha == 0 ? w->ref->read_hash(w->ref->ctx, sr->layer, sr->stage, q, n, w->hashb, e) : 0;
-    if (ha < 0 || hb < 0)
-        return -1;
-    if (ha > 0 || hb > 0 || memcmp(w->hasha, w->hashb, (size_t)n * sizeof(uint64_t)) != 0)
+    if (q < s->span_lo || q + n > s->span_lo + s->span_n) {
+        int64_t len = sr->pos_hi - q + 1 < HASH_SPAN ? sr->pos_hi - q + 1 : HASH_SPAN;
+        int rc = load_span(w, s, q, len < n ? n : len, e);
+        if (rc > 0 && len > n)   /* hashes may stop short of the rows: just this block */
+            rc = load_span(w, s, q, n, e);
+        if (rc != 0)
+            return rc < 0 ? -1 : 0;
+    }
+    const int64_t off = q - s->span_lo;
+    const float *st = s->sb + 2 * off;
+    if (memcmp(s->ha + off, s->hb + off, (size_t)n * sizeof(uint64_t)) != 0)
         return 0;
-    int hs = w->ref->read_stats(w->ref->ctx, sr->layer, sr->stage, q, n, w->statb, e);
-    if (hs != 0)
-        return hs < 0 ? -1 : 0;
     for (int64_t r = 0; r < n; r++)
-        if (!isfinite(w->statb[2 * r]) || !isfinite(w->statb[2 * r + 1]))
+        if (!isfinite(st[2 * r]) || !isfinite(st[2 * r + 1]))
             return 0;
     for (int64_t r = 0; r < n; r++) {
         cmp_rowrec *rec = &w->recs[(size_t)i * w->B + (size_t)(q + r - b0)];
         memset(rec, 0, sizeof *rec);
         rec->first_bad = -1;
         rec->bitequal = true;
-        rec->ref_absmax = w->statb[2 * r + 1];
-        const double l2 = w->statb[2 * r];
+        rec->ref_absmax = st[2 * r + 1];
+        const double l2 = st[2 * r];
         rec->dot = rec->ref_sq = rec->test_sq = l2 * l2;
         w->have[(size_t)i * w->B + (size_t)(q + r - b0)] = 1;
     }

@@ -14,7 +14,9 @@
 #include <xxhash.h>
 
 #include "chunked/chunked.h"
+#include "compare/cmp_internal.h"
 #include "compare/compare.h"
+#include "model/pcg32.h"
 #include "model/generate.h"
 #include "reference/reference.h"
 #include "testutil.h"
@@ -972,6 +974,61 @@ START_TEST(test_row_hashes_first)
 }
 END_TEST
 
+/* The row comparison agrees with the element rule, element by element,
+ * on random finite rows (its fast path) and rows with NaN / infinities
+ * (its general path), in every tolerance mode. */
+START_TEST(test_row_compare_matches_element_rule)
+{
+    pcg32 g;
+    pcg32_seed(&g, 7, 1);
+    const cmp_tol tols[] = {{.exact = true}, {.atol = 1e-4}, {.rtol = 1e-3},
+                            {.ulp = 4}, {.atol = 1e-6, .rtol = 1e-4, .ulp = 2}};
+    float a[300], b[300];
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + (int)(pcg32_next(&g) % 300);
+        for (int i = 0; i < n; i++) {
+            b[i] = ((float)pcg32_next(&g) / 4294967296.0f - 0.5f) * 8.0f;
+            uint32_t r = pcg32_next(&g) % 8;
+            a[i] = r == 0   ? b[i] + 1e-3f
+                   : r == 1 ? nextafterf(b[i], 10.0f)
+                   : r == 2 ? -b[i]
+                            : b[i];
+            if (trial % 3 == 0 && r == 3)
+                a[i] = trial % 2 ? NAN : INFINITY;
+        }
+        for (size_t k = 0; k < sizeof tols / sizeof *tols; k++) {
+            const cmp_tol *t = &tols[k];
+            double rowmax = 0, max_abs = 0;
+            uint64_t max_ulp = 0;
+            int bad = 0, first = -1;
+            for (int i = 0; i < n; i++)
+                if (isfinite(b[i]) && fabs((double)b[i]) > rowmax)
+                    rowmax = fabs((double)b[i]);
+            for (int i = 0; i < n; i++) {
+                if (!cmp_elem_ok(a[i], b[i], rowmax, t)) {
+                    bad++;
+                    first = first < 0 ? i : first;
+                }
+                if (isfinite(a[i]) && isfinite(b[i])) {
+                    double d = fabs((double)a[i] - (double)b[i]);
+                    max_abs = d > max_abs ? d : max_abs;
+                    uint64_t u = cmp_ulp_distance(a[i], b[i]);
+                    max_ulp = u > max_ulp ? u : max_ulp;
+                }
+            }
+            cmp_rowrec rec;
+            cmp_row_compare(a, b, n, t, &rec);
+            ck_assert_msg(rec.n_bad == bad && rec.first_bad == first,
+                          "trial %d tol %zu: %d bad from %d, want %d from %d", trial, k,
+                          rec.n_bad, rec.first_bad, bad, first);
+            ck_assert(rec.bad == (bad > 0));
+            ck_assert(rec.max_abs == max_abs);
+            ck_assert_uint_eq(rec.max_ulp, max_ulp);
+        }
+    }
+}
+END_TEST
+
 /* A differing generated token: both ids and each run's margin. */
 START_TEST(test_tokens_margin)
 {
@@ -1174,6 +1231,7 @@ Suite *compare_suite(void)
     tcase_add_test(tc, test_block_size_invariant);
     tcase_add_test(tc, test_fingerprint_source);
     tcase_add_test(tc, test_row_hashes_first);
+    tcase_add_test(tc, test_row_compare_matches_element_rule);
     tcase_add_test(tc, test_tokens_margin);
     tcase_add_test(tc, test_render_text_and_json);
     tcase_add_test(tc, test_ulp_and_exit_codes);
