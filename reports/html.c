@@ -28,7 +28,7 @@ static const char css[] =
     ".identical,.within_tolerance{background:#e6f4ea;border-left:6px solid #2e7d32}\n"
     ".diverged{background:#fdecea;border-left:6px solid #c62828}\n"
     ".warn{background:#fff4e5;border-left:6px solid #ef6c00;padding:.5em .8em}\n"
-    "pre{background:#f6f8fa;padding:.8em;overflow-x:auto;font-size:.85em}\n"
+    "pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;font-size:.85em}\n"
     "table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;"
     "padding:.2em .5em;text-align:right}th{background:#f0f0f0}td.l,th.l{text-align:left}\n"
     "tr.same td{color:#777}tr.first td{background:#fdecea;font-weight:600}\n"
@@ -36,7 +36,7 @@ static const char css[] =
     "dd{margin:0}\n"
     "figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}"
     "figcaption{font-size:.9em;color:#444}\n"
-    ".muted{color:#777}code{font-size:.9em}\n";
+    ".muted{color:#777}code{font-size:.9em;overflow-wrap:anywhere}\n";
 
 static void head(const rep_ctx *c, FILE *f, const char *verdict)
 {
@@ -208,10 +208,12 @@ static void stage_table(const rep_ctx *c, FILE *f)
         const cmp_stage_result *s = &r->stages[i];
         const cmp_stats *a = &s->all;
         const char *cls = is_first(r, s) ? "first" : a->bitequal_rows == a->rows ? "same" : "";
-        fprintf(f, "<tr class=\"%s\"><td>%s%d</td><td class=\"l\">%s%s</td><td>%lld</td>"
+        char layer[16];
+        snprintf(layer, sizeof layer, s->layer < 0 ? "model" : "%d", s->layer);
+        fprintf(f, "<tr class=\"%s\"><td>%s</td><td class=\"l\">%s%s</td><td>%lld</td>"
                    "<td>%lld</td><td>%.3g</td><td>%.3g</td><td>%llu</td><td>%.9f</td>"
-                   "<td>%.3g</td></tr>\n", cls, s->layer < 0 ? "model " : "",
-                s->layer < 0 ? 0 : s->layer, stage_name(s->stage), s->hashed ? " (hash)" : "",
+                   "<td>%.3g</td></tr>\n", cls, layer, stage_name(s->stage),
+                s->hashed ? " (hash)" : "",
                 (long long)a->rows, (long long)a->bitequal_rows, a->max_abs, a->max_rel,
                 (unsigned long long)a->max_ulp, cmp_stats_cosine(a), cmp_stats_nmse(a));
     }
@@ -270,8 +272,8 @@ void rep_html_write(const rep_ctx *c, FILE *f)
     fputs("<h2>As <code>kvdiff compare</code> reports it</h2>\n<pre>", f);
     esc(f, c->text);
     fputs("</pre>\n", f);
-    stage_table(c, f);
     plots(c, f);
+    stage_table(c, f);
     fprintf(f, "<p class=\"muted\">Written by kvdiff. <a href=\"summary.md\">summary.md</a> · "
                "<a href=\"result.json\">result.json</a></p>\n</body>\n</html>\n");
 }

@@ -14,7 +14,7 @@ static void md(FILE *f, const char *s)
             fputc(' ', f);
             continue;
         }
-        if (strchr("\\`*_{}[]#+!|<>&~", *s))
+        if (strchr("\\`*_{}[]|<>&~", *s))
             fputc('\\', f);
         fputc(*s, f);
     }

@@ -105,6 +105,16 @@ static double grid_floor(const report_grid *g)
     return lo / 10 < ERR_FLOOR ? pow(10, floor(log10(lo / 10))) : ERR_FLOOR;
 }
 
+/* The largest finite row error; 0 when every row is bit-identical. */
+static double grid_max(const report_grid *g)
+{
+    double hi = 0;
+    for (size_t i = 0; i < (size_t)g->n_layers * (size_t)g->n_pos; i++)
+        if (isfinite(g->err[i]) && g->err[i] > hi)
+            hi = g->err[i];
+    return g->any_nonfinite ? INFINITY : hi;
+}
+
 /* Script opening: both terminals are driven from one plot via `replot`. */
 static void gp_head(FILE *f, const char *name, const char *what)
 {
@@ -181,6 +191,7 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     if (out_close(&d, e) < 0 || out_open(&s, dir, "heatmap.gp", e) < 0)
         return -1;
     gp_head(s.f, "heatmap", "row error over layers and positions");
+    fputs("set style textbox opaque\n", s.f);
     fprintf(s.f, "set xlabel 'position'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
                  "set yrange [%g:%g]\nset ytics 1\nset palette rgbformulae 22,13,-31\n",
             lo - 0.5, hi + 0.5, -0.5, g->n_layers - 0.5);
@@ -190,20 +201,22 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     else
         fprintf(s.f, "set title 'stage %s: log10 of the row error max|test - ref| "
                      "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'log10 row error'\n"
-                     "set cbrange [%g:*]\n", sn, fl, log10(fl));
+                     "set cbrange [%g:%s]\n", sn, fl, log10(fl),
+                grid_max(g) > 0 ? "*" : "0");
+    if (!g->hashed && grid_max(g) == 0)
+        fprintf(s.f, "set label 'every row bit-identical' at graph 0.5, graph 0.5 center "
+                     "front boxed\n");
     gp_boundaries(s.f, geo, lo, hi);
     const cmp_divergence *dv = &c->r->first;
     if (dv->found && dv->layer >= 0)
         fprintf(s.f, "set label 'first divergence (%s)' at %lld, %d point pt 7 ps 1.6 "
-                     "lc rgb '#00ff00' offset 1,0.8 tc rgb '#000000' front boxed\n"
-                     "set style textbox opaque\n",
+                     "lc rgb '#00ff00' offset 1,0.8 tc rgb '#000000' front boxed\n",
                 stage_name(dv->stage), (long long)dv->pos, dv->layer);
     if (c->r->beyond.found && c->r->beyond.layer >= 0)
         fprintf(s.f, "set label 'beyond drift (%s)' at %lld, %d point pt 9 ps 1.6 "
                      "lc rgb '#00ffff' offset 1,-0.8 tc rgb '#000000' front boxed\n",
                 stage_name(c->r->beyond.stage), (long long)c->r->beyond.pos, c->r->beyond.layer);
-    gp_tail(s.f, "heatmap", g->hashed ? "plot 'heatmap.dat' using 1:2:3 with image notitle"
-                                      : "plot 'heatmap.dat' using 1:2:3 with image notitle");
+    gp_tail(s.f, "heatmap", "plot 'heatmap.dat' using 1:2:3 with image notitle");
     if (out_close(&s, e) < 0)
         return -1;
     snprintf(pl->caption, sizeof pl->caption,
@@ -284,6 +297,9 @@ static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, 
                      "drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
                      "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl, ERR_CEIL,
                 ERR_CEIL);
+        if (grid_max(g) == 0)
+            fprintf(s.f, "set yrange [%g:1]\nset label 'every row bit-identical' at graph 0.5, "
+                         "graph 0.5 center\n", fl / 10);
         gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
                                "title 'max over positions', \\\n     'growth.dat' using "
                                "1:(clamp($3)) with linespoints lw 2 pt 5 title 'median over "
@@ -421,6 +437,9 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
                      "(bit-identical drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
                      "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl,
                 ERR_CEIL, ERR_CEIL);
+        if (grid_max(g) == 0)
+            fprintf(s.f, "set yrange [%g:1]\nset label 'every row bit-identical' at graph 0.5, "
+                         "graph 0.5 center\n", fl / 10);
     }
     gp_boundaries(s.f, geo, lo, hi);
     char plot[2048];
@@ -476,6 +495,9 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
         fprintf(d.f, " %d %d\n", st[i].ref_top1, st[i].test_top1);
     }
     const int64_t s0 = st[0].step, s1 = st[n - 1].step;
+    double kl_max = 0;
+    for (int64_t i = 0; i < n; i++)
+        kl_max = st[i].kl > kl_max ? st[i].kl : kl_max;
     free(st);
     if (out_close(&d, e) < 0 || out_open(&s, dir, "steps.gp", e) < 0)
         return -1;
@@ -484,8 +506,8 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
                  "(approximate, from top-k logits) and logit margins'\n"
                  "set xlabel 'generated step'\nset ylabel 'KL (nats, from top-k)'\n"
                  "set y2label 'margin: top-1 minus top-2 logit'\nset ytics nomirror\n"
-                 "set y2tics\nset xrange [%g:%g]\nset yrange [0:*]\nset grid\n"
-                 "set key outside right\n", s0 - 0.5, s1 + 0.5);
+                 "set y2tics\nset xrange [%g:%g]\nset yrange [0:%s]\nset grid\n"
+                 "set key outside right\n", s0 - 0.5, s1 + 0.5, kl_max > 0 ? "*" : "1");
     const cmp_tokens *t = &c->r->tokens;
     if (t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1)
         fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#d62728' "
