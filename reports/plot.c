@@ -145,8 +145,8 @@ static void gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi)
                            "lc rgb '#7f7f7f' front\n", p - 0.5, p - 0.5);
     const int64_t cut = g->c->r->compared.pos_cut;
     if (cut > lo && cut <= hi)
-        fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#d62728' front\n"
-                   "set label 'tokens differ' at %g, graph 1.02 center tc rgb '#d62728'\n",
+        fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' front\n"
+                   "set label 'tokens differ' at %g, graph 1.02 center tc rgb '#000000'\n",
                 cut - 0.5, cut - 0.5, cut - 0.5);
 }
 
@@ -510,9 +510,9 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
                  "set key outside right\n", s0 - 0.5, s1 + 0.5, kl_max > 0 ? "*" : "1");
     const cmp_tokens *t = &c->r->tokens;
     if (t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1)
-        fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#d62728' "
+        fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' "
                      "front\nset label 'tokens differ' at %g, graph 1.02 center "
-                     "tc rgb '#d62728'\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
+                     "tc rgb '#000000'\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
     gp_tail(s.f, "steps", "plot 'steps.dat' using 1:3 with boxes fs solid 0.4 lc rgb '#9467bd' "
                           "title 'KL (approx.)' axes x1y1, \\\n     'steps.dat' using 1:4 with "
                           "linespoints lw 2 pt 7 title 'ref margin' axes x1y2, \\\n     "
