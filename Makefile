@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan bench fuzz clean deps
+.PHONY: all test demo check-asan check-report-render bench fuzz clean deps
 all: kvdiff
 
 deps:
@@ -78,6 +78,38 @@ check-asan:
 	@$(MAKE) -s BUILD=build-asan CFLAGS="$(ASAN_FLAGS)" build-asan/check_kvdiff
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 CK_FORK=no \
 	  KVDIFF_BIN=$(abspath build-asan/kvdiff) ./build-asan/check_kvdiff
+
+# A report from two real dumps (reference vs chunked with a hard-coded
+# window of 4), rendered in headless Chromium: a copy of index.html beside
+# it with a load-time script that records on <body> how many images loaded
+# (naturalWidth > 0); fails unless every <img> of the page did.
+# RENDER_REPORT=DIR checks an existing report folder instead.
+RENDER_DIR := $(BUILD)/render-check
+RENDER_JS  := <script>window.addEventListener("load",function(){var im=document.images,bad=[];for(var i=0;i<im.length;i++)if(!im[i].complete||im[i].naturalWidth===0)bad.push(im[i].getAttribute("src"));document.body.setAttribute("data-images",im.length+" loaded "+(im.length-bad.length)+(bad.length?" broken: "+bad.join(" "):""));});</script>
+check-report-render: kvdiff
+	@command -v chromium >/dev/null 2>&1 || { echo "check-report-render: chromium not found; install it (apt-get install chromium) to run this check" >&2; exit 1; }
+	@set -e; rep="$(RENDER_REPORT)"; work=$(RENDER_DIR); rm -rf $$work; mkdir -p $$work; \
+	if [ -z "$$rep" ]; then \
+	  rep=$$work/report; \
+	  ./kvdiff run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --dump $$work/ref.h5 >/dev/null; \
+	  ./kvdiff run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --engine chunked --chunk 5 --inject window=4 --dump $$work/test.h5 >/dev/null; \
+	  rc=0; ./kvdiff report $$work/ref.h5 $$work/test.h5 -o $$rep || rc=$$?; \
+	  [ $$rc -eq 1 ] || { echo "check-report-render: kvdiff report exited $$rc, expected 1 (diverged)" >&2; exit 1; }; \
+	fi; \
+	n=$$(grep -o '<img ' $$rep/index.html | wc -l); \
+	[ $$n -gt 0 ] || { echo "check-report-render: $$rep/index.html has no <img> (is gnuplot installed?)" >&2; exit 1; }; \
+	sed -e 's#</body>##' -e 's#</html>##' $$rep/index.html > $$rep/.render-check.html; \
+	printf '%s\n</body>\n</html>\n' '$(RENDER_JS)' >> $$rep/.render-check.html; \
+	timeout 60 chromium --headless --disable-gpu --no-sandbox --user-data-dir=$$work/profile \
+	  --virtual-time-budget=5000 --dump-dom "file://$$(cd $$rep && pwd)/.render-check.html" \
+	  > $$work/dom.html 2> $$work/chromium.log || true; \
+	rm -f $$rep/.render-check.html; \
+	got=$$(grep -o 'data-images="[^"]*"' $$work/dom.html || true); \
+	if [ "$$got" = "data-images=\"$$n loaded $$n\"" ]; then \
+	  echo "check-report-render: all $$n images of $$rep/index.html loaded in Chromium"; \
+	else \
+	  echo "check-report-render: FAILED for $$rep/index.html: $${got:-no result from Chromium (see $$work/chromium.log)}" >&2; exit 1; \
+	fi
 
 # Kernel throughput (printed), then engine prefill/decode speed (printed and
 # appended to bench/results.tsv, one row per figure, to compare commits).

@@ -74,6 +74,19 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
     return 0;
 }
 
+/* The library's JSON plus the dumps it was made from, so `kvdiff report
+ * RESULT.json` can reopen them for the plots. */
+static char *render_json(const cmp_result *r, unsigned flags, const char *ref, const char *test)
+{
+    json_t *j = cmp_result_json(r, flags);
+    if (!j)
+        return NULL;
+    json_object_set_new(j, "inputs", json_pack("{ss ss}", "ref", ref, "test", test));
+    char *s = json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    return s;
+}
+
 int cmd_compare(int argc, char **argv)
 {
     compare_args a;
@@ -104,7 +117,8 @@ int cmd_compare(int argc, char **argv)
     if (rc < 0) {
         cli_error("compare", &e);
     } else {
-        char *text = a.json ? cmp_render_json(&r, a.flags) : cmp_render_text(&r, a.flags);
+        char *text = a.json ? render_json(&r, a.flags, argv[optind], argv[optind + 1])
+                            : cmp_render_text(&r, a.flags);
         if (text)
             fputs(text, stdout);
         if (text && text[0] && text[strlen(text) - 1] != '\n')

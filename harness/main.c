@@ -16,6 +16,7 @@ static const verb verbs[] = {
     {"run", cmd_run, "generate with an engine and print the tokens (--dump records it)"},
     {"compare", cmd_compare, "find the first divergence between two dumps and diagnose it"},
     {"bisect", cmd_bisect, "fingerprint both engines, then fully record only where they part"},
+    {"report", cmd_report, "compare (or read a saved result) and write an HTML report with plots"},
     {"inspect", cmd_inspect, "show what a dump holds"},
     {"validate", cmd_validate, "check a dump against the open schema"},
 };

@@ -1,0 +1,551 @@
+/* jsonin.c — the JSON of `kvdiff compare --json` read back into a
+ * cmp_result, so a saved result renders exactly as a fresh one. Outside
+ * input: every key is checked for presence and type, and the first
+ * problem is reported as one line naming the file and the key. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "report.h"
+
+typedef struct {
+    const char *path;
+    kv_err *e;
+    int failed;
+} jr;
+
+static int bad(jr *c, const char *where, const char *key, const char *what)
+{
+    if (!c->failed)
+        kv_errf(c->e, "%s: %s%s%s %s", c->path, where, where[0] ? "." : "", key, what);
+    c->failed = 1;
+    return -1;
+}
+
+static json_t *need(jr *c, json_t *o, const char *where, const char *key)
+{
+    json_t *v = json_object_get(o, key);
+    if (!v)
+        bad(c, where, key, "is missing");
+    return v;
+}
+
+/* Numbers: JSON numbers, or the strings "nan", "inf", "-inf" the writer
+ * uses for those; null when allowed (a quantity not computed) is NaN. */
+static double num(jr *c, json_t *o, const char *where, const char *key, bool nullable)
+{
+    json_t *v = need(c, o, where, key);
+    if (!v)
+        return NAN;
+    if (json_is_number(v))
+        return json_number_value(v);
+    if (json_is_null(v) && nullable)
+        return NAN;
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        if (!strcmp(s, "nan"))
+            return NAN;
+        if (!strcmp(s, "inf"))
+            return INFINITY;
+        if (!strcmp(s, "-inf"))
+            return -INFINITY;
+    }
+    bad(c, where, key, "is not a number");
+    return NAN;
+}
+
+static int64_t integer(jr *c, json_t *o, const char *where, const char *key, int64_t lo,
+                       int64_t hi, int64_t if_null)
+{
+    json_t *v = need(c, o, where, key);
+    if (!v)
+        return 0;
+    if (json_is_null(v) && if_null != INT64_MIN)
+        return if_null;
+    if (!json_is_integer(v)) {
+        bad(c, where, key, "is not an integer");
+        return 0;
+    }
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "is out of range (%lld)", (long long)x);
+        bad(c, where, key, msg);
+        return 0;
+    }
+    return x;
+}
+
+static bool boolean(jr *c, json_t *o, const char *where, const char *key)
+{
+    json_t *v = need(c, o, where, key);
+    if (v && !json_is_boolean(v))
+        bad(c, where, key, "is not true or false");
+    return v && json_is_true(v);
+}
+
+static const char *string(jr *c, json_t *o, const char *where, const char *key)
+{
+    json_t *v = need(c, o, where, key);
+    if (v && !json_is_string(v)) {
+        bad(c, where, key, "is not a string");
+        return "";
+    }
+    return v ? json_string_value(v) : "";
+}
+
+static void copy(char *dst, size_t n, const char *src)
+{
+    snprintf(dst, n, "%s", src);
+}
+
+static json_t *object(jr *c, json_t *o, const char *where, const char *key, bool nullable)
+{
+    json_t *v = need(c, o, where, key);
+    if (!v || (nullable && json_is_null(v)))
+        return NULL;
+    if (!json_is_object(v)) {
+        bad(c, where, key, "is not an object");
+        return NULL;
+    }
+    return v;
+}
+
+static kv_stage stage_of(jr *c, json_t *o, const char *where, const char *key)
+{
+    const char *s = string(c, o, where, key);
+    int st = stage_parse(s);
+    if (st < 0 && !c->failed)
+        bad(c, where, key, "names no known stage");
+    return st < 0 ? STAGE_X_IN : (kv_stage)st;
+}
+
+/* ------------------------------------------------------------------ */
+/* Parts                                                                */
+
+static void read_mode(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *m = object(c, root, "", "mode", false);
+    if (!m)
+        return;
+    r->exact = boolean(c, m, "mode", "exact");
+    r->atol = num(c, m, "mode", "atol", false);
+    r->rtol = num(c, m, "mode", "rtol", false);
+    r->ulp = (uint64_t)integer(c, m, "mode", "ulp", 0, INT64_MAX, INT64_MIN);
+    r->noise = boolean(c, m, "mode", "noise_floor");
+    r->noise_factor = num(c, m, "mode", "noise_factor", false);
+}
+
+static void read_compared(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *m = object(c, root, "", "compared", false);
+    if (!m)
+        return;
+    cmp_coverage *cv = &r->compared;
+    cv->n_layers = (int)integer(c, m, "compared", "layers", 0, KV_MAX_LAYERS, INT64_MIN);
+    cv->pos_lo = integer(c, m, "compared", "position_lo", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    cv->pos_hi = integer(c, m, "compared", "position_hi", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    cv->n_stages = (int)integer(c, m, "compared", "stages", 0, 1 << 24, INT64_MIN);
+    cv->rows = integer(c, m, "compared", "rows", 0, INT64_MAX, INT64_MIN);
+    cv->partial = boolean(c, m, "compared", "partial");
+    cv->hashed = boolean(c, m, "compared", "fingerprint");
+    cv->pos_cut = integer(c, m, "compared", "token_cut", 0, INT64_MAX, -1);
+    cv->walked_to = integer(c, m, "compared", "walked_to", -1, INT64_MAX, INT64_MIN);
+    json_t *ms = need(c, m, "compared", "model_stages");
+    if (ms && !json_is_array(ms))
+        bad(c, "compared", "model_stages", "is not an array");
+}
+
+static void read_div(jr *c, json_t *d, const char *where, cmp_divergence *o)
+{
+    o->found = true;
+    o->pos = integer(c, d, where, "position", 0, INT64_MAX, INT64_MIN);
+    o->layer = (int)integer(c, d, where, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+    o->stage = stage_of(c, d, where, "stage");
+    o->hashed = boolean(c, d, where, "fingerprint");
+    o->col = (int)integer(c, d, where, "column", -1, INT32_MAX, INT64_MIN);
+    o->head = (int)integer(c, d, where, "head", -1, INT32_MAX, INT64_MIN);
+    o->dim = (int)integer(c, d, where, "dim", -1, INT32_MAX, INT64_MIN);
+    o->ref = (float)num(c, d, where, "ref", false);
+    o->test = (float)num(c, d, where, "test", false);
+    o->abs_err = num(c, d, where, "abs", false);
+    o->ulp = (uint64_t)integer(c, d, where, "ulp", 0, INT64_MAX, INT64_MIN);
+    o->nonfinite = boolean(c, d, where, "nonfinite");
+    o->n_bad = (int)integer(c, d, where, "bad_elements", 0, INT32_MAX, INT64_MIN);
+    o->row_max_abs = num(c, d, where, "row_max_abs", false);
+    o->row_rel = num(c, d, where, "row_rel", false);
+    if (o->layer >= 0 && !c->failed) {
+        const char *a = string(c, d, where, "attention");
+        if (strcmp(a, "sliding") && strcmp(a, "global") && !c->failed)
+            bad(c, where, "attention", "is neither \"sliding\" nor \"global\"");
+        o->layer_sliding = !strcmp(a, "sliding");
+        o->layer_window = (int)integer(c, d, where, "window", 0, INT32_MAX, INT64_MIN);
+        o->kv_owner = (int)integer(c, d, where, "kv_owner", 0, KV_MAX_LAYERS - 1, INT64_MIN);
+    }
+}
+
+static uint32_t stage_bits(jr *c, json_t *o, const char *where, const char *key)
+{
+    json_t *a = need(c, o, where, key);
+    uint32_t bits = 0;
+    if (!a)
+        return 0;
+    if (!json_is_array(a)) {
+        bad(c, where, key, "is not an array");
+        return 0;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) {
+        int st = json_is_string(v) ? stage_parse(json_string_value(v)) : -1;
+        if (st < 0 || st >= STAGE_LAYER_COUNT) {
+            bad(c, where, key, "holds something that is not a layer stage name");
+            return 0;
+        }
+        bits |= 1u << st;
+    }
+    return bits;
+}
+
+static float *floats(jr *c, json_t *o, const char *where, const char *key, int *n)
+{
+    json_t *a = need(c, o, where, key);
+    if (!a || json_is_null(a))
+        return NULL;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 4096) {
+        bad(c, where, key, "is not an array of 1 to 4096 numbers");
+        return NULL;
+    }
+    if (*n && (size_t)*n != json_array_size(a)) {
+        bad(c, where, key, "has another length than attn_lse_ref");
+        return NULL;
+    }
+    *n = (int)json_array_size(a);
+    float *x = malloc((size_t)*n * sizeof *x);
+    if (!x) {
+        kv_errf(c->e, "%s: out of memory", c->path);
+        c->failed = 1;
+        return NULL;
+    }
+    for (int i = 0; i < *n && !c->failed; i++) {
+        json_t *v = json_array_get(a, (size_t)i);
+        const char *t = json_is_string(v) ? json_string_value(v) : "";
+        if (json_is_number(v))
+            x[i] = (float)json_number_value(v);
+        else if (!strcmp(t, "nan") || !strcmp(t, "inf") || !strcmp(t, "-inf"))
+            x[i] = !strcmp(t, "nan") ? NAN : t[0] == '-' ? -INFINITY : INFINITY;
+        else
+            bad(c, where, key, "holds something that is not a number");
+    }
+    if (c->failed) {
+        free(x);
+        return NULL;
+    }
+    return x;
+}
+
+static void read_evidence(jr *c, json_t *v, const char *where, cmp_evidence *ev)
+{
+    ev->earlier_compared = stage_bits(c, v, where, "earlier_compared");
+    ev->earlier_identical = stage_bits(c, v, where, "earlier_identical");
+    json_t *q = need(c, v, where, "qkv_identical_upto_position");
+    if (q && !json_is_null(q) && !json_is_boolean(q))
+        bad(c, where, "qkv_identical_upto_position", "is not true, false or null");
+    ev->qkv = !q || json_is_null(q) ? -1 : json_is_true(q) ? 1 : 0;
+    ev->qkv_from = integer(c, v, where, "qkv_from", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    ev->qkv_to = integer(c, v, where, "qkv_to", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    int n = 0;
+    ev->lse_ref = floats(c, v, where, "attn_lse_ref", &n);
+    ev->lse_test = floats(c, v, where, "attn_lse_test", &n);
+    ev->n_heads = n;
+    ev->nkeys_ref = (int)integer(c, v, where, "nkeys_ref", -1, INT32_MAX, INT64_MIN);
+    ev->nkeys_test = (int)integer(c, v, where, "nkeys_test", -1, INT32_MAX, INT64_MIN);
+    ev->norms_equal = boolean(c, v, where, "norms_equal");
+    json_t *rd = need(c, v, where, "rope_delta");
+    ev->rope_found = rd && json_is_integer(rd);
+    if (rd && !json_is_null(rd) && !json_is_integer(rd))
+        bad(c, where, "rope_delta", "is not an integer or null");
+    ev->rope_delta = ev->rope_found ? json_integer_value(rd) : 0;
+    ev->rope_err = num(c, v, where, "rope_error", true);
+    json_t *rc = need(c, v, where, "recomputed");
+    if (rc && !json_is_null(rc) && !json_is_boolean(rc))
+        bad(c, where, "recomputed", "is not true, false or null");
+    ev->recompute = !rc || json_is_null(rc) ? -1 : json_is_true(rc) ? 1 : 0;
+    json_t *h = need(c, v, where, "hypothesis");
+    if (h && !json_is_null(h) && !json_is_string(h))
+        bad(c, where, "hypothesis", "is not a string or null");
+    copy(ev->hypothesis, sizeof ev->hypothesis, json_is_string(h) ? json_string_value(h) : "");
+    ev->hyp_err = num(c, v, where, "hypothesis_error", true);
+    ev->ref_check_err = num(c, v, where, "reference_check_error", true);
+    json_t *nd = object(c, v, where, "nkeys_differ_at", true);
+    ev->nkeys_diff_pos = nd ? integer(c, nd, "nkeys_differ_at", "position", 0, INT64_MAX,
+                                      INT64_MIN) : -1;
+    ev->nkeys_diff_layer = nd ? (int)integer(c, nd, "nkeys_differ_at", "layer", -1,
+                                             KV_MAX_LAYERS, INT64_MIN) : 0;
+    ev->growth_first = num(c, v, where, "growth_first", true);
+    ev->growth_last = num(c, v, where, "growth_last", true);
+    ev->growth_layer_last = (int)integer(c, v, where, "growth_last_layer", -1, KV_MAX_LAYERS,
+                                         INT64_MIN);
+}
+
+static int enum_of(const char *s, const char *(*name)(int), int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(s, name(i)))
+            return i;
+    return -1;
+}
+
+static const char *diag_name(int k) { return cmp_diag_name((cmp_diag_kind)k); }
+static const char *basis_name(int b) { return cmp_basis_name((cmp_basis)b); }
+static const char *verdict_name(int v) { return cmp_verdict_name((cmp_verdict)v); }
+
+static void read_diag(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *d = object(c, root, "", "diagnosis", true);
+    if (!d)
+        return;
+    cmp_diagnosis *g = &r->diag;
+    int k = enum_of(string(c, d, "diagnosis", "kind"), diag_name, CMP_DIAG_COUNT);
+    int b = enum_of(string(c, d, "diagnosis", "basis"), basis_name, CMP_BASIS_HEURISTIC + 1);
+    if ((k < 0 || b < 0) && !c->failed)
+        bad(c, "diagnosis", k < 0 ? "kind" : "basis", "is not a known name");
+    g->kind = k < 0 ? CMP_DIAG_NONE : (cmp_diag_kind)k;
+    g->basis = b < 0 ? CMP_BASIS_NONE : (cmp_basis)b;
+    copy(g->summary, sizeof g->summary, string(c, d, "diagnosis", "summary"));
+    copy(g->detail, sizeof g->detail, string(c, d, "diagnosis", "detail"));
+    copy(g->evidence, sizeof g->evidence, string(c, d, "diagnosis", "evidence"));
+}
+
+static void read_tokens(jr *c, json_t *root, cmp_result *r)
+{
+    static const char *const kinds[] = {"none", "identical", "differ", "length_differs"};
+    json_t *t = object(c, root, "", "tokens", false);
+    if (!t)
+        return;
+    cmp_tokens *o = &r->tokens;
+    const char *v = string(c, t, "tokens", "verdict");
+    int k = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(v, kinds[i]))
+            k = i;
+    if (k < 0 && !c->failed)
+        bad(c, "tokens", "verdict", "is not a known name");
+    o->kind = k < 0 ? CMP_TOKENS_NONE : (cmp_tokens_kind)k;
+    o->n_ref = integer(c, t, "tokens", "n_ref", 0, INT64_MAX, INT64_MIN);
+    o->n_test = integer(c, t, "tokens", "n_test", 0, INT64_MAX, INT64_MIN);
+    o->prompt_length = integer(c, t, "tokens", "prompt_length", 0, INT64_MAX, INT64_MIN);
+    o->pos = integer(c, t, "tokens", "position", 0, INT64_MAX, -1);
+    o->step = integer(c, t, "tokens", "step", INT64_MIN + 1, INT64_MAX, 0);
+    o->ref_id = (int32_t)integer(c, t, "tokens", "ref_id", INT32_MIN, INT32_MAX, 0);
+    o->test_id = (int32_t)integer(c, t, "tokens", "test_id", INT32_MIN, INT32_MAX, 0);
+    o->ref_margin = num(c, t, "tokens", "ref_margin", true);
+    o->test_margin = num(c, t, "tokens", "test_margin", true);
+    o->near_tie = boolean(c, t, "tokens", "near_tie");
+}
+
+static void read_logits(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *l = object(c, root, "", "logits", true);
+    if (!l)
+        return;
+    cmp_logit_stats *o = &r->logits;
+    o->present = true;
+    o->from_topk = boolean(c, l, "logits", "from_topk");
+    o->positions = integer(c, l, "logits", "positions", 0, INT64_MAX, INT64_MIN);
+    o->top1_agree = integer(c, l, "logits", "top1_agree", 0, INT64_MAX, INT64_MIN);
+    o->kl_mean = num(c, l, "logits", "kl_mean", false);
+    o->kl_max = num(c, l, "logits", "kl_max", false);
+    o->kl_max_pos = integer(c, l, "logits", "kl_max_position", INT64_MIN + 1, INT64_MAX,
+                            INT64_MIN);
+}
+
+static void read_notes(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *n = need(c, root, "", "notes");
+    if (!n)
+        return;
+    if (!json_is_array(n)) {
+        bad(c, "", "notes", "is not an array");
+        return;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(n, i, v) {
+        if (!json_is_string(v)) {
+            bad(c, "", "notes", "holds something that is not a string");
+            return;
+        }
+        if (r->n_notes < CMP_MAX_NOTES)
+            copy(r->notes[r->n_notes++], sizeof r->notes[0], json_string_value(v));
+    }
+}
+
+/* The JSON gives cosine and NMSE, not the sums behind them: these sums
+ * give back the same two numbers through cmp_stats_cosine / _nmse. */
+static void read_stats(jr *c, json_t *s, const char *where, cmp_stats *o)
+{
+    o->rows = integer(c, s, where, "rows", 0, INT64_MAX, INT64_MIN);
+    o->bitequal_rows = integer(c, s, where, "bitequal_rows", 0, INT64_MAX, INT64_MIN);
+    o->violating_rows = integer(c, s, where, "violating_rows", 0, INT64_MAX, INT64_MIN);
+    o->nonfinite = integer(c, s, where, "nonfinite", 0, INT64_MAX, INT64_MIN);
+    o->max_abs = num(c, s, where, "max_abs", false);
+    o->max_rel = num(c, s, where, "max_rel", false);
+    o->max_ulp = (uint64_t)integer(c, s, where, "max_ulp", 0, INT64_MAX, INT64_MIN);
+    const double cosv = num(c, s, where, "cosine", false);
+    const double nmse = num(c, s, where, "nmse", false);
+    o->ref_sq = o->test_sq = 1;
+    o->dot = cosv;
+    o->err_sq = nmse;
+    o->first_bitdiff_pos = integer(c, s, where, "first_bitdiff_position", -1, INT64_MAX,
+                                   INT64_MIN);
+}
+
+static void read_stage(jr *c, json_t *s, int i, cmp_stage_result *o)
+{
+    char where[48];
+    snprintf(where, sizeof where, "stages[%d]", i);
+    if (!json_is_object(s)) {
+        bad(c, "", where, "is not an object");
+        return;
+    }
+    o->layer = (int)integer(c, s, where, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+    o->stage = stage_of(c, s, where, "stage");
+    o->cols = (int)integer(c, s, where, "cols", 0, INT32_MAX, INT64_MIN);
+    o->pos_lo = integer(c, s, where, "position_lo", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    o->pos_hi = integer(c, s, where, "position_hi", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    o->hashed = boolean(c, s, where, "fingerprint");
+    o->rows_by_hash = integer(c, s, where, "rows_by_hash", 0, INT64_MAX, INT64_MIN);
+    o->noise_floor = num(c, s, where, "noise_floor", false);
+    o->atol_eff = num(c, s, where, "atol", false);
+    char w2[64];
+    json_t *u = object(c, s, where, "upto", false);
+    snprintf(w2, sizeof w2, "%s.upto", where);
+    if (u)
+        read_stats(c, u, w2, &o->upto);
+    json_t *a = object(c, s, where, "all", false);
+    snprintf(w2, sizeof w2, "%s.all", where);
+    if (a)
+        read_stats(c, a, w2, &o->all);
+    if (!c->failed && (o->layer < 0) != (o->stage >= STAGE_LAYER_COUNT))
+        bad(c, where, "stage", "does not match its layer");
+}
+
+/* The per-stage table when present; else only the model-level stages the
+ * coverage names (so the text's coverage line reads as compare's). */
+static void read_stages(jr *c, json_t *root, report_json *j)
+{
+    cmp_result *r = &j->r;
+    json_t *st = json_object_get(root, "stages");
+    json_t *ms = json_object_get(json_object_get(root, "compared"), "model_stages");
+    if (st && !json_is_array(st)) {
+        bad(c, "", "stages", "is not an array");
+        return;
+    }
+    j->has_stages = st != NULL;
+    size_t n = st ? json_array_size(st) : json_array_size(ms);
+    if (n == 0)
+        return;
+    r->stages = calloc(n, sizeof *r->stages);
+    if (!r->stages) {
+        kv_errf(c->e, "%s: out of memory", c->path);
+        c->failed = 1;
+        return;
+    }
+    for (size_t i = 0; i < n && !c->failed; i++) {
+        cmp_stage_result *o = &r->stages[r->n_stages++];
+        if (st) {
+            read_stage(c, json_array_get(st, i), (int)i, o);
+            continue;
+        }
+        json_t *v = json_array_get(ms, i);
+        int s = json_is_string(v) ? stage_parse(json_string_value(v)) : -1;
+        if (s < STAGE_LAYER_COUNT)
+            bad(c, "compared", "model_stages", "holds something that is not a model stage");
+        o->layer = -1;
+        o->stage = s < 0 ? STAGE_EMBED : (kv_stage)s;
+    }
+}
+
+static char *dup_path(jr *c, json_t *in, const char *key)
+{
+    json_t *v = json_object_get(in, key);
+    if (!v || json_is_null(v))
+        return NULL;
+    if (!json_is_string(v)) {
+        bad(c, "inputs", key, "is not a string");
+        return NULL;
+    }
+    return strdup(json_string_value(v));
+}
+
+/* ------------------------------------------------------------------ */
+
+int report_json_load(const char *path, report_json *j, kv_err *e)
+{
+    memset(j, 0, sizeof *j);
+    json_error_t jerr;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return kv_errf(e, "%s: not JSON (line %d: %s)", path, jerr.line, jerr.text);
+    jr c = {path, e, 0};
+    if (!json_is_object(root))
+        bad(&c, "", "(top level)", "is not an object");
+    cmp_result *r = &j->r;
+    int v = c.failed ? -1 : enum_of(string(&c, root, "", "verdict"), verdict_name,
+                                    CMP_DIVERGED + 1);
+    if (v < 0 && !c.failed)
+        bad(&c, "", "verdict", "is not identical, within_tolerance or diverged");
+    r->verdict = v < 0 ? CMP_IDENTICAL : (cmp_verdict)v;
+    if (!c.failed) {
+        read_mode(&c, root, r);
+        read_compared(&c, root, r);
+    }
+    json_t *fd = c.failed ? NULL : object(&c, root, "", "first_divergence", true);
+    if (fd)
+        read_div(&c, fd, "first_divergence", &r->first);
+    json_t *ev = c.failed ? NULL : object(&c, root, "", "evidence", true);
+    if (ev)
+        read_evidence(&c, ev, "evidence", &r->ev);
+    json_t *bd = c.failed ? NULL : object(&c, root, "", "beyond_drift", true);
+    if (bd) {
+        read_div(&c, bd, "beyond_drift", &r->beyond);
+        json_t *bev = object(&c, bd, "beyond_drift", "evidence", true);
+        if (bev)
+            read_evidence(&c, bev, "beyond_drift.evidence", &r->beyond_ev);
+    }
+    if (!c.failed)
+        read_diag(&c, root, r);
+    if (!c.failed)
+        read_tokens(&c, root, r);
+    if (!c.failed)
+        read_logits(&c, root, r);
+    if (!c.failed)
+        read_notes(&c, root, r);
+    if (!c.failed)
+        read_stages(&c, root, j);
+    /* "inputs" is optional: results saved before it existed have none */
+    json_t *in = c.failed || !json_object_get(root, "inputs")
+        ? NULL : object(&c, root, "", "inputs", true);
+    if (in) {
+        j->ref_path = dup_path(&c, in, "ref");
+        j->test_path = dup_path(&c, in, "test");
+    }
+    json_decref(root);
+    if (c.failed) {
+        report_json_free(j);
+        return -1;
+    }
+    return 0;
+}
+
+void report_json_free(report_json *j)
+{
+    if (!j)
+        return;
+    cmp_result_free(&j->r);
+    free(j->ref_path);
+    free(j->test_path);
+    memset(j, 0, sizeof *j);
+}

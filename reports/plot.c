@@ -1,0 +1,749 @@
+/* plot.c — the report's plots: for each, a plain-text data file (.dat,
+ * columns under a header comment) and a gnuplot script (.gp, relative
+ * paths) that draws it as PNG (pngcairo) and SVG, kept side by side in
+ * plots/ so a user can restyle and re-run `gnuplot heatmap.gp` there.
+ * gnuplot runs as an external program from that folder. */
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "rep_internal.h"
+
+/* Bit-identical rows (error 0) are drawn at this floor, or a decade
+ * below the smallest non-zero error when that is smaller. */
+#define ERR_FLOOR 1e-12
+/* Non-finite row errors are written as this in the plotted column. */
+#define ERR_CEIL 1e30
+#define MAX_LINES 200            /* chunk boundaries drawn at most */
+
+/* ------------------------------------------------------------------ */
+/* Files                                                                */
+
+typedef struct {
+    FILE *f;
+    char path[4200];
+} out_file;
+
+static int out_open(out_file *o, const char *dir, const char *name, kv_err *e)
+{
+    snprintf(o->path, sizeof o->path, "%s/%s", dir, name);
+    o->f = fopen(o->path, "w");
+    if (!o->f)
+        return kv_errf(e, "%s: cannot write: %s", o->path, strerror(errno));
+    return 0;
+}
+
+static int out_close(out_file *o, kv_err *e)
+{
+    if (!o->f)
+        return 0;
+    const bool failed = ferror(o->f) != 0;
+    const int rc = fclose(o->f);
+    o->f = NULL;
+    if (failed || rc != 0)
+        return kv_errf(e, "%s: write failed: %s", o->path, strerror(errno ? errno : EIO));
+    return 0;
+}
+
+static void num(FILE *f, double x)
+{
+    if (isnan(x))
+        fputs(" NaN", f);
+    else if (isinf(x))
+        fputs(x > 0 ? " Inf" : " -Inf", f);
+    else
+        fprintf(f, " %.9g", x);
+}
+
+/* ------------------------------------------------------------------ */
+/* What the plots show                                                  */
+
+kv_stage rep_growth_stage(const report_opts *o)
+{
+    return o->stage >= 0 && o->stage < STAGE_LAYER_COUNT ? (kv_stage)o->stage : STAGE_X_OUT;
+}
+
+kv_stage rep_heatmap_stage(const cmp_result *r, const report_opts *o)
+{
+    if (o->stage >= 0 && o->stage < STAGE_LAYER_COUNT)
+        return (kv_stage)o->stage;
+    if (r->first.found && r->first.layer >= 0 && r->first.stage < STAGE_LAYER_COUNT)
+        return r->first.stage;
+    return STAGE_X_OUT;
+}
+
+typedef struct {
+    const rep_ctx *c;
+    int window;                  /* the config's sliding window; 0 none */
+    long chunk;                  /* the test's prefill chunk; 0 none */
+    int n_layers;
+} geometry;
+
+static long settings_chunk(const cmp_source *s)
+{
+    if (!s || !s->settings_json)
+        return 0;
+    json_t *j = json_loads(s->settings_json, 0, NULL);
+    json_t *v = json_object_get(j, "chunk");
+    long c = json_is_integer(v) && json_integer_value(v) > 0 ? (long)json_integer_value(v) : 0;
+    json_decref(j);
+    return c;
+}
+
+static double grid_floor(const report_grid *g)
+{
+    double lo = INFINITY;
+    for (size_t i = 0; i < (size_t)g->n_layers * (size_t)g->n_pos; i++)
+        if (g->err[i] > 0 && g->err[i] < lo)
+            lo = g->err[i];
+    return lo / 10 < ERR_FLOOR ? pow(10, floor(log10(lo / 10))) : ERR_FLOOR;
+}
+
+/* The largest finite row error; 0 when every row is bit-identical. */
+static double grid_max(const report_grid *g)
+{
+    double hi = 0;
+    for (size_t i = 0; i < (size_t)g->n_layers * (size_t)g->n_pos; i++)
+        if (isfinite(g->err[i]) && g->err[i] > hi)
+            hi = g->err[i];
+    return g->any_nonfinite ? INFINITY : hi;
+}
+
+/* Script opening: both terminals are driven from one plot via `replot`. */
+static void gp_head(FILE *f, const char *name, const char *what)
+{
+    fprintf(f, "# kvdiff report: %s\n# Data: %s.dat. Re-run from this folder: gnuplot %s.gp\n"
+               "set terminal pngcairo noenhanced size 1000,560 font 'sans,10'\n"
+               "set output '%s.png'\n", what, name, name, name);
+}
+
+static void gp_tail(FILE *f, const char *name, const char *plot)
+{
+    fprintf(f, "%s\n\nset terminal svg noenhanced size 1000,560 dynamic font 'sans,10'\n"
+               "set output '%s.svg'\nreplot\nunset output\n", plot, name);
+}
+
+/* Vertical lines at the sliding-window boundary, the chunk boundaries and
+ * the first position whose input token differs, each at the left edge of
+ * that position's cell. */
+static void gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi)
+{
+    if (g->window > 0 && g->window > lo && g->window <= hi)
+        fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 dt 2 lc rgb '#1f77b4' "
+                   "front\nset label 'window %d' at %g, graph 1.02 center tc rgb '#1f77b4'\n",
+                g->window - 0.5, g->window - 0.5, g->window, g->window - 0.5);
+    if (g->chunk > 0 && (hi - lo) / g->chunk <= MAX_LINES)
+        for (int64_t p = (lo / g->chunk + 1) * g->chunk; p <= hi; p += g->chunk)
+            if (p != g->window)
+                fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 1 dt 3 "
+                           "lc rgb '#7f7f7f' front\n", p - 0.5, p - 0.5);
+    const int64_t cut = g->c->r->compared.pos_cut;
+    if (cut > lo && cut <= hi)
+        fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' front\n"
+                   "set label 'tokens differ' at %g, graph 1.02 center tc rgb '#000000'\n",
+                cut - 0.5, cut - 0.5, cut - 0.5);
+}
+
+static const cmp_divergence *main_divergence(const cmp_result *r)
+{
+    return r->beyond.found ? &r->beyond : &r->first;
+}
+
+/* ------------------------------------------------------------------ */
+/* 1. heatmap                                                           */
+
+static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, const char *dir,
+                         kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_HEATMAP];
+    const char *sn = stage_name(g->stage);
+    const double fl = g->hashed ? 0 : grid_floor(g);
+    const int64_t lo = g->pos_lo, hi = g->pos_lo + g->n_pos - 1;
+    out_file d = {0}, s = {0};
+    if (out_open(&d, dir, "heatmap.dat", e) < 0)
+        return -1;
+    if (g->hashed)
+        fprintf(d.f, "# kvdiff report: stage %s compared by row fingerprint (hash) only\n"
+                     "# columns: position layer differs (0 = same hash, 1 = hash differs; "
+                     "NaN = not recorded in both)\n", sn);
+    else
+        fprintf(d.f, "# kvdiff report: row error of stage %s, max |test - ref| over each row\n"
+                     "# columns: position layer log10_error error (error 0 = bit-identical, "
+                     "drawn at log10 %g; NaN = not recorded in both; Inf = non-finite on one "
+                     "side, drawn at log10 %g)\n", sn, fl, ERR_CEIL);
+    for (int l = 0; l < g->n_layers; l++) {
+        for (int64_t p = lo; p <= hi; p++) {
+            double x = report_grid_at(g, l, p);
+            fprintf(d.f, "%lld %d", (long long)p, l);
+            if (!g->hashed)
+                num(d.f, isnan(x) ? NAN : log10(isinf(x) ? ERR_CEIL : x > fl ? x : fl));
+            num(d.f, x);
+            fputc('\n', d.f);
+        }
+        fputc('\n', d.f);
+    }
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "heatmap.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "heatmap", "row error over layers and positions");
+    fputs("set style textbox opaque\n", s.f);
+    fprintf(s.f, "set xlabel 'position'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
+                 "set yrange [%g:%g]\nset ytics 1\nset palette rgbformulae 22,13,-31\n",
+            lo - 0.5, hi + 0.5, -0.5, g->n_layers - 0.5);
+    if (g->hashed)
+        fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
+                     "1 differs)'\nset cbrange [0:1]\nset cbtics ('same' 0, 'differs' 1)\n", sn);
+    else
+        fprintf(s.f, "set title 'stage %s: log10 of the row error max|test - ref| "
+                     "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'log10 row error'\n"
+                     "set cbrange [%g:%s]\n", sn, fl, log10(fl),
+                grid_max(g) > 0 ? "*" : "0");
+    if (!g->hashed && grid_max(g) == 0)
+        fprintf(s.f, "set label 'every row bit-identical' at graph 0.5, graph 0.5 center "
+                     "front boxed\n");
+    gp_boundaries(s.f, geo, lo, hi);
+    const cmp_divergence *dv = &c->r->first;
+    if (dv->found && dv->layer >= 0)
+        fprintf(s.f, "set label 'first divergence (%s)' at %lld, %d point pt 7 ps 1.6 "
+                     "lc rgb '#00ff00' offset 1,0.8 tc rgb '#000000' front boxed\n",
+                stage_name(dv->stage), (long long)dv->pos, dv->layer);
+    if (c->r->beyond.found && c->r->beyond.layer >= 0)
+        fprintf(s.f, "set label 'beyond drift (%s)' at %lld, %d point pt 9 ps 1.6 "
+                     "lc rgb '#00ffff' offset 1,-0.8 tc rgb '#000000' front boxed\n",
+                stage_name(c->r->beyond.stage), (long long)c->r->beyond.pos, c->r->beyond.layer);
+    gp_tail(s.f, "heatmap", "plot 'heatmap.dat' using 1:2:3 with image notitle");
+    if (out_close(&s, e) < 0)
+        return -1;
+    snprintf(pl->caption, sizeof pl->caption,
+             g->hashed ? "Stage %s, layer by position: which rows' fingerprints differ (the "
+                         "recordings hold hashes only, so no magnitudes)."
+                       : "Stage %s, layer by position: log10 of each row's max |test - ref|. "
+                         "Bit-identical rows take the lowest colour. Dashed lines: the "
+                         "sliding-window boundary and chunk boundaries; the marker is the first "
+                         "divergence.", sn);
+    pl->data = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* 2. error growth per layer                                            */
+
+static int cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_GROWTH];
+    const char *sn = stage_name(g->stage);
+    double *v = malloc((size_t)(g->n_pos > 0 ? g->n_pos : 1) * sizeof *v);
+    out_file d = {0}, s = {0};
+    if (!v)
+        return kv_errf(e, "report: out of memory");
+    if (out_open(&d, dir, "growth.dat", e) < 0) {
+        free(v);
+        return -1;
+    }
+    fprintf(d.f, "# kvdiff report: stage %s per layer, over the positions both recordings hold\n"
+                 "# columns: layer max_row_error median_row_error rows%s\n", sn,
+            g->hashed ? " (hashes only: the fraction of rows that differ in both columns)" : "");
+    for (int l = 0; l < g->n_layers; l++) {
+        int n = 0;
+        double mx = 0, sum = 0;
+        for (int64_t p = 0; p < g->n_pos; p++) {
+            const double x = g->err[(size_t)l * (size_t)g->n_pos + (size_t)p];
+            if (isnan(x))
+                continue;
+            v[n++] = x;
+            mx = x > mx ? x : mx;
+            sum += x;
+        }
+        fprintf(d.f, "%d", l);
+        if (n && g->hashed) {
+            num(d.f, sum / n);
+            num(d.f, sum / n);
+        } else if (n) {
+            qsort(v, (size_t)n, sizeof *v, cmp_double);
+            num(d.f, mx);
+            num(d.f, n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+        } else {
+            num(d.f, NAN);
+            num(d.f, NAN);
+        }
+        fprintf(d.f, " %d\n", n);
+    }
+    free(v);
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "growth.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "growth", "error growth per layer");
+    fprintf(s.f, "set xlabel 'layer'\nset xtics 1\nset xrange [-0.5:%g]\nset grid\n"
+                 "set key top left\n", g->n_layers - 0.5);
+    if (g->hashed) {
+        fprintf(s.f, "set title 'stage %s: fraction of rows whose fingerprint differs, per "
+                     "layer (hashes only)'\nset ylabel 'rows differing'\nset yrange [0:1.05]\n",
+                sn);
+        gp_tail(s.f, "growth", "plot 'growth.dat' using 1:2 with linespoints lw 2 pt 7 "
+                               "title 'rows differing'");
+    } else {
+        const double fl = grid_floor(g);
+        fprintf(s.f, "set title 'stage %s: row error max|test - ref| per layer (bit-identical "
+                     "drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
+                     "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl, ERR_CEIL,
+                ERR_CEIL);
+        if (grid_max(g) == 0)
+            fprintf(s.f, "set yrange [%g:1]\nset label 'every row bit-identical' at graph 0.5, "
+                         "graph 0.5 center\n", fl / 10);
+        gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
+                               "title 'max over positions', \\\n     'growth.dat' using "
+                               "1:(clamp($3)) with linespoints lw 2 pt 5 title 'median over "
+                               "positions'");
+    }
+    if (out_close(&s, e) < 0)
+        return -1;
+    snprintf(pl->caption, sizeof pl->caption,
+             g->hashed ? "Stage %s: per layer, the fraction of rows whose fingerprint differs."
+                       : "Stage %s: per layer, the largest and the median row error over "
+                         "positions (log scale) — where the error is born and how it grows.", sn);
+    pl->data = true;
+    return 0;
+}
+
+/* From the JSON alone: the per-stage metrics of the growth stage. */
+static int write_growth_table(rep_ctx *c, kv_stage st, const char *dir, kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_GROWTH];
+    const cmp_result *r = c->r;
+    int n = 0;
+    for (int i = 0; i < r->n_stages; i++)
+        n += r->stages[i].stage == st && r->stages[i].layer >= 0;
+    if (!c->o->has_stages || n == 0) {
+        snprintf(pl->why, sizeof pl->why, !c->o->has_stages
+                 ? "the JSON has no per-stage metrics (run kvdiff compare --stages --json) and "
+                   "the dumps are not at hand"
+                 : "stage %s was not compared", stage_name(st));
+        return 0;
+    }
+    out_file d = {0}, s = {0};
+    if (out_open(&d, dir, "growth.dat", e) < 0)
+        return -1;
+    fprintf(d.f, "# kvdiff report: stage %s per layer, from the compare result's per-stage "
+                 "metrics\n# columns: layer max_abs max_rel rows bitequal_rows\n",
+            stage_name(st));
+    double lo = INFINITY;
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *sr = &r->stages[i];
+        if (sr->stage != st || sr->layer < 0)
+            continue;
+        fprintf(d.f, "%d", sr->layer);
+        num(d.f, sr->all.max_abs);
+        num(d.f, sr->all.max_rel);
+        fprintf(d.f, " %lld %lld\n", (long long)sr->all.rows, (long long)sr->all.bitequal_rows);
+        if (sr->all.max_abs > 0 && sr->all.max_abs < lo)
+            lo = sr->all.max_abs;
+        if (sr->all.max_rel > 0 && sr->all.max_rel < lo)
+            lo = sr->all.max_rel;
+    }
+    const double fl = lo / 10 < ERR_FLOOR ? pow(10, floor(log10(lo / 10))) : ERR_FLOOR;
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "growth.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "growth", "error growth per layer (from the per-stage metrics)");
+    fprintf(s.f, "set title 'stage %s: largest error per layer (from the compare result; "
+                 "bit-identical drawn at %g)'\nset xlabel 'layer'\nset ylabel 'error'\n"
+                 "set xtics 1\nset grid\nset key top left\nset logscale y\nfl = %g\n"
+                 "clamp(x) = x < fl ? fl : x\n", stage_name(st), fl, fl);
+    gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
+                           "title 'max |test - ref|', \\\n     'growth.dat' using 1:(clamp($3)) "
+                           "with linespoints lw 2 pt 5 title 'max row-relative error'");
+    if (out_close(&s, e) < 0)
+        return -1;
+    snprintf(pl->caption, sizeof pl->caption,
+             "Stage %s: per layer, the largest absolute and row-relative error (log scale), "
+             "from the compare result's per-stage metrics (the median needs the dumps).",
+             stage_name(st));
+    pl->data = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* 3. error along positions                                             */
+
+static int pick_layers(const rep_ctx *c, int n_layers, int *out)
+{
+    int n = 0;
+    if (c->o->n_layers > 0) {
+        for (int i = 0; i < c->o->n_layers; i++)
+            if (c->o->layers[i] >= 0 && c->o->layers[i] < n_layers)
+                out[n++] = c->o->layers[i];
+        return n;
+    }
+    const cmp_divergence *d = main_divergence(c->r);
+    int cand[3] = {d->found && d->layer >= 0 ? d->layer : -1, 0, n_layers - 1};
+    for (int i = 0; i < 3; i++) {
+        bool dup = cand[i] < 0;
+        for (int j = 0; j < n && !dup; j++)
+            dup = out[j] == cand[i];
+        if (!dup)
+            out[n++] = cand[i];
+    }
+    return n;
+}
+
+static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g,
+                           const char *dir, kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_POSITIONS];
+    int layers[16];
+    const int nl = pick_layers(c, g->n_layers, layers);
+    if (nl == 0) {
+        snprintf(pl->why, sizeof pl->why, "none of the chosen layers exists in the model");
+        return 0;
+    }
+    const char *sn = stage_name(g->stage);
+    const int64_t lo = g->pos_lo, hi = g->pos_lo + g->n_pos - 1;
+    out_file d = {0}, s = {0};
+    if (out_open(&d, dir, "positions.dat", e) < 0)
+        return -1;
+    fprintf(d.f, "# kvdiff report: stage %s, %s per position (NaN: not recorded in both)\n"
+                 "# columns: position", sn,
+            g->hashed ? "fingerprint differs (0/1)" : "row error max |test - ref|");
+    for (int i = 0; i < nl; i++)
+        fprintf(d.f, " layer_%d", layers[i]);
+    fputc('\n', d.f);
+    for (int64_t p = lo; p <= hi; p++) {
+        fprintf(d.f, "%lld", (long long)p);
+        for (int i = 0; i < nl; i++)
+            num(d.f, report_grid_at(g, layers[i], p));
+        fputc('\n', d.f);
+    }
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "positions.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "positions", "error along positions for chosen layers");
+    fprintf(s.f, "set xlabel 'position'\nset xrange [%g:%g]\nset grid\nset key outside right\n",
+            lo - 0.5, hi + 0.5);
+    if (g->hashed) {
+        fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
+                     "1 differs)'\nset ylabel 'differs'\nset yrange [-0.1:1.1]\n"
+                     "clamp(x) = x\n", sn);
+    } else {
+        const double fl = grid_floor(g);
+        fprintf(s.f, "set title 'stage %s: row error max|test - ref| along positions "
+                     "(bit-identical drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
+                     "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl,
+                ERR_CEIL, ERR_CEIL);
+        if (grid_max(g) == 0)
+            fprintf(s.f, "set yrange [%g:1]\nset label 'every row bit-identical' at graph 0.5, "
+                         "graph 0.5 center\n", fl / 10);
+    }
+    gp_boundaries(s.f, geo, lo, hi);
+    char plot[2048];
+    size_t used = (size_t)snprintf(plot, sizeof plot, "plot");
+    for (int i = 0; i < nl && used < sizeof plot; i++)
+        used += (size_t)snprintf(plot + used, sizeof plot - used,
+                                 "%s 'positions.dat' using 1:(clamp($%d)) with linespoints lw 2 "
+                                 "pt %d ps 0.6 title 'layer %d'", i ? ", \\\n    " : "", i + 2,
+                                 5 + 2 * i, layers[i]);
+    gp_tail(s.f, "positions", plot);
+    if (out_close(&s, e) < 0)
+        return -1;
+    char ls[128] = "";
+    for (int i = 0, u = 0; i < nl; i++)
+        u += snprintf(ls + u, sizeof ls - (size_t)u, "%s%d", i ? ", " : "", layers[i]);
+    snprintf(pl->caption, sizeof pl->caption,
+             "Stage %s, layers %s: %s along positions. Dashed lines: the sliding-window "
+             "boundary and chunk boundaries.", sn, ls,
+             g->hashed ? "whether each row's fingerprint differs" : "the row error (log scale)");
+    pl->data = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* 4. per generated step                                                */
+
+static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_STEPS];
+    report_step *st = NULL;
+    int64_t n = 0;
+    if (report_steps_build(c->ref, c->test, &st, &n, e) < 0)
+        return -1;
+    if (n == 0) {
+        snprintf(pl->why, sizeof pl->why, "the recordings hold no common /output (top-k "
+                 "logits) at generated steps");
+        return 0;
+    }
+    out_file d = {0}, s = {0};
+    if (out_open(&d, dir, "steps.dat", e) < 0) {
+        free(st);
+        return -1;
+    }
+    fprintf(d.f, "# kvdiff report: per generated step, the next-token distributions of both runs"
+                 "\n# kl: KL(ref || test) over the reference's top-k logits (a test logit outside "
+                 "its top-k counts as its k-th): approximate\n# margin: top-1 minus top-2 logit\n"
+                 "# columns: step position kl ref_margin test_margin ref_top1 test_top1\n");
+    for (int64_t i = 0; i < n; i++) {
+        fprintf(d.f, "%lld %lld", (long long)st[i].step, (long long)st[i].pos);
+        num(d.f, st[i].kl);
+        num(d.f, st[i].ref_margin);
+        num(d.f, st[i].test_margin);
+        fprintf(d.f, " %d %d\n", st[i].ref_top1, st[i].test_top1);
+    }
+    const int64_t s0 = st[0].step, s1 = st[n - 1].step;
+    double kl_max = 0;
+    for (int64_t i = 0; i < n; i++)
+        kl_max = st[i].kl > kl_max ? st[i].kl : kl_max;
+    free(st);
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "steps.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "steps", "KL divergence and logit margins per generated step");
+    fprintf(s.f, "set title 'per generated step: KL(ref || test) of the next-token distributions "
+                 "(approximate, from top-k logits) and logit margins'\n"
+                 "set xlabel 'generated step'\nset ylabel 'KL (nats, from top-k)'\n"
+                 "set y2label 'margin: top-1 minus top-2 logit'\nset ytics nomirror\n"
+                 "set y2tics\nset xrange [%g:%g]\nset yrange [0:%s]\nset grid\n"
+                 "set key outside right\n", s0 - 0.5, s1 + 0.5, kl_max > 0 ? "*" : "1");
+    const cmp_tokens *t = &c->r->tokens;
+    if (t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1)
+        fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' "
+                     "front\nset label 'tokens differ' at %g, graph 1.02 center "
+                     "tc rgb '#000000'\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
+    gp_tail(s.f, "steps", "plot 'steps.dat' using 1:3 with boxes fs solid 0.4 lc rgb '#9467bd' "
+                          "title 'KL (approx.)' axes x1y1, \\\n     'steps.dat' using 1:4 with "
+                          "linespoints lw 2 pt 7 title 'ref margin' axes x1y2, \\\n     "
+                          "'steps.dat' using 1:5 with linespoints lw 2 pt 5 title 'test margin' "
+                          "axes x1y2");
+    if (out_close(&s, e) < 0)
+        return -1;
+    snprintf(pl->caption, sizeof pl->caption,
+             "Per generated step: KL(ref || test) between the two runs' next-token "
+             "distributions, approximated from each run's top-k logits, and each run's logit "
+             "margin (top-1 minus top-2); a small margin is a flip rounding can cause.");
+    pl->data = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Running gnuplot                                                      */
+
+/* The program to run: o->gnuplot, else $GNUPLOT, else gnuplot on PATH.
+ * 0 with the path in out, or -1 when there is none. */
+static int find_gnuplot(const char *prog, char *out, size_t n)
+{
+    if (!prog || !prog[0])
+        prog = getenv("GNUPLOT");
+    if (!prog || !prog[0])
+        prog = "gnuplot";
+    struct stat sb;
+    if (strchr(prog, '/')) {
+        snprintf(out, n, "%s", prog);
+        return stat(prog, &sb) == 0 && S_ISREG(sb.st_mode) && access(prog, X_OK) == 0 ? 0 : -1;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/bin:/bin";
+    while (*path) {
+        const char *end = strchr(path, ':');
+        size_t len = end ? (size_t)(end - path) : strlen(path);
+        snprintf(out, n, "%.*s/%s", (int)len, len ? path : ".", prog);
+        if (stat(out, &sb) == 0 && S_ISREG(sb.st_mode) && access(out, X_OK) == 0)
+            return 0;
+        path += len + (end != NULL);
+    }
+    return -1;
+}
+
+/* gnuplot's first error line: the `"x.gp" line N: ...` one, else the
+ * first non-empty line it printed. */
+static void first_error(const char *text, char *out, size_t n)
+{
+    const char *hit = NULL, *any = NULL;
+    for (const char *p = text; *p; ) {
+        const char *end = strchr(p, '\n');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        const char *q = p;
+        while (q < p + len && (*q == ' ' || *q == '\t' || *q == '^'))
+            q++;
+        if (q < p + len && !any)
+            any = p;
+        if (!hit && len > 1 && p[0] == '"' && strstr(p, "\" line ") &&
+            (size_t)(strstr(p, "\" line ") - p) < len)
+            hit = p;
+        p += len + (end != NULL);
+    }
+    const char *l = hit ? hit : any;
+    if (!l) {
+        snprintf(out, n, "no message");
+        return;
+    }
+    const char *end = strchr(l, '\n');
+    snprintf(out, n, "%.*s", (int)(end ? end - l : (ptrdiff_t)strlen(l)), l);
+}
+
+/* Runs `prog script` in dir with stderr captured. Returns its exit status,
+ * 127 when it could not be started, -1 when fork/pipe failed. */
+static int run_gnuplot(const char *prog, const char *dir, const char *script, char *err,
+                       size_t n)
+{
+    int fd[2];
+    err[0] = 0;
+    if (pipe(fd) < 0)
+        return -1;
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fd[0]);
+        close(fd[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int null = open("/dev/null", O_RDWR);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+        }
+        dup2(fd[1], 2);
+        close(fd[0]);
+        close(fd[1]);
+        if (chdir(dir) == 0)
+            execl(prog, prog, script, (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    size_t len = 0;
+    ssize_t k;
+    char sink[512];
+    while ((k = read(fd[0], len + 1 < n ? err + len : sink,
+                     len + 1 < n ? n - 1 - len : sizeof sink)) > 0 || (k < 0 && errno == EINTR))
+        if (k > 0 && len + 1 < n)
+            len += (size_t)k;
+    err[len] = 0;
+    close(fd[0]);
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+static bool nonempty(const char *dir, const char *name, const char *ext)
+{
+    char p[4200];
+    struct stat sb;
+    snprintf(p, sizeof p, "%s/%s.%s", dir, name, ext);
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
+}
+
+static void draw(rep_ctx *c, const char *dir)
+{
+    char prog[4096], out[8192], line[768];
+    bool missing = find_gnuplot(c->o->gnuplot, prog, sizeof prog) < 0;
+    for (int i = 0; i < PLOT_COUNT && !missing; i++) {
+        rep_plot *pl = &c->plots[i];
+        if (!pl->data)
+            continue;
+        char script[64];
+        snprintf(script, sizeof script, "%s.gp", pl->name);
+        int rc = run_gnuplot(prog, dir, script, out, sizeof out);
+        if (rc == 127 && !out[0]) {
+            missing = true;
+            break;
+        }
+        if (rc == 0 && nonempty(dir, pl->name, "png") && nonempty(dir, pl->name, "svg")) {
+            pl->drawn = true;
+            continue;
+        }
+        if (rc == 0)
+            snprintf(line, sizeof line, "no %s.png / %s.svg came out", pl->name, pl->name);
+        else if (rc < 0)
+            snprintf(line, sizeof line, "could not start it: %s", strerror(errno));
+        else
+            first_error(out, line, sizeof line);
+        snprintf(pl->why, sizeof pl->why, "gnuplot failed on plots/%s: %s", script, line);
+        if (!c->gnuplot_error[0])
+            snprintf(c->gnuplot_error, sizeof c->gnuplot_error, "gnuplot failed on %s/%s: %s",
+                     dir, script, line);
+    }
+    if (!missing)
+        return;
+    c->gnuplot_missing = true;
+    for (int i = 0; i < PLOT_COUNT; i++)
+        if (c->plots[i].data && !c->plots[i].drawn)
+            snprintf(c->plots[i].why, sizeof c->plots[i].why,
+                     "not drawn: gnuplot was not found (data and script are in plots/)");
+}
+
+/* ------------------------------------------------------------------ */
+
+static void plan(rep_ctx *c)
+{
+    static const char *const names[PLOT_COUNT] = {"heatmap", "growth", "positions", "steps"};
+    static const char *const heads[PLOT_COUNT] = {
+        "Row error heatmap", "Error growth per layer", "Error along positions",
+        "Per generated step: KL divergence and logit margins"};
+    for (int i = 0; i < PLOT_COUNT; i++) {
+        memset(&c->plots[i], 0, sizeof c->plots[i]);
+        c->plots[i].name = names[i];
+        c->plots[i].heading = heads[i];
+    }
+}
+
+static void no_grid(rep_plot *pl, kv_stage st)
+{
+    snprintf(pl->why, sizeof pl->why, "stage %s is not recorded in both dumps", stage_name(st));
+}
+
+static int from_sources(rep_ctx *c, const char *dir, kv_err *e)
+{
+    const kv_stage hs = rep_heatmap_stage(c->r, c->o), gs = rep_growth_stage(c->o);
+    geometry geo = {c, c->ref->cfg.sliding_window, settings_chunk(c->test), c->ref->cfg.n_layers};
+    report_grid heat, grow;
+    memset(&grow, 0, sizeof grow);
+    int rc = report_grid_build(c->ref, c->test, hs, c->o->block_rows, &heat, e);
+    if (rc == 0 && gs != hs)
+        rc = report_grid_build(c->ref, c->test, gs, c->o->block_rows, &grow, e);
+    const report_grid *g = gs != hs ? &grow : &heat;
+    if (rc == 0 && heat.n_pos > 0)
+        rc = write_heatmap(c, &geo, &heat, dir, e);
+    else if (rc == 0)
+        no_grid(&c->plots[PLOT_HEATMAP], hs);
+    if (rc == 0 && g->n_pos > 0)
+        rc = write_growth_rows(c, g, dir, e);
+    if (rc == 0 && g->n_pos > 0)
+        rc = write_positions(c, &geo, g, dir, e);
+    else if (rc == 0) {
+        no_grid(&c->plots[PLOT_GROWTH], gs);
+        no_grid(&c->plots[PLOT_POSITIONS], gs);
+    }
+    if (rc == 0)
+        rc = write_steps(c, dir, e);
+    report_grid_free(&heat);
+    report_grid_free(&grow);
+    return rc;
+}
+
+int rep_plots_write(rep_ctx *c, const char *dir, kv_err *e)
+{
+    plan(c);
+    if (c->ref && c->test) {
+        if (from_sources(c, dir, e) < 0)
+            return -1;
+    } else {
+        static const char *const why =
+            "needs the rows of both dumps, which are not at hand (the JSON names no dumps, or "
+            "they no longer exist at its paths)";
+        snprintf(c->plots[PLOT_HEATMAP].why, sizeof c->plots[0].why, "%s", why);
+        snprintf(c->plots[PLOT_POSITIONS].why, sizeof c->plots[0].why, "%s", why);
+        snprintf(c->plots[PLOT_STEPS].why, sizeof c->plots[0].why,
+                 "needs both dumps' /output (top-k logits), which are not at hand");
+        if (write_growth_table(c, rep_growth_stage(c->o), dir, e) < 0)
+            return -1;
+    }
+    draw(c, dir);
+    return 0;
+}

@@ -1,0 +1,187 @@
+/* report.c — report_write: the output folder, result.json, the plots,
+ * summary.md, and index.html last, so a folder with an index.html is a
+ * complete report. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rep_internal.h"
+
+void report_opts_default(report_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->stage = -1;
+    o->has_stages = true;
+    o->block_rows = 64;
+}
+
+/* ------------------------------------------------------------------ */
+/* The verdict line                                                     */
+
+void report_verdict_line(const cmp_result *r, char *buf, size_t n)
+{
+    const cmp_divergence *d = &r->first;
+    if (r->verdict != CMP_DIVERGED) {
+        /* the first line of compare's own text says it all */
+        char *t = cmp_render_text(r, 0);
+        const char *s = t ? t : cmp_verdict_name(r->verdict);
+        const char *nl = strchr(s, '\n');
+        snprintf(buf, n, "%.*s", (int)(nl ? nl - s : (ptrdiff_t)strlen(s)), s);
+        free(t);
+        return;
+    }
+    if (!d->found) {
+        const cmp_tokens *t = &r->tokens;
+        if (t->kind == CMP_TOKENS_DIFFER)
+            snprintf(buf, n, "diverged: no recorded stage differs, but the tokens differ at "
+                     "position %lld", (long long)t->pos);
+        else
+            snprintf(buf, n, "diverged: no recorded stage differs (%s)",
+                     t->kind == CMP_TOKENS_LENGTH ? "the token counts differ" : "see below");
+        return;
+    }
+    char where[64];
+    if (d->layer >= 0)
+        snprintf(where, sizeof where, "layer %d", d->layer);
+    else
+        snprintf(where, sizeof where, "model level");
+    snprintf(buf, n, "diverged: first divergence at position %lld, %s, stage %s (%s: %s)",
+             (long long)d->pos, where, stage_name(d->stage), cmp_diag_name(r->diag.kind),
+             r->diag.summary[0] ? r->diag.summary : "no diagnosis");
+}
+
+/* ------------------------------------------------------------------ */
+/* The folder                                                           */
+
+static int ensure_dir(const char *path, kv_err *e)
+{
+    struct stat sb;
+    if (stat(path, &sb) == 0) {
+        if (!S_ISDIR(sb.st_mode))
+            return kv_errf(e, "%s: exists and is not a folder", path);
+        if (access(path, W_OK | X_OK) != 0)
+            return kv_errf(e, "%s: folder is not writable", path);
+        return 0;
+    }
+    if (mkdir(path, 0777) != 0)
+        return kv_errf(e, "%s: cannot create the folder: %s", path, strerror(errno));
+    return 0;
+}
+
+typedef void (*writer_fn)(const rep_ctx *c, FILE *f);
+
+/* Writes dir/name through dir/.name.tmp and a rename. */
+static int write_file(const char *dir, const char *name, writer_fn fn, const rep_ctx *c,
+                      const json_t *j, kv_err *e)
+{
+    char tmp[4200], path[4200];
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return kv_errf(e, "%s: cannot write: %s", path, strerror(errno));
+    if (fn)
+        fn(c, f);
+    else if (json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0)
+        fputc('\n', f);
+    else
+        errno = ENOMEM;
+    const bool failed = ferror(f) != 0;
+    if (fclose(f) != 0 || failed) {
+        int err = errno ? errno : EIO;
+        unlink(tmp);
+        return kv_errf(e, "%s: write failed: %s", path, strerror(err));
+    }
+    if (rename(tmp, path) != 0) {
+        int err = errno;
+        unlink(tmp);
+        return kv_errf(e, "%s: cannot write: %s", path, strerror(err));
+    }
+    return 0;
+}
+
+static json_t *result_json(const rep_ctx *c)
+{
+    json_t *j = cmp_result_json(c->r, c->o->has_stages ? CMP_RENDER_STAGES : 0);
+    if (!j)
+        return NULL;
+    json_t *in = json_object();
+    json_object_set_new(in, "ref", c->o->ref_path ? json_string(c->o->ref_path) : json_null());
+    json_object_set_new(in, "test", c->o->test_path ? json_string(c->o->test_path) : json_null());
+    json_object_set_new(j, "inputs", in);
+    return j;
+}
+
+/* Which recording stopped early, from the sources or (from JSON) the
+ * comparer's notes. */
+static void find_partial(rep_ctx *c)
+{
+    size_t used = 0;
+    c->partial[0] = 0;
+    const cmp_source *s[2] = {c->ref, c->test};
+    const char *role[2] = {"reference", "test"};
+    for (int i = 0; i < 2; i++)
+        if (s[i] && !s[i]->complete) {
+            int w = snprintf(c->partial + used, sizeof c->partial - used, "%sthe %s (%s)",
+                             used ? " and " : "", role[i], s[i]->label ? s[i]->label : "?");
+            used += w > 0 && (size_t)w < sizeof c->partial - used ? (size_t)w : 0;
+        }
+    if (c->ref || c->test)
+        return;
+    for (int i = 0; i < c->r->n_notes && !used; i++)
+        if (strstr(c->r->notes[i], " is partial ")) {
+            snprintf(c->partial, sizeof c->partial, "%s", c->r->notes[i]);
+            used = 1;
+        }
+}
+
+int report_write(const char *outdir, const cmp_result *r, const cmp_source *ref,
+                 const cmp_source *test, const report_opts *o, report_info *info, kv_err *e)
+{
+    report_opts dflt;
+    if (!o) {
+        report_opts_default(&dflt);
+        o = &dflt;
+    }
+    memset(info, 0, sizeof *info);
+    if ((ref == NULL) != (test == NULL))
+        return kv_errf(e, "report: give both recordings or neither");
+    char plots[4200], index[4200];
+    snprintf(plots, sizeof plots, "%s/plots", outdir);
+    snprintf(index, sizeof index, "%s/index.html", outdir);
+    if (ensure_dir(outdir, e) < 0 || ensure_dir(plots, e) < 0)
+        return -1;
+    if (unlink(index) != 0 && errno != ENOENT)
+        return kv_errf(e, "%s: cannot replace the earlier report: %s", index, strerror(errno));
+    rep_ctx c;
+    memset(&c, 0, sizeof c);
+    c.r = r;
+    c.o = o;
+    c.ref = ref;
+    c.test = test;
+    find_partial(&c);
+    c.text = cmp_render_text(r, 0);
+    json_t *j = result_json(&c);
+    int rc = c.text && j ? 0 : kv_errf(e, "report: out of memory");
+    if (rc == 0)
+        rc = write_file(outdir, "result.json", NULL, &c, j, e);
+    json_decref(j);
+    if (rc == 0)
+        rc = rep_plots_write(&c, plots, e);
+    if (rc == 0)
+        rc = write_file(outdir, "summary.md", rep_markdown_write, &c, NULL, e);
+    if (rc == 0)
+        rc = write_file(outdir, "index.html", rep_html_write, &c, NULL, e);
+    if (rc == 0) {
+        snprintf(info->index_path, sizeof info->index_path, "%s", index);
+        for (int i = 0; i < PLOT_COUNT; i++)
+            info->plots_drawn += c.plots[i].drawn;
+        info->gnuplot_missing = c.gnuplot_missing;
+        snprintf(info->gnuplot_error, sizeof info->gnuplot_error, "%s", c.gnuplot_error);
+    }
+    free(c.text);
+    return rc;
+}
