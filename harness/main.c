@@ -17,6 +17,7 @@ static const verb verbs[] = {
     {"compare", cmd_compare, "find the first divergence between two dumps and diagnose it"},
     {"inspect", cmd_inspect, "show what a dump holds"},
     {"validate", cmd_validate, "check a dump against the open schema"},
+    {"suite", cmd_suite, "run a suite file of cases (the release gate), JUnit XML"},
 };
 
 static void usage(FILE *f)
