@@ -137,7 +137,7 @@ static int print_failures(const suite *s, const int *sel, int n, const suite_res
         if (r->last_line[0])
             printf("    last line: %s\n", r->last_line);
         if (r->folder[0])
-            printf("    kept in %s/ (a.h5, b.h5, compare.json, log.txt)\n", r->folder);
+            printf("    files kept in %s/\n", r->folder);
     }
     return bad;
 }
