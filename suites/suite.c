@@ -589,10 +589,12 @@ static char *read_line(char *str, int num, void *stream)
     size_t n = nl ? (size_t)(nl - start) + 1 : p->len - p->off;
     p->off += n;
     p->line++;
-    size_t keep = n;
-    if (n > (size_t)num - 1) {
+    size_t keep = n, content = nl ? n - 1 : n;
+    if (content > 0 && start[content - 1] == '\r')
+        content--;
+    if (content > (size_t)num - 3 || n > (size_t)num - 1) {
         fail(p, p->line, "line is longer than %d characters", num - 3);
-        keep = (size_t)num - 2;
+        keep = n < (size_t)num - 2 ? n : (size_t)num - 2;
     }
     memcpy(str, start, keep);
     str[keep] = 0;

@@ -212,6 +212,23 @@ START_TEST(test_parse_odd_bytes)
     snprintf(longline, sizeof longline, "[c]\nmodel = %0450d\n", 7);
     ck_assert_int_eq(parse(longline, &s, &e), -1);
     ck_assert_msg(!strncmp(e.msg, "t.suite:2: line is longer than", 30), "%s", e.msg);
+    /* 197 characters is the longest line, whatever the line end. */
+    char edge[400];
+    for (int crlf = 0; crlf < 2; crlf++) {
+        for (int extra = 0; extra < 2; extra++) {
+            int len = 197 + extra - 8;   /* "model = " is 8 */
+            snprintf(edge, sizeof edge, "[c]%s\nmodel = %0*d%s\na =\nb =\nexpect = identical\n",
+                     crlf ? "\r" : "", len, 1, crlf ? "\r" : "");
+            int rc = parse(edge, &s, &e);
+            ck_assert_msg(rc == (extra ? -1 : 0), "%d %d: %s", crlf, extra, e.msg);
+            if (rc == 0)
+                ck_assert_int_eq((int)strlen(s.cases[0].model), len);
+            else
+                ck_assert_msg(!strncmp(e.msg, "t.suite:2: line is longer than 197", 34), "%s",
+                              e.msg);
+            suite_free(&s);
+        }
+    }
     /* A byte-order mark and CRLF line ends are fine. */
     ck_assert_msg(parse("\xEF\xBB\xBF[c]\r\nmodel = tiny-llama\r\na =\r\nb =\r\n"
                         "expect = identical\r\n", &s, &e) == 0, "%s", e.msg);
