@@ -19,6 +19,7 @@ static const verb verbs[] = {
     {"report", cmd_report, "compare (or read a saved result) and write an HTML report with plots"},
     {"inspect", cmd_inspect, "show what a dump holds"},
     {"validate", cmd_validate, "check a dump against the open schema"},
+    {"suite", cmd_suite, "run a suite file of cases (the release gate), JUnit XML"},
 };
 
 static void usage(FILE *f)

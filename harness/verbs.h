@@ -9,5 +9,6 @@ int cmd_compare(int argc, char **argv);
 int cmd_validate(int argc, char **argv);
 int cmd_bisect(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_suite(int argc, char **argv);
 
 #endif

@@ -1,0 +1,270 @@
+/* cmd_suite.c — `kvdiff suite FILE.suite`: the release gate. Runs every
+ * case of a suite file (docs/suite-format.md), prints a table, writes JUnit
+ * XML on request, keeps the files of failed cases. Exit 0 when every case
+ * met its expectation, 1 when one did not, 2 on a bad suite file or usage. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "progress.h"
+#include "verbs.h"
+#include "../suites/suite.h"
+
+static void suite_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvdiff suite FILE.suite [options]\n"
+            "\n"
+            "Runs every case of a suite file: engine A and engine B on the same model\n"
+            "and prompt, recorded and compared, checked against the case's expectation\n"
+            "(identical, within a tolerance, or an injected bug detected at an exact\n"
+            "layer, position and stage). Prints a table; exit 0 when every case met its\n"
+            "expectation, 1 when one did not, 2 on a bad suite file or usage.\n"
+            "The format: docs/suite-format.md.\n"
+            "\n"
+            "  --jobs N        cases run at once, one process each (default 1)\n"
+            "  --shard I/N     run the I-th of N shards (I from 1): cases I, I+N, I+2N, ...\n"
+            "                  of those the filter selects, in file order\n"
+            "  --filter RE     only cases whose name matches RE (POSIX extended)\n"
+            "  --junit FILE    also write JUnit XML\n"
+            "  --keep DIR      work folder (created if missing); default a fresh\n"
+            "                  $TMPDIR/kvdiff-suite.XXXXXX, removed when every case passes.\n"
+            "                  A failed case keeps DIR/CASE/ (a.h5, b.h5, compare.json,\n"
+            "                  log.txt, report/); a passing case's files are deleted\n"
+            "  --list          print the selected cases and exit\n");
+}
+
+typedef struct {
+    const char *file;
+    int jobs;
+    int shard_i, shard_n;
+    const char *filter;
+    const char *junit;
+    const char *keep;
+    bool list;
+} suite_args;
+
+static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
+{
+    static const struct option longopts[] = {
+        {"jobs", required_argument, 0, 0},  {"shard", required_argument, 0, 0},
+        {"filter", required_argument, 0, 0}, {"junit", required_argument, 0, 0},
+        {"keep", required_argument, 0, 0},  {"list", no_argument, 0, 0},
+        {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
+    int ch, idx;
+    long v;
+    optind = 0;
+    while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+        if (ch == 'h')
+            return 1;
+        if (ch != 0)
+            return kv_errf(e, "see kvdiff suite --help");
+        const char *n = longopts[idx].name;
+        if (!strcmp(n, "jobs")) {
+            if (cli_int("--jobs", optarg, 1, 64, &v, e) < 0)
+                return -1;
+            a->jobs = (int)v;
+        } else if (!strcmp(n, "shard")) {
+            if (suite_parse_shard(optarg, &a->shard_i, &a->shard_n, e) < 0)
+                return -1;
+        } else if (!strcmp(n, "filter")) a->filter = optarg;
+        else if (!strcmp(n, "junit")) a->junit = optarg;
+        else if (!strcmp(n, "keep")) a->keep = optarg;
+        else if (!strcmp(n, "list")) a->list = true;
+    }
+    if (argc - optind != 1)
+        return kv_errf(e, "give one suite file: kvdiff suite FILE.suite");
+    a->file = argv[optind];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Output                                                               */
+
+static void on_case_done(void *ctx, int done, int total, const suite_case *c,
+                         const suite_result *r)
+{
+    (void)total;
+    (void)r;
+    progress_step(ctx, done, c->name);
+}
+
+static int name_width(const suite *s, const int *sel, int n)
+{
+    int w = 4;
+    for (int i = 0; i < n; i++) {
+        int l = (int)strlen(s->cases[sel[i]].name);
+        w = l > w ? l : w;
+    }
+    return w;
+}
+
+static void print_table(const suite *s, const int *sel, int n, const suite_result *res)
+{
+    int w = name_width(s, sel, n), xw = 11;
+    char want[256];
+    for (int i = 0; i < n; i++) {
+        suite_expect_describe(&s->cases[sel[i]].expect, want, sizeof want);
+        xw = (int)strlen(want) > xw ? (int)strlen(want) : xw;
+    }
+    printf("%-*s  %-*s  %-7s  %7s  %s\n", w, "case", xw, "expectation", "outcome", "time",
+           "where");
+    for (int i = 0; i < n; i++) {
+        suite_expect_describe(&s->cases[sel[i]].expect, want, sizeof want);
+        printf("%-*s  %-*s  %-7s  %6.2fs  %s\n", w, s->cases[sel[i]].name, xw, want,
+               suite_outcome_name(res[i].outcome), res[i].seconds, res[i].where);
+    }
+}
+
+/* The failures, each with what was expected, what happened and where its
+ * files are. Returns the number of cases that did not pass. */
+static int print_failures(const suite *s, const int *sel, int n, const suite_result *res)
+{
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        const suite_result *r = &res[i];
+        if (r->outcome == SUITE_PASS)
+            continue;
+        if (!bad++)
+            printf("\n");
+        printf("%s %s: %s\n", suite_outcome_name(r->outcome), s->cases[sel[i]].name, r->message);
+        if (r->last_line[0])
+            printf("    last line: %s\n", r->last_line);
+        if (r->folder[0])
+            printf("    files kept in %s/\n", r->folder);
+    }
+    return bad;
+}
+
+/* ------------------------------------------------------------------ */
+/* Work folder and binary                                               */
+
+/* Fills dir with the work folder: --keep DIR (made if missing) or a fresh
+ * one under $TMPDIR. *fresh says which. */
+static int work_folder(const char *keep, char *dir, size_t n, bool *fresh, kv_err *e)
+{
+    *fresh = keep == NULL;
+    if (keep) {
+        struct stat st;
+        if (mkdir(keep, 0755) < 0 && errno != EEXIST)
+            return kv_errf(e, "--keep %s: cannot create: %s", keep, strerror(errno));
+        if (stat(keep, &st) < 0 || !S_ISDIR(st.st_mode))
+            return kv_errf(e, "--keep %s: not a folder", keep);
+        if ((size_t)snprintf(dir, n, "%s", keep) >= n)
+            return kv_errf(e, "--keep %s: path too long", keep);
+        return 0;
+    }
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !*tmp)
+        tmp = "/tmp";
+    if ((size_t)snprintf(dir, n, "%s/kvdiff-suite.XXXXXX", tmp) >= n)
+        return kv_errf(e, "TMPDIR %s: path too long", tmp);
+    if (!mkdtemp(dir))
+        return kv_errf(e, "cannot create a work folder under %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+/* The kvdiff binary to execute for every step: this very program. */
+static int self_path(char *out, size_t n, kv_err *e)
+{
+    ssize_t len = readlink("/proc/self/exe", out, n - 1);
+    if (len > 0) {
+        out[len] = 0;
+        return 0;
+    }
+    const char *env = getenv("KVDIFF_BIN");
+    if (env && *env && (size_t)snprintf(out, n, "%s", env) < n)
+        return 0;
+    return kv_errf(e, "cannot find the kvdiff binary (no /proc/self/exe; set KVDIFF_BIN)");
+}
+
+/* ------------------------------------------------------------------ */
+
+static int run_selected(const suite_args *a, const suite *s, const int *sel, int n, kv_err *e)
+{
+    char dir[PATH_MAX], bin[PATH_MAX];
+    bool fresh;
+    if (self_path(bin, sizeof bin, e) < 0 || work_folder(a->keep, dir, sizeof dir, &fresh, e) < 0)
+        return -1;
+    suite_result *res = calloc((size_t)n + 1, sizeof *res);
+    if (!res)
+        return kv_errf(e, "out of memory");
+    progress bar;
+    progress_start(&bar, stderr, "cases", n);
+    suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs,
+                         .report = suite_has_verb(bin, "report"), .on_done = on_case_done,
+                         .ctx = &bar};
+    int rc = suite_run(s, sel, n, &ro, res, e);
+    progress_end(&bar);
+    if (rc < 0) {
+        free(res);
+        return -1;
+    }
+    print_table(s, sel, n, res);
+    int bad = print_failures(s, sel, n, res);
+    double total = 0;
+    for (int i = 0; i < n; i++)
+        total += res[i].seconds;
+    printf("\n%d case%s: %d passed, %d failed (%.1f s of case time, %d job%s)\n", n,
+           n == 1 ? "" : "s", n - bad, bad, total, a->jobs, a->jobs == 1 ? "" : "s");
+    if (bad)
+        printf("work folder: %s\n", dir);
+    else if (fresh)
+        rmdir(dir);   /* every case removed its own folder */
+    kv_err je = {{0}};
+    if (a->junit && suite_write_junit(a->junit, s, sel, n, res, &je) < 0) {
+        free(res);
+        *e = je;
+        return -1;
+    }
+    free(res);
+    return bad ? 1 : 0;
+}
+
+int cmd_suite(int argc, char **argv)
+{
+    suite_args a = {.jobs = 1, .shard_i = 1, .shard_n = 1};
+    kv_err e = {{0}};
+    int pr = parse_suite_args(argc, argv, &a, &e);
+    if (pr == 1) {
+        suite_usage(stdout);
+        return EXIT_OK;
+    }
+    if (pr < 0) {
+        cli_error("suite", &e);
+        return EXIT_USAGE;
+    }
+    suite s;
+    if (suite_load(a.file, &s, &e) < 0) {
+        cli_error("suite", &e);
+        return EXIT_USAGE;
+    }
+    int *sel = NULL, n = 0, code = EXIT_OK;
+    if (suite_select(&s, a.filter, a.shard_i, a.shard_n, &sel, &n, &e) < 0) {
+        code = EXIT_USAGE;
+    } else if (n == 0 && a.filter && a.shard_n == 1) {
+        kv_errf(&e, "--filter '%s' matches no case of %s", a.filter, a.file);
+        code = EXIT_USAGE;
+    } else if (a.list) {
+        char want[256];
+        int w = name_width(&s, sel, n);
+        for (int i = 0; i < n; i++) {
+            suite_expect_describe(&s.cases[sel[i]].expect, want, sizeof want);
+            printf("%-*s  %s\n", w, s.cases[sel[i]].name, want);
+        }
+    } else {
+        int rc = run_selected(&a, &s, sel, n, &e);
+        code = rc < 0 ? EXIT_USAGE : rc ? EXIT_DIVERGED : EXIT_OK;
+    }
+    if (code == EXIT_USAGE)
+        cli_error("suite", &e);
+    free(sel);
+    suite_free(&s);
+    return code;
+}

@@ -1,0 +1,893 @@
+/* suite.c — the suite file parser (suite.h, docs/suite-format.md).
+ *
+ * inih splits the INI text; this file checks every key as it arrives and
+ * keeps the first problem with its line. inih does not hand line numbers to
+ * the handler, so the text is fed through our own line reader, which counts
+ * lines, spots section headings (inih does not report a heading without
+ * keys) and refuses lines longer than inih's buffer (inih would silently
+ * cut them in two). After the pass, [defaults] fills what cases leave out
+ * and every case must be complete. */
+#include <errno.h>
+#include <ini.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "suite.h"
+#include "../chunked/chunked.h"
+#include "../dump/observer.h"
+#include "../model/tokens.h"
+
+#define SUITE_MAX_FILE (4u << 20)
+#define SUITE_MAX_NAME 48
+
+/* ------------------------------------------------------------------ */
+/* Small helpers                                                        */
+
+static char *dup_str(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d)
+        memcpy(d, s, n);
+    return d;
+}
+
+static int parse_long(const char *what, const char *s, long lo, long hi, long *out, kv_err *e)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end)
+        return kv_errf(e, "%s: '%s' is not an integer", what, s);
+    if (v < lo || v > hi)
+        return kv_errf(e, "%s: %ld is outside %ld..%ld", what, v, lo, hi);
+    *out = v;
+    return 0;
+}
+
+static int parse_u64(const char *what, const char *s, uint64_t *out, kv_err *e)
+{
+    char *end;
+    errno = 0;
+    if (*s < '0' || *s > '9')
+        return kv_errf(e, "%s: '%s' is not a non-negative integer", what, s);
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || *end)
+        return kv_errf(e, "%s: '%s' is not a non-negative integer", what, s);
+    *out = v;
+    return 0;
+}
+
+static int parse_positive(const char *what, const char *s, double *out, kv_err *e)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end || !(v > 0) || v > 1e30)
+        return kv_errf(e, "%s: '%s' is not a positive number", what, s);
+    *out = v;
+    return 0;
+}
+
+void suite_argv_free(char **argv)
+{
+    if (!argv)
+        return;
+    for (char **a = argv; *a; a++)
+        free(*a);
+    free(argv);
+}
+
+/* Splits on spaces and tabs into a NULL-terminated argv. */
+static int split_words(const char *text, char ***argv, int *argc, kv_err *e)
+{
+    size_t len = strlen(text);
+    char **out = calloc(len / 2 + 2, sizeof *out);
+    int n = 0;
+    if (!out)
+        return kv_errf(e, "out of memory");
+    for (size_t i = 0; i < len;) {
+        while (i < len && (text[i] == ' ' || text[i] == '\t'))
+            i++;
+        size_t start = i;
+        while (i < len && text[i] != ' ' && text[i] != '\t')
+            i++;
+        if (i == start)
+            break;
+        out[n] = malloc(i - start + 1);
+        if (!out[n]) {
+            suite_argv_free(out);
+            return kv_errf(e, "out of memory");
+        }
+        memcpy(out[n], text + start, i - start);
+        out[n++][i - start] = 0;
+    }
+    *argv = out;
+    *argc = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Expectations                                                         */
+
+static const char *const inj_diagnosis[INJ_COUNT] = {
+    [INJ_ISOLATED_CHUNKS] = "chunk_isolated",
+    /* Restarted positions rotate q for another position first. */
+    [INJ_ISOLATED_CHUNKS_POS] = "rope_offset",
+    [INJ_WINDOW] = "window",
+    [INJ_STALE_LOCAL] = "stale_cache",
+    [INJ_ZERO_SHARED_KV] = "zero_kv",
+    [INJ_SPLIT_MASK_OFF_BY_ONE] = "extra_key",
+    [INJ_DECODE_INDEX_STUCK] = "decode_index_stuck",
+    [INJ_ROPE_OFFSET] = "rope_offset",
+    [INJ_RING_NO_WRAP] = "ring_no_wrap",
+};
+
+const char *suite_injection_diagnosis(int injection)
+{
+    return injection >= 0 && injection < INJ_COUNT ? inj_diagnosis[injection] : "?";
+}
+
+/* The injection named by word (its =VALUE, if any, ignored); -1 if none. */
+static int injection_index(const char *word)
+{
+    size_t n = strcspn(word, "=");
+    for (int i = 0; i < INJ_COUNT; i++) {
+        const char *name = chk_injection_name((chk_injection)i);
+        if (strlen(name) == n && !strncmp(name, word, n))
+            return i;
+    }
+    return -1;
+}
+
+static int parse_within(char **w, int n, suite_expect *x, kv_err *e)
+{
+    bool seen[3] = {false, false, false};
+    if (n < 2)
+        return kv_errf(e, "'within' needs a tolerance: within rtol=1e-4 (atol=, ulp= too)");
+    for (int i = 1; i < n; i++) {
+        char *eq = strchr(w[i], '=');
+        int k = !eq ? -1 : !strncmp(w[i], "atol=", 5) ? 0 : !strncmp(w[i], "rtol=", 5) ? 1
+              : !strncmp(w[i], "ulp=", 4) ? 2 : -1;
+        if (k < 0)
+            return kv_errf(e, "'%s' is not atol=X, rtol=X or ulp=N", w[i]);
+        if (seen[k])
+            return kv_errf(e, "'%.*s' is given twice", (int)(eq - w[i]), w[i]);
+        seen[k] = true;
+        long u;
+        if (k == 0 && parse_positive("atol", eq + 1, &x->atol, e) < 0)
+            return -1;
+        if (k == 1 && parse_positive("rtol", eq + 1, &x->rtol, e) < 0)
+            return -1;
+        if (k == 2) {
+            if (parse_long("ulp", eq + 1, 1, LONG_MAX, &u, e) < 0)
+                return -1;
+            x->ulp = (uint64_t)u;
+        }
+    }
+    x->kind = SUITE_EXPECT_WITHIN;
+    return 0;
+}
+
+static int parse_detects(char **w, int n, suite_expect *x, kv_err *e)
+{
+    static const char *const usage = "detects INJECTION at layer L position P stage S";
+    if (n != 9 || strcmp(w[2], "at"))
+        return kv_errf(e, "expected '%s'", usage);
+    x->injection = injection_index(w[1]);
+    if (x->injection < 0)
+        return kv_errf(e, "'%s' is not an injection (kvdiff run --list-injections)", w[1]);
+    bool seen[3] = {false, false, false};
+    for (int i = 3; i < n; i += 2) {
+        const char *key = w[i], *val = w[i + 1];
+        int k = !strcmp(key, "layer") ? 0 : !strcmp(key, "position") ? 1
+              : !strcmp(key, "stage") ? 2 : -1;
+        if (k < 0)
+            return kv_errf(e, "'%s' is not layer, position or stage (%s)", key, usage);
+        if (seen[k])
+            return kv_errf(e, "'%s' is given twice", key);
+        seen[k] = true;
+        long v;
+        if (k == 0) {
+            if (parse_long("layer", val, 0, KV_MAX_LAYERS - 1, &v, e) < 0)
+                return -1;
+            x->layer = (int)v;
+        } else if (k == 1) {
+            if (parse_long("position", val, 0, 1L << 30, &v, e) < 0)
+                return -1;
+            x->pos = v;
+        } else {
+            int st = stage_parse(val);
+            if (st < 0 || st >= STAGE_LAYER_COUNT)
+                return kv_errf(e, "stage: '%s' is not a layer stage (x_in, q, k, v, attn_lse, "
+                               "attn_out, x_out, ...)", val);
+            x->stage = st;
+        }
+    }
+    x->kind = SUITE_EXPECT_DETECTS;
+    return 0;
+}
+
+int suite_parse_expect(const char *text, suite_expect *x, kv_err *e)
+{
+    char **w = NULL;
+    int n = 0, rc;
+    memset(x, 0, sizeof *x);
+    if (split_words(text, &w, &n, e) < 0)
+        return -1;
+    if (n == 0)
+        rc = kv_errf(e, "empty expectation (identical, within ..., detects ...)");
+    else if (!strcmp(w[0], "identical"))
+        rc = n == 1 ? (x->kind = SUITE_EXPECT_IDENTICAL, 0)
+                    : kv_errf(e, "'identical' takes nothing after it");
+    else if (!strcmp(w[0], "within"))
+        rc = parse_within(w, n, x, e);
+    else if (!strcmp(w[0], "detects"))
+        rc = parse_detects(w, n, x, e);
+    else
+        rc = kv_errf(e, "'%s' is not an expectation (identical, within ..., detects ...)", w[0]);
+    suite_argv_free(w);
+    return rc;
+}
+
+void suite_expect_describe(const suite_expect *x, char *buf, size_t n)
+{
+    if (x->kind == SUITE_EXPECT_IDENTICAL) {
+        snprintf(buf, n, "identical");
+    } else if (x->kind == SUITE_EXPECT_WITHIN) {
+        char a[40] = "", r[40] = "", u[40] = "";
+        if (x->atol > 0)
+            snprintf(a, sizeof a, " atol=%g", x->atol);
+        if (x->rtol > 0)
+            snprintf(r, sizeof r, " rtol=%g", x->rtol);
+        if (x->ulp > 0)
+            snprintf(u, sizeof u, " ulp=%llu", (unsigned long long)x->ulp);
+        snprintf(buf, n, "within%s%s%s", a, r, u);
+    } else {
+        snprintf(buf, n, "detects %s at layer %d position %lld stage %s",
+                 chk_injection_name((chk_injection)x->injection), x->layer, (long long)x->pos,
+                 stage_name((kv_stage)x->stage));
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Prompts                                                              */
+
+void suite_prompt_free(suite_prompt *p)
+{
+    if (p) {
+        free(p->text);
+        p->text = NULL;
+    }
+}
+
+int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, kv_err *e)
+{
+    memset(p, 0, sizeof *p);
+    if (!strncmp(text, "random:", 7)) {
+        char num[32];
+        const char *colon = strchr(text + 7, ':');
+        size_t nl = colon ? (size_t)(colon - text - 7) : strlen(text + 7);
+        if (nl >= sizeof num)
+            return kv_errf(e, "'%s' is not random:LENGTH[:SEED]", text);
+        memcpy(num, text + 7, nl);
+        num[nl] = 0;
+        p->kind = SUITE_PROMPT_RANDOM;
+        if (parse_long("random prompt length", num, 1, 1L << 24, &p->random_len, e) < 0)
+            return -1;
+        if (colon && parse_u64("random prompt seed", colon + 1, &p->seed, e) < 0)
+            return -1;
+        return 0;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (!strncmp(text, "file:", 5)) {
+        const char *f = text + 5;
+        if (!*f)
+            return kv_errf(e, "'file:' needs a path");
+        size_t need = strlen(f) + (base_dir ? strlen(base_dir) : 0) + 2;
+        p->text = malloc(need);
+        if (!p->text)
+            return kv_errf(e, "out of memory");
+        if (f[0] == '/' || !base_dir || !*base_dir)
+            snprintf(p->text, need, "%s", f);
+        else
+            snprintf(p->text, need, "%s/%s", base_dir, f);
+        p->kind = SUITE_PROMPT_FILE;
+        if (tokens_load(p->text, 0, &ids, &n, e) < 0) {
+            suite_prompt_free(p);
+            return kv_err_prefix(e, "prompt file");
+        }
+        free(ids);
+        return 0;
+    }
+    if (tokens_parse(text, strlen(text), "prompt", 0, &ids, &n, e) < 0)
+        return kv_err_prefix(e, "not random:N[:SEED], file:PATH or a token list");
+    free(ids);
+    p->kind = SUITE_PROMPT_TOKENS;
+    p->text = dup_str(text);
+    return p->text ? 0 : kv_errf(e, "out of memory");
+}
+
+/* ------------------------------------------------------------------ */
+/* Engine settings                                                      */
+
+static const char *const engine_opts[] = {"engine", "prefill", "chunk", "cache", "attn",
+                                          "kv-share", "kv-pad", "inject", "max-ctx", "dtype",
+                                          "threads", NULL};
+
+static int engine_opt_index(const char *name, size_t n)
+{
+    for (int i = 0; engine_opts[i]; i++)
+        if (strlen(engine_opts[i]) == n && !strncmp(engine_opts[i], name, n))
+            return i;
+    return -1;
+}
+
+/* Checks one option's value the way `kvdiff run` would. */
+static int check_engine_value(const char *opt, const char *v, chk_injections *inj, kv_err *e)
+{
+    long n;
+    chk_cache_kind ck;
+    chk_share_kind sk;
+    char what[32];
+    snprintf(what, sizeof what, "--%s", opt);
+    if (!strcmp(opt, "engine") && strcmp(v, "reference") && strcmp(v, "chunked"))
+        return kv_errf(e, "--engine: '%s' is not reference or chunked", v);
+    if (!strcmp(opt, "prefill") && strcmp(v, "all") && strcmp(v, "token") &&
+        parse_long(what, v, 1, 1L << 30, &n, e) < 0)
+        return kv_errf(e, "--prefill: '%s' is not all, token or a positive count", v);
+    if ((!strcmp(opt, "chunk") || !strcmp(opt, "max-ctx")) &&
+        parse_long(what, v, 1, 1L << 30, &n, e) < 0)
+        return -1;
+    if (!strcmp(opt, "kv-pad") && parse_long(what, v, 1, 4096, &n, e) < 0)
+        return -1;
+    if (!strcmp(opt, "threads") && parse_long(what, v, 1, 256, &n, e) < 0)
+        return -1;
+    if (!strcmp(opt, "cache") && chk_cache_parse(v, &ck) < 0)
+        return kv_errf(e, "--cache: '%s' is not dense, split or ring", v);
+    if (!strcmp(opt, "attn") && strcmp(v, "exact") && strcmp(v, "cascade"))
+        return kv_errf(e, "--attn: '%s' is not exact or cascade", v);
+    if (!strcmp(opt, "kv-share") && chk_share_parse(v, &sk) < 0)
+        return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-read-only", v);
+    if (!strcmp(opt, "dtype") && strcmp(v, "f32") && strcmp(v, "bf16"))
+        return kv_errf(e, "--dtype: '%s' is not f32 or bf16", v);
+    if (!strcmp(opt, "inject") && chk_injection_parse(v, inj, e) < 0)
+        return -1;
+    return 0;
+}
+
+/* Appends "--opt", "value" to out (room for both is there). */
+static int push_pair(char **out, int *n, const char *opt, size_t optlen, const char *val,
+                     kv_err *e)
+{
+    out[*n] = malloc(optlen + 3);
+    out[*n + 1] = dup_str(val);
+    if (!out[*n] || !out[*n + 1]) {
+        free(out[*n]);
+        free(out[*n + 1]);
+        out[*n] = out[*n + 1] = NULL;
+        return kv_errf(e, "out of memory");
+    }
+    snprintf(out[*n], optlen + 3, "--%.*s", (int)optlen, opt);
+    *n += 2;
+    return 0;
+}
+
+static int engine_words(char **w, int nw, char **out, int *nout, kv_err *e)
+{
+    bool given[16] = {false};
+    chk_injections inj;
+    const char *engine = "reference";
+    memset(&inj, 0, sizeof inj);
+    for (int i = 0; i < nw; i++) {
+        if (strncmp(w[i], "--", 2))
+            return kv_errf(e, "'%s' is not an option (engine settings are `kvdiff run` "
+                           "options such as --engine chunked --chunk 5)", w[i]);
+        const char *name = w[i] + 2, *eq = strchr(name, '=');
+        size_t nl = eq ? (size_t)(eq - name) : strlen(name);
+        int k = engine_opt_index(name, nl);
+        if (k < 0)
+            return kv_errf(e, "'--%.*s' is not allowed here (engine, prefill, chunk, cache, "
+                           "attn, kv-share, kv-pad, inject, max-ctx, dtype, threads)",
+                           (int)nl, name);
+        const char *val = eq ? eq + 1 : (i + 1 < nw ? w[++i] : NULL);
+        if (!val || !*val)
+            return kv_errf(e, "--%s needs a value", engine_opts[k]);
+        if (given[k] && strcmp(engine_opts[k], "inject"))
+            return kv_errf(e, "--%s is given twice", engine_opts[k]);
+        given[k] = true;
+        if (check_engine_value(engine_opts[k], val, &inj, e) < 0)
+            return -1;
+        if (!strcmp(engine_opts[k], "engine"))
+            engine = val;
+        if (push_pair(out, nout, name, nl, val, e) < 0)
+            return -1;
+    }
+    static const char *const chunked_only[] = {"chunk", "cache", "attn", "kv-share", "kv-pad",
+                                               "inject", NULL};
+    for (int i = 0; chunked_only[i]; i++)
+        if (given[engine_opt_index(chunked_only[i], strlen(chunked_only[i]))] &&
+            strcmp(engine, "chunked"))
+            return kv_errf(e, "--%s needs --engine chunked", chunked_only[i]);
+    if (given[engine_opt_index("prefill", 7)] && strcmp(engine, "reference"))
+        return kv_errf(e, "--prefill is an option of --engine reference");
+    return 0;
+}
+
+int suite_parse_engine(const char *text, char ***argv, int *argc, kv_err *e)
+{
+    char **w = NULL;
+    int nw = 0;
+    if (split_words(text, &w, &nw, e) < 0)
+        return -1;
+    /* "--opt=value" becomes two words: at most twice as many. */
+    char **out = calloc((size_t)nw * 2 + 1, sizeof *out);
+    int n = 0;
+    int rc = out ? engine_words(w, nw, out, &n, e) : kv_errf(e, "out of memory");
+    suite_argv_free(w);
+    if (rc < 0) {
+        suite_argv_free(out);
+        return -1;
+    }
+    *argv = out;
+    *argc = n;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The INI pass                                                         */
+
+enum { K_MODEL, K_WEIGHTS_SEED, K_PROMPT, K_MAX_NEW, K_A, K_B, K_EXPECT, K_COUNT };
+static const char *const key_names[K_COUNT] = {"model", "weights_seed", "prompt", "max_new",
+                                               "a", "b", "expect"};
+
+typedef struct {
+    suite_case c;                /* what the section gave */
+    bool has[K_COUNT];
+    int key_line[K_COUNT];
+} section;
+
+typedef struct {
+    const char *path;
+    char *base_dir;
+    const char *text;
+    size_t len, off;
+    int line;                    /* lines handed to inih so far */
+    bool key_since_heading;      /* inih's continuation-line rule needs it */
+    int err_line;                /* first problem found by us (0: none) */
+    kv_err err;
+    section *secs;               /* every heading, defaults included */
+    int n_secs, cap_secs;
+    int cur;                     /* index of the current section; -1 before any */
+} parser;
+
+static void free_case(suite_case *c)
+{
+    free(c->name);
+    free(c->model);
+    suite_prompt_free(&c->prompt);
+    suite_argv_free(c->a);
+    suite_argv_free(c->b);
+    free(c->expect_text);
+    memset(c, 0, sizeof *c);
+}
+
+/* Records the first problem (at the current line) and returns 0 for inih. */
+static int fail(parser *p, int line, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(parser *p, int line, const char *fmt, ...)
+{
+    if (!p->err_line) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->err.msg, sizeof p->err.msg, fmt, ap);
+        va_end(ap);
+        p->err_line = line;
+    }
+    return 0;
+}
+
+static bool valid_case_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > SUITE_MAX_NAME || !strcmp(s, ".") || !strcmp(s, ".."))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '-' || ch == '_' || ch == '.'))
+            return false;
+    }
+    return true;
+}
+
+/* A heading line "[name]" seen by the reader: a new section. */
+static void open_section(parser *p, const char *name, size_t n)
+{
+    char buf[SUITE_MAX_NAME + 2];
+    if (n > SUITE_MAX_NAME) {
+        fail(p, p->line, "section name '%.*s...' is longer than %d characters", 20, name,
+             SUITE_MAX_NAME);
+        p->cur = -1;
+        return;
+    }
+    memcpy(buf, name, n);
+    buf[n] = 0;
+    if (!valid_case_name(buf)) {
+        fail(p, p->line, "'[%s]': a case name is letters, digits, '-', '_' and '.' "
+             "(it names the case's folder)", buf);
+        p->cur = -1;
+        return;
+    }
+    for (int i = 0; i < p->n_secs; i++)
+        if (!strcmp(p->secs[i].c.name, buf)) {
+            fail(p, p->line, "duplicate case name '%s' (first on line %d)", buf,
+                 p->secs[i].c.line);
+            p->cur = -1;
+            return;
+        }
+    if (p->n_secs == p->cap_secs) {
+        int cap = p->cap_secs ? p->cap_secs * 2 : 16;
+        section *s = realloc(p->secs, (size_t)cap * sizeof *s);
+        if (!s) {
+            fail(p, p->line, "out of memory");
+            return;
+        }
+        p->secs = s;
+        p->cap_secs = cap;
+    }
+    section *s = &p->secs[p->n_secs];
+    memset(s, 0, sizeof *s);
+    s->c.name = dup_str(buf);
+    s->c.line = p->line;
+    if (!s->c.name) {
+        fail(p, p->line, "out of memory");
+        return;
+    }
+    p->cur = p->n_secs++;
+}
+
+static bool is_space(char ch)
+{
+    return ch == ' ' || ch == '\t' || ch == '\r' || ch == '\f' || ch == '\v';
+}
+
+/* Spots a heading the way inih does: '[' after leading blanks, up to ']',
+ * unless the line is indented under a key (then inih reads a continuation). */
+static void spot_heading(parser *p, const char *line, size_t n)
+{
+    size_t i = 0;
+    if (p->line == 1 && n >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3))
+        i = 3;
+    size_t lead = i;
+    while (i < n && is_space(line[i]))
+        i++;
+    if (i >= n || line[i] != '[' || (i > lead && p->key_since_heading))
+        return;
+    const char *close = memchr(line + i + 1, ']', n - i - 1);
+    const char *semi = NULL;
+    for (size_t j = i + 1; j < n && !semi; j++)   /* inih stops at an inline comment */
+        if (line[j] == ';' && is_space(line[j - 1]))
+            semi = line + j;
+    if (!close || (semi && semi < close))
+        return;   /* inih reports the heading as a syntax error */
+    p->key_since_heading = false;
+    open_section(p, line + i + 1, (size_t)(close - line - i - 1));
+}
+
+/* inih's fgets-like reader over the text: one line per call. */
+static char *read_line(char *str, int num, void *stream)
+{
+    parser *p = stream;
+    if (p->off >= p->len || num < 4)
+        return NULL;
+    const char *start = p->text + p->off;
+    const char *nl = memchr(start, '\n', p->len - p->off);
+    size_t n = nl ? (size_t)(nl - start) + 1 : p->len - p->off;
+    p->off += n;
+    p->line++;
+    size_t keep = n, content = nl ? n - 1 : n;
+    if (content > 0 && start[content - 1] == '\r')
+        content--;
+    if (content > (size_t)num - 3 || n > (size_t)num - 1) {
+        fail(p, p->line, "line is longer than %d characters", num - 3);
+        keep = n < (size_t)num - 2 ? n : (size_t)num - 2;
+    }
+    memcpy(str, start, keep);
+    str[keep] = 0;
+    if (keep < n && nl) {          /* keep the line a line */
+        str[keep] = '\n';
+        str[keep + 1] = 0;
+    }
+    spot_heading(p, start, nl ? n - 1 : n);
+    return str;
+}
+
+static int set_key(parser *p, section *s, int k, const char *value)
+{
+    suite_case *c = &s->c;
+    kv_err e = {{0}};
+    int rc = 0;
+    long v = 0;
+    if (!*value && k != K_A && k != K_B)
+        return fail(p, p->line, "%s: empty value", key_names[k]);
+    switch (k) {
+    case K_MODEL:
+        c->model = dup_str(value);
+        rc = c->model ? 0 : kv_errf(&e, "out of memory");
+        break;
+    case K_WEIGHTS_SEED:
+        rc = parse_u64("weights_seed", value, &c->weights_seed, &e);
+        break;
+    case K_PROMPT:
+        rc = suite_parse_prompt(value, p->base_dir, &c->prompt, &e);
+        break;
+    case K_MAX_NEW:
+        rc = parse_long("max_new", value, 0, 1L << 24, &v, &e);
+        c->max_new = v;
+        break;
+    case K_A:
+        rc = suite_parse_engine(value, &c->a, &c->na, &e);
+        break;
+    case K_B:
+        rc = suite_parse_engine(value, &c->b, &c->nb, &e);
+        break;
+    default:
+        rc = suite_parse_expect(value, &c->expect, &e);
+        if (rc == 0 && !(c->expect_text = dup_str(value)))
+            rc = kv_errf(&e, "out of memory");
+        break;
+    }
+    if (rc < 0) {
+        if (k == K_A || k == K_B || k == K_EXPECT || k == K_PROMPT)
+            return fail(p, p->line, "%s: %s", key_names[k], e.msg);
+        return fail(p, p->line, "%s", e.msg);
+    }
+    return 1;
+}
+
+static int on_key(void *user, const char *sec, const char *name, const char *value)
+{
+    parser *p = user;
+    p->key_since_heading = true;
+    if (p->err_line)
+        return 1;   /* only the first problem is reported */
+    if (!*sec)
+        return fail(p, p->line, "'%s' is outside any [section]", name);
+    if (p->cur < 0 || strcmp(sec, p->secs[p->cur].c.name))
+        return fail(p, p->line, "section heading '[%s]' not understood", sec);
+    section *s = &p->secs[p->cur];
+    int k = 0;
+    while (k < K_COUNT && strcmp(key_names[k], name))
+        k++;
+    if (k == K_COUNT)
+        return fail(p, p->line, "unknown key '%s' (model, weights_seed, prompt, max_new, a, b, "
+                    "expect)", name);
+    if (s->has[k])
+        return fail(p, p->line, "'%s' is given twice in [%s] (first on line %d; a line "
+                    "indented under a key continues it)", name, s->c.name, s->key_line[k]);
+    s->has[k] = true;
+    s->key_line[k] = p->line;
+    return set_key(p, s, k, value);
+}
+
+/* ------------------------------------------------------------------ */
+/* Defaults and completeness                                            */
+
+static char **copy_argv(char **a, int n)
+{
+    char **out = calloc((size_t)n + 1, sizeof *out);
+    for (int i = 0; out && i < n; i++)
+        if (!(out[i] = dup_str(a[i]))) {
+            suite_argv_free(out);
+            return NULL;
+        }
+    return out;
+}
+
+/* Fills key k of case s from the defaults d. */
+static int inherit(section *s, const section *d, int k)
+{
+    suite_case *c = &s->c;
+    const suite_case *dc = &d->c;
+    switch (k) {
+    case K_MODEL: return (c->model = dup_str(dc->model)) ? 0 : -1;
+    case K_WEIGHTS_SEED: c->weights_seed = dc->weights_seed; return 0;
+    case K_PROMPT:
+        c->prompt = dc->prompt;
+        c->prompt.text = NULL;
+        return dc->prompt.text && !(c->prompt.text = dup_str(dc->prompt.text)) ? -1 : 0;
+    case K_MAX_NEW: c->max_new = dc->max_new; return 0;
+    case K_A: c->na = dc->na; return (c->a = copy_argv(dc->a, dc->na)) ? 0 : -1;
+    case K_B: c->nb = dc->nb; return (c->b = copy_argv(dc->b, dc->nb)) ? 0 : -1;
+    default:
+        c->expect = dc->expect;
+        return (c->expect_text = dup_str(dc->expect_text)) ? 0 : -1;
+    }
+}
+
+static bool argv_injects(char **a, int n, int injection)
+{
+    for (int i = 0; i + 1 < n; i += 2)
+        if (!strcmp(a[i], "--inject") && injection_index(a[i + 1]) == injection)
+            return true;
+    return false;
+}
+
+/* Applies [defaults], checks every case is complete. 0 or -1 (p->err set). */
+static int finish_cases(parser *p)
+{
+    const section *d = NULL;
+    for (int i = 0; i < p->n_secs; i++)
+        if (!strcmp(p->secs[i].c.name, "defaults"))
+            d = &p->secs[i];
+    for (int i = 0; i < p->n_secs; i++) {
+        section *s = &p->secs[i];
+        if (s == d)
+            continue;
+        for (int k = 0; k < K_COUNT; k++) {
+            if (s->has[k])
+                continue;
+            if (d && d->has[k]) {
+                if (inherit(s, d, k) < 0)
+                    return fail(p, s->c.line, "out of memory"), -1;
+                s->has[k] = true;
+                s->key_line[k] = d->key_line[k];
+            } else if (k == K_MODEL || k == K_A || k == K_B || k == K_EXPECT) {
+                return fail(p, s->c.line, "case '%s' has no '%s' (nor does [defaults])",
+                            s->c.name, key_names[k]), -1;
+            } else if (k == K_PROMPT) {
+                s->c.prompt.kind = SUITE_PROMPT_RANDOM;   /* as `kvdiff run` */
+                s->c.prompt.random_len = 32;
+            } else if (k == K_MAX_NEW) {
+                s->c.max_new = 16;
+            }
+        }
+        const suite_expect *x = &s->c.expect;
+        if (x->kind == SUITE_EXPECT_DETECTS &&
+            !argv_injects(s->c.a, s->c.na, x->injection) &&
+            !argv_injects(s->c.b, s->c.nb, x->injection))
+            return fail(p, s->key_line[K_EXPECT], "case '%s' expects %s to be detected but "
+                        "neither a nor b has --inject %s", s->c.name,
+                        chk_injection_name((chk_injection)x->injection),
+                        chk_injection_name((chk_injection)x->injection)), -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Entry points                                                         */
+
+void suite_free(suite *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_cases; i++)
+        free_case(&s->cases[i]);
+    free(s->cases);
+    free(s->path);
+    free(s->name);
+    memset(s, 0, sizeof *s);
+}
+
+static char *folder_of(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return dup_str(".");
+    size_t n = slash == path ? 1 : (size_t)(slash - path);
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, path, n);
+        d[n] = 0;
+    }
+    return d;
+}
+
+static char *base_name(const char *path)
+{
+    const char *slash = strrchr(path, '/');
+    char *b = dup_str(slash ? slash + 1 : path);
+    size_t n = b ? strlen(b) : 0;
+    if (n > 6 && !strcmp(b + n - 6, ".suite"))
+        b[n - 6] = 0;
+    return b;
+}
+
+/* Moves the parsed case sections (not [defaults]) into s. */
+static int take_cases(parser *p, suite *s)
+{
+    s->cases = calloc(p->n_secs > 0 ? (size_t)p->n_secs : 1, sizeof *s->cases);
+    if (!s->cases)
+        return -1;
+    for (int i = 0; i < p->n_secs; i++) {
+        if (!strcmp(p->secs[i].c.name, "defaults"))
+            continue;
+        s->cases[s->n_cases++] = p->secs[i].c;
+        memset(&p->secs[i].c, 0, sizeof p->secs[i].c);
+    }
+    return 0;
+}
+
+int suite_parse(const char *text, size_t len, const char *path, suite *s, kv_err *e)
+{
+    memset(s, 0, sizeof *s);
+    parser p;
+    memset(&p, 0, sizeof p);
+    p.path = path;
+    p.text = text;
+    p.len = len;
+    p.cur = -1;
+    p.base_dir = folder_of(path);
+    const char *nul = memchr(text, 0, len);
+    int rc = -1;
+    if (!p.base_dir) {
+        kv_errf(e, "%s: out of memory", path);
+        goto done;
+    }
+    if (nul) {
+        int line = 1;
+        for (const char *c = text; c < nul; c++)
+            line += *c == '\n';
+        kv_errf(e, "%s:%d: a NUL byte: not a text file", path, line);
+        goto done;
+    }
+    int ini = ini_parse_stream(read_line, &p, on_key, &p);
+    if (ini == -2) {
+        kv_errf(e, "%s: out of memory", path);
+        goto done;
+    }
+    if (ini > 0 && (!p.err_line || ini < p.err_line)) {
+        kv_errf(e, "%s:%d: expected '[case-name]', 'key = value' or a comment", path, ini);
+        goto done;
+    }
+    if (!p.err_line)
+        finish_cases(&p);
+    if (p.err_line) {
+        kv_errf(e, "%s:%d: %s", path, p.err_line, p.err.msg);
+        goto done;
+    }
+    if (take_cases(&p, s) < 0 || !(s->path = dup_str(path)) || !(s->name = base_name(path))) {
+        kv_errf(e, "%s: out of memory", path);
+        suite_free(s);
+        goto done;
+    }
+    if (s->n_cases == 0) {
+        kv_errf(e, "%s:1: no cases: a suite needs at least one [case-name] section", path);
+        suite_free(s);
+        goto done;
+    }
+    rc = 0;
+done:
+    for (int i = 0; i < p.n_secs; i++)
+        free_case(&p.secs[i].c);
+    free(p.secs);
+    free(p.base_dir);
+    return rc;
+}
+
+int suite_load(const char *path, suite *s, kv_err *e)
+{
+    memset(s, 0, sizeof *s);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(SUITE_MAX_FILE + 1);
+    size_t n = buf ? fread(buf, 1, SUITE_MAX_FILE + 1, f) : 0;
+    int bad = !buf ? 1 : ferror(f) ? 2 : n > SUITE_MAX_FILE ? 3 : 0;
+    fclose(f);
+    int rc = -1;
+    if (bad == 1)
+        kv_errf(e, "%s: out of memory", path);
+    else if (bad == 2)
+        kv_errf(e, "%s: cannot read (is it a folder?)", path);
+    else if (bad == 3)
+        kv_errf(e, "%s: larger than %u MiB: not a suite file", path, SUITE_MAX_FILE >> 20);
+    else
+        rc = suite_parse(buf, n, path, s, e);
+    free(buf);
+    return rc;
+}

@@ -1,0 +1,175 @@
+/* suite.h — release-gating suites: the INI suite format
+ * (docs/suite-format.md), its parser (suite.c) and the runner that executes
+ * every case as kvdiff child processes and checks its expectation
+ * (suite_run.c).
+ *
+ * A case runs engine A and engine B on the same model and prompt, records
+ * both (`kvdiff run --dump`), compares them (`kvdiff compare --json`) and
+ * checks the verdict against what the suite file expects: identical, within
+ * a tolerance, or a given injected bug located at an exact (layer,
+ * position, stage) with its diagnosis. Nothing here prints: the caller
+ * renders results. */
+#ifndef KV_SUITE_H
+#define KV_SUITE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "../model/err.h"
+
+/* ------------------------------------------------------------------ */
+/* Parsed form                                                          */
+
+typedef enum { SUITE_EXPECT_IDENTICAL, SUITE_EXPECT_WITHIN, SUITE_EXPECT_DETECTS } suite_expect_kind;
+
+typedef struct {
+    suite_expect_kind kind;
+    double atol, rtol;           /* within: 0 = not given */
+    uint64_t ulp;                /* within: 0 = not given */
+    int injection;               /* detects: a chk_injection */
+    int layer;                   /* detects: the first divergence expected */
+    int64_t pos;
+    int stage;                   /* detects: a kv_stage */
+} suite_expect;
+
+typedef enum { SUITE_PROMPT_RANDOM, SUITE_PROMPT_TOKENS, SUITE_PROMPT_FILE } suite_prompt_kind;
+
+typedef struct {
+    suite_prompt_kind kind;
+    long random_len;             /* random: that many ids ... */
+    uint64_t seed;               /* ... drawn with this seed */
+    char *text;                  /* tokens: the id list; file: the path resolved
+                                  * against the suite file's folder (owned) */
+} suite_prompt;
+
+typedef struct {
+    char *name;                  /* the section name: also the case's folder name */
+    int line;                    /* line of its [section] header */
+    char *model;                 /* preset name or Hugging Face folder */
+    uint64_t weights_seed;
+    suite_prompt prompt;
+    long max_new;
+    char **a, **b;               /* engine settings split on whitespace, NULL-terminated */
+    int na, nb;
+    char *expect_text;           /* the expectation as written */
+    suite_expect expect;
+} suite_case;
+
+typedef struct {
+    char *path;                  /* the file as given (messages) */
+    char *name;                  /* its base name without ".suite" (JUnit suite name) */
+    suite_case *cases;           /* in file order */
+    int n_cases;
+} suite;
+
+/* ------------------------------------------------------------------ */
+/* Parsing                                                              */
+
+/* Reads and parses a suite file. Returns 0 with *s filled (at least one
+ * case, every case complete) or -1 with e = "PATH:LINE: problem" (LINE
+ * omitted when the file cannot be read) and *s empty. `file:` prompts are
+ * resolved against the file's folder and must be readable token lists. */
+int suite_load(const char *path, suite *s, kv_err *e);
+
+/* The same on text already in memory (len bytes, NUL bytes refused); path
+ * names it in messages and anchors relative `file:` prompts. */
+int suite_parse(const char *text, size_t len, const char *path, suite *s, kv_err *e);
+
+void suite_free(suite *s);   /* accepts NULL and an emptied suite; leaves it empty */
+
+/* The pieces, for tests and the fuzz target. Messages carry no file:line. */
+
+/* "identical" | "within atol=X rtol=Y ulp=N" (any non-empty subset, each at
+ * most once) | "detects INJ at layer L position P stage S" (the three
+ * "key value" pairs in any order, each once; INJ an injection name as
+ * `--inject` takes it, without its =VALUE). */
+int suite_parse_expect(const char *text, suite_expect *x, kv_err *e);
+
+/* "random:N[:SEED]" | an id list "5,17,42" | "file:PATH" (PATH relative to
+ * base_dir unless absolute; base_dir NULL: the current folder). Fills *p;
+ * p->text is malloc'd (suite_prompt_free). */
+int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, kv_err *e);
+void suite_prompt_free(suite_prompt *p);
+
+/* Splits engine settings on whitespace into a NULL-terminated argv (caller
+ * frees with suite_argv_free) after checking them: only the whitelisted
+ * `kvdiff run` options (engine, prefill, chunk, cache, attn, kv-share,
+ * kv-pad, inject, max-ctx, dtype, threads), each with a valid value, as
+ * "--opt VALUE" or "--opt=VALUE", and chunked-only options only with
+ * "--engine chunked". */
+int suite_parse_engine(const char *text, char ***argv, int *argc, kv_err *e);
+void suite_argv_free(char **argv);
+
+/* The comparer's diagnosis name (cmp_diag_name) an injection must produce:
+ * "window" for INJ_WINDOW, "rope_offset" for INJ_ISOLATED_CHUNKS_POS, ... */
+const char *suite_injection_diagnosis(int injection);
+
+/* The expectation in the file's syntax, normalized ("detects window at
+ * layer 0 position 4 stage attn_lse", "within rtol=1e-05"). */
+void suite_expect_describe(const suite_expect *x, char *buf, size_t n);
+
+/* ------------------------------------------------------------------ */
+/* Selection                                                            */
+
+/* Indices (file order) of the cases whose name matches the POSIX extended
+ * regex filter (NULL: all), then every shard_n-th of those starting at the
+ * 1-based shard_i (shard_n = 1: all). *sel is malloc'd (may be NULL when
+ * *n = 0). -1 with e filled on a bad regex or shard. */
+int suite_select(const suite *s, const char *filter, int shard_i, int shard_n, int **sel, int *n,
+                 kv_err *e);
+
+/* Parses "I/N" (1 <= I <= N). */
+int suite_parse_shard(const char *text, int *shard_i, int *shard_n, kv_err *e);
+
+/* ------------------------------------------------------------------ */
+/* Running                                                              */
+
+typedef enum { SUITE_PASS, SUITE_FAIL, SUITE_ERROR } suite_outcome;
+
+typedef struct {
+    suite_outcome outcome;       /* FAIL: the expectation was not met; ERROR: a
+                                  * step could not run (exit 2, crash, bad output) */
+    double seconds;              /* wall time of the case */
+    char got[320];               /* what the comparison found, in the expectation's words */
+    char where[96];              /* first divergence "position 4 layer 0 attn_lse", or "-" */
+    char message[768];           /* FAIL / ERROR: expected vs got, or the failing step */
+    char last_line[512];         /* ERROR: the last line the failing step printed */
+    char folder[1024];           /* FAIL / ERROR: the kept case folder; "" when deleted */
+} suite_result;
+
+typedef struct {
+    const char *kvdiff;          /* the binary each step executes */
+    const char *workdir;         /* existing folder; case C works in workdir/C/ */
+    int jobs;                    /* cases run at once (>= 1), one process each */
+    bool report;                 /* on failure, also `kvdiff report ... -o C/report` */
+    /* Called in the parent after each case, in completion order (may be NULL). */
+    void (*on_done)(void *ctx, int done, int total, const suite_case *c, const suite_result *r);
+    void *ctx;
+} suite_run_opts;
+
+/* Runs the n cases sel[] of s, results[i] for sel[i]. Each case runs in a
+ * forked worker that executes `kvdiff run` for A and B and `kvdiff compare`
+ * (files a.h5, b.h5, compare.json, log.txt in workdir/<case>/, replaced if
+ * there); a passing case's folder is removed, a failing one is kept.
+ * Returns 0 (whatever the outcomes) or -1 with e filled when the runner
+ * itself cannot work (no processes, no pipes); results are then not all
+ * filled. */
+int suite_run(const suite *s, const int *sel, int n, const suite_run_opts *o,
+              suite_result *results, kv_err *e);
+
+/* Writes JUnit XML (one <testsuite>, a <testcase> per selected case, a
+ * <failure> per FAIL, an <error> per ERROR) to path. */
+int suite_write_junit(const char *path, const suite *s, const int *sel, int n,
+                      const suite_result *results, kv_err *e);
+void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
+                        const suite_result *results);
+
+/* Removes a folder tree (no symlinks followed). 0 or -1 with e filled. */
+int suite_rmtree(const char *path, kv_err *e);
+
+/* Whether `kvdiff VERB --help` exits 0 (the binary has that verb). */
+bool suite_has_verb(const char *kvdiff, const char *verb);
+
+const char *suite_outcome_name(suite_outcome o);  /* "pass", "FAIL", "ERROR" */
+
+#endif

@@ -1,0 +1,676 @@
+/* suite_run.c — selecting, running and reporting suite cases (suite.h).
+ *
+ * Each case runs in a forked worker, so --jobs N runs N cases at once and a
+ * crash stays inside its case. The worker executes the kvdiff binary itself
+ * for every step (run A, run B, compare --json, report on failure) with
+ * output going to the case's log.txt, reads compare.json with jansson,
+ * judges the expectation and sends its suite_result back through a pipe.
+ * The parent only waits on those pipes (poll), never on a stranger's child. */
+/* nftw */
+#define _XOPEN_SOURCE 700
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <poll.h>
+#include <regex.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "suite.h"
+#include "../dump/observer.h"
+
+/* snprintf that cuts silently: messages and paths here are bounded on
+ * purpose (a cut message is still one line). */
+static void put(char *dst, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void put(char *dst, size_t n, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(dst, n, fmt, ap);
+    va_end(ap);
+}
+
+/* ------------------------------------------------------------------ */
+/* Selection                                                            */
+
+int suite_parse_shard(const char *text, int *shard_i, int *shard_n, kv_err *e)
+{
+    char *end;
+    errno = 0;
+    long i = strtol(text, &end, 10);
+    if (errno || end == text || *end != '/')
+        return kv_errf(e, "--shard: '%s' is not I/N (e.g. 1/4)", text);
+    const char *rest = end + 1;
+    long n = strtol(rest, &end, 10);
+    if (errno || end == rest || *end)
+        return kv_errf(e, "--shard: '%s' is not I/N (e.g. 1/4)", text);
+    if (n < 1 || n > 100000 || i < 1 || i > n)
+        return kv_errf(e, "--shard: '%s': I must be 1..N (shards are numbered from 1)", text);
+    *shard_i = (int)i;
+    *shard_n = (int)n;
+    return 0;
+}
+
+int suite_select(const suite *s, const char *filter, int shard_i, int shard_n, int **sel, int *n,
+                 kv_err *e)
+{
+    regex_t re;
+    *sel = NULL;
+    *n = 0;
+    if (shard_n < 1 || shard_i < 1 || shard_i > shard_n)
+        return kv_errf(e, "--shard: %d/%d: I must be 1..N", shard_i, shard_n);
+    if (filter) {
+        int rc = regcomp(&re, filter, REG_EXTENDED | REG_NOSUB);
+        if (rc) {
+            char why[256];
+            regerror(rc, &re, why, sizeof why);
+            return kv_errf(e, "--filter: '%s' is not a regular expression: %s", filter, why);
+        }
+    }
+    int *out = malloc((size_t)(s->n_cases + 1) * sizeof *out);
+    if (!out) {
+        if (filter)
+            regfree(&re);
+        return kv_errf(e, "out of memory");
+    }
+    int matched = 0;
+    for (int i = 0; i < s->n_cases; i++) {
+        if (filter && regexec(&re, s->cases[i].name, 0, NULL, 0) != 0)
+            continue;
+        if (matched++ % shard_n == shard_i - 1)
+            out[(*n)++] = i;
+    }
+    if (filter)
+        regfree(&re);
+    *sel = out;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Files                                                                */
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return (flag == FTW_DP ? rmdir(path) : unlink(path)) < 0 ? -1 : 0;
+}
+
+int suite_rmtree(const char *path, kv_err *e)
+{
+    struct stat st;
+    if (lstat(path, &st) < 0)
+        return errno == ENOENT ? 0 : kv_errf(e, "%s: %s", path, strerror(errno));
+    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+        return kv_errf(e, "%s: cannot remove: %s", path, strerror(errno));
+    return 0;
+}
+
+/* The last non-empty line of a file (at most its last 4 KiB), or "". */
+static void last_line(const char *path, char *out, size_t n)
+{
+    char buf[4096];
+    out[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    if (size > (long)sizeof buf - 1)
+        fseek(f, size - (long)sizeof buf + 1, SEEK_SET);
+    else
+        fseek(f, 0, SEEK_SET);
+    size_t len = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[len] = 0;
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+        buf[--len] = 0;
+    char *start = strrchr(buf, '\n');
+    put(out, n, "%s", start ? start + 1 : buf);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ */
+/* Steps                                                                */
+
+/* Runs argv with stdout to out_fd and stderr to err_fd; the command line
+ * goes to err_fd first. Returns the exit code, 128 + signal, or -1. */
+static int run_step(char *const argv[], int out_fd, int err_fd)
+{
+    dprintf(err_fd, "$ kvdiff");
+    for (int i = 1; argv[i]; i++)
+        dprintf(err_fd, " %s", argv[i]);
+    dprintf(err_fd, "\n");
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int null_in = open("/dev/null", O_RDONLY);
+        if (null_in >= 0)
+            dup2(null_in, 0);
+        dup2(out_fd, 1);
+        dup2(err_fd, 2);
+        execv(argv[0], argv);
+        dprintf(2, "cannot execute %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+}
+
+typedef struct {
+    char *v[96];
+    int n;
+    char num[4][32];
+} argbuf;
+
+static void arg(argbuf *b, const char *s)
+{
+    if (b->n < (int)(sizeof b->v / sizeof *b->v) - 1)
+        b->v[b->n++] = (char *)s;
+    b->v[b->n] = NULL;
+}
+
+static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng, int neng,
+                     const char *dump)
+{
+    b->n = 0;
+    arg(b, bin);
+    arg(b, "run");
+    arg(b, "--model");
+    arg(b, c->model);
+    put(b->num[0], sizeof b->num[0], "%llu", (unsigned long long)c->weights_seed);
+    arg(b, "--weights-seed");
+    arg(b, b->num[0]);
+    if (c->prompt.kind == SUITE_PROMPT_RANDOM) {
+        put(b->num[1], sizeof b->num[1], "%ld", c->prompt.random_len);
+        put(b->num[2], sizeof b->num[2], "%llu", (unsigned long long)c->prompt.seed);
+        arg(b, "--prompt-random");
+        arg(b, b->num[1]);
+        arg(b, "--seed");
+        arg(b, b->num[2]);
+    } else {
+        arg(b, c->prompt.kind == SUITE_PROMPT_TOKENS ? "--prompt-tokens" : "--prompt-file");
+        arg(b, c->prompt.text);
+    }
+    put(b->num[3], sizeof b->num[3], "%ld", c->max_new);
+    arg(b, "--max-new");
+    arg(b, b->num[3]);
+    /* Every case generates max_new tokens, so positions are predictable; the
+     * cases run in parallel processes, so one thread each unless a/b say. */
+    arg(b, "--ignore-eos");
+    arg(b, "--threads");
+    arg(b, "1");
+    for (int i = 0; i < neng; i++)
+        arg(b, eng[i]);
+    arg(b, "--dump");
+    arg(b, dump);
+}
+
+/* ------------------------------------------------------------------ */
+/* Judging compare --json                                               */
+
+static const char *jstr(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static void judge(const suite_case *c, json_t *j, suite_result *r)
+{
+    const suite_expect *x = &c->expect;
+    const char *verdict = jstr(j, "verdict");
+    json_t *tok = json_object_get(j, "tokens");
+    bool tokens_same = !strcmp(jstr(tok, "verdict"), "identical");
+    json_t *fd = json_object_get(j, "first_divergence");
+    const char *diag = jstr(json_object_get(j, "diagnosis"), "kind");
+    long long pos = -1, layer = -2;
+    const char *stage = "";
+    if (json_is_object(fd)) {
+        pos = json_integer_value(json_object_get(fd, "position"));
+        layer = json_integer_value(json_object_get(fd, "layer"));
+        stage = jstr(fd, "stage");
+        put(r->where, sizeof r->where, "layer %lld position %lld %s", layer, pos, stage);
+        put(r->got, sizeof r->got, "diverged: %s at layer %lld position %lld stage %s", diag, layer,
+                 pos, stage);
+    } else {
+        put(r->where, sizeof r->where, "-");
+        put(r->got, sizeof r->got, "%s",
+                 !strcmp(verdict, "within_tolerance") ? "within tolerance" : verdict);
+    }
+    if (!tokens_same) {
+        size_t used = strlen(r->got);
+        json_t *p = json_object_get(tok, "position");
+        if (json_is_integer(p))
+            put(r->got + used, sizeof r->got - used, ", tokens differ at position %lld",
+                     (long long)json_integer_value(p));
+        else
+            put(r->got + used, sizeof r->got - used, ", tokens %s", jstr(tok, "verdict"));
+    }
+    bool pass;
+    if (x->kind == SUITE_EXPECT_IDENTICAL)
+        pass = !strcmp(verdict, "identical") && tokens_same;
+    else if (x->kind == SUITE_EXPECT_WITHIN)
+        pass = (!strcmp(verdict, "identical") || !strcmp(verdict, "within_tolerance")) &&
+               tokens_same;
+    else
+        pass = !strcmp(verdict, "diverged") && pos == x->pos && layer == x->layer &&
+               !strcmp(stage, stage_name((kv_stage)x->stage)) &&
+               !strcmp(diag, suite_injection_diagnosis(x->injection));
+    r->outcome = pass ? SUITE_PASS : SUITE_FAIL;
+    if (!pass) {
+        char want[256];
+        suite_expect_describe(x, want, sizeof want);
+        if (x->kind == SUITE_EXPECT_DETECTS)
+            put(r->message, sizeof r->message, "expected %s (diagnosis %s); got %s", want,
+                     suite_injection_diagnosis(x->injection), r->got);
+        else
+            put(r->message, sizeof r->message, "expected %s; got %s", want, r->got);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* One case (in the worker)                                             */
+
+static void step_error(suite_result *r, const char *log, const char *step, int code)
+{
+    r->outcome = SUITE_ERROR;
+    if (code < 0)
+        put(r->message, sizeof r->message, "%s could not be started", step);
+    else if (code >= 128)
+        put(r->message, sizeof r->message, "%s was killed by signal %d", step, code - 128);
+    else
+        put(r->message, sizeof r->message, "%s exited with %d", step, code);
+    last_line(log, r->last_line, sizeof r->last_line);
+    put(r->got, sizeof r->got, "error");
+    put(r->where, sizeof r->where, "-");
+}
+
+/* Runs the steps of c in folder (existing, empty); fills r but for time. */
+static void run_steps(const suite_case *c, const char *bin, const char *folder, bool report,
+                      suite_result *r)
+{
+    char log[1100], a[1100], b[1100], js[1100], rep[1100];
+    put(log, sizeof log, "%s/log.txt", folder);
+    put(a, sizeof a, "%s/a.h5", folder);
+    put(b, sizeof b, "%s/b.h5", folder);
+    put(js, sizeof js, "%s/compare.json", folder);
+    put(rep, sizeof rep, "%s/report", folder);
+    argbuf args;
+    int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    int js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log_fd < 0 || js_fd < 0) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "cannot write in %s: %s", folder, strerror(errno));
+        goto done;
+    }
+    run_args(&args, bin, c, c->a, c->na, a);
+    int code = run_step(args.v, log_fd, log_fd);
+    if (code != 0) {
+        step_error(r, log, "engine A (kvdiff run)", code);
+        goto done;
+    }
+    run_args(&args, bin, c, c->b, c->nb, b);
+    if ((code = run_step(args.v, log_fd, log_fd)) != 0) {
+        step_error(r, log, "engine B (kvdiff run)", code);
+        goto done;
+    }
+    args.n = 0;
+    arg(&args, bin);
+    arg(&args, "compare");
+    arg(&args, a);
+    arg(&args, b);
+    arg(&args, "--json");
+    const suite_expect *x = &c->expect;
+    if (x->kind == SUITE_EXPECT_WITHIN) {
+        const char *names[3] = {"--atol", "--rtol", "--ulp"};
+        for (int i = 0; i < 3; i++) {
+            if ((i == 0 && !(x->atol > 0)) || (i == 1 && !(x->rtol > 0)) || (i == 2 && !x->ulp))
+                continue;
+            if (i < 2)
+                put(args.num[i], sizeof args.num[i], "%.17g", i ? x->rtol : x->atol);
+            else
+                put(args.num[i], sizeof args.num[i], "%llu", (unsigned long long)x->ulp);
+            arg(&args, names[i]);
+            arg(&args, args.num[i]);
+        }
+    }
+    code = run_step(args.v, js_fd, log_fd);
+    if (code != 0 && code != 1) {
+        step_error(r, log, "kvdiff compare", code);
+        goto done;
+    }
+    json_error_t jerr;
+    json_t *j = json_load_file(js, 0, &jerr);
+    if (!json_is_object(j)) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "%s: not the JSON of kvdiff compare: %s", js,
+                 jerr.text);
+    } else {
+        judge(c, j, r);
+    }
+    json_decref(j);
+done:
+    if (r->outcome != SUITE_PASS && report && log_fd >= 0 && access(a, R_OK) == 0 &&
+        access(b, R_OK) == 0) {
+        args.n = 0;
+        arg(&args, bin);
+        arg(&args, "report");
+        arg(&args, a);
+        arg(&args, b);
+        arg(&args, "-o");
+        arg(&args, rep);
+        run_step(args.v, log_fd, log_fd);
+    }
+    if (log_fd >= 0)
+        close(log_fd);
+    if (js_fd >= 0)
+        close(js_fd);
+}
+
+static void run_case(const suite_case *c, const suite_run_opts *o, suite_result *r)
+{
+    kv_err e = {{0}};
+    double t0 = now_s();
+    memset(r, 0, sizeof *r);
+    put(r->folder, sizeof r->folder, "%s/%s", o->workdir, c->name);
+    put(r->where, sizeof r->where, "-");
+    if (suite_rmtree(r->folder, &e) < 0 || mkdir(r->folder, 0755) < 0) {
+        r->outcome = SUITE_ERROR;
+        put(r->got, sizeof r->got, "error");
+        if (!e.msg[0])
+            kv_errf(&e, "%s: cannot create: %s", r->folder, strerror(errno));
+        put(r->message, sizeof r->message, "%s", e.msg);
+    } else {
+        run_steps(c, o->kvdiff, r->folder, o->report, r);
+    }
+    if (r->outcome == SUITE_PASS) {
+        if (suite_rmtree(r->folder, &e) < 0) {
+            r->outcome = SUITE_ERROR;
+            put(r->message, sizeof r->message, "passed, but %s", e.msg);
+        } else {
+            r->folder[0] = 0;
+        }
+    }
+    r->seconds = now_s() - t0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Workers                                                              */
+
+typedef struct {
+    pid_t pid;
+    int fd;                      /* read end of the worker's result pipe; -1 free */
+    int idx;                     /* into sel / results */
+    size_t got;
+    suite_result r;
+} slot;
+
+static int start_worker(const suite *s, const int *sel, int idx, const suite_run_opts *o,
+                        slot *sl, kv_err *e)
+{
+    int fds[2];
+    if (pipe(fds) < 0)
+        return kv_errf(e, "cannot make a pipe: %s", strerror(errno));
+    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
+    fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(fds[0]);
+        close(fds[1]);
+        return kv_errf(e, "cannot start a worker: %s", strerror(errno));
+    }
+    if (pid == 0) {
+        close(fds[0]);
+        suite_result r;
+        run_case(&s->cases[sel[idx]], o, &r);
+        const char *p = (const char *)&r;
+        size_t left = sizeof r;
+        while (left > 0) {
+            ssize_t w = write(fds[1], p, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                _exit(1);
+            p += w;
+            left -= (size_t)w;
+        }
+        _exit(0);
+    }
+    close(fds[1]);
+    memset(sl, 0, sizeof *sl);
+    sl->pid = pid;
+    sl->fd = fds[0];
+    sl->idx = idx;
+    return 0;
+}
+
+/* The worker's pipe reached end of file: reap it and take its result. */
+static void finish_worker(const suite *s, const int *sel, slot *sl, suite_result *out)
+{
+    int st = 0;
+    close(sl->fd);
+    sl->fd = -1;
+    while (waitpid(sl->pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (sl->got == sizeof sl->r) {
+        *out = sl->r;
+        return;
+    }
+    memset(out, 0, sizeof *out);
+    out->outcome = SUITE_ERROR;
+    put(out->got, sizeof out->got, "error");
+    put(out->where, sizeof out->where, "-");
+    put(out->message, sizeof out->message, "the worker of case '%s' died (%s %d)",
+             s->cases[sel[sl->idx]].name, WIFSIGNALED(st) ? "signal" : "exit status",
+             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+}
+
+int suite_run(const suite *s, const int *sel, int n, const suite_run_opts *o,
+              suite_result *results, kv_err *e)
+{
+    int jobs = o->jobs < 1 ? 1 : o->jobs > 64 ? 64 : o->jobs;
+    slot slots[64];
+    struct pollfd pfd[64];
+    int next = 0, done = 0, running = 0, rc = 0;
+    for (int i = 0; i < jobs; i++)
+        slots[i].fd = -1;
+    while (done < n) {
+        for (int i = 0; i < jobs && next < n && rc == 0; i++)
+            if (slots[i].fd < 0) {
+                if (start_worker(s, sel, next, o, &slots[i], e) < 0)
+                    rc = -1;
+                else
+                    next++, running++;
+            }
+        if (running == 0)
+            break;   /* could not start anything */
+        int np = 0, map[64];
+        for (int i = 0; i < jobs; i++)
+            if (slots[i].fd >= 0) {
+                pfd[np].fd = slots[i].fd;
+                pfd[np].events = POLLIN;
+                pfd[np].revents = 0;
+                map[np++] = i;
+            }
+        if (poll(pfd, (nfds_t)np, -1) < 0) {
+            if (errno == EINTR)
+                continue;
+            rc = kv_errf(e, "poll: %s", strerror(errno));
+            break;
+        }
+        for (int k = 0; k < np; k++) {
+            if (!pfd[k].revents)
+                continue;
+            slot *sl = &slots[map[k]];
+            char *dst = (char *)&sl->r + sl->got;
+            size_t room = sizeof sl->r - sl->got;
+            char sink[256];
+            ssize_t got = read(sl->fd, room ? dst : sink, room ? room : sizeof sink);
+            if (got < 0 && errno == EINTR)
+                continue;
+            if (got > 0) {
+                if (room)
+                    sl->got += (size_t)got;
+                continue;
+            }
+            finish_worker(s, sel, sl, &results[sl->idx]);
+            running--;
+            done++;
+            if (o->on_done)
+                o->on_done(o->ctx, done, n, &s->cases[sel[sl->idx]], &results[sl->idx]);
+        }
+    }
+    /* After a start failure: let the running ones finish, unreported. */
+    for (int i = 0; i < jobs; i++)
+        if (slots[i].fd >= 0) {
+            close(slots[i].fd);
+            waitpid(slots[i].pid, NULL, 0);
+        }
+    return rc;
+}
+
+bool suite_has_verb(const char *kvdiff, const char *verb)
+{
+    char *argv[] = {(char *)kvdiff, (char *)verb, "--help", NULL};
+    int null_fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    if (null_fd < 0)
+        return false;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        dup2(null_fd, 1);
+        dup2(null_fd, 2);
+        execv(kvdiff, argv);
+        _exit(127);
+    }
+    close(null_fd);
+    int st;
+    if (pid < 0)
+        return false;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR)
+            return false;
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+const char *suite_outcome_name(suite_outcome o)
+{
+    return o == SUITE_PASS ? "pass" : o == SUITE_FAIL ? "FAIL" : "ERROR";
+}
+
+/* ------------------------------------------------------------------ */
+/* JUnit XML                                                            */
+
+/* Escapes text for XML attributes and content; bytes outside printable
+ * ASCII (but tab and newline) become '?', so the file is always valid. */
+static void xml_text(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '&') fputs("&amp;", f);
+        else if (*p == '<') fputs("&lt;", f);
+        else if (*p == '>') fputs("&gt;", f);
+        else if (*p == '"') fputs("&quot;", f);
+        else if (*p == '\'') fputs("&apos;", f);
+        else if (*p == '\n') fputs("&#10;", f);
+        else if (*p == '\t' || (*p >= 0x20 && *p < 0x7f)) fputc(*p, f);
+        else fputc('?', f);
+    }
+}
+
+void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
+                        const suite_result *results)
+{
+    int fails = 0, errors = 0;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        fails += results[i].outcome == SUITE_FAIL;
+        errors += results[i].outcome == SUITE_ERROR;
+        total += results[i].seconds;
+    }
+    fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    fprintf(f, "<testsuites name=\"kvdiff suite\" tests=\"%d\" failures=\"%d\" errors=\"%d\" "
+               "time=\"%.3f\">\n", n, fails, errors, total);
+    fprintf(f, "  <testsuite name=\"");
+    xml_text(f, s->name);
+    fprintf(f, "\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"0\" time=\"%.3f\">\n",
+            n, fails, errors, total);
+    for (int i = 0; i < n; i++) {
+        const suite_case *c = &s->cases[sel[i]];
+        const suite_result *r = &results[i];
+        char want[256];
+        suite_expect_describe(&c->expect, want, sizeof want);
+        fprintf(f, "    <testcase classname=\"kvdiff.");
+        xml_text(f, s->name);
+        fprintf(f, "\" name=\"");
+        xml_text(f, c->name);
+        fprintf(f, "\" time=\"%.3f\"", r->seconds);
+        if (r->outcome == SUITE_PASS) {
+            fprintf(f, "/>\n");
+            continue;
+        }
+        const char *tag = r->outcome == SUITE_FAIL ? "failure" : "error";
+        fprintf(f, ">\n      <%s type=\"%s\" message=\"", tag,
+                r->outcome == SUITE_FAIL ? "expectation" : "step");
+        xml_text(f, r->message);
+        fprintf(f, "\">expected: ");
+        xml_text(f, want);
+        fprintf(f, "\ngot: ");
+        xml_text(f, r->got);
+        if (r->last_line[0]) {
+            fprintf(f, "\nlast line: ");
+            xml_text(f, r->last_line);
+        }
+        if (r->folder[0]) {
+            fprintf(f, "\nkept: ");
+            xml_text(f, r->folder);
+        }
+        fprintf(f, "</%s>\n    </testcase>\n", tag);
+    }
+    fprintf(f, "  </testsuite>\n</testsuites>\n");
+}
+
+int suite_write_junit(const char *path, const suite *s, const int *sel, int n,
+                      const suite_result *results, kv_err *e)
+{
+    size_t len = strlen(path) + 8;
+    char *tmp = malloc(len);
+    if (!tmp)
+        return kv_errf(e, "%s: out of memory", path);
+    put(tmp, len, "%s.tmp", path);
+    FILE *f = fopen(tmp, "w");
+    if (!f) {
+        kv_errf(e, "%s: cannot write: %s", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    suite_junit_stream(f, s, sel, n, results);
+    int bad = ferror(f);
+    /* Written whole or not at all: the file appears only when complete. */
+    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
+        kv_errf(e, "%s: cannot write: %s", path, strerror(errno ? errno : EIO));
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
