@@ -874,6 +874,8 @@ static int walk(walker *w, kv_err *e)
             return -1;
         merge_block(w, b0, b1, &f);
         cv->walked_to = b1;
+        if (w->o->progress)
+            w->o->progress(w->o->progress_ctx, b1, cv->pos_hi);
         if (record_block(w, b0, &f, had_f, &lg, had_lg, e) < 0)
             return -1;
         if (f.pos >= 0 && !w->o->full && (!tiny(&w->r->first) || lg.pos >= 0))

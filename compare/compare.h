@@ -169,6 +169,10 @@ typedef struct {
     int block_rows;              /* positions per read (default 64, at most 4096) */
     bool no_hashes;              /* read every row even where both sides' row
                                   * hashes agree */
+    /* Optional: called after each block of positions with the last position
+     * walked and the last there is (for a progress bar). */
+    void (*progress)(void *ctx, int64_t pos, int64_t last);
+    void *progress_ctx;
 } cmp_opts;
 
 void cmp_opts_default(cmp_opts *o);

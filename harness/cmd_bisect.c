@@ -41,13 +41,17 @@ static int record(const run_opts *o, const dump_opts *d, const char *path, const
     dump_writer *w = run_open_dump(o, path, d, m, kc, ctx, n_prompt, e);
     if (!w)
         return -1;
-    kv_engine *eng = run_engine(o, m, kc, ctx, dump_observer(w), e);
+    run_progress bar;
+    kv_observer *obs = run_progress_attach(&bar, dump_observer(w), &m->cfg, ctx, "positions");
+    kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
+        run_progress_end(&bar);
         dump_close(w, "engine could not start", NULL);
         return -1;
     }
     gen_result res;
-    int rc = generate(eng, &m->cfg, prompt, n_prompt, &o->go, dump_observer(w), &res, e);
+    int rc = generate(eng, &m->cfg, prompt, n_prompt, &o->go, obs, &res, e);
+    run_progress_end(&bar);
     gen_result_free(&res);
     engine_free(eng);
     kv_err ge = *e;

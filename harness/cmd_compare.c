@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "verbs.h"
 #include "../compare/compare.h"
 
@@ -87,6 +88,14 @@ static char *render_json(const cmp_result *r, unsigned flags, const char *ref, c
     return s;
 }
 
+/* Positions walked, on a terminal. */
+static void compare_progress(void *ctx, int64_t pos, int64_t last)
+{
+    progress *p = ctx;
+    p->total = (long)(last + 1);
+    progress_step(p, (long)(pos + 1), "compared");
+}
+
 int cmd_compare(int argc, char **argv)
 {
     compare_args a;
@@ -111,8 +120,13 @@ int cmd_compare(int argc, char **argv)
     int rc = -1;
     cmp_result r;
     memset(&r, 0, sizeof r);
+    progress bar;
+    progress_start(&bar, stderr, "positions", 0);
+    a.co.progress = compare_progress;
+    a.co.progress_ctx = &bar;
     if (dr && dt && (!a.noise || dn))
         rc = cmp_compare(&ref, &test, &a.co, &r, &e);
+    progress_end(&bar);
     int code = cmp_exit_code(rc, &r);
     if (rc < 0) {
         cli_error("compare", &e);

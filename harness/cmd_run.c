@@ -113,7 +113,8 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
     if (o->dump_path &&
         !(w = run_open_dump(o, o->dump_path, &o->dopts, m, kc, ctx, n_prompt, e)))
         return -1;
-    kv_observer *obs = w ? dump_observer(w) : NULL;
+    run_progress bar;
+    kv_observer *obs = run_progress_attach(&bar, w ? dump_observer(w) : NULL, c, ctx, "positions");
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
         if (w)
@@ -124,6 +125,7 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
     double t0 = run_now();
     int rc = generate(eng, c, prompt, n_prompt, &o->go, obs, &res, e);
     double t1 = run_now();
+    run_progress_end(&bar);
     if (w) {
         kv_err gen_err = *e;
         if (run_close_dump(w, o->dump_path, rc, &gen_err, e) < 0)

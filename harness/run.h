@@ -7,6 +7,7 @@
 #include <stdbool.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "../chunked/chunked.h"
 #include "../compare/compare.h"
 #include "../dump/dump.h"
@@ -72,6 +73,22 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
 
 /* Closes w marked "partial: why" after a run stopped on purpose. */
 int run_close_dump_partial(dump_writer *w, const char *why, kv_err *e);
+
+/* A progress bar over positions on a terminal (stderr): it watches the
+ * last layer's x_out, which engines compute anyway. */
+typedef struct {
+    kv_observer obs;
+    progress bar;
+    int last_layer;
+    kv_observer_tee tee;
+} run_progress;
+
+/* inner with the bar beside it when stderr is a terminal, else inner
+ * itself (NULL stays NULL: no observer, no cost). Call run_progress_end
+ * after the run. */
+kv_observer *run_progress_attach(run_progress *p, kv_observer *inner, const kv_config *c,
+                                 long positions, const char *label);
+void run_progress_end(run_progress *p);
 
 /* Set by SIGINT / SIGTERM while a dump is open. */
 extern volatile sig_atomic_t run_stop_signal;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "run.h"
 #include "../reference/reference.h"
@@ -375,4 +376,36 @@ int run_close_dump_partial(dump_writer *w, const char *why, kv_err *e)
         return -1;
     }
     return dump_close(w, why, e);
+}
+
+static int rp_wants(kv_observer *self, kv_stage st, int layer)
+{
+    run_progress *p = (run_progress *)self;
+    return st == STAGE_X_OUT && layer == p->last_layer;
+}
+
+static int rp_emit(kv_observer *self, const kv_event *ev)
+{
+    run_progress *p = (run_progress *)self;
+    if (ev->stage == STAGE_X_OUT && ev->layer == p->last_layer)
+        progress_step(&p->bar, (long)(ev->pos0 + ev->nrows), NULL);
+    return 0;
+}
+
+kv_observer *run_progress_attach(run_progress *p, kv_observer *inner, const kv_config *c,
+                                 long positions, const char *label)
+{
+    memset(p, 0, sizeof *p);
+    progress_start(&p->bar, stderr, label, positions);
+    if (!p->bar.on)
+        return inner;
+    p->last_layer = c->n_layers - 1;
+    p->obs.emit = rp_emit;
+    p->obs.wants = rp_wants;
+    return inner ? obs_tee_init(&p->tee, inner, &p->obs) : &p->obs;
+}
+
+void run_progress_end(run_progress *p)
+{
+    progress_end(&p->bar);
 }

@@ -118,13 +118,17 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     } else {
         obs = obs_tee_init(&tee, cmp_memrec_observer(rec), w ? dump_observer(w) : NULL);
     }
+    run_progress bar;
+    obs = run_progress_attach(&bar, obs, &m->cfg, ctx, check ? "positions (test)" : "positions (ref)");
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
+        run_progress_end(&bar);
         if (w)
             dump_close(w, "engine could not start", NULL);
         return -1;
     }
     int rc = generate(eng, &m->cfg, prompt, n_prompt, &o->go, obs, res, e);
+    run_progress_end(&bar);
     engine_free(eng);
     bool ours = check && check->stopped && rc == 1;
     if (ours)
