@@ -1,6 +1,10 @@
 /* main.c — the kvdiff command line: dispatches to one verb per file. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cli.h"
 #include "verbs.h"
@@ -27,18 +31,78 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvdiff VERB [options]   (kvdiff VERB --help for each)\n\n");
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++)
         fprintf(f, "  %-8s %s\n", verbs[i].name, verbs[i].what);
-    fprintf(f, "\nWith no verb, kvdiff runs its built-in default: the reference engine on\n"
-               "the tiny-gemma3 preset with a random prompt longer than its window.\n"
+    fprintf(f, "\nWith no verb, kvdiff runs its built-in demo into ./kvdiff-demo: the reference\n"
+               "and the chunked engine (with an injected window bug) on tiny-gemma3, the\n"
+               "comparison and the HTML report.\n"
                "Exit codes: 0 ok, 1 divergence found, 2 usage or input error.\n");
 }
 
-/* The built-in default job: no arguments, no downloads. */
+/* Runs a verb with its stdout sent to /dev/null (the demo prints its own
+ * summary of each step); stderr stays, so errors show. */
+static int quiet(int (*fn)(int, char **), char **args)
+{
+    int argc = 0;
+    while (args[argc])
+        argc++;
+    fflush(stdout);
+    int saved = dup(STDOUT_FILENO), null = open("/dev/null", O_WRONLY);
+    if (saved >= 0 && null >= 0)
+        dup2(null, STDOUT_FILENO);
+    int rc = fn(argc, args);
+    fflush(stdout);
+    if (saved >= 0) {
+        dup2(saved, STDOUT_FILENO);
+        close(saved);
+    }
+    if (null >= 0)
+        close(null);
+    return rc;
+}
+
+/* The built-in default job, no arguments, no downloads: the whole product
+ * on the tiny-gemma3 preset. The reference and the chunked engine run the
+ * same prompt, the chunked one with a sliding window hard-coded to 4 (the
+ * config says 12); kvdiff compares the two recordings, says where they
+ * part and why, and writes the report. */
 static int default_job(void)
 {
-    char *args[] = {"run", "--model", "tiny-gemma3", "--prompt-random", "40", "--seed", "1",
-                    "--max-new", "16", "--verbose", NULL};
-    printf("kvdiff %s: reference engine on the built-in tiny-gemma3 preset\n", KVDIFF_VERSION);
-    return cmd_run(10, args);
+    const char *dir = "kvdiff-demo";
+    printf("kvdiff %s demo: tiny-gemma3 (5 sliding layers, window 12, then 1 global),\n"
+           "a 40-token prompt and 16 generated tokens, through the reference engine and\n"
+           "through the chunked engine (chunks of 5, ring-buffer cache) with one injected\n"
+           "bug: a sliding window hard-coded to 4.\n\n", KVDIFF_VERSION);
+    if (mkdir(dir, 0777) < 0 && errno != EEXIST) {
+        fprintf(stderr, "kvdiff: %s: cannot create the folder: %s\n", dir, strerror(errno));
+        return EXIT_USAGE;
+    }
+    char *ref[] = {"run", "--model", "tiny-gemma3", "--prompt-random", "40", "--seed", "1",
+                   "--max-new", "16", "--ignore-eos", "--dump", "kvdiff-demo/ref.h5", NULL};
+    char *chk[] = {"run", "--model", "tiny-gemma3", "--prompt-random", "40", "--seed", "1",
+                   "--max-new", "16", "--ignore-eos", "--engine", "chunked", "--chunk", "5",
+                   "--cache", "ring", "--inject", "window=4", "--dump", "kvdiff-demo/chunked.h5",
+                   NULL};
+    char *rep[] = {"report", "kvdiff-demo/ref.h5", "kvdiff-demo/chunked.h5", "-o",
+                   "kvdiff-demo/report", NULL};
+    printf("1/3 reference run        -> %s/ref.h5\n", dir);
+    if (quiet(cmd_run, ref) != EXIT_OK)
+        return EXIT_USAGE;
+    printf("2/3 chunked run (buggy)  -> %s/chunked.h5\n", dir);
+    if (quiet(cmd_run, chk) != EXIT_OK)
+        return EXIT_USAGE;
+    printf("3/3 compare and report   -> %s/report/\n\n", dir);
+    fflush(stdout);
+    char *cmp[] = {"compare", "kvdiff-demo/ref.h5", "kvdiff-demo/chunked.h5", NULL};
+    int rc = cmd_compare(3, cmp);
+    printf("\n");
+    int rr = cmd_report(5, rep);
+    if (rr != EXIT_DIVERGED || rc != EXIT_DIVERGED) {
+        fprintf(stderr, "kvdiff: the demo expected a divergence (exit %d, %d)\n", rc, rr);
+        return EXIT_USAGE;
+    }
+    printf("\nThe bug was found where it was planted. Open %s/report/index.html;\n"
+           "%s/report/summary.md is the same for a CI comment. kvdiff --help lists the verbs.\n",
+           dir, dir);
+    return EXIT_OK;
 }
 
 int main(int argc, char **argv)

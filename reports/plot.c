@@ -82,6 +82,7 @@ typedef struct {
     const rep_ctx *c;
     int window;                  /* the config's sliding window; 0 none */
     long chunk;                  /* the test's prefill chunk; 0 none */
+    int64_t prompt;              /* chunks split the prompt only: its length */
     int n_layers;
 } geometry;
 
@@ -139,10 +140,10 @@ static void gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi)
                    "front\nset label 'window %d' at %g, graph 1.02 center tc rgb '#1f77b4'\n",
                 g->window - 0.5, g->window - 0.5, g->window, g->window - 0.5);
     if (g->chunk > 0 && (hi - lo) / g->chunk <= MAX_LINES)
-        for (int64_t p = (lo / g->chunk + 1) * g->chunk; p <= hi; p += g->chunk)
+        for (int64_t p = (lo / g->chunk + 1) * g->chunk; p <= hi && p < g->prompt; p += g->chunk)
             if (p != g->window)
-                fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 1 dt 3 "
-                           "lc rgb '#7f7f7f' front\n", p - 0.5, p - 0.5);
+                fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 1.5 dt 3 "
+                           "lc rgb '#ffffff' front\n", p - 0.5, p - 0.5);
     const int64_t cut = g->c->r->compared.pos_cut;
     if (cut > lo && cut <= hi)
         fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' front\n"
@@ -701,7 +702,9 @@ static void no_grid(rep_plot *pl, kv_stage st)
 static int from_sources(rep_ctx *c, const char *dir, kv_err *e)
 {
     const kv_stage hs = rep_heatmap_stage(c->r, c->o), gs = rep_growth_stage(c->o);
-    geometry geo = {c, c->ref->cfg.sliding_window, settings_chunk(c->test), c->ref->cfg.n_layers};
+    geometry geo = {c, c->ref->cfg.sliding_window, settings_chunk(c->test),
+                    c->test->prompt_length > 0 ? c->test->prompt_length : INT64_MAX,
+                    c->ref->cfg.n_layers};
     report_grid heat, grow;
     memset(&grow, 0, sizeof grow);
     int rc = report_grid_build(c->ref, c->test, hs, c->o->block_rows, &heat, e);
