@@ -2,8 +2,9 @@
  * exit codes, and one-line errors naming the file and the problem. */
 #include <check.h>
 #include <stdio.h>
-#include <string.h>
+#include <stdlib.h>
 #include <unistd.h>
+#include <string.h>
 
 #include "testutil.h"
 
@@ -36,6 +37,33 @@ START_TEST(test_help_everywhere)
     ck_assert_int_eq(test_run_cli("gen --help", out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "tiny-gemma3-kvshared"));
     ck_assert_int_eq(test_run_cli("frobnicate", out, sizeof out), 2);
+}
+END_TEST
+
+/* No arguments: the demo finds the planted window bug where it was
+ * planted and leaves a report in ./kvdiff-demo. */
+START_TEST(test_default_job)
+{
+    char dir[64], cmd[512], path[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    const char *bin = getenv("KVDIFF_BIN");
+    snprintf(cmd, sizeof cmd, "cd %s && %s 2>&1", dir, bin ? bin : "kvdiff");
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = 0;
+    ck_assert_int_eq(pclose(p), 0);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 4, layer 0 (sliding, window 12)"), "%s",
+                  out);
+    ck_assert_msg(strstr(out, "window in test appears to be 4, config says 12"), "%s", out);
+    ck_assert_msg(strstr(out, "report: kvdiff-demo/report/index.html"), "%s", out);
+    static const char *const files[] = {"ref.h5", "chunked.h5", "report/index.html",
+                                        "report/summary.md", "report/result.json"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        snprintf(path, sizeof path, "%s/kvdiff-demo/%s", dir, files[i]);
+        ck_assert_msg(access(path, R_OK) == 0, "%s missing", path);
+    }
+    test_rmtree(dir);
 }
 END_TEST
 
@@ -163,6 +191,7 @@ Suite *cli_suite(void)
     Suite *s = suite_create("cli");
     TCase *tc = tcase_create("binary");
     tcase_add_test(tc, test_help_everywhere);
+    tcase_add_test(tc, test_default_job);
     tcase_add_test(tc, test_run_prints_tokens);
     tcase_add_test(tc, test_gen_then_run_folder_matches_preset);
     tcase_add_test(tc, test_sampling_is_seeded);
