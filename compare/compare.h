@@ -389,6 +389,13 @@ const char *cmp_verdict_name(cmp_verdict v);     /* "identical", "within_toleran
 const char *cmp_diag_name(cmp_diag_kind k);      /* stable ids: "zero_kv", "rope_offset", ... */
 const char *cmp_basis_name(cmp_basis b);         /* "recomputed", "exact_check", "heuristic" */
 
+/* KL(ref || test) of one position from each side's /output: log-sum-exp
+ * (lr, lt) and top-k ids and values, over the reference's top-k ids; a
+ * test logit missing from its top-k is taken as its k-th value (the
+ * largest it can be), so the result is approximate. Never negative. */
+double cmp_kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
+                   const float *vt, int k);
+
 /* Distance between two floats in units in the last place (ordering of
  * float32 bit patterns; +0 and -0 are 0 apart). Non-finite: UINT64_MAX
  * unless the bits are equal. */

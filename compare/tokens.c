@@ -175,9 +175,7 @@ static int stats_from_logits(cmp_ctx *c, const cmp_stage_result *sr, kv_err *e)
     return rc;
 }
 
-/* Approximate KL over the reference's top-k ids: a test logit missing from
- * its top-k is taken as its k-th value (the largest it can be). */
-static double kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
+double cmp_kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
                       const float *vt, int k)
 {
     double kl = 0;
@@ -214,7 +212,7 @@ static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt,
         }
         for (int64_t r = 0; r < n; r++) {
             const int32_t *ir = A.ids + r * kr, *it = B.ids + r * kt;
-            double kl = kl_topk(A.lse[r], ir, A.vals + r * kr, B.lse[r], it, B.vals + r * kt, k);
+            double kl = cmp_kl_topk(A.lse[r], ir, A.vals + r * kr, B.lse[r], it, B.vals + r * kt, k);
             add_kl(ls, kl, ir[0] == it[0], p + r);
         }
     }

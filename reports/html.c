@@ -138,14 +138,6 @@ static void diagnosis(const rep_ctx *c, FILE *f)
     }
 }
 
-static void margin(FILE *f, double m)
-{
-    if (isfinite(m))
-        fprintf(f, "%.3g", m);
-    else
-        fputs("n/a", f);
-}
-
 static void tokens(const rep_ctx *c, FILE *f)
 {
     const cmp_tokens *t = &c->r->tokens;
@@ -169,9 +161,9 @@ static void tokens(const rep_ctx *c, FILE *f)
         else
             fprintf(f, "First differing token at prompt position %lld: ", (long long)t->pos);
         fprintf(f, "reference %d (margin ", t->ref_id);
-        margin(f, t->ref_margin);
+        rep_margin(f, t->ref_margin);
         fprintf(f, ") vs test %d (margin ", t->test_id);
-        margin(f, t->test_margin);
+        rep_margin(f, t->test_margin);
         fputs(").", f);
         if (t->near_tie)
             fputs(" A near tie in both runs: a flip rounding alone can cause.", f);

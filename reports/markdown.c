@@ -40,14 +40,6 @@ static void point(FILE *f, const char *title, const cmp_divergence *d)
     fputs("\n", f);
 }
 
-static void margin(FILE *f, double m)
-{
-    if (isfinite(m))
-        fprintf(f, "%.3g", m);
-    else
-        fputs("n/a", f);
-}
-
 static void tokens(const rep_ctx *c, FILE *f)
 {
     const cmp_tokens *t = &c->r->tokens;
@@ -66,9 +58,9 @@ static void tokens(const rep_ctx *c, FILE *f)
     case CMP_TOKENS_DIFFER:
         fprintf(f, "first differing %s at position %lld: ref %d (margin ",
                 t->step >= 0 ? "generated token" : "prompt token", (long long)t->pos, t->ref_id);
-        margin(f, t->ref_margin);
+        rep_margin(f, t->ref_margin);
         fprintf(f, ") vs test %d (margin ", t->test_id);
-        margin(f, t->test_margin);
+        rep_margin(f, t->test_margin);
         fputs(")", f);
         if (t->step >= 0)
             fprintf(f, ", step %lld", (long long)t->step);

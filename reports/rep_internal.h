@@ -34,6 +34,9 @@ typedef struct {
  * gnuplot_error. -1 with e filled only on a read or write error. */
 int rep_plots_write(rep_ctx *c, const char *dir, kv_err *e);
 
+/* A logit margin, or "n/a" when unknown (NaN). */
+void rep_margin(FILE *f, double m);
+
 /* html.c / markdown.c: the page and the CI summary. */
 void rep_html_write(const rep_ctx *c, FILE *f);
 void rep_markdown_write(const rep_ctx *c, FILE *f);

@@ -185,3 +185,11 @@ int report_write(const char *outdir, const cmp_result *r, const cmp_source *ref,
     free(c.text);
     return rc;
 }
+
+void rep_margin(FILE *f, double m)
+{
+    if (isfinite(m))
+        fprintf(f, "%.3g", m);
+    else
+        fputs("n/a", f);
+}

@@ -189,22 +189,6 @@ double report_grid_at(const report_grid *g, int layer, int64_t pos)
 /* ------------------------------------------------------------------ */
 /* Generated steps                                                      */
 
-/* KL over the reference's top-k ids, as the comparer approximates it. */
-static double kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
-                      const float *vt, int k)
-{
-    double kl = 0;
-    for (int i = 0; i < k; i++) {
-        double lq = (double)vt[k - 1] - lt;
-        for (int j = 0; j < k; j++)
-            if (it[j] == ir[i])
-                lq = (double)vt[j] - lt;
-        const double lp = (double)vr[i] - lr;
-        kl += exp(lp) * (lp - lq);
-    }
-    return kl > 0 ? kl : 0;
-}
-
 enum { STEP_BLOCK = 64 };
 
 typedef struct {
@@ -251,7 +235,7 @@ int report_steps_build(const cmp_source *ref, const cmp_source *test, report_ste
             report_step *o = &s[p + i - lo];
             o->pos = p + i;
             o->step = p + i - first;
-            o->kl = kl_topk(A.lse[i], ir, vr, B.lse[i], it, vt, k);
+            o->kl = cmp_kl_topk(A.lse[i], ir, vr, B.lse[i], it, vt, k);
             o->ref_margin = kr >= 2 ? (double)vr[0] - (double)vr[1] : NAN;
             o->test_margin = kt >= 2 ? (double)vt[0] - (double)vt[1] : NAN;
             o->ref_top1 = ir[0];
