@@ -4,12 +4,17 @@
 #include "dump_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 /* ------------------------------------------------------------------ */
@@ -102,7 +107,168 @@ static int open_error(kv_err *e, const char *path, const char *detail)
     return kv_errf(e, "%s: cannot open as HDF5: %s", path, detail);
 }
 
+/* ------------------------------------------------------------------ */
+/* Hang guard                                                           */
+
+static hid_t open_read(const char *path, kv_err *e);
+
+static void (*preflight_hook)(void);
+
+void dump_preflight_child_hook(void (*fn)(void))
+{
+    preflight_hook = fn;
+}
+
+static unsigned guard_seconds;
+static int (*guard_hook)(const char *path);
+static char guard_path[1024];
+
+static void on_guard_alarm(int sig)
+{
+    (void)sig;
+    _exit(guard_hook ? guard_hook(guard_path) : 2);
+}
+
+void dump_hang_guard(unsigned seconds, int (*on_hang)(const char *path))
+{
+    guard_seconds = seconds;
+    guard_hook = on_hang;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = seconds ? on_guard_alarm : SIG_DFL;
+    sigaction(SIGALRM, &sa, NULL);
+}
+
+static void guard_begin(void)
+{
+    if (guard_seconds)
+        alarm(guard_seconds);
+}
+
+static void guard_end(void)
+{
+    if (guard_seconds)
+        alarm(0);
+}
+
+static char *read_vlstr(hid_t a, hid_t ftype);
+
+/* Preflight, in a child process: every variable-length string attribute of
+ * every object, read as the reader would. */
+static herr_t pf_attr(hid_t loc, const char *name, const H5A_info_t *ai, void *op)
+{
+    (void)ai;
+    (void)op;
+    hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+    hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
+    hid_t sp = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
+    if (t >= 0 && sp >= 0 && H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0 &&
+        H5Sget_simple_extent_npoints(sp) == 1)
+        free(read_vlstr(a, t));
+    H5E_BEGIN_TRY {
+        H5Sclose(sp);
+        H5Tclose(t);
+        H5Aclose(a);
+    } H5E_END_TRY;
+    return 0;
+}
+
+static herr_t pf_object(hid_t loc, const char *name, const H5O_info_t *info, void *op)
+{
+    (void)info;
+    (void)op;
+    hid_t o = H5Oopen(loc, name, H5P_DEFAULT);
+    if (o >= 0) {
+        H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
+        H5Oclose(o);
+    }
+    return 0;
+}
+
+/* libhdf5 crashes or loops forever on some damaged files (corrupt global
+ * heaps under variable-length strings: HDFGroup/hdf5 issue 1707, and a
+ * memcpy of a corrupt length in H5HG_read). Every such string is read once
+ * in a child process first; a child that dies or does not finish within
+ * 5 s (or the guard's time, if shorter) marks the file damaged, and the
+ * reads that follow are safe because they read the same bytes. */
+static int preflight(const char *path, kv_err *e)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0)
+        return 0;   /* cannot check: read as usual */
+    if (pid == 0) {
+        alarm(0);
+        guard_seconds = 0;
+        /* Whatever it says as it dies is not the user's business. */
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, STDOUT_FILENO);
+            dup2(null, STDERR_FILENO);
+        }
+        if (preflight_hook)
+            preflight_hook();
+        hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+        if (f < 0) {
+            hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+            if (fapl >= 0 && H5Pset_metadata_read_attempts(fapl, 1) >= 0)
+                f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl);
+        }
+        if (f >= 0) {
+            /* The root's strings by name first, as the reader asks for them:
+             * an iteration can stop early on damage elsewhere. */
+            static const char *const names[] = {"format", "mode", "engine", "engine_settings",
+                                                "model_config", "weight_fingerprint",
+                                                "status", "tool_version"};
+            for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+                char *v = NULL;
+                if (dump_h5_attr_str(f, names[i], &v) == 0)
+                    free(v);
+            }
+            H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
+            H5Ovisit2(f, H5_INDEX_NAME, H5_ITER_INC, pf_object, NULL, H5O_INFO_BASIC);
+        }
+        _exit(0);
+    }
+    /* Reading a sound file's strings takes milliseconds. */
+    const long limit_ms = 1000L * (guard_seconds && guard_seconds < 5 ? guard_seconds : 5);
+    int st = 0;
+    for (long waited = 0;; waited += 2) {
+        pid_t r = waitpid(pid, &st, WNOHANG);
+        if (r == pid)
+            break;
+        if (r < 0)
+            return 0;
+        if (waited >= limit_ms) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
+                              "metadata (a damaged file: libhdf5 loops on some corrupt "
+                              "variable-length strings)", path);
+        }
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
+    if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0))
+        return kv_errf(e, "%s: the HDF5 library crashes reading this file's metadata (a "
+                          "damaged file)", path);
+    return 0;
+}
+
 hid_t dump_h5_open_read(const char *path, kv_err *e)
+{
+    snprintf(guard_path, sizeof guard_path, "%s", path);
+    guard_begin();
+    hid_t f = open_read(path, e);
+    guard_end();
+    if (f >= 0 && preflight(path, e) < 0) {
+        H5Fclose(f);
+        return H5I_INVALID_HID;
+    }
+    return f;
+}
+
+static hid_t open_read(const char *path, kv_err *e)
 {
     struct stat st;
     char first[512], second[512];
@@ -211,10 +377,14 @@ static char *read_fixed_str(hid_t a, hid_t ftype)
 
 int dump_h5_attr_str(hid_t obj, const char *name, char **out)
 {
+    guard_begin();
     hid_t t, a = open_scalar_attr(obj, name, H5T_STRING, &t);
-    if (a < 0)
+    if (a < 0) {
+        guard_end();
         return -1;
+    }
     *out = H5Tis_variable_str(t) > 0 ? read_vlstr(a, t) : read_fixed_str(a, t);
+    guard_end();
     H5Tclose(t);
     H5Aclose(a);
     H5Eclear2(H5E_DEFAULT);

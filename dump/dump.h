@@ -44,6 +44,21 @@ int dump_parse_positions(const char *s, dump_opts *o, kv_err *e);
 /* Comma list of stage names (observer.h), e.g. "k,v,x_out"; replaces the set. */
 int dump_parse_stages(const char *s, dump_opts *o, kv_err *e);
 
+/* libhdf5 (1.10 to 1.14) loops forever on some damaged files: reading a
+ * variable-length string whose global heap is corrupt never returns
+ * (HDFGroup/hdf5 issue 1707). With a guard, opening a dump for reading and
+ * each attribute read must return within `seconds`, or the process ends:
+ * on_hang(path) runs in the SIGALRM handler (async-signal-safe calls only)
+ * and its result is the exit status. 0 seconds: no guard (the default). */
+void dump_hang_guard(unsigned seconds, int (*on_hang)(const char *path));
+
+/* Every file opened for reading is first read by a child process that
+ * touches each variable-length string through libhdf5; a child that
+ * crashes or hangs makes the open fail with "damaged file". fn (may be
+ * NULL) runs first in that child: a fuzzing harness uses it to let the
+ * child die quietly instead of reporting libhdf5's crash as its own. */
+void dump_preflight_child_hook(void (*fn)(void));
+
 /* ---------------------------------------------------------------- */
 /* Writer                                                             */
 

@@ -2,11 +2,13 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
+#include "../dump/dump.h"
 #include "verbs.h"
 
 typedef struct {
@@ -105,8 +107,25 @@ static int default_job(void)
     return EXIT_OK;
 }
 
+/* SIGALRM context: write(2) only. */
+static int on_hdf5_hang(const char *path)
+{
+    static const char a[] = "kvdiff: ",
+                      b[] = ": the HDF5 library does not return from reading this file's "
+                            "metadata (a damaged file: libhdf5 loops on some corrupt "
+                            "variable-length strings)\n";
+    ssize_t w = write(STDERR_FILENO, a, sizeof a - 1);
+    w += write(STDERR_FILENO, path, strlen(path));
+    w += write(STDERR_FILENO, b, sizeof b - 1);
+    (void)w;
+    return EXIT_USAGE;
+}
+
 int main(int argc, char **argv)
 {
+    /* A damaged dump must end in an error, not a hang (dump.h). */
+    const char *g = getenv("KVDIFF_HDF5_GUARD_SECONDS");
+    dump_hang_guard(g && atoi(g) > 0 ? (unsigned)atoi(g) : 15, on_hdf5_hang);
     if (argc < 2)
         return default_job();
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -129,6 +129,29 @@ static void run_and_signal(const char *path, int sig, int *status)
     ck_assert_int_eq(waitpid(pid, status, 0), pid);
 }
 
+/* Files on which libhdf5 itself loops forever or crashes (corrupt global
+ * heaps under variable-length strings, found by the dump fuzz target):
+ * every verb that reads them ends with a one-line error. */
+START_TEST(test_libhdf5_hang_is_an_error)
+{
+    static const char *const verbs[] = {"inspect %s", "validate %s", "compare %s %s",
+                                        "report %s %s -o /nonexistent-dir/never"};
+    static const char *const files[] = {"tests/data/damaged/vlen-heap-loop.h5",
+                                        "tests/data/damaged/vlen-heap-crash.h5"};
+    const char *bad = files[_i];
+    char args[512];
+    setenv("KVDIFF_HDF5_GUARD_SECONDS", "1", 1);
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) {
+        snprintf(args, sizeof args, verbs[i], bad, bad);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s: %s", args, out);
+        ck_assert_msg(strstr(out, bad) && strstr(out, "the HDF5 library") &&
+                          strstr(out, "(a damaged file") && strchr(out, '\n')[1] == 0,
+                      "%s: %s", args, out);
+    }
+    unsetenv("KVDIFF_HDF5_GUARD_SECONDS");
+}
+END_TEST
+
 START_TEST(test_ctrl_c_leaves_partial_dump)
 {
     char dir[64], path[128], args[256];
@@ -211,6 +234,7 @@ Suite *dump_cli_suite(void)
     TCase *tc = tcase_create("binary");
     tcase_add_test(tc, test_dump_inspect_validate);
     tcase_add_test(tc, test_dump_bad_input);
+    tcase_add_loop_test(tc, test_libhdf5_hang_is_an_error, 0, 2);
     tcase_add_test(tc, test_ctrl_c_leaves_partial_dump);
     tcase_add_test(tc, test_kill_9_leaves_readable_dump);
     tcase_add_test(tc, test_file_size_limit);
