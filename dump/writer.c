@@ -231,6 +231,28 @@ static void app_free(appender *a)
 /* ------------------------------------------------------------------ */
 /* Appending                                                            */
 
+/* Writes one chunk (block_rows rows) at row0 straight to the file. */
+static int write_chunk(dump_writer *w, appender *a, int64_t row0, const unsigned char *chunk)
+{
+    const size_t chunk_bytes = (size_t)w->o.block_rows * a->row_bytes;
+    hsize_t offset[2] = {(hsize_t)row0, 0};
+    if (H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk) >= 0)
+        return 0;
+    /* HDF5 allocated the chunk's space but could not write it: it would
+     * try to fill that space when closing, which fails on the descriptor
+     * abandon_file leaves it. Written again there, the chunk vanishes and
+     * the close works (as it does for a cached chunk whose write failed).
+     * The message is the first failure's. */
+    fail_h5(w, "cannot append to", a->name);
+    abandon_file(w);
+    H5E_BEGIN_TRY
+    {
+        H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk);
+    }
+    H5E_END_TRY
+    return -1;
+}
+
 /* Whole blocks starting on a block boundary of an uncompressed dataset go
  * to the file as chunks, straight from src: no selection, no copy into the
  * chunk cache, no fill of a chunk about to be overwritten, and the data is
@@ -238,31 +260,9 @@ static void app_free(appender *a)
 static int write_chunks(dump_writer *w, appender *a, const unsigned char *src, int n)
 {
     const int block = w->o.block_rows;
-    const size_t chunk_bytes = (size_t)block * a->row_bytes;
-    for (int r = 0; r < n; r += block) {
-        hsize_t offset[2] = {(hsize_t)(a->written + r), 0};
-        const unsigned char *chunk = src + (size_t)r * a->row_bytes;
-        if (H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk) < 0) {
-            /* HDF5 allocated the chunk's space but could not write it: it
-             * would try to fill that space when closing, which fails on the
-             * descriptor abandon_file leaves it. Written again there, the
-             * chunk vanishes and the close works (as it does for a cached
-             * chunk whose write failed). The message is the first failure. */
-            char msg[700];
-            kv_err e;
-            snprintf(msg, sizeof msg, "cannot append to %s", a->name);
-            h5err(w, &e, "%s", msg);
-            fail(w, "%s", e.msg);
-            w->io_failed = true;
-            abandon_file(w);
-            H5E_BEGIN_TRY
-            {
-                H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk);
-            }
-            H5E_END_TRY
+    for (int r = 0; r < n; r += block)
+        if (write_chunk(w, a, a->written + r, src + (size_t)r * a->row_bytes) < 0)
             return -1;
-        }
-    }
     return 0;
 }
 
@@ -282,8 +282,9 @@ static int write_selection(appender *a, const void *src, int n)
     return rc;
 }
 
-/* Appends rows [written, written + n) from src (n x row_bytes). */
-static int app_write_rows(dump_writer *w, appender *a, const void *src, int n)
+/* Appends rows [written, written + n) from src (n x row_bytes). padded:
+ * src holds whole blocks, zeros after the n rows. */
+static int app_write_rows(dump_writer *w, appender *a, const void *src, int n, bool padded)
 {
     if (n == 0)
         return 0;
@@ -291,7 +292,7 @@ static int app_write_rows(dump_writer *w, appender *a, const void *src, int n)
         return -1;
     const int block = w->o.block_rows;
     hsize_t extent[2] = {(hsize_t)(a->written + n), (hsize_t)a->cols};
-    bool whole = !w->o.compress && a->written % block == 0 && n % block == 0;
+    bool whole = !w->o.compress && a->written % block == 0 && (n % block == 0 || padded);
     if (H5Dset_extent(a->dset, extent) < 0)
         return fail_h5(w, "cannot append to", a->name);
     if (whole && write_chunks(w, a, src, n) < 0)
@@ -363,7 +364,7 @@ static int tokens_out(dump_writer *w)
     appender *t = &w->tokens;
     if (t->nbuf == 0)
         return 0;
-    if (app_write_rows(w, t, t->buf, t->nbuf) < 0)
+    if (app_write_rows(w, t, t->buf, t->nbuf, false) < 0)
         return -1;
     t->nbuf = 0;
     return flush_cached(w);
@@ -371,19 +372,26 @@ static int tokens_out(dump_writer *w)
 
 /* Writes n rows of a (tokens first), from the block buffer or straight
  * from the caller's rows. */
-static int app_write(dump_writer *w, appender *a, const void *src, int n)
+static int app_write(dump_writer *w, appender *a, const void *src, int n, bool padded)
 {
     if (n > 0 && a != &w->tokens && tokens_out(w) < 0)
         return -1;
-    return app_write_rows(w, a, src, n);
+    return app_write_rows(w, a, src, n, padded);
 }
 
-/* Writes the buffered rows (a short block: the run is ending). */
+/* Writes the buffered rows: a whole block, or a short one when the run
+ * ends. A short block of an uncompressed dataset (not /tokens, written at
+ * any row) goes out as a whole chunk too, zero-padded: the bytes a fill
+ * value of 0 gives, without a cached chunk left to flush. */
 static int app_write_buffered(dump_writer *w, appender *a)
 {
     if (a->nbuf == 0)
         return 0;
-    if (app_write(w, a, a->buf, a->nbuf) < 0)
+    const int block = w->o.block_rows, n = a->nbuf;
+    bool padded = n < block && a != &w->tokens;
+    if (padded)
+        memset(a->buf + (size_t)n * a->row_bytes, 0, (size_t)(block - n) * a->row_bytes);
+    if (app_write(w, a, a->buf, n, padded) < 0)
         return -1;
     a->nbuf = 0;
     return 0;
@@ -441,7 +449,7 @@ static int app_append(dump_writer *w, appender *a, int64_t pos, const void *rows
             return -1;
     }
     int whole = n / block * block;
-    if (app_write(w, a, src, whole) < 0)
+    if (app_write(w, a, src, whole, false) < 0)
         return -1;
     src += (size_t)whole * a->row_bytes;
     n -= whole;
@@ -450,11 +458,22 @@ static int app_append(dump_writer *w, appender *a, int64_t pos, const void *rows
     return 0;
 }
 
-/* Sum of squares and max |x| of one row. Eight double partial sums, lane
- * j taking elements j, j+8, j+16, ..., added pairwise at the end in a
- * fixed order: the same bits every run, and a loop the compiler turns into
- * vector code. Squares of floats are exact in double. NaN never wins the
- * max (the comparison is false) and makes the sum NaN. */
+/* L2 norm and max |x| of one row. Eight double partial sums, lane k
+ * taking elements k, k+8, k+16, ..., added pairwise at the end in a fixed
+ * order: the same bits every run, and a loop the compiler turns into
+ * vector code; on x86-64 an AVX2 copy is also built and picked at load
+ * time (same operations in the same order, so the same bits: contraction
+ * into FMA is off). Squares of floats are exact in double. NaN never wins
+ * the max (the comparison is false) and makes the sum NaN. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define ROW_STATS_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef ROW_STATS_CLONES
+#define ROW_STATS_CLONES
+#endif
+ROW_STATS_CLONES
 static void row_stats(const float *x, int n, float out[2])
 {
     double ss[8] = {0};
@@ -467,9 +486,9 @@ static void row_stats(const float *x, int n, float out[2])
             ss[k] += d * d;
             mx[k] = a > mx[k] ? a : mx[k];
         }
-    for (int k = 0; j < n; j++, k++) {
-        double d = (double)x[j];
-        float a = fabsf(x[j]);
+    for (int k = 0; k < n - j; k++) {
+        double d = (double)x[j + k];
+        float a = fabsf(x[j + k]);
         ss[k] += d * d;
         mx[k] = a > mx[k] ? a : mx[k];
     }
