@@ -2,11 +2,14 @@
  *
  * dump_create makes every group, dataset and attribute the selection
  * implies, then switches the file to SWMR mode: from there on only raw
- * data is appended, which SWMR allows, and every appended block is flushed
- * so a crash (kill -9 included) leaves a coherent file holding the rows
- * written so far, its status still "partial: running". Attributes cannot
- * change under SWMR, so dump_close closes the file, reopens it normally and
- * rewrites status and /tokens' prompt_length.
+ * data is appended, which SWMR allows. Rows are buffered per dataset and
+ * go out a block (a chunk) at a time, whole blocks straight from the
+ * engine's memory; the file is flushed at the end of every forward batch
+ * and every FLUSH_BYTES within one, so a crash (kill -9 included) leaves a
+ * coherent file holding the rows of every batch before the last, its
+ * status still "partial: running". Attributes cannot change under SWMR,
+ * so dump_close closes the file, reopens it normally and rewrites status
+ * and /tokens' prompt_length.
  *
  * Compressed dumps (shuffle + deflate) are written in SWMR mode too: HDF5
  * 1.10.8 accepts filtered chunked datasets under SWMR (tests cover a crash
