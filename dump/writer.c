@@ -2,11 +2,14 @@
  *
  * dump_create makes every group, dataset and attribute the selection
  * implies, then switches the file to SWMR mode: from there on only raw
- * data is appended, which SWMR allows, and every appended block is flushed
- * so a crash (kill -9 included) leaves a coherent file holding the rows
- * written so far, its status still "partial: running". Attributes cannot
- * change under SWMR, so dump_close closes the file, reopens it normally and
- * rewrites status and /tokens' prompt_length.
+ * data is appended, which SWMR allows. Rows are buffered per dataset and
+ * go out a block (a chunk) at a time, whole blocks straight from the
+ * engine's memory; the file is flushed at the end of every forward batch
+ * and every FLUSH_BYTES within one, so a crash (kill -9 included) leaves a
+ * coherent file holding the rows of every batch before the last, its
+ * status still "partial: running". Attributes cannot change under SWMR,
+ * so dump_close closes the file, reopens it normally and rewrites status
+ * and /tokens' prompt_length.
  *
  * Compressed dumps (shuffle + deflate) are written in SWMR mode too: HDF5
  * 1.10.8 accepts filtered chunked datasets under SWMR (tests cover a crash
@@ -16,9 +19,11 @@
  * two identical runs give identical files, byte for byte. */
 #include "dump_internal.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
+#include <sys/stat.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +33,11 @@
 
 #define MAX_BLOCK_ROWS (1 << 20)
 #define MAX_CHUNK_BYTES ((size_t)1 << 31)  /* HDF5 allows < 4 GiB; stay far below */
+/* Within a forward batch the file is flushed whenever this much was
+ * appended since the last flush: what a crash in a long prefill can lose. */
+#define FLUSH_BYTES ((size_t)64 << 20)
+/* Disk space reserved ahead of HDF5's allocations before a flush. */
+#define RESERVE ((size_t)1 << 20)
 
 /* One extendible dataset being appended to, a block of rows at a time. */
 typedef struct {
@@ -37,6 +47,7 @@ typedef struct {
     int cols;             /* 0 for a 1-D dataset */
     int64_t first;        /* position of row 0: the first_position attribute */
     int64_t written;      /* rows in the file */
+    bool cached;          /* written through HDF5's chunk cache since the last flush */
     int nbuf;             /* rows buffered */
     unsigned char *buf;   /* (block_rows, row_bytes), allocated at the first row */
     char *name;           /* "/layers/3/q", for messages */
@@ -66,7 +77,15 @@ struct dump_writer {
     int64_t n_prompt;
     int32_t *top_ids;     /* (topk) scratch for one row */
     float *top_vals;
+    uint64_t *fp_hash;    /* fingerprint mode: (fp_cap) hashes and (fp_cap, 2) stats */
+    float *fp_stats;      /* of the event being appended */
+    int fp_cap;
     volatile sig_atomic_t *flag;
+    appender **cached;    /* (capacity: every appender) those with cached set */
+    int ncached;
+    size_t cached_bytes;  /* bytes written to them since */
+    size_t unflushed;     /* bytes appended since the last file flush */
+    int64_t batch_pos0;   /* first position of the forward batch being emitted */
     bool failed;          /* err holds the first error; the observer now says stop */
     bool io_failed;       /* an HDF5 call failed: the file is not reopened */
     kv_err err;
@@ -216,41 +235,202 @@ static void app_free(appender *a)
 /* ------------------------------------------------------------------ */
 /* Appending                                                            */
 
-/* Writes the buffered rows as rows [written, written + nbuf) and flushes
- * the dataset, so a crash after this keeps them. */
-static int app_write(dump_writer *w, appender *a)
+/* Writes one chunk (block_rows rows) at row0 straight to the file. */
+static int write_chunk(dump_writer *w, appender *a, int64_t row0, const unsigned char *chunk)
 {
-    if (a->nbuf == 0 || w->io_failed)
-        return a->nbuf == 0 ? 0 : -1;
+    const size_t chunk_bytes = (size_t)w->o.block_rows * a->row_bytes;
+    hsize_t offset[2] = {(hsize_t)row0, 0};
+    if (H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk) >= 0)
+        return 0;
+    /* HDF5 allocated the chunk's space but could not write it: it would
+     * try to fill that space when closing, which fails on the descriptor
+     * abandon_file leaves it. Written again there, the chunk vanishes and
+     * the close works (as it does for a cached chunk whose write failed).
+     * The message is the first failure's. */
+    fail_h5(w, "cannot append to", a->name);
+    abandon_file(w);
+    H5E_BEGIN_TRY
+    {
+        H5Dwrite_chunk(a->dset, H5P_DEFAULT, 0, offset, chunk_bytes, chunk);
+    }
+    H5E_END_TRY
+    return -1;
+}
+
+/* Whole blocks starting on a block boundary of an uncompressed dataset go
+ * to the file as chunks, straight from src: no selection, no copy into the
+ * chunk cache, no fill of a chunk about to be overwritten, and the data is
+ * in the file when the call returns. */
+static int write_chunks(dump_writer *w, appender *a, const unsigned char *src, int n)
+{
+    const int block = w->o.block_rows;
+    for (int r = 0; r < n; r += block)
+        if (write_chunk(w, a, a->written + r, src + (size_t)r * a->row_bytes) < 0)
+            return -1;
+    return 0;
+}
+
+/* Rows anywhere (tokens, a last short block, compressed data): through a
+ * selection and HDF5's chunk cache; flush_cached writes them out. */
+static int write_selection(appender *a, const void *src, int n)
+{
     const int rank = a->cols > 0 ? 2 : 1;
-    hsize_t start[2] = {(hsize_t)a->written, 0}, count[2] = {(hsize_t)a->nbuf, (hsize_t)a->cols};
-    hsize_t extent[2] = {(hsize_t)(a->written + a->nbuf), (hsize_t)a->cols};
+    hsize_t start[2] = {(hsize_t)a->written, 0}, count[2] = {(hsize_t)n, (hsize_t)a->cols};
     hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
-    int rc = H5Dset_extent(a->dset, extent) >= 0 && (fspace = H5Dget_space(a->dset)) >= 0 &&
+    int rc = (fspace = H5Dget_space(a->dset)) >= 0 &&
                      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
                      (mspace = H5Screate_simple(rank, count, NULL)) >= 0 &&
-                     H5Dwrite(a->dset, a->mtype, mspace, fspace, H5P_DEFAULT, a->buf) >= 0 &&
-                     H5Dflush(a->dset) >= 0 ? 0 : -1;
+                     H5Dwrite(a->dset, a->mtype, mspace, fspace, H5P_DEFAULT, src) >= 0 ? 0 : -1;
     dump_h5_close(mspace);
     dump_h5_close(fspace);
-    if (rc < 0)
+    return rc;
+}
+
+/* Appends rows [written, written + n) from src (n x row_bytes). padded:
+ * src holds whole blocks, zeros after the n rows. */
+static int app_write_rows(dump_writer *w, appender *a, const void *src, int n, bool padded)
+{
+    if (n == 0)
+        return 0;
+    if (w->io_failed)
+        return -1;
+    const int block = w->o.block_rows;
+    hsize_t extent[2] = {(hsize_t)(a->written + n), (hsize_t)a->cols};
+    bool whole = !w->o.compress && a->written % block == 0 && (n % block == 0 || padded);
+    if (H5Dset_extent(a->dset, extent) < 0)
         return fail_h5(w, "cannot append to", a->name);
-    a->written += a->nbuf;
+    if (whole && write_chunks(w, a, src, n) < 0)
+        return -1;
+    if (!whole && write_selection(a, src, n) < 0)
+        return fail_h5(w, "cannot append to", a->name);
+    a->written += n;
+    w->unflushed += (size_t)n * a->row_bytes;
+    if (!whole)
+        w->cached_bytes += (size_t)n * a->row_bytes;
+    if (!whole && !a->cached) {
+        a->cached = true;
+        w->cached[w->ncached++] = a;
+    }
+    return 0;
+}
+
+/* Before any flush: disk space is reserved up to HDF5's end of allocation
+ * plus what the flush may still allocate (the cached bytes, and RESERVE
+ * for metadata), so a full disk or a file size limit is found here, not by
+ * a write of metadata inside the flush, after which libhdf5 1.10.8 can no
+ * longer close the file. The space beyond what HDF5 uses is cut off when
+ * dump_close reopens the file. File systems that cannot reserve space are
+ * flushed regardless. */
+static int reserve_space(dump_writer *w, size_t pending)
+{
+    haddr_t eoa = 0;
+    int *fd = NULL;
+    struct stat sb;
+    if (H5Fget_eoa(w->file, &eoa) < 0 || H5Fget_vfd_handle(w->file, H5P_DEFAULT, (void **)&fd) < 0 ||
+        !fd || fstat(*fd, &sb) < 0)
+        return fail_h5(w, "cannot flush", "the appended rows");
+    off_t want = (off_t)(eoa + pending + RESERVE);
+    if (sb.st_size >= want - (off_t)RESERVE / 2)
+        return 0;
+    int err = posix_fallocate(*fd, sb.st_size, want - sb.st_size);
+    if (err == ENOSPC || err == EFBIG || err == EDQUOT || err == EIO) {
+        w->io_failed = true;
+        return fail(w, "%s: cannot append to the file: %s", w->path, strerror(err));
+    }
+    return 0;
+}
+
+/* Flushes the datasets written through the chunk cache: their chunks, then
+ * their metadata. */
+static int flush_cached(dump_writer *w)
+{
+    if (w->ncached > 0 && reserve_space(w, w->cached_bytes) < 0) {
+        w->ncached = 0;
+        return -1;
+    }
+    w->cached_bytes = 0;
+    for (int i = 0; i < w->ncached; i++) {
+        appender *a = w->cached[i];
+        a->cached = false;
+        if (H5Dflush(a->dset) < 0) {
+            w->ncached = 0;
+            return fail_h5(w, "cannot append to", a->name);
+        }
+    }
+    w->ncached = 0;
+    return 0;
+}
+
+/* Tokens go out, flushed on their own, before any block of rows, so a
+ * file cut short never holds a row whose token it lacks. */
+static int tokens_out(dump_writer *w)
+{
+    appender *t = &w->tokens;
+    if (t->nbuf == 0)
+        return 0;
+    if (app_write_rows(w, t, t->buf, t->nbuf, false) < 0)
+        return -1;
+    t->nbuf = 0;
+    return flush_cached(w);
+}
+
+/* Writes n rows of a (tokens first), from the block buffer or straight
+ * from the caller's rows. */
+static int app_write(dump_writer *w, appender *a, const void *src, int n, bool padded)
+{
+    if (n > 0 && a != &w->tokens && tokens_out(w) < 0)
+        return -1;
+    return app_write_rows(w, a, src, n, padded);
+}
+
+/* Writes the buffered rows: a whole block, or a short one when the run
+ * ends. A short block of an uncompressed dataset (not /tokens, written at
+ * any row) goes out as a whole chunk too, zero-padded: the bytes a fill
+ * value of 0 gives, without a cached chunk left to flush. */
+static int app_write_buffered(dump_writer *w, appender *a)
+{
+    if (a->nbuf == 0)
+        return 0;
+    const int block = w->o.block_rows, n = a->nbuf;
+    bool padded = n < block && a != &w->tokens;
+    if (padded)
+        memset(a->buf + (size_t)n * a->row_bytes, 0, (size_t)(block - n) * a->row_bytes);
+    if (app_write(w, a, a->buf, n, padded) < 0)
+        return -1;
     a->nbuf = 0;
     return 0;
 }
 
-/* Tokens go out before any block of rows, so a file cut short never holds
- * a row whose token it lacks. */
-static int app_flush(dump_writer *w, appender *a)
+/* Called at the end of every observer call. Rows written through the
+ * chunk cache are flushed at once; the file as a whole (the metadata
+ * saying which rows exist) at the end of each forward batch (step_end: a
+ * token, logits, or the first event of the next batch came) and within a
+ * batch every FLUSH_BYTES appended. So every row of a batch is on disk
+ * when the next one starts, at one file flush per batch: each flush walks
+ * HDF5's whole metadata cache, and a flush per dataset per block of 64
+ * rows was most of what fingerprint recording cost. */
+static int settle(dump_writer *w, bool step_end)
 {
-    if (a != &w->tokens && app_write(w, &w->tokens) < 0)
+    if (w->io_failed)
         return -1;
-    return app_write(w, a);
+    if (flush_cached(w) < 0)
+        return -1;
+    if (w->unflushed == 0 || (!step_end && w->unflushed < FLUSH_BYTES))
+        return 0;
+    if (reserve_space(w, 0) < 0)
+        return -1;
+    if (H5Fflush(w->file, H5F_SCOPE_LOCAL) < 0)
+        return fail_h5(w, "cannot flush", "the appended rows");
+    w->unflushed = 0;
+    return 0;
 }
 
-/* Appends one row for position pos; rows come in order, one per position. */
-static int app_push(dump_writer *w, appender *a, int64_t pos, const void *row)
+/* Appends n rows (n x row_bytes) for positions pos.. (consecutive; the
+ * first must be the next one due). Rows completing the buffered block are
+ * copied to it; whole blocks after that go to the file straight from the
+ * caller's memory in one write; the rest waits in the buffer. Blocks land
+ * on the same row boundaries whatever the events' sizes. */
+static int app_append(dump_writer *w, appender *a, int64_t pos, const void *rows, int n)
 {
     int64_t next = a->first + a->written + a->nbuf;
     if (pos != next)
@@ -259,43 +439,100 @@ static int app_push(dump_writer *w, appender *a, int64_t pos, const void *row)
                     w->path, a->name, (long long)pos, (long long)next);
     if (!a->buf && !(a->buf = malloc((size_t)w->o.block_rows * a->row_bytes)))
         return fail(w, "%s: out of memory for a block of %s", w->path, a->name);
-    memcpy(a->buf + (size_t)a->nbuf * a->row_bytes, row, a->row_bytes);
-    if (++a->nbuf == w->o.block_rows)
-        return app_flush(w, a);
+    const int block = w->o.block_rows;
+    const unsigned char *src = rows;
+    if (a->nbuf > 0) {
+        int take = n < block - a->nbuf ? n : block - a->nbuf;
+        memcpy(a->buf + (size_t)a->nbuf * a->row_bytes, src, (size_t)take * a->row_bytes);
+        a->nbuf += take;
+        src += (size_t)take * a->row_bytes;
+        n -= take;
+        if (a->nbuf < block)
+            return 0;  /* all taken, the block still open */
+        if (app_write_buffered(w, a) < 0)
+            return -1;
+    }
+    int whole = n / block * block;
+    if (app_write(w, a, src, whole, false) < 0)
+        return -1;
+    src += (size_t)whole * a->row_bytes;
+    n -= whole;
+    memcpy(a->buf, src, (size_t)n * a->row_bytes);
+    a->nbuf = n;
     return 0;
 }
 
-/* A row's fingerprint: XXH3-64 of its bytes (little-endian floats: every
- * host we build for) and (L2 norm summed in double, max |x|; NaN never
- * wins the max, and makes the norm NaN). */
-static void row_fingerprint(const float *row, int cols, uint64_t *h, float st[2])
+/* L2 norm and max |x| of one row. Eight double partial sums, lane k
+ * taking elements k, k+8, k+16, ..., added pairwise at the end in a fixed
+ * order: the same bits every run, and a loop the compiler turns into
+ * vector code; on x86-64 an AVX2 copy is also built and picked at load
+ * time (same operations in the same order, so the same bits: contraction
+ * into FMA is off). Squares of floats are exact in double. NaN never wins
+ * the max (the comparison is false) and makes the sum NaN. */
+#if defined(__x86_64__) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define ROW_STATS_CLONES __attribute__((target_clones("avx2", "default")))
+#endif
+#endif
+#ifndef ROW_STATS_CLONES
+#define ROW_STATS_CLONES
+#endif
+ROW_STATS_CLONES
+static void row_stats(const float *x, int n, float out[2])
 {
-    *h = XXH3_64bits(row, (size_t)cols * sizeof(float));
-    double ss = 0;
-    float mx = 0;
-    for (int j = 0; j < cols; j++) {
-        ss += (double)row[j] * (double)row[j];
-        if (fabsf(row[j]) > mx)
-            mx = fabsf(row[j]);
+    double ss[8] = {0};
+    float mx[8] = {0};
+    int j = 0;
+    for (; j + 8 <= n; j += 8)
+        for (int k = 0; k < 8; k++) {
+            double d = (double)x[j + k];
+            float a = fabsf(x[j + k]);
+            ss[k] += d * d;
+            mx[k] = a > mx[k] ? a : mx[k];
+        }
+    for (int k = 0; k < n - j; k++) {
+        double d = (double)x[j + k];
+        float a = fabsf(x[j + k]);
+        ss[k] += d * d;
+        mx[k] = a > mx[k] ? a : mx[k];
     }
-    st[0] = (float)sqrt(ss);
-    st[1] = mx;
+    double sum = ((ss[0] + ss[4]) + (ss[2] + ss[6])) + ((ss[1] + ss[5]) + (ss[3] + ss[7]));
+    float m = 0;
+    for (int k = 0; k < 8; k++)
+        m = mx[k] > m ? mx[k] : m;
+    out[0] = (float)sqrt(sum);
+    out[1] = m;
 }
 
-/* Full mode: the row (and its fingerprint with row hashes). Fingerprint
- * mode: the fingerprint alone. */
-static int sink_push(dump_writer *w, stage_sink *s, int64_t pos, const float *row)
+/* Full mode: the rows, and with row hashes their fingerprints beside them.
+ * Fingerprint mode: the fingerprints alone. A fingerprint is per row the
+ * XXH3-64 of its bytes (little-endian floats: every host we build for) and
+ * (L2 norm, max |x|), computed for the whole event, then appended. */
+static int sink_append(dump_writer *w, stage_sink *s, int64_t pos, const float *rows, int n)
 {
     if (!w->o.fingerprint && !w->o.row_hashes)
-        return app_push(w, &s->rows, pos, row);
-    uint64_t h;
-    float st[2];
-    row_fingerprint(row, s->cols, &h, st);
-    if (w->o.fingerprint)
-        return app_push(w, &s->rows, pos, &h) < 0 ? -1 : app_push(w, &s->stats, pos, st);
-    if (app_push(w, &s->rows, pos, row) < 0 || app_push(w, &s->hash, pos, &h) < 0)
+        return app_append(w, &s->rows, pos, rows, n);
+    if (n > w->fp_cap) {
+        uint64_t *h = realloc(w->fp_hash, (size_t)n * sizeof *h);
+        if (h)
+            w->fp_hash = h;
+        float *st = realloc(w->fp_stats, (size_t)n * 2 * sizeof *st);
+        if (st)
+            w->fp_stats = st;
+        if (!h || !st)
+            return fail(w, "%s: out of memory for the fingerprints of %s", w->path, s->rows.name);
+        w->fp_cap = n;
+    }
+    for (int r = 0; r < n; r++) {
+        const float *row = rows + (size_t)r * s->cols;
+        w->fp_hash[r] = XXH3_64bits(row, (size_t)s->cols * sizeof(float));
+        row_stats(row, s->cols, w->fp_stats + 2 * r);
+    }
+    if (!w->o.fingerprint && app_append(w, &s->rows, pos, rows, n) < 0)
         return -1;
-    return app_push(w, &s->stats, pos, st);
+    if (app_append(w, w->o.fingerprint ? &s->rows : &s->hash, pos, w->fp_hash, n) < 0)
+        return -1;
+    return app_append(w, &s->stats, pos, w->fp_stats, n);
 }
 
 /* ------------------------------------------------------------------ */
@@ -370,8 +607,10 @@ static int on_logits(dump_writer *w, const kv_event *ev)
             continue;
         float lse = row_lse(row, V);
         row_topk(row, V, K, w->top_ids, w->top_vals);
-        if (app_push(w, &w->lse, p, &lse) < 0 || app_push(w, &w->topk_ids, p, w->top_ids) < 0 ||
-            app_push(w, &w->topk_vals, p, w->top_vals) < 0 || (s && sink_push(w, s, p, row) < 0))
+        if (app_append(w, &w->lse, p, &lse, 1) < 0 ||
+            app_append(w, &w->topk_ids, p, w->top_ids, 1) < 0 ||
+            app_append(w, &w->topk_vals, p, w->top_vals, 1) < 0 ||
+            (s && sink_append(w, s, p, row, 1) < 0))
             return -1;
     }
     return 0;
@@ -385,30 +624,49 @@ static bool must_stop(const dump_writer *w)
     return w->failed || (w->flag && *w->flag);
 }
 
+/* The rows of one event that the selection keeps, appended in one go.
+ * A row past the run's positions is an error; the rows before it stay. */
+static int on_rows(dump_writer *w, const kv_event *ev)
+{
+    if (ev->stage < 0 || ev->stage >= STAGE_COUNT || ev->layer < -1 || ev->layer >= KV_MAX_LAYERS)
+        return 0;
+    /* A new forward batch: the last one's rows go to disk first. */
+    if (ev->pos0 != w->batch_pos0) {
+        w->batch_pos0 = ev->pos0;
+        if (settle(w, true) < 0)
+            return -1;
+    }
+    stage_sink *s = w->sinks[ev->stage][ev->layer + 1];
+    if (!s || ev->nrows <= 0)
+        return 0;
+    if (ev->ncols != s->cols)
+        return fail(w, "%s: %s: the engine emitted %d columns, the model config says %d", w->path,
+                    s->rows.name, ev->ncols, s->cols);
+    const int64_t end = ev->pos0 + ev->nrows;  /* one past the event's last position */
+    int64_t past = w->max_positions > 0 && end > w->max_positions ? w->max_positions : end;
+    if (past < ev->pos0)
+        past = ev->pos0;
+    int64_t lo = ev->pos0 > w->o.pos_lo ? ev->pos0 : w->o.pos_lo;
+    int64_t hi = past - 1 < w->o.pos_hi ? past - 1 : w->o.pos_hi;
+    if (lo <= hi && sink_append(w, s, lo, ev->data + (size_t)(lo - ev->pos0) * s->cols,
+                                (int)(hi - lo + 1)) < 0)
+        return -1;
+    if (past < end)
+        return fail(w, "%s: %s: position %lld is past the run's %d positions", w->path,
+                    s->rows.name, (long long)past, w->max_positions);
+    return 0;
+}
+
 static int writer_emit(kv_observer *self, const kv_event *ev)
 {
     dump_writer *w = (dump_writer *)self;
     if (must_stop(w))
         return 1;
-    if (ev->stage == STAGE_LOGITS)
-        return on_logits(w, ev) < 0;
-    if (ev->stage < 0 || ev->stage >= STAGE_COUNT || ev->layer < -1 || ev->layer >= KV_MAX_LAYERS)
-        return 0;
-    stage_sink *s = w->sinks[ev->stage][ev->layer + 1];
-    if (!s)
-        return 0;
-    if (ev->ncols != s->cols)
-        return fail(w, "%s: %s: the engine emitted %d columns, the model config says %d", w->path,
-                    s->rows.name, ev->ncols, s->cols) < 0;
-    for (int r = 0; r < ev->nrows; r++) {
-        const int64_t p = ev->pos0 + r;
-        if (w->max_positions > 0 && p >= w->max_positions)
-            return fail(w, "%s: %s: position %lld is past the run's %d positions", w->path,
-                        s->rows.name, (long long)p, w->max_positions) < 0;
-        if (position_recorded(w, p) && sink_push(w, s, p, ev->data + (size_t)r * s->cols) < 0)
-            return 1;
-    }
-    return 0;
+    bool logits = ev->stage == STAGE_LOGITS;
+    int rc = logits ? on_logits(w, ev) : on_rows(w, ev);
+    if (settle(w, logits || rc < 0) < 0)
+        rc = -1;
+    return rc < 0;
 }
 
 static int writer_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
@@ -416,7 +674,10 @@ static int writer_token(kv_observer *self, int64_t pos, int32_t id, int is_promp
     dump_writer *w = (dump_writer *)self;
     if (must_stop(w))
         return 1;
-    if (app_push(w, &w->tokens, pos, &id) < 0)
+    int rc = app_append(w, &w->tokens, pos, &id, 1);
+    if (settle(w, true) < 0)
+        rc = -1;
+    if (rc < 0)
         return 1;
     if (is_prompt)
         w->n_prompt++;
@@ -718,6 +979,9 @@ static void writer_free(dump_writer *w)
     dump_h5_close(w->file);
     free(w->top_ids);
     free(w->top_vals);
+    free(w->fp_hash);
+    free(w->fp_stats);
+    free(w->cached);
     free(w->path);
     free(w);
 }
@@ -750,7 +1014,9 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     w->path = strdup(path);
     w->top_ids = malloc((size_t)o->topk * sizeof *w->top_ids);
     w->top_vals = malloc((size_t)o->topk * sizeof *w->top_vals);
-    if (!w->path || !w->top_ids || !w->top_vals) {
+    /* tokens, lse, topk_ids, topk_values, and two per stage sink */
+    w->cached = malloc(((size_t)4 + 2 * STAGE_COUNT * (KV_MAX_LAYERS + 1)) * sizeof *w->cached);
+    if (!w->path || !w->top_ids || !w->top_vals || !w->cached) {
         kv_errf(e, "%s: out of memory", path);
         writer_free(w);
         return NULL;
@@ -790,17 +1056,18 @@ const char *dump_error(const dump_writer *w)
 
 static void flush_all(dump_writer *w)
 {
-    app_write(w, &w->tokens);
+    app_write_buffered(w, &w->tokens);
     for (int st = 0; st < STAGE_COUNT; st++)
         for (int l = 0; l <= KV_MAX_LAYERS; l++)
             if (w->sinks[st][l]) {
-                app_write(w, &w->sinks[st][l]->rows);
-                app_write(w, &w->sinks[st][l]->stats);
-                app_write(w, &w->sinks[st][l]->hash);
+                app_write_buffered(w, &w->sinks[st][l]->rows);
+                app_write_buffered(w, &w->sinks[st][l]->stats);
+                app_write_buffered(w, &w->sinks[st][l]->hash);
             }
-    app_write(w, &w->lse);
-    app_write(w, &w->topk_ids);
-    app_write(w, &w->topk_vals);
+    app_write_buffered(w, &w->lse);
+    app_write_buffered(w, &w->topk_ids);
+    app_write_buffered(w, &w->topk_vals);
+    settle(w, true);
 }
 
 static void close_dataset(dump_writer *w, appender *a)
@@ -814,8 +1081,8 @@ static void close_dataset(dump_writer *w, appender *a)
  * close the file: H5Fclose fails, leaves it half destroyed, and the library
  * crashes at exit (H5F__close_cb from its atexit handler). Nothing more can
  * reach the disk anyway, so the file's descriptor is pointed at /dev/null:
- * the closing writes then succeed and vanish, and the file on disk stays as
- * the failure left it. */
+ * the closing writes then succeed and vanish, and the file on disk stays
+ * as the failure left it. Called again (closing) it changes nothing. */
 static void abandon_file(const dump_writer *w)
 {
     int *fd = NULL;
