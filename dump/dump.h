@@ -2,9 +2,11 @@
  *
  * The writer is an observer sink: engines emit rows to the kv_observer it
  * hands out and know nothing of HDF5. Rows are buffered per dataset and
- * appended in blocks to chunked, extendible datasets; the file is written
- * in SWMR mode and flushed after every block, so a crash leaves a coherent
- * file marked `partial: running`. dump_close sets the final status.
+ * appended in blocks of block_rows to chunked, extendible datasets; the
+ * file is written in SWMR mode and flushed after every forward batch (and
+ * every 64 MiB within one), so a crash leaves a coherent file marked
+ * `partial: running` holding every block written before the batch that was
+ * running. dump_close sets the final status.
  *
  * The reader opens any schema-v1 file (ours or another program's, SWMR-
  * flagged or not) and reads hyperslabs, so memory stays bounded. */
