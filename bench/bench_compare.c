@@ -21,17 +21,11 @@
 
 #include "chunked/chunked.h"
 #include "dump/dump.h"
+#include "bench/bench_common.h"
 #include "model/generate.h"
 #include "reference/reference.h"
 
 extern char **environ;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static void die(const char *what, const kv_err *e)
 {
@@ -179,7 +173,8 @@ int main(int argc, char **argv)
     printf("dumps of %s, %d positions, %.2f GB a pair (warm page cache)\n", preset, n, bytes / 1e9);
     printf("%-18s %-16s %9s %9s %10s\n", "case", "tool", "seconds", "GB/s", "peak RSS");
     FILE *tsv = fopen(argv[1], "a");
-    char date[32];
+    char date[32], head[32];
+    git_head(head, sizeof head);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%S", gmtime(&now));
     int bad = 0;
@@ -203,12 +198,12 @@ int main(int argc, char **argv)
         else
             printf("%-18s h5diff did not run (install hdf5-tools)\n", "");
         if (tsv) {
-            fprintf(tsv, "%s\t-\tcompare %s\t%s\tf32\t1\tcompare_GB_s\t%.2f\n", date,
+            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\tcompare_GB_s\t%.2f\n", date, head,
                     cases[k].name, preset, kv_rate);
-            fprintf(tsv, "%s\t-\tcompare %s\t%s\tf32\t1\tcompare_peak_rss_MiB\t%.0f\n", date,
+            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\tcompare_peak_rss_MiB\t%.0f\n", date, head,
                     cases[k].name, preset, kv.rss_mib);
             if (h5_rate > 0)
-                fprintf(tsv, "%s\t-\tcompare %s\t%s\tf32\t1\th5diff_GB_s\t%.2f\n", date,
+                fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\th5diff_GB_s\t%.2f\n", date, head,
                         cases[k].name, preset, h5_rate);
         }
     }

@@ -30,15 +30,9 @@
 #include <unistd.h>
 
 #include "dump/dump.h"
+#include "bench/bench_common.h"
 #include "model/generate.h"
 #include "reference/reference.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* MB/s of writing `mib` MiB to a fresh file, through the page cache as
  * the dump is (then removed). */
@@ -151,20 +145,6 @@ static run_cost timed_run(const kv_model *m, const kern_ctx *kc, const int32_t *
     gen_result_free(&res);
     engine_free(eng);
     return rc;
-}
-
-static void git_head(char *buf, size_t n)
-{
-    FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-    buf[0] = 0;
-    if (p) {
-        if (!fgets(buf, (int)n, p))
-            buf[0] = 0;
-        pclose(p);
-    }
-    buf[strcspn(buf, "\n")] = 0;
-    if (!buf[0])
-        snprintf(buf, n, "unknown");
 }
 
 /* Fastest and slowest of one configuration over the rounds. */

@@ -10,29 +10,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_common.h"
 #include "model/generate.h"
 #include "reference/reference.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void git_head(char *buf, size_t n)
-{
-    FILE *p = popen("git rev-parse --short HEAD 2>/dev/null", "r");
-    buf[0] = 0;
-    if (p) {
-        if (!fgets(buf, (int)n, p))
-            buf[0] = 0;
-        pclose(p);
-    }
-    buf[strcspn(buf, "\n")] = 0;
-    if (!buf[0])
-        snprintf(buf, n, "unknown");
-}
 
 static int bench_one(FILE *tsv, const char *preset, kern_wtype wt, int threads, int n_prefill,
                      int n_decode)
