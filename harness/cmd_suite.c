@@ -37,12 +37,15 @@ static void suite_usage(FILE *f)
             "                  $TMPDIR/kvdiff-suite.XXXXXX, removed when every case passes.\n"
             "                  A failed case keeps DIR/CASE/ (a.h5, b.h5, compare.json,\n"
             "                  log.txt, report/); a passing case's files are deleted\n"
+            "  --timeout S     seconds one kvdiff process of a case may take before it is\n"
+            "                  killed and the case counts as an error (default 600; 0: none)\n"
             "  --list          print the selected cases and exit\n");
 }
 
 typedef struct {
     const char *file;
     int jobs;
+    int timeout;
     int shard_i, shard_n;
     const char *filter;
     const char *junit;
@@ -53,7 +56,7 @@ typedef struct {
 static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
 {
     static const struct option longopts[] = {
-        {"jobs", required_argument, 0, 0},  {"shard", required_argument, 0, 0},
+        {"jobs", required_argument, 0, 0},  {"timeout", required_argument, 0, 0},  {"shard", required_argument, 0, 0},
         {"filter", required_argument, 0, 0}, {"junit", required_argument, 0, 0},
         {"keep", required_argument, 0, 0},  {"list", no_argument, 0, 0},
         {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
@@ -70,6 +73,10 @@ static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
             if (cli_int("--jobs", optarg, 1, 64, &v, e) < 0)
                 return -1;
             a->jobs = (int)v;
+        } else if (!strcmp(n, "timeout")) {
+            if (cli_int("--timeout", optarg, 0, 86400, &v, e) < 0)
+                return -1;
+            a->timeout = (int)v;
         } else if (!strcmp(n, "shard")) {
             if (suite_parse_shard(optarg, &a->shard_i, &a->shard_n, e) < 0)
                 return -1;
@@ -197,7 +204,7 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
         return kv_errf(e, "out of memory");
     progress bar;
     progress_start(&bar, stderr, "cases", n);
-    suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs,
+    suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs, .step_timeout = a->timeout,
                          .report = suite_has_verb(bin, "report"), .on_done = on_case_done,
                          .ctx = &bar};
     int rc = suite_run(s, sel, n, &ro, res, e);
@@ -229,7 +236,7 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
 
 int cmd_suite(int argc, char **argv)
 {
-    suite_args a = {.jobs = 1, .shard_i = 1, .shard_n = 1};
+    suite_args a = {.jobs = 1, .timeout = 600, .shard_i = 1, .shard_n = 1};
     kv_err e = {{0}};
     int pr = parse_suite_args(argc, argv, &a, &e);
     if (pr == 1) {

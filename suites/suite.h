@@ -142,6 +142,9 @@ typedef struct {
     const char *workdir;         /* existing folder; case C works in workdir/C/ */
     int jobs;                    /* cases run at once (>= 1), one process each */
     bool report;                 /* on failure, also `kvdiff report ... -o C/report` */
+    int step_timeout;            /* seconds a step (one kvdiff process) may take;
+                                  * then it is killed and the case is an ERROR
+                                  * (0: no limit) */
     /* Called in the parent after each case, in completion order (may be NULL). */
     void (*on_done)(void *ctx, int done, int total, const suite_case *c, const suite_result *r);
     void *ctx;

@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -145,8 +146,14 @@ static double now_s(void)
 /* ------------------------------------------------------------------ */
 /* Steps                                                                */
 
+/* Seconds a step may take (suite_run_opts.step_timeout; 0: no limit). */
+static int step_timeout;
+
+#define STEP_TIMED_OUT 1000
+
 /* Runs argv with stdout to out_fd and stderr to err_fd; the command line
- * goes to err_fd first. Returns the exit code, 128 + signal, or -1. */
+ * goes to err_fd first. Returns the exit code, 128 + signal, -1, or
+ * STEP_TIMED_OUT when it ran past step_timeout and was killed. */
 static int run_step(char *const argv[], int out_fd, int err_fd)
 {
     dprintf(err_fd, "$ kvdiff");
@@ -167,9 +174,23 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
         _exit(127);
     }
     int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR)
+    const double deadline = now_s() + (step_timeout > 0 ? step_timeout : 1e18);
+    for (;;) {
+        pid_t w = waitpid(pid, &st, WNOHANG);
+        if (w == pid)
+            break;
+        if (w < 0 && errno != EINTR)
             return -1;
+        if (now_s() > deadline) {
+            kill(pid, SIGKILL);
+            while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+            }
+            dprintf(err_fd, "killed: it ran past the step time limit of %d s\n", step_timeout);
+            return STEP_TIMED_OUT;
+        }
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 
@@ -292,6 +313,9 @@ static void step_error(suite_result *r, const char *log, const char *step, int c
     r->outcome = SUITE_ERROR;
     if (code < 0)
         put(r->message, sizeof r->message, "%s could not be started", step);
+    else if (code == STEP_TIMED_OUT)
+        put(r->message, sizeof r->message, "%s ran past the step time limit (%d s) and was "
+            "killed", step, step_timeout);
     else if (code >= 128)
         put(r->message, sizeof r->message, "%s was killed by signal %d", step, code - 128);
     else
@@ -439,6 +463,7 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
     }
     if (pid == 0) {
         close(fds[0]);
+        step_timeout = o->step_timeout;
         suite_result r;
         run_case(&s->cases[sel[idx]], o, &r);
         const char *p = (const char *)&r;

@@ -643,6 +643,25 @@ START_TEST(test_cli_case_error)
 }
 END_TEST
 
+/* A step that runs past --timeout is killed and its case is an ERROR
+ * that says so (a real-shaped model takes seconds just to build). */
+START_TEST(test_cli_step_timeout)
+{
+    char dir[64], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/slow.suite", dir);
+    write_file(path, "[slow]\nmodel = qwen2.5-0.5b-shape\nprompt = random:8:1\nmax_new = 1\n"
+                     "a = --engine reference\nb = --engine chunked --chunk 4\n"
+                     "expect = identical\n");
+    snprintf(args, sizeof args, "suite %s --keep %s/work --timeout 1", path, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "ERROR slow: engine A (kvdiff run) ran past the step time limit "
+                              "(1 s) and was killed"), "%s", out);
+    ck_assert_int_eq(test_run_cli("suite x.suite --timeout -1", out, sizeof out), 2);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *suite_suite(void)
 {
     Suite *s = suite_create("suite");
@@ -661,6 +680,7 @@ Suite *suite_suite(void)
     tcase_add_test(tc, test_cli_select_and_list);
     tcase_add_test(tc, test_cli_refuses);
     tcase_add_test(tc, test_cli_case_error);
+    tcase_add_test(tc, test_cli_step_timeout);
     suite_add_tcase(s, tc);
     return s;
 }
