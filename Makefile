@@ -66,7 +66,9 @@ $(BUILD)/check_kvdiff: $(TEST_OBJ) $(LIB) $(BUILD)/kvdiff
 	@$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
 # The closing line is Check's summary.
-test: kvdiff $(BUILD)/check_kvdiff
+# deps first (a no-op once installed), so it works on a fresh machine too.
+test: deps
+	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff
 	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) ./$(BUILD)/check_kvdiff
 
 demo: deps
