@@ -155,7 +155,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char path[64];
     kv_err e;
     snprintf(path, sizeof path, "/tmp/fuzz_dump_%ld.h5", (long)getpid());
-    dump_hang_guard(5, on_hang);
+    dump_hang_guard(1, on_hang);
     dump_preflight_child_hook(preflight_child);
     FILE *fp = fopen(path, "wb");
     if (!fp || fwrite(data, 1, size, fp) != size) {
