@@ -13,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "cmp_internal.h"
+#include "../model/pool.h"
 
 void cmp_opts_default(cmp_opts *o)
 {
@@ -279,6 +281,7 @@ typedef struct {
     size_t buf_floats;
     uint64_t *hasha, *hashb;
     cmp_rowrec *recs;            /* (n, B) */
+    kern_pool *pool;             /* rows of a read are weighed in parallel */
     uint8_t *have;               /* (n, B) */
 } walker;
 
@@ -689,6 +692,26 @@ static int rows_by_hash(walker *w, int i, int64_t b0, int64_t q, int64_t n, kv_e
     return 1;
 }
 
+/* Rows of one read, weighed by the pool: each task owns its rows' records
+ * (a row's record depends on that row alone, so the split changes nothing). */
+typedef struct {
+    const walker *w;
+    const walk_slot *s;
+    cmp_rowrec *recs;            /* the read's first record */
+    int64_t n;
+    int tasks;
+} rows_job;
+
+static void rows_task(void *ctx, int task)
+{
+    const rows_job *j = ctx;
+    const int cols = j->s->cols;
+    const int64_t lo = j->n * task / j->tasks, hi = j->n * (task + 1) / j->tasks;
+    for (int64_t r = lo; r < hi; r++)
+        cmp_row_compare(j->w->bufa + (size_t)r * cols, j->w->bufb + (size_t)r * cols, cols,
+                        &j->s->tol, &j->recs[r]);
+}
+
 static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1, first_bad *f,
                            first_bad *lg, kv_err *e)
 {
@@ -707,14 +730,23 @@ static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1,
         if (read_side(w->test, sr, q, n, w->bufa, w->hasha, e) < 0 ||
             read_side(w->ref, sr, q, n, w->bufb, w->hashb, e) < 0)
             return -1;
+        cmp_rowrec *first = &w->recs[(size_t)i * w->B + (size_t)(q - b0)];
+        if (!sr->hashed) {
+            /* Small reads are not worth waking a thread for. */
+            int tasks = pool_threads(w->pool);
+            if ((int64_t)s->cols * n < 4096 || n < tasks)
+                tasks = 1;
+            rows_job job = {w, s, first, n, tasks};
+            if (tasks > 1)
+                pool_run(w->pool, rows_task, &job, tasks);
+            else
+                rows_task(&job, 0);
+        }
         for (int64_t r = 0; r < n; r++) {
             const int64_t p = q + r;
-            cmp_rowrec *rec = &w->recs[(size_t)i * w->B + (size_t)(p - b0)];
+            cmp_rowrec *rec = first + r;
             if (sr->hashed)
                 cmp_row_hashed(w->hasha[r] == w->hashb[r], rec);
-            else
-                cmp_row_compare(w->bufa + (size_t)r * s->cols, w->bufb + (size_t)r * s->cols,
-                                s->cols, &s->tol, rec);
             w->have[(size_t)i * w->B + (size_t)(p - b0)] = 1;
             if (rec->bad && earlier(p, i, f))
                 *f = (first_bad){p, i};
@@ -980,7 +1012,12 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
         cmp_note(r, "%s is partial (the run stopped early): compared what it holds", test->label);
     cmp_ctx c = {.ref = ref, .test = test, .o = o, .cfg = &ref->cfg, .r = r,
                  .pos_limit = w.pos_limit};
+    /* Two threads at most: reading is serial (libhdf5), only weighing rows
+     * is split. Without a pool (out of threads) rows are weighed serially. */
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    w.pool = pool_create(cpus > 1 ? 2 : 1);
     int rc = compare_run(&w, &c, e);
     walker_free(&w);
+    pool_free(w.pool);
     return rc;
 }
