@@ -198,12 +198,12 @@ int main(int argc, char **argv)
         else
             printf("%-18s h5diff did not run (install hdf5-tools)\n", "");
         if (tsv) {
-            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\tcompare_GB_s\t%.2f\n", date, head,
+            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t2\tcompare_GB_s\t%.2f\n", date, head,
                     cases[k].name, preset, kv_rate);
-            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\tcompare_peak_rss_MiB\t%.0f\n", date, head,
+            fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t2\tcompare_peak_rss_MiB\t%.0f\n", date, head,
                     cases[k].name, preset, kv.rss_mib);
             if (h5_rate > 0)
-                fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t1\th5diff_GB_s\t%.2f\n", date, head,
+                fprintf(tsv, "%s\t%s\tcompare %s\t%s\tf32\t2\th5diff_GB_s\t%.2f\n", date, head,
                         cases[k].name, preset, h5_rate);
         }
     }
