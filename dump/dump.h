@@ -37,6 +37,10 @@ typedef struct {
                                     * (default on: comparers skip identical rows) */
     int topk;                      /* /output top-k (default 8) */
     int block_rows;                /* rows buffered per dataset (default 64) */
+    struct kern_pool *pool;        /* optional (model/pool.h): rows are hashed and
+                                    * measured on its threads, which sit idle while
+                                    * the engine hands rows over; NULL: serially.
+                                    * The values do not depend on it. */
 } dump_opts;
 
 void dump_opts_default(dump_opts *o);

@@ -18,6 +18,7 @@
  * Object timestamps are off and every chunk has a defined fill value, so
  * two identical runs give identical files, byte for byte. */
 #include "dump_internal.h"
+#include "../model/pool.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -504,6 +505,26 @@ static void row_stats(const float *x, int n, float out[2])
     out[1] = m;
 }
 
+/* Fingerprints of an event's rows, split across the pool's threads: each
+ * task owns a range of rows, so the values are those of one thread. */
+typedef struct {
+    dump_writer *w;
+    const float *rows;
+    int cols, n, tasks;
+} fp_job;
+
+static void fp_task(void *ctx, int task)
+{
+    const fp_job *j = ctx;
+    const int lo = (int)((int64_t)j->n * task / j->tasks);
+    const int hi = (int)((int64_t)j->n * (task + 1) / j->tasks);
+    for (int r = lo; r < hi; r++) {
+        const float *row = j->rows + (size_t)r * j->cols;
+        j->w->fp_hash[r] = XXH3_64bits(row, (size_t)j->cols * sizeof(float));
+        row_stats(row, j->cols, j->w->fp_stats + 2 * r);
+    }
+}
+
 /* Full mode: the rows, and with row hashes their fingerprints beside them.
  * Fingerprint mode: the fingerprints alone. A fingerprint is per row the
  * XXH3-64 of its bytes (little-endian floats: every host we build for) and
@@ -523,11 +544,14 @@ static int sink_append(dump_writer *w, stage_sink *s, int64_t pos, const float *
             return fail(w, "%s: out of memory for the fingerprints of %s", w->path, s->rows.name);
         w->fp_cap = n;
     }
-    for (int r = 0; r < n; r++) {
-        const float *row = rows + (size_t)r * s->cols;
-        w->fp_hash[r] = XXH3_64bits(row, (size_t)s->cols * sizeof(float));
-        row_stats(row, s->cols, w->fp_stats + 2 * r);
-    }
+    fp_job job = {w, rows, s->cols, n, 1};
+    /* Small events are not worth waking a thread for. */
+    if (w->o.pool && (int64_t)n * s->cols >= 2048)
+        job.tasks = pool_threads(w->o.pool) < n ? pool_threads(w->o.pool) : n;
+    if (job.tasks > 1)
+        pool_run(w->o.pool, fp_task, &job, job.tasks);
+    else
+        fp_task(&job, 0);
     if (!w->o.fingerprint && app_append(w, &s->rows, pos, rows, n) < 0)
         return -1;
     if (app_append(w, w->o.fingerprint ? &s->rows : &s->hash, pos, w->fp_hash, n) < 0)

@@ -310,7 +310,9 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
                       .cfg = &m->cfg, .weight_fingerprint = m->fingerprint, .seed = o->po.seed,
                       .tool_version = "kvdiff " KVDIFF_VERSION, .max_positions = (int)ctx,
                       .prompt_length = n_prompt};
-    dump_writer *w = dump_create(path, &meta, d, e);
+    dump_opts with_pool = *d;
+    with_pool.pool = kc->pool;   /* idle while the engine hands rows over */
+    dump_writer *w = dump_create(path, &meta, &with_pool, e);
     free(settings);
     if (w) {
         run_stop_signal = 0;
