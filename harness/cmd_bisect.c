@@ -55,7 +55,7 @@ static int record(const run_opts *o, const dump_opts *d, const char *path, const
     gen_result_free(&res);
     engine_free(eng);
     kv_err ge = *e;
-    return run_close_dump(w, path, rc, &ge, e);
+    return run_close_dump(w, path, rc, &ge, NULL, e);
 }
 
 /* Compares two dump files (exact). Returns cmp_compare's code. */

@@ -128,7 +128,7 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
     run_progress_end(&bar);
     if (w) {
         kv_err gen_err = *e;
-        if (run_close_dump(w, o->dump_path, rc, &gen_err, e) < 0)
+        if (run_close_dump(w, o->dump_path, rc, &gen_err, NULL, e) < 0)
             rc = -1;
     }
     if (rc == 0) {

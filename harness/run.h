@@ -65,14 +65,13 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
                            const kv_model *m, const kern_ctx *kc, long ctx, int n_prompt,
                            kv_err *e);
 
-/* Closes w with the status the run earned (gen_rc from generate()). On
- * failure e says why: the writer's own error first, then the interruption,
- * then the engine's. Returns 0 when the run and the dump are whole. */
+/* Closes w with the status the run earned (gen_rc from generate()); a run
+ * stopped on purpose passes why as stopped (NULL otherwise): the dump is
+ * then "partial: <stopped>" and that is no failure. On failure e says why:
+ * the writer's own error first, then the interruption, then the engine's.
+ * Returns 0 when the run and the dump are whole (or stopped on purpose). */
 int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *gen_err,
-                   kv_err *e);
-
-/* Closes w marked "partial: why" after a run stopped on purpose. */
-int run_close_dump_partial(dump_writer *w, const char *why, kv_err *e);
+                   const char *stopped, kv_err *e);
 
 /* A progress bar over positions on a terminal (stderr): it watches the
  * last layer's x_out, which engines compute anyway. */

@@ -329,7 +329,7 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
 }
 
 int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *gen_err,
-                   kv_err *e)
+                   const char *stopped, kv_err *e)
 {
     char why[1100];
     kv_err we = {{0}}, ce = {{0}};
@@ -342,9 +342,11 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
                  run_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
     else if (dump_error(w))
         snprintf(why, sizeof why, "%s", dump_error(w));
+    else if (stopped)   /* on purpose: partial, but nothing failed */
+        snprintf(why, sizeof why, "%s", stopped), gen_rc = 0;
     else if (gen_rc != 0)
         snprintf(why, sizeof why, "engine error: %s", gen_err->msg);
-    if (run_stop_signal || dump_error(w) || gen_rc != 0)
+    if (run_stop_signal || dump_error(w) || stopped || gen_rc != 0)
         reason = why;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
@@ -366,18 +368,6 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
         return -1;
     }
     return 0;
-}
-
-int run_close_dump_partial(dump_writer *w, const char *why, kv_err *e)
-{
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    if (dump_error(w)) {
-        kv_errf(e, "%s", dump_error(w));
-        dump_close(w, dump_error(w), NULL);
-        return -1;
-    }
-    return dump_close(w, why, e);
 }
 
 static int rp_wants(kv_observer *self, kv_stage st, int layer)

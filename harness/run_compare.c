@@ -133,16 +133,13 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     bool ours = check && check->stopped && rc == 1;
     if (ours)
         rc = 0;
-    if (w && ours) {
+    if (w) {
         /* A run stopped on purpose leaves a dump marked partial. */
         char why[128];
         snprintf(why, sizeof why, "stopped after the first divergence (position %lld)",
-                 (long long)check->pos);
-        if (run_close_dump_partial(w, why, e) < 0)
-            rc = -1;
-    } else if (w) {
+                 ours ? (long long)check->pos : -1LL);
         kv_err ge = *e;
-        if (run_close_dump(w, path, rc, &ge, e) < 0)
+        if (run_close_dump(w, path, rc, &ge, ours ? why : NULL, e) < 0)
             rc = -1;
     }
     if (rc != 0 && cmp_memrec_error(rec))
