@@ -415,20 +415,14 @@ START_TEST(test_unwritable_output)
 }
 END_TEST
 
-/* A dump cut short by a full disk (a 3 MB file size limit, in bash's KiB,
- * against a 6 MB run): the report compares what it holds and says, on the
- * page and in the summary, that the recording is partial. */
+/* A dump cut short by a full disk (test_record_cut_short): the report
+ * compares what it holds and says, on the page and in the summary, that the
+ * recording is partial. */
 START_TEST(test_partial_dump_report)
 {
     char dir[64], args[768];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
-    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 200 --seed 4 "
-             "--max-new 16 --ignore-eos --dump %s/ref.h5", dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    snprintf(args, sizeof args, "bash -c 'ulimit -f 3000; exec \"$KVDIFF_BIN\" run --model "
-             "tiny-gemma3 --prompt-random 200 --seed 4 --max-new 16 --ignore-eos --engine chunked "
-             "--chunk 5 --dump %s/part.h5 2>/dev/null'", dir);
-    ck_assert_int_eq(system(args) == 0, 0);
+    ck_assert_int_eq(test_record_cut_short(dir), 0);
     snprintf(args, sizeof args, "report %s/ref.h5 %s/part.h5 -o %s/out", dir, dir, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     char sub[128];

@@ -111,3 +111,18 @@ double test_rel_err(const float *a, const float *b, size_t n)
     }
     return mb > 0 ? md / mb : md;
 }
+
+int test_record_cut_short(const char *dir)
+{
+    static const char run[] = "run --model tiny-gemma3 --prompt-random 200 --seed 4 "
+                              "--max-new 16 --ignore-eos";
+    char args[1024], out[4096];
+    snprintf(args, sizeof args, "%s --dump %s/ref.h5", run, dir);
+    if (test_run_cli(args, out, sizeof out) != 0)
+        return -1;
+    /* bash: its ulimit -f counts KiB (dash's counts 512-byte blocks). */
+    const char *bin = getenv("KVDIFF_BIN");
+    snprintf(args, sizeof args, "bash -c 'ulimit -f 3000; exec \"%s\" %s --engine chunked "
+             "--chunk 5 --dump %s/part.h5 >/dev/null 2>&1'", bin ? bin : "./kvdiff", run, dir);
+    return system(args) != 0 ? 0 : -1;   /* the limit must have stopped it */
+}

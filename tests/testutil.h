@@ -32,6 +32,12 @@ void test_rmtree(const char *dir);
  * (NUL-terminated, truncated to n) and returns the exit code. */
 int test_run_cli(const char *args, char *out, size_t n);
 
+/* Records dir/ref.h5, a whole reference run of tiny-gemma3 on a 200-token
+ * prompt, and dir/part.h5, the chunked engine on the same prompt cut short
+ * by a 3 MB file size limit (the run is 6 MB; its first 64-row blocks reach
+ * the file). Returns 0, or -1 when a run did not go that way. */
+int test_record_cut_short(const char *dir);
+
 /* max |a - b| / max |b| over n values. */
 double test_rel_err(const float *a, const float *b, size_t n);
 
