@@ -632,20 +632,22 @@ static bool is_large(const cmp_rowrec *rec, kv_stage st)
                         st == STAGE_ATTN_NKEYS);
 }
 
-/* Rows q .. q + n - 1 of a slot whose sides both hash every row: when
- * every hash agrees and the reference's statistics are finite, the rows
- * are bit-equal and their records come from the statistics, without
- * reading a row. Returns 1 when done so, 0 when the rows must be read,
- * -1 on error. */
-/* Loads hashes and statistics of positions q .. q + len - 1 into the
- * slot's span. 1: not every row there has a hash. */
+/* Positions a slot's span holds: HASH_SPAN, or a whole block if larger. */
+static int64_t span_cap(const walker *w)
+{
+    return w->B > HASH_SPAN ? w->B : HASH_SPAN;
+}
+
+/* Loads hashes and statistics of positions q .. q + len - 1 (len at most
+ * span_cap) into the slot's span. 1: not every row there has a hash. */
 static int load_span(walker *w, walk_slot *s, int64_t q, int64_t len, kv_err *e)
 {
     const cmp_stage_result *sr = s->res;
+    const size_t cap = (size_t)span_cap(w);
     s->span_n = 0;
-    if (!s->ha && (!(s->ha = malloc(HASH_SPAN * sizeof *s->ha)) ||
-                   !(s->hb = malloc(HASH_SPAN * sizeof *s->hb)) ||
-                   !(s->sb = malloc(2 * HASH_SPAN * sizeof *s->sb))))
+    if (!s->ha && (!(s->ha = malloc(cap * sizeof *s->ha)) ||
+                   !(s->hb = malloc(cap * sizeof *s->hb)) ||
+                   !(s->sb = malloc(2 * cap * sizeof *s->sb))))
         return kv_errf(e, "compare: out of memory for row hashes");
     int rc = w->test->read_hash(w->test->ctx, sr->layer, sr->stage, q, len, s->ha, e);
     if (rc == 0)
@@ -659,13 +661,19 @@ static int load_span(walker *w, walk_slot *s, int64_t q, int64_t len, kv_err *e)
     return 0;
 }
 
+/* Rows q .. q + n - 1 (n at most a block) of a slot whose sides both hash
+ * every row: when every hash agrees and the reference's statistics are
+ * finite, the rows are bit-equal and their records come from the
+ * statistics, without reading a row. Returns 1 when done so, 0 when the
+ * rows must be read, -1 on error. */
 static int rows_by_hash(walker *w, int i, int64_t b0, int64_t q, int64_t n, kv_err *e)
 {
     walk_slot *s = &w->slots[i];
     cmp_stage_result *sr = s->res;
     if (q < s->span_lo || q + n > s->span_lo + s->span_n) {
-        int64_t len = sr->pos_hi - q + 1 < HASH_SPAN ? sr->pos_hi - q + 1 : HASH_SPAN;
-        int rc = load_span(w, s, q, len < n ? n : len, e);
+        const int64_t cap = span_cap(w);
+        int64_t len = sr->pos_hi - q + 1 < cap ? sr->pos_hi - q + 1 : cap;
+        int rc = load_span(w, s, q, len, e);
         if (rc > 0 && len > n)   /* hashes may stop short of the rows: just this block */
             rc = load_span(w, s, q, n, e);
         if (rc != 0)

@@ -974,6 +974,50 @@ START_TEST(test_row_hashes_first)
 }
 END_TEST
 
+/* Blocks larger than the hash span (block_rows 4096 over 3000 positions):
+ * each span holds a whole block, every row settles by its hash, and one
+ * differing row is still found at its place. */
+START_TEST(test_row_hashes_big_blocks)
+{
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    enum { N = 3000, C = 64 };
+    float *rows = malloc((size_t)N * C * sizeof *rows);
+    for (int i = 0; i < N * C; i++)
+        rows[i] = (float)((i * 37) % 101) / 50.0f - 1.0f;
+    cmp_memrec *m[2];
+    for (int k = 0; k < 2; k++) {
+        m[k] = cmp_memrec_new(&c, "x", NULL, NULL, &e);
+        ck_assert_ptr_nonnull(m[k]);
+        kv_observer *obs = cmp_memrec_observer(m[k]);
+        kv_event ev = {.stage = STAGE_X_IN, .layer = 0, .pos0 = 0, .nrows = N, .ncols = C,
+                       .data = rows};
+        ck_assert_int_eq(obs->emit(obs, &ev), 0);
+    }
+    cmp_source sa, sb;
+    hashed_source(m[0], &sa);
+    hashed_source(m[1], &sb);
+    cmp_opts o;
+    cmp_opts_default(&o);
+    o.block_rows = 4096;
+    cmp_result r;
+    rows_read = 0;
+    ck_assert_msg(cmp_compare(&sa, &sb, &o, &r, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(r.verdict, CMP_IDENTICAL);
+    ck_assert_int_eq(rows_read, 0);
+    ck_assert_int_eq(cmp_result_stage(&r, 0, STAGE_X_IN)->rows_by_hash, N);
+    cmp_result_free(&r);
+    cmp_memrec_row(m[1], 0, STAGE_X_IN, 2500, NULL)[7] += 1.0f;
+    ck_assert_msg(cmp_compare(&sa, &sb, &o, &r, &e) == 0, "%s", e.msg);
+    ck_assert(r.first.found && r.first.pos == 2500 && r.first.col == 7);
+    cmp_result_free(&r);
+    cmp_memrec_free(m[0]);
+    cmp_memrec_free(m[1]);
+    free(rows);
+}
+END_TEST
+
 /* The row comparison agrees with the element rule, element by element,
  * on random finite rows (its fast path) and rows with NaN / infinities
  * (its general path), in every tolerance mode. */
@@ -1231,6 +1275,7 @@ Suite *compare_suite(void)
     tcase_add_test(tc, test_block_size_invariant);
     tcase_add_test(tc, test_fingerprint_source);
     tcase_add_test(tc, test_row_hashes_first);
+    tcase_add_test(tc, test_row_hashes_big_blocks);
     tcase_add_test(tc, test_row_compare_matches_element_rule);
     tcase_add_test(tc, test_tokens_margin);
     tcase_add_test(tc, test_render_text_and_json);
