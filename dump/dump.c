@@ -210,12 +210,8 @@ static int preflight(const char *path, kv_err *e)
         }
         if (preflight_hook)
             preflight_hook();
-        hid_t f = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
-        if (f < 0) {
-            hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-            if (fapl >= 0 && H5Pset_metadata_read_attempts(fapl, 1) >= 0)
-                f = H5Fopen(path, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ, fapl);
-        }
+        kv_err ignored;
+        hid_t f = open_read(path, &ignored);   /* as the parent opened it */
         if (f >= 0) {
             /* The root's strings by name first, as the reader asks for them:
              * an iteration can stop early on damage elsewhere. */
