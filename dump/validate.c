@@ -341,9 +341,24 @@ static int read_block(hid_t d, elem_kind k, int64_t r0, int64_t n, int64_t cols,
     return rc;
 }
 
-/* Counts NaN and infinities (floats) or ids outside [0, limit) (ints). */
+/* Reads n hashes of a 1-D uint64 dataset from row r0. */
+static int read_hashes(hid_t d, int64_t r0, int64_t n, uint64_t *out)
+{
+    hsize_t start[1] = {(hsize_t)r0}, count[1] = {(hsize_t)n};
+    hid_t fs = H5Dget_space(d), ms = H5Screate_simple(1, count, NULL);
+    int rc = fs >= 0 && ms >= 0 &&
+                     H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
+                     H5Dread(d, H5T_NATIVE_UINT64, ms, fs, H5P_DEFAULT, out) >= 0 ? 0 : -1;
+    dump_h5_close(ms);
+    dump_h5_close(fs);
+    return rc;
+}
+
+/* Counts NaN and infinities (floats) or ids outside [0, limit) (ints). With
+ * hashes (a full dump's <stage>.hash of as many rows, or -1), each float
+ * row is checked against its hash in the same pass. */
 static void scan_values(vstate *v, hid_t d, const char *path, const found *f, elem_kind k,
-                        int64_t limit)
+                        int64_t limit, hid_t hashes)
 {
     if (!f->ok || f->rows == 0 || f->cols < 1 || !scan_allowed(v, path, f->rows, f->cols, 4))
         return;
@@ -352,15 +367,26 @@ static void scan_values(vstate *v, hid_t d, const char *path, const found *f, el
     dump_h5_close(s);
     int64_t per = f->cols >= SCAN_BLOCK_ELEMS ? 1 : SCAN_BLOCK_ELEMS / f->cols;
     void *buf = rank > 0 ? malloc((size_t)per * (size_t)f->cols * 4) : NULL;
+    uint64_t *hash = hashes >= 0 && k == ELEM_F32 ? malloc((size_t)per * sizeof *hash) : NULL;
     long long nan = 0, inf = 0, bad = 0;
     for (int64_t r0 = 0; buf && r0 < f->rows; r0 += per) {
         int64_t n = f->rows - r0 < per ? f->rows - r0 : per;
-        if (read_block(d, k, r0, n, f->cols, rank, buf) < 0) {
+        if (read_block(d, k, r0, n, f->cols, rank, buf) < 0 ||
+            (hash && read_hashes(hashes, r0, n, hash) < 0)) {
             H5Eclear2(H5E_DEFAULT);
-            violation(v, "%s: rows %lld..%lld cannot be read.", path, (long long)r0,
-                      (long long)(r0 + n - 1));
+            violation(v, "%s: rows %lld..%lld%s cannot be read.", path, (long long)r0,
+                      (long long)(r0 + n - 1), hash ? " or their hashes" : "");
             break;
         }
+        for (int64_t r = 0; hash && r < n; r++)
+            if (XXH3_64bits((float *)buf + (size_t)r * (size_t)f->cols,
+                            (size_t)f->cols * sizeof(float)) != hash[r]) {
+                violation(v, "%s.hash: the hash of row %lld (position %lld) is not the "
+                             "XXH3-64 of that row's bytes.", path, (long long)(r0 + r),
+                          (long long)(r0 + r + (f->have_first ? f->first : 0)));
+                free(hash);   /* one is enough: the rest of this dataset is not checked */
+                hash = NULL;
+            }
         for (size_t i = 0; i < (size_t)(n * f->cols); i++) {
             if (k == ELEM_F32) {
                 float x = ((float *)buf)[i];
@@ -373,6 +399,7 @@ static void scan_values(vstate *v, hid_t d, const char *path, const found *f, el
         }
     }
     free(buf);
+    free(hash);
     if (nan || inf)
         note(v, "%s holds %lld NaN and %lld infinite values (allowed).", path, nan, inf);
     if (bad)
@@ -410,7 +437,7 @@ static void check_tokens(vstate *v)
                   (long long)pl, (long long)v->n_tokens);
     if (int32 && v->have_tokens && v->cfg_ok) {
         found f = {.ok = true, .rows = v->n_tokens, .cols = 1};
-        scan_values(v, d, "/tokens", &f, ELEM_I32, v->cfg.vocab);
+        scan_values(v, d, "/tokens", &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID);
     }
     dump_h5_close(d);
 }
@@ -495,8 +522,29 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
     found f = check_dataset(v, d, path, x);
     g->seen[st][p] = true;
     g->got[st][p] = f;
-    if (x.kind == ELEM_F32)
-        scan_values(v, d, path, &f, ELEM_F32, 0);
+    if (x.kind == ELEM_F32) {
+        /* Rows of a full dump with row hashes: their hashes in the same
+         * pass, when the hash dataset is a 1-D uint64 of as many rows (if
+         * not, check_row_hashes says so). */
+        hid_t h = H5I_INVALID_HID;
+        char hname[128];
+        snprintf(hname, sizeof hname, "%s.hash", name);
+        if (v->row_hashes && p == PART_ROWS && f.ok && H5Lexists(gid, hname, H5P_DEFAULT) > 0 &&
+            (h = H5Dopen2(gid, hname, H5P_DEFAULT)) >= 0) {
+            hid_t t = H5Dget_type(h), sp = H5Dget_space(h);
+            hsize_t dims[2];
+            if (!type_matches(t, ELEM_U64) || H5Sget_simple_extent_ndims(sp) != 1 ||
+                H5Sget_simple_extent_dims(sp, dims, NULL) < 0 || (int64_t)dims[0] != f.rows) {
+                dump_h5_close(h);
+                h = H5I_INVALID_HID;
+            }
+            dump_h5_close(t);
+            dump_h5_close(sp);
+        }
+        H5Eclear2(H5E_DEFAULT);
+        scan_values(v, d, path, &f, ELEM_F32, 0, h);
+        dump_h5_close(h);
+    }
     dump_h5_close(d);
     return 0;
 }
@@ -519,8 +567,9 @@ static void check_pairs(vstate *v, const group_walk *g)
 }
 
 /* Row hashes of a full dump: every row dataset has its .hash and .stats
- * over the same positions, and each hash is the XXH3-64 of its row. */
-static void check_row_hashes(vstate *v, hid_t gid, const group_walk *g)
+ * over the same positions (each hash is checked against its row as the
+ * rows are scanned, in check_member). */
+static void check_row_hashes(vstate *v, const group_walk *g)
 {
     for (int st = 0; st < STAGE_COUNT; st++) {
         const char *name = stage_name((kv_stage)st);
@@ -533,55 +582,10 @@ static void check_row_hashes(vstate *v, hid_t gid, const group_walk *g)
         }
         if (!g->seen[st][PART_ROWS] || !rows->ok || !h->ok)
             continue;
-        if (rows->rows != h->rows || rows->first != h->first) {
+        if (rows->rows != h->rows || rows->first != h->first)
             violation(v, "%s: %s (%lld rows from %lld) and %s.hash (%lld rows from %lld) differ.",
                       g->gpath, name, (long long)rows->rows, (long long)rows->first, name,
                       (long long)h->rows, (long long)h->first);
-            continue;
-        }
-        char path[512];
-        snprintf(path, sizeof path, "%s/%s.hash", g->gpath, name);
-        if (rows->rows == 0 || rows->cols < 1 || !scan_allowed(v, path, rows->rows, rows->cols, 4))
-            continue;
-        hid_t dr = H5Dopen2(gid, name, H5P_DEFAULT);
-        snprintf(path, sizeof path, "%s.hash", name);
-        hid_t dh = H5Dopen2(gid, path, H5P_DEFAULT);
-        const int64_t per = rows->cols >= SCAN_BLOCK_ELEMS ? 1 : SCAN_BLOCK_ELEMS / rows->cols;
-        float *buf = malloc((size_t)per * (size_t)rows->cols * sizeof(float));
-        uint64_t *hash = malloc((size_t)per * sizeof(uint64_t));
-        for (int64_t r0 = 0; dr >= 0 && dh >= 0 && buf && hash && r0 < rows->rows; r0 += per) {
-            const int64_t n = rows->rows - r0 < per ? rows->rows - r0 : per;
-            hsize_t start[1] = {(hsize_t)r0}, count[1] = {(hsize_t)n};
-            hid_t fs = H5Dget_space(dh), ms = H5Screate_simple(1, count, NULL);
-            int rc = read_block(dr, ELEM_F32, r0, n, rows->cols, 2, buf);
-            if (rc == 0 && (fs < 0 || ms < 0 ||
-                            H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
-                            H5Dread(dh, H5T_NATIVE_UINT64, ms, fs, H5P_DEFAULT, hash) < 0))
-                rc = -1;
-            dump_h5_close(ms);
-            dump_h5_close(fs);
-            if (rc < 0) {
-                H5Eclear2(H5E_DEFAULT);
-                violation(v, "%s/%s: rows %lld..%lld or their hashes cannot be read.", g->gpath,
-                          name, (long long)r0, (long long)(r0 + n - 1));
-                break;
-            }
-            int64_t bad = -1;
-            for (int64_t r = 0; r < n && bad < 0; r++)
-                if (XXH3_64bits(buf + (size_t)r * (size_t)rows->cols,
-                                (size_t)rows->cols * sizeof(float)) != hash[r])
-                    bad = r0 + r;
-            if (bad >= 0) {
-                violation(v, "%s/%s.hash: the hash of row %lld (position %lld) is not the "
-                             "XXH3-64 of that row's bytes.", g->gpath, name, (long long)bad,
-                          (long long)(bad + rows->first));
-                break;
-            }
-        }
-        free(buf);
-        free(hash);
-        dump_h5_close(dh);
-        dump_h5_close(dr);
     }
 }
 
@@ -600,7 +604,7 @@ static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer
     if (v->fingerprint || v->row_hashes)
         check_pairs(v, g);
     if (v->row_hashes)
-        check_row_hashes(v, gid, g);
+        check_row_hashes(v, g);
     free(g);
 }
 
@@ -705,9 +709,9 @@ static found check_output_dataset(vstate *v, hid_t g, const char *name, expect x
         return none;
     found f = check_dataset(v, d, path, x);
     if (x.kind == ELEM_F32)
-        scan_values(v, d, path, &f, ELEM_F32, 0);
+        scan_values(v, d, path, &f, ELEM_F32, 0, H5I_INVALID_HID);
     else if (v->cfg_ok)
-        scan_values(v, d, path, &f, ELEM_I32, v->cfg.vocab);
+        scan_values(v, d, path, &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID);
     dump_h5_close(d);
     return f;
 }
