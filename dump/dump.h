@@ -148,6 +148,18 @@ dump_dataset_info dump_hash_info(const dump_file *f, int layer, kv_stage stage);
 /* Reads rows [row0, row0 + n) of a full-mode stage into out (n x cols). */
 int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
                    float *out, kv_err *e);
+/* Readies a full-mode stage for dump_read_rows_parallel: 1 when its rows
+ * lie plain in the file (no filters, little-endian float32, every chunk
+ * stored) and so may be read from several threads at once; 0 when not
+ * (use dump_read_rows). Call from one thread, before the parallel reads. */
+int dump_rows_parallel(const dump_file *f, int layer, kv_stage stage);
+/* As dump_read_rows, for a stage dump_rows_parallel said 1 of: makes no
+ * libhdf5 call, so it may run on any thread, alongside itself. */
+int dump_read_rows_parallel(const dump_file *f, int layer, kv_stage stage, int64_t row0,
+                            int64_t n, float *out, kv_err *e);
+/* Tests: false reads every dataset of files opened from now on through
+ * libhdf5 (no direct reads, no parallel ones); true is the default. */
+void dump_set_direct_reads(bool on);
 /* Hashes (n) and stats (n x 2: L2 norm, absmax) of fingerprint mode, or of
  * a full dump with row hashes. Either pointer may be NULL. */
 int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,

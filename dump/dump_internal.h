@@ -31,6 +31,28 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
  * file, a folder, empty, not an HDF5 file, truncated, or HDF5's reason. */
 hid_t dump_h5_open_read(const char *path, kv_err *e);
 
+/* A dataset's rows as byte ranges of the file (direct.c): read with
+ * pread(), past libhdf5, and so from several threads at once. */
+typedef struct {
+    int64_t rows;
+    size_t row_bytes;
+    int64_t chunk_rows;       /* rows per chunk; 0: one contiguous block */
+    int64_t n_off;
+    int64_t *off;             /* file offset of each chunk (or of the block) */
+} dump_rowmap;
+
+/* Maps dataset d of file (opened read-only on fd too, file_size bytes)
+ * when its stored type equals std_type (a little-endian H5T_STD_* or
+ * H5T_IEEE_* type) and its storage is plain: 1 mapped, 0 not (m zeroed;
+ * read through libhdf5 instead). Never fails otherwise. */
+int dump_rowmap_build(hid_t file, hid_t d, hid_t std_type, int fd, int64_t file_size,
+                      dump_rowmap *m);
+/* Rows [row0, row0 + n) into out. Touches no libhdf5 state: safe from
+ * any thread. path names the file in errors. */
+int dump_rowmap_read(const dump_rowmap *m, int fd, const char *path, int64_t row0, int64_t n,
+                     void *out, kv_err *e);
+void dump_rowmap_free(dump_rowmap *m);
+
 /* Variable-length UTF-8 string type (caller closes). */
 hid_t dump_h5_vlstr(void);
 

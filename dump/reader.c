@@ -4,9 +4,12 @@
  * memory stays bounded whatever the file's size. */
 #include "dump_internal.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* A root attribute, read when first asked for: a string, an integer, or
  * neither (absent or of another type; remembered too). */
@@ -38,11 +41,36 @@ typedef struct {
     int next;
 } dset_cache;
 
+/* What the reader knows of one dataset, looked up once per path and kept
+ * while the file is open (a comparer asks about hundreds of datasets, each
+ * again for every block): shape, element type, first_position, and a map
+ * of its rows in the file when its storage allows reads past libhdf5. */
+typedef struct dset_meta {
+    struct dset_meta *next;      /* hash chain */
+    char *path;
+    bool present;                /* the dataset exists */
+    int rank;                    /* 1 or 2; -1 another shape */
+    hsize_t dims[2];             /* dims[1] = 1 for rank 1 */
+    int kind;                    /* elem_kind of the stored type; -1 another */
+    int64_t first_position;      /* 0 when the attribute is absent */
+    int mapped;                  /* -1 not tried yet; 0 read through libhdf5; 1 map */
+    dump_rowmap map;
+} dset_meta;
+
+#define META_BUCKETS 1024
+typedef struct {
+    dset_meta *b[META_BUCKETS];
+} meta_table;
+
 struct dump_file {
     char *path;
     hid_t file;
+    int fd;                      /* the same file, for direct reads; -1 none */
+    bool direct;                 /* direct reads allowed (dump_set_direct_reads) */
+    int64_t size;
     attr_cache *attrs;
     dset_cache *dsets;
+    meta_table *meta;
     bool fingerprint;
     bool row_hashes;     /* full mode with <stage>.hash / .stats beside the rows */
     kv_config cfg;
@@ -148,7 +176,17 @@ static hid_t open_dataset(const dump_file *f, const char *path)
                 return H5I_INVALID_HID;
             }
         }
-    hid_t d = H5Dopen2(f->file, path, H5P_DEFAULT);
+    /* No chunk cache: plain rows are read past libhdf5, and the rest in
+     * whole blocks, so a cache would only copy each chunk once more (and
+     * hold up to 1 MiB per open dataset). */
+    hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
+    if (dapl >= 0 && H5Pset_chunk_cache(dapl, H5D_CHUNK_CACHE_NSLOTS_DEFAULT, 0,
+                                        H5D_CHUNK_CACHE_W0_DEFAULT) < 0) {
+        dump_h5_close(dapl);
+        dapl = H5I_INVALID_HID;
+    }
+    hid_t d = H5Dopen2(f->file, path, dapl >= 0 ? dapl : H5P_DEFAULT);
+    dump_h5_close(dapl);
     if (d < 0)
         H5Eclear2(H5E_DEFAULT);
     return d;
@@ -189,21 +227,127 @@ static int shape_of(hid_t d, hsize_t dims[2])
     return rank;
 }
 
+/* The element type a reader expects, checked before HDF5 would convert. */
+typedef enum { ELEM_F32, ELEM_I32, ELEM_U64 } elem_kind;
+
+static int kind_of(hid_t d)
+{
+    hid_t t = H5Dget_type(d);
+    int k = -1;
+    if (t >= 0) {
+        H5T_class_t cls = H5Tget_class(t);
+        size_t size = H5Tget_size(t);
+        if (cls == H5T_FLOAT && size == 4)
+            k = ELEM_F32;
+        else if (cls == H5T_INTEGER && size == 4 && H5Tget_sign(t) == H5T_SGN_2)
+            k = ELEM_I32;
+        else if (cls == H5T_INTEGER && size == 8 && H5Tget_sign(t) == H5T_SGN_NONE)
+            k = ELEM_U64;
+    }
+    dump_h5_close(t);
+    return k;
+}
+
+static unsigned path_hash(const char *s)
+{
+    unsigned h = 2166136261u;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 16777619u;
+    return h % META_BUCKETS;
+}
+
+/* The entry of path if already looked up (no libhdf5 call: safe from any
+ * thread once the entry exists), else NULL. */
+static dset_meta *meta_find(const dump_file *f, const char *path)
+{
+    for (dset_meta *m = f->meta->b[path_hash(path)]; m; m = m->next)
+        if (!strcmp(m->path, path))
+            return m;
+    return NULL;
+}
+
+/* The entry of path, looked up now if needed; NULL only when out of
+ * memory. An absent dataset gets an entry too (present false). */
+static dset_meta *meta_of(const dump_file *f, const char *path)
+{
+    dset_meta *m = meta_find(f, path);
+    if (m)
+        return m;
+    if (!(m = calloc(1, sizeof *m)) || !(m->path = strdup(path))) {
+        free(m);
+        return NULL;
+    }
+    m->mapped = -1;
+    m->kind = -1;
+    const bool cached = strlen(path) < sizeof f->dsets->e[0].path;
+    hid_t d = cached ? cached_dataset(f, path) : open_dataset(f, path);
+    if (d >= 0) {
+        m->present = true;
+        m->rank = shape_of(d, m->dims);
+        if (m->rank > 0 && (m->dims[0] > INT64_MAX || m->dims[1] > INT32_MAX))
+            m->rank = -1;
+        m->kind = kind_of(d);
+        if (dump_h5_attr_i64(d, "first_position", &m->first_position) < 0)
+            m->first_position = 0;
+        if (!cached)
+            dump_h5_close(d);
+    }
+    const unsigned h = path_hash(path);
+    m->next = f->meta->b[h];
+    f->meta->b[h] = m;
+    return m;
+}
+
+static void meta_free(meta_table *t)
+{
+    for (int i = 0; t && i < META_BUCKETS; i++)
+        for (dset_meta *m = t->b[i], *next; m; m = next) {
+            next = m->next;
+            dump_rowmap_free(&m->map);
+            free(m->path);
+            free(m);
+        }
+    free(t);
+}
+
+/* Direct reads on (the default) or off: tests read everything through
+ * libhdf5 too and compare. Set before files are opened. */
+static bool direct_reads = true;
+
+void dump_set_direct_reads(bool on)
+{
+    direct_reads = on;
+}
+
+/* Tries once to map the dataset's rows for direct reads. */
+static void try_map(const dump_file *f, dset_meta *m)
+{
+    if (m->mapped >= 0)
+        return;
+    if (!f->direct) {
+        m->mapped = 0;
+        return;
+    }
+    m->mapped = 0;
+    hid_t d = strlen(m->path) < sizeof f->dsets->e[0].path ? cached_dataset(f, m->path)
+                                                             : H5I_INVALID_HID;
+    hid_t std = m->kind == ELEM_F32   ? H5T_IEEE_F32LE
+                : m->kind == ELEM_I32 ? H5T_STD_I32LE
+                                      : H5T_STD_U64LE;
+    if (d >= 0 && m->kind >= 0)
+        m->mapped = dump_rowmap_build(f->file, d, std, f->fd, f->size, &m->map);
+}
+
 static dump_dataset_info info_at(const dump_file *f, const char *path)
 {
     dump_dataset_info di = {.present = false};
-    hsize_t dims[2];
-    hid_t d = open_dataset(f, path);
-    if (d < 0)
-        return di;
-    if (shape_of(d, dims) > 0 && dims[0] <= INT64_MAX && dims[1] <= INT32_MAX) {
+    const dset_meta *m = meta_of(f, path);
+    if (m && m->present && m->rank > 0) {
         di.present = true;
-        di.rows = (int64_t)dims[0];
-        di.cols = (int)dims[1];
-        if (dump_h5_attr_i64(d, "first_position", &di.first_position) < 0)
-            di.first_position = 0;
+        di.rows = (int64_t)m->dims[0];
+        di.cols = (int)m->dims[1];
+        di.first_position = m->first_position;
     }
-    dump_h5_close(d);
     return di;
 }
 
@@ -243,74 +387,63 @@ dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage)
     return info_at(f, path);
 }
 
-/* The element type a reader expects, checked before HDF5 would convert. */
-typedef enum { ELEM_F32, ELEM_I32, ELEM_U64 } elem_kind;
-
-static bool type_is(hid_t d, elem_kind k)
-{
-    hid_t t = H5Dget_type(d);
-    bool ok = false;
-    if (t >= 0) {
-        H5T_class_t cls = H5Tget_class(t);
-        size_t size = H5Tget_size(t);
-        if (k == ELEM_F32)
-            ok = cls == H5T_FLOAT && size == 4;
-        else
-            ok = cls == H5T_INTEGER && size == (k == ELEM_I32 ? 4u : 8u) &&
-                 H5Tget_sign(t) == (k == ELEM_I32 ? H5T_SGN_2 : H5T_SGN_NONE);
-    }
-    dump_h5_close(t);
-    return ok;
-}
-
 static const char *elem_name(elem_kind k)
 {
     return k == ELEM_F32 ? "float32" : k == ELEM_I32 ? "int32" : "uint64";
 }
 
+/* Shape, type and range of a read, checked against what the file says. */
+static int check_read(const dump_file *f, const dset_meta *m, elem_kind k, int cols, int64_t row0,
+                      int64_t n, kv_err *e)
+{
+    if (!m)
+        return kv_errf(e, "%s: out of memory", f->path);
+    if (!m->present)
+        return kv_errf(e, "%s: no dataset %s", f->path, m->path);
+    if (m->rank < 0 || (cols == 0) != (m->rank == 1) ||
+        (cols > 0 && m->dims[1] != (hsize_t)cols))
+        return kv_errf(e, "%s: %s has the wrong shape (expected %s)", f->path, m->path,
+                       cols == 0 ? "1-D" : "2-D of the right width");
+    if (m->kind != (int)k)
+        return kv_errf(e, "%s: %s is not %s", f->path, m->path, elem_name(k));
+    if (row0 < 0 || n < 0 || (hsize_t)row0 > m->dims[0] || (hsize_t)n > m->dims[0] - (hsize_t)row0)
+        return kv_errf(e, "%s: %s has %llu rows; rows %lld..%lld asked for", f->path, m->path,
+                       (unsigned long long)m->dims[0], (long long)row0, (long long)(row0 + n - 1));
+    return 0;
+}
+
 /* Reads rows [row0, row0 + n) of path into out. cols: 0 for a 1-D
- * dataset, k > 0 for exactly k columns, -1 for any 2-D width. */
+ * dataset, k > 0 for exactly k columns, -1 for any 2-D width. Plain
+ * storage is read straight from the file; anything else via libhdf5. */
 static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int cols, int64_t row0,
                         int64_t n, void *out, kv_err *e)
 {
+    dset_meta *m = meta_of(f, path);
+    if (check_read(f, m, k, cols, row0, n, e) < 0)
+        return -1;
+    if (n == 0)
+        return 0;
+    try_map(f, m);
+    if (m->mapped == 1)
+        return dump_rowmap_read(&m->map, f->fd, f->path, row0, n, out, e);
     hid_t mtype = k == ELEM_F32   ? H5T_NATIVE_FLOAT
                   : k == ELEM_I32 ? H5T_NATIVE_INT32
                                   : H5T_NATIVE_UINT64;
-    hsize_t dims[2];
     const bool cached = strlen(path) < sizeof f->dsets->e[0].path;
     hid_t d = cached ? cached_dataset(f, path) : open_dataset(f, path);
     hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
-    int rc = -1, rank;
+    int rc = 0;
     if (d < 0)
         return kv_errf(e, "%s: no dataset %s", f->path, path);
-    if ((rank = shape_of(d, dims)) < 0 || (cols == 0) != (rank == 1) ||
-        (cols > 0 && dims[1] != (hsize_t)cols)) {
-        kv_errf(e, "%s: %s has the wrong shape (expected %s)", f->path, path,
-                cols == 0 ? "1-D" : "2-D of the right width");
-        goto done;
-    }
-    if (!type_is(d, k)) {
-        kv_errf(e, "%s: %s is not %s", f->path, path, elem_name(k));
-        goto done;
-    }
-    if (row0 < 0 || n < 0 || (hsize_t)row0 > dims[0] || (hsize_t)n > dims[0] - (hsize_t)row0) {
-        kv_errf(e, "%s: %s has %llu rows; rows %lld..%lld asked for", f->path, path,
-                (unsigned long long)dims[0], (long long)row0, (long long)(row0 + n - 1));
-        goto done;
-    }
-    rc = 0;
-    if (n == 0)
-        goto done;
-    hsize_t start[2] = {(hsize_t)row0, 0}, count[2] = {(hsize_t)n, dims[1]};
+    hsize_t start[2] = {(hsize_t)row0, 0}, count[2] = {(hsize_t)n, m->dims[1]};
     if ((fspace = H5Dget_space(d)) < 0 ||
         H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) < 0 ||
-        (mspace = H5Screate_simple(rank, count, NULL)) < 0 ||
+        (mspace = H5Screate_simple(m->rank, count, NULL)) < 0 ||
         H5Dread(d, mtype, mspace, fspace, H5P_DEFAULT, out) < 0) {
         char what[300];
         snprintf(what, sizeof what, "cannot read %s", path);
         rc = dump_h5_fail(e, f->path, what);
     }
-done:
     dump_h5_close(mspace);
     dump_h5_close(fspace);
     if (!cached)
@@ -329,6 +462,33 @@ int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, 
         return kv_errf(e, "%s: a fingerprint dump holds hashes, not rows", f->path);
     stage_path(layer, stage, "", path, sizeof path);
     return read_rows_at(f, path, ELEM_F32, -1, row0, n, out, e);
+}
+
+int dump_rows_parallel(const dump_file *f, int layer, kv_stage stage)
+{
+    char path[128];
+    if (!f || f->fingerprint || !stage_fits(stage, layer))
+        return 0;
+    stage_path(layer, stage, "", path, sizeof path);
+    dset_meta *m = meta_of(f, path);
+    if (!m || check_read(f, m, ELEM_F32, -1, 0, 0, NULL) < 0)
+        return 0;
+    try_map(f, m);
+    return m->mapped == 1;
+}
+
+int dump_read_rows_parallel(const dump_file *f, int layer, kv_stage stage, int64_t row0,
+                            int64_t n, float *out, kv_err *e)
+{
+    char path[128];
+    if (!f || !stage_fits(stage, layer))
+        return kv_errf(e, "%s: no stage %s in layer %d", f ? f->path : "dump", stage_name(stage),
+                       layer);
+    stage_path(layer, stage, "", path, sizeof path);
+    const dset_meta *m = meta_find(f, path);
+    if (!m || m->mapped != 1)
+        return kv_errf(e, "%s: %s was not prepared for parallel reads", f->path, path);
+    return dump_rowmap_read(&m->map, f->fd, f->path, row0, n, out, e);
 }
 
 int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
@@ -472,6 +632,9 @@ void dump_file_close(dump_file *f)
         if (f->dsets->e[i].id > 0)
             H5Dclose(f->dsets->e[i].id);
     free(f->dsets);
+    meta_free(f->meta);
+    if (f->fd >= 0)
+        close(f->fd);
     dump_h5_close(f->file);
     for (int i = 0; f->attrs && i < f->attrs->n; i++) {
         free(f->attrs->items[i]->name);
@@ -492,16 +655,26 @@ dump_file *dump_open(const char *path, kv_err *e)
         return NULL;
     dump_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path)) || !(f->attrs = calloc(1, sizeof *f->attrs)) ||
-        !(f->dsets = calloc(1, sizeof *f->dsets))) {
+        !(f->dsets = calloc(1, sizeof *f->dsets)) || !(f->meta = calloc(1, sizeof *f->meta))) {
         if (f) {
             free(f->path);
             free(f->attrs);
+            free(f->dsets);
         }
         free(f);
         dump_h5_close(fid);
         return kv_errf(e, "%s: out of memory", path), NULL;
     }
     f->file = fid;
+    /* A second descriptor for direct reads; without one, libhdf5 reads all. */
+    struct stat st;
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (f->fd >= 0 && (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode))) {
+        close(f->fd);
+        f->fd = -1;
+    }
+    f->size = f->fd >= 0 ? (int64_t)st.st_size : 0;
+    f->direct = direct_reads;
     if (check_root(f, e) < 0) {
         dump_file_close(f);
         return NULL;

@@ -513,6 +513,109 @@ START_TEST(test_compress)
 }
 END_TEST
 
+/* Rows [r0, r0 + n) of a stage through dump_read_rows (malloc'd). */
+static float *rows_of(const dump_file *f, int l, int st, int64_t r0, int64_t n, int cols)
+{
+    kv_err e = {{0}};
+    float *x = malloc((size_t)(n ? n : 1) * cols * sizeof(float));
+    ck_assert_msg(dump_read_rows(f, l, st, r0, n, x, &e) == 0, "%s", e.msg);
+    return x;
+}
+
+/* Every stage of f reads the same as through libhdf5 (h): whole, and in
+ * ranges that cross chunk boundaries; through the parallel reader too
+ * when parallel. Returns the stages checked. */
+static int same_as_libhdf5(const dump_file *f, const dump_file *h, int layers, bool parallel)
+{
+    kv_err e = {{0}};
+    int checked = 0;
+    for (int l = -1; l < layers; l++)
+        for (int st = 0; st < STAGE_COUNT; st++) {
+            dump_dataset_info di = dump_stage_info(f, l, st);
+            if (!di.present)
+                continue;
+            ck_assert_int_eq(dump_rows_parallel(h, l, st), 0);
+            ck_assert_int_eq(dump_rows_parallel(f, l, st), parallel);
+            for (int64_t r0 = 0; r0 < di.rows; r0 += 5) {
+                const int64_t n = r0 == 0 ? di.rows : di.rows - r0 < 9 ? di.rows - r0 : 9;
+                const size_t bytes = (size_t)n * di.cols * sizeof(float);
+                float *x = rows_of(f, l, st, r0, n, di.cols), *y = rows_of(h, l, st, r0, n, di.cols);
+                ck_assert_msg(memcmp(x, y, bytes) == 0, "%s of layer %d, rows %lld+%lld",
+                              stage_name(st), l, (long long)r0, (long long)n);
+                if (parallel) {
+                    memset(x, 0xff, bytes);
+                    ck_assert_msg(dump_read_rows_parallel(f, l, st, r0, n, x, &e) == 0, "%s",
+                                  e.msg);
+                    ck_assert(memcmp(x, y, bytes) == 0);
+                }
+                free(x);
+                free(y);
+            }
+            uint64_t ha[ROWS], hb[ROWS];
+            float sa[2 * ROWS], sb[2 * ROWS];
+            ck_assert(di.rows <= ROWS);
+            ck_assert(dump_read_hashes(f, l, st, 0, di.rows, ha, sa, &e) == 0);
+            ck_assert(dump_read_hashes(h, l, st, 0, di.rows, hb, sb, &e) == 0);
+            ck_assert(memcmp(ha, hb, (size_t)di.rows * 8) == 0 &&
+                      memcmp(sa, sb, (size_t)di.rows * 8) == 0);
+            checked++;
+        }
+    return checked;
+}
+
+/* Plain datasets are read at their chunks' file offsets, past libhdf5,
+ * and from several threads; the bytes are libhdf5's, chunk boundaries and
+ * the short last chunk included. Compressed files and files with a user
+ * block ahead of the HDF5 data are read through libhdf5. */
+START_TEST(test_direct_reads)
+{
+    char dir[64], path[128], zpath[128], jam[128], ub[128], cmd[512];
+    kv_model m;
+    kv_err e = {{0}};
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "plain.h5");
+    path_in(zpath, sizeof zpath, dir, "z.h5");
+    path_in(jam, sizeof jam, dir, "jammed.h5");
+    path_in(ub, sizeof ub, dir, "ub.txt");
+    open_model("tiny-gemma3", &m);
+    dump_opts o;
+    dump_opts_default(&o);
+    o.block_rows = 7;   /* ROWS = 47: six full chunks and a short one */
+    dump_run(&m, false, path, &o);
+    o.compress = true;
+    dump_run(&m, false, zpath, &o);
+    dump_set_direct_reads(false);
+    dump_file *h = open_ok(path);
+    dump_set_direct_reads(true);
+    dump_file *f = open_ok(path);
+    const int stages = m.cfg.n_layers * STAGE_LAYER_COUNT + 1;
+    ck_assert_int_eq(same_as_libhdf5(f, h, m.cfg.n_layers, true), stages);
+    /* the parallel reader checks its range like the others */
+    float row[4096];
+    ck_assert_int_eq(dump_read_rows_parallel(f, 0, STAGE_X_IN, ROWS - 1, 2, row, &e), -1);
+    ck_assert_msg(strstr(e.msg, "rows 46..47") != NULL, "%s", e.msg);
+
+    dump_file *z = open_ok(zpath);
+    ck_assert_int_eq(same_as_libhdf5(z, h, m.cfg.n_layers, false), stages);
+    dump_file_close(z);
+
+    FILE *fp = fopen(ub, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs("a user block written ahead of the HDF5 file\n", fp);
+    fclose(fp);
+    snprintf(cmd, sizeof cmd, "h5jam -i %s -u %s -o %s", path, ub, jam);
+    ck_assert_msg(system(cmd) == 0, "%s failed (hdf5-tools is a build dependency)", cmd);
+    dump_file *j = open_ok(jam);
+    ck_assert_int_eq(same_as_libhdf5(j, h, m.cfg.n_layers, false), stages);
+    dump_file_close(j);
+
+    dump_file_close(f);
+    dump_file_close(h);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* Identical runs, engines                                              */
 
@@ -1346,6 +1449,7 @@ Suite *dump_suite(void)
     tcase_add_test(tc, test_fingerprint);
     tcase_add_test(tc, test_selection);
     tcase_add_test(tc, test_compress);
+    tcase_add_test(tc, test_direct_reads);
     tcase_add_loop_test(tc, test_identical_runs, 0, 2);
     tcase_add_loop_test(tc, test_chunked_same_rows, 0, 2);
     tcase_add_loop_test(tc, test_swmr_crash, 0, 2);
