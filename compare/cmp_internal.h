@@ -37,6 +37,10 @@ bool cmp_elem_nonfinite_mismatch(float test, float ref);
 void cmp_row_compare(const float *test, const float *ref, int n, const cmp_tol *t,
                      cmp_rowrec *rec);
 void cmp_row_hashed(bool equal, cmp_rowrec *rec);
+/* Rows are weighed with AVX2 where the CPU has it (the same bits as the
+ * scalar loop). on = false forces the scalar loop; returns whether AVX2 is
+ * now in use. For tests. */
+bool cmp_rows_use_simd(bool on);
 double cmp_rowrec_rel(const cmp_rowrec *rec);
 /* max |a - b| / max |b| over n values (non-finite pairs give +inf). */
 double cmp_row_rel_err(const float *a, const float *b, int n);

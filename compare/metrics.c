@@ -3,6 +3,7 @@
  * cosine similarity and NMSE. */
 #include <float.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "cmp_internal.h"
@@ -65,101 +66,174 @@ bool cmp_elem_ok(float test, float ref, double ref_rowmax, const cmp_tol *t)
     return t->ulp > 0 && cmp_ulp_distance(test, ref) <= t->ulp;
 }
 
-/* A bit-equal row's record: no error, and sums of squares that are those
- * of the reference. Four independent accumulators let the loop run at
- * memory speed (identical rows are the common case: a dump compared with
- * a correct engine's is all of them). A non-finite element makes the sum
- * non-finite: then 0 is returned and the caller takes the general path,
- * which skips such elements. */
-static int bitequal_row(const float *ref, int n, cmp_rowrec *rec)
+/* Sums and maxima of one row pair, lanes kept apart so that the scalar
+ * and the AVX2 loops give the same bits: element i goes to lane i % 4 in
+ * ascending order, the last n % 4 elements to lane 0. */
+typedef struct {
+    double dot[4], rsq[4], tsq[4], esq[4];
+    double max_abs;
+    float absmax;
+    uint32_t max_ulp;
+} row_acc;
+
+/* Finite floats' bits mapped to integers that order like the floats
+ * (+0 and -0 both 0); the distance of two fits in 32 unsigned bits. */
+static int32_t ordered32(uint32_t u)
 {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    float m0 = 0, m1 = 0, m2 = 0, m3 = 0;
-    int i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const double a = ref[i], b = ref[i + 1], c = ref[i + 2], d = ref[i + 3];
-        s0 += a * a;
-        s1 += b * b;
-        s2 += c * c;
-        s3 += d * d;
-        m0 = fabsf(ref[i]) > m0 ? fabsf(ref[i]) : m0;
-        m1 = fabsf(ref[i + 1]) > m1 ? fabsf(ref[i + 1]) : m1;
-        m2 = fabsf(ref[i + 2]) > m2 ? fabsf(ref[i + 2]) : m2;
-        m3 = fabsf(ref[i + 3]) > m3 ? fabsf(ref[i + 3]) : m3;
-    }
-    for (; i < n; i++) {
-        const double a = ref[i];
-        s0 += a * a;
-        m0 = fabsf(ref[i]) > m0 ? fabsf(ref[i]) : m0;
-    }
-    const double sq = (s0 + s1) + (s2 + s3);
-    float m = m0 > m1 ? m0 : m1;
-    m = m > m2 ? m : m2;
-    m = m > m3 ? m : m3;
-    if (!isfinite(sq) || !isfinite(m))
-        return 0;
-    rec->ref_absmax = m;
-    rec->dot = rec->ref_sq = rec->test_sq = sq;
-    return 1;
+    const int32_t neg = -(int32_t)(u >> 31), mag = (int32_t)(u & 0x7fffffffu);
+    return (mag ^ neg) - neg;
 }
 
-static bool row_finite(const float *x, int n)
+static void acc_elem(row_acc *s, int k, float a, float b, uint32_t *special)
 {
-    uint32_t special = 0;
-    for (int i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], sizeof u);
-        special |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return !special;
+    uint32_t ua, ub;
+    memcpy(&ua, &a, sizeof ua);
+    memcpy(&ub, &b, sizeof ub);
+    *special |= ((ua & 0x7f800000u) == 0x7f800000u) | ((ub & 0x7f800000u) == 0x7f800000u);
+    const double da = a, db = b, d = da - db;
+    s->dot[k] += da * db;
+    s->rsq[k] += db * db;
+    s->tsq[k] += da * da;
+    s->esq[k] += d * d;
+    const double ad = fabs(d);
+    s->max_abs = ad > s->max_abs ? ad : s->max_abs;
+    const float fb = fabsf(b);
+    s->absmax = fb > s->absmax ? fb : s->absmax;
+    const int32_t oa = ordered32(ua), ob = ordered32(ub);
+    const uint32_t u = oa > ob ? (uint32_t)oa - (uint32_t)ob : (uint32_t)ob - (uint32_t)oa;
+    s->max_ulp = u > s->max_ulp ? u : s->max_ulp;
 }
 
-/* A row pair with no NaN or infinity on either side: the same record as
- * the general loop below, in two passes without per-element calls (the
- * sums in four lanes, so their last bits may differ from one running
- * sum). This is the path cascade-versus-reference comparisons live on. */
-static void finite_row(const float *test, const float *ref, int n, const cmp_tol *t,
-                       cmp_rowrec *rec)
+/* Elements from..n-1 (from a multiple of 4). Returns true when a NaN or an
+ * infinity was met, on either side (then s means nothing). */
+static bool acc_tail(row_acc *s, const float *test, const float *ref, int from, int n,
+                     uint32_t special)
 {
-    double dot[4] = {0}, rsq[4] = {0}, tsq[4] = {0}, esq[4] = {0};
-    double max_abs = 0, absmax = 0;
-    uint64_t max_ulp = 0;
-    int i = 0;
+    int i = from;
     for (; i + 4 <= n; i += 4)
-        for (int k = 0; k < 4; k++) {
-            const double a = test[i + k], b = ref[i + k], d = a - b;
-            dot[k] += a * b;
-            rsq[k] += b * b;
-            tsq[k] += a * a;
-            esq[k] += d * d;
-        }
-    for (; i < n; i++) {
-        const double a = test[i], b = ref[i], d = a - b;
-        dot[0] += a * b;
-        rsq[0] += b * b;
-        tsq[0] += a * a;
-        esq[0] += d * d;
+        for (int k = 0; k < 4; k++)
+            acc_elem(s, k, test[i + k], ref[i + k], &special);
+    for (; i < n; i++)
+        acc_elem(s, 0, test[i], ref[i], &special);
+    return special != 0;
+}
+
+static bool acc_row_scalar(row_acc *s, const float *test, const float *ref, int n)
+{
+    memset(s, 0, sizeof *s);
+    return acc_tail(s, test, ref, 0, n, 0);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define CMP_HAVE_AVX2 1
+__attribute__((target("avx2"))) static bool acc_row_avx2(row_acc *s, const float *test,
+                                                         const float *ref, int n)
+{
+    __m256d dot = _mm256_setzero_pd(), rsq = dot, tsq = dot, esq = dot, mabs = dot;
+    __m256 amax = _mm256_setzero_ps();
+    __m256i umax = _mm256_setzero_si256(), spec = umax;
+    const __m256i expo = _mm256_set1_epi32(0x7f800000), magm = _mm256_set1_epi32(0x7fffffff);
+    const __m256d sgn = _mm256_set1_pd(-0.0);
+    const __m256 sgnf = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 a = _mm256_loadu_ps(test + i), b = _mm256_loadu_ps(ref + i);
+        const __m256i ua = _mm256_castps_si256(a), ub = _mm256_castps_si256(b);
+        spec = _mm256_or_si256(spec, _mm256_cmpeq_epi32(_mm256_and_si256(ua, expo), expo));
+        spec = _mm256_or_si256(spec, _mm256_cmpeq_epi32(_mm256_and_si256(ub, expo), expo));
+        const __m256d a0 = _mm256_cvtps_pd(_mm256_castps256_ps128(a));
+        const __m256d a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
+        const __m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(b));
+        const __m256d b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1));
+        /* elements i..i+3, then i+4..i+7: the scalar loop's order per lane */
+        dot = _mm256_add_pd(_mm256_add_pd(dot, _mm256_mul_pd(a0, b0)), _mm256_mul_pd(a1, b1));
+        rsq = _mm256_add_pd(_mm256_add_pd(rsq, _mm256_mul_pd(b0, b0)), _mm256_mul_pd(b1, b1));
+        tsq = _mm256_add_pd(_mm256_add_pd(tsq, _mm256_mul_pd(a0, a0)), _mm256_mul_pd(a1, a1));
+        const __m256d d0 = _mm256_sub_pd(a0, b0), d1 = _mm256_sub_pd(a1, b1);
+        esq = _mm256_add_pd(_mm256_add_pd(esq, _mm256_mul_pd(d0, d0)), _mm256_mul_pd(d1, d1));
+        mabs = _mm256_max_pd(mabs, _mm256_andnot_pd(sgn, d0));
+        mabs = _mm256_max_pd(mabs, _mm256_andnot_pd(sgn, d1));
+        amax = _mm256_max_ps(amax, _mm256_andnot_ps(sgnf, b));
+        const __m256i na = _mm256_srai_epi32(ua, 31), nb = _mm256_srai_epi32(ub, 31);
+        const __m256i oa = _mm256_sub_epi32(_mm256_xor_si256(_mm256_and_si256(ua, magm), na), na);
+        const __m256i ob = _mm256_sub_epi32(_mm256_xor_si256(_mm256_and_si256(ub, magm), nb), nb);
+        const __m256i dist = _mm256_sub_epi32(_mm256_max_epi32(oa, ob), _mm256_min_epi32(oa, ob));
+        umax = _mm256_max_epu32(umax, dist);
     }
-    for (i = 0; i < n; i++) {
-        uint32_t ua, ub;
-        memcpy(&ua, &test[i], sizeof ua);
-        memcpy(&ub, &ref[i], sizeof ub);
-        const double d = fabs((double)test[i] - (double)ref[i]), m = fabs((double)ref[i]);
-        max_abs = d > max_abs ? d : max_abs;
-        absmax = m > absmax ? m : absmax;
-        const uint64_t u = ulp_bits(ua, ub);
-        max_ulp = u > max_ulp ? u : max_ulp;
+    memset(s, 0, sizeof *s);
+    _mm256_storeu_pd(s->dot, dot);
+    _mm256_storeu_pd(s->rsq, rsq);
+    _mm256_storeu_pd(s->tsq, tsq);
+    _mm256_storeu_pd(s->esq, esq);
+    double m4[4];
+    float m8[8];
+    uint32_t u8[8], sp[8];
+    _mm256_storeu_pd(m4, mabs);
+    _mm256_storeu_ps(m8, amax);
+    _mm256_storeu_si256((__m256i *)u8, umax);
+    _mm256_storeu_si256((__m256i *)sp, spec);
+    uint32_t special = 0;
+    for (int k = 0; k < 8; k++) {
+        s->max_abs = k < 4 && m4[k] > s->max_abs ? m4[k] : s->max_abs;
+        s->absmax = m8[k] > s->absmax ? m8[k] : s->absmax;
+        s->max_ulp = u8[k] > s->max_ulp ? u8[k] : s->max_ulp;
+        special |= sp[k];
     }
-    rec->dot = (dot[0] + dot[1]) + (dot[2] + dot[3]);
-    rec->ref_sq = (rsq[0] + rsq[1]) + (rsq[2] + rsq[3]);
-    rec->test_sq = (tsq[0] + tsq[1]) + (tsq[2] + tsq[3]);
-    rec->err_sq = (esq[0] + esq[1]) + (esq[2] + esq[3]);
-    rec->max_abs = max_abs;
-    rec->ref_absmax = absmax;
-    rec->max_ulp = max_ulp;
-    /* The element rule (cmp_elem_ok) for finite values. */
-    const double tol = t->atol + t->rtol * absmax;
-    for (i = 0; i < n; i++) {
+    return acc_tail(s, test, ref, i, n, special);
+}
+#else
+#define CMP_HAVE_AVX2 0
+#endif
+
+/* Which loop weighs rows: -1 not decided yet, 0 scalar, 1 AVX2. Both give
+ * the same bits; tests switch between them. */
+static atomic_int simd_state = -1;
+
+static int cpu_avx2(void)
+{
+#if CMP_HAVE_AVX2
+    return __builtin_cpu_supports("avx2") ? 1 : 0;
+#else
+    return 0;
+#endif
+}
+
+static bool acc_row(row_acc *s, const float *test, const float *ref, int n)
+{
+    int st = atomic_load_explicit(&simd_state, memory_order_relaxed);
+    if (st < 0) {
+        st = cpu_avx2();
+        atomic_store_explicit(&simd_state, st, memory_order_relaxed);
+    }
+#if CMP_HAVE_AVX2
+    if (st)
+        return acc_row_avx2(s, test, ref, n);
+#endif
+    return acc_row_scalar(s, test, ref, n);
+}
+
+bool cmp_rows_use_simd(bool on)
+{
+    const int st = on ? cpu_avx2() : 0;
+    atomic_store_explicit(&simd_state, st, memory_order_relaxed);
+    return st == 1;
+}
+
+static double lanes(const double v[4])
+{
+    return (v[0] + v[1]) + (v[2] + v[3]);
+}
+
+/* Violations of a row pair with no NaN or infinity, its record filled:
+ * none to look for when the largest difference is within the tolerance. */
+static void count_bad(const float *test, const float *ref, int n, const cmp_tol *t,
+                      cmp_rowrec *rec)
+{
+    const double tol = t->atol + t->rtol * rec->ref_absmax;
+    if (!t->exact && rec->max_abs <= tol)
+        return;
+    for (int i = 0; i < n; i++) {
         uint32_t ua, ub;
         memcpy(&ua, &test[i], sizeof ua);
         memcpy(&ub, &ref[i], sizeof ub);
@@ -177,7 +251,6 @@ static void finite_row(const float *test, const float *ref, int n, const cmp_tol
             rec->n_bad++;
         }
     }
-    rec->bad = rec->n_bad > 0;
 }
 
 void cmp_row_compare(const float *test, const float *ref, int n, const cmp_tol *t,
@@ -186,10 +259,20 @@ void cmp_row_compare(const float *test, const float *ref, int n, const cmp_tol *
     memset(rec, 0, sizeof *rec);
     rec->first_bad = -1;
     rec->bitequal = memcmp(test, ref, (size_t)n * sizeof(float)) == 0;
-    if (rec->bitequal && bitequal_row(ref, n, rec))
-        return;
-    if (!rec->bitequal && row_finite(test, n) && row_finite(ref, n)) {
-        finite_row(test, ref, n, t, rec);
+    /* Rows without NaN or infinity (nearly all): one pass for every figure.
+     * A bit-equal row is weighed against itself, as its record says. */
+    row_acc s;
+    if (!acc_row(&s, rec->bitequal ? ref : test, ref, n)) {
+        rec->dot = lanes(s.dot);
+        rec->ref_sq = lanes(s.rsq);
+        rec->test_sq = lanes(s.tsq);
+        rec->err_sq = lanes(s.esq);
+        rec->max_abs = s.max_abs;
+        rec->ref_absmax = s.absmax;
+        rec->max_ulp = s.max_ulp;
+        if (!rec->bitequal)
+            count_bad(test, ref, n, t, rec);
+        rec->bad = rec->n_bad > 0;
         return;
     }
     double rowmax = 0;   /* rtol is relative to the row's scale */

@@ -1020,7 +1020,8 @@ END_TEST
 
 /* The row comparison agrees with the element rule, element by element,
  * on random finite rows (its fast path) and rows with NaN / infinities
- * (its general path), in every tolerance mode. */
+ * (its general path), in every tolerance mode; its AVX2 and scalar loops
+ * give the same record. */
 START_TEST(test_row_compare_matches_element_rule)
 {
     pcg32 g;
@@ -1068,6 +1069,22 @@ START_TEST(test_row_compare_matches_element_rule)
             ck_assert(rec.bad == (bad > 0));
             ck_assert(rec.max_abs == max_abs);
             ck_assert_uint_eq(rec.max_ulp, max_ulp);
+            /* the scalar loop: the same record, bit for bit */
+            cmp_rowrec sc;
+            cmp_rows_use_simd(false);
+            cmp_row_compare(a, b, n, t, &sc);
+            cmp_rows_use_simd(true);
+            ck_assert(sc.bitequal == rec.bitequal && sc.bad == rec.bad &&
+                      sc.first_bad == rec.first_bad && sc.n_bad == rec.n_bad &&
+                      sc.nonfinite == rec.nonfinite && sc.max_ulp == rec.max_ulp);
+            const double *x[] = {&sc.max_abs, &sc.ref_absmax, &sc.dot, &sc.ref_sq, &sc.test_sq,
+                                 &sc.err_sq};
+            const double *y[] = {&rec.max_abs, &rec.ref_absmax, &rec.dot, &rec.ref_sq,
+                                 &rec.test_sq, &rec.err_sq};
+            for (int q = 0; q < 6; q++)
+                ck_assert_msg(memcmp(x[q], y[q], sizeof(double)) == 0,
+                              "trial %d, n %d: figure %d differs between AVX2 and scalar",
+                              trial, n, q);
         }
     }
 }
