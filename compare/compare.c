@@ -10,6 +10,7 @@
  * the `upto` metrics stop exactly at the divergence. */
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -259,6 +260,7 @@ typedef struct {
     int cols;
     cmp_tol tol;
     bool prehash;                /* both sides have row hashes: read them first */
+    int parallel;                /* rows read on the pool: -1 not asked yet, 0 no, 1 yes */
     /* prehash: hashes of both sides and the reference's statistics for
      * positions span_lo .. span_lo + span_n - 1, read HASH_SPAN at a time
      * (one read per block cost more than the hashes themselves) */
@@ -268,6 +270,14 @@ typedef struct {
 } walk_slot;
 
 #define HASH_SPAN 1024
+
+/* One read of a block (slot, positions q .. q + n - 1) done on the pool. */
+typedef struct {
+    int slot;
+    int64_t q, n;
+    int rc;
+    kv_err err;
+} read_job;
 
 typedef struct {
     const cmp_source *ref, *test;
@@ -279,6 +289,10 @@ typedef struct {
     int B;                       /* positions per block */
     float *bufa, *bufb;          /* test, reference rows */
     size_t buf_floats;
+    float **tbuf;                /* per pool task: test and reference rows (2 x tasks) */
+    int tasks;
+    read_job *jobs;              /* reads of a block done on the pool */
+    int n_jobs, max_jobs;
     uint64_t *hasha, *hashb;
     cmp_rowrec *recs;            /* (n, B) */
     kern_pool *pool;             /* rows of a read are weighed in parallel */
@@ -424,6 +438,7 @@ static void count_coverage(walker *w)
         const cmp_stage_result *sr = &r->stages[i];
         w->slots[i].res = &r->stages[i];
         w->slots[i].cols = sr->cols;
+        w->slots[i].parallel = -1;
         w->slots[i].prehash = !sr->hashed && !w->o->no_hashes && w->ref->read_hash &&
                               w->ref->read_stats && w->test->read_hash;
         cv->rows += sr->pos_hi - sr->pos_lo + 1;
@@ -516,11 +531,23 @@ static int alloc_buffers(walker *w, kv_err *e)
     w->buf_floats = need;
     w->bufa = malloc(need * sizeof(float));
     w->bufb = malloc(need * sizeof(float));
+    w->tasks = pool_threads(w->pool);
+    w->tbuf = calloc(2 * (size_t)w->tasks, sizeof *w->tbuf);
+    for (int t = 0; w->tbuf && t < 2 * w->tasks; t++)
+        if (!(w->tbuf[t] = malloc(need * sizeof(float))))
+            return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
+    w->max_jobs = 0;
+    for (int i = 0; i < w->n; i++) {
+        const int step = rows_per_read(w, w->slots[i].cols);
+        w->max_jobs += (w->B + step - 1) / step;
+    }
+    w->jobs = malloc((size_t)(w->max_jobs ? w->max_jobs : 1) * sizeof *w->jobs);
     w->hasha = malloc((size_t)w->B * sizeof(uint64_t));
     w->hashb = malloc((size_t)w->B * sizeof(uint64_t));
     w->recs = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B * sizeof *w->recs);
     w->have = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B);
-    if (!w->bufa || !w->bufb || !w->hasha || !w->hashb || !w->recs || !w->have)
+    if (!w->bufa || !w->bufb || !w->tbuf || !w->jobs || !w->hasha || !w->hashb || !w->recs ||
+        !w->have)
         return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
     return 0;
 }
@@ -535,6 +562,10 @@ static void walker_free(walker *w)
     free(w->slots);
     free(w->bufa);
     free(w->bufb);
+    for (int t = 0; w->tbuf && t < 2 * w->tasks; t++)
+        free(w->tbuf[t]);
+    free(w->tbuf);
+    free(w->jobs);
     free(w->hasha);
     free(w->hashb);
     free(w->recs);
@@ -720,61 +751,143 @@ static void rows_task(void *ctx, int task)
                         &j->s->tol, &j->recs[r]);
 }
 
-static int walk_slot_block(walker *w, int i, int64_t b0, int64_t p0, int64_t p1, first_bad *f,
-                           first_bad *lg, kv_err *e)
+/* After a read: the rows' presence, and the first violation and first
+ * large difference so far. */
+static void note_rows(walker *w, int i, int64_t b0, int64_t q, int64_t n, first_bad *f,
+                      first_bad *lg)
+{
+    const kv_stage st = w->slots[i].res->stage;
+    for (int64_t p = q; p < q + n; p++) {
+        const size_t k = (size_t)i * w->B + (size_t)(p - b0);
+        const cmp_rowrec *rec = &w->recs[k];
+        w->have[k] = 1;
+        if (rec->bad && earlier(p, i, f))
+            *f = (first_bad){p, i};
+        if (is_large(rec, st) && earlier(p, i, lg))
+            *lg = (first_bad){p, i};
+    }
+}
+
+/* Can both sides read the slot's rows from several threads? Asked once,
+ * when its rows are first needed (a walk settled by hashes never asks). */
+static bool parallel_slot(walker *w, walk_slot *s)
+{
+    if (s->parallel < 0) {
+        const cmp_stage_result *sr = s->res;
+        s->parallel = w->tasks > 1 && !sr->hashed && w->ref->prepare_parallel &&
+                      w->test->prepare_parallel && w->ref->read_parallel &&
+                      w->test->read_parallel &&
+                      w->test->prepare_parallel(w->test->ctx, sr->layer, sr->stage) == 1 &&
+                      w->ref->prepare_parallel(w->ref->ctx, sr->layer, sr->stage) == 1;
+    }
+    return s->parallel == 1;
+}
+
+/* Reads and weighs the rows of one slot read here (rows split over the
+ * pool when there are enough). */
+static int read_weigh_serial(walker *w, int i, int64_t b0, int64_t q, int64_t n, kv_err *e)
 {
     walk_slot *s = &w->slots[i];
     const cmp_stage_result *sr = s->res;
-    const int step = rows_per_read(w, s->cols);
-    for (int64_t q = p0; q <= p1; q += step) {
-        const int64_t n = p1 - q + 1 < step ? p1 - q + 1 : step;
-        if (s->prehash) {
-            int h = rows_by_hash(w, i, b0, q, n, e);
-            if (h < 0)
-                return -1;
-            if (h > 0)
-                continue;
-        }
-        if (read_side(w->test, sr, q, n, w->bufa, w->hasha, e) < 0 ||
-            read_side(w->ref, sr, q, n, w->bufb, w->hashb, e) < 0)
-            return -1;
-        cmp_rowrec *first = &w->recs[(size_t)i * w->B + (size_t)(q - b0)];
-        if (!sr->hashed) {
-            /* Small reads are not worth waking a thread for. */
-            int tasks = pool_threads(w->pool);
-            if ((int64_t)s->cols * n < 4096 || n < tasks)
-                tasks = 1;
-            rows_job job = {w, s, first, n, tasks};
-            if (tasks > 1)
-                pool_run(w->pool, rows_task, &job, tasks);
-            else
-                rows_task(&job, 0);
-        }
-        for (int64_t r = 0; r < n; r++) {
-            const int64_t p = q + r;
-            cmp_rowrec *rec = first + r;
-            if (sr->hashed)
-                cmp_row_hashed(w->hasha[r] == w->hashb[r], rec);
-            w->have[(size_t)i * w->B + (size_t)(p - b0)] = 1;
-            if (rec->bad && earlier(p, i, f))
-                *f = (first_bad){p, i};
-            if (is_large(rec, sr->stage) && earlier(p, i, lg))
-                *lg = (first_bad){p, i};
-        }
+    if (read_side(w->test, sr, q, n, w->bufa, w->hasha, e) < 0 ||
+        read_side(w->ref, sr, q, n, w->bufb, w->hashb, e) < 0)
+        return -1;
+    cmp_rowrec *first = &w->recs[(size_t)i * w->B + (size_t)(q - b0)];
+    if (sr->hashed) {
+        for (int64_t r = 0; r < n; r++)
+            cmp_row_hashed(w->hasha[r] == w->hashb[r], first + r);
+        return 0;
     }
+    /* Small reads are not worth waking a thread for. */
+    int tasks = w->tasks;
+    if ((int64_t)s->cols * n < 4096 || n < tasks)
+        tasks = 1;
+    rows_job job = {w, s, first, n, tasks};
+    if (tasks > 1)
+        pool_run(w->pool, rows_task, &job, tasks);
+    else
+        rows_task(&job, 0);
     return 0;
 }
 
+/* The block's pool reads: each task takes the next job not yet taken,
+ * reads both sides into its own buffers and weighs the rows. */
+typedef struct {
+    walker *w;
+    int64_t b0;
+    atomic_int next;
+} jobs_run;
+
+static void jobs_task(void *ctx, int task)
+{
+    jobs_run *jr = ctx;
+    walker *w = jr->w;
+    float *ta = w->tbuf[2 * task], *rb = w->tbuf[2 * task + 1];
+    for (;;) {
+        const int k = atomic_fetch_add(&jr->next, 1);
+        if (k >= w->n_jobs)
+            return;
+        read_job *j = &w->jobs[k];
+        const walk_slot *s = &w->slots[j->slot];
+        const cmp_stage_result *sr = s->res;
+        j->rc = w->test->read_parallel(w->test->ctx, sr->layer, sr->stage, j->q, j->n, ta,
+                                       &j->err);
+        if (j->rc == 0)
+            j->rc = w->ref->read_parallel(w->ref->ctx, sr->layer, sr->stage, j->q, j->n, rb,
+                                          &j->err);
+        if (j->rc < 0)
+            continue;
+        cmp_rowrec *first = &w->recs[(size_t)j->slot * w->B + (size_t)(j->q - jr->b0)];
+        for (int64_t r = 0; r < j->n; r++)
+            cmp_row_compare(ta + (size_t)r * s->cols, rb + (size_t)r * s->cols, s->cols, &s->tol,
+                            first + r);
+    }
+}
+
+/* Compares every slot over the block's positions: hashes first where both
+ * sides have them, then the rows still needed, read on the pool where both
+ * sources allow it and here otherwise. */
 static int walk_block(walker *w, int64_t b0, int64_t b1, first_bad *f, first_bad *lg,
                       kv_err *e)
 {
     memset(w->have, 0, (size_t)w->n * (size_t)w->B);
+    w->n_jobs = 0;
     for (int i = 0; i < w->n; i++) {
-        const cmp_stage_result *sr = w->slots[i].res;
-        int64_t p0 = sr->pos_lo > b0 ? sr->pos_lo : b0;
-        int64_t p1 = sr->pos_hi < b1 ? sr->pos_hi : b1;
-        if (p0 <= p1 && walk_slot_block(w, i, b0, p0, p1, f, lg, e) < 0)
+        walk_slot *s = &w->slots[i];
+        const cmp_stage_result *sr = s->res;
+        const int64_t p0 = sr->pos_lo > b0 ? sr->pos_lo : b0;
+        const int64_t p1 = sr->pos_hi < b1 ? sr->pos_hi : b1;
+        const int step = rows_per_read(w, s->cols);
+        for (int64_t q = p0; q <= p1; q += step) {
+            const int64_t n = p1 - q + 1 < step ? p1 - q + 1 : step;
+            if (s->prehash) {
+                int h = rows_by_hash(w, i, b0, q, n, e);
+                if (h < 0)
+                    return -1;
+                if (h > 0)
+                    continue;
+            }
+            if (parallel_slot(w, s) && w->n_jobs < w->max_jobs) {
+                w->jobs[w->n_jobs++] = (read_job){.slot = i, .q = q, .n = n};
+                continue;
+            }
+            if (read_weigh_serial(w, i, b0, q, n, e) < 0)
+                return -1;
+            note_rows(w, i, b0, q, n, f, lg);
+        }
+    }
+    if (w->n_jobs == 0)
+        return 0;
+    jobs_run jr = {.w = w, .b0 = b0};
+    atomic_init(&jr.next, 0);
+    pool_run(w->pool, jobs_task, &jr, w->tasks);
+    for (int k = 0; k < w->n_jobs; k++) {
+        const read_job *j = &w->jobs[k];
+        if (j->rc < 0) {
+            *e = j->err;
             return -1;
+        }
+        note_rows(w, j->slot, b0, j->q, j->n, f, lg);
     }
     return 0;
 }

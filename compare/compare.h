@@ -71,6 +71,14 @@ typedef struct cmp_source {
      * read_stats return 1 for rows without a hash (then the rows are read). */
     int (*read_stats)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                       float *l2_absmax, kv_err *e);
+    /* Optional, with read: reads from several threads at once. prepare_
+     * parallel is called from one thread before any parallel read of
+     * (layer, st) and returns 1 when read_parallel may then be called for
+     * it from any thread, alongside other such calls; 0 when not (read is
+     * used). read_parallel takes the same arguments as read. */
+    int (*prepare_parallel)(void *ctx, int layer, kv_stage st);
+    int (*read_parallel)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
+                         float *out, kv_err *e);
     /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the
      * log-sum-exp of the logits and the top k (k >= 1) logits, descending,
      * ties by lower id. output_info returns non-zero (or rows 0) when there

@@ -65,6 +65,22 @@ static int ds_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, f
     return dump_read_rows(d->f, layer, st, row_of(d, layer, st, pos0), n, out, e);
 }
 
+static int ds_prepare_parallel(void *ctx, int layer, kv_stage st)
+{
+    cmp_dump_source *d = ctx;
+    /* row_of looks first_position up once; done here so that parallel
+     * reads only read it */
+    (void)row_of(d, layer, st, 0);
+    return dump_rows_parallel(d->f, layer, st);
+}
+
+static int ds_read_parallel(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
+                            float *out, kv_err *e)
+{
+    cmp_dump_source *d = ctx;
+    return dump_read_rows_parallel(d->f, layer, st, row_of(d, layer, st, pos0), n, out, e);
+}
+
 static int ds_read_hash(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                         uint64_t *hash, kv_err *e)
 {
@@ -139,6 +155,8 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->complete = dump_is_complete(d->f);
     out->info = ds_info;
     out->read = dump_is_fingerprint(d->f) ? NULL : ds_read;
+    out->prepare_parallel = out->read ? ds_prepare_parallel : NULL;
+    out->read_parallel = out->read ? ds_read_parallel : NULL;
     out->read_hash = dump_has_row_hashes(d->f) ? ds_read_hash : NULL;
     out->read_stats = dump_has_row_hashes(d->f) && out->read ? ds_read_stats : NULL;
     out->output_info = ds_output_info;
