@@ -34,6 +34,15 @@
  * token index), never a dataset row. The struct and everything it points
  * to are owned by whoever filled it and must stay valid and unchanged for
  * the duration of a cmp_compare call. */
+/* All the row hashes of one (layer, stage) in one figure. */
+typedef struct {
+    int64_t first_pos, rows;
+    int cols;
+    uint64_t digest[2];          /* XXH3-128 of the rows' XXH3-64 hashes, in order */
+    double sum_sq;               /* sum over rows, in order, of (L2 norm)^2 */
+    bool usable;                 /* a hash for every row, every statistic finite */
+} cmp_digest;
+
 typedef struct cmp_source {
     void *ctx;                   /* passed back to every callback */
     const char *label;           /* for messages: "reference", a file path */
@@ -79,6 +88,12 @@ typedef struct cmp_source {
     int (*prepare_parallel)(void *ctx, int layer, kv_stage st);
     int (*read_parallel)(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n,
                          float *out, kv_err *e);
+    /* Optional, with read_hash and read_stats: what the source knows of all
+     * the row hashes of (layer, st) at once (a dump's /row_hash_index).
+     * Returns 0 with *out filled, non-zero when it knows nothing. When every
+     * compared stage's digests agree on both sides over exactly the compared
+     * positions, the comparer settles the walk without reading a hash. */
+    int (*digest)(void *ctx, int layer, kv_stage st, cmp_digest *out);
     /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the
      * log-sum-exp of the logits and the top k (k >= 1) logits, descending,
      * ties by lower id. output_info returns non-zero (or rows 0) when there
@@ -345,6 +360,7 @@ typedef struct {
     int64_t pos_cut;             /* first position whose input token differs (walk
                                   * stops before it); -1 none */
     int64_t walked_to;           /* last position the walk read */
+    bool by_index;               /* settled by both sides' digests (row hash indexes) */
 } cmp_coverage;
 
 #define CMP_MAX_NOTES 16

@@ -75,6 +75,17 @@ static void same_report(FILE *f, const cmp_result *r)
         fprintf(f, ", ");
         tokens_phrase(f, &r->tokens);
         fprintf(f, "\n");
+        int64_t rows = 0, hashed = 0;
+        for (int i = 0; i < r->n_stages; i++) {
+            rows += r->stages[i].all.rows;
+            hashed += r->stages[i].rows_by_hash;
+        }
+        if (r->compared.by_index)
+            fprintf(f, "  settled by the row hash indexes of both files (--no-hashes compares "
+                       "every row itself)\n");
+        else if (hashed > 0)
+            fprintf(f, "  %lld of %lld rows settled by their hashes (--no-hashes compares every "
+                       "row itself)\n", (long long)hashed, (long long)rows);
         return;
     }
     int64_t rows = 0, eq = 0;
@@ -377,13 +388,13 @@ static json_t *jcompared(const cmp_result *r)
     for (int s = STAGE_EMBED; s < STAGE_COUNT; s++)
         if (cmp_result_stage(r, -1, (kv_stage)s))
             json_array_append_new(ms, json_string(stage_name((kv_stage)s)));
-    return json_pack("{si sI sI sI si so sI sb sb so sI}", "layers", cv->n_layers, "positions",
+    return json_pack("{si sI sI sI si so sI sb sb so sI sb}", "layers", cv->n_layers, "positions",
                      (json_int_t)(cv->pos_hi >= cv->pos_lo ? cv->pos_hi - cv->pos_lo + 1 : 0),
                      "position_lo", (json_int_t)cv->pos_lo, "position_hi",
                      (json_int_t)cv->pos_hi, "stages", cv->n_stages, "model_stages", ms, "rows",
                      (json_int_t)cv->rows, "partial", cv->partial, "fingerprint", cv->hashed,
                      "token_cut", cv->pos_cut >= 0 ? json_integer(cv->pos_cut) : json_null(),
-                     "walked_to", (json_int_t)cv->walked_to);
+                     "walked_to", (json_int_t)cv->walked_to, "by_index", cv->by_index);
 }
 
 static json_t *jdiv(const cmp_divergence *d)

@@ -37,6 +37,14 @@ static bool hashes_cover(cmp_dump_source *d, int layer, kv_stage st, int64_t pos
 static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
 {
     cmp_dump_source *d = ctx;
+    /* The index says it without opening the dataset. */
+    dump_stage_digest g = dump_digest(d->f, layer, st);
+    if (g.present) {
+        *first = g.first_position;
+        *rows = g.rows;
+        *cols = g.cols;
+        return 0;
+    }
     dump_dataset_info di = dump_stage_info(d->f, layer, st);
     if (!di.present)
         return 1;
@@ -63,6 +71,18 @@ static int ds_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, f
 {
     cmp_dump_source *d = ctx;
     return dump_read_rows(d->f, layer, st, row_of(d, layer, st, pos0), n, out, e);
+}
+
+static int ds_digest(void *ctx, int layer, kv_stage st, cmp_digest *out)
+{
+    cmp_dump_source *d = ctx;
+    dump_stage_digest g = dump_digest(d->f, layer, st);
+    if (!g.present)
+        return 1;
+    *out = (cmp_digest){.first_pos = g.first_position, .rows = g.rows, .cols = g.cols,
+                        .digest = {g.digest[0], g.digest[1]}, .sum_sq = g.sum_sq,
+                        .usable = g.finite && g.all_hashed};
+    return 0;
 }
 
 static int ds_prepare_parallel(void *ctx, int layer, kv_stage st)
@@ -159,6 +179,7 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->read_parallel = out->read ? ds_read_parallel : NULL;
     out->read_hash = dump_has_row_hashes(d->f) ? ds_read_hash : NULL;
     out->read_stats = dump_has_row_hashes(d->f) && out->read ? ds_read_stats : NULL;
+    out->digest = out->read_stats ? ds_digest : NULL;
     out->output_info = ds_output_info;
     out->output = ds_output;
     return d;

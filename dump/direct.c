@@ -26,8 +26,7 @@ void dump_rowmap_free(dump_rowmap *m)
     memset(m, 0, sizeof *m);
 }
 
-/* Reads exactly n bytes at off; -1 on error or end of file. */
-static int pread_full(int fd, void *buf, size_t n, int64_t off)
+int dump_pread(int fd, void *buf, size_t n, int64_t off)
 {
     char *p = buf;
     while (n > 0) {
@@ -56,7 +55,7 @@ int dump_rowmap_read(const dump_rowmap *m, int fd, const char *path, int64_t row
         int64_t take = m->chunk_rows ? m->chunk_rows - within : n;
         take = take < n ? take : n;
         const size_t bytes = (size_t)take * m->row_bytes;
-        if (pread_full(fd, dst, bytes, m->off[chunk] + within * (int64_t)m->row_bytes) < 0)
+        if (dump_pread(fd, dst, bytes, m->off[chunk] + within * (int64_t)m->row_bytes) < 0)
             return kv_errf(e, "%s: cannot read %zu bytes at offset %lld: %s", path, bytes,
                            (long long)(m->off[chunk] + within * (int64_t)m->row_bytes),
                            errno ? strerror(errno) : "end of file");

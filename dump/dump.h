@@ -145,6 +145,24 @@ dump_dataset_info dump_stage_info(const dump_file *f, int layer, kv_stage stage)
  * hashes: a dump cut short may hold fewer hashes than rows). */
 dump_dataset_info dump_hash_info(const dump_file *f, int layer, kv_stage stage);
 
+/* What /row_hash_index says of a stage dataset: written when the file was
+ * closed (absent after a killed writer, in other programs' files), it
+ * spares a reader that only wants to know whether two dumps are identical
+ * from opening every dataset. */
+typedef struct {
+    bool present;
+    int64_t first_position, rows;
+    int cols;
+    uint64_t digest[2];            /* XXH3-128 of the rows' hashes, in order */
+    double sum_sq;                 /* sum over rows of (L2 norm)^2, in order */
+    bool finite;                   /* every row's statistics finite */
+    bool all_hashed;               /* a hash for every row */
+} dump_stage_digest;
+
+dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage);
+/* NULL, or why the file's /row_hash_index was not used (malformed). */
+const char *dump_index_problem(const dump_file *f);
+
 /* Reads rows [row0, row0 + n) of a full-mode stage into out (n x cols). */
 int dump_read_rows(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,
                    float *out, kv_err *e);

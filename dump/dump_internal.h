@@ -31,6 +31,21 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
  * file, a folder, empty, not an HDF5 file, truncated, or HDF5's reason. */
 hid_t dump_h5_open_read(const char *path, kv_err *e);
 
+/* The row hash index (docs/dump-format.md): one row of DUMP_INDEX_COLS
+ * uint64 per stage dataset with row hashes, and the file offsets of their
+ * hash chunks. */
+#define DUMP_INDEX "/row_hash_index"
+#define DUMP_INDEX_CHUNKS "/row_hash_chunks"
+#define DUMP_INDEX_COLS 11
+
+/* Why a row of the index cannot be right (NULL when it can); fills the
+ * layer (-1: /model) and stage it names. */
+const char *dump_index_row_problem(const uint64_t *row, int *layer, kv_stage *stage);
+/* Its hash chunks' offsets in /row_hash_chunks: rows per chunk (0: none
+ * given) and where the first offset is. */
+#define DUMP_INDEX_CHUNK_ROWS 9
+#define DUMP_INDEX_CHUNK_AT 10
+
 /* A dataset's rows as byte ranges of the file (direct.c): read with
  * pread(), past libhdf5, and so from several threads at once. */
 typedef struct {
@@ -52,6 +67,9 @@ int dump_rowmap_build(hid_t file, hid_t d, hid_t std_type, int fd, int64_t file_
 int dump_rowmap_read(const dump_rowmap *m, int fd, const char *path, int64_t row0, int64_t n,
                      void *out, kv_err *e);
 void dump_rowmap_free(dump_rowmap *m);
+/* Reads exactly n bytes at off (retrying short reads); -1 on error or at
+ * the end of the file. */
+int dump_pread(int fd, void *buf, size_t n, int64_t off);
 
 /* Variable-length UTF-8 string type (caller closes). */
 hid_t dump_h5_vlstr(void);

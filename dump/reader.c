@@ -5,11 +5,13 @@
 #include "dump_internal.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 /* A root attribute, read when first asked for: a string, an integer, or
  * neither (absent or of another type; remembered too). */
@@ -62,6 +64,14 @@ typedef struct {
     dset_meta *b[META_BUCKETS];
 } meta_table;
 
+/* A row of /row_hash_index, believed once its digest has been checked
+ * against the hashes it summarizes (read at the offsets it gives). */
+struct index_entry {
+    dump_stage_digest d;
+    int64_t chunk_rows, chunk_at;
+    int checked;                 /* 0 not yet; 1 the hashes match; -1 they do not */
+};
+
 struct dump_file {
     char *path;
     hid_t file;
@@ -78,6 +88,8 @@ struct dump_file {
     char cfg_err[512];   /* the first model_config problem */
     int64_t n_tokens, prompt_length;
     int out_k;
+    struct index_entry (*index)[STAGE_COUNT];  /* [layer + 1][stage]; NULL: none */
+    char index_problem[sizeof(kv_err)];
 };
 
 /* ------------------------------------------------------------------ */
@@ -578,6 +590,133 @@ static void load_output_k(dump_file *f)
     H5Eclear2(H5E_DEFAULT);
 }
 
+const char *dump_index_row_problem(const uint64_t *r, int *layer, kv_stage *stage)
+{
+    double sum;
+    memcpy(&sum, &r[7], sizeof sum);
+    *layer = r[0] <= KV_MAX_LAYERS ? (int)r[0] - 1 : -2;
+    *stage = r[1] < STAGE_COUNT ? (kv_stage)r[1] : STAGE_COUNT;
+    if (*layer < -1 || *stage == STAGE_COUNT || !stage_fits(*stage, *layer))
+        return "no such layer and stage";
+    if (r[2] > INT64_MAX / 2 || r[3] > INT64_MAX / 2)
+        return "positions out of range";
+    if (r[4] < 1 || r[4] > INT32_MAX)
+        return "width out of range";
+    if (!isfinite(sum) || sum < 0)
+        return "sum of squares not a finite number >= 0";
+    if (r[8] > 3)
+        return "unknown flags";
+    if (r[DUMP_INDEX_CHUNK_ROWS] > INT32_MAX || r[DUMP_INDEX_CHUNK_AT] > INT64_MAX / 16)
+        return "hash chunks out of range";
+    return NULL;
+}
+
+/* /row_hash_index: every row checked before any is believed; a malformed
+ * index is set aside (the datasets still read), and said why. */
+static void load_index(dump_file *f)
+{
+    if (H5Lexists(f->file, DUMP_INDEX, H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return;
+    }
+    kv_err e = {{0}};
+    const dset_meta *m = meta_of(f, DUMP_INDEX);
+    const hsize_t max = (hsize_t)(KV_MAX_LAYERS + 1) * STAGE_COUNT;
+    if (!m || !m->present || m->rank != 2 || m->dims[1] != DUMP_INDEX_COLS ||
+        m->kind != ELEM_U64 || m->dims[0] > max) {
+        snprintf(f->index_problem, sizeof f->index_problem,
+                 "%s is not a 2-D uint64 dataset of %d columns and at most %llu rows",
+                 DUMP_INDEX, DUMP_INDEX_COLS, (unsigned long long)max);
+        return;
+    }
+    const int64_t n = (int64_t)m->dims[0];
+    uint64_t *rows = malloc((size_t)(n ? n : 1) * DUMP_INDEX_COLS * sizeof *rows);
+    f->index = calloc(KV_MAX_LAYERS + 1, sizeof *f->index);
+    if (!rows || !f->index ||
+        read_rows_at(f, DUMP_INDEX, ELEM_U64, DUMP_INDEX_COLS, 0, n, rows, &e) < 0) {
+        snprintf(f->index_problem, sizeof f->index_problem, "%s", rows && f->index ? e.msg
+                                                                                  : "out of memory");
+        goto bad;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const uint64_t *r = rows + i * DUMP_INDEX_COLS;
+        int layer;
+        kv_stage st;
+        double sum;
+        const char *why = dump_index_row_problem(r, &layer, &st);
+        if (!why && f->index[layer + 1][st].d.present)
+            why = "a stage listed twice";
+        memcpy(&sum, &r[7], sizeof sum);
+        if (why) {
+            snprintf(f->index_problem, sizeof f->index_problem, "%s row %lld: %s", DUMP_INDEX,
+                     (long long)i, why);
+            goto bad;
+        }
+        f->index[layer + 1][st] = (struct index_entry){
+            .d = {.present = true, .first_position = (int64_t)r[2], .rows = (int64_t)r[3],
+                  .cols = (int)r[4], .digest = {r[5], r[6]}, .sum_sq = sum,
+                  .finite = r[8] & 1, .all_hashed = (r[8] >> 1) & 1},
+            .chunk_rows = (int64_t)r[DUMP_INDEX_CHUNK_ROWS],
+            .chunk_at = (int64_t)r[DUMP_INDEX_CHUNK_AT]};
+    }
+    free(rows);
+    return;
+bad:
+    free(rows);
+    free(f->index);
+    f->index = NULL;
+}
+
+/* Reads the hashes an index row summarizes, at the offsets it gives, and
+ * checks its digest against them: a stale index (hashes rewritten after
+ * it), wrong offsets (a user block added) or a short file all fail. */
+static bool check_entry(const dump_file *f, struct index_entry *x)
+{
+    const int64_t n = x->d.rows, cr = x->chunk_rows;
+    if (f->fd < 0 || !f->direct || !x->d.all_hashed || cr < 1)
+        return false;
+    const int64_t k = (n + cr - 1) / cr;
+    kv_err e = {{0}};
+    uint64_t *offs = malloc((size_t)(k ? k : 1) * sizeof *offs);
+    uint64_t *buf = malloc((size_t)cr * sizeof *buf);
+    XXH3_state_t *st = XXH3_createState();
+    bool ok = offs && buf && st && XXH3_128bits_reset(st) == XXH_OK &&
+              read_rows_at(f, DUMP_INDEX_CHUNKS, ELEM_U64, 0, x->chunk_at, k, offs, &e) == 0;
+    for (int64_t c = 0; ok && c < k; c++) {
+        const int64_t take = n - c * cr < cr ? n - c * cr : cr;
+        const size_t bytes = (size_t)take * sizeof *buf;
+        ok = offs[c] <= (uint64_t)f->size && (int64_t)offs[c] <= f->size - (int64_t)bytes &&
+             dump_pread(f->fd, buf, bytes, (int64_t)offs[c]) == 0 &&
+             XXH3_128bits_update(st, buf, bytes) == XXH_OK;
+    }
+    if (ok) {
+        const XXH128_hash_t h = XXH3_128bits_digest(st);
+        ok = h.low64 == x->d.digest[0] && h.high64 == x->d.digest[1];
+    }
+    XXH3_freeState(st);
+    free(offs);
+    free(buf);
+    return ok;
+}
+
+dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage)
+{
+    dump_stage_digest none = {.present = false};
+    if (!f || !f->index || !stage_fits(stage, layer))
+        return none;
+    struct index_entry *x = &f->index[layer + 1][stage];
+    if (!x->d.present)
+        return none;
+    if (!x->checked)
+        x->checked = check_entry(f, x) ? 1 : -1;
+    return x->checked > 0 ? x->d : none;
+}
+
+const char *dump_index_problem(const dump_file *f)
+{
+    return f && f->index_problem[0] ? f->index_problem : NULL;
+}
+
 static void keep_first_problem(void *ctx, const char *msg)
 {
     dump_file *f = ctx;
@@ -632,6 +771,7 @@ void dump_file_close(dump_file *f)
         if (f->dsets->e[i].id > 0)
             H5Dclose(f->dsets->e[i].id);
     free(f->dsets);
+    free(f->index);
     meta_free(f->meta);
     if (f->fd >= 0)
         close(f->fd);
@@ -685,5 +825,6 @@ dump_file *dump_open(const char *path, kv_err *e)
         dump_config_parse(dump_attr(f, "model_config"), &f->cfg, keep_first_problem, f) == 0;
     load_tokens(f);
     load_output_k(f);
+    load_index(f);
     return f;
 }

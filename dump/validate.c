@@ -745,6 +745,204 @@ static void check_output(vstate *v)
 }
 
 /* ------------------------------------------------------------------ */
+/* /row_hash_index                                                      */
+
+/* Type, shape and first_position of a dataset the group checks have
+ * already judged (so nothing is said here): false when not as wanted. */
+static bool quiet_shape(hid_t d, elem_kind k, int rank, found *f)
+{
+    hid_t t = H5Dget_type(d), s = H5Dget_space(d);
+    hsize_t dims[2] = {0, 1};
+    bool ok = t >= 0 && type_matches(t, k) && s >= 0 && H5Sget_simple_extent_ndims(s) == rank &&
+              H5Sget_simple_extent_dims(s, dims, NULL) >= 0 && dims[0] <= (hsize_t)INT64_MAX / 2;
+    dump_h5_close(t);
+    dump_h5_close(s);
+    f->rows = (int64_t)dims[0];
+    f->cols = rank == 2 ? (int64_t)dims[1] : 1;
+    f->have_first = dump_h5_attr_i64(d, "first_position", &f->first) == 0;
+    H5Eclear2(H5E_DEFAULT);
+    f->ok = ok && f->have_first;
+    return f->ok;
+}
+
+/* Are the offsets an index row gives in /row_hash_chunks those of the
+ * chunks of its hash dataset h (rows hashes)? */
+static bool chunks_match(vstate *v, hid_t h, const uint64_t *r, int64_t rows)
+{
+    const int64_t cr = (int64_t)r[DUMP_INDEX_CHUNK_ROWS], at = (int64_t)r[DUMP_INDEX_CHUNK_AT];
+    const int64_t k = (rows + cr - 1) / cr;
+    hid_t dcpl = H5Dget_create_plist(h), c = H5I_INVALID_HID;
+    hsize_t cd[1] = {0};
+    uint64_t *offs = malloc((size_t)(k ? k : 1) * sizeof *offs);
+    bool ok = offs && dcpl >= 0 && H5Pget_layout(dcpl) == H5D_CHUNKED &&
+              H5Pget_chunk(dcpl, 1, cd) == 1 && (int64_t)cd[0] == cr &&
+              H5Lexists(v->file, DUMP_INDEX_CHUNKS, H5P_DEFAULT) > 0 &&
+              (c = H5Dopen2(v->file, DUMP_INDEX_CHUNKS, H5P_DEFAULT)) >= 0;
+    if (ok) {
+        hid_t sp = H5Dget_space(c);
+        hsize_t n = 0;
+        ok = sp >= 0 && H5Sget_simple_extent_ndims(sp) == 1 &&
+             H5Sget_simple_extent_dims(sp, &n, NULL) >= 0 && at <= (int64_t)n &&
+             k <= (int64_t)n - at && (k == 0 || read_hashes(c, at, k, offs) == 0);
+        dump_h5_close(sp);
+    }
+    for (int64_t j = 0; ok && j < k; j++) {
+        hsize_t off[1] = {(hsize_t)(j * cr)}, size = 0;
+        haddr_t addr = HADDR_UNDEF;
+        unsigned mask = 0;
+        ok = H5Dget_chunk_info_by_coord(h, off, &mask, &addr, &size) >= 0 && addr == offs[j];
+    }
+    dump_h5_close(c);
+    dump_h5_close(dcpl);
+    H5Eclear2(H5E_DEFAULT);
+    free(offs);
+    return ok;
+}
+
+/* One index row against the datasets it summarizes: positions and width
+ * as the rows, the digest of the hashes, the sum of squares and the flags
+ * as the .hash and .stats datasets give them. */
+static void check_index_row(vstate *v, const uint64_t *r, int64_t i)
+{
+    int layer;
+    kv_stage st;
+    const char *why = dump_index_row_problem(r, &layer, &st);
+    if (why) {
+        violation(v, "%s row %lld: %s.", DUMP_INDEX, (long long)i, why);
+        return;
+    }
+    char base[96], hp[112], sp[112];
+    if (layer >= 0)
+        snprintf(base, sizeof base, "/layers/%d/%s", layer, stage_name(st));
+    else
+        snprintf(base, sizeof base, "/model/%s", stage_name(st));
+    snprintf(hp, sizeof hp, "%s.hash", base);
+    snprintf(sp, sizeof sp, "%s.stats", base);
+    hid_t h = H5Lexists(v->file, hp, H5P_DEFAULT) > 0 ? H5Dopen2(v->file, hp, H5P_DEFAULT) : -1;
+    hid_t s = H5Lexists(v->file, sp, H5P_DEFAULT) > 0 ? H5Dopen2(v->file, sp, H5P_DEFAULT) : -1;
+    hid_t d = v->fingerprint ? H5I_INVALID_HID
+              : H5Lexists(v->file, base, H5P_DEFAULT) > 0 ? H5Dopen2(v->file, base, H5P_DEFAULT)
+                                                          : -1;
+    H5Eclear2(H5E_DEFAULT);
+    const hid_t rows_d = v->fingerprint ? h : d;
+    found fr = {.ok = false}, fh = fr, fs = fr;
+    if (rows_d < 0) {
+        violation(v, "%s row %lld names %s, which the file does not hold.", DUMP_INDEX,
+                  (long long)i, v->fingerprint ? hp : base);
+        goto done;
+    }
+    if (h < 0 || s < 0)
+        goto done;   /* a missing .hash or .stats: the group checks say so */
+    if (!quiet_shape(h, ELEM_U64, 1, &fh) || !quiet_shape(s, ELEM_F32, 2, &fs) || fs.cols != 2 ||
+        (!v->fingerprint && !quiet_shape(d, ELEM_F32, 2, &fr)))
+        goto done;   /* the group checks say what is wrong */
+    if (v->fingerprint)
+        fr = fh;
+    else if (v->cfg_ok && fr.cols != dump_stage_cols(&v->cfg, st))
+        goto done;   /* a width the config does not have: said by the group checks */
+    const int64_t cols = v->fingerprint ? (v->cfg_ok ? dump_stage_cols(&v->cfg, st) : -1) : fr.cols;
+    /* positions as the hashes (whether they match the rows is the group
+     * checks' to say), rows as many as the rows */
+    if ((int64_t)r[2] != fh.first || (int64_t)r[3] != fr.rows || (cols >= 0 && (int64_t)r[4] != cols)) {
+        violation(v, "%s row %lld says %s holds %lld rows of %lld from position %lld; it holds "
+                  "%lld of %lld from %lld.", DUMP_INDEX, (long long)i, base, (long long)r[3],
+                  (long long)r[4], (long long)r[2], (long long)fr.rows, (long long)cols,
+                  (long long)fh.first);
+        goto done;
+    }
+    const int64_t n = fh.rows < fs.rows ? fh.rows : fs.rows;
+    if (!scan_allowed(v, hp, n, 3, 8))
+        goto done;
+    uint64_t *hash = malloc((size_t)(n ? n : 1) * sizeof *hash);
+    float *stat = malloc((size_t)(n ? n : 1) * 2 * sizeof *stat);
+    if (!hash || !stat || (n && (read_hashes(h, 0, n, hash) < 0 ||
+                                 read_block(s, ELEM_F32, 0, n, 2, 2, stat) < 0))) {
+        violation(v, "%s or %s cannot be read.", hp, sp);
+    } else {
+        const XXH128_hash_t want = XXH3_128bits(hash, (size_t)n * sizeof *hash);
+        double sum = 0, isum;
+        bool finite = true;
+        for (int64_t k = 0; k < n; k++) {
+            const double l2 = stat[2 * k];
+            finite &= isfinite(stat[2 * k]) && isfinite(stat[2 * k + 1]);
+            sum += l2 * l2;
+        }
+        memcpy(&isum, &r[7], sizeof isum);
+        const uint64_t flags = (uint64_t)finite | (uint64_t)(fh.rows == fr.rows) << 1;
+        if (want.low64 != r[5] || want.high64 != r[6])
+            violation(v, "%s row %lld: the digest of %s does not match its hashes (they changed "
+                      "after the index was written: compare would trust the index; rewrite or "
+                      "delete it).", DUMP_INDEX, (long long)i, hp);
+        else if (fh.rows != fs.rows || sum != isum || flags != r[8])
+            violation(v, "%s row %lld: the sum of squares or flags of %s do not match %s.",
+                      DUMP_INDEX, (long long)i, base, sp);
+        else if (r[DUMP_INDEX_CHUNK_ROWS] > 0 && !chunks_match(v, h, r, fh.rows))
+            violation(v, "%s row %lld: the chunk offsets it gives in %s are not those of %s.",
+                      DUMP_INDEX, (long long)i, DUMP_INDEX_CHUNKS, hp);
+    }
+    free(hash);
+    free(stat);
+done:
+    dump_h5_close(h);
+    dump_h5_close(s);
+    dump_h5_close(d);
+}
+
+/* Optional: written by kvdiff when it closes a dump with row hashes. */
+static void check_index(vstate *v)
+{
+    if (H5Lexists(v->file, DUMP_INDEX, H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return;
+    }
+    hid_t d = open_member(v, v->file, DUMP_INDEX, DUMP_INDEX, H5I_DATASET);
+    if (d < 0)
+        return;
+    found f = {.ok = false};
+    hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
+    hsize_t dims[2] = {0, 0};
+    if (t >= 0 && type_matches(t, ELEM_U64) && sp >= 0 && H5Sget_simple_extent_ndims(sp) == 2 &&
+        H5Sget_simple_extent_dims(sp, dims, NULL) >= 0 && dims[1] == DUMP_INDEX_COLS &&
+        dims[0] <= (hsize_t)INT64_MAX / 2) {
+        f.ok = true;
+        f.rows = (int64_t)dims[0];
+    } else
+        violation(v, "%s must be a 2-D uint64 dataset of %d columns.", DUMP_INDEX,
+                  DUMP_INDEX_COLS);
+    dump_h5_close(t);
+    dump_h5_close(sp);
+    H5Eclear2(H5E_DEFAULT);
+    const int64_t max = (int64_t)(KV_MAX_LAYERS + 1) * STAGE_COUNT;
+    if (f.ok && f.rows > max)
+        violation(v, "%s has %lld rows; a dump has at most %lld stage datasets.", DUMP_INDEX,
+                  (long long)f.rows, (long long)max);
+    else if (f.ok && f.rows > 0) {
+        uint64_t *rows = malloc((size_t)f.rows * DUMP_INDEX_COLS * sizeof *rows);
+        bool seen[KV_MAX_LAYERS + 1][STAGE_COUNT] = {{false}};
+        if (!rows || H5Dread(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, rows) < 0) {
+            H5Eclear2(H5E_DEFAULT);
+            violation(v, "%s cannot be read.", DUMP_INDEX);
+        } else
+            for (int64_t i = 0; i < f.rows; i++) {
+                const uint64_t *r = rows + i * DUMP_INDEX_COLS;
+                int layer;
+                kv_stage st;
+                if (!dump_index_row_problem(r, &layer, &st)) {
+                    if (seen[layer + 1][st]) {
+                        violation(v, "%s row %lld: a stage listed twice.", DUMP_INDEX,
+                                  (long long)i);
+                        continue;
+                    }
+                    seen[layer + 1][st] = true;
+                }
+                check_index_row(v, r, i);
+            }
+        free(rows);
+    }
+    dump_h5_close(d);
+}
+
+/* ------------------------------------------------------------------ */
 /* Entry                                                                */
 
 int dump_validate(const char *path, void (*report)(void *ctx, const char *line), void *ctx,
@@ -761,6 +959,7 @@ int dump_validate(const char *path, void (*report)(void *ctx, const char *line),
         check_tokens(&v);
         check_layers_and_model(&v);
         check_output(&v);
+        check_index(&v);
     }
     dump_h5_close(v.file);
     return v.violations;

@@ -60,6 +60,12 @@ typedef struct {
     appender stats;       /* fingerprint mode, full mode with row hashes: <stage>.stats */
     appender hash;        /* full mode with row hashes: <stage>.hash */
     int cols;             /* floats per row the engine emits */
+    /* For /row_hash_index, over every row hashed so far in position order:
+     * a running XXH3-128 of the hashes, the sum of the squared L2 norms,
+     * and whether every statistic was finite. NULL without row hashes. */
+    XXH3_state_t *digest;
+    double sum_sq;
+    bool finite;
 } stage_sink;
 
 struct dump_writer {
@@ -552,6 +558,14 @@ static int sink_append(dump_writer *w, stage_sink *s, int64_t pos, const float *
         pool_run(w->o.pool, fp_task, &job, job.tasks);
     else
         fp_task(&job, 0);
+    if (s->digest) {
+        XXH3_128bits_update(s->digest, w->fp_hash, (size_t)n * sizeof *w->fp_hash);
+        for (int r = 0; r < n; r++) {
+            const double l2 = w->fp_stats[2 * r];
+            s->finite &= isfinite(w->fp_stats[2 * r]) && isfinite(w->fp_stats[2 * r + 1]);
+            s->sum_sq += l2 * l2;
+        }
+    }
     if (!w->o.fingerprint && app_append(w, &s->rows, pos, rows, n) < 0)
         return -1;
     if (app_append(w, w->o.fingerprint ? &s->rows : &s->hash, pos, w->fp_hash, n) < 0)
@@ -819,6 +833,9 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
         return -1;
     if (!w->o.fingerprint && !w->o.row_hashes)
         return 0;
+    if (!(s->digest = XXH3_createState()) || XXH3_128bits_reset(s->digest) != XXH_OK)
+        return kv_errf(e, "%s: out of memory", w->path);
+    s->finite = true;
     snprintf(name, sizeof name, "%s.hash", stage_name(st));
     if (app_create(w, w->o.fingerprint ? &s->rows : &s->hash, group, gpath, name, H5T_STD_U64LE,
                    H5T_NATIVE_UINT64, 0, w->first, e) < 0)
@@ -993,6 +1010,7 @@ static void writer_free(dump_writer *w)
                 app_free(&s->rows);
                 app_free(&s->stats);
                 app_free(&s->hash);
+                XXH3_freeState(s->digest);
                 free(s);
             }
         }
@@ -1148,9 +1166,114 @@ static int rewrite_attr(hid_t obj, const char *name, hid_t mtype, const void *va
     return rc;
 }
 
+/* The file offset of every chunk of a hash dataset (all allocated, of the
+ * full size, unfiltered) appended to *offs; returns the rows per chunk, or
+ * 0 when they cannot all be given (the index row then has none). */
+static int64_t hash_chunks(hid_t f, const appender *h, uint64_t **offs, size_t *n, size_t *cap)
+{
+    hid_t d = H5Dopen2(f, h->name, H5P_DEFAULT), dcpl = H5I_INVALID_HID;
+    hsize_t cd[1] = {0};
+    int64_t cr = 0;
+    if (d < 0 || (dcpl = H5Dget_create_plist(d)) < 0 || H5Pget_layout(dcpl) != H5D_CHUNKED ||
+        H5Pget_chunk(dcpl, 1, cd) != 1 || cd[0] < 1 || H5Pget_nfilters(dcpl) != 0)
+        goto done;
+    const size_t k = (size_t)((h->written + (int64_t)cd[0] - 1) / (int64_t)cd[0]);
+    if (*n + k > *cap) {
+        size_t want = (*n + k) * 2;
+        uint64_t *grown = realloc(*offs, want * sizeof *grown);
+        if (!grown)
+            goto done;
+        *offs = grown;
+        *cap = want;
+    }
+    for (size_t c = 0; c < k; c++) {
+        hsize_t at[1] = {(hsize_t)c * cd[0]}, size = 0;
+        haddr_t addr = HADDR_UNDEF;
+        unsigned mask = 0;
+        if (H5Dget_chunk_info_by_coord(d, at, &mask, &addr, &size) < 0 || mask != 0 ||
+            addr == HADDR_UNDEF || size != cd[0] * sizeof(uint64_t))
+            goto done;
+        (*offs)[*n + c] = (uint64_t)addr;
+    }
+    *n += k;
+    cr = (int64_t)cd[0];
+done:
+    dump_h5_close(dcpl);
+    dump_h5_close(d);
+    H5Eclear2(H5E_DEFAULT);
+    return cr;
+}
+
+static int write_u64(hid_t f, const char *name, int rank, const hsize_t *dims, const uint64_t *v)
+{
+    hid_t sp = H5Screate_simple(rank, dims, NULL), d = H5I_INVALID_HID;
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);   /* no times: identical runs, identical files */
+    int rc = sp >= 0 && dcpl >= 0 && H5Pset_obj_track_times(dcpl, 0) >= 0 &&
+                     (d = H5Dcreate2(f, name, H5T_STD_U64LE, sp, H5P_DEFAULT, dcpl,
+                                     H5P_DEFAULT)) >= 0 &&
+                     H5Dwrite(d, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0
+                 ? 0
+                 : -1;
+    dump_h5_close(d);
+    dump_h5_close(dcpl);
+    dump_h5_close(sp);
+    return rc;
+}
+
+/* /row_hash_index and /row_hash_chunks (docs/dump-format.md): per stage
+ * dataset its positions, width, the XXH3-128 of its row hashes, the sum
+ * of its squared row norms, and where the hash chunks lie, so that a
+ * reader can check the digest against the hashes themselves without
+ * opening a dataset, and two identical dumps compare at that cost. */
+static int write_index(dump_writer *w, hid_t f)
+{
+    int n = 0;
+    for (int st = 0; st < STAGE_COUNT; st++)
+        for (int l = 0; l <= KV_MAX_LAYERS; l++)
+            n += w->sinks[st][l] && w->sinks[st][l]->digest;
+    if (n == 0)
+        return 0;
+    uint64_t *rows = calloc((size_t)n * DUMP_INDEX_COLS, sizeof *rows), *offs = NULL;
+    size_t n_offs = 0, cap = 0;
+    if (!rows)
+        return -1;
+    int k = 0;
+    for (int l = 0; l <= KV_MAX_LAYERS; l++)
+        for (int st = 0; st < STAGE_COUNT; st++) {
+            const stage_sink *s = w->sinks[st][l];
+            if (!s || !s->digest)
+                continue;
+            const appender *h = w->o.fingerprint ? &s->rows : &s->hash;
+            const XXH128_hash_t d = XXH3_128bits_digest(s->digest);
+            uint64_t *r = rows + (size_t)k++ * DUMP_INDEX_COLS, sum;
+            memcpy(&sum, &s->sum_sq, sizeof sum);
+            r[0] = (uint64_t)l;   /* layer + 1: 0 is the model */
+            r[1] = (uint64_t)st;
+            r[2] = (uint64_t)s->rows.first;
+            r[3] = (uint64_t)s->rows.written;
+            r[4] = (uint64_t)s->cols;
+            r[5] = d.low64;
+            r[6] = d.high64;
+            r[7] = sum;
+            /* bit 0: every statistic finite; bit 1: as many hashes as rows */
+            r[8] = (uint64_t)s->finite | (uint64_t)(h->written == s->rows.written) << 1;
+            r[10] = n_offs;
+            r[9] = h->written > 0 ? (uint64_t)hash_chunks(f, h, &offs, &n_offs, &cap) : 0;
+        }
+    hsize_t dims[2] = {(hsize_t)n, DUMP_INDEX_COLS}, odims[1] = {(hsize_t)n_offs};
+    int rc = write_u64(f, DUMP_INDEX, 2, dims, rows) < 0 ||
+                     write_u64(f, DUMP_INDEX_CHUNKS, 1, odims, offs ? offs : rows) < 0
+                 ? -1
+                 : 0;
+    free(rows);
+    free(offs);
+    return rc;
+}
+
 /* Reopens the closed file normally (SWMR forbids changing attributes) and
- * sets prompt_length, then status: last, so it says "complete" only when
- * everything before it went to disk. */
+ * writes the row hash index (when nothing failed), sets prompt_length,
+ * then status: last, so it says "complete" only when everything before it
+ * went to disk. */
 static int set_final_attrs(dump_writer *w, const char *status)
 {
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), f = H5I_INVALID_HID, tok = H5I_INVALID_HID;
@@ -1159,6 +1282,7 @@ static int set_final_attrs(dump_writer *w, const char *status)
     int rc = fapl >= 0 && str >= 0 &&
                      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0 &&
                      (f = H5Fopen(w->path, H5F_ACC_RDWR, fapl)) >= 0 &&
+                     (w->failed || write_index(w, f) >= 0) &&
                      (tok = H5Dopen2(f, "/tokens", H5P_DEFAULT)) >= 0 &&
                      rewrite_attr(tok, "prompt_length", H5T_NATIVE_INT64, &np) >= 0 &&
                      rewrite_attr(f, "status", str, &status) >= 0 ? 0 : -1;

@@ -152,6 +152,11 @@ static void read_compared(jr *c, json_t *root, cmp_result *r)
     cv->hashed = boolean(c, m, "compared", "fingerprint");
     cv->pos_cut = integer(c, m, "compared", "token_cut", 0, INT64_MAX, -1);
     cv->walked_to = integer(c, m, "compared", "walked_to", -1, INT64_MAX, INT64_MIN);
+    /* optional: results saved before the row hash index existed lack it */
+    json_t *bi = json_object_get(m, "by_index");
+    if (bi && !json_is_boolean(bi))
+        bad(c, "compared", "by_index", "is not true or false");
+    cv->by_index = bi && json_is_true(bi);
     json_t *ms = need(c, m, "compared", "model_stages");
     if (ms && !json_is_array(ms))
         bad(c, "compared", "model_stages", "is not an array");

@@ -7,6 +7,7 @@
 #include <xxhash.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "testutil.h"
@@ -171,6 +172,44 @@ START_TEST(test_compare_stale_hash)
 }
 END_TEST
 
+/* Identical dumps are settled by their row hash indexes, each checked
+ * against the hashes it summarizes first: an index left stale by an edit
+ * (hashes rewritten) or pointing at the wrong bytes (a user block added
+ * ahead of the file) is not believed, and the walk finds what changed. */
+START_TEST(test_compare_index)
+{
+    char dir[64], args[768], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "--engine chunked --chunk 5");
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/t.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "settled by the row hash indexes of both files"), "%s", out);
+    snprintf(args, sizeof args, "compare --json %s/ref.h5 %s/t.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "\"by_index\": true"), "%s", out);
+    /* a user block moves every byte: the offsets no longer hold the hashes */
+    snprintf(args, sizeof args, "echo user block > %s/ub.txt && h5jam -i %s/t.h5 -u %s/ub.txt "
+             "-o %s/jam.h5", dir, dir, dir, dir);
+    ck_assert_msg(system(args) == 0, "%s failed (hdf5-tools is a build dependency)", args);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/jam.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "rows settled by their hashes") && !strstr(out, "indexes"), "%s",
+                  out);
+    /* a row and its hash rewritten, the index not */
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    poke(path, "/layers/3/attn_out", 17, 2, 0.5f, true);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 17, layer 3"), "%s", out);
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "the digest of /layers/3/attn_out.hash does not match its hashes"),
+                  "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A dump cut short by a full disk (test_record_cut_short): what it holds
  * is compared and the output says it is partial. */
 START_TEST(test_compare_partial)
@@ -217,6 +256,7 @@ Suite *compare_cli_suite(void)
     tcase_add_loop_test(tc, test_compare_nonfinite, 0, 2);
     tcase_add_test(tc, test_compare_partial);
     tcase_add_test(tc, test_compare_stale_hash);
+    tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
     suite_add_tcase(s, tc);
     return s;

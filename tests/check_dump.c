@@ -1162,7 +1162,8 @@ typedef enum {
     BREAK_CONFIG, BREAK_STATUS, BREAK_NO_TOKENS, BREAK_TOKENS_TYPE, BREAK_PROMPT_LENGTH,
     BREAK_LAYER_NAME, BREAK_LAYER_RANGE, BREAK_LAYER_ATTRS, BREAK_STAGE_NAME, BREAK_SHAPE,
     BREAK_DTYPE, BREAK_FIRST_POSITION, BREAK_PAST_TOKENS, BREAK_OUTPUT, BREAK_NAN,
-    BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_FP_TYPES, BREAK_COUNT
+    BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_STALE_INDEX, BREAK_INDEX_SHAPE,
+    BREAK_INDEX_ROW, BREAK_INDEX_CHUNKS, BREAK_FP_TYPES, BREAK_COUNT
 } breakage;
 
 /* What each breakage must produce: violations, a phrase in the report,
@@ -1198,8 +1199,31 @@ static const struct {
                              "XXH3-64", NULL},
     [BREAK_NO_HASH] = {1, "/layers/0/q has no q.hash (the dump says row_hashes = 1)", NULL},
     [BREAK_ROW_HASHES] = {1, "row_hashes is 7; it must be 0 or 1", NULL},
+    /* rows and hashes rewritten alike, the index left as it was */
+    [BREAK_STALE_INDEX] = {1, "/row_hash_index row 7: the digest of /layers/0/attn_lse.hash does "
+                              "not match its hashes", NULL},
+    [BREAK_INDEX_SHAPE] = {1, "/row_hash_index must be a 2-D uint64 dataset of 11 columns", NULL},
+    [BREAK_INDEX_ROW] = {1, "/row_hash_index row 3: no such layer and stage", NULL},
+    [BREAK_INDEX_CHUNKS] = {1, "/row_hash_index row 2: the chunk offsets it gives in "
+                               "/row_hash_chunks are not those of /layers/0/attn_norm_stats.hash",
+                            NULL},
     [BREAK_FP_TYPES] = {2, "/layers/0/q.hash is float32; it must be uint64", NULL},
 };
+
+/* Sets one uint64 of /row_hash_index. */
+static void set_index_cell(hid_t h, hsize_t row, hsize_t col, uint64_t v)
+{
+    hid_t d = H5Dopen2(h, "row_hash_index", H5P_DEFAULT);
+    ck_assert(d >= 0);
+    hid_t fs = H5Dget_space(d);
+    hsize_t start[2] = {row, col}, count[2] = {1, 1};
+    ck_assert(H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL) >= 0);
+    hid_t ms = H5Screate_simple(2, count, NULL);
+    ck_assert(H5Dwrite(d, H5T_NATIVE_UINT64, ms, fs, H5P_DEFAULT, &v) >= 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(d);
+}
 
 static void apply_breakage(hid_t h, breakage b, int E, int H)
 {
@@ -1252,6 +1276,12 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
     }
     case BREAK_OUTPUT: put_dataset(h, "output/topk_ids", H5T_NATIVE_INT32, 3, 8, NULL, 0); break;
     case BREAK_NAN:
+    case BREAK_STALE_INDEX:
+        /* a writer that keeps no row hash index (it is optional) */
+        if (b == BREAK_NAN) {
+            H5Ldelete(h, "row_hash_index", H5P_DEFAULT);
+            H5Ldelete(h, "row_hash_chunks", H5P_DEFAULT);
+        }
         for (int i = 0; i < 47 * H; i++)
             rows[i] = i == 3 || i == 9 ? NAN : i == 20 ? INFINITY : 1.0f;
         put_dataset(h, "layers/0/attn_lse", H5T_NATIVE_FLOAT, 47, (hsize_t)H, rows, 0);
@@ -1281,6 +1311,9 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         H5Ldelete(h, "layers/0/q.hash", H5P_DEFAULT);
         H5Ldelete(h, "layers/0/q.stats", H5P_DEFAULT);
         break;
+    case BREAK_INDEX_SHAPE: put_dataset(h, "row_hash_index", H5T_STD_U64LE, 3, 9, NULL, -1); break;
+    case BREAK_INDEX_ROW: set_index_cell(h, 3, 1, 99); break;
+    case BREAK_INDEX_CHUNKS: set_index_cell(h, 2, 10, 1); break;
     case BREAK_ROW_HASHES: {
         int64_t seven = 7;
         H5Adelete(h, "row_hashes");
