@@ -1037,6 +1037,34 @@ static int walk(walker *w, kv_err *e)
     return 0;
 }
 
+/* Before the slots: do both sides' digests, as recorded, agree on every
+ * stage either records? Only then are they checked against the hashes
+ * (reading every hash once), so a pair that differs anywhere costs nothing
+ * here. Checked rows also give the slots their positions unopened. */
+static bool digests_agree(walker *w)
+{
+    const cmp_source *ref = w->ref, *test = w->test;
+    if (w->o->no_hashes || !ref->digest || !test->digest)
+        return false;
+    const int L = ref->cfg.n_layers < test->cfg.n_layers ? ref->cfg.n_layers : test->cfg.n_layers;
+    int layers[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    kv_stage stages[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    const int n = order_pairs(L, layers, stages);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            cmp_digest a, b;
+            const int ha = ref->digest(ref->ctx, layers[i], stages[i], pass, &a) == 0;
+            const int hb = test->digest(test->ctx, layers[i], stages[i], pass, &b) == 0;
+            if (ha != hb)
+                return false;
+            if (ha && (!a.usable || !b.usable || a.first_pos != b.first_pos ||
+                       a.rows != b.rows || a.cols != b.cols || a.digest[0] != b.digest[0] ||
+                       a.digest[1] != b.digest[1]))
+                return false;
+        }
+    return true;
+}
+
 /* Identical recordings settled from their digests alone: when both sides
  * give a usable digest of every compared slot, over exactly its compared
  * positions, and the digests agree, every row is bit-equal and its record
@@ -1051,8 +1079,8 @@ static bool settle_by_digest(walker *w)
         const walk_slot *s = &w->slots[i];
         const cmp_stage_result *sr = s->res;
         cmp_digest a, b;
-        if (!s->prehash || w->ref->digest(w->ref->ctx, sr->layer, sr->stage, &a) != 0 ||
-            w->test->digest(w->test->ctx, sr->layer, sr->stage, &b) != 0 || !a.usable ||
+        if (!s->prehash || w->ref->digest(w->ref->ctx, sr->layer, sr->stage, true, &a) != 0 ||
+            w->test->digest(w->test->ctx, sr->layer, sr->stage, true, &b) != 0 || !a.usable ||
             !b.usable || a.first_pos != sr->pos_lo || b.first_pos != sr->pos_lo ||
             a.rows != sr->pos_hi - sr->pos_lo + 1 || b.rows != a.rows || a.cols != b.cols ||
             a.digest[0] != b.digest[0] || a.digest[1] != b.digest[1])
@@ -1061,7 +1089,7 @@ static bool settle_by_digest(walker *w)
     for (int i = 0; i < w->n; i++) {
         cmp_stage_result *sr = w->slots[i].res;
         cmp_digest a;
-        w->ref->digest(w->ref->ctx, sr->layer, sr->stage, &a);
+        w->ref->digest(w->ref->ctx, sr->layer, sr->stage, true, &a);
         cmp_stats *st = &sr->all;
         st->rows = st->bitequal_rows = a.rows;
         st->dot = st->ref_sq = st->test_sq = a.sum_sq;
@@ -1121,6 +1149,7 @@ static int check_options(const cmp_source *ref, const cmp_source *test, const cm
 static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
 {
     cmp_result *r = w->r;
+    const bool same = digests_agree(w);
     if (build_slots(w, e) < 0)
         return -1;
     if (w->n == 0)
@@ -1131,7 +1160,7 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (w->o->noise && noise_floor(w, e) < 0)
         return -1;
     set_tolerances(w);
-    if (!settle_by_digest(w) && walk(w, e) < 0)
+    if (!(same && settle_by_digest(w)) && walk(w, e) < 0)
         return -1;
     if (cmp_tokens_compare(c, e) < 0 || cmp_logit_stats_compute(c, e) < 0)
         return -1;

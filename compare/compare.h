@@ -90,10 +90,12 @@ typedef struct cmp_source {
                          float *out, kv_err *e);
     /* Optional, with read_hash and read_stats: what the source knows of all
      * the row hashes of (layer, st) at once (a dump's /row_hash_index).
-     * Returns 0 with *out filled, non-zero when it knows nothing. When every
-     * compared stage's digests agree on both sides over exactly the compared
-     * positions, the comparer settles the walk without reading a hash. */
-    int (*digest)(void *ctx, int layer, kv_stage st, cmp_digest *out);
+     * Returns 0 with *out filled, non-zero when it knows nothing. checked =
+     * false: as recorded, cheap, possibly stale; true: only when found to
+     * agree with the row hashes as they are now. When every stage both
+     * sides record has equal digests, checked on both sides, over exactly
+     * the compared positions, the comparer settles the walk from them. */
+    int (*digest)(void *ctx, int layer, kv_stage st, bool checked, cmp_digest *out);
     /* Optional /output: positions first_pos .. first_pos + rows - 1 carry the
      * log-sum-exp of the logits and the top k (k >= 1) logits, descending,
      * ties by lower id. output_info returns non-zero (or rows 0) when there

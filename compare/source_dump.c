@@ -37,9 +37,9 @@ static bool hashes_cover(cmp_dump_source *d, int layer, kv_stage st, int64_t pos
 static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
 {
     cmp_dump_source *d = ctx;
-    /* The index says it without opening the dataset. */
-    dump_stage_digest g = dump_digest(d->f, layer, st);
-    if (g.present) {
+    /* An index row found true says it without opening the dataset. */
+    dump_stage_digest g = dump_digest(d->f, layer, st, false);
+    if (g.present && dump_digest_checked(d->f, layer, st)) {
         *first = g.first_position;
         *rows = g.rows;
         *cols = g.cols;
@@ -73,10 +73,10 @@ static int ds_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, f
     return dump_read_rows(d->f, layer, st, row_of(d, layer, st, pos0), n, out, e);
 }
 
-static int ds_digest(void *ctx, int layer, kv_stage st, cmp_digest *out)
+static int ds_digest(void *ctx, int layer, kv_stage st, bool checked, cmp_digest *out)
 {
     cmp_dump_source *d = ctx;
-    dump_stage_digest g = dump_digest(d->f, layer, st);
+    dump_stage_digest g = dump_digest(d->f, layer, st, checked);
     if (!g.present)
         return 1;
     *out = (cmp_digest){.first_pos = g.first_position, .rows = g.rows, .cols = g.cols,

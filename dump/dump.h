@@ -148,7 +148,7 @@ dump_dataset_info dump_hash_info(const dump_file *f, int layer, kv_stage stage);
 /* What /row_hash_index says of a stage dataset: written when the file was
  * closed (absent after a killed writer, in other programs' files), it
  * spares a reader that only wants to know whether two dumps are identical
- * from opening every dataset. */
+ * from reading rows, statistics or row datasets at all. */
 typedef struct {
     bool present;
     int64_t first_position, rows;
@@ -159,7 +159,13 @@ typedef struct {
     bool all_hashed;               /* a hash for every row */
 } dump_stage_digest;
 
-dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage);
+/* The index row of a stage. checked = false: as written (an edit since
+ * may have left it stale); true: only once its digest has been found
+ * equal to that of the stage's .hash dataset as it is now (read once;
+ * present false when not). */
+dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage, bool checked);
+/* Has dump_digest(..., true) found the stage's index row true? */
+bool dump_digest_checked(const dump_file *f, int layer, kv_stage stage);
 /* NULL, or why the file's /row_hash_index was not used (malformed). */
 const char *dump_index_problem(const dump_file *f);
 

@@ -32,19 +32,13 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
 hid_t dump_h5_open_read(const char *path, kv_err *e);
 
 /* The row hash index (docs/dump-format.md): one row of DUMP_INDEX_COLS
- * uint64 per stage dataset with row hashes, and the file offsets of their
- * hash chunks. */
+ * uint64 per stage dataset with row hashes. */
 #define DUMP_INDEX "/row_hash_index"
-#define DUMP_INDEX_CHUNKS "/row_hash_chunks"
-#define DUMP_INDEX_COLS 11
+#define DUMP_INDEX_COLS 9
 
 /* Why a row of the index cannot be right (NULL when it can); fills the
  * layer (-1: /model) and stage it names. */
 const char *dump_index_row_problem(const uint64_t *row, int *layer, kv_stage *stage);
-/* Its hash chunks' offsets in /row_hash_chunks: rows per chunk (0: none
- * given) and where the first offset is. */
-#define DUMP_INDEX_CHUNK_ROWS 9
-#define DUMP_INDEX_CHUNK_AT 10
 
 /* A dataset's rows as byte ranges of the file (direct.c): read with
  * pread(), past libhdf5, and so from several threads at once. */

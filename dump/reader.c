@@ -65,10 +65,9 @@ typedef struct {
 } meta_table;
 
 /* A row of /row_hash_index, believed once its digest has been checked
- * against the hashes it summarizes (read at the offsets it gives). */
+ * against the hashes it summarizes. */
 struct index_entry {
     dump_stage_digest d;
-    int64_t chunk_rows, chunk_at;
     int checked;                 /* 0 not yet; 1 the hashes match; -1 they do not */
 };
 
@@ -604,11 +603,7 @@ const char *dump_index_row_problem(const uint64_t *r, int *layer, kv_stage *stag
         return "width out of range";
     if (!isfinite(sum) || sum < 0)
         return "sum of squares not a finite number >= 0";
-    if (r[8] > 3)
-        return "unknown flags";
-    if (r[DUMP_INDEX_CHUNK_ROWS] > INT32_MAX || r[DUMP_INDEX_CHUNK_AT] > INT64_MAX / 16)
-        return "hash chunks out of range";
-    return NULL;
+    return r[8] > 3 ? "unknown flags" : NULL;
 }
 
 /* /row_hash_index: every row checked before any is believed; a malformed
@@ -655,9 +650,7 @@ static void load_index(dump_file *f)
         f->index[layer + 1][st] = (struct index_entry){
             .d = {.present = true, .first_position = (int64_t)r[2], .rows = (int64_t)r[3],
                   .cols = (int)r[4], .digest = {r[5], r[6]}, .sum_sq = sum,
-                  .finite = r[8] & 1, .all_hashed = (r[8] >> 1) & 1},
-            .chunk_rows = (int64_t)r[DUMP_INDEX_CHUNK_ROWS],
-            .chunk_at = (int64_t)r[DUMP_INDEX_CHUNK_AT]};
+                  .finite = r[8] & 1, .all_hashed = (r[8] >> 1) & 1}};
     }
     free(rows);
     return;
@@ -667,49 +660,52 @@ bad:
     f->index = NULL;
 }
 
-/* Reads the hashes an index row summarizes, at the offsets it gives, and
- * checks its digest against them: a stale index (hashes rewritten after
- * it), wrong offsets (a user block added) or a short file all fail. */
-static bool check_entry(const dump_file *f, struct index_entry *x)
+/* Reads the hashes an index row summarizes, from the live .hash dataset
+ * (never from bytes the index points at: a dataset rewritten elsewhere
+ * leaves its old bytes behind), and checks the row's digest against them:
+ * an index left stale by an edit fails here. */
+static bool check_entry(const dump_file *f, int layer, kv_stage stage, struct index_entry *x)
 {
-    const int64_t n = x->d.rows, cr = x->chunk_rows;
-    if (f->fd < 0 || !f->direct || !x->d.all_hashed || cr < 1)
+    const int64_t n = x->d.rows;
+    char path[128];
+    if (!x->d.all_hashed)
         return false;
-    const int64_t k = (n + cr - 1) / cr;
-    kv_err e = {{0}};
-    uint64_t *offs = malloc((size_t)(k ? k : 1) * sizeof *offs);
-    uint64_t *buf = malloc((size_t)cr * sizeof *buf);
-    XXH3_state_t *st = XXH3_createState();
-    bool ok = offs && buf && st && XXH3_128bits_reset(st) == XXH_OK &&
-              read_rows_at(f, DUMP_INDEX_CHUNKS, ELEM_U64, 0, x->chunk_at, k, offs, &e) == 0;
-    for (int64_t c = 0; ok && c < k; c++) {
-        const int64_t take = n - c * cr < cr ? n - c * cr : cr;
-        const size_t bytes = (size_t)take * sizeof *buf;
-        ok = offs[c] <= (uint64_t)f->size && (int64_t)offs[c] <= f->size - (int64_t)bytes &&
-             dump_pread(f->fd, buf, bytes, (int64_t)offs[c]) == 0 &&
-             XXH3_128bits_update(st, buf, bytes) == XXH_OK;
-    }
+    stage_path(layer, stage, ".hash", path, sizeof path);
+    const dset_meta *m = meta_of(f, path);
+    if (!m || !m->present || m->rank != 1 || (int64_t)m->dims[0] != n ||
+        m->first_position != x->d.first_position)
+        return false;
+    /* one read of the whole dataset through libhdf5: cheaper than mapping
+     * its chunks for a single pass */
+    uint64_t *h = malloc((size_t)(n ? n : 1) * sizeof *h);
+    hid_t id = cached_dataset(f, path);
+    bool ok = h && id >= 0 && m->kind == ELEM_U64 &&
+              (n == 0 || H5Dread(id, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, h) >= 0);
+    H5Eclear2(H5E_DEFAULT);
     if (ok) {
-        const XXH128_hash_t h = XXH3_128bits_digest(st);
-        ok = h.low64 == x->d.digest[0] && h.high64 == x->d.digest[1];
+        const XXH128_hash_t d = XXH3_128bits(h, (size_t)n * sizeof *h);
+        ok = d.low64 == x->d.digest[0] && d.high64 == x->d.digest[1];
     }
-    XXH3_freeState(st);
-    free(offs);
-    free(buf);
+    free(h);
     return ok;
 }
 
-dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage)
+dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage, bool checked)
 {
     dump_stage_digest none = {.present = false};
     if (!f || !f->index || !stage_fits(stage, layer))
         return none;
     struct index_entry *x = &f->index[layer + 1][stage];
-    if (!x->d.present)
-        return none;
+    if (!x->d.present || !checked)
+        return x->d;
     if (!x->checked)
-        x->checked = check_entry(f, x) ? 1 : -1;
+        x->checked = check_entry(f, layer, stage, x) ? 1 : -1;
     return x->checked > 0 ? x->d : none;
+}
+
+bool dump_digest_checked(const dump_file *f, int layer, kv_stage stage)
+{
+    return f && f->index && stage_fits(stage, layer) && f->index[layer + 1][stage].checked > 0;
 }
 
 const char *dump_index_problem(const dump_file *f)

@@ -1166,44 +1166,6 @@ static int rewrite_attr(hid_t obj, const char *name, hid_t mtype, const void *va
     return rc;
 }
 
-/* The file offset of every chunk of a hash dataset (all allocated, of the
- * full size, unfiltered) appended to *offs; returns the rows per chunk, or
- * 0 when they cannot all be given (the index row then has none). */
-static int64_t hash_chunks(hid_t f, const appender *h, uint64_t **offs, size_t *n, size_t *cap)
-{
-    hid_t d = H5Dopen2(f, h->name, H5P_DEFAULT), dcpl = H5I_INVALID_HID;
-    hsize_t cd[1] = {0};
-    int64_t cr = 0;
-    if (d < 0 || (dcpl = H5Dget_create_plist(d)) < 0 || H5Pget_layout(dcpl) != H5D_CHUNKED ||
-        H5Pget_chunk(dcpl, 1, cd) != 1 || cd[0] < 1 || H5Pget_nfilters(dcpl) != 0)
-        goto done;
-    const size_t k = (size_t)((h->written + (int64_t)cd[0] - 1) / (int64_t)cd[0]);
-    if (*n + k > *cap) {
-        size_t want = (*n + k) * 2;
-        uint64_t *grown = realloc(*offs, want * sizeof *grown);
-        if (!grown)
-            goto done;
-        *offs = grown;
-        *cap = want;
-    }
-    for (size_t c = 0; c < k; c++) {
-        hsize_t at[1] = {(hsize_t)c * cd[0]}, size = 0;
-        haddr_t addr = HADDR_UNDEF;
-        unsigned mask = 0;
-        if (H5Dget_chunk_info_by_coord(d, at, &mask, &addr, &size) < 0 || mask != 0 ||
-            addr == HADDR_UNDEF || size != cd[0] * sizeof(uint64_t))
-            goto done;
-        (*offs)[*n + c] = (uint64_t)addr;
-    }
-    *n += k;
-    cr = (int64_t)cd[0];
-done:
-    dump_h5_close(dcpl);
-    dump_h5_close(d);
-    H5Eclear2(H5E_DEFAULT);
-    return cr;
-}
-
 static int write_u64(hid_t f, const char *name, int rank, const hsize_t *dims, const uint64_t *v)
 {
     hid_t sp = H5Screate_simple(rank, dims, NULL), d = H5I_INVALID_HID;
@@ -1220,11 +1182,10 @@ static int write_u64(hid_t f, const char *name, int rank, const hsize_t *dims, c
     return rc;
 }
 
-/* /row_hash_index and /row_hash_chunks (docs/dump-format.md): per stage
- * dataset its positions, width, the XXH3-128 of its row hashes, the sum
- * of its squared row norms, and where the hash chunks lie, so that a
- * reader can check the digest against the hashes themselves without
- * opening a dataset, and two identical dumps compare at that cost. */
+/* /row_hash_index (docs/dump-format.md): per stage dataset its positions,
+ * width, the XXH3-128 of its row hashes and the sum of its squared row
+ * norms, so that two identical dumps compare by reading their hashes once
+ * each, without opening a row. */
 static int write_index(dump_writer *w, hid_t f)
 {
     int n = 0;
@@ -1233,8 +1194,7 @@ static int write_index(dump_writer *w, hid_t f)
             n += w->sinks[st][l] && w->sinks[st][l]->digest;
     if (n == 0)
         return 0;
-    uint64_t *rows = calloc((size_t)n * DUMP_INDEX_COLS, sizeof *rows), *offs = NULL;
-    size_t n_offs = 0, cap = 0;
+    uint64_t *rows = calloc((size_t)n * DUMP_INDEX_COLS, sizeof *rows);
     if (!rows)
         return -1;
     int k = 0;
@@ -1257,16 +1217,10 @@ static int write_index(dump_writer *w, hid_t f)
             r[7] = sum;
             /* bit 0: every statistic finite; bit 1: as many hashes as rows */
             r[8] = (uint64_t)s->finite | (uint64_t)(h->written == s->rows.written) << 1;
-            r[10] = n_offs;
-            r[9] = h->written > 0 ? (uint64_t)hash_chunks(f, h, &offs, &n_offs, &cap) : 0;
         }
-    hsize_t dims[2] = {(hsize_t)n, DUMP_INDEX_COLS}, odims[1] = {(hsize_t)n_offs};
-    int rc = write_u64(f, DUMP_INDEX, 2, dims, rows) < 0 ||
-                     write_u64(f, DUMP_INDEX_CHUNKS, 1, odims, offs ? offs : rows) < 0
-                 ? -1
-                 : 0;
+    hsize_t dims[2] = {(hsize_t)n, DUMP_INDEX_COLS};
+    int rc = write_u64(f, DUMP_INDEX, 2, dims, rows);
     free(rows);
-    free(offs);
     return rc;
 }
 

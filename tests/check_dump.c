@@ -1163,7 +1163,7 @@ typedef enum {
     BREAK_LAYER_NAME, BREAK_LAYER_RANGE, BREAK_LAYER_ATTRS, BREAK_STAGE_NAME, BREAK_SHAPE,
     BREAK_DTYPE, BREAK_FIRST_POSITION, BREAK_PAST_TOKENS, BREAK_OUTPUT, BREAK_NAN,
     BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_STALE_INDEX, BREAK_INDEX_SHAPE,
-    BREAK_INDEX_ROW, BREAK_INDEX_CHUNKS, BREAK_FP_TYPES, BREAK_COUNT
+    BREAK_INDEX_ROW, BREAK_FP_TYPES, BREAK_COUNT
 } breakage;
 
 /* What each breakage must produce: violations, a phrase in the report,
@@ -1202,11 +1202,9 @@ static const struct {
     /* rows and hashes rewritten alike, the index left as it was */
     [BREAK_STALE_INDEX] = {1, "/row_hash_index row 7: the digest of /layers/0/attn_lse.hash does "
                               "not match its hashes", NULL},
-    [BREAK_INDEX_SHAPE] = {1, "/row_hash_index must be a 2-D uint64 dataset of 11 columns", NULL},
+    [BREAK_INDEX_SHAPE] = {1, "/row_hash_index must be a 2-D uint64 dataset of 9 columns", NULL},
     [BREAK_INDEX_ROW] = {1, "/row_hash_index row 3: no such layer and stage", NULL},
-    [BREAK_INDEX_CHUNKS] = {1, "/row_hash_index row 2: the chunk offsets it gives in "
-                               "/row_hash_chunks are not those of /layers/0/attn_norm_stats.hash",
-                            NULL},
+
     [BREAK_FP_TYPES] = {2, "/layers/0/q.hash is float32; it must be uint64", NULL},
 };
 
@@ -1280,7 +1278,6 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         /* a writer that keeps no row hash index (it is optional) */
         if (b == BREAK_NAN) {
             H5Ldelete(h, "row_hash_index", H5P_DEFAULT);
-            H5Ldelete(h, "row_hash_chunks", H5P_DEFAULT);
         }
         for (int i = 0; i < 47 * H; i++)
             rows[i] = i == 3 || i == 9 ? NAN : i == 20 ? INFINITY : 1.0f;
@@ -1311,9 +1308,8 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         H5Ldelete(h, "layers/0/q.hash", H5P_DEFAULT);
         H5Ldelete(h, "layers/0/q.stats", H5P_DEFAULT);
         break;
-    case BREAK_INDEX_SHAPE: put_dataset(h, "row_hash_index", H5T_STD_U64LE, 3, 9, NULL, -1); break;
+    case BREAK_INDEX_SHAPE: put_dataset(h, "row_hash_index", H5T_STD_U64LE, 3, 7, NULL, -1); break;
     case BREAK_INDEX_ROW: set_index_cell(h, 3, 1, 99); break;
-    case BREAK_INDEX_CHUNKS: set_index_cell(h, 2, 10, 1); break;
     case BREAK_ROW_HASHES: {
         int64_t seven = 7;
         H5Adelete(h, "row_hashes");
