@@ -29,20 +29,6 @@ typedef struct {
     int n;
 } attr_cache;
 
-/* Datasets kept open between reads: a comparer reads the same few
- * datasets block after block, and opening one costs more than reading a
- * block of hashes. Replaced round-robin; closed with the file. */
-#define DSET_CACHE 32
-typedef struct {
-    char path[96];
-    hid_t id;
-} dset_entry;
-
-typedef struct {
-    dset_entry e[DSET_CACHE];
-    int next;
-} dset_cache;
-
 /* What the reader knows of one dataset, looked up once per path and kept
  * while the file is open (a comparer asks about hundreds of datasets, each
  * again for every block): shape, element type, first_position, and a map
@@ -57,6 +43,7 @@ typedef struct dset_meta {
     int64_t first_position;      /* 0 when the attribute is absent */
     int mapped;                  /* -1 not tried yet; 0 read through libhdf5; 1 map */
     dump_rowmap map;
+    hid_t id;                    /* open until mapped (a map needs no handle); -1 closed */
 } dset_meta;
 
 #define META_BUCKETS 1024
@@ -78,7 +65,6 @@ struct dump_file {
     bool direct;                 /* direct reads allowed (dump_set_direct_reads) */
     int64_t size;
     attr_cache *attrs;
-    dset_cache *dsets;
     meta_table *meta;
     bool fingerprint;
     bool row_hashes;     /* full mode with <stage>.hash / .stats beside the rows */
@@ -203,28 +189,6 @@ static hid_t open_dataset(const dump_file *f, const char *path)
     return d;
 }
 
-/* An open handle of path owned by the cache (not to be closed), or
- * H5I_INVALID_HID when absent. */
-static hid_t cached_dataset(const dump_file *f, const char *path)
-{
-    dset_cache *c = f->dsets;
-    if (!c || strlen(path) >= sizeof c->e[0].path)
-        return H5I_INVALID_HID;
-    for (int i = 0; i < DSET_CACHE; i++)
-        if (c->e[i].id > 0 && !strcmp(c->e[i].path, path))
-            return c->e[i].id;
-    hid_t d = open_dataset(f, path);
-    if (d < 0)
-        return d;
-    dset_entry *slot = &c->e[c->next];
-    c->next = (c->next + 1) % DSET_CACHE;
-    if (slot->id > 0)
-        H5Dclose(slot->id);
-    snprintf(slot->path, sizeof slot->path, "%s", path);
-    slot->id = d;
-    return d;
-}
-
 /* Rank (1 or 2) and dims of a dataset; -1 for anything else. */
 static int shape_of(hid_t d, hsize_t dims[2])
 {
@@ -290,8 +254,8 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
     }
     m->mapped = -1;
     m->kind = -1;
-    const bool cached = strlen(path) < sizeof f->dsets->e[0].path;
-    hid_t d = cached ? cached_dataset(f, path) : open_dataset(f, path);
+    /* Kept open: opening costs more than reading a block of hashes. */
+    hid_t d = m->id = open_dataset(f, path);
     if (d >= 0) {
         m->present = true;
         m->rank = shape_of(d, m->dims);
@@ -300,8 +264,6 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
         m->kind = kind_of(d);
         if (dump_h5_attr_i64(d, "first_position", &m->first_position) < 0)
             m->first_position = 0;
-        if (!cached)
-            dump_h5_close(d);
     }
     const unsigned h = path_hash(path);
     m->next = f->meta->b[h];
@@ -314,6 +276,7 @@ static void meta_free(meta_table *t)
     for (int i = 0; t && i < META_BUCKETS; i++)
         for (dset_meta *m = t->b[i], *next; m; m = next) {
             next = m->next;
+            dump_h5_close(m->id);
             dump_rowmap_free(&m->map);
             free(m->path);
             free(m);
@@ -340,13 +303,15 @@ static void try_map(const dump_file *f, dset_meta *m)
         return;
     }
     m->mapped = 0;
-    hid_t d = strlen(m->path) < sizeof f->dsets->e[0].path ? cached_dataset(f, m->path)
-                                                             : H5I_INVALID_HID;
     hid_t std = m->kind == ELEM_F32   ? H5T_IEEE_F32LE
                 : m->kind == ELEM_I32 ? H5T_STD_I32LE
                                       : H5T_STD_U64LE;
-    if (d >= 0 && m->kind >= 0)
-        m->mapped = dump_rowmap_build(f->file, d, std, f->fd, f->size, &m->map);
+    if (m->id >= 0 && m->kind >= 0)
+        m->mapped = dump_rowmap_build(f->file, m->id, std, f->fd, f->size, &m->map);
+    if (m->mapped == 1) {
+        dump_h5_close(m->id);
+        m->id = H5I_INVALID_HID;
+    }
 }
 
 static dump_dataset_info info_at(const dump_file *f, const char *path)
@@ -440,8 +405,7 @@ static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int c
     hid_t mtype = k == ELEM_F32   ? H5T_NATIVE_FLOAT
                   : k == ELEM_I32 ? H5T_NATIVE_INT32
                                   : H5T_NATIVE_UINT64;
-    const bool cached = strlen(path) < sizeof f->dsets->e[0].path;
-    hid_t d = cached ? cached_dataset(f, path) : open_dataset(f, path);
+    const hid_t d = m->id;
     hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
     int rc = 0;
     if (d < 0)
@@ -457,8 +421,6 @@ static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int c
     }
     dump_h5_close(mspace);
     dump_h5_close(fspace);
-    if (!cached)
-        dump_h5_close(d);
     return rc;
 }
 
@@ -675,12 +637,14 @@ static bool check_entry(const dump_file *f, int layer, kv_stage stage, struct in
     if (!m || !m->present || m->rank != 1 || (int64_t)m->dims[0] != n ||
         m->first_position != x->d.first_position)
         return false;
-    /* one read of the whole dataset through libhdf5: cheaper than mapping
-     * its chunks for a single pass */
+    /* one read of the whole dataset through libhdf5 when not mapped yet:
+     * cheaper than mapping its chunks for a single pass */
     uint64_t *h = malloc((size_t)(n ? n : 1) * sizeof *h);
-    hid_t id = cached_dataset(f, path);
-    bool ok = h && id >= 0 && m->kind == ELEM_U64 &&
-              (n == 0 || H5Dread(id, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, h) >= 0);
+    kv_err e = {{0}};
+    bool ok = h && m->kind == ELEM_U64 &&
+              (m->id >= 0 ? n == 0 || H5Dread(m->id, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL,
+                                              H5P_DEFAULT, h) >= 0
+                          : read_rows_at(f, path, ELEM_U64, 0, 0, n, h, &e) == 0);
     H5Eclear2(H5E_DEFAULT);
     if (ok) {
         const XXH128_hash_t d = XXH3_128bits(h, (size_t)n * sizeof *h);
@@ -763,10 +727,6 @@ void dump_file_close(dump_file *f)
 {
     if (!f)
         return;
-    for (int i = 0; f->dsets && i < DSET_CACHE; i++)
-        if (f->dsets->e[i].id > 0)
-            H5Dclose(f->dsets->e[i].id);
-    free(f->dsets);
     free(f->index);
     meta_free(f->meta);
     if (f->fd >= 0)
@@ -791,11 +751,10 @@ dump_file *dump_open(const char *path, kv_err *e)
         return NULL;
     dump_file *f = calloc(1, sizeof *f);
     if (!f || !(f->path = strdup(path)) || !(f->attrs = calloc(1, sizeof *f->attrs)) ||
-        !(f->dsets = calloc(1, sizeof *f->dsets)) || !(f->meta = calloc(1, sizeof *f->meta))) {
+        !(f->meta = calloc(1, sizeof *f->meta))) {
         if (f) {
             free(f->path);
             free(f->attrs);
-            free(f->dsets);
         }
         free(f);
         dump_h5_close(fid);
