@@ -10,6 +10,7 @@
  * the `upto` metrics stop exactly at the divergence. */
 #include <math.h>
 #include <stdarg.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -291,8 +292,9 @@ typedef struct {
     size_t buf_floats;
     float **tbuf;                /* per pool task: test and reference rows (2 x tasks) */
     int tasks;
-    read_job *jobs;              /* reads of a block done on the pool */
-    int n_jobs, max_jobs;
+    read_job *jobs;              /* reads of a block done on the pool (block_run) */
+    read_job *later;             /* reads of a block done afterwards, here */
+    int n_later, max_jobs;
     uint64_t *hasha, *hashb;
     cmp_rowrec *recs;            /* (n, B) */
     kern_pool *pool;             /* rows of a read are weighed in parallel */
@@ -542,11 +544,12 @@ static int alloc_buffers(walker *w, kv_err *e)
         w->max_jobs += (w->B + step - 1) / step;
     }
     w->jobs = malloc((size_t)(w->max_jobs ? w->max_jobs : 1) * sizeof *w->jobs);
+    w->later = malloc((size_t)(w->max_jobs ? w->max_jobs : 1) * sizeof *w->later);
     w->hasha = malloc((size_t)w->B * sizeof(uint64_t));
     w->hashb = malloc((size_t)w->B * sizeof(uint64_t));
     w->recs = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B * sizeof *w->recs);
     w->have = malloc((size_t)(w->n ? w->n : 1) * (size_t)w->B);
-    if (!w->bufa || !w->bufb || !w->tbuf || !w->jobs || !w->hasha || !w->hashb || !w->recs ||
+    if (!w->bufa || !w->bufb || !w->tbuf || !w->jobs || !w->later || !w->hasha || !w->hashb || !w->recs ||
         !w->have)
         return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
     return 0;
@@ -566,6 +569,7 @@ static void walker_free(walker *w)
         free(w->tbuf[t]);
     free(w->tbuf);
     free(w->jobs);
+    free(w->later);
     free(w->hasha);
     free(w->hashb);
     free(w->recs);
@@ -810,83 +814,132 @@ static int read_weigh_serial(walker *w, int i, int64_t b0, int64_t q, int64_t n,
     return 0;
 }
 
-/* The block's pool reads: each task takes the next job not yet taken,
- * reads both sides into its own buffers and weighs the rows. */
+/* A block on the pool. Task 0 goes through the slots (hashes first; then,
+ * for each read still needed, a job posted for any task, or one listed to
+ * be read afterwards through the source's own reader), touching libhdf5
+ * alone; meanwhile the other tasks already take the posted jobs, and task
+ * 0 joins them when it is through. A job is read into its task's buffers
+ * (no libhdf5 call) and weighed there. */
 typedef struct {
     walker *w;
-    int64_t b0;
-    atomic_int next;
-} jobs_run;
+    int64_t b0, b1;
+    atomic_int next;             /* the next job to take */
+    atomic_int posted;           /* jobs posted so far */
+    atomic_bool closed;          /* task 0 posts no more */
+    int rc;                      /* task 0's own work */
+    kv_err err;
+} block_run;
 
-static void jobs_task(void *ctx, int task)
+static void do_job(walker *w, int64_t b0, read_job *j, int task)
 {
-    jobs_run *jr = ctx;
-    walker *w = jr->w;
     float *ta = w->tbuf[2 * task], *rb = w->tbuf[2 * task + 1];
+    const walk_slot *s = &w->slots[j->slot];
+    const cmp_stage_result *sr = s->res;
+    j->rc = w->test->read_parallel(w->test->ctx, sr->layer, sr->stage, j->q, j->n, ta, &j->err);
+    if (j->rc == 0)
+        j->rc = w->ref->read_parallel(w->ref->ctx, sr->layer, sr->stage, j->q, j->n, rb,
+                                      &j->err);
+    if (j->rc < 0)
+        return;
+    cmp_rowrec *first = &w->recs[(size_t)j->slot * w->B + (size_t)(j->q - b0)];
+    for (int64_t r = 0; r < j->n; r++)
+        cmp_row_compare(ta + (size_t)r * s->cols, rb + (size_t)r * s->cols, s->cols, &s->tol,
+                        first + r);
+}
+
+static void take_jobs(block_run *br, int task)
+{
     for (;;) {
-        const int k = atomic_fetch_add(&jr->next, 1);
-        if (k >= w->n_jobs)
-            return;
-        read_job *j = &w->jobs[k];
-        const walk_slot *s = &w->slots[j->slot];
-        const cmp_stage_result *sr = s->res;
-        j->rc = w->test->read_parallel(w->test->ctx, sr->layer, sr->stage, j->q, j->n, ta,
-                                       &j->err);
-        if (j->rc == 0)
-            j->rc = w->ref->read_parallel(w->ref->ctx, sr->layer, sr->stage, j->q, j->n, rb,
-                                          &j->err);
-        if (j->rc < 0)
+        int k = atomic_load_explicit(&br->next, memory_order_relaxed);
+        if (k >= atomic_load_explicit(&br->posted, memory_order_acquire)) {
+            if (atomic_load_explicit(&br->closed, memory_order_acquire) &&
+                k >= atomic_load_explicit(&br->posted, memory_order_acquire))
+                return;
+            sched_yield();   /* task 0 is still reading hashes or mapping */
             continue;
-        cmp_rowrec *first = &w->recs[(size_t)j->slot * w->B + (size_t)(j->q - jr->b0)];
-        for (int64_t r = 0; r < j->n; r++)
-            cmp_row_compare(ta + (size_t)r * s->cols, rb + (size_t)r * s->cols, s->cols, &s->tol,
-                            first + r);
+        }
+        if (atomic_compare_exchange_weak_explicit(&br->next, &k, k + 1, memory_order_relaxed,
+                                                  memory_order_relaxed))
+            do_job(br->w, br->b0, &br->w->jobs[k], task);
     }
 }
 
-/* Compares every slot over the block's positions: hashes first where both
- * sides have them, then the rows still needed, read on the pool where both
- * sources allow it and here otherwise. */
-static int walk_block(walker *w, int64_t b0, int64_t b1, first_bad *f, first_bad *lg,
-                      kv_err *e)
+/* Task 0's pass over the slots (see block_run). */
+static int post_block(block_run *br)
 {
-    memset(w->have, 0, (size_t)w->n * (size_t)w->B);
-    w->n_jobs = 0;
+    walker *w = br->w;
     for (int i = 0; i < w->n; i++) {
         walk_slot *s = &w->slots[i];
         const cmp_stage_result *sr = s->res;
-        const int64_t p0 = sr->pos_lo > b0 ? sr->pos_lo : b0;
-        const int64_t p1 = sr->pos_hi < b1 ? sr->pos_hi : b1;
+        const int64_t p0 = sr->pos_lo > br->b0 ? sr->pos_lo : br->b0;
+        const int64_t p1 = sr->pos_hi < br->b1 ? sr->pos_hi : br->b1;
         const int step = rows_per_read(w, s->cols);
         for (int64_t q = p0; q <= p1; q += step) {
             const int64_t n = p1 - q + 1 < step ? p1 - q + 1 : step;
             if (s->prehash) {
-                int h = rows_by_hash(w, i, b0, q, n, e);
+                int h = rows_by_hash(w, i, br->b0, q, n, &br->err);
                 if (h < 0)
                     return -1;
                 if (h > 0)
                     continue;
+                /* Hashes that differ here mostly differ further on (drift
+                 * reaches every later row): this slot's rows are read from
+                 * now on, without reading their hashes first. */
+                s->prehash = false;
             }
-            if (parallel_slot(w, s) && w->n_jobs < w->max_jobs) {
-                w->jobs[w->n_jobs++] = (read_job){.slot = i, .q = q, .n = n};
-                continue;
+            const read_job j = {.slot = i, .q = q, .n = n};
+            if (parallel_slot(w, s)) {
+                const int k = atomic_load_explicit(&br->posted, memory_order_relaxed);
+                w->jobs[k] = j;
+                atomic_store_explicit(&br->posted, k + 1, memory_order_release);
+            } else {
+                w->later[w->n_later++] = j;
             }
-            if (read_weigh_serial(w, i, b0, q, n, e) < 0)
-                return -1;
-            note_rows(w, i, b0, q, n, f, lg);
         }
     }
-    if (w->n_jobs == 0)
-        return 0;
-    jobs_run jr = {.w = w, .b0 = b0};
-    atomic_init(&jr.next, 0);
-    pool_run(w->pool, jobs_task, &jr, w->tasks);
-    for (int k = 0; k < w->n_jobs; k++) {
+    return 0;
+}
+
+static void block_task(void *ctx, int task)
+{
+    block_run *br = ctx;
+    if (task == 0) {
+        br->rc = post_block(br);
+        atomic_store_explicit(&br->closed, true, memory_order_release);
+    }
+    take_jobs(br, task);
+}
+
+/* Compares every slot over the block's positions: hashes first where both
+ * sides have them, then the rows still needed, read on the pool where both
+ * sources allow it and through their own readers otherwise. */
+static int walk_block(walker *w, int64_t b0, int64_t b1, first_bad *f, first_bad *lg,
+                      kv_err *e)
+{
+    memset(w->have, 0, (size_t)w->n * (size_t)w->B);
+    w->n_later = 0;
+    block_run br = {.w = w, .b0 = b0, .b1 = b1};
+    atomic_init(&br.next, 0);
+    atomic_init(&br.posted, 0);
+    atomic_init(&br.closed, false);
+    pool_run(w->pool, block_task, &br, w->tasks);
+    const int posted = atomic_load(&br.posted);
+    if (br.rc < 0) {
+        *e = br.err;
+        return -1;
+    }
+    for (int k = 0; k < posted; k++) {
         const read_job *j = &w->jobs[k];
         if (j->rc < 0) {
             *e = j->err;
             return -1;
         }
+        note_rows(w, j->slot, b0, j->q, j->n, f, lg);
+    }
+    for (int k = 0; k < w->n_later; k++) {
+        const read_job *j = &w->later[k];
+        if (read_weigh_serial(w, j->slot, b0, j->q, j->n, e) < 0)
+            return -1;
         note_rows(w, j->slot, b0, j->q, j->n, f, lg);
     }
     return 0;
