@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c dump/observer.c dump/dump.c dump/reader.c dump/validate.c
+// fuzz-sources: model/err.c dump/observer.c dump/dump.c dump/reader.c dump/direct.c dump/validate.c
 // fuzz-pkgs: hdf5 libxxhash
 /* fuzz_dump.c — libFuzzer target for the dump reader and validator: the
  * input is written to a temporary file, validated (every violation is a
@@ -107,6 +107,10 @@ static void read_stage(const dump_file *f, int layer, kv_stage st, size_t file_s
             dump_read_rows(f, layer, st, 0, di.rows, rows, &e);
         free(rows);
     }
+    /* the row hash index, as written and checked against the hashes */
+    dump_stage_digest g = dump_digest(f, layer, st, false);
+    if (g.present)
+        dump_digest(f, layer, st, true);
     dump_dataset_info hi = dump_hash_info(f, layer, st);
     if (hi.present && affordable(hi.rows, 2, 8, file_size)) {
         uint64_t *h = malloc((size_t)hi.rows * 8 + 8);
