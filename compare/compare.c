@@ -1093,7 +1093,7 @@ static int walk(walker *w, kv_err *e)
 /* Before the slots: do both sides' digests, as recorded, agree on every
  * stage either records? Only then are they checked against the hashes
  * (reading every hash once), so a pair that differs anywhere costs nothing
- * here. Checked rows also give the slots their positions unopened. */
+ * here. */
 static bool digests_agree(walker *w)
 {
     const cmp_source *ref = w->ref, *test = w->test;
@@ -1120,7 +1120,9 @@ static bool digests_agree(walker *w)
 
 /* Identical recordings settled from their digests alone: when both sides
  * give a usable digest of every compared slot, over exactly its compared
- * positions, and the digests agree, every row is bit-equal and its record
+ * positions (as the row datasets give them: rows beyond the hashes would
+ * not be settled) and width, and the digests agree, every row is
+ * bit-equal and its record
  * is the one the hash walk makes (statistics from the reference), so the
  * per-stage figures come out the same without reading a hash. Anything
  * else (a digest missing or differing, positions cut) walks as usual. */
@@ -1135,7 +1137,8 @@ static bool settle_by_digest(walker *w)
         if (!s->prehash || w->ref->digest(w->ref->ctx, sr->layer, sr->stage, true, &a) != 0 ||
             w->test->digest(w->test->ctx, sr->layer, sr->stage, true, &b) != 0 || !a.usable ||
             !b.usable || a.first_pos != sr->pos_lo || b.first_pos != sr->pos_lo ||
-            a.rows != sr->pos_hi - sr->pos_lo + 1 || b.rows != a.rows || a.cols != b.cols ||
+            a.rows != sr->pos_hi - sr->pos_lo + 1 || b.rows != a.rows || a.cols != sr->cols ||
+            b.cols != sr->cols ||
             a.digest[0] != b.digest[0] || a.digest[1] != b.digest[1])
             return false;
     }

@@ -37,14 +37,8 @@ static bool hashes_cover(cmp_dump_source *d, int layer, kv_stage st, int64_t pos
 static int ds_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
 {
     cmp_dump_source *d = ctx;
-    /* An index row found true says it without opening the dataset. */
-    dump_stage_digest g = dump_digest(d->f, layer, st, false);
-    if (g.present && dump_digest_checked(d->f, layer, st)) {
-        *first = g.first_position;
-        *rows = g.rows;
-        *cols = g.cols;
-        return 0;
-    }
+    /* From the row dataset itself, never from the row hash index: rows
+     * added without hashes, or another width, must show. */
     dump_dataset_info di = dump_stage_info(d->f, layer, st);
     if (!di.present)
         return 1;
