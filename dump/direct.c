@@ -33,6 +33,8 @@ int dump_pread(int fd, void *buf, size_t n, int64_t off)
         ssize_t got = pread(fd, p, n, (off_t)off);
         if (got < 0 && errno == EINTR)
             continue;
+        if (got == 0)
+            errno = 0;   /* the end of the file: said so by the caller */
         if (got <= 0)
             return -1;
         p += got;
@@ -97,8 +99,14 @@ done:
 static bool locate(hid_t d, dump_rowmap *m, int64_t file_size)
 {
     const int64_t span = m->chunk_rows ? m->chunk_rows : m->rows;
-    const int64_t bytes = span * (int64_t)m->row_bytes;
+    int64_t bytes;
+    if (__builtin_mul_overflow(span, (int64_t)m->row_bytes, &bytes) || bytes < 1)
+        return false;
     m->n_off = m->chunk_rows ? (m->rows + m->chunk_rows - 1) / m->chunk_rows : 1;
+    /* every chunk holds bytes of its own in the file: more than fit are not
+     * there, whatever the dataset claims (so this allocation is bounded) */
+    if (m->n_off > file_size / bytes)
+        return false;
     if (!(m->off = malloc((size_t)m->n_off * sizeof *m->off)))
         return false;
     for (int64_t c = 0; c < m->n_off; c++) {

@@ -164,8 +164,8 @@ typedef struct {
  * equal to that of the stage's .hash dataset as it is now (read once;
  * present false when not). */
 dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage, bool checked);
-/* Has dump_digest(..., true) found the stage's index row true? */
-bool dump_digest_checked(const dump_file *f, int layer, kv_stage stage);
+/* Rows of the file's /row_hash_index (0: none, or not used). */
+int64_t dump_index_rows(const dump_file *f);
 /* NULL, or why the file's /row_hash_index was not used (malformed). */
 const char *dump_index_problem(const dump_file *f);
 

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,8 +48,11 @@ typedef struct dset_meta {
 } dset_meta;
 
 #define META_BUCKETS 1024
+/* Bucket heads are atomic: parallel readers look entries up while the
+ * thread that may call libhdf5 adds others. An entry is complete before it
+ * is published (release) and never removed before the file is closed. */
 typedef struct {
-    dset_meta *b[META_BUCKETS];
+    _Atomic(dset_meta *) b[META_BUCKETS];
 } meta_table;
 
 /* A row of /row_hash_index, believed once its digest has been checked
@@ -75,6 +79,7 @@ struct dump_file {
     int out_k;
     struct index_entry (*index)[STAGE_COUNT];  /* [layer + 1][stage]; NULL: none */
     char index_problem[sizeof(kv_err)];
+    int64_t index_rows;
 };
 
 /* ------------------------------------------------------------------ */
@@ -235,7 +240,8 @@ static unsigned path_hash(const char *s)
  * thread once the entry exists), else NULL. */
 static dset_meta *meta_find(const dump_file *f, const char *path)
 {
-    for (dset_meta *m = f->meta->b[path_hash(path)]; m; m = m->next)
+    for (dset_meta *m = atomic_load_explicit(&f->meta->b[path_hash(path)], memory_order_acquire);
+         m; m = m->next)
         if (!strcmp(m->path, path))
             return m;
     return NULL;
@@ -266,15 +272,15 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
             m->first_position = 0;
     }
     const unsigned h = path_hash(path);
-    m->next = f->meta->b[h];
-    f->meta->b[h] = m;
+    m->next = atomic_load_explicit(&f->meta->b[h], memory_order_relaxed);
+    atomic_store_explicit(&f->meta->b[h], m, memory_order_release);
     return m;
 }
 
 static void meta_free(meta_table *t)
 {
     for (int i = 0; t && i < META_BUCKETS; i++)
-        for (dset_meta *m = t->b[i], *next; m; m = next) {
+        for (dset_meta *m = atomic_load(&t->b[i]), *next; m; m = next) {
             next = m->next;
             dump_h5_close(m->id);
             dump_rowmap_free(&m->map);
@@ -626,6 +632,7 @@ static void load_index(dump_file *f)
                   .finite = r[8] & 1, .all_hashed = (r[8] >> 1) & 1}};
     }
     free(rows);
+    f->index_rows = n;
     return;
 bad:
     free(rows);
@@ -686,9 +693,9 @@ dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage, boo
     return x->checked > 0 ? x->d : none;
 }
 
-bool dump_digest_checked(const dump_file *f, int layer, kv_stage stage)
+int64_t dump_index_rows(const dump_file *f)
 {
-    return f && f->index && stage_fits(stage, layer) && f->index[layer + 1][stage].checked > 0;
+    return f && f->index ? f->index_rows : 0;
 }
 
 const char *dump_index_problem(const dump_file *f)

@@ -810,9 +810,12 @@ static void check_index_row(vstate *v, const uint64_t *r, int64_t i)
     /* positions as the hashes (whether they match the rows is the group
      * checks' to say), rows as many as the rows */
     if ((int64_t)r[2] != fh.first || (int64_t)r[3] != fr.rows || (cols >= 0 && (int64_t)r[4] != cols)) {
+        char width[32] = "";
+        if (cols >= 0)
+            snprintf(width, sizeof width, " of %lld", (long long)cols);
         violation(v, "%s row %lld says %s holds %lld rows of %lld from position %lld; it holds "
-                  "%lld of %lld from %lld.", DUMP_INDEX, (long long)i, base, (long long)r[3],
-                  (long long)r[4], (long long)r[2], (long long)fr.rows, (long long)cols,
+                  "%lld%s from %lld.", DUMP_INDEX, (long long)i, base, (long long)r[3],
+                  (long long)r[4], (long long)r[2], (long long)fr.rows, width,
                   (long long)fh.first);
         goto done;
     }

@@ -1224,6 +1224,16 @@ static int write_index(dump_writer *w, hid_t f)
     return rc;
 }
 
+/* The index, or none at all: it is optional, so a failure to write it
+ * (out of memory) leaves the dump without one rather than unfinished. */
+static bool index_or_none(dump_writer *w, hid_t f)
+{
+    if (write_index(w, f) < 0 && H5Lexists(f, DUMP_INDEX, H5P_DEFAULT) > 0)
+        H5Ldelete(f, DUMP_INDEX, H5P_DEFAULT);
+    H5Eclear2(H5E_DEFAULT);
+    return true;
+}
+
 /* Reopens the closed file normally (SWMR forbids changing attributes) and
  * writes the row hash index (when nothing failed), sets prompt_length,
  * then status: last, so it says "complete" only when everything before it
@@ -1236,7 +1246,7 @@ static int set_final_attrs(dump_writer *w, const char *status)
     int rc = fapl >= 0 && str >= 0 &&
                      H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0 &&
                      (f = H5Fopen(w->path, H5F_ACC_RDWR, fapl)) >= 0 &&
-                     (w->failed || write_index(w, f) >= 0) &&
+                     (w->failed || index_or_none(w, f)) &&
                      (tok = H5Dopen2(f, "/tokens", H5P_DEFAULT)) >= 0 &&
                      rewrite_attr(tok, "prompt_length", H5T_NATIVE_INT64, &np) >= 0 &&
                      rewrite_attr(f, "status", str, &status) >= 0 ? 0 : -1;

@@ -75,6 +75,10 @@ int cmd_inspect(int argc, char **argv)
     printf("mode      %s\n", dump_is_fingerprint(f)    ? "fingerprint"
                             : dump_has_row_hashes(f) ? "full, with row hashes"
                                                      : "full");
+    if (dump_index_problem(f))
+        printf("index     not used: %s\n", dump_index_problem(f));
+    else if (dump_index_rows(f) > 0)
+        printf("index     row hash index of %lld stages\n", (long long)dump_index_rows(f));
     printf("engine    %s %s\n", dump_attr(f, "engine") ? dump_attr(f, "engine") : "?",
            dump_attr(f, "engine_settings") ? dump_attr(f, "engine_settings") : "");
     kv_config c;
