@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -849,15 +850,25 @@ static void do_job(walker *w, int64_t b0, read_job *j, int task)
 
 static void take_jobs(block_run *br, int task)
 {
+    int idle = 0;
     for (;;) {
         int k = atomic_load_explicit(&br->next, memory_order_relaxed);
         if (k >= atomic_load_explicit(&br->posted, memory_order_acquire)) {
             if (atomic_load_explicit(&br->closed, memory_order_acquire) &&
                 k >= atomic_load_explicit(&br->posted, memory_order_acquire))
                 return;
-            sched_yield();   /* task 0 is still reading hashes or mapping */
+            /* Task 0 is still reading hashes or mapping datasets (the first
+             * block can take a while): yield, then sleep a little, rather
+             * than burn a core another process may want. */
+            if (idle++ < 64) {
+                sched_yield();
+            } else {
+                struct timespec ts = {0, 50000};
+                nanosleep(&ts, NULL);
+            }
             continue;
         }
+        idle = 0;
         if (atomic_compare_exchange_weak_explicit(&br->next, &k, k + 1, memory_order_relaxed,
                                                   memory_order_relaxed))
             do_job(br->w, br->b0, &br->w->jobs[k], task);
