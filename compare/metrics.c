@@ -67,10 +67,13 @@ bool cmp_elem_ok(float test, float ref, double ref_rowmax, const cmp_tol *t)
 }
 
 /* Sums and maxima of one row pair, lanes kept apart so that the scalar
- * and the AVX2 loops give the same bits: element i goes to lane i % 4 in
- * ascending order, the last n % 4 elements to lane 0. */
+ * and the AVX2 loops give the same bits: element i goes to lane i % 8 in
+ * ascending order, the last n % 8 elements to lane 0. Eight lanes, not
+ * four: each AVX2 accumulator then takes one addition per eight elements,
+ * so the additions of a row do not wait on one another. */
+#define LANES 8
 typedef struct {
-    double dot[4], rsq[4], tsq[4], esq[4];
+    double dot[LANES], rsq[LANES], tsq[LANES], esq[LANES];
     double max_abs;
     float absmax;
     uint32_t max_ulp;
@@ -104,14 +107,14 @@ static void acc_elem(row_acc *s, int k, float a, float b, uint32_t *special)
     s->max_ulp = u > s->max_ulp ? u : s->max_ulp;
 }
 
-/* Elements from..n-1 (from a multiple of 4). Returns true when a NaN or an
- * infinity was met, on either side (then s means nothing). */
+/* Elements from..n-1 (from a multiple of LANES). Returns true when a NaN
+ * or an infinity was met, on either side (then s means nothing). */
 static bool acc_tail(row_acc *s, const float *test, const float *ref, int from, int n,
                      uint32_t special)
 {
     int i = from;
-    for (; i + 4 <= n; i += 4)
-        for (int k = 0; k < 4; k++)
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++)
             acc_elem(s, k, test[i + k], ref[i + k], &special);
     for (; i < n; i++)
         acc_elem(s, 0, test[i], ref[i], &special);
@@ -130,7 +133,9 @@ static bool acc_row_scalar(row_acc *s, const float *test, const float *ref, int 
 __attribute__((target("avx2"))) static bool acc_row_avx2(row_acc *s, const float *test,
                                                          const float *ref, int n)
 {
-    __m256d dot = _mm256_setzero_pd(), rsq = dot, tsq = dot, esq = dot, mabs = dot;
+    /* A: lanes 0-3 (elements i..i+3), B: lanes 4-7 (elements i+4..i+7) */
+    __m256d dotA = _mm256_setzero_pd(), dotB = dotA, rsqA = dotA, rsqB = dotA, tsqA = dotA,
+            tsqB = dotA, esqA = dotA, esqB = dotA, mabs = dotA;
     __m256 amax = _mm256_setzero_ps();
     __m256i umax = _mm256_setzero_si256(), spec = umax;
     const __m256i expo = _mm256_set1_epi32(0x7f800000), magm = _mm256_set1_epi32(0x7fffffff);
@@ -146,12 +151,15 @@ __attribute__((target("avx2"))) static bool acc_row_avx2(row_acc *s, const float
         const __m256d a1 = _mm256_cvtps_pd(_mm256_extractf128_ps(a, 1));
         const __m256d b0 = _mm256_cvtps_pd(_mm256_castps256_ps128(b));
         const __m256d b1 = _mm256_cvtps_pd(_mm256_extractf128_ps(b, 1));
-        /* elements i..i+3, then i+4..i+7: the scalar loop's order per lane */
-        dot = _mm256_add_pd(_mm256_add_pd(dot, _mm256_mul_pd(a0, b0)), _mm256_mul_pd(a1, b1));
-        rsq = _mm256_add_pd(_mm256_add_pd(rsq, _mm256_mul_pd(b0, b0)), _mm256_mul_pd(b1, b1));
-        tsq = _mm256_add_pd(_mm256_add_pd(tsq, _mm256_mul_pd(a0, a0)), _mm256_mul_pd(a1, a1));
+        dotA = _mm256_add_pd(dotA, _mm256_mul_pd(a0, b0));
+        dotB = _mm256_add_pd(dotB, _mm256_mul_pd(a1, b1));
+        rsqA = _mm256_add_pd(rsqA, _mm256_mul_pd(b0, b0));
+        rsqB = _mm256_add_pd(rsqB, _mm256_mul_pd(b1, b1));
+        tsqA = _mm256_add_pd(tsqA, _mm256_mul_pd(a0, a0));
+        tsqB = _mm256_add_pd(tsqB, _mm256_mul_pd(a1, a1));
         const __m256d d0 = _mm256_sub_pd(a0, b0), d1 = _mm256_sub_pd(a1, b1);
-        esq = _mm256_add_pd(_mm256_add_pd(esq, _mm256_mul_pd(d0, d0)), _mm256_mul_pd(d1, d1));
+        esqA = _mm256_add_pd(esqA, _mm256_mul_pd(d0, d0));
+        esqB = _mm256_add_pd(esqB, _mm256_mul_pd(d1, d1));
         mabs = _mm256_max_pd(mabs, _mm256_andnot_pd(sgn, d0));
         mabs = _mm256_max_pd(mabs, _mm256_andnot_pd(sgn, d1));
         amax = _mm256_max_ps(amax, _mm256_andnot_ps(sgnf, b));
@@ -162,10 +170,14 @@ __attribute__((target("avx2"))) static bool acc_row_avx2(row_acc *s, const float
         umax = _mm256_max_epu32(umax, dist);
     }
     memset(s, 0, sizeof *s);
-    _mm256_storeu_pd(s->dot, dot);
-    _mm256_storeu_pd(s->rsq, rsq);
-    _mm256_storeu_pd(s->tsq, tsq);
-    _mm256_storeu_pd(s->esq, esq);
+    _mm256_storeu_pd(s->dot, dotA);
+    _mm256_storeu_pd(s->dot + 4, dotB);
+    _mm256_storeu_pd(s->rsq, rsqA);
+    _mm256_storeu_pd(s->rsq + 4, rsqB);
+    _mm256_storeu_pd(s->tsq, tsqA);
+    _mm256_storeu_pd(s->tsq + 4, tsqB);
+    _mm256_storeu_pd(s->esq, esqA);
+    _mm256_storeu_pd(s->esq + 4, esqB);
     double m4[4];
     float m8[8];
     uint32_t u8[8], sp[8];
@@ -220,9 +232,9 @@ bool cmp_rows_use_simd(bool on)
     return st == 1;
 }
 
-static double lanes(const double v[4])
+static double lanes(const double v[LANES])
 {
-    return (v[0] + v[1]) + (v[2] + v[3]);
+    return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }
 
 /* Violations of a row pair with no NaN or infinity, its record filled:
