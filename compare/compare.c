@@ -289,8 +289,8 @@ typedef struct {
     walk_slot *slots;
     int n;
     int B;                       /* positions per block */
-    float *bufa, *bufb;          /* test, reference rows */
-    size_t buf_floats;
+    float *bufa, *bufb;          /* test, reference rows read here: task 0's tbuf (the
+                                  * pool is idle whenever these are used) */
     float **tbuf;                /* per pool task: test and reference rows (2 x tasks) */
     int tasks;
     read_job *jobs;              /* reads of a block done on the pool (block_run) */
@@ -531,14 +531,13 @@ static int alloc_buffers(walker *w, kv_err *e)
         size_t f = (size_t)rows_per_read(w, w->slots[i].cols) * (size_t)w->slots[i].cols;
         need = f > need ? f : need;
     }
-    w->buf_floats = need;
-    w->bufa = malloc(need * sizeof(float));
-    w->bufb = malloc(need * sizeof(float));
     w->tasks = pool_threads(w->pool);
     w->tbuf = calloc(2 * (size_t)w->tasks, sizeof *w->tbuf);
     for (int t = 0; w->tbuf && t < 2 * w->tasks; t++)
         if (!(w->tbuf[t] = malloc(need * sizeof(float))))
             return kv_errf(e, "compare: out of memory for read buffers (%zu floats)", need);
+    w->bufa = w->tbuf ? w->tbuf[0] : NULL;
+    w->bufb = w->tbuf ? w->tbuf[1] : NULL;
     w->max_jobs = 0;
     for (int i = 0; i < w->n; i++) {
         const int step = rows_per_read(w, w->slots[i].cols);
@@ -564,8 +563,6 @@ static void walker_free(walker *w)
         free(w->slots[i].sb);
     }
     free(w->slots);
-    free(w->bufa);
-    free(w->bufb);
     for (int t = 0; w->tbuf && t < 2 * w->tasks; t++)
         free(w->tbuf[t]);
     free(w->tbuf);
