@@ -10,7 +10,8 @@
  * (settled by the row hash indexes), identical dumps with every row read
  * and weighed (--no-hashes), and drift under atol 1e-3 (every row read and
  * weighed). Targets: kvdiff >= 10x h5diff's rate, RSS <= 256 MiB.
- * Usage: bench_compare OUT.tsv KVDIFF [DIR] [PRESET] [PROMPT] */
+ * Usage: bench_compare OUT.tsv KVDIFF [DIR] [PRESET] [PROMPT]
+ * BENCH_KEEP_DUMPS=1 leaves the three dumps in DIR for profiling. */
 #include <fcntl.h>
 #include <spawn.h>
 #include <stdio.h>
@@ -219,8 +220,10 @@ int main(int argc, char **argv)
     printf("targets: kvdiff >= 10x h5diff, peak RSS <= 256 MiB\n");
     if (tsv)
         fclose(tsv);
-    unlink(a);
-    unlink(b);
-    unlink(c);
+    if (!getenv("BENCH_KEEP_DUMPS")) { /* kept for profiling when set */
+        unlink(a);
+        unlink(b);
+        unlink(c);
+    }
     return bad;
 }
