@@ -1,8 +1,9 @@
 /* direct.c — rows of a dataset read with pread() at the file offsets of
  * its chunks, past libhdf5 (dump_internal.h). Only for the plain case:
  * little-endian standard types, no filters, no external storage, every
- * chunk (or the contiguous block) allocated and inside the file, and rows
- * that run whole through a chunk. Anything else keeps libhdf5's reader.
+ * chunk (or the contiguous block) allocated and inside the file, rows
+ * that run whole through a chunk, and at most DUMP_DIRECT_MAX_CHUNKS
+ * chunks. Anything else keeps libhdf5's reader.
  * The map is checked against libhdf5 on the first and last rows before it
  * is trusted, so a misread offset is refused, never compared. */
 #include "dump_internal.h"
@@ -103,6 +104,8 @@ static bool locate(hid_t d, dump_rowmap *m, int64_t file_size)
     if (__builtin_mul_overflow(span, (int64_t)m->row_bytes, &bytes) || bytes < 1)
         return false;
     m->n_off = m->chunk_rows ? (m->rows + m->chunk_rows - 1) / m->chunk_rows : 1;
+    if (m->n_off > DUMP_DIRECT_MAX_CHUNKS)
+        return false;
     /* every chunk holds bytes of its own in the file: more than fit are not
      * there, whatever the dataset claims (so this allocation is bounded) */
     if (m->n_off > file_size / bytes)
@@ -150,22 +153,29 @@ static bool agrees(hid_t d, hid_t mtype, const dump_rowmap *m, int fd, int64_t r
     return same;
 }
 
-int dump_rowmap_build(hid_t file, hid_t d, hid_t std_type, int fd, int64_t file_size,
-                      dump_rowmap *m)
+bool dump_file_plain(hid_t file)
+{
+    if (!DIRECT_HOST_OK)
+        return false;
+    unsigned intent = 0;
+    hid_t fcpl = H5Fget_create_plist(file);
+    hsize_t userblock = 1;
+    const bool ok = fcpl >= 0 && H5Pget_userblock(fcpl, &userblock) >= 0 && userblock == 0 &&
+                    H5Fget_intent(file, &intent) >= 0 && !(intent & H5F_ACC_SWMR_READ);
+    dump_h5_close(fcpl);
+    H5Eclear2(H5E_DEFAULT);
+    return ok;
+}
+
+int dump_rowmap_build(hid_t d, hid_t std_type, int fd, int64_t file_size, dump_rowmap *m)
 {
     memset(m, 0, sizeof *m);
     if (!DIRECT_HOST_OK || fd < 0)
         return 0;
-    unsigned intent = 0;
-    hid_t fcpl = H5Fget_create_plist(file);
-    hsize_t userblock = 1;
-    bool file_ok = fcpl >= 0 && H5Pget_userblock(fcpl, &userblock) >= 0 && userblock == 0 &&
-                   H5Fget_intent(file, &intent) >= 0 && !(intent & H5F_ACC_SWMR_READ);
-    dump_h5_close(fcpl);
     hid_t t = H5Dget_type(d), s = H5Dget_space(d);
     hsize_t dims[2] = {0, 1};
     int rank = s >= 0 ? H5Sget_simple_extent_ndims(s) : -1;
-    bool ok = file_ok && t >= 0 && H5Tequal(t, std_type) > 0 && (rank == 1 || rank == 2) &&
+    bool ok = t >= 0 && H5Tequal(t, std_type) > 0 && (rank == 1 || rank == 2) &&
               H5Sget_simple_extent_dims(s, dims, NULL) >= 0 && dims[0] <= INT64_MAX / 2 &&
               dims[1] >= 1 && dims[1] <= INT32_MAX;
     dump_h5_close(t);

@@ -301,7 +301,7 @@ static void try_map(const dump_file *f, dset_meta *m)
                 : m->kind == ELEM_I32 ? H5T_STD_I32LE
                                       : H5T_STD_U64LE;
     if (m->id >= 0 && m->kind >= 0)
-        m->mapped = dump_rowmap_build(f->file, m->id, std, f->fd, f->size, &m->map);
+        m->mapped = dump_rowmap_build(m->id, std, f->fd, f->size, &m->map);
     if (m->mapped == 1) {
         dump_h5_close(m->id);
         m->id = H5I_INVALID_HID;
@@ -783,7 +783,7 @@ dump_file *dump_open(const char *path, kv_err *e)
         f->fd = -1;
     }
     f->size = f->fd >= 0 ? (int64_t)st.st_size : 0;
-    f->direct = direct_reads;
+    f->direct = direct_reads && f->fd >= 0 && dump_file_plain(fid);
     if (check_root(f, e) < 0) {
         dump_file_close(f);
         return NULL;

@@ -5,6 +5,7 @@
  * partial file, write errors are reported, and the reader and validator
  * name what is wrong with bad files (built here with the HDF5 API). */
 #include <check.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <math.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 
 #include "chunked/chunked.h"
 #include "dump/dump.h"
+#include "dump/dump_internal.h"
 #include "model/pool.h"
 #include "model/generate.h"
 #include "reference/reference.h"
@@ -612,6 +614,58 @@ START_TEST(test_direct_reads)
     dump_file_close(f);
     dump_file_close(h);
     model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A dataset of more chunks than DUMP_DIRECT_MAX_CHUNKS is not mapped
+ * (finding each chunk's offset would cost in the square of their count);
+ * one of exactly that many is, and reads back its bytes. */
+START_TEST(test_direct_chunk_cap)
+{
+    char dir[64], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "chunks.h5");
+    hid_t h = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(h >= 0);
+    const hsize_t n = DUMP_DIRECT_MAX_CHUNKS + 1;
+    float v[(DUMP_DIRECT_MAX_CHUNKS + 1) * 3];
+    for (hsize_t i = 0; i < n * 3; i++)
+        v[i] = (float)i * 0.5f;
+    hsize_t chunk[2] = {1, 3};
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    ck_assert(H5Pset_chunk(dcpl, 2, chunk) >= 0);
+    for (int k = 0; k < 2; k++) {
+        hsize_t dims[2] = {n - (hsize_t)(k == 0), 3};
+        hid_t s = H5Screate_simple(2, dims, NULL);
+        hid_t d = H5Dcreate2(h, k == 0 ? "at_cap" : "past_cap", H5T_IEEE_F32LE, s, H5P_DEFAULT,
+                             dcpl, H5P_DEFAULT);
+        ck_assert(d >= 0 && H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, v) >= 0);
+        H5Dclose(d);
+        H5Sclose(s);
+    }
+    H5Pclose(dcpl);
+    H5Fclose(h);
+    h = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+    int fd = open(path, O_RDONLY);
+    struct stat st;
+    ck_assert(h >= 0 && fd >= 0 && fstat(fd, &st) == 0 && dump_file_plain(h));
+    for (int k = 0; k < 2; k++) {
+        hid_t d = H5Dopen2(h, k == 0 ? "at_cap" : "past_cap", H5P_DEFAULT);
+        dump_rowmap m;
+        ck_assert_int_eq(dump_rowmap_build(d, H5T_IEEE_F32LE, fd, st.st_size, &m), k == 0);
+        if (k == 0) {
+            float back[DUMP_DIRECT_MAX_CHUNKS * 3];
+            kv_err e = {{0}};
+            ck_assert_int_eq(m.n_off, DUMP_DIRECT_MAX_CHUNKS);
+            ck_assert_int_eq(dump_rowmap_read(&m, fd, path, 0, (int64_t)n - 1, back, &e), 0);
+            ck_assert(memcmp(back, v, sizeof back) == 0);
+        }
+        dump_rowmap_free(&m);
+        H5Dclose(d);
+    }
+    close(fd);
+    H5Fclose(h);
     test_rmtree(dir);
 }
 END_TEST
@@ -1479,6 +1533,7 @@ Suite *dump_suite(void)
     tcase_add_test(tc, test_selection);
     tcase_add_test(tc, test_compress);
     tcase_add_test(tc, test_direct_reads);
+    tcase_add_test(tc, test_direct_chunk_cap);
     tcase_add_loop_test(tc, test_identical_runs, 0, 2);
     tcase_add_loop_test(tc, test_chunked_same_rows, 0, 2);
     tcase_add_loop_test(tc, test_swmr_crash, 0, 2);
