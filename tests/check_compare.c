@@ -8,6 +8,7 @@
  * partial overlaps, NaN, element locations, fingerprints, tokens and the
  * renderers are checked on small planted cases. */
 #include <check.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1040,6 +1041,13 @@ START_TEST(test_row_compare_matches_element_rule)
                             : b[i];
             if (trial % 3 == 0 && r == 3)
                 a[i] = trial % 2 ? NAN : INFINITY;
+            /* the largest finite floats: their squares still sum finite */
+            if (trial % 5 == 1 && r == 4) {
+                b[i] = trial % 2 ? FLT_MAX : -FLT_MAX;
+                a[i] = -b[i];
+            }
+            if (trial % 7 == 2 && r == 5)
+                b[i] = trial % 2 ? NAN : -INFINITY;
         }
         for (size_t k = 0; k < sizeof tols / sizeof *tols; k++) {
             const cmp_tol *t = &tols[k];
