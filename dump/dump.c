@@ -123,6 +123,12 @@ static unsigned guard_seconds;
 static int (*guard_hook)(const char *path);
 static char guard_path[1024];
 
+void dump_child_begin(void)
+{
+    alarm(0);
+    guard_seconds = 0;
+}
+
 static void on_guard_alarm(int sig)
 {
     (void)sig;

@@ -184,6 +184,42 @@ int dump_read_rows_parallel(const dump_file *f, int layer, kv_stage stage, int64
 /* Tests: false reads every dataset of files opened from now on through
  * libhdf5 (no direct reads, no parallel ones); true is the default. */
 void dump_set_direct_reads(bool on);
+/* The per-dataset work a reader of several files does first, done for
+ * each file in a child process of its own, all at once: libhdf5 runs one
+ * call at a time in a process, and opening, mapping and checking the
+ * index of a few hundred datasets per file is most of what a compare of
+ * identical dumps costs. What the children learn (shapes, first
+ * positions, chunk maps, which index rows match their hashes) is taken
+ * in, so the calls that ask for it later find it done. Never fails: what
+ * a child could not do (no fork, a child that died or took over a
+ * minute) is done as usual when asked for. Call before any thread reads
+ * the files. */
+enum {
+    DUMP_SURVEY_STAGE = 1,         /* dump_stage_info */
+    DUMP_SURVEY_MAP_ROWS = 2,      /* dump_rows_parallel */
+    DUMP_SURVEY_HASHES = 4,        /* dump_hash_info */
+    DUMP_SURVEY_MAP_HASHES = 8,    /* .hash, for dump_read_hashes */
+    DUMP_SURVEY_MAP_STATS = 16,    /* .stats, for dump_read_hashes */
+    DUMP_SURVEY_DIGEST = 32        /* dump_digest(checked = true) */
+};
+typedef struct {
+    int layer;
+    kv_stage stage;
+    unsigned what;                 /* DUMP_SURVEY_* */
+} dump_survey_item;
+/* items: n_items for files[0], then n_items for files[1], ... */
+void dump_survey(dump_file *const *files, int n_files, const dump_survey_item *items,
+                 int n_items);
+/* Tests: how many datasets of f this process has opened through libhdf5
+ * (a survey's child opens them in its stead). */
+int64_t dump_datasets_opened(const dump_file *f);
+/* Tests: false makes dump_survey do nothing (every file read as usual);
+ * true is the default. */
+void dump_set_survey(bool on);
+/* Tests: fn runs in each survey child instead of its own report, with the
+ * pipe to the parent (it may write anything, or die). NULL: none. */
+void dump_survey_child_hook(void (*fn)(int out_fd));
+
 /* Hashes (n) and stats (n x 2: L2 norm, absmax) of fingerprint mode, or of
  * a full dump with row hashes. Either pointer may be NULL. */
 int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0, int64_t n,

@@ -31,6 +31,10 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
  * file, a folder, empty, not an HDF5 file, truncated, or HDF5's reason. */
 hid_t dump_h5_open_read(const char *path, kv_err *e);
 
+/* First call of a child process forked to read a file: the parent's hang
+ * alarm is not the child's to take. */
+void dump_child_begin(void);
+
 /* The row hash index (docs/dump-format.md): one row of DUMP_INDEX_COLS
  * uint64 per stage dataset with row hashes. */
 #define DUMP_INDEX "/row_hash_index"

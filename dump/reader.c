@@ -2,7 +2,7 @@
  * program's, complete or cut short by a crash. Root attributes are read
  * once at open; rows are read as hyperslabs of the asked range only, so
  * memory stays bounded whatever the file's size. */
-#include "dump_internal.h"
+#include "reader_internal.h"
 
 #include <fcntl.h>
 #include <math.h>
@@ -13,74 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
-
-/* A root attribute, read when first asked for: a string, an integer, or
- * neither (absent or of another type; remembered too). */
-typedef struct {
-    char *name;
-    char *str;        /* NULL when not a string */
-    bool is_int;
-    int64_t ival;
-} root_attr;
-
-/* Filled lazily through a const dump_file: it lives behind a pointer.
- * Entries are allocated one by one so pointers to them stay valid. */
-typedef struct {
-    root_attr **items;
-    int n;
-} attr_cache;
-
-/* What the reader knows of one dataset, looked up once per path and kept
- * while the file is open (a comparer asks about hundreds of datasets, each
- * again for every block): shape, element type, first_position, and a map
- * of its rows in the file when its storage allows reads past libhdf5. */
-typedef struct dset_meta {
-    struct dset_meta *next;      /* hash chain */
-    char *path;
-    bool present;                /* the dataset exists */
-    int rank;                    /* 1 or 2; -1 another shape */
-    hsize_t dims[2];             /* dims[1] = 1 for rank 1 */
-    int kind;                    /* elem_kind of the stored type; -1 another */
-    int64_t first_position;      /* 0 when the attribute is absent */
-    int mapped;                  /* -1 not tried yet; 0 read through libhdf5; 1 map */
-    dump_rowmap map;
-    hid_t id;                    /* open until mapped (a map needs no handle); -1 closed */
-} dset_meta;
-
-#define META_BUCKETS 1024
-/* Bucket heads are atomic: parallel readers look entries up while the
- * thread that may call libhdf5 adds others. An entry is complete before it
- * is published (release) and never removed before the file is closed. */
-typedef struct {
-    _Atomic(dset_meta *) b[META_BUCKETS];
-} meta_table;
-
-/* A row of /row_hash_index, believed once its digest has been checked
- * against the hashes it summarizes. */
-struct index_entry {
-    dump_stage_digest d;
-    int checked;                 /* 0 not yet; 1 the hashes match; -1 they do not */
-};
-
-struct dump_file {
-    char *path;
-    hid_t file;
-    int fd;                      /* the same file, for direct reads; -1 none */
-    bool direct;                 /* direct reads allowed (dump_set_direct_reads) */
-    int64_t size;
-    attr_cache *attrs;
-    meta_table *meta;
-    bool fingerprint;
-    bool row_hashes;     /* full mode with <stage>.hash / .stats beside the rows */
-    kv_config cfg;
-    bool cfg_ok;
-    char cfg_err[512];   /* the first model_config problem */
-    int64_t n_tokens, prompt_length;
-    int out_k;
-    struct index_entry (*index)[STAGE_COUNT];  /* [layer + 1][stage]; NULL: none */
-    char index_problem[sizeof(kv_err)];
-    int64_t index_rows;
-};
 
 /* ------------------------------------------------------------------ */
 /* Root attributes                                                      */
@@ -176,6 +108,7 @@ static hid_t open_dataset(const dump_file *f, const char *path)
         dapl = H5I_INVALID_HID;
     }
     hid_t d = H5Dopen2(f->file, path, dapl >= 0 ? dapl : H5P_DEFAULT);
+    ((dump_file *)f)->opened++;   /* the object is the caller's, never const */
     dump_h5_close(dapl);
     if (d < 0)
         H5Eclear2(H5E_DEFAULT);
@@ -195,8 +128,6 @@ static int shape_of(hid_t d, hsize_t dims[2])
     return rank;
 }
 
-/* The element type a reader expects, checked before HDF5 would convert. */
-typedef enum { ELEM_F32, ELEM_I32, ELEM_U64 } elem_kind;
 
 static int kind_of(hid_t d)
 {
@@ -224,9 +155,7 @@ static unsigned path_hash(const char *s)
     return h % META_BUCKETS;
 }
 
-/* The entry of path if already looked up (no libhdf5 call: safe from any
- * thread once the entry exists), else NULL. */
-static dset_meta *meta_find(const dump_file *f, const char *path)
+dset_meta *dump_meta_find(const dump_file *f, const char *path)
 {
     for (dset_meta *m = atomic_load_explicit(&f->meta->b[path_hash(path)], memory_order_acquire);
          m; m = m->next)
@@ -239,7 +168,7 @@ static dset_meta *meta_find(const dump_file *f, const char *path)
  * memory. An absent dataset gets an entry too (present false). */
 static dset_meta *meta_of(const dump_file *f, const char *path)
 {
-    dset_meta *m = meta_find(f, path);
+    dset_meta *m = dump_meta_find(f, path);
     if (m)
         return m;
     if (!(m = calloc(1, sizeof *m)) || !(m->path = strdup(path))) {
@@ -259,10 +188,24 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
         if (dump_h5_attr_i64(d, "first_position", &m->first_position) < 0)
             m->first_position = 0;
     }
-    const unsigned h = path_hash(path);
+    dump_meta_publish(f, m);
+    return m;
+}
+
+void dump_meta_publish(const dump_file *f, dset_meta *m)
+{
+    const unsigned h = path_hash(m->path);
     m->next = atomic_load_explicit(&f->meta->b[h], memory_order_relaxed);
     atomic_store_explicit(&f->meta->b[h], m, memory_order_release);
-    return m;
+}
+
+/* The entry's dataset, opened again if an entry filled in elsewhere
+ * (survey.c) or mapped once (its handle closed) is read through libhdf5. */
+static hid_t handle_of(const dump_file *f, dset_meta *m)
+{
+    if (m->id < 0 && m->present)
+        m->id = open_dataset(f, m->path);
+    return m->id;
 }
 
 static void meta_free(meta_table *t)
@@ -300,7 +243,7 @@ static void try_map(const dump_file *f, dset_meta *m)
     hid_t std = m->kind == ELEM_F32   ? H5T_IEEE_F32LE
                 : m->kind == ELEM_I32 ? H5T_STD_I32LE
                                       : H5T_STD_U64LE;
-    if (m->id >= 0 && m->kind >= 0)
+    if (m->kind >= 0 && handle_of(f, m) >= 0)
         m->mapped = dump_rowmap_build(m->id, std, f->fd, f->size, &m->map);
     if (m->mapped == 1) {
         dump_h5_close(m->id);
@@ -382,7 +325,7 @@ static int check_read(const dump_file *f, const dset_meta *m, elem_kind k, int c
     return 0;
 }
 
-static int read_h5(const dump_file *f, const dset_meta *m, elem_kind k, int64_t row0, int64_t n,
+static int read_h5(const dump_file *f, dset_meta *m, elem_kind k, int64_t row0, int64_t n,
                    void *out, kv_err *e);
 
 /* Reads rows [row0, row0 + n) of path into out. cols: 0 for a 1-D
@@ -403,14 +346,14 @@ static int read_rows_at(const dump_file *f, const char *path, elem_kind k, int c
 }
 
 /* Rows [row0, row0 + n) of an open dataset through libhdf5. */
-static int read_h5(const dump_file *f, const dset_meta *m, elem_kind k, int64_t row0, int64_t n,
+static int read_h5(const dump_file *f, dset_meta *m, elem_kind k, int64_t row0, int64_t n,
                    void *out, kv_err *e)
 {
     const char *path = m->path;
     hid_t mtype = k == ELEM_F32   ? H5T_NATIVE_FLOAT
                   : k == ELEM_I32 ? H5T_NATIVE_INT32
                                   : H5T_NATIVE_UINT64;
-    const hid_t d = m->id;
+    const hid_t d = handle_of(f, m);
     hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
     int rc = 0;
     if (d < 0)
@@ -463,7 +406,7 @@ int dump_read_rows_parallel(const dump_file *f, int layer, kv_stage stage, int64
         return kv_errf(e, "%s: no stage %s in layer %d", f ? f->path : "dump", stage_name(stage),
                        layer);
     stage_path(layer, stage, "", path, sizeof path);
-    const dset_meta *m = meta_find(f, path);
+    const dset_meta *m = dump_meta_find(f, path);
     if (!m || m->mapped != 1)
         return kv_errf(e, "%s: %s was not prepared for parallel reads", f->path, path);
     return dump_rowmap_read(&m->map, f->fd, f->path, row0, n, out, e);
@@ -485,6 +428,22 @@ int dump_read_hashes(const dump_file *f, int layer, kv_stage stage, int64_t row0
     if (stats && read_rows_at(f, path, ELEM_F32, 2, row0, n, stats, e) < 0)
         return -1;
     return 0;
+}
+
+void dump_map_hashes(const dump_file *f, int layer, kv_stage stage, bool hash, bool stats)
+{
+    char path[128];
+    if (!f || !stage_fits(stage, layer) || (!f->fingerprint && !f->row_hashes))
+        return;
+    static const char *const suffix[] = {".hash", ".stats"};
+    for (int i = 0; i < 2; i++) {
+        if (!(i == 0 ? hash : stats))
+            continue;
+        stage_path(layer, stage, suffix[i], path, sizeof path);
+        dset_meta *m = meta_of(f, path);
+        if (m && m->present)
+            try_map(f, m);
+    }
 }
 
 dump_dataset_info dump_output_info(const dump_file *f)
@@ -639,7 +598,7 @@ static bool check_entry(const dump_file *f, int layer, kv_stage stage, struct in
     if (!x->d.all_hashed)
         return false;
     stage_path(layer, stage, ".hash", path, sizeof path);
-    const dset_meta *m = meta_of(f, path);
+    dset_meta *m = meta_of(f, path);
     if (!m || !m->present || m->rank != 1 || (int64_t)m->dims[0] != n ||
         m->first_position != x->d.first_position)
         return false;
@@ -655,8 +614,8 @@ static bool check_entry(const dump_file *f, int layer, kv_stage stage, struct in
     for (int64_t r0 = 0; ok && r0 < n; r0 += SPAN) {
         const int64_t k = n - r0 < SPAN ? n - r0 : SPAN;
         /* through libhdf5 while not mapped: one pass does not pay for a map */
-        ok = (m->id >= 0 ? read_h5(f, m, ELEM_U64, r0, k, h, &e)
-                         : read_rows_at(f, path, ELEM_U64, 0, r0, k, h, &e)) == 0 &&
+        ok = (m->mapped != 1 ? read_h5(f, m, ELEM_U64, r0, k, h, &e)
+                             : read_rows_at(f, path, ELEM_U64, 0, r0, k, h, &e)) == 0 &&
              XXH3_128bits_update(st, h, (size_t)k * sizeof *h) == XXH_OK;
     }
     if (ok) {
@@ -679,6 +638,11 @@ dump_stage_digest dump_digest(const dump_file *f, int layer, kv_stage stage, boo
     if (!x->checked)
         x->checked = check_entry(f, layer, stage, x) ? 1 : -1;
     return x->checked > 0 ? x->d : none;
+}
+
+int64_t dump_datasets_opened(const dump_file *f)
+{
+    return f ? f->opened : 0;
 }
 
 int64_t dump_index_rows(const dump_file *f)

@@ -618,6 +618,124 @@ START_TEST(test_direct_reads)
 }
 END_TEST
 
+/* Everything a reader reports of f, against g (the same file, opened
+ * without a survey): shapes, index digests (checked), rows both ways,
+ * hashes and statistics. Returns the stages seen. */
+static int same_as_plain(const dump_file *f, const dump_file *g, int layers)
+{
+    int seen = 0;
+    kv_err e = {{0}};
+    for (int l = -1; l < layers; l++)
+        for (int st = 0; st < STAGE_COUNT; st++) {
+            dump_dataset_info a = dump_stage_info(f, l, st), b = dump_stage_info(g, l, st);
+            dump_dataset_info ha = dump_hash_info(f, l, st), hb = dump_hash_info(g, l, st);
+            ck_assert(a.present == b.present && a.rows == b.rows && a.cols == b.cols &&
+                      a.first_position == b.first_position);
+            ck_assert(ha.present == hb.present && ha.rows == hb.rows && ha.cols == hb.cols &&
+                      ha.first_position == hb.first_position);
+            dump_stage_digest da = dump_digest(f, l, st, true), db = dump_digest(g, l, st, true);
+            ck_assert(da.present == db.present && da.rows == db.rows &&
+                      da.digest[0] == db.digest[0] && da.digest[1] == db.digest[1]);
+            if (!a.present)
+                continue;
+            ck_assert_int_eq(dump_rows_parallel(f, l, st), dump_rows_parallel(g, l, st));
+            float *x = rows_of(f, l, st, 0, a.rows, a.cols), *y = rows_of(g, l, st, 0, a.rows, a.cols);
+            const size_t bytes = (size_t)a.rows * a.cols * sizeof(float);
+            ck_assert(memcmp(x, y, bytes) == 0);
+            if (dump_rows_parallel(f, l, st)) {
+                memset(x, 0xff, bytes);
+                ck_assert(dump_read_rows_parallel(f, l, st, 0, a.rows, x, &e) == 0);
+                ck_assert(memcmp(x, y, bytes) == 0);
+            }
+            free(x);
+            free(y);
+            uint64_t hx[ROWS], hy[ROWS];
+            float sx[2 * ROWS], sy[2 * ROWS];
+            ck_assert(a.rows <= ROWS);
+            ck_assert(dump_read_hashes(f, l, st, 0, a.rows, hx, sx, &e) == 0);
+            ck_assert(dump_read_hashes(g, l, st, 0, a.rows, hy, sy, &e) == 0);
+            ck_assert(memcmp(hx, hy, (size_t)a.rows * 8) == 0 && memcmp(sx, sy, (size_t)a.rows * 8) == 0);
+            seen++;
+        }
+    return seen;
+}
+
+static void survey_all(dump_file *f, dump_file *g, int layers)
+{
+    dump_survey_item items[2 * (KV_MAX_LAYERS + 1) * STAGE_COUNT];
+    int n = 0;
+    for (int l = -1; l < layers; l++)
+        for (int st = 0; st < STAGE_COUNT; st++)
+            items[n++] = (dump_survey_item){.layer = l, .stage = st, .what = 63};
+    memcpy(items + n, items, (size_t)n * sizeof *items);
+    dump_file *files[2] = {f, g};
+    dump_survey(files, g ? 2 : 1, items, n);
+}
+
+static void garbage_child(int fd)
+{
+    static const char junk[] = "KVSV and then not a survey at all";
+    ck_assert(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
+}
+
+static void dying_child(int fd)
+{
+    (void)fd;
+    raise(SIGKILL);
+}
+
+/* A survey child's findings, taken in by the parent, read back as the
+ * file does without them: shapes, chunk maps (direct and parallel reads),
+ * checked index rows. A child that writes garbage, or dies, leaves the
+ * parent reading as usual. Both files of a pair at once, too. */
+START_TEST(test_survey)
+{
+    char dir[64], path[128], other[128];
+    kv_model m;
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "s.h5");
+    path_in(other, sizeof other, dir, "t.h5");
+    open_model("tiny-gemma3", &m);
+    dump_opts o;
+    dump_opts_default(&o);
+    o.block_rows = 7;
+    dump_run(&m, false, path, &o);
+    dump_run(&m, true, other, &o);
+    const int stages = m.cfg.n_layers * STAGE_LAYER_COUNT + 1;
+    dump_file *plain = open_ok(path), *plain2 = open_ok(other);
+    void (*hooks[])(int) = {NULL, garbage_child, dying_child};
+    for (size_t k = 0; k < sizeof hooks / sizeof *hooks; k++) {
+        dump_survey_child_hook(hooks[k]);
+        dump_file *f = open_ok(path), *g = open_ok(other);
+        survey_all(f, k == 0 ? g : NULL, m.cfg.n_layers);
+        const int64_t before = dump_datasets_opened(f), before2 = dump_datasets_opened(g);
+        ck_assert_int_eq(same_as_plain(f, plain, m.cfg.n_layers), stages);
+        ck_assert_int_eq(same_as_plain(g, plain2, m.cfg.n_layers), stages);
+        /* taken in: the parent opens nothing; else it opens what it reads */
+        if (k == 0)
+            ck_assert(dump_datasets_opened(f) == before && dump_datasets_opened(g) == before2);
+        else
+            ck_assert(dump_datasets_opened(f) > before + stages && dump_datasets_opened(g) > before2);
+        dump_file_close(f);
+        dump_file_close(g);
+    }
+    dump_survey_child_hook(NULL);
+    /* off: a no-op */
+    dump_set_survey(false);
+    dump_file *f = open_ok(path);
+    survey_all(f, NULL, m.cfg.n_layers);
+    const int64_t before = dump_datasets_opened(f);
+    ck_assert_int_eq(same_as_plain(f, plain, m.cfg.n_layers), stages);
+    ck_assert(dump_datasets_opened(f) > before + stages);
+    dump_file_close(f);
+    dump_set_survey(true);
+    dump_file_close(plain);
+    dump_file_close(plain2);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A dataset of more chunks than DUMP_DIRECT_MAX_CHUNKS is not mapped
  * (finding each chunk's offset would cost in the square of their count);
  * one of exactly that many is, and reads back its bytes. */
@@ -1534,6 +1652,7 @@ Suite *dump_suite(void)
     tcase_add_test(tc, test_compress);
     tcase_add_test(tc, test_direct_reads);
     tcase_add_test(tc, test_direct_chunk_cap);
+    tcase_add_test(tc, test_survey);
     tcase_add_loop_test(tc, test_identical_runs, 0, 2);
     tcase_add_loop_test(tc, test_chunked_same_rows, 0, 2);
     tcase_add_loop_test(tc, test_swmr_crash, 0, 2);
