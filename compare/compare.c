@@ -1098,11 +1098,9 @@ static int walk(walker *w, kv_err *e)
     return 0;
 }
 
-/* Before the slots: do both sides' digests, as recorded, agree on every
- * stage either records? Only then are they checked against the hashes
- * (reading every hash once), so a pair that differs anywhere costs nothing
- * here. */
-static bool digests_agree(walker *w)
+/* Do both sides give equal digests of every stage either records (as
+ * recorded, or checked against the hashes as they are)? */
+static bool digests_match(const walker *w, bool checked)
 {
     const cmp_source *ref = w->ref, *test = w->test;
     if (w->o->no_hashes || !ref->digest || !test->digest)
@@ -1111,19 +1109,78 @@ static bool digests_agree(walker *w)
     int layers[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
     kv_stage stages[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
     const int n = order_pairs(L, layers, stages);
-    for (int pass = 0; pass < 2; pass++)
-        for (int i = 0; i < n; i++) {
-            cmp_digest a, b;
-            const int ha = ref->digest(ref->ctx, layers[i], stages[i], pass, &a) == 0;
-            const int hb = test->digest(test->ctx, layers[i], stages[i], pass, &b) == 0;
-            if (ha != hb)
-                return false;
-            if (ha && (!a.usable || !b.usable || a.first_pos != b.first_pos ||
-                       a.rows != b.rows || a.cols != b.cols || a.digest[0] != b.digest[0] ||
-                       a.digest[1] != b.digest[1]))
-                return false;
-        }
+    for (int i = 0; i < n; i++) {
+        cmp_digest a, b;
+        const int ha = ref->digest(ref->ctx, layers[i], stages[i], checked, &a) == 0;
+        const int hb = test->digest(test->ctx, layers[i], stages[i], checked, &b) == 0;
+        if (ha != hb)
+            return false;
+        if (ha && (!a.usable || !b.usable || a.first_pos != b.first_pos || a.rows != b.rows ||
+                   a.cols != b.cols || a.digest[0] != b.digest[0] || a.digest[1] != b.digest[1]))
+            return false;
+    }
     return true;
+}
+
+/* Before the slots: do both sides' digests, as recorded, agree on every
+ * stage either records? Only then are they checked against the hashes
+ * (reading every hash once), so a pair that differs anywhere costs nothing
+ * here. */
+static bool digests_agree(const walker *w)
+{
+    return digests_match(w, false) && digests_match(w, true);
+}
+
+/* Tells both sources at once what the compare will ask of each stage, so
+ * that a pair of dumps is readied in parallel: always the shapes; then
+ * either the digest checks that may settle the compare (when the digests
+ * as recorded agree), or the rows' chunk maps (under a tolerance, or
+ * without hashes) and those of the hashes read ahead of the rows (exact
+ * mode; under a tolerance only where the digests as recorded are equal,
+ * as skip_hashes_of_differing decides). */
+static void prefetch(const walker *w)
+{
+    const cmp_source *ref = w->ref, *test = w->test;
+    if (!ref->prefetch || ref->prefetch != test->prefetch)
+        return;
+    const int L = ref->cfg.n_layers < test->cfg.n_layers ? ref->cfg.n_layers : test->cfg.n_layers;
+    int layers[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    kv_stage stages[KV_MAX_LAYERS * STAGE_LAYER_COUNT + 3];
+    const int n = order_pairs(L, layers, stages);
+    cmp_prefetch_item *items = malloc((size_t)n * sizeof *items);
+    if (!items)
+        return;   /* read as met */
+    const bool same = digests_match(w, false);
+    const bool rows = ref->read && test->read;
+    const bool hashes = !w->o->no_hashes && ref->read_hash && test->read_hash &&
+                        (!rows || ref->read_stats);
+    for (int i = 0; i < n; i++) {
+        unsigned what = CMP_PREFETCH_INFO | CMP_PREFETCH_HASH_INFO, stats = 0;
+        cmp_digest a, b;
+        const bool known = ref->digest && test->digest &&
+                           ref->digest(ref->ctx, layers[i], stages[i], false, &a) == 0 &&
+                           test->digest(test->ctx, layers[i], stages[i], false, &b) == 0;
+        const bool differ = known && (a.digest[0] != b.digest[0] || a.digest[1] != b.digest[1]);
+        const bool exact = w->r->exact;
+        if (same) {
+            what |= CMP_PREFETCH_DIGEST;
+        } else {
+            /* hashes are read first in exact mode, and under a tolerance
+             * unless the digests say they differ; rows where there are no
+             * hashes, or under a tolerance unless the digests are equal
+             * (drift reaches nearly every row) */
+            if (hashes && (exact || !differ)) {
+                what |= CMP_PREFETCH_HASHES;
+                stats = rows ? CMP_PREFETCH_STATS : 0;   /* the reference's (load_span) */
+            }
+            if (rows && (!hashes || (!exact && (differ || !known))))
+                what |= CMP_PREFETCH_ROWS;
+        }
+        items[i] = (cmp_prefetch_item){.layer = layers[i], .stage = stages[i],
+                                       .what = {what | stats, what}};
+    }
+    ref->prefetch(ref->ctx, test->ctx, items, n);
+    free(items);
 }
 
 /* Identical recordings settled from their digests alone: when both sides
@@ -1288,6 +1345,7 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
         cmp_note(r, "%s is partial (the run stopped early): compared what it holds", test->label);
     cmp_ctx c = {.ref = ref, .test = test, .o = o, .cfg = &ref->cfg, .r = r,
                  .pos_limit = w.pos_limit};
+    prefetch(&w);   /* before the pool's threads exist: it may fork */
     /* Two threads at most: reading is serial (libhdf5), only weighing rows
      * is split. Without a pool (out of threads) rows are weighed serially. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

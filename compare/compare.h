@@ -43,6 +43,21 @@ typedef struct {
     bool usable;                 /* a hash for every row, every statistic finite */
 } cmp_digest;
 
+/* What the comparer will ask of a stage (cmp_source.prefetch). */
+enum {
+    CMP_PREFETCH_INFO = 1,         /* info */
+    CMP_PREFETCH_ROWS = 2,         /* prepare_parallel, then rows */
+    CMP_PREFETCH_HASH_INFO = 4,    /* which positions have hashes */
+    CMP_PREFETCH_HASHES = 8,       /* read_hash */
+    CMP_PREFETCH_STATS = 16,       /* read_stats */
+    CMP_PREFETCH_DIGEST = 32       /* digest, checked */
+};
+typedef struct cmp_prefetch_item {
+    int layer;
+    kv_stage stage;
+    unsigned what[2];              /* CMP_PREFETCH_* of the source called, of the other */
+} cmp_prefetch_item;
+
 typedef struct cmp_source {
     void *ctx;                   /* passed back to every callback */
     const char *label;           /* for messages: "reference", a file path */
@@ -103,6 +118,12 @@ typedef struct cmp_source {
     int (*output_info)(void *ctx, int64_t *first_pos, int64_t *rows, int *k);
     int (*output)(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *topk_ids,
                   float *topk_vals, kv_err *e);
+    /* Optional: readies the source, and the other one (other_ctx, a source
+     * with the same prefetch), for what the comparer is about to ask of
+     * the stages listed, doing the two at once where it can (dump files:
+     * one child process per file, dump_survey). Called once, before any
+     * read and before the comparer starts threads. */
+    void (*prefetch)(void *ctx, void *other_ctx, const cmp_prefetch_item *items, int n);
 } cmp_source;
 
 /* A dump file as a source (source_dump.c). Fills *out; the returned handle

@@ -133,6 +133,33 @@ static int ds_output(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *id
     return dump_read_output(d->f, row0, n, lse, ids, vals, e);
 }
 
+static unsigned survey_what(unsigned w)
+{
+    return (w & CMP_PREFETCH_INFO ? DUMP_SURVEY_STAGE : 0) |
+           (w & CMP_PREFETCH_ROWS ? DUMP_SURVEY_MAP_ROWS : 0) |
+           (w & CMP_PREFETCH_HASH_INFO ? DUMP_SURVEY_HASHES : 0) |
+           (w & CMP_PREFETCH_HASHES ? DUMP_SURVEY_MAP_HASHES : 0) |
+           (w & CMP_PREFETCH_STATS ? DUMP_SURVEY_MAP_STATS : 0) |
+           (w & CMP_PREFETCH_DIGEST ? DUMP_SURVEY_DIGEST : 0);
+}
+
+static void ds_prefetch(void *ctx, void *other_ctx, const cmp_prefetch_item *items, int n)
+{
+    cmp_dump_source *a = ctx, *b = other_ctx;
+    const int files = a == b ? 1 : 2;
+    dump_survey_item *s = malloc((size_t)(n > 0 ? n : 1) * (size_t)files * sizeof *s);
+    if (!s)
+        return;   /* each file is read as usual */
+    for (int k = 0; k < files; k++)
+        for (int i = 0; i < n; i++)
+            s[(size_t)k * (size_t)n + (size_t)i] =
+                (dump_survey_item){.layer = items[i].layer, .stage = items[i].stage,
+                                   .what = survey_what(items[i].what[k])};
+    dump_file *f[2] = {a->f, b->f};
+    dump_survey(f, files, s, n);
+    free(s);
+}
+
 cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err *e)
 {
     cmp_dump_source *d = calloc(1, sizeof *d);
@@ -176,6 +203,7 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->digest = out->read_stats ? ds_digest : NULL;
     out->output_info = ds_output_info;
     out->output = ds_output;
+    out->prefetch = ds_prefetch;
     return d;
 }
 

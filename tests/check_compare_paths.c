@@ -1,5 +1,6 @@
 /* check_compare_paths.c — the comparer's fast paths change nothing it
- * reports: rows read at their chunks' offsets on two threads or through
+ * reports: datasets readied by a child process per file or as they are
+ * met, rows read at their chunks' offsets on two threads or through
  * libhdf5 on one, weighed with AVX2 or the scalar loop, the verdict, the
  * first divergence, its diagnosis and every per-stage figure are the same,
  * bit for bit. */
@@ -124,15 +125,39 @@ START_TEST(test_paths_agree)
         cmp_rows_use_simd(true);
         compare_files(ref, cases[k].test, &o, &fast);
         dump_set_direct_reads(false);
+        dump_set_survey(false);
         cmp_rows_use_simd(false);
         compare_files(ref, cases[k].test, &o, &slow);
         dump_set_direct_reads(true);
+        dump_set_survey(true);
         cmp_rows_use_simd(true);
         ck_assert_msg(fast.verdict == cases[k].want, "case %zu: verdict %s", k,
                       cmp_verdict_name(fast.verdict));
         /* the row hash indexes settle identical dumps, read either way */
         ck_assert(fast.compared.by_index == (k == 0));
         ck_assert(slow.compared.by_index == (k == 0));
+        same_result(&fast, &slow);
+        cmp_result_free(&fast);
+        cmp_result_free(&slow);
+    }
+    /* fingerprint dumps: hashes only, read ahead by the survey or not */
+    char fa[128], fb[128];
+    record(dir, "fa.h5", "--fingerprint");
+    record(dir, "fb.h5", "--engine chunked --chunk 7 --inject window=4 --fingerprint");
+    snprintf(fa, sizeof fa, "%s/fa.h5", dir);
+    snprintf(fb, sizeof fb, "%s/fb.h5", dir);
+    for (int k = 0; k < 2; k++) {
+        cmp_opts o;
+        cmp_opts_default(&o);
+        o.block_rows = 16;
+        cmp_result fast, slow;
+        compare_files(fa, k ? fb : fa, &o, &fast);
+        dump_set_survey(false);
+        dump_set_direct_reads(false);
+        compare_files(fa, k ? fb : fa, &o, &slow);
+        dump_set_survey(true);
+        dump_set_direct_reads(true);
+        ck_assert_int_eq(fast.verdict, k ? CMP_DIVERGED : CMP_IDENTICAL);
         same_result(&fast, &slow);
         cmp_result_free(&fast);
         cmp_result_free(&slow);
