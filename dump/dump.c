@@ -4,6 +4,7 @@
 #include "dump_internal.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <fcntl.h>
 #include <jansson.h>
 #include <stdarg.h>
@@ -202,10 +203,19 @@ static herr_t pf_member(hid_t loc, const char *name, const H5L_info_t *info, voi
 static int preflight(const char *path, kv_err *e)
 {
     fflush(NULL);
-    pid_t pid = fork();
-    if (pid < 0)
+    /* The child holds the pipe's write end until it exits: the parent
+     * wakes when it does, not on a timer. */
+    int done[2];
+    if (pipe(done) != 0)
         return 0;   /* cannot check: read as usual */
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(done[0]);
+        close(done[1]);
+        return 0;
+    }
     if (pid == 0) {
+        close(done[0]);
         alarm(0);
         guard_seconds = 0;
         /* Whatever it says as it dies is not the user's business. */
@@ -242,24 +252,34 @@ static int preflight(const char *path, kv_err *e)
         }
         _exit(0);
     }
+    close(done[1]);
     /* Reading a sound file's strings takes milliseconds. */
-    const long limit_ms = 1000L * (guard_seconds && guard_seconds < 5 ? guard_seconds : 5);
-    int st = 0;
-    for (long waited = 0;; waited += 2) {
-        pid_t r = waitpid(pid, &st, WNOHANG);
-        if (r == pid)
-            break;
+    const int limit_ms = 1000 * (guard_seconds && guard_seconds < 5 ? (int)guard_seconds : 5);
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        const long waited = (t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L;
+        struct pollfd p = {.fd = done[0], .events = POLLIN};
+        const int r = waited < limit_ms ? poll(&p, 1, (int)(limit_ms - waited)) : 0;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r > 0)
+            break;   /* closed: the child is gone */
+        close(done[0]);
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
         if (r < 0)
+            return 0;   /* cannot wait for it: read as usual */
+        return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
+                          "metadata (a damaged file: libhdf5 loops on some corrupt "
+                          "variable-length strings)", path);
+    }
+    close(done[0]);
+    int st = 0;
+    while (waitpid(pid, &st, 0) < 0) {
+        if (errno != EINTR)
             return 0;
-        if (waited >= limit_ms) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &st, 0);
-            return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
-                              "metadata (a damaged file: libhdf5 loops on some corrupt "
-                              "variable-length strings)", path);
-        }
-        struct timespec ts = {0, 2000000};
-        nanosleep(&ts, NULL);
     }
     if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0))
         return kv_errf(e, "%s: the HDF5 library crashes reading this file's metadata (a "

@@ -98,21 +98,26 @@ static int check_root(const dump_file *f, kv_err *e)
  * printed, and the stack is cleared. */
 static hid_t open_dataset(const dump_file *f, const char *path)
 {
-    /* No chunk cache: plain rows are read past libhdf5, and the rest in
-     * whole blocks, so a cache would only copy each chunk once more (and
-     * hold up to 1 MiB per open dataset). */
+    hid_t d = H5Dopen2(f->file, path, f->dapl >= 0 ? f->dapl : H5P_DEFAULT);
+    ((dump_file *)f)->opened++;   /* the object is the caller's, never const */
+    if (d < 0)
+        H5Eclear2(H5E_DEFAULT);
+    return d;
+}
+
+/* No chunk cache: plain rows are read past libhdf5, and the rest in whole
+ * blocks, so a cache would only copy each chunk once more (and hold up to
+ * 1 MiB per open dataset). One list for every dataset of the file. */
+static hid_t no_cache_dapl(void)
+{
     hid_t dapl = H5Pcreate(H5P_DATASET_ACCESS);
     if (dapl >= 0 && H5Pset_chunk_cache(dapl, H5D_CHUNK_CACHE_NSLOTS_DEFAULT, 0,
                                         H5D_CHUNK_CACHE_W0_DEFAULT) < 0) {
         dump_h5_close(dapl);
         dapl = H5I_INVALID_HID;
     }
-    hid_t d = H5Dopen2(f->file, path, dapl >= 0 ? dapl : H5P_DEFAULT);
-    ((dump_file *)f)->opened++;   /* the object is the caller's, never const */
-    dump_h5_close(dapl);
-    if (d < 0)
-        H5Eclear2(H5E_DEFAULT);
-    return d;
+    H5Eclear2(H5E_DEFAULT);
+    return dapl;
 }
 
 /* Rank (1 or 2) and dims of a dataset; -1 for anything else. */
@@ -709,6 +714,7 @@ void dump_file_close(dump_file *f)
     meta_free(f->meta);
     if (f->fd >= 0)
         close(f->fd);
+    dump_h5_close(f->dapl);
     dump_h5_close(f->file);
     for (int i = 0; f->attrs && i < f->attrs->n; i++) {
         free(f->attrs->items[i]->name);
@@ -739,6 +745,7 @@ dump_file *dump_open(const char *path, kv_err *e)
         return kv_errf(e, "%s: out of memory", path), NULL;
     }
     f->file = fid;
+    f->dapl = no_cache_dapl();
     /* A second descriptor for direct reads; without one, libhdf5 reads all. */
     struct stat st;
     f->fd = open(path, O_RDONLY | O_CLOEXEC);

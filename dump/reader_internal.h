@@ -61,6 +61,7 @@ struct index_entry {
 struct dump_file {
     char *path;
     hid_t file;
+    hid_t dapl;                  /* how datasets are opened (no chunk cache) */
     int fd;                      /* the same file, for direct reads; -1 none */
     bool direct;                 /* direct reads allowed (dump_set_direct_reads) */
     int64_t size;
