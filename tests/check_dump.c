@@ -736,6 +736,48 @@ START_TEST(test_survey)
 }
 END_TEST
 
+static void preflight_hangs(void)
+{
+    for (;;)
+        pause();
+}
+
+static void preflight_crashes(void)
+{
+    raise(SIGSEGV);
+}
+
+/* libhdf5 crashing or looping on a damaged file's strings, played by the
+ * preflight child: the open fails with what happened, within the guard's
+ * time; a sound child lets it through. */
+START_TEST(test_preflight)
+{
+    char dir[64], path[128];
+    kv_model m;
+    kv_err e = {{0}};
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "p.h5");
+    open_model("tiny-gemma3", &m);
+    dump_opts o;
+    dump_opts_default(&o);
+    dump_run(&m, false, path, &o);
+    dump_hang_guard(1, NULL);
+    dump_preflight_child_hook(preflight_hangs);
+    time_t t0 = time(NULL);
+    ck_assert_ptr_null(dump_open(path, &e));
+    ck_assert_msg(strstr(e.msg, "does not return") != NULL, "%s", e.msg);
+    ck_assert_int_le(time(NULL) - t0, 3);
+    dump_preflight_child_hook(preflight_crashes);
+    ck_assert_ptr_null(dump_open(path, &e));
+    ck_assert_msg(strstr(e.msg, "crashes reading") != NULL, "%s", e.msg);
+    dump_preflight_child_hook(NULL);
+    dump_hang_guard(0, NULL);
+    dump_file_close(open_ok(path));
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A dataset of more chunks than DUMP_DIRECT_MAX_CHUNKS is not mapped
  * (finding each chunk's offset would cost in the square of their count);
  * one of exactly that many is, and reads back its bytes. */
@@ -1653,6 +1695,7 @@ Suite *dump_suite(void)
     tcase_add_test(tc, test_direct_reads);
     tcase_add_test(tc, test_direct_chunk_cap);
     tcase_add_test(tc, test_survey);
+    tcase_add_test(tc, test_preflight);
     tcase_add_loop_test(tc, test_identical_runs, 0, 2);
     tcase_add_loop_test(tc, test_chunked_same_rows, 0, 2);
     tcase_add_loop_test(tc, test_swmr_crash, 0, 2);
