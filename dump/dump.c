@@ -128,6 +128,32 @@ void dump_child_begin(void)
 {
     alarm(0);
     guard_seconds = 0;
+    /* Whatever it says as it dies is not the user's business. */
+    int null = open("/dev/null", O_WRONLY);
+    if (null >= 0) {
+        dup2(null, STDOUT_FILENO);
+        dup2(null, STDERR_FILENO);
+        if (null > STDERR_FILENO)
+            close(null);
+    }
+}
+
+int dump_child_pipe(int p[2])
+{
+    int raw[2];
+    if (pipe(raw) != 0)
+        return -1;
+    p[0] = fcntl(raw[0], F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    p[1] = fcntl(raw[1], F_DUPFD_CLOEXEC, STDERR_FILENO + 1);
+    close(raw[0]);
+    close(raw[1]);
+    if (p[0] >= 0 && p[1] >= 0)
+        return 0;
+    if (p[0] >= 0)
+        close(p[0]);
+    if (p[1] >= 0)
+        close(p[1]);
+    return -1;
 }
 
 static void on_guard_alarm(int sig)
@@ -206,7 +232,7 @@ static int preflight(const char *path, kv_err *e)
     /* The child holds the pipe's write end until it exits: the parent
      * wakes when it does, not on a timer. */
     int done[2];
-    if (pipe(done) != 0)
+    if (dump_child_pipe(done) != 0)
         return 0;   /* cannot check: read as usual */
     pid_t pid = fork();
     if (pid < 0) {
@@ -216,14 +242,7 @@ static int preflight(const char *path, kv_err *e)
     }
     if (pid == 0) {
         close(done[0]);
-        alarm(0);
-        guard_seconds = 0;
-        /* Whatever it says as it dies is not the user's business. */
-        int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
-            dup2(null, STDOUT_FILENO);
-            dup2(null, STDERR_FILENO);
-        }
+        dump_child_begin();
         if (preflight_hook)
             preflight_hook();
         kv_err ignored;

@@ -32,8 +32,13 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
 hid_t dump_h5_open_read(const char *path, kv_err *e);
 
 /* First call of a child process forked to read a file: the parent's hang
- * alarm is not the child's to take. */
+ * alarm is not the child's to take, and what it prints (libhdf5 dying,
+ * say) goes to /dev/null. */
 void dump_child_begin(void);
+/* A pipe to a child process: both ends above the standard descriptors
+ * (with those closed, an end could be 1 or 2, and dump_child_begin would
+ * close it) and closed on exec. 0, or -1 with errno set. */
+int dump_child_pipe(int p[2]);
 
 /* The row hash index (docs/dump-format.md): one row of DUMP_INDEX_COLS
  * uint64 per stage dataset with row hashes. */

@@ -94,11 +94,15 @@ static int check_root(const dump_file *f, kv_err *e)
 /* ------------------------------------------------------------------ */
 /* Datasets                                                             */
 
-/* A missing dataset (or group on its way) just fails: errors are not
- * printed, and the stack is cleared. */
+/* A missing dataset (or group on its way) just fails, silently on any
+ * thread (a thread-safe libhdf5 keeps the printing switch per thread), and
+ * the stack is cleared. */
 static hid_t open_dataset(const dump_file *f, const char *path)
 {
-    hid_t d = H5Dopen2(f->file, path, f->dapl >= 0 ? f->dapl : H5P_DEFAULT);
+    hid_t d = H5I_INVALID_HID;
+    H5E_BEGIN_TRY {
+        d = H5Dopen2(f->file, path, f->dapl >= 0 ? f->dapl : H5P_DEFAULT);
+    } H5E_END_TRY;
     ((dump_file *)f)->opened++;   /* the object is the caller's, never const */
     if (d < 0)
         H5Eclear2(H5E_DEFAULT);

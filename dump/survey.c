@@ -67,7 +67,7 @@ static bool reserve(buf *b, size_t n)
 
 static void put(buf *b, const void *v, size_t n)
 {
-    if (!reserve(b, n))
+    if (n == 0 || !reserve(b, n))
         return;
     memcpy(b->p + b->n, v, n);
     b->n += n;
@@ -184,30 +184,38 @@ static double now_ms(void)
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
-/* Everything the child writes, until it closes the pipe; false on an
- * error or past the deadline. */
-static bool read_all(int fd, buf *b, double deadline)
+/* Reads what the children write, all at once, until each has closed its
+ * pipe (done[i] true) or the deadline passes. */
+static void read_children(const int *in, buf *out, bool *done, int n, double deadline)
 {
     for (;;) {
+        struct pollfd p[SURVEY_MAX_FILES];
+        int map[SURVEY_MAX_FILES], k = 0;
+        for (int i = 0; i < n; i++)
+            if (in[i] >= 0 && !done[i] && !out[i].bad) {
+                p[k] = (struct pollfd){.fd = in[i], .events = POLLIN};
+                map[k++] = i;
+            }
         const double left = deadline - now_ms();
-        if (left <= 0)
-            return false;
-        struct pollfd p = {.fd = fd, .events = POLLIN};
-        const int r = poll(&p, 1, (int)left + 1);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return false;
-        if (!reserve(b, 65536))
-            return false;
-        const ssize_t k = read(fd, b->p + b->n, b->cap - b->n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k < 0)
-            return false;
-        if (k == 0)
-            return true;
-        b->n += (size_t)k;
+        if (k == 0 || left <= 0)
+            return;
+        const int r = poll(p, (nfds_t)k, (int)left + 1);
+        if (r < 0 && errno != EINTR)
+            return;
+        for (int j = 0; r > 0 && j < k; j++) {
+            if (!p[j].revents)
+                continue;
+            buf *b = &out[map[j]];
+            if (!reserve(b, 65536))
+                continue;   /* out of memory: that child's report is dropped */
+            const ssize_t got = read(in[map[j]], b->p + b->n, b->cap - b->n);
+            if (got > 0)
+                b->n += (size_t)got;
+            else if (got == 0)
+                done[map[j]] = true;
+            else if (errno != EINTR && errno != EAGAIN)
+                b->bad = true;
+        }
     }
 }
 
@@ -218,6 +226,8 @@ typedef struct {
 
 static void get(reader *r, void *v, size_t n)
 {
+    if (n == 0)
+        return;
     if (r->bad || (size_t)(r->end - r->p) < n) {
         r->bad = true;
         memset(v, 0, n);
@@ -292,8 +302,8 @@ static dset_meta *get_entry(reader *r, const dump_file *f)
     m->rank = rank;
     m->kind = kind;
     m->mapped = mapped;
-    if (present > 1 || rank < -1 || rank > 2 || kind < -1 || kind > 2 ||
-        mapped < -1 || mapped > 1 || (m->present && m->rank > 0 && m->dims[1] < 1))
+    if (present > 1 || rank < -1 || rank > 2 || kind < -1 || kind > 2 || mapped < -1 ||
+        mapped > 1)
         r->bad = true;
     if (!r->bad && mapped == 1) {
         uint64_t row_bytes;
@@ -396,7 +406,7 @@ void dump_survey(dump_file *const *files, int n_files, const dump_survey_item *i
         int p[2] = {-1, -1};
         pid[i] = -1;
         in[i] = -1;
-        if (!files[i] || pipe(p) != 0)
+        if (!files[i] || dump_child_pipe(p) != 0)
             continue;
         pid[i] = fork();
         if (pid[i] == 0) {
@@ -412,20 +422,20 @@ void dump_survey(dump_file *const *files, int n_files, const dump_survey_item *i
         else
             in[i] = p[0];
     }
-    const double deadline = now_ms() + SURVEY_LIMIT_MS;
+    buf out[SURVEY_MAX_FILES] = {{0}};
+    bool done[SURVEY_MAX_FILES] = {false};
+    read_children(in, out, done, n_files, now_ms() + SURVEY_LIMIT_MS);
     for (int i = 0; i < n_files; i++) {
         if (pid[i] <= 0)
             continue;
-        buf b = {0};
-        const bool whole = read_all(in[i], &b, deadline);
         close(in[i]);
-        if (!whole)
+        if (!done[i])
             kill(pid[i], SIGKILL);
         int st = 0;
         while (waitpid(pid[i], &st, 0) < 0 && errno == EINTR)
             ;
-        if (whole && WIFEXITED(st) && WEXITSTATUS(st) == 0)
-            take_in(files[i], &b);
-        free(b.p);
+        if (done[i] && !out[i].bad && WIFEXITED(st) && WEXITSTATUS(st) == 0)
+            take_in(files[i], &out[i]);
+        free(out[i].p);
     }
 }

@@ -770,6 +770,29 @@ START_TEST(test_preflight)
     dump_preflight_child_hook(preflight_crashes);
     ck_assert_ptr_null(dump_open(path, &e));
     ck_assert_msg(strstr(e.msg, "crashes reading") != NULL, "%s", e.msg);
+    /* the same with stdin, stdout and stderr closed: the pipe the parent
+     * waits on must not land on a descriptor the child sends to /dev/null */
+    dump_preflight_child_hook(preflight_hangs);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        close(0);
+        close(1);
+        close(2);
+        kv_err ce = {{0}};
+        _exit(!dump_open(path, &ce) && strstr(ce.msg, "does not return") ? 0 : 1);
+    }
+    int st = -1;
+    for (int waited = 0; waited < 100 && waitpid(pid, &st, WNOHANG) == 0; waited++) {
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    if (st == -1) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+    }
+    ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                  "with the standard descriptors closed the open hangs or succeeds");
     dump_preflight_child_hook(NULL);
     dump_hang_guard(0, NULL);
     dump_file_close(open_ok(path));
