@@ -193,7 +193,8 @@ void dump_set_direct_reads(bool on);
  * in, so the calls that ask for it later find it done. Never fails: what
  * a child could not do (no fork, a child that died or took over a
  * minute) is done as usual when asked for. Call before any thread reads
- * the files. */
+ * the files, and while no other thread is inside libhdf5 (it forks: a
+ * child would inherit the library's lock held). */
 enum {
     DUMP_SURVEY_STAGE = 1,         /* dump_stage_info */
     DUMP_SURVEY_MAP_ROWS = 2,      /* dump_rows_parallel */
