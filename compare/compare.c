@@ -1155,7 +1155,7 @@ static void prefetch(const walker *w)
     const bool hashes = !w->o->no_hashes && ref->read_hash && test->read_hash &&
                         (!rows || ref->read_stats);
     for (int i = 0; i < n; i++) {
-        unsigned what = CMP_PREFETCH_INFO | CMP_PREFETCH_HASH_INFO, stats = 0;
+        unsigned what = CMP_PREFETCH_INFO, stats = 0;
         cmp_digest a, b;
         const bool known = ref->digest && test->digest &&
                            ref->digest(ref->ctx, layers[i], stages[i], false, &a) == 0 &&
@@ -1170,7 +1170,7 @@ static void prefetch(const walker *w)
              * hashes, or under a tolerance unless the digests are equal
              * (drift reaches nearly every row) */
             if (hashes && (exact || !differ)) {
-                what |= CMP_PREFETCH_HASHES;
+                what |= CMP_PREFETCH_HASH_INFO | CMP_PREFETCH_HASHES;
                 stats = rows ? CMP_PREFETCH_STATS : 0;   /* the reference's (load_span) */
             }
             if (rows && (!hashes || (!exact && (differ || !known))))
