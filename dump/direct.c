@@ -133,6 +133,28 @@ static bool locate(hid_t d, dump_rowmap *m, int64_t file_size)
     return true;
 }
 
+bool dump_rowmap_sound(const dump_rowmap *m, uint64_t rows, size_t row_bytes,
+                       int64_t file_size)
+{
+    if (m->rows < 0 || (uint64_t)m->rows != rows || m->row_bytes != row_bytes ||
+        m->chunk_rows < 0)
+        return false;
+    const int64_t want = m->rows == 0      ? 0
+                         : m->chunk_rows ? (m->rows + m->chunk_rows - 1) / m->chunk_rows
+                                         : 1;
+    if (m->n_off != want || m->n_off > DUMP_DIRECT_MAX_CHUNKS)
+        return false;
+    const int64_t span = m->chunk_rows ? m->chunk_rows : m->rows;
+    int64_t bytes = 0;
+    if (m->n_off > 0 && (__builtin_mul_overflow(span, (int64_t)m->row_bytes, &bytes) ||
+                         bytes < 1 || bytes > file_size))
+        return false;
+    for (int64_t c = 0; c < m->n_off; c++)
+        if (m->off[c] < 0 || m->off[c] > file_size - bytes)
+            return false;
+    return true;
+}
+
 /* Row r through the map and through libhdf5: the same bytes? */
 static bool agrees(hid_t d, hid_t mtype, const dump_rowmap *m, int fd, int64_t r, int rank)
 {

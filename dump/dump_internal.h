@@ -80,6 +80,12 @@ int dump_rowmap_build(hid_t d, hid_t std_type, int fd, int64_t file_size, dump_r
 int dump_rowmap_read(const dump_rowmap *m, int fd, const char *path, int64_t row0, int64_t n,
                      void *out, kv_err *e);
 void dump_rowmap_free(dump_rowmap *m);
+/* Is m a map dump_rowmap_build could have made of a dataset of `rows`
+ * rows of row_bytes bytes in a file of file_size bytes (chunk count,
+ * count cap, every chunk inside the file)? For maps made elsewhere
+ * (survey.c's children). */
+bool dump_rowmap_sound(const dump_rowmap *m, uint64_t rows, size_t row_bytes,
+                       int64_t file_size);
 /* Reads exactly n bytes at off (retrying short reads); -1 on error or at
  * the end of the file. */
 int dump_pread(int fd, void *buf, size_t n, int64_t off);

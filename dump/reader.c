@@ -137,7 +137,6 @@ static int shape_of(hid_t d, hsize_t dims[2])
     return rank;
 }
 
-
 static int kind_of(hid_t d)
 {
     hid_t t = H5Dget_type(d);
@@ -217,15 +216,22 @@ static hid_t handle_of(const dump_file *f, dset_meta *m)
     return m->id;
 }
 
+void dump_meta_free(dset_meta *m)
+{
+    if (!m)
+        return;
+    dump_h5_close(m->id);
+    dump_rowmap_free(&m->map);
+    free(m->path);
+    free(m);
+}
+
 static void meta_free(meta_table *t)
 {
     for (int i = 0; t && i < META_BUCKETS; i++)
         for (dset_meta *m = atomic_load(&t->b[i]), *next; m; m = next) {
             next = m->next;
-            dump_h5_close(m->id);
-            dump_rowmap_free(&m->map);
-            free(m->path);
-            free(m);
+            dump_meta_free(m);
         }
     free(t);
 }

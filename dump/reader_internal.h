@@ -86,6 +86,8 @@ dset_meta *dump_meta_find(const dump_file *f, const char *path);
 /* Publishes a complete entry no other entry has the path of (the caller
  * checked with dump_meta_find, on the one thread that adds entries). */
 void dump_meta_publish(const dump_file *f, dset_meta *m);
+/* Frees an entry (not published, or its table's last use). */
+void dump_meta_free(dset_meta *m);
 /* Maps the .hash and (or) .stats datasets of a stage for direct reads,
  * as their first read would. */
 void dump_map_hashes(const dump_file *f, int layer, kv_stage stage, bool hash, bool stats);

@@ -39,7 +39,7 @@ void dump_survey_child_hook(void (*fn)(int out_fd))
 #define SURVEY_MAX_FILES 8
 /* A child slower than this is killed and its file read as usual. */
 #define SURVEY_LIMIT_MS 60000
-#define SURVEY_MAGIC 0x4b565356u   /* "KVSV" */
+#define SURVEY_MAGIC 0x4b565356u   /* the first 4 bytes of a report */
 
 typedef struct {
     unsigned char *p;
@@ -239,40 +239,6 @@ static void get(reader *r, void *v, size_t n)
 
 #define GET(r, v) get((r), &(v), sizeof(v))
 
-/* A map as dump_rowmap_build makes them, for a dataset of m's shape and
- * element size, inside a file of `size` bytes. */
-static bool sound_map(const dset_meta *m, int64_t size)
-{
-    const dump_rowmap *x = &m->map;
-    const size_t elem = m->kind == ELEM_U64 ? 8 : 4;
-    if (m->rank < 1 || m->kind < 0 || m->kind > ELEM_U64 || x->rows != (int64_t)m->dims[0] ||
-        x->row_bytes != (size_t)m->dims[1] * elem || x->chunk_rows < 0 || x->rows < 0)
-        return false;
-    const int64_t want = x->rows == 0      ? 0
-                         : x->chunk_rows ? (x->rows + x->chunk_rows - 1) / x->chunk_rows
-                                         : 1;
-    if (x->n_off != want || x->n_off > DUMP_DIRECT_MAX_CHUNKS)
-        return false;
-    const int64_t span = x->chunk_rows ? x->chunk_rows : x->rows;
-    int64_t bytes = 0;
-    if (x->n_off > 0 && (__builtin_mul_overflow(span, (int64_t)x->row_bytes, &bytes) ||
-                         bytes < 1 || bytes > size))
-        return false;
-    for (int64_t c = 0; c < x->n_off; c++)
-        if (x->off[c] < 0 || x->off[c] > size - bytes)
-            return false;
-    return true;
-}
-
-static void free_entry(dset_meta *m)
-{
-    if (!m)
-        return;
-    dump_rowmap_free(&m->map);
-    free(m->path);
-    free(m);
-}
-
 /* One entry of the stream; NULL (r->bad set) when malformed. */
 static dset_meta *get_entry(reader *r, const dump_file *f)
 {
@@ -319,11 +285,14 @@ static dset_meta *get_entry(reader *r, const dump_file *f)
             r->bad = true;
         else
             get(r, m->map.off, (size_t)m->map.n_off * sizeof *m->map.off);
-        if (!r->bad && !sound_map(m, f->size))
+        const size_t elem = m->kind == ELEM_U64 ? 8 : 4;
+        if (!r->bad && (m->rank < 1 || m->kind < 0 ||
+                        !dump_rowmap_sound(&m->map, m->dims[0], (size_t)m->dims[1] * elem,
+                                           f->size)))
             r->bad = true;
     }
     if (r->bad) {
-        free_entry(m);
+        dump_meta_free(m);
         return NULL;
     }
     return m;
@@ -382,7 +351,7 @@ static void take_in(dump_file *f, const buf *b)
         next = m->next;
         m->next = NULL;
         if (r.bad || dump_meta_find(f, m->path))
-            free_entry(m);
+            dump_meta_free(m);
         else
             dump_meta_publish(f, m);
     }

@@ -672,10 +672,35 @@ static void survey_all(dump_file *f, dump_file *g, int layers)
     dump_survey(files, g ? 2 : 1, items, n);
 }
 
+/* A report with one well-formed entry that lies (layer 0's x_in as 3 x 5)
+ * and then a tag that is none: taken in whole or not at all, so nothing of
+ * it may show. */
 static void garbage_child(int fd)
 {
-    static const char junk[] = "KVSV and then not a survey at all";
-    ck_assert(write(fd, junk, sizeof junk) == (ssize_t)sizeof junk);
+    unsigned char b[128];
+    size_t n = 0;
+#define ADD(v) (memcpy(b + n, &(v), sizeof(v)), n += sizeof(v))
+    const uint32_t magic = 0x4b565356u;
+    const uint8_t tag = 'M', present = 1, bad = 'Q';
+    const char path[] = "/layers/0/x_in";
+    const uint16_t len = sizeof path - 1;
+    const int32_t rank = 2, kind = 0, mapped = -1;
+    const uint64_t dims[2] = {3, 5};
+    const int64_t first = 0;
+    ADD(magic);
+    ADD(tag);
+    ADD(len);
+    memcpy(b + n, path, len), n += len;
+    ADD(present);
+    ADD(rank);
+    ADD(dims[0]);
+    ADD(dims[1]);
+    ADD(kind);
+    ADD(first);
+    ADD(mapped);
+    ADD(bad);
+#undef ADD
+    ck_assert(write(fd, b, n) == (ssize_t)n);
 }
 
 static void dying_child(int fd)
