@@ -61,6 +61,13 @@ int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int c
 long cmp_settings_int(const cmp_source *s, const char *key, long dflt);
 bool cmp_settings_is(const cmp_source *s, const char *key, const char *value);
 
+/* Reads again a sample of the rows the walk of r let hashes settle (a
+ * fixed fraction of every such stage, plus every row near the first
+ * divergence and the one beyond drift) on each side with rows and hashes,
+ * and hashes them. Fills r->hashcheck (rows_checked; stale and where at
+ * the first row whose hash is not its own). 0, or -1 with e filled. */
+int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r, kv_err *e);
+
 /* Adds a note to the result (silently dropped past CMP_MAX_NOTES). */
 void cmp_note(cmp_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -68,7 +68,9 @@ int cmp_exit_code(int rc, const cmp_result *r)
 {
     if (rc < 0 || !r)
         return 2;
-    return r->verdict == CMP_DIVERGED ? 1 : 0;
+    if (r->verdict == CMP_DIVERGED)
+        return 1;
+    return r->incomplete ? 2 : 0;
 }
 
 void cmp_note(cmp_result *r, const char *fmt, ...)
@@ -215,6 +217,20 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
             cmp_note(r, "configs differ: layer %d attention type or KV owner", l);
             break;
         }
+    return 0;
+}
+
+/* What validate rejects in a token list, compare refuses too: a prompt
+ * longer than the tokens recorded says the file is not what it claims. */
+static int check_token_list(const cmp_source *s, kv_err *e)
+{
+    if (s->prompt_length < 0 || s->n_tokens < 0)
+        return kv_errf(e, "%s: /tokens: prompt_length %lld or token count %lld is negative",
+                       s->label, (long long)s->prompt_length, (long long)s->n_tokens);
+    if (s->n_tokens > 0 && s->prompt_length > s->n_tokens)
+        return kv_errf(e, "%s: /tokens: prompt_length %lld is larger than the %lld tokens "
+                       "recorded (kvdiff validate rejects it too)", s->label,
+                       (long long)s->prompt_length, (long long)s->n_tokens);
     return 0;
 }
 
@@ -600,7 +616,8 @@ static int noise_floor(walker *w, kv_err *e)
 {
     const cmp_source *nz = w->o->noise;
     int64_t cut = -1;
-    if (check_models(w->ref, nz, "noise floor", w->o->force, w->r, e) < 0 ||
+    if (check_token_list(nz, e) < 0 ||
+        check_models(w->ref, nz, "noise floor", w->o->force, w->r, e) < 0 ||
         check_prompts(w->ref, nz, w->o->force, w->r, &cut, e) < 0)
         return -1;
     if (!nz->read || !w->ref->read)
@@ -1248,15 +1265,51 @@ static bool settle_by_digest(walker *w)
 /* ------------------------------------------------------------------ */
 /* Verdict and entry point                                              */
 
-static void set_verdict(cmp_result *r)
+/* "partial: interrupted by SIGTERM" of a side, or "partial" when it says nothing. */
+static const char *partial_words(const cmp_source *s)
+{
+    return s->status && !strncmp(s->status, "partial", 7) ? s->status : "partial";
+}
+
+/* A side that stopped early explains a shorter token list; a complete
+ * side that generated fewer tokens than the other does not. */
+static bool shorter_side_partial(const cmp_source *ref, const cmp_source *test)
+{
+    const cmp_source *shorter = ref->n_tokens < test->n_tokens ? ref : test;
+    return !shorter->complete;
+}
+
+static void set_incomplete(cmp_result *r, const cmp_source *ref, const cmp_source *test)
+{
+    if (ref->complete && test->complete)
+        return;
+    r->incomplete = true;
+    if (!ref->complete && !test->complete)
+        snprintf(r->incomplete_why, sizeof r->incomplete_why, "both partial (%s: %s; %s: %s)",
+                 ref->label, partial_words(ref), test->label, partial_words(test));
+    else
+        snprintf(r->incomplete_why, sizeof r->incomplete_why, "%s is %s",
+                 ref->complete ? test->label : ref->label,
+                 partial_words(ref->complete ? test : ref));
+}
+
+/* Diverged: a stage, a token, or the token count of two whole runs
+ * differs. Otherwise identical or within tolerance, and incomplete when a
+ * side is partial (the verdict covers only what both hold). */
+static void set_verdict(cmp_result *r, const cmp_source *ref, const cmp_source *test)
 {
     bool bitequal = true;
     for (int i = 0; i < r->n_stages; i++)
         bitequal &= r->stages[i].all.bitequal_rows == r->stages[i].all.rows;
-    if (r->first.found || r->tokens.kind == CMP_TOKENS_DIFFER)
+    const bool count_differs = r->tokens.kind == CMP_TOKENS_LENGTH &&
+                               !shorter_side_partial(ref, test);
+    if (r->first.found || r->tokens.kind == CMP_TOKENS_DIFFER || count_differs ||
+        r->tokens.self_pos[1] >= 0) {
         r->verdict = CMP_DIVERGED;
-    else
-        r->verdict = bitequal ? CMP_IDENTICAL : CMP_WITHIN_TOLERANCE;
+        return;
+    }
+    r->verdict = bitequal ? CMP_IDENTICAL : CMP_WITHIN_TOLERANCE;
+    set_incomplete(r, ref, test);
 }
 
 static void set_mode(cmp_result *r, const cmp_opts *o)
@@ -1317,7 +1370,42 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
                  "but no recorded stage does before it: record the logits and every stage)",
                  (long long)r->tokens.pos);
     }
-    set_verdict(r);
+    set_verdict(r, w->ref, w->test);
+    return 0;
+}
+
+static bool settled_by_hashes(const cmp_result *r)
+{
+    for (int i = 0; i < r->n_stages; i++)
+        if (r->stages[i].rows_by_hash > 0)
+            return true;
+    return false;
+}
+
+/* Rows settled by hashes are believed while a sample of the hashes holds
+ * (hashcheck.c); a stale one sends the compare through every row. */
+static int check_hashes(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
+                        cmp_result *r, kv_err *e)
+{
+    if (cmp_hash_audit(ref, test, r, e) < 0)
+        return -1;
+    if (!r->hashcheck.stale)
+        return 0;
+    const cmp_hash_check h = r->hashcheck;
+    cmp_opts every = *o;
+    every.no_hashes = true;
+    cmp_result_free(r);
+    if (cmp_compare(ref, test, &every, r, e) < 0)
+        return -1;
+    r->hashcheck = h;
+    char where[64];
+    if (h.layer >= 0)
+        snprintf(where, sizeof where, "layer %d", h.layer);
+    else
+        snprintf(where, sizeof where, "model level");
+    cmp_note(r, "%s: the row hash of %s, %s, position %lld is stale (the row was changed "
+             "after it was hashed): no hash was trusted, every row was compared",
+             h.file, stage_name(h.stage), where, (long long)h.pos);
     return 0;
 }
 
@@ -1335,7 +1423,8 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     const int B = o->block_rows <= 0 ? 64 : o->block_rows > 4096 ? 4096 : o->block_rows;
     walker w = {.ref = ref, .test = test, .o = o, .r = r, .B = B};
     r->n_layers_model = ref->cfg.n_layers;
-    if (check_models(ref, test, "model", o->force, r, e) < 0 ||
+    if (check_token_list(ref, e) < 0 || check_token_list(test, e) < 0 ||
+        check_models(ref, test, "model", o->force, r, e) < 0 ||
         check_prompts(ref, test, o->force, r, &w.pos_limit, e) < 0)
         return -1;
     r->compared.pos_cut = w.pos_limit;
@@ -1353,5 +1442,7 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     int rc = compare_run(&w, &c, e);
     walker_free(&w);
     pool_free(w.pool);
+    if (rc == 0 && !o->no_hashes && settled_by_hashes(r))
+        rc = check_hashes(ref, test, o, r, e);
     return rc;
 }

@@ -71,6 +71,8 @@ typedef struct cmp_source {
     int64_t prompt_length;
     const int32_t *tokens;       /* n_tokens ids, token at absolute position p */
     bool complete;               /* false: the run stopped early (partial dump) */
+    const char *status;          /* the recording's own words ("complete", "partial:
+                                  * interrupted by SIGTERM"); may be NULL */
 
     /* Which positions of (layer, stage) are recorded: first_pos and rows
      * (rows = 0 when absent) and floats per row (ignored for fingerprint-
@@ -359,6 +361,12 @@ typedef struct {
     double ref_margin, test_margin;  /* top-1 minus top-2 logit at pos - 1; NaN unknown */
     bool near_tie;               /* both margins known and small (< 0.05 * max(1, |top-1|)
                                   * or < 1e-3): a flip a rounding difference can cause */
+    /* A greedy run (settings "temperature": 0) whose token at p + 1 is not
+     * the top-1 of its own /output at p (a tie at the top excepted): the
+     * recording contradicts itself. First such p of each side, -1 none or
+     * not checkable (not greedy, no /output); the id chosen and the top-1. */
+    int64_t self_pos[2];         /* [0] reference, [1] test */
+    int32_t self_token[2], self_top1[2];
 } cmp_tokens;
 
 /* softmax(ref) vs softmax(test) over the compared positions. */
@@ -385,6 +393,19 @@ typedef struct {
     int64_t walked_to;           /* last position the walk read */
     bool by_index;               /* settled by both sides' digests (row hash indexes) */
 } cmp_coverage;
+
+/* Row hashes found true or stale (hashcheck.c): after a walk that let
+ * hashes settle rows, a fixed fraction of every such stage's rows and
+ * every row near the divergence are read and hashed again. */
+typedef struct {
+    int64_t rows_checked;        /* rows read and hashed again, both sides together */
+    bool stale;                  /* a row differs from its recorded hash: every row
+                                  * was then read (the walk ran as --no-hashes) */
+    char file[256];              /* the recording holding it */
+    int layer;                   /* -1 model level */
+    kv_stage stage;
+    int64_t pos;
+} cmp_hash_check;
 
 #define CMP_MAX_NOTES 16
 
@@ -414,6 +435,13 @@ typedef struct {
     int n_stages;
     char notes[CMP_MAX_NOTES][256];  /* refusals overridden, partial overlap, ... */
     int n_notes;
+    /* The verdict holds over what both recordings hold, not over whole runs:
+     * a side is partial (its run stopped early) and no divergence was found.
+     * Then `identical` and `within_tolerance` vouch for less than they say,
+     * and the exit code is 2 (docs/diagnosis.md, "Exit codes"). */
+    bool incomplete;
+    char incomplete_why[256];
+    cmp_hash_check hashcheck;
 } cmp_result;
 
 /* Compares test against ref. Returns 0 with *r filled (the verdict says
@@ -429,7 +457,9 @@ void cmp_result_free(cmp_result *r);   /* accepts NULL; leaves *r zeroed */
 const cmp_stage_result *cmp_result_stage(const cmp_result *r, int layer, kv_stage st);
 
 /* h5diff-like exit code for the CLI: 0 same (identical or within
- * tolerance), 1 diverged, 2 error (rc < 0 from cmp_compare). */
+ * tolerance, over whole runs), 1 diverged (a stage, a token or the token
+ * count differs), 2 error (rc < 0 from cmp_compare) or incomplete (no
+ * divergence over what both hold, but a side is partial). */
 int cmp_exit_code(int rc, const cmp_result *r);
 
 const char *cmp_verdict_name(cmp_verdict v);     /* "identical", "within_tolerance", "diverged" */

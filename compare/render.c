@@ -45,9 +45,9 @@ static void tokens_phrase(FILE *f, const cmp_tokens *t)
         fprintf(f, "tokens byte-identical");
         break;
     case CMP_TOKENS_LENGTH:
-        fprintf(f, "tokens identical over the common %lld (reference %lld, test %lld)",
-                (long long)(t->n_ref < t->n_test ? t->n_ref : t->n_test), (long long)t->n_ref,
-                (long long)t->n_test);
+        fprintf(f, "token counts differ (reference %lld, test %lld), identical over the common "
+                "%lld", (long long)t->n_ref, (long long)t->n_test,
+                (long long)(t->n_ref < t->n_test ? t->n_ref : t->n_test));
         break;
     case CMP_TOKENS_NONE:
         fprintf(f, "tokens not recorded");
@@ -56,6 +56,19 @@ static void tokens_phrase(FILE *f, const cmp_tokens *t)
         fprintf(f, "tokens differ at position %lld", (long long)t->pos);
         break;
     }
+}
+
+/* A greedy run whose token is not its own top-1: say it under TOKENS. */
+static void self_lines(FILE *f, const cmp_tokens *t)
+{
+    static const char *const side[2] = {"reference", "test"};
+    for (int s = 0; s < 2; s++)
+        if (t->self_pos[s] >= 0)
+            fprintf(f, "           the %s contradicts itself: greedy, its token at position "
+                    "%lld is %d but its own top-1 at %lld is %d (a sampler that is not greedy, "
+                    "or logits recorded for another position)\n", side[s],
+                    (long long)t->self_pos[s] + 1, t->self_token[s], (long long)t->self_pos[s],
+                    t->self_top1[s]);
 }
 
 static void tolerance_phrase(FILE *f, const cmp_result *r)
@@ -67,10 +80,19 @@ static void tolerance_phrase(FILE *f, const cmp_result *r)
         fprintf(f, ", noise floor x%g", r->noise_factor);
 }
 
+/* A verdict over part of the runs says so first, and why. */
+static void incomplete_line(FILE *f, const cmp_result *r)
+{
+    if (r->incomplete)
+        fprintf(f, "INCOMPLETE: no divergence over what both hold, but %s; a verdict on the "
+                "whole runs needs complete dumps (exit 2)\n", r->incomplete_why);
+}
+
 static void same_report(FILE *f, const cmp_result *r)
 {
+    incomplete_line(f, r);
     if (r->verdict == CMP_IDENTICAL) {
-        fprintf(f, "identical: ");
+        fprintf(f, "%s: ", r->incomplete ? "identical over what both hold" : "identical");
         coverage_line(f, r);
         fprintf(f, ", ");
         tokens_phrase(f, &r->tokens);
@@ -81,11 +103,13 @@ static void same_report(FILE *f, const cmp_result *r)
             hashed += r->stages[i].rows_by_hash;
         }
         if (r->compared.by_index)
-            fprintf(f, "  settled by the row hash indexes of both files (--no-hashes compares "
-                       "every row itself)\n");
+            fprintf(f, "  settled by the row hash indexes of both files");
         else if (hashed > 0)
-            fprintf(f, "  %lld of %lld rows settled by their hashes (--no-hashes compares every "
-                       "row itself)\n", (long long)hashed, (long long)rows);
+            fprintf(f, "  %lld of %lld rows settled by their hashes", (long long)hashed,
+                    (long long)rows);
+        if (hashed > 0)
+            fprintf(f, "; a sample of %lld rows hashed again matched (--no-hashes compares "
+                    "every row itself)\n", (long long)r->hashcheck.rows_checked);
         return;
     }
     int64_t rows = 0, eq = 0;
@@ -99,7 +123,7 @@ static void same_report(FILE *f, const cmp_result *r)
         agg.max_rel = fmax(agg.max_rel, s->max_rel);
         agg.max_ulp = s->max_ulp > agg.max_ulp ? s->max_ulp : agg.max_ulp;
     }
-    fprintf(f, "same within tolerance (");
+    fprintf(f, "same within tolerance%s (", r->incomplete ? " over what both hold" : "");
     tolerance_phrase(f, r);
     fprintf(f, "): ");
     coverage_line(f, r);
@@ -246,7 +270,7 @@ static void margin(FILE *f, double m)
         fprintf(f, "margin n/a");
 }
 
-static void tokens_block(FILE *f, const cmp_result *r)
+static void tokens_block_head(FILE *f, const cmp_result *r)
 {
     const cmp_tokens *t = &r->tokens;
     fprintf(f, "TOKENS     ");
@@ -267,6 +291,12 @@ static void tokens_block(FILE *f, const cmp_result *r)
     fprintf(f, ")\n");
     if (t->near_tie)
         fprintf(f, "           a near tie in both runs: a flip rounding alone can cause\n");
+}
+
+static void tokens_block(FILE *f, const cmp_result *r)
+{
+    tokens_block_head(f, r);
+    self_lines(f, &r->tokens);
 }
 
 static void point_block(FILE *f, const char *title, const cmp_divergence *d,
@@ -297,7 +327,16 @@ static void diverged_report(FILE *f, const cmp_result *r)
     fprintf(f, "compared: ");
     coverage_line(f, r);
     fprintf(f, ", %s\n", r->exact ? "exact" : "with tolerance");
-    if (!d->found) {
+    if (!d->found && r->tokens.self_pos[1] >= 0 && r->tokens.kind != CMP_TOKENS_DIFFER) {
+        fprintf(f, "DIVERGED  the test's greedy tokens contradict its own recorded top-k "
+                "(below); no recorded stage differs over positions %lld..%lld\n",
+                (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
+    } else if (!d->found && r->tokens.kind == CMP_TOKENS_LENGTH) {
+        fprintf(f, "DIVERGED  the runs generated different numbers of tokens (reference "
+                "%lld, test %lld); no recorded stage differs over positions %lld..%lld\n",
+                (long long)r->tokens.n_ref, (long long)r->tokens.n_test,
+                (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
+    } else if (!d->found) {
         fprintf(f, "FIRST DIVERGENCE  none in the recorded stages (positions %lld..%lld)\n",
                 (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
     } else {
@@ -337,6 +376,8 @@ char *cmp_render_text(const cmp_result *r, unsigned flags)
         diverged_report(f, r);
     else
         same_report(f, r);
+    if (r->verdict != CMP_DIVERGED)
+        self_lines(f, &r->tokens);
     if (r->logits.present && r->verdict == CMP_DIVERGED)
         fprintf(f, "LOGITS     KL(ref || test) mean %.3g, max %.3g at position %lld%s; top-1 "
                 "agrees at %lld of %lld positions\n", r->logits.kl_mean, r->logits.kl_max,
@@ -467,11 +508,19 @@ static json_t *jevidence(const cmp_divergence *d, const cmp_evidence *ev)
     return j;
 }
 
+static json_t *jself(const cmp_tokens *t, int side)
+{
+    if (t->self_pos[side] < 0)
+        return json_null();
+    return json_pack("{sI si si}", "position", (json_int_t)t->self_pos[side], "token",
+                     t->self_token[side], "top1", t->self_top1[side]);
+}
+
 static json_t *jtokens(const cmp_tokens *t)
 {
     static const char *const kinds[] = {"none", "identical", "differ", "length_differs"};
     const bool d = t->kind == CMP_TOKENS_DIFFER;
-    return json_pack("{ss sI sI sI so so so so so so sb}", "verdict", kinds[t->kind], "n_ref",
+    json_t *j = json_pack("{ss sI sI sI so so so so so so sb}", "verdict", kinds[t->kind], "n_ref",
                      (json_int_t)t->n_ref, "n_test", (json_int_t)t->n_test, "prompt_length",
                      (json_int_t)t->prompt_length, "position",
                      t->pos >= 0 ? json_integer(t->pos) : json_null(), "step",
@@ -480,6 +529,10 @@ static json_t *jtokens(const cmp_tokens *t)
                      d ? json_integer(t->test_id) : json_null(), "ref_margin",
                      d ? jopt(t->ref_margin) : json_null(), "test_margin",
                      d ? jopt(t->test_margin) : json_null(), "near_tie", t->near_tie);
+    if (j)
+        json_object_set_new(j, "contradicts_own_topk",
+                            json_pack("{so so}", "reference", jself(t, 0), "test", jself(t, 1)));
+    return j;
 }
 
 static json_t *jlogits(const cmp_logit_stats *l)
@@ -531,6 +584,19 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
                           "evidence", jevidence(&r->first, &r->ev), "beyond_drift", beyond,
                           "diagnosis", diag, "tokens", jtokens(&r->tokens), "logits",
                           jlogits(&r->logits), "notes", notes);
+    if (j) {
+        json_object_set_new(j, "incomplete", json_boolean(r->incomplete));
+        json_object_set_new(j, "incomplete_why", r->incomplete ? json_string(r->incomplete_why)
+                                                                : json_null());
+        const cmp_hash_check *h = &r->hashcheck;
+        json_object_set_new(
+            j, "hash_check",
+            json_pack("{sI so}", "rows_checked", (json_int_t)h->rows_checked, "stale",
+                      h->stale ? json_pack("{ss si ss sI}", "file", h->file, "layer", h->layer,
+                                           "stage", stage_name(h->stage), "position",
+                                           (json_int_t)h->pos)
+                               : json_null()));
+    }
     if (j && (flags & CMP_RENDER_STAGES))
         json_object_set_new(j, "stages", jstages(r));
     return j;

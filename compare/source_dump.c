@@ -194,6 +194,7 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->prompt_length = dump_prompt_length(d->f);
     out->tokens = d->tokens;
     out->complete = dump_is_complete(d->f);
+    out->status = dump_attr(d->f, "status");
     out->info = ds_info;
     out->read = dump_is_fingerprint(d->f) ? NULL : ds_read;
     out->prepare_parallel = out->read ? ds_prepare_parallel : NULL;

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cmp_internal.h"
 
 /* Margins below this (in logits) make a flip plausible from rounding alone. */
@@ -63,6 +65,59 @@ double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc)
     return m;
 }
 
+/* A run that says it decoded greedily: its settings give temperature 0. */
+static bool greedy(const cmp_source *s)
+{
+    json_error_t je;
+    json_t *j = s->settings_json ? json_loads(s->settings_json, 0, &je) : NULL;
+    json_t *t = j ? json_object_get(j, "temperature") : NULL;
+    const bool g = json_is_number(t) && json_number_value(t) == 0;
+    json_decref(j);
+    return g;
+}
+
+#define SELF_BLOCK 64
+
+/* The first p whose top-1 in /output is not the token at p + 1 (greedy
+ * runs only; a token tied with the top-1 is no contradiction). */
+static int self_check(const cmp_source *s, int64_t *at, int32_t *token, int32_t *top1,
+                      kv_err *e)
+{
+    int64_t first = 0, rows = 0;
+    int k = 0;
+    *at = -1;
+    if (!greedy(s) || !s->tokens || !s->output_info || !s->output ||
+        s->output_info(s->ctx, &first, &rows, &k) != 0 || rows <= 0 || k < 1)
+        return 0;
+    int64_t lo = s->prompt_length - 1 > first ? s->prompt_length - 1 : first;
+    const int64_t hi = first + rows - 1 < s->n_tokens - 2 ? first + rows - 1 : s->n_tokens - 2;
+    float lse[SELF_BLOCK], *vals = malloc((size_t)SELF_BLOCK * (size_t)k * sizeof *vals);
+    int32_t *ids = malloc((size_t)SELF_BLOCK * (size_t)k * sizeof *ids);
+    int rc = (!vals || !ids) ? kv_errf(e, "compare: out of memory reading %s's /output",
+                                       s->label) : 0;
+    for (int64_t q = lo < 0 ? 0 : lo; rc == 0 && *at < 0 && q <= hi; q += SELF_BLOCK) {
+        const int64_t n = hi - q + 1 < SELF_BLOCK ? hi - q + 1 : SELF_BLOCK;
+        if ((rc = s->output(s->ctx, q, n, lse, ids, vals, e)) < 0)
+            break;
+        for (int64_t r = 0; r < n && *at < 0; r++) {
+            const int32_t *ir = ids + r * k;
+            const float *vr = vals + r * k;
+            const int32_t tok = s->tokens[q + r + 1];
+            bool tied = false;
+            for (int i = 0; i < k && vr[i] == vr[0]; i++)
+                tied |= ir[i] == tok;
+            if (!tied) {
+                *at = q + r;
+                *token = tok;
+                *top1 = ir[0];
+            }
+        }
+    }
+    free(vals);
+    free(ids);
+    return rc < 0 ? -1 : 0;
+}
+
 int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
 {
     cmp_tokens *t = &c->r->tokens;
@@ -73,6 +128,9 @@ int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
     t->prompt_length = a->prompt_length;
     t->pos = t->step = -1;
     t->ref_margin = t->test_margin = NAN;
+    if (self_check(a, &t->self_pos[0], &t->self_token[0], &t->self_top1[0], e) < 0 ||
+        self_check(b, &t->self_pos[1], &t->self_token[1], &t->self_top1[1], e) < 0)
+        return -1;
     if (a->n_tokens <= 0 || b->n_tokens <= 0 || !a->tokens || !b->tokens) {
         t->kind = CMP_TOKENS_NONE;
         return 0;

@@ -148,7 +148,8 @@ static void tokens(const rep_ctx *c, FILE *f)
                 (long long)t->prompt_length);
         break;
     case CMP_TOKENS_LENGTH:
-        fprintf(f, "Identical over the common prefix; reference %lld tokens, test %lld.",
+        fprintf(f, "The token counts differ: reference %lld tokens, test %lld; identical "
+                "over the common prefix.",
                 (long long)t->n_ref, (long long)t->n_test);
         break;
     case CMP_TOKENS_NONE:

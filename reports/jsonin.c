@@ -323,6 +323,35 @@ static void read_diag(jr *c, json_t *root, cmp_result *r)
     copy(g->evidence, sizeof g->evidence, string(c, d, "diagnosis", "evidence"));
 }
 
+/* "contradicts_own_topk" is optional (results saved before it have none). */
+static void read_self(jr *c, json_t *t, cmp_tokens *o)
+{
+    static const char *const side[2] = {"reference", "test"};
+    json_t *s = json_object_get(t, "contradicts_own_topk");
+    o->self_pos[0] = o->self_pos[1] = -1;
+    if (!s)
+        return;
+    if (!json_is_object(s)) {
+        bad(c, "tokens", "contradicts_own_topk", "is not an object");
+        return;
+    }
+    for (int i = 0; i < 2; i++) {
+        json_t *x = json_object_get(s, side[i]);
+        if (!x || json_is_null(x))
+            continue;
+        if (!json_is_object(x)) {
+            bad(c, "tokens.contradicts_own_topk", side[i], "is not an object or null");
+            return;
+        }
+        o->self_pos[i] = integer(c, x, "tokens.contradicts_own_topk", "position", 0,
+                                 INT64_MAX, INT64_MIN);
+        o->self_token[i] = (int32_t)integer(c, x, "tokens.contradicts_own_topk", "token", 0,
+                                            INT32_MAX, INT64_MIN);
+        o->self_top1[i] = (int32_t)integer(c, x, "tokens.contradicts_own_topk", "top1", 0,
+                                           INT32_MAX, INT64_MIN);
+    }
+}
+
 static void read_tokens(jr *c, json_t *root, cmp_result *r)
 {
     static const char *const kinds[] = {"none", "identical", "differ", "length_differs"};
@@ -348,6 +377,7 @@ static void read_tokens(jr *c, json_t *root, cmp_result *r)
     o->ref_margin = num(c, t, "tokens", "ref_margin", true);
     o->test_margin = num(c, t, "tokens", "test_margin", true);
     o->near_tie = boolean(c, t, "tokens", "near_tie");
+    read_self(c, t, o);
 }
 
 static void read_logits(jr *c, json_t *root, cmp_result *r)
@@ -385,6 +415,41 @@ static void read_notes(jr *c, json_t *root, cmp_result *r)
         if (r->n_notes < CMP_MAX_NOTES)
             copy(r->notes[r->n_notes++], sizeof r->notes[0], json_string_value(v));
     }
+}
+
+/* "incomplete" is optional: results saved before it existed are whole. */
+static void read_incomplete(jr *c, json_t *root, cmp_result *r)
+{
+    if (!json_object_get(root, "incomplete"))
+        return;
+    r->incomplete = boolean(c, root, "", "incomplete");
+    json_t *why = json_object_get(root, "incomplete_why");
+    if (r->incomplete && !json_is_string(why))
+        bad(c, "", "incomplete_why", "is not a string although incomplete is true");
+    else if (r->incomplete)
+        copy(r->incomplete_why, sizeof r->incomplete_why, json_string_value(why));
+}
+
+/* "hash_check" is optional (results saved before it have none). */
+static void read_hash_check(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *h = json_object_get(root, "hash_check");
+    if (!h)
+        return;
+    if (!json_is_object(h)) {
+        bad(c, "", "hash_check", "is not an object");
+        return;
+    }
+    cmp_hash_check *o = &r->hashcheck;
+    o->rows_checked = integer(c, h, "hash_check", "rows_checked", 0, INT64_MAX, INT64_MIN);
+    json_t *st = object(c, h, "hash_check", "stale", true);
+    if (!st)
+        return;
+    o->stale = true;
+    copy(o->file, sizeof o->file, string(c, st, "hash_check.stale", "file"));
+    o->layer = (int)integer(c, st, "hash_check.stale", "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+    o->stage = stage_of(c, st, "hash_check.stale", "stage");
+    o->pos = integer(c, st, "hash_check.stale", "position", 0, INT64_MAX, INT64_MIN);
 }
 
 /* The JSON gives cosine and NMSE, not the sums behind them: these sums
@@ -528,6 +593,10 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
         read_logits(&c, root, r);
     if (!c.failed)
         read_notes(&c, root, r);
+    if (!c.failed)
+        read_incomplete(&c, root, r);
+    if (!c.failed)
+        read_hash_check(&c, root, r);
     if (!c.failed)
         read_stages(&c, root, j);
     /* "inputs" is optional: results saved before it existed have none */

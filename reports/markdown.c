@@ -49,7 +49,8 @@ static void tokens(const rep_ctx *c, FILE *f)
         fprintf(f, "byte-identical (%lld tokens)", (long long)t->n_ref);
         break;
     case CMP_TOKENS_LENGTH:
-        fprintf(f, "identical over the common prefix (reference %lld, test %lld)",
+        fprintf(f, "token counts differ (reference %lld, test %lld), identical over the "
+                "common prefix",
                 (long long)t->n_ref, (long long)t->n_test);
         break;
     case CMP_TOKENS_NONE:

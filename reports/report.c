@@ -38,9 +38,11 @@ void report_verdict_line(const cmp_result *r, char *buf, size_t n)
         if (t->kind == CMP_TOKENS_DIFFER)
             snprintf(buf, n, "diverged: no recorded stage differs, but the tokens differ at "
                      "position %lld", (long long)t->pos);
+        else if (t->kind == CMP_TOKENS_LENGTH)
+            snprintf(buf, n, "diverged: no recorded stage differs, but the token counts do "
+                     "(reference %lld, test %lld)", (long long)t->n_ref, (long long)t->n_test);
         else
-            snprintf(buf, n, "diverged: no recorded stage differs (%s)",
-                     t->kind == CMP_TOKENS_LENGTH ? "the token counts differ" : "see below");
+            snprintf(buf, n, "diverged: no recorded stage differs (see below)");
         return;
     }
     char where[64];

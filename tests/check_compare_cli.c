@@ -306,15 +306,18 @@ START_TEST(test_compare_index)
 END_TEST
 
 /* A dump cut short by a full disk (test_record_cut_short): what it holds
- * is compared and the output says it is partial. */
+ * is compared and the output says it is partial; no divergence over part
+ * of a run is not a pass (exit 2). */
 START_TEST(test_compare_partial)
 {
     char dir[64], args[768];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     ck_assert_int_eq(test_record_cut_short(dir), 0);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s/part.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    ck_assert_msg(strstr(out, "identical: 6 layers x 64 positions"), "%s", out);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "identical over what both hold: 6 layers x 64 positions"), "%s",
+                  out);
+    ck_assert_msg(strstr(out, "INCOMPLETE: no divergence over what both hold, but "), "%s", out);
     ck_assert_msg(strstr(out, "part.h5 is partial"), "%s", out);
     ck_assert_msg(strstr(out, "compared the overlap only"), "%s", out);
     test_rmtree(dir);
@@ -342,6 +345,211 @@ START_TEST(test_compare_selections)
 }
 END_TEST
 
+/* Sets a scalar attribute of obj in path: a string (text) or an int64. */
+static void set_attr(const char *path, const char *obj, const char *name, const char *text,
+                     int64_t value)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t o = H5Oopen(f, obj, H5P_DEFAULT);
+    ck_assert_int_ge(o, 0);
+    if (H5Aexists(o, name) > 0)
+        ck_assert_int_ge(H5Adelete(o, name), 0);
+    hid_t sp = H5Screate(H5S_SCALAR), t = text ? H5Tcopy(H5T_C_S1) : H5Tcopy(H5T_STD_I64LE);
+    if (text)
+        H5Tset_size(t, strlen(text) + 1);
+    hid_t a = H5Acreate2(o, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(a, 0);
+    ck_assert_int_ge(text ? H5Awrite(a, t, text) : H5Awrite(a, H5T_NATIVE_INT64, &value), 0);
+    H5Aclose(a);
+    H5Tclose(t);
+    H5Sclose(sp);
+    H5Oclose(o);
+    H5Fclose(f);
+}
+
+static json_t *compare_json(const char *dir, const char *a, const char *b, int want)
+{
+    char args[512];
+    snprintf(args, sizeof args, "compare --json %s/%s %s/%s", dir, a, dir, b);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == want, "%s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_msg(j != NULL, "%s", out);
+    ck_assert_int_eq(json_integer_value(json_object_get(j, "exit_code")), want);
+    return j;
+}
+
+/* Runs of different lengths are not identical, whichever is longer: text,
+ * JSON and the report agree (exit 1). */
+START_TEST(test_compare_token_count_differs)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 40 --seed 4 "
+             "--max-new 4 --ignore-eos --dump %s/short.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    for (int k = 0; k < 2; k++) {
+        snprintf(args, sizeof args, "compare %s/%s %s/%s", dir, k ? "short.h5" : "ref.h5", dir,
+                 k ? "ref.h5" : "short.h5");
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+        ck_assert_msg(strstr(out, "the runs generated different numbers of tokens"), "%s", out);
+        ck_assert_msg(!strstr(out, "identical:"), "%s", out);
+    }
+    json_t *j = compare_json(dir, "ref.h5", "short.h5", 1);
+    ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")), "diverged");
+    ck_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "tokens"), "verdict")),
+                     "length_differs");
+    json_decref(j);
+    snprintf(args, sizeof args, "report %s/ref.h5 %s/short.h5 -o %s/rep", dir, dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "token counts do (reference 56, test 44)"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A prompt_length larger than the tokens recorded: validate rejects the
+ * file, and so does compare (exit 2, naming it). */
+START_TEST(test_compare_tokens_shorter_than_prompt)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "");
+    /* both sides alike, so no prompt mismatch refuses the pair first */
+    snprintf(path, sizeof path, "%s/ref.h5", dir);
+    set_attr(path, "/tokens", "prompt_length", NULL, 60);
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    set_attr(path, "/tokens", "prompt_length", NULL, 60);
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "ref.h5: /tokens: prompt_length 60 is larger than the 56 tokens"),
+                  "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Two partial dumps with nothing between them: identical over what both
+ * hold, said so, and exit 2 (a gate must not pass on part of a run); a
+ * divergence in what they hold is still exit 1. */
+START_TEST(test_compare_both_partial)
+{
+    char dir[64], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "a.h5", "");
+    record(dir, "b.h5", "--engine chunked --chunk 5");
+    record(dir, "bad.h5", "--engine chunked --chunk 5 --inject window=4");
+    snprintf(path, sizeof path, "%s/a.h5", dir);
+    set_attr(path, "/", "status", "partial: interrupted by SIGTERM", 0);
+    snprintf(path, sizeof path, "%s/b.h5", dir);
+    set_attr(path, "/", "status", "partial: running", 0);
+    snprintf(path, sizeof path, "%s/bad.h5", dir);
+    set_attr(path, "/", "status", "partial: running", 0);
+    char args[512];
+    snprintf(args, sizeof args, "compare %s/a.h5 %s/b.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "identical over what both hold: ") &&
+                      strstr(out, "both partial (") &&
+                      strstr(out, "a.h5: partial: interrupted by SIGTERM; ") &&
+                      strstr(out, "b.h5: partial: running)"), "%s", out);
+    json_t *j = compare_json(dir, "a.h5", "b.h5", 2);
+    ck_assert(json_is_true(json_object_get(j, "incomplete")));
+    ck_assert_str_eq(json_string_value(json_object_get(j, "verdict")), "identical");
+    json_decref(j);
+    snprintf(args, sizeof args, "compare %s/a.h5 %s/bad.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Rows changed behind their hashes are caught without --no-hashes: a
+ * stage edited throughout (the sample reads part of every stage), and one
+ * row just before a divergence (read whole), each with a NaN or a value;
+ * the compare then reads every row and finds the first divergence there. */
+START_TEST(test_compare_hash_sample)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "--engine chunked --chunk 5");
+    record(dir, "bad.h5", "--engine chunked --chunk 5 --inject window=4");
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    for (hsize_t p = 0; p < 55; p++)
+        poke(path, "/layers/2/k", p, 3, p == 20 ? NAN : 1.5f, false);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 0, layer 2"), "%s", out);
+    ck_assert_msg(strstr(out, "t.h5: the row hash of k, layer 2, position ") &&
+                      strstr(out, "is stale"), "%s", out);
+    json_t *j = compare_json(dir, "ref.h5", "t.h5", 1);
+    json_t *st = json_object_get(json_object_get(j, "hash_check"), "stale");
+    ck_assert_str_eq(json_string_value(json_object_get(st, "stage")), "k");
+    json_decref(j);
+    /* window=4 first diverges at position 4 (attn_lse of layer 0); a stale
+     * q row of the reference at position 3 is the earlier divergence */
+    snprintf(path, sizeof path, "%s/ref.h5", dir);
+    poke(path, "/layers/0/q", 3, 5, 2.0f, false);
+    snprintf(args, sizeof args, "compare %s %s/bad.h5", path, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "FIRST DIVERGENCE  position 3, layer 0 (sliding, window 12), "
+                              "stage q"), "%s", out);
+    ck_assert_msg(strstr(out, "the row hash of q, layer 0, position 3 is stale"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Greedy runs whose token is not their own top-1: the test contradicting
+ * itself is a divergence; the reference doing so is said. */
+static void swap_top2(const char *path, hsize_t row)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, "/output/topk_ids", H5P_DEFAULT);
+    ck_assert(f >= 0 && d >= 0);
+    hid_t fs = H5Dget_space(d);
+    hsize_t dims[2];
+    H5Sget_simple_extent_dims(fs, dims, NULL);
+    int32_t ids[64];
+    ck_assert(dims[1] >= 2 && dims[1] <= 64);
+    hsize_t start[2] = {row, 0}, count[2] = {1, dims[1]};
+    H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+    hid_t ms = H5Screate_simple(2, count, NULL);
+    ck_assert_int_ge(H5Dread(d, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, ids), 0);
+    int32_t t = ids[0];
+    ids[0] = ids[1];
+    ids[1] = t;
+    ck_assert_int_ge(H5Dwrite(d, H5T_NATIVE_INT32, ms, fs, H5P_DEFAULT, ids), 0);
+    H5Sclose(ms);
+    H5Sclose(fs);
+    H5Dclose(d);
+    H5Fclose(f);
+}
+
+START_TEST(test_compare_greedy_contradiction)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "--engine chunked --chunk 5");
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    swap_top2(path, 6);   /* /output starts at the last prompt position, 39 */
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "the test contradicts itself: greedy, its token at position 46 "),
+                  "%s", out);
+    json_t *j = compare_json(dir, "ref.h5", "t.h5", 1);
+    json_t *c = json_object_get(json_object_get(json_object_get(j, "tokens"),
+                                                "contradicts_own_topk"), "test");
+    ck_assert_int_eq(json_integer_value(json_object_get(c, "position")), 45);
+    json_decref(j);
+    snprintf(args, sizeof args, "compare %s %s/ref.h5", path, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "the reference contradicts itself"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *compare_cli_suite(void)
 {
     Suite *s = suite_create("compare_cli");
@@ -351,6 +559,11 @@ Suite *compare_cli_suite(void)
     tcase_add_loop_test(tc, test_compare_nonfinite, 0, 2);
     tcase_add_test(tc, test_compare_partial);
     tcase_add_test(tc, test_compare_stale_hash);
+    tcase_add_test(tc, test_compare_token_count_differs);
+    tcase_add_test(tc, test_compare_tokens_shorter_than_prompt);
+    tcase_add_test(tc, test_compare_both_partial);
+    tcase_add_test(tc, test_compare_hash_sample);
+    tcase_add_test(tc, test_compare_greedy_contradiction);
     tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
     suite_add_tcase(s, tc);
