@@ -387,19 +387,57 @@ static void layer_list(const uint8_t *layers, int L, char *buf, size_t n)
         snprintf(buf, n, "none");
 }
 
-static int layer_stage_count(const holding *h)
+/* Names of the stages h holds and the overlap does not, comma-separated. */
+static void stages_beyond(const holding *h, const holding *common, char *buf, size_t n)
 {
-    int n = 0;
-    for (int s = 0; s < STAGE_LAYER_COUNT; s++)
-        n += h->stages[s];
-    return n;
+    size_t used = 0;
+    buf[0] = 0;
+    for (int s = 0; s < STAGE_COUNT && used < n; s++)
+        if (h->stages[s] && !common->stages[s]) {
+            int w = snprintf(buf + used, n - used, "%s%s", used ? ", " : "",
+                             stage_name((kv_stage)s));
+            used += w > 0 ? (size_t)w : 0;
+        }
+}
+
+/* Appends "; " and the formatted text to buf (bounded). */
+static void add_part(char *buf, size_t n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void add_part(char *buf, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used && used + 2 < n) {
+        strcat(buf, "; ");
+        used += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+/* Says what one side holds that the compared overlap leaves out: stages
+ * (model-level ones such as embed included), layers, positions. Only what
+ * differs is named. */
+static void describe_side(char *buf, size_t n, const holding *h, const holding *hc, int L,
+                          const char *label)
+{
+    char list[256];
+    stages_beyond(h, hc, list, sizeof list);
+    if (list[0])
+        add_part(buf, n, "%s alone holds %s", label, list);
+    if (memcmp(h->layers + 1, hc->layers + 1, sizeof h->layers - 1)) {
+        layer_list(h->layers, L, list, sizeof list);
+        add_part(buf, n, "%s holds layers %s", label, list);
+    }
+    if (h->lo != hc->lo || h->hi != hc->hi)
+        add_part(buf, n, "%s holds positions %lld..%lld", label, (long long)h->lo,
+                 (long long)h->hi);
 }
 
 static void describe_overlap(cmp_result *r, const holding *hr, const holding *ht,
                              const holding *hc, int L, const char *rl, const char *tl)
 {
-    char a[160], b[160], c[160];
-    const int nr = layer_stage_count(hr), nt = layer_stage_count(ht), nc = layer_stage_count(hc);
     bool layers_differ = memcmp(hr->layers, hc->layers, sizeof hr->layers) ||
                          memcmp(ht->layers, hc->layers, sizeof ht->layers);
     bool pos_differ = hr->lo != hc->lo || hr->hi != hc->hi || ht->lo != hc->lo ||
@@ -409,13 +447,12 @@ static void describe_overlap(cmp_result *r, const holding *hr, const holding *ht
     r->compared.partial = layers_differ || pos_differ || stages_differ;
     if (!r->compared.partial)
         return;
+    char what[224] = "", c[96];
+    describe_side(what, sizeof what, hr, hc, L, rl);
+    describe_side(what, sizeof what, ht, hc, L, tl);
     layer_list(hc->layers, L, c, sizeof c);
-    layer_list(hr->layers, L, a, sizeof a);
-    layer_list(ht->layers, L, b, sizeof b);
-    cmp_note(r, "compared the overlap only: layers %s (%s: %s, %s: %s); positions %lld..%lld "
-             "(%s: %lld..%lld, %s: %lld..%lld); %d layer stages (%s: %d, %s: %d)", c, rl, a, tl,
-             b, (long long)hc->lo, (long long)hc->hi, rl, (long long)hr->lo, (long long)hr->hi,
-             tl, (long long)ht->lo, (long long)ht->hi, nc, rl, nr, tl, nt);
+    cmp_note(r, "compared the overlap only (layers %s, positions %lld..%lld): %s", c,
+             (long long)hc->lo, (long long)hc->hi, what);
 }
 
 /* Adds (layer, stage) over positions lo..hi to the compared set; refuses

@@ -500,6 +500,28 @@ START_TEST(test_compare_hash_sample)
 }
 END_TEST
 
+/* A stage one side lacks (a model-level one too) is named in the note on
+ * the overlap, with the exit code of what both hold. */
+START_TEST(test_compare_missing_stage_named)
+{
+    char dir[64], args[512], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5", "");
+    record(dir, "t.h5", "--engine chunked --chunk 5");
+    snprintf(path, sizeof path, "%s/t.h5", dir);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0 && H5Ldelete(f, "/model/embed", H5P_DEFAULT) >= 0);
+    H5Ldelete(f, "/model/embed.hash", H5P_DEFAULT);
+    H5Ldelete(f, "/model/embed.stats", H5P_DEFAULT);
+    H5Fclose(f);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "compared the overlap only (layers 0-5, positions 0..54): ") &&
+                      strstr(out, "ref.h5 alone holds embed"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Greedy runs whose token is not their own top-1: the test contradicting
  * itself is a divergence; the reference doing so is said. */
 static void swap_top2(const char *path, hsize_t row)
@@ -564,6 +586,7 @@ Suite *compare_cli_suite(void)
     tcase_add_test(tc, test_compare_both_partial);
     tcase_add_test(tc, test_compare_hash_sample);
     tcase_add_test(tc, test_compare_greedy_contradiction);
+    tcase_add_test(tc, test_compare_missing_stage_named);
     tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
     suite_add_tcase(s, tc);
