@@ -235,6 +235,9 @@ static void cand_build(chk_engine *c, int layer, int64_t s, int64_t hi, cand_lis
             cand_add(cl, j, j < hi, slot_row(b->read_k, j, st), slot_row(b->read_v, j, st));
     } else if (c->o.cache == CACHE_SPLIT) {
         int64_t lim = c->prefill_len + (c->o.inj.on[INJ_SPLIT_MASK_OFF_BY_ONE] ? 1 : 0);
+        /* The bug: decode builds its key list from the decode cache alone. */
+        if (c->o.inj.on[INJ_SPLIT_DECODE_BLIND] && in_decode(c, s))
+            lim = 0;
         for (int j = 0; j < b->nslots; j++)
             cand_add(cl, j, j < lim, slot_row(b->read_k, j, st), slot_row(b->read_v, j, st));
         const kv_buf *d = &lc->dec;

@@ -50,6 +50,7 @@ typedef enum {
     INJ_DECODE_INDEX_STUCK,
     INJ_ROPE_OFFSET,
     INJ_RING_NO_WRAP,
+    INJ_SPLIT_DECODE_BLIND,
     INJ_COUNT
 } chk_injection;
 

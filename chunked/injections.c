@@ -33,6 +33,8 @@ static const inj_info catalogue[INJ_COUNT] = {
         "rope-offset=N: decode tokens are rotated at position + N"},
     [INJ_RING_NO_WRAP] = {"ring-no-wrap", false,
         "ring cache: writes stop once the ring is full instead of overwriting the oldest slot"},
+    [INJ_SPLIT_DECODE_BLIND] = {"split-decode-blind", false,
+        "split cache: decode steps attend only to the decode cache, never to the prefill cache"},
 };
 
 const char *chk_injection_name(chk_injection i)
@@ -146,6 +148,13 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
         return kv_errf(e, "--inject zero-shared-kv: the model has no KV-shared layer");
     if (inj->on[INJ_SPLIT_MASK_OFF_BY_ONE] && o->cache != CACHE_SPLIT)
         return kv_errf(e, "--inject split-mask-off-by-one needs --cache split");
+    if (inj->on[INJ_SPLIT_DECODE_BLIND] && o->cache != CACHE_SPLIT)
+        return kv_errf(e, "--inject split-decode-blind needs --cache split (only a split cache "
+                          "has a decode cache apart from the prefill cache)");
+    /* A decode step that reads no prefill slot cannot read one too many. */
+    if (inj->on[INJ_SPLIT_DECODE_BLIND] && inj->on[INJ_SPLIT_MASK_OFF_BY_ONE])
+        return kv_errf(e, "--inject split-decode-blind hides split-mask-off-by-one (decode "
+                          "steps read no prefill slot): give one of them");
     if (inj->on[INJ_RING_NO_WRAP] && o->cache != CACHE_RING)
         return kv_errf(e, "--inject ring-no-wrap needs --cache ring");
     if (inj->on[INJ_RING_NO_WRAP] && !has_sliding(c))

@@ -54,6 +54,7 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_NUMERIC_DRIFT] = "numeric_drift",
         [CMP_DIAG_NONFINITE] = "nonfinite",
         [CMP_DIAG_UNCLASSIFIED] = "unclassified",
+        [CMP_DIAG_DECODE_BLIND] = "split_decode_blind",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

@@ -298,6 +298,7 @@ typedef enum {
     CMP_DIAG_NUMERIC_DRIFT,      /* rounding-order differences, not a cache bug */
     CMP_DIAG_NONFINITE,          /* NaN / Inf on one side */
     CMP_DIAG_UNCLASSIFIED,
+    CMP_DIAG_DECODE_BLIND,       /* split cache: decode steps read only the decode cache */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

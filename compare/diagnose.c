@@ -743,6 +743,209 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
 }
 
 /* ------------------------------------------------------------------ */
+/* A split cache whose decode steps do not read the prefill cache       */
+
+/* At the first decode step P such a runtime reads only the new token's
+ * key, exactly what isolated chunks read when the prompt fits in one
+ * chunk. One step later they part: the decode cache so far (P, P + 1)
+ * against P + 1 alone. So this rule reads position P + 1 of the same
+ * layer before it names either; where that row is missing it names both. */
+
+typedef struct {
+    int64_t p1;                  /* P + 1 */
+    int nkeys;                   /* the test's keys attended there (head 0); -1 unknown */
+    double err_blind, err_iso;   /* recomputed over P..P+1, over P+1 alone; inf: not done */
+} blind_next;
+
+/* The test's attention at (p1, layer) recomputed over h from the test's
+ * own q, k, v. After P the reference's rows have other inputs (the test's
+ * own hidden state, perhaps another token), so they cannot stand in. */
+static int blind_err_at(cmp_ctx *c, int64_t p1, const cmp_hyp *h, double *err, kv_err *e)
+{
+    const kv_config *cfg = c->cfg;
+    const int layer = c->d->layer, H = cfg->n_heads, D = cfg->head_dim;
+    int rc = 0;
+    *err = INFINITY;
+    float *q = row_of(c, c->test, layer, STAGE_Q, p1, &rc, e);
+    float *lse_rec = row_of(c, c->test, layer, STAGE_ATTN_LSE, p1, &rc, e);
+    float *out_rec = row_of(c, c->test, layer, STAGE_ATTN_OUT, p1, &rc, e);
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    if (rc == 0 && (!lse || !out))
+        rc = kv_errf(e, "compare: out of memory");
+    if (rc == 0 && q && (lse_rec || out_rec)) {
+        const int r = cmp_recompute_attention(c->test, cfg, layer, q, h, lse, out, e);
+        if (r < 0)
+            rc = -1;
+        else if (r == 0)
+            *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+    }
+    free(q);
+    free(lse_rec);
+    free(out_rec);
+    free(lse);
+    free(out);
+    return rc;
+}
+
+/* What the test read at P + 1: nkeys, and the two key sets recomputed
+ * (only when our attention reproduces the reference at P). */
+static int blind_next_read(cmp_ctx *c, const attn_case *a, bool trusted, blind_next *nx,
+                           kv_err *e)
+{
+    int rc = 0;
+    nx->p1 = a->P + 1;
+    nx->err_blind = nx->err_iso = INFINITY;
+    float *nk = row_of(c, c->test, c->d->layer, STAGE_ATTN_NKEYS, nx->p1, &rc, e);
+    nx->nkeys = nk ? (int)nk[0] : -1;
+    free(nk);
+    if (rc < 0 || !trusted)
+        return rc;
+    cmp_hyp blind = {.lo = a->P, .hi = nx->p1}, iso = {.lo = nx->p1, .hi = nx->p1};
+    if (blind_err_at(c, nx->p1, &blind, &nx->err_blind, e) < 0 ||
+        blind_err_at(c, nx->p1, &iso, &nx->err_iso, e) < 0)
+        return -1;
+    return 0;
+}
+
+/* The decode-blind diagnosis proper: P + 1 read the decode cache so far. */
+static void blind_text(cmp_ctx *c, const attn_case *a, const blind_next *nx, bool recomputed,
+                       double own_err)
+{
+    const cmp_evidence *ev = c->ev;
+    const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    set_diag(c, CMP_DIAG_DECODE_BLIND, recomputed ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
+             "split prefill/decode cache: decode steps attend only to the decode cache, "
+             "never to the prefill cache");
+    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
+        "length; at %lld the test read positions %lld..%lld, the decode cache so far, not %lld "
+        "alone as isolated chunks would; the prefill cache's %lld keys (positions 0..%lld) are "
+        "not read)", ev->nkeys_ref, ev->nkeys_test, P, p1, P, p1, p1, P, P - 1);
+    if (recomputed)
+        say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the test's q, "
+            "k, v%s reproduces its attn_lse and attn_out over key %lld alone at position %lld "
+            "(error %.2g) and over keys %lld..%lld at %lld (error %.2g), where key %lld alone "
+            "does not (error %.2g); the config's key set reproduces the reference (%.2g)",
+            a->ref_rows_used ? " (at the first decode step the reference's: the test did not "
+                               "record them)" : "",
+            P, P, own_err, P, p1, p1, nx->err_blind, p1, nx->err_iso, ev->ref_check_err);
+    else
+        say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read %d key "
+            "at position %lld and %d at %lld (attention could not be recomputed from the "
+            "recordings)", ev->nkeys_test, P, nx->nkeys, p1);
+}
+
+/* Only the new token's key at P, and P + 1 cannot tell which bug: name
+ * both. why says what P + 1 showed. */
+static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx, bool own_shown,
+                            double own_err)
+{
+    const cmp_evidence *ev = c->ev;
+    const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    set_diag(c, CMP_DIAG_KEY_SET, own_shown ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
+             "attention read only the new token's key at the first decode step: chunks attend "
+             "only to themselves, or decode steps read only the decode cache of a split "
+             "prefill/decode cache");
+    if (isfinite(nx->err_blind) && nx->err_blind <= CMP_MATCH_TOL && nx->err_iso <= CMP_MATCH_TOL)
+        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+            "prompt length; at %lld key %lld alone (isolated chunks) and keys %lld..%lld (a "
+            "decode-blind split cache) both reproduce the test: key %lld weighs nothing there)",
+            ev->nkeys_ref, ev->nkeys_test, P, p1, p1, P, p1, P);
+    else
+        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+            "prompt length; position %lld would tell them apart, isolated chunks reading 1 key "
+            "there and a decode-blind split cache 2, but the test has no attention row there: run "
+            "or record at least one more decode step)", ev->nkeys_ref, ev->nkeys_test, P, p1);
+    if (own_shown)
+        say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
+            "q, k, v%s over key %lld alone reproduces the test's attn_lse and attn_out (error "
+            "%.2g); the config's key set reproduces the reference (%.2g)",
+            a->ref_rows_used ? " (the reference's: the test did not record them)" : "", P,
+            own_err, ev->ref_check_err);
+    else
+        say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read 1 key "
+            "at position %lld (attention could not be recomputed from the recordings)", P);
+}
+
+/* Only the new token's key at P, and at P + 1 neither pattern. */
+static void blind_neither_text(cmp_ctx *c, const attn_case *a, const blind_next *nx)
+{
+    const cmp_evidence *ev = c->ev;
+    const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    const bool rec = isfinite(nx->err_blind);
+    set_diag(c, CMP_DIAG_KEY_SET, rec ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
+             "attention read a different key set: only the new token's key at the first "
+             "decode step, and at the next a set that neither isolated chunks nor a "
+             "decode-blind split cache explains");
+    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
+        "length; %d at %lld, where isolated chunks read key %lld alone and a decode-blind split "
+        "cache keys %lld..%lld)", ev->nkeys_ref, ev->nkeys_test, P, nx->nkeys, p1, p1, P, p1);
+    if (rec)
+        say(c->g->evidence, sizeof c->g->evidence, "at position %lld, attention recomputed from "
+            "the test's q, k, v misses its attn_lse and attn_out over key %lld alone (error "
+            "%.2g) and over keys %lld..%lld (error %.2g)", p1, p1, nx->err_iso, P, p1,
+            nx->err_blind);
+    else
+        say(c->g->evidence, sizeof c->g->evidence, "from key counts only (attention could not "
+            "be recomputed from the recordings)");
+}
+
+/* The first divergence at P, where the test read the new token's key
+ * alone: decide between a decode-blind split cache and isolated chunks
+ * from P + 1. Returns 1 when it names the point, 0 to leave it to the
+ * key-set rule (isolated chunks, or another pattern at P), -1 on error. */
+static int rule_decode_blind(cmp_ctx *c, attn_case *a, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_evidence *ev = c->ev;
+    /* With a window of 1 both read P + 1 alone: nothing to tell apart. */
+    if (a->P <= 0 || d->pos != a->P || !is_attn_stage(d->stage) || a->W == 1)
+        return 0;
+    if (ev->nkeys_test >= 0 && (ev->nkeys_test != 1 || ev->nkeys_ref == 1))
+        return 0;
+    cmp_hyp ref = hyp_ref(d, a), own = ref;
+    own.lo = a->P;
+    say(own.what, sizeof own.what, "only its own key %lld..%lld", (long long)a->P,
+        (long long)a->P);
+    double own_err = INFINITY;
+    if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
+        return -1;
+    const bool trusted = ev->ref_check_err <= CMP_MATCH_TOL;
+    if (trusted && hyp_err(c, a, &own, false, &own_err, e) < 0)
+        return -1;
+    const bool own_shown = own_err <= CMP_MATCH_TOL;
+    if (isfinite(own_err) ? !own_shown : ev->nkeys_test != 1)
+        return 0;   /* the test read more than its own key */
+    blind_next nx;
+    if (blind_next_read(c, a, trusted, &nx, e) < 0)
+        return -1;
+    const bool rec = isfinite(nx.err_blind) && isfinite(nx.err_iso);
+    const bool blind = (nx.nkeys < 0 || nx.nkeys == 2) &&
+                       (rec ? nx.err_blind <= CMP_MATCH_TOL : nx.nkeys == 2);
+    const bool iso = (nx.nkeys < 0 || nx.nkeys == 1) &&
+                     (rec ? nx.err_iso <= CMP_MATCH_TOL : nx.nkeys == 1);
+    const bool neither = !blind && !iso && (rec || nx.nkeys >= 0);
+    /* Where P + 1 says nothing, a cache the settings name as not split has
+     * no decode cache to be blind with. */
+    const cmp_source *run = cmp_settings_int(c->test, "chunk", 0) > 0 ? c->test : c->ref;
+    const bool unsplit = cmp_settings_is(run, "cache", "dense") ||
+                         cmp_settings_is(run, "cache", "ring");
+    if ((iso && !blind) || (blind == iso && !neither && unsplit))
+        return 0;   /* isolated chunks: the key-set rule names them */
+    if (own_shown) {
+        ev->recompute = 1;
+        ev->hyp_err = own_err;
+        say(ev->hypothesis, sizeof ev->hypothesis, "%s", own.what);
+    }
+    if (blind && !iso)
+        blind_text(c, a, &nx, own_shown && rec, own_err);
+    else if (neither)
+        blind_neither_text(c, a, &nx);
+    else
+        blind_both_text(c, a, &nx, own_shown, own_err);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
 /* Unclassified                                                         */
 
 static const char *stage_hint(kv_stage s)
@@ -815,6 +1018,8 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
         return rc < 0 ? -1 : 0;
     if ((rc = rule_drift(c, d->layer >= 0 ? a : NULL, e)) != 0)
         return rc < 0 ? -1 : rc == 2 ? 2 : 0;
+    if (d->layer >= 0 && (rc = rule_decode_blind(c, a, e)) != 0)
+        return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_keyset(c, a, e)) != 0)
         return rc < 0 ? -1 : 0;
     rule_unclassified(c);

@@ -124,6 +124,7 @@ static const char *const inj_diagnosis[INJ_COUNT] = {
     [INJ_DECODE_INDEX_STUCK] = "decode_index_stuck",
     [INJ_ROPE_OFFSET] = "rope_offset",
     [INJ_RING_NO_WRAP] = "ring_no_wrap",
+    [INJ_SPLIT_DECODE_BLIND] = "split_decode_blind",
 };
 
 const char *suite_injection_diagnosis(int injection)
