@@ -448,7 +448,7 @@ static void describe_overlap(cmp_result *r, const holding *hr, const holding *ht
     r->compared.partial = layers_differ || pos_differ || stages_differ;
     if (!r->compared.partial)
         return;
-    char what[224] = "", c[96];
+    char what[400] = "", c[96];
     describe_side(what, sizeof what, hr, hc, L, rl);
     describe_side(what, sizeof what, ht, hc, L, tl);
     layer_list(hc->layers, L, c, sizeof c);

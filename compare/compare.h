@@ -434,7 +434,7 @@ typedef struct {
     cmp_logit_stats logits;
     cmp_stage_result *stages;    /* n_stages entries, dataflow order */
     int n_stages;
-    char notes[CMP_MAX_NOTES][256];  /* refusals overridden, partial overlap, ... */
+    char notes[CMP_MAX_NOTES][512];  /* refusals overridden, partial overlap, ... */
     int n_notes;
     /* The verdict holds over what both recordings hold, not over whole runs:
      * a side is partial (its run stopped early) and no divergence was found.
