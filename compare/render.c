@@ -181,8 +181,16 @@ static void values_line(FILE *f, const cmp_divergence *d)
         fprintf(f, "non-finite on one side");
     else
         fprintf(f, "abs %.3g, %.3g ulp", d->abs_err, (double)d->ulp);
-    fprintf(f, "; row: max abs %.3g, rel %.3g, %d element%s differ%s)\n", d->row_max_abs,
-            d->row_rel, d->n_bad, d->n_bad == 1 ? "" : "s", d->n_bad == 1 ? "s" : "");
+    if (d->nonfinite && d->row_max_abs == 0)   /* the sums skip non-finite pairs */
+        fprintf(f, "; row: %d element%s differ%s, the finite ones are equal)\n", d->n_bad,
+                d->n_bad == 1 ? "" : "s", d->n_bad == 1 ? "s" : "");
+    else if (d->nonfinite)
+        fprintf(f, "; row: %d element%s differ%s, over the finite ones max abs %.3g, rel "
+                "%.3g)\n", d->n_bad, d->n_bad == 1 ? "" : "s", d->n_bad == 1 ? "s" : "",
+                d->row_max_abs, d->row_rel);
+    else
+        fprintf(f, "; row: max abs %.3g, rel %.3g, %d element%s differ%s)\n", d->row_max_abs,
+                d->row_rel, d->n_bad, d->n_bad == 1 ? "" : "s", d->n_bad == 1 ? "s" : "");
 }
 
 static void earlier_phrase(FILE *f, const cmp_evidence *ev)
