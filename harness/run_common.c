@@ -305,6 +305,14 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
                            const kv_model *m, const kern_ctx *kc, long ctx, int n_prompt,
                            kv_err *e)
 {
+    /* An engine that will refuse these options must not leave a dump
+     * behind (nor truncate one already at path): check them first. */
+    if (!strcmp(o->engine, "chunked")) {
+        chk_opts co = o->co;
+        co.max_ctx = (int)ctx;
+        if (chk_opts_check(&co, &m->cfg, e) < 0)
+            return NULL;
+    }
     char *settings = run_settings_json(o, kc, m, ctx);
     dump_meta meta = {.engine = o->engine, .engine_settings = settings ? settings : "{}",
                       .cfg = &m->cfg, .weight_fingerprint = m->fingerprint, .seed = o->po.seed,

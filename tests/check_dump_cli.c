@@ -228,6 +228,38 @@ START_TEST(test_file_size_limit)
 }
 END_TEST
 
+/* An engine that refuses its options (an injection the model cannot have,
+ * in run and in bisect) leaves no dump: none created, none truncated. */
+START_TEST(test_refused_run_writes_no_dump)
+{
+    char dir[64], args[512], path[128], old[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/new.h5", dir);
+    snprintf(old, sizeof old, "%s/old.h5", dir);
+    FILE *f = fopen(old, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("an earlier dump", f);
+    fclose(f);
+    const char *const fmt[] = {
+        "run --model tiny-llama --prompt-random 12 --engine chunked --inject window=4 --dump %s",
+        "run --model tiny-llama --prompt-random 12 --engine chunked --inject window=4 --compare "
+        "--dump %s"};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 2; i++) {
+            char cmd[256];
+            snprintf(cmd, sizeof cmd, fmt[k], i ? old : path);
+            snprintf(args, sizeof args, "%s", cmd);
+            ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s: %s", args, out);
+            ck_assert_msg(strstr(out, "no sliding-window layer"), "%s", out);
+        }
+    struct stat sb;
+    ck_assert_int_ne(stat(path, &sb), 0);
+    ck_assert_int_eq(stat(old, &sb), 0);
+    ck_assert_int_eq(sb.st_size, 15);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *dump_cli_suite(void)
 {
     Suite *s = suite_create("dump_cli");
@@ -238,6 +270,7 @@ Suite *dump_cli_suite(void)
     tcase_add_test(tc, test_ctrl_c_leaves_partial_dump);
     tcase_add_test(tc, test_kill_9_leaves_readable_dump);
     tcase_add_test(tc, test_file_size_limit);
+    tcase_add_test(tc, test_refused_run_writes_no_dump);
     suite_add_tcase(s, tc);
     return s;
 }
