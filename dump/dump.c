@@ -661,7 +661,6 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
     json_decref(o);
-    if (p.n == 0)
-        *out = c;
+    *out = c;
     return p.n;
 }

@@ -108,8 +108,10 @@ H5T_class_t dump_h5_attr_class(hid_t obj, const char *name);
 int dump_stage_cols(const kv_config *c, kv_stage st);
 
 /* Parses model_config JSON (docs/dump-format.md). Every problem is passed
- * to problem(ctx, sentence); returns their number. *out is filled (zeroed
- * first) only when there are none. */
+ * to problem(ctx, sentence); returns their number. *out is filled when the
+ * text is a JSON object: whole when there are no problems, otherwise with
+ * the fields that parsed and 0 where one did not (validate still checks the
+ * widths those give); untouched otherwise. */
 typedef void (*dump_problem_fn)(void *ctx, const char *msg);
 int dump_config_parse(const char *text, kv_config *out, dump_problem_fn problem, void *ctx);
 

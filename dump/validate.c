@@ -488,7 +488,9 @@ static expect expect_of(const vstate *v, kv_stage st, part p)
         x = (expect){ELEM_U64, 0};
     else if (p == PART_STATS)
         x.cols = 2;
-    else if (v->cfg_ok)
+    else if (dump_stage_cols(&v->cfg, st) > 0)
+        /* from the fields that parsed, even when another did not: every
+         * width the config still gives is checked */
         x.cols = dump_stage_cols(&v->cfg, st);
     return x;
 }

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <fcntl.h>
 #include <hdf5.h>
+#include <jansson.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1425,7 +1426,7 @@ typedef enum {
     BREAK_LAYER_NAME, BREAK_LAYER_RANGE, BREAK_LAYER_ATTRS, BREAK_STAGE_NAME, BREAK_SHAPE,
     BREAK_DTYPE, BREAK_FIRST_POSITION, BREAK_PAST_TOKENS, BREAK_OUTPUT, BREAK_NAN,
     BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_STALE_INDEX, BREAK_INDEX_SHAPE,
-    BREAK_INDEX_ROW, BREAK_FP_TYPES, BREAK_COUNT
+    BREAK_INDEX_ROW, BREAK_CONFIG_AND_SHAPE, BREAK_FP_TYPES, BREAK_COUNT
 } breakage;
 
 /* What each breakage must produce: violations, a phrase in the report,
@@ -1466,7 +1467,9 @@ static const struct {
                               "not match its hashes", NULL},
     [BREAK_INDEX_SHAPE] = {1, "/row_hash_index must be a 2-D uint64 dataset of 9 columns", NULL},
     [BREAK_INDEX_ROW] = {1, "/row_hash_index row 3: no such layer and stage", NULL},
-
+    /* a bad field in model_config does not stop the widths the rest gives
+     * from being checked */
+    [BREAK_CONFIG_AND_SHAPE] = {3, "/layers/0/q has 5 columns", NULL},
     [BREAK_FP_TYPES] = {2, "/layers/0/q.hash is float32; it must be uint64", NULL},
 };
 
@@ -1524,6 +1527,20 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         put_dataset(h, "layers/0/qq", H5T_NATIVE_FLOAT, 47, (hsize_t)E, rows, 0);
         break;
     case BREAK_SHAPE: put_dataset(h, "layers/0/q", H5T_NATIVE_FLOAT, 47, 5, rows, 0); break;
+    case BREAK_CONFIG_AND_SHAPE: {
+        char *cfg = NULL;
+        ck_assert_int_eq(dump_h5_attr_str(h, "model_config", &cfg), 0);
+        json_t *j = json_loads(cfg, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_object_set_new(j, "rope_theta", json_string("ten thousand"));
+        char *text = json_dumps(j, JSON_COMPACT);
+        set_str_attr(h, "model_config", text);
+        free(text);
+        json_decref(j);
+        free(cfg);
+        put_dataset(h, "layers/0/q", H5T_NATIVE_FLOAT, 47, 5, rows, 0);
+        break;
+    }
     case BREAK_DTYPE: put_dataset(h, "layers/0/x_in", H5T_IEEE_F64LE, 47, (hsize_t)E, NULL, 0); break;
     case BREAK_FIRST_POSITION: H5Adelete_by_name(h, "layers/0/k", "first_position", H5P_DEFAULT);
         H5Adelete_by_name(h, "layers/0/v", "first_position", H5P_DEFAULT);
