@@ -1218,7 +1218,10 @@ static void prefetch(const walker *w)
         const bool differ = known && (a.digest[0] != b.digest[0] || a.digest[1] != b.digest[1]);
         const bool exact = w->r->exact;
         if (same) {
+            /* and the maps the hash check's sample reads through (hashcheck.c) */
             what |= CMP_PREFETCH_DIGEST;
+            if (rows && hashes)
+                what |= CMP_PREFETCH_ROWS | CMP_PREFETCH_HASHES;
         } else {
             /* hashes are read first in exact mode, and under a tolerance
              * unless the digests say they differ; rows where there are no
