@@ -92,13 +92,15 @@ double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
 /* --- recompute.c --- */
 
 /* A candidate key set for attention at one query position: reference
- * positions lo..hi, where positions in [zero_lo, zero_hi) read K = V = 0,
- * up to two substitutions (the key at position from[i] read from
- * position to[i], or zero when to[i] < 0) and extra_zero more keys with
- * K = V = 0. all_zero: every key K = V = 0. */
+ * positions lo..hi, where positions in [zero_lo, zero_hi) read K = V = 0
+ * (or, when older > 0, the key at position - older: a ring slot's earlier
+ * occupant, zero when that is before 0), up to two substitutions (the key
+ * at position from[i] read from position to[i], or zero when to[i] < 0)
+ * and extra_zero more keys with K = V = 0. all_zero: every key K = V = 0. */
 typedef struct {
     int64_t lo, hi;
     int64_t zero_lo, zero_hi;
+    int64_t older;
     int nsubst;
     int64_t from[2], to[2];
     int extra_zero;

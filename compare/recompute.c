@@ -67,8 +67,12 @@ static void add_key(softmax_state *st, const float *k, const float *v)
  * 2 another position (*from). */
 static int key_source(const cmp_hyp *h, int64_t j, int64_t *from)
 {
-    if (h->all_zero || (j >= h->zero_lo && j < h->zero_hi))
+    if (h->all_zero)
         return 0;
+    if (j >= h->zero_lo && j < h->zero_hi) {
+        *from = j - h->older;
+        return h->older > 0 && *from >= 0 ? 2 : 0;
+    }
     for (int i = 0; i < h->nsubst; i++)
         if (h->from[i] == j) {
             *from = h->to[i];

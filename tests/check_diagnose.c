@@ -1,0 +1,212 @@
+/* check_diagnose.c — diagnoses that never state a false fact.
+ *
+ * Injections recorded beside the reference on random prompts (as `kvdiff
+ * run --prompt-random N --seed S` draws them), over enough seeds and cache
+ * geometries to hit the cases where two bugs read the same keys at the
+ * first divergence, and recordings that lack what a rule needs (key
+ * counts, attn_out, q/k/v, engine settings). Each must get the diagnosis
+ * the evidence supports, and its text must say nothing the evidence
+ * contradicts. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chunked/chunked.h"
+#include "compare/cmp_internal.h"
+#include "compare/compare.h"
+#include "model/generate.h"
+#include "model/pcg32.h"
+#include "reference/reference.h"
+#include "testutil.h"
+
+/* ------------------------------------------------------------------ */
+/* Recording                                                            */
+
+typedef struct {
+    const char *preset;
+    uint64_t weights_seed;
+    int p, nnew;
+    uint64_t prompt_seed;        /* the prompt as --prompt-random p --seed prompt_seed */
+} run_spec;
+
+/* One engine run into a new in-memory recording. o NULL: the reference.
+ * settings: the engine settings JSON to record (NULL: none). */
+static cmp_memrec *record(const kv_model *m, const run_spec *rs, const chk_opts *o,
+                          const char *settings, const cmp_memrec_opts *mo)
+{
+    kv_err e = {{0}};
+    kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
+    cmp_memrec *rec = cmp_memrec_new(&m->cfg, o ? "chunked" : "reference", settings, mo, &e);
+    ck_assert_msg(rec != NULL, "%s", e.msg);
+    kv_observer *obs = cmp_memrec_observer(rec);
+    kv_engine *eng;
+    if (o) {
+        chk_opts co = *o;
+        co.max_ctx = rs->p + rs->nnew;
+        eng = chk_create(m, &kc, &co, obs, &e);
+    } else {
+        ref_opts ro = {.max_ctx = rs->p + rs->nnew, .prefill_step = 0};
+        eng = ref_create(m, &kc, &ro, obs, &e);
+    }
+    ck_assert_msg(eng != NULL, "%s", e.msg);
+    int32_t *prompt = malloc((size_t)rs->p * sizeof *prompt);
+    ck_assert_ptr_nonnull(prompt);
+    pcg32 r;
+    pcg32_seed(&r, rs->prompt_seed, 0x70);   /* the CLI's prompt stream */
+    for (int i = 0; i < rs->p; i++)
+        prompt[i] = (int32_t)pcg32_bounded(&r, (uint32_t)m->cfg.vocab);
+    gen_opts go = {.max_new = rs->nnew, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
+    gen_result res;
+    ck_assert_msg(generate(eng, &m->cfg, prompt, rs->p, &go, obs, &res, &e) == 0, "%s", e.msg);
+    ck_assert_msg(cmp_memrec_error(rec) == NULL, "%s", cmp_memrec_error(rec));
+    gen_result_free(&res);
+    engine_free(eng);
+    free(prompt);
+    return rec;
+}
+
+static void open_model(const char *name, uint64_t seed, kv_model *m)
+{
+    kv_err e = {{0}};
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_preset(name, seed, &mo, m, &e) == 0, "%s", e.msg);
+}
+
+static chk_opts chunked(chk_cache_kind cache, int chunk, chk_share_kind share, const char *inject)
+{
+    chk_opts o;
+    kv_err e = {{0}};
+    chk_opts_default(&o);
+    o.cache = cache;
+    o.chunk = chunk;
+    o.share = share;
+    ck_assert_msg(chk_injection_parse(inject, &o.inj, &e) == 0, "%s", e.msg);
+    return o;
+}
+
+/* The settings JSON kvdiff run records for a chunked run. */
+static void chunked_settings(const chk_opts *o, const char *inject, int max_ctx, char *buf,
+                             size_t n)
+{
+    snprintf(buf, n, "{\"engine\":\"chunked\",\"chunk\":%d,\"cache\":\"%s\",\"attention\":"
+             "\"exact\",\"inject\":\"%s\",\"max_ctx\":%d}", o->chunk, chk_cache_name(o->cache),
+             inject, max_ctx);
+}
+
+static void compare(cmp_memrec *a, cmp_memrec *b, cmp_result *r)
+{
+    cmp_source sa, sb;
+    kv_err e = {{0}};
+    cmp_memrec_source(a, &sa);
+    cmp_memrec_source(b, &sb);
+    ck_assert_msg(cmp_compare(&sa, &sb, NULL, r, &e) == 0, "%s", e.msg);
+}
+
+static char *text_of(const cmp_result *r)
+{
+    char *t = cmp_render_text(r, 0);
+    ck_assert_ptr_nonnull(t);
+    return t;
+}
+
+/* ------------------------------------------------------------------ */
+/* A stuck decode index is not a stale cache                            */
+
+/* At P + 1 a stuck decode index (key P's slot holds key P + 1, slot P + 1
+ * never written) and a stale cache (key P read as never written) read the
+ * same pairs (k, v) in other slots: attention there cannot tell them
+ * apart, and rounding picked one. P + 2 does. */
+typedef struct {
+    const char *preset;
+    uint64_t weights_seed;
+    int p;
+    chk_cache_kind cache;
+    int chunk;
+    chk_share_kind share;
+} stuck_geom;
+
+static const stuck_geom stuck_geoms[] = {
+    {"tiny-gemma3-kvshared", 0, 50, CACHE_DENSE, 7, SHARE_PLAIN},
+    {"tiny-gemma3-kvshared", 0, 50, CACHE_DENSE, 3, SHARE_PLAIN},
+    {"tiny-gemma3-kvshared", 0, 50, CACHE_SPLIT, 11, SHARE_OWNER_READ_ONLY},
+    {"tiny-gemma3", 1, 17, CACHE_SPLIT, 25, SHARE_PLAIN},
+    {"tiny-gemma3", 0, 33, CACHE_RING, 5, SHARE_PLAIN},
+    {"tiny-gemma3", 0, 9, CACHE_RING, 4, SHARE_PLAIN},
+};
+#define STUCK_SEEDS 12   /* the cases above that used to fail are seeds 0 and 3 */
+
+START_TEST(test_decode_stuck_not_stale)
+{
+    const stuck_geom *g = &stuck_geoms[_i];
+    kv_model m;
+    open_model(g->preset, g->weights_seed, &m);
+    for (uint64_t seed = 0; seed < STUCK_SEEDS; seed++) {
+        run_spec rs = {.weights_seed = g->weights_seed, .p = g->p, .nnew = 12,
+                       .prompt_seed = seed};
+        chk_opts o = chunked(g->cache, g->chunk, g->share, "decode-index-stuck");
+        char settings[256];
+        chunked_settings(&o, "decode-index-stuck", rs.p + rs.nnew, settings, sizeof settings);
+        cmp_memrec *ref = record(&m, &rs, NULL, NULL, NULL);
+        cmp_memrec *got = record(&m, &rs, &o, settings, NULL);
+        cmp_result r;
+        compare(ref, got, &r);
+        char *t = text_of(&r);
+        ck_assert_msg(r.first.found && r.first.pos == g->p + 1 && r.first.layer == 0,
+                      "%s chunk %d seed %llu: divergence elsewhere\n%s", g->preset, g->chunk,
+                      (unsigned long long)seed, t);
+        ck_assert_msg(r.diag.kind == CMP_DIAG_DECODE_STUCK && r.diag.basis == CMP_BASIS_RECOMPUTED,
+                      "%s %s chunk %d seed %llu: %s\n%s", g->preset, chk_cache_name(g->cache),
+                      g->chunk, (unsigned long long)seed, cmp_diag_name(r.diag.kind), t);
+        ck_assert_msg(!strstr(t, "first decode step"), "P + 1 called the first decode step\n%s", t);
+        free(t);
+        cmp_result_free(&r);
+        cmp_memrec_free(ref);
+        cmp_memrec_free(got);
+    }
+    model_free(&m);
+}
+END_TEST
+
+/* Recorded only up to P + 1, nothing tells the two apart: both are named,
+ * neither is claimed. */
+START_TEST(test_decode_stuck_or_stale_named_both)
+{
+    kv_model m;
+    open_model("tiny-gemma3-kvshared", 0, &m);
+    run_spec rs = {.p = 50, .nnew = 12, .prompt_seed = 3};
+    chk_opts o = chunked(CACHE_DENSE, 7, SHARE_PLAIN, "decode-index-stuck");
+    char settings[256];
+    chunked_settings(&o, "decode-index-stuck", rs.p + rs.nnew, settings, sizeof settings);
+    cmp_memrec_opts mo;
+    cmp_memrec_opts_default(&mo);
+    mo.pos_hi = rs.p + 1;
+    cmp_memrec *ref = record(&m, &rs, NULL, NULL, NULL);
+    cmp_memrec *got = record(&m, &rs, &o, settings, &mo);
+    cmp_result r;
+    compare(ref, got, &r);
+    char *t = text_of(&r);
+    ck_assert_msg(r.first.found && r.first.pos == rs.p + 1, "%s", t);
+    ck_assert_msg(r.diag.kind == CMP_DIAG_KEY_SET, "claimed %s\n%s", cmp_diag_name(r.diag.kind), t);
+    ck_assert_msg(strstr(r.diag.summary, "decode_index_stuck") &&
+                  strstr(r.diag.summary, "stale_cache"), "%s", t);
+    ck_assert_msg(strstr(r.diag.evidence, "did not record position 52"), "%s", t);
+    ck_assert_msg(!strstr(t, "first decode step"), "%s", t);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
+Suite *diagnose_suite(void)
+{
+    Suite *s = suite_create("diagnose");
+    TCase *tc = tcase_create("diagnose");
+    tcase_add_loop_test(tc, test_decode_stuck_not_stale, 0,
+                        (int)(sizeof stuck_geoms / sizeof *stuck_geoms));
+    tcase_add_test(tc, test_decode_stuck_or_stale_named_both);
+    suite_add_tcase(s, tc);
+    return s;
+}
