@@ -200,6 +200,65 @@ START_TEST(test_decode_stuck_or_stale_named_both)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Unknown key counts                                                   */
+
+/* Which side records attn_nkeys (and whether q, k, v are recorded). */
+typedef struct {
+    bool ref_nkeys, test_nkeys, qkv;
+    cmp_diag_kind kind;          /* the diagnosis the evidence supports */
+    const char *keys;            /* the key-count text it must carry */
+} unknown_case;
+
+static const unknown_case unknown_cases[] = {
+    {true, false, true, CMP_DIAG_CHUNK_ISOLATED, "keys attended 8 vs unknown"},
+    {false, true, true, CMP_DIAG_CHUNK_ISOLATED, "keys attended unknown"},
+    {false, false, false, CMP_DIAG_KEY_SET, "keys attended unknown vs unknown"},
+};
+
+/* isolated-chunks, chunk 7: position 7 reads 1 key where the config
+ * reads 8. A count a side did not record is "unknown" (JSON null), never
+ * -1, and never "in both". */
+START_TEST(test_unknown_key_count_not_printed)
+{
+    const unknown_case *uc = &unknown_cases[_i];
+    kv_model m;
+    open_model("tiny-gemma3", 0, &m);
+    run_spec rs = {.p = 20, .nnew = 4, .prompt_seed = 0};
+    chk_opts o = chunked(CACHE_DENSE, 7, SHARE_PLAIN, "isolated-chunks");
+    char settings[256];
+    chunked_settings(&o, "isolated-chunks", rs.p + rs.nnew, settings, sizeof settings);
+    cmp_memrec_opts mr, mt;
+    cmp_memrec_opts_default(&mr);
+    mr.stages[STAGE_ATTN_NKEYS] = uc->ref_nkeys;
+    mt = mr;
+    mt.stages[STAGE_ATTN_NKEYS] = uc->test_nkeys;
+    for (int st = STAGE_Q; !uc->qkv && st <= STAGE_V; st++)
+        mr.stages[st] = mt.stages[st] = false;
+    cmp_memrec *ref = record(&m, &rs, NULL, NULL, &mr);
+    cmp_memrec *got = record(&m, &rs, &o, settings, &mt);
+    cmp_result r;
+    compare(ref, got, &r);
+    char *t = text_of(&r);
+    ck_assert_msg(r.first.found && r.first.pos == 7 && r.first.stage == STAGE_ATTN_LSE, "%s", t);
+    ck_assert_msg(r.diag.kind == uc->kind, "%s\n%s", cmp_diag_name(r.diag.kind), t);
+    ck_assert_msg(strstr(r.diag.detail, uc->keys), "'%s' not in the detail\n%s", uc->keys, t);
+    ck_assert_msg(!strstr(t, "vs -1") && !strstr(t, "attended -1") && !strstr(t, "in both"), "%s", t);
+    json_t *j = cmp_result_json(&r, 0);
+    ck_assert_ptr_nonnull(j);
+    json_t *ev = json_object_get(j, "evidence"), *nr = json_object_get(ev, "nkeys_ref"),
+           *nt = json_object_get(ev, "nkeys_test");
+    ck_assert_msg(uc->ref_nkeys ? json_integer_value(nr) == 8 : json_is_null(nr), "nkeys_ref");
+    ck_assert_msg(uc->test_nkeys ? json_integer_value(nt) == 1 : json_is_null(nt), "nkeys_test");
+    json_decref(j);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
 Suite *diagnose_suite(void)
 {
     Suite *s = suite_create("diagnose");
@@ -207,6 +266,8 @@ Suite *diagnose_suite(void)
     tcase_add_loop_test(tc, test_decode_stuck_not_stale, 0,
                         (int)(sizeof stuck_geoms / sizeof *stuck_geoms));
     tcase_add_test(tc, test_decode_stuck_or_stale_named_both);
+    tcase_add_loop_test(tc, test_unknown_key_count_not_printed, 0,
+                        (int)(sizeof unknown_cases / sizeof *unknown_cases));
     suite_add_tcase(s, tc);
     return s;
 }
