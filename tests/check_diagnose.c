@@ -259,6 +259,44 @@ START_TEST(test_unknown_key_count_not_printed)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Zero keys from the scores alone                                      */
+
+/* zero-shared-kv with only attn_lse and attn_nkeys recorded (and q in the
+ * second case): lse = log(n) for n keys is every score 0, the sign of
+ * zero keys. Once it was "a different key set (keys attended 1 vs 1)". */
+START_TEST(test_zero_kv_from_lse_alone)
+{
+    kv_model m;
+    open_model("tiny-gemma3-kvshared", 0, &m);
+    run_spec rs = {.p = 20, .nnew = 4, .prompt_seed = 0};
+    chk_opts o = chunked(CACHE_DENSE, 16, SHARE_PLAIN, "zero-shared-kv");
+    char settings[256];
+    chunked_settings(&o, "zero-shared-kv", rs.p + rs.nnew, settings, sizeof settings);
+    cmp_memrec_opts mo;
+    cmp_memrec_opts_default(&mo);
+    for (int st = 0; st < STAGE_COUNT; st++)
+        mo.stages[st] = st == STAGE_ATTN_LSE || st == STAGE_ATTN_NKEYS || (_i == 1 && st == STAGE_Q);
+    cmp_memrec *ref = record(&m, &rs, NULL, NULL, &mo);
+    cmp_memrec *got = record(&m, &rs, &o, settings, &mo);
+    cmp_result r;
+    compare(ref, got, &r);
+    char *t = text_of(&r);
+    ck_assert_msg(r.first.found && r.first.pos == 0 && r.first.layer == 8, "%s", t);
+    ck_assert_msg(r.diag.kind == CMP_DIAG_ZERO_KV && r.diag.basis == CMP_BASIS_EXACT_CHECK,
+                  "%s\n%s", cmp_diag_name(r.diag.kind), t);
+    ck_assert_msg(!strstr(t, "different key set"), "%s", t);
+    ck_assert_msg(strstr(r.diag.evidence, "V = 0 is not checked"), "%s", t);
+    /* Without q a zero query gives the same scores: said, not hidden. */
+    ck_assert_msg((strstr(r.diag.summary, "zero query") != NULL) == (_i == 0), "%s", t);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
 Suite *diagnose_suite(void)
 {
     Suite *s = suite_create("diagnose");
@@ -268,6 +306,7 @@ Suite *diagnose_suite(void)
     tcase_add_test(tc, test_decode_stuck_or_stale_named_both);
     tcase_add_loop_test(tc, test_unknown_key_count_not_printed, 0,
                         (int)(sizeof unknown_cases / sizeof *unknown_cases));
+    tcase_add_loop_test(tc, test_zero_kv_from_lse_alone, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
