@@ -123,10 +123,17 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
 double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
                          const float *lse_rec, const float *out_rec);
 
-/* Best integer RoPE offset delta in [dmin, dmax] (0 excluded) mapping the
- * rotated rows ref (nheads x D) to test; returns its row-relative error
- * (+inf when none). Layer picks the RoPE base and scaling. */
-double cmp_rope_estimate(const kv_config *cfg, int layer, const float *ref, const float *test,
-                         int nheads, int64_t dmin, int64_t dmax, int64_t *delta);
+/* Offsets the RoPE solver reaches: every one a 32-bit position counter
+ * can be off by. */
+#define CMP_ROPE_MAX_OFFSET 2147483648.0
+
+/* The integer RoPE offset delta (0 excluded, |delta| < CMP_ROPE_MAX_OFFSET)
+ * that maps the rotated rows ref (nheads x D) to test, solved from the
+ * rotation angle of each frequency pair (the lowest frequency gives it up
+ * to whole turns, the higher ones pick the turn and refine it), then
+ * verified by rotating ref; returns that row-relative error (+inf when no
+ * offset fits every frequency). Layer picks the RoPE base and scaling. */
+double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
+                      int nheads, int64_t *delta);
 
 #endif

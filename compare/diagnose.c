@@ -615,8 +615,7 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     }
     ev->norms_equal = head_norms_equal(a, b, nh, D);
     if (ev->norms_equal) {
-        ev->rope_err = cmp_rope_estimate(c->cfg, d->layer, a, b, nh, -(d->pos + 16), 4096,
-                                         &ev->rope_delta);
+        ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
         ev->rope_found = ev->rope_err <= CMP_MATCH_TOL;
     }
     free(a);
@@ -628,9 +627,14 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     if (!ev->rope_found) {
         set_diag(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_HEURISTIC,
                  "a rotation-like difference: per-head norms are preserved");
-        say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset in %lld..+4096 "
-            "reproduces the test: best %+lld, error %.2g; a different RoPE base, scaling or "
-            "layout?)", -(long long)(d->pos + 16), (long long)ev->rope_delta, ev->rope_err);
+        if (isfinite(ev->rope_err))
+            say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "the rotation angles suggest %+lld, which leaves an error of %.2g; a different "
+                "RoPE base, scaling or layout?)", (long long)ev->rope_delta, ev->rope_err);
+        else
+            say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "no offset fits the rotation angle of every frequency pair; a different RoPE "
+                "base, scaling or layout?)");
         return 1;
     }
     char s[256];

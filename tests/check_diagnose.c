@@ -16,6 +16,7 @@
 #include "compare/cmp_internal.h"
 #include "compare/compare.h"
 #include "model/generate.h"
+#include "model/kernels.h"
 #include "model/pcg32.h"
 #include "reference/reference.h"
 #include "testutil.h"
@@ -297,6 +298,92 @@ START_TEST(test_zero_kv_from_lse_alone)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* RoPE offsets of any size                                             */
+
+/* rope-offset=N at position P: q rotated as if at P + N. A 128k context
+ * makes offsets far past the 4096 once searched possible. */
+static const struct {
+    const char *preset;
+    int offset;
+} rope_cases[] = {
+    {"tiny-qwen2", 3},      {"tiny-qwen2", 5000},    {"tiny-gemma3", 5000},
+    {"tiny-llama", 100000}, {"tiny-gemma3", 131072}, {"tiny-qwen2", 1000003},
+};
+
+START_TEST(test_rope_offset_any_size)
+{
+    kv_model m;
+    open_model(rope_cases[_i].preset, 0, &m);
+    run_spec rs = {.p = 20, .nnew = 3, .prompt_seed = 1};
+    char inject[64], settings[256];
+    snprintf(inject, sizeof inject, "rope-offset=%d", rope_cases[_i].offset);
+    chk_opts o = chunked(CACHE_DENSE, 16, SHARE_PLAIN, inject);
+    chunked_settings(&o, inject, rs.p + rs.nnew, settings, sizeof settings);
+    cmp_memrec *ref = record(&m, &rs, NULL, NULL, NULL);
+    cmp_memrec *got = record(&m, &rs, &o, settings, NULL);
+    cmp_result r;
+    compare(ref, got, &r);
+    char *t = text_of(&r);
+    ck_assert_msg(r.first.found && r.first.pos == rs.p && r.first.stage == STAGE_Q, "%s", t);
+    ck_assert_msg(r.diag.kind == CMP_DIAG_ROPE_OFFSET && r.diag.basis == CMP_BASIS_RECOMPUTED,
+                  "%s\n%s", cmp_diag_name(r.diag.kind), t);
+    ck_assert_int_eq(r.ev.rope_delta, rope_cases[_i].offset);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
+/* Rows rotated as the engines rotate them (rotate-half, angle pos x
+ * inv_freq in double), at two positions: the solver finds the offset
+ * between them whatever its size or sign, restarts at 0 included, and
+ * finds none for a row that is not a rotation of the other. */
+static void rotate_rows(const float *x, float *y, int nh, int D, const double *inv, int64_t pos)
+{
+    const int half = D / 2;
+    for (int h = 0; h < nh; h++)
+        for (int d = 0; d < half; d++) {
+            const double a = x[h * D + d], b = x[h * D + d + half], ang = (double)pos * inv[d];
+            y[h * D + d] = (float)(a * cos(ang) - b * sin(ang));
+            y[h * D + d + half] = (float)(b * cos(ang) + a * sin(ang));
+        }
+}
+
+START_TEST(test_rope_solve_offsets)
+{
+    kv_model m;
+    open_model("tiny-qwen2", 0, &m);
+    const kv_config *c = &m.cfg;
+    const int nh = c->n_heads, D = c->head_dim;
+    double inv[256];
+    kern_rope_inv_freq(c->rope_theta, D, inv);
+    float x[1024], a[1024], b[1024];
+    pcg32 rng;
+    pcg32_seed(&rng, 7, 1);
+    for (int i = 0; i < nh * D; i++)
+        x[i] = (float)pcg32_bounded(&rng, 2000) / 1000.0f - 1.0f;
+    static const int64_t pos[][2] = {
+        {40, 43}, {4000, 9000}, {131000, 0}, {250000, 7}, {17, 131089}, {1 << 30, 12},
+    };
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++) {
+        rotate_rows(x, a, nh, D, inv, pos[i][0]);
+        rotate_rows(x, b, nh, D, inv, pos[i][1]);
+        int64_t delta;
+        double err = cmp_rope_solve(c, 0, a, b, nh, &delta);
+        ck_assert_msg(err <= CMP_MATCH_TOL && delta == pos[i][1] - pos[i][0],
+                      "%lld -> %lld: found %lld (error %g)", (long long)pos[i][0],
+                      (long long)pos[i][1], (long long)delta, err);
+    }
+    b[3] += 0.5f;   /* no longer a rotation */
+    int64_t delta;
+    ck_assert(!(cmp_rope_solve(c, 0, a, b, nh, &delta) <= CMP_MATCH_TOL));
+    model_free(&m);
+}
+END_TEST
+
 Suite *diagnose_suite(void)
 {
     Suite *s = suite_create("diagnose");
@@ -307,6 +394,9 @@ Suite *diagnose_suite(void)
     tcase_add_loop_test(tc, test_unknown_key_count_not_printed, 0,
                         (int)(sizeof unknown_cases / sizeof *unknown_cases));
     tcase_add_loop_test(tc, test_zero_kv_from_lse_alone, 0, 2);
+    tcase_add_loop_test(tc, test_rope_offset_any_size, 0,
+                        (int)(sizeof rope_cases / sizeof *rope_cases));
+    tcase_add_test(tc, test_rope_solve_offsets);
     suite_add_tcase(s, tc);
     return s;
 }
