@@ -177,6 +177,9 @@ static int growth_evidence(cmp_ctx *c, kv_err *e)
 typedef struct {
     float *q_ref, *q_test, *out_ref, *out_test;
     int64_t P, C, R;             /* prompt length, chunk (0 unknown), ring size (0 none) */
+    bool C_inferred;             /* no chunk in the settings: C is the divergence's */
+    int64_t R_guess;             /* no cache kind in the settings: the ring size a ring
+                                  * that stopped storing at p would have (0 none) */
     int W;                       /* the layer's window (0 global) */
     int64_t lo_ref;              /* first key the config's window allows */
     bool ref_rows_used;          /* the test lacked q or k/v: the reference's stood in */
@@ -205,12 +208,30 @@ static int attn_case_init(cmp_ctx *c, attn_case *a, kv_err *e)
     a->C = cmp_settings_int(run, "chunk", 0);
     a->W = config_layer_window(c->cfg, d->layer);
     a->lo_ref = a->W > 0 && d->pos - a->W + 1 > 0 ? d->pos - a->W + 1 : 0;
-    if (a->W > 0 && a->C > 0 && cmp_settings_is(run, "cache", "ring")) {
+    /* Without the settings, what the data says: the first divergence of a
+     * chunk-shaped bug is the first chunk boundary (C = p; a prompt
+     * in one chunk when p >= P: decode steps are chunks of one), and a
+     * ring that stopped storing diverges first at its size (R = p).
+     * Recomputation then verifies, as with the settings. */
+    if (a->C <= 0 && d->pos > 0 && a->P > 0) {
+        a->C = d->pos < a->P ? d->pos : a->P;
+        a->C_inferred = true;
+    }
+    const bool cache_known = cmp_settings_is(run, "cache", "ring") ||
+                             cmp_settings_is(run, "cache", "dense") ||
+                             cmp_settings_is(run, "cache", "split");
+    const bool ring = cmp_settings_is(run, "cache", "ring");
+    if (a->W > 0 && a->C > 0 && !a->C_inferred && ring) {
+        /* The ring holds at most the context; max_ctx >= the tokens run,
+         * so without it a ring of W + C <= n_tokens is exact and a larger
+         * one is never reached. */
         long ctx = cmp_settings_int(run, "max_ctx", 0);
         a->R = a->W + a->C;
         if (ctx > 0 && a->R > ctx)
             a->R = ctx;
     }
+    if (a->R == 0 && (ring || !cache_known) && a->W > 0 && d->pos > a->W)
+        a->R_guess = d->pos;
     return rc;
 }
 
@@ -331,15 +352,17 @@ static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_win
                 "the slots of positions %lld..%lld were never written", (long long)a->P,
                 (long long)q, (long long)(a->P + 1), (long long)q);
         return true;
-    case CMP_DIAG_RING_NO_WRAP:
+    case CMP_DIAG_RING_NO_WRAP: {
         /* Writes stop at R: positions R.. read slots still holding 0... */
-        if (a->R <= 0 || q < a->R || q >= 2 * a->R)
+        const int64_t R = a->R > 0 ? a->R : a->R_guess;
+        if (R <= 0 || q < R || q >= 2 * R)
             return false;
-        h->zero_lo = a->R, h->zero_hi = q + 1, h->older = a->R;
+        h->zero_lo = R, h->zero_hi = q + 1, h->older = R;
         say(h->what, nw, "the config's keys, positions %lld..%lld read from ring slots still "
-            "holding positions %lld..%lld", (long long)a->R, (long long)q, 0LL,
-            (long long)(q - a->R));
+            "holding positions %lld..%lld", (long long)R, (long long)q, 0LL,
+            (long long)(q - R));
         return true;
+    }
     case CMP_DIAG_STALE_CACHE:
         if (a->W <= 0 || a->C <= 0)
             return false;
@@ -395,7 +418,8 @@ static int slot_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     int n = 0;
     if (a->P > 0 && p == a->P + 1 && hyp_of(a, CMP_DIAG_DECODE_STUCK, p, 0, &hs[n]))
         n++;
-    if (a->R > 0 && p >= a->R && hyp_of(a, CMP_DIAG_RING_NO_WRAP, p, 0, &hs[n]))
+    if (((a->R > 0 && p >= a->R) || a->R_guess > 0) &&
+        hyp_of(a, CMP_DIAG_RING_NO_WRAP, p, 0, &hs[n]))
         n++;
     if (a->W > 0 && a->C > 0 && is_chunk_start(p, a) &&
         hyp_of(a, CMP_DIAG_STALE_CACHE, p, 0, &hs[n]))
@@ -842,7 +866,7 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
     if (nr != nt) {
         if (p == a->P && nt == nr + 1)
             return CMP_DIAG_EXTRA_KEY;
-        if (a->C > 0 && is_chunk_start(p, a) && nt < nr && nt == 1)
+        if (a->C > 0 && !a->C_inferred && is_chunk_start(p, a) && nt < nr && nt == 1)
             return CMP_DIAG_CHUNK_ISOLATED;
         if (a->W > 0 && nt <= p + 1)
             return CMP_DIAG_WINDOW;
@@ -852,7 +876,9 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
         return CMP_DIAG_DECODE_STUCK;
     if (a->W > 0 && a->R > 0 && p == a->R)
         return CMP_DIAG_RING_NO_WRAP;
-    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a) && p <= a->P)
+    /* An inferred chunk size rests on a verified recomputation; a guess
+     * from positions alone needs the recorded one. */
+    if (a->W > 0 && a->C > 0 && !a->C_inferred && is_chunk_start(p, a) && p <= a->P)
         return CMP_DIAG_STALE_CACHE;
     return CMP_DIAG_KEY_SET;
 }
@@ -880,6 +906,9 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
         if (p >= a->P)
             say(t, nd, "(%s at decode position %lld: each step saw only its own token)", keys,
                 (long long)p);
+        else if (a->C_inferred)
+            say(t, nd, "(%s at position %lld, where a chunk starts; the engine settings do not "
+                "give the chunk size)", keys, (long long)p);
         else
             say(t, nd, "(%s at position %lld, the first of a chunk of %lld)", keys, (long long)p,
                 (long long)a->C);
@@ -902,7 +931,11 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
         break;
     case CMP_DIAG_RING_NO_WRAP:
         say(s, ns, "keys read from a slot the ring did not overwrite (ring buffer not wrapping)");
-        if (p == a->R)
+        if (a->R == 0)
+            say(t, nd, "(%s at position %lld, the first position the ring did not store: a ring "
+                "of %lld slots; the engine settings do not give its size)", keys, (long long)p,
+                (long long)a->R_guess);
+        else if (p == a->R)
             say(t, nd, "(%s at position %lld = ring size: window %d + chunk %lld)", keys,
                 (long long)p, a->W, (long long)a->C);
         else
@@ -918,6 +951,9 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
         else if (p > a->P)
             say(t, nd, "(%s at position %lld, a decode step after the first (each decode step "
                 "is a chunk of one))", keys, (long long)p);
+        else if (a->C_inferred)
+            say(t, nd, "(%s at position %lld, where a chunk starts; the engine settings do not "
+                "give the chunk size)", keys, (long long)p);
         else
             say(t, nd, "(%s at position %lld, the first of a chunk of %lld)", keys, (long long)p,
                 (long long)a->C);

@@ -15,6 +15,7 @@
 #include "chunked/chunked.h"
 #include "compare/cmp_internal.h"
 #include "compare/compare.h"
+#include "dump/dump.h"
 #include "model/generate.h"
 #include "model/kernels.h"
 #include "model/pcg32.h"
@@ -384,6 +385,138 @@ START_TEST(test_rope_solve_offsets)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Engine settings {}                                                   */
+
+/* A dump written from docs/dump-format.md alone stores engine_settings
+ * as {}. The chunk size and a ring's size are then read from the data
+ * (the first divergence of a chunk-shaped bug is the first chunk
+ * boundary, a ring that stops storing diverges first at its size); a
+ * stuck decode index in a ring needs the recorded chunk and cache, and
+ * then nothing wrong may be claimed. */
+typedef struct {
+    const char *preset;
+    chk_cache_kind cache;
+    int chunk;
+    const char *inject;
+    cmp_diag_kind diag;          /* CMP_DIAG_NONE: not inferable, must not be claimed */
+    cmp_diag_kind not_diag;
+} bare_case;
+
+static const bare_case bare_cases[] = {
+    {"tiny-gemma3", CACHE_DENSE, 5, "isolated-chunks", CMP_DIAG_CHUNK_ISOLATED, 0},
+    {"tiny-llama", CACHE_RING, 16, "isolated-chunks", CMP_DIAG_CHUNK_ISOLATED, 0},
+    {"tiny-gemma3", CACHE_SPLIT, 64, "isolated-chunks", CMP_DIAG_CHUNK_ISOLATED, 0},
+    {"tiny-gemma3", CACHE_RING, 5, "stale-local", CMP_DIAG_STALE_CACHE, 0},
+    {"tiny-gemma3-kvshared", CACHE_DENSE, 7, "stale-local", CMP_DIAG_STALE_CACHE, 0},
+    {"tiny-gemma3", CACHE_DENSE, 40, "stale-local", CMP_DIAG_STALE_CACHE, 0},
+    {"tiny-gemma3", CACHE_RING, 5, "ring-no-wrap", CMP_DIAG_RING_NO_WRAP, 0},
+    {"tiny-gemma3", CACHE_RING, 16, "ring-no-wrap", CMP_DIAG_RING_NO_WRAP, 0},
+    {"tiny-gemma3", CACHE_DENSE, 16, "decode-index-stuck", CMP_DIAG_DECODE_STUCK, 0},
+    {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", CMP_DIAG_DECODE_STUCK, 0},
+    {"tiny-gemma3", CACHE_RING, 5, "window=4", CMP_DIAG_WINDOW, 0},
+    {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", CMP_DIAG_EXTRA_KEY, 0},
+    {"tiny-gemma3", CACHE_RING, 3, "decode-index-stuck", CMP_DIAG_NONE, CMP_DIAG_DECODE_STUCK},
+};
+
+START_TEST(test_bare_settings_diagnosed_from_data)
+{
+    const bare_case *bc = &bare_cases[_i];
+    kv_model m;
+    open_model(bc->preset, 0, &m);
+    run_spec rs = {.p = 40, .nnew = 24, .prompt_seed = 5};
+    chk_opts o = chunked(bc->cache, bc->chunk, SHARE_PLAIN, bc->inject);
+    cmp_memrec *ref = record(&m, &rs, NULL, "{}", NULL);
+    cmp_memrec *got = record(&m, &rs, &o, "{}", NULL);
+    cmp_result r;
+    compare(ref, got, &r);
+    char *t = text_of(&r);
+    ck_assert_msg(r.first.found, "%s", t);
+    if (bc->diag != CMP_DIAG_NONE) {
+        ck_assert_msg(r.diag.kind == bc->diag && r.diag.basis == CMP_BASIS_RECOMPUTED,
+                      "%s on %s: %s (%s)\n%s", bc->inject, chk_cache_name(bc->cache),
+                      cmp_diag_name(r.diag.kind), cmp_basis_name(r.diag.basis), t);
+    } else {
+        /* Not inferable: no key set reproduces it, and nothing is claimed. */
+        ck_assert_msg(r.diag.kind != bc->not_diag && r.diag.kind == CMP_DIAG_KEY_SET &&
+                      r.diag.basis == CMP_BASIS_HEURISTIC, "%s\n%s",
+                      cmp_diag_name(r.diag.kind), t);
+    }
+    ck_assert_msg(!strstr(t, "chunk of 0") && !strstr(t, "chunk 0"), "%s", t);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
+/* kvdiff validate warns, without a violation, when a test-side recording
+ * gives no chunk or cache; a reference's settings are not needed. */
+typedef struct {
+    int lines, warnings;
+    char text[4096];
+} vlog;
+
+static void vcollect(void *ctx, const char *line)
+{
+    vlog *l = ctx;
+    l->lines++;
+    l->warnings += strncmp(line, "warning: ", 9) == 0;
+    size_t used = strlen(l->text);
+    snprintf(l->text + used, sizeof l->text - used, "%s\n", line);
+}
+
+START_TEST(test_validate_warns_without_settings)
+{
+    static const struct {
+        const char *engine, *settings;
+        bool warns;
+    } cases[] = {
+        {"pytorch", "{}", true},
+        {"pytorch", "{\"chunk\":512}", true},
+        {"pytorch", "{\"chunk\":512,\"cache\":\"ring\"}", false},
+        {"reference", "{}", false},
+    };
+    kv_model m;
+    open_model("tiny-llama", 0, &m);
+    char dir[256], path[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/d.h5", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kv_err e = {{0}};
+        dump_opts o;
+        dump_opts_default(&o);
+        dump_meta meta = {.engine = cases[i].engine, .engine_settings = cases[i].settings,
+                          .cfg = &m.cfg, .weight_fingerprint = m.fingerprint,
+                          .tool_version = "kvdiff test", .max_positions = 6, .prompt_length = 4};
+        dump_writer *w = dump_create(path, &meta, &o, &e);
+        ck_assert_msg(w != NULL, "%s", e.msg);
+        kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
+        ref_opts ro = {.max_ctx = 6, .prefill_step = 0};
+        kv_engine *eng = ref_create(&m, &kc, &ro, dump_observer(w), &e);
+        ck_assert_msg(eng != NULL, "%s", e.msg);
+        const int32_t prompt[4] = {1, 2, 3, 4};
+        gen_opts go = {.max_new = 2, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
+        gen_result res;
+        ck_assert_msg(generate(eng, &m.cfg, prompt, 4, &go, dump_observer(w), &res, &e) == 0,
+                      "%s", e.msg);
+        gen_result_free(&res);
+        engine_free(eng);
+        ck_assert_msg(dump_close(w, NULL, &e) == 0, "%s", e.msg);
+        vlog l = {0};
+        int n = dump_validate(path, vcollect, &l, &e);
+        ck_assert_msg(n == 0, "%s: %d violations\n%s", cases[i].settings, n, l.text);
+        ck_assert_msg(l.warnings == (cases[i].warns ? 1 : 0) && l.lines == l.warnings,
+                      "%s %s:\n%s", cases[i].engine, cases[i].settings, l.text);
+        if (cases[i].warns)
+            ck_assert_msg(strstr(l.text, "engine_settings gives no"), "%s", l.text);
+    }
+    test_rmtree(dir);
+    model_free(&m);
+}
+END_TEST
+
 Suite *diagnose_suite(void)
 {
     Suite *s = suite_create("diagnose");
@@ -397,6 +530,9 @@ Suite *diagnose_suite(void)
     tcase_add_loop_test(tc, test_rope_offset_any_size, 0,
                         (int)(sizeof rope_cases / sizeof *rope_cases));
     tcase_add_test(tc, test_rope_solve_offsets);
+    tcase_add_loop_test(tc, test_bare_settings_diagnosed_from_data, 0,
+                        (int)(sizeof bare_cases / sizeof *bare_cases));
+    tcase_add_test(tc, test_validate_warns_without_settings);
     suite_add_tcase(s, tc);
     return s;
 }
