@@ -99,13 +99,15 @@ double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
 /* --- recompute.c --- */
 
 /* A candidate key set for attention at one query position: reference
- * positions lo..hi, where positions in [zero_lo, zero_hi) read K = V = 0,
- * up to two substitutions (the key at position from[i] read from
- * position to[i], or zero when to[i] < 0) and extra_zero more keys with
- * K = V = 0. all_zero: every key K = V = 0. */
+ * positions lo..hi, where positions in [zero_lo, zero_hi) read K = V = 0
+ * (or, when older > 0, the key at position - older: a ring slot's earlier
+ * occupant, zero when that is before 0), up to two substitutions (the key
+ * at position from[i] read from position to[i], or zero when to[i] < 0)
+ * and extra_zero more keys with K = V = 0. all_zero: every key K = V = 0. */
 typedef struct {
     int64_t lo, hi;
     int64_t zero_lo, zero_hi;
+    int64_t older;
     int nsubst;
     int64_t from[2], to[2];
     int extra_zero;
@@ -128,10 +130,17 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
 double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
                          const float *lse_rec, const float *out_rec);
 
-/* Best integer RoPE offset delta in [dmin, dmax] (0 excluded) mapping the
- * rotated rows ref (nheads x D) to test; returns its row-relative error
- * (+inf when none). Layer picks the RoPE base and scaling. */
-double cmp_rope_estimate(const kv_config *cfg, int layer, const float *ref, const float *test,
-                         int nheads, int64_t dmin, int64_t dmax, int64_t *delta);
+/* Offsets the RoPE solver reaches: every one a 32-bit position counter
+ * can be off by. */
+#define CMP_ROPE_MAX_OFFSET 2147483648.0
+
+/* The integer RoPE offset delta (0 excluded, |delta| < CMP_ROPE_MAX_OFFSET)
+ * that maps the rotated rows ref (nheads x D) to test, solved from the
+ * rotation angle of each frequency pair (the lowest frequency gives it up
+ * to whole turns, the higher ones pick the turn and refine it), then
+ * verified by rotating ref; returns that row-relative error (+inf when no
+ * offset fits every frequency). Layer picks the RoPE base and scaling. */
+double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
+                      int nheads, int64_t *delta);
 
 #endif

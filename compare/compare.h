@@ -302,6 +302,11 @@ typedef enum {
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 
+/* Positions past the first divergence the diagnosis reads from the test
+ * recording: two bugs can read the same keys at the divergence and differ
+ * only later (docs/diagnosis.md). A run stopped early keeps these. */
+#define CMP_DIAG_LOOKAHEAD 8
+
 /* How the diagnosis was established, most trustworthy first. */
 typedef enum {
     CMP_BASIS_NONE,

@@ -177,6 +177,9 @@ static int growth_evidence(cmp_ctx *c, kv_err *e)
 typedef struct {
     float *q_ref, *q_test, *out_ref, *out_test;
     int64_t P, C, R;             /* prompt length, chunk (0 unknown), ring size (0 none) */
+    bool C_inferred;             /* no chunk in the settings: C is the divergence's */
+    int64_t R_guess;             /* no cache kind in the settings: the ring size a ring
+                                  * that stopped storing at p would have (0 none) */
     int W;                       /* the layer's window (0 global) */
     int64_t lo_ref;              /* first key the config's window allows */
     bool ref_rows_used;          /* the test lacked q or k/v: the reference's stood in */
@@ -205,12 +208,30 @@ static int attn_case_init(cmp_ctx *c, attn_case *a, kv_err *e)
     a->C = cmp_settings_int(run, "chunk", 0);
     a->W = config_layer_window(c->cfg, d->layer);
     a->lo_ref = a->W > 0 && d->pos - a->W + 1 > 0 ? d->pos - a->W + 1 : 0;
-    if (a->W > 0 && a->C > 0 && cmp_settings_is(run, "cache", "ring")) {
+    /* Without the settings, what the data says: the first divergence of a
+     * chunk-shaped bug is the first chunk boundary (C = p; a prompt
+     * in one chunk when p >= P: decode steps are chunks of one), and a
+     * ring that stopped storing diverges first at its size (R = p).
+     * Recomputation then verifies, as with the settings. */
+    if (a->C <= 0 && d->pos > 0 && a->P > 0) {
+        a->C = d->pos < a->P ? d->pos : a->P;
+        a->C_inferred = true;
+    }
+    const bool cache_known = cmp_settings_is(run, "cache", "ring") ||
+                             cmp_settings_is(run, "cache", "dense") ||
+                             cmp_settings_is(run, "cache", "split");
+    const bool ring = cmp_settings_is(run, "cache", "ring");
+    if (a->W > 0 && a->C > 0 && !a->C_inferred && ring) {
+        /* The ring holds at most the context; max_ctx >= the tokens run,
+         * so without it a ring of W + C <= n_tokens is exact and a larger
+         * one is never reached. */
         long ctx = cmp_settings_int(run, "max_ctx", 0);
         a->R = a->W + a->C;
         if (ctx > 0 && a->R > ctx)
             a->R = ctx;
     }
+    if (a->R == 0 && (ring || !cache_known) && a->W > 0 && d->pos > a->W)
+        a->R_guess = d->pos;
     return rc;
 }
 
@@ -253,6 +274,12 @@ static cmp_hyp hyp_ref(const cmp_divergence *d, const attn_case *a)
     return h;
 }
 
+/* First key the config's window allows at position q. */
+static int64_t window_lo(const attn_case *a, int64_t q)
+{
+    return a->W > 0 && q - a->W + 1 > 0 ? q - a->W + 1 : 0;
+}
+
 /* Prefill runs in chunks of C; each decode step is a chunk of one. */
 static int64_t chunk_start(int64_t p, const attn_case *a)
 {
@@ -272,38 +299,114 @@ static int64_t prev_chunk_start(int64_t s, const attn_case *a)
     return ((s - 1) / a->C) * a->C;
 }
 
+/* The key set a bug of kind k makes attention read at position q >= p of
+ * the divergent layer: the candidate at p itself, and what the same bug
+ * predicts at later positions (which is what tells apart two bugs that
+ * read the same keys at p). n_window: the keys a WINDOW candidate reads.
+ * Returns false where the kind predicts nothing at q. */
+static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_window, cmp_hyp *h)
+{
+    memset(h, 0, sizeof *h);
+    h->lo = window_lo(a, q);
+    h->hi = q;
+    h->kind = k;
+    const size_t nw = sizeof h->what;
+    switch (k) {
+    case CMP_DIAG_EXTRA_KEY:
+        h->extra_zero = 1;
+        say(h->what, nw, "the config's keys %lld..%lld plus one unwritten (zero) slot",
+            (long long)h->lo, (long long)q);
+        return true;
+    case CMP_DIAG_CHUNK_ISOLATED:
+        if (a->C <= 0)
+            return false;
+        h->lo = chunk_start(q, a) > h->lo ? chunk_start(q, a) : h->lo;
+        say(h->what, nw, "only its own chunk's keys %lld..%lld", (long long)h->lo, (long long)q);
+        return true;
+    case CMP_DIAG_WINDOW:
+        if (n_window <= 0)
+            return false;
+        h->lo = q - n_window + 1 > 0 ? q - n_window + 1 : 0;
+        say(h->what, nw, "a window of %lld keys (%lld..%lld)", (long long)n_window,
+            (long long)h->lo, (long long)q);
+        return true;
+    case CMP_DIAG_DECODE_STUCK:
+        /* Every decode token lands in position P's slot; the slots of
+         * P + 1 .. q were never written (in a ring: still hold what the
+         * prefill left there, position - R). */
+        if (a->P <= 0 || q <= a->P || (a->R > 0 && q - a->P >= a->R))
+            return false;
+        h->nsubst = 1;
+        h->from[0] = a->P, h->to[0] = q;
+        h->zero_lo = a->P + 1, h->zero_hi = q + 1, h->older = a->R;
+        if (a->R > 0 && q - a->R >= 0)
+            say(h->what, nw, "keys where position %lld's slot holds position %lld's key and "
+                "the ring slots of positions %lld..%lld still hold what the prefill left there",
+                (long long)a->P, (long long)q, (long long)(a->P + 1), (long long)q);
+        else if (q == a->P + 1)
+            say(h->what, nw, "keys where position %lld's slot holds position %lld's key and "
+                "position %lld's slot was never written", (long long)a->P, (long long)q,
+                (long long)q);
+        else
+            say(h->what, nw, "keys where position %lld's slot holds position %lld's key and "
+                "the slots of positions %lld..%lld were never written", (long long)a->P,
+                (long long)q, (long long)(a->P + 1), (long long)q);
+        return true;
+    case CMP_DIAG_RING_NO_WRAP: {
+        /* Writes stop at R: positions R.. read slots still holding 0... */
+        const int64_t R = a->R > 0 ? a->R : a->R_guess;
+        if (R <= 0 || q < R || q >= 2 * R)
+            return false;
+        h->zero_lo = R, h->zero_hi = q + 1, h->older = R;
+        say(h->what, nw, "the config's keys, positions %lld..%lld read from ring slots still "
+            "holding positions %lld..%lld", (long long)R, (long long)q, 0LL,
+            (long long)(q - R));
+        return true;
+    }
+    case CMP_DIAG_STALE_CACHE:
+        if (a->W <= 0 || a->C <= 0)
+            return false;
+        {
+            const int64_t cs = chunk_start(q, a);
+            if (cs > 0) {
+                const int64_t prev = prev_chunk_start(cs, a);
+                h->zero_lo = prev > h->lo ? prev : h->lo;
+                h->zero_hi = cs;
+                h->older = a->R;
+            }
+            if (h->zero_lo < h->zero_hi)
+                say(h->what, nw, "the config's keys with the previous chunk's (%lld..%lld) "
+                    "read %s", (long long)h->zero_lo, (long long)(cs - 1),
+                    a->R > 0 ? "as the ring held them before it wrote" : "as never written");
+            else
+                say(h->what, nw, "the config's keys %lld..%lld (no earlier chunk in reach)",
+                    (long long)h->lo, (long long)q);
+        }
+        return true;
+    default:
+        return false;
+    }
+}
+
 /* Candidates that change how many keys are read: one extra, only the
  * chunk's own, a window of another size. */
 static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
 {
     const int64_t p = c->d->pos;
     const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
-    const cmp_hyp base = hyp_ref(c->d, a);
     int n = 0;
-    if (nt == nr + 1 && nr >= 0) {
-        cmp_hyp h = base;
-        h.extra_zero = 1;
-        h.kind = CMP_DIAG_EXTRA_KEY;
-        say(h.what, sizeof h.what, "the config's keys %lld..%lld plus one unwritten (zero) slot",
-            (long long)h.lo, (long long)h.hi);
-        hs[n++] = h;
-    }
-    if (a->C > 0 && chunk_start(p, a) > a->lo_ref) {
-        cmp_hyp h = base;
-        h.lo = chunk_start(p, a);
-        h.kind = CMP_DIAG_CHUNK_ISOLATED;
-        say(h.what, sizeof h.what, "only its own chunk's keys %lld..%lld", (long long)h.lo,
-            (long long)h.hi);
-        hs[n++] = h;
-    }
-    if (a->W > 0 && nt > 0 && nt != nr && nt <= p + 1) {
-        cmp_hyp h = base;
-        h.lo = p - nt + 1;
-        h.kind = CMP_DIAG_WINDOW;
-        say(h.what, sizeof h.what, "a window of %d keys (%lld..%lld)", nt, (long long)h.lo,
-            (long long)h.hi);
-        hs[n++] = h;
-    }
+    if (nt == nr + 1 && nr >= 0 && hyp_of(a, CMP_DIAG_EXTRA_KEY, p, 0, &hs[n]))
+        n++;
+    if (a->C > 0 && chunk_start(p, a) > a->lo_ref &&
+        hyp_of(a, CMP_DIAG_CHUNK_ISOLATED, p, 0, &hs[n]))
+        n++;
+    /* A window of N diverges first at min(N, W): row N is the first to
+     * read N keys where the config reads N + 1 (N < W), row W the first
+     * to read W + 1 (N > W). Elsewhere the rows before p refute it. */
+    const bool window_first = (nt < a->W && p == nt) || (nt > a->W && p == a->W);
+    if (a->W > 0 && nt > 0 && nt != nr && nt <= p + 1 && window_first &&
+        hyp_of(a, CMP_DIAG_WINDOW, p, nt, &hs[n]))
+        n++;
     return n;
 }
 
@@ -312,45 +415,15 @@ static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
 static int slot_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
 {
     const int64_t p = c->d->pos;
-    const cmp_hyp base = hyp_ref(c->d, a);
     int n = 0;
-    if (a->P > 0 && p == a->P + 1) {
-        cmp_hyp h = base;
-        h.nsubst = 2;
-        h.from[0] = a->P, h.to[0] = p;
-        h.from[1] = p, h.to[1] = -1;
-        h.kind = CMP_DIAG_DECODE_STUCK;
-        say(h.what, sizeof h.what, "keys where position %lld's slot holds position %lld's key "
-            "and position %lld's slot was never written", (long long)a->P, (long long)p,
-            (long long)p);
-        hs[n++] = h;
-        if (a->R > 0 && p - a->R >= 0) {   /* in a ring, that slot holds an older key */
-            h.to[1] = p - a->R;
-            say(h.what, sizeof h.what, "keys where position %lld's slot holds position %lld's "
-                "key and position %lld's ring slot still holds position %lld's", (long long)a->P,
-                (long long)p, (long long)p, (long long)(p - a->R));
-            hs[n++] = h;
-        }
-    }
-    if (a->R > 0 && p >= a->R) {
-        cmp_hyp h = base;
-        h.nsubst = 1;
-        h.from[0] = p, h.to[0] = p % a->R;
-        h.kind = CMP_DIAG_RING_NO_WRAP;
-        say(h.what, sizeof h.what, "the config's keys, the newest read from ring slot %lld "
-            "(still position %lld's)", (long long)(p % a->R), (long long)(p % a->R));
-        hs[n++] = h;
-    }
-    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a)) {
-        cmp_hyp h = base;
-        const int64_t prev = prev_chunk_start(p, a);
-        h.zero_lo = prev > a->lo_ref ? prev : a->lo_ref;
-        h.zero_hi = p;
-        h.kind = CMP_DIAG_STALE_CACHE;
-        say(h.what, sizeof h.what, "the config's keys with the previous chunk's (%lld..%lld) "
-            "read as never written", (long long)h.zero_lo, (long long)(p - 1));
-        hs[n++] = h;
-    }
+    if (a->P > 0 && p == a->P + 1 && hyp_of(a, CMP_DIAG_DECODE_STUCK, p, 0, &hs[n]))
+        n++;
+    if (((a->R > 0 && p >= a->R) || a->R_guess > 0) &&
+        hyp_of(a, CMP_DIAG_RING_NO_WRAP, p, 0, &hs[n]))
+        n++;
+    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a) &&
+        hyp_of(a, CMP_DIAG_STALE_CACHE, p, 0, &hs[n]))
+        n++;
     return n;
 }
 
@@ -364,36 +437,153 @@ static int build_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     return n;
 }
 
-/* Tests every candidate; fills ev->recompute, ->hypothesis, ->hyp_err and
- * returns the index of the matching one, or -1. */
-static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, int *best,
+/* A candidate that reproduces the test at p. */
+typedef struct {
+    cmp_hyp h;
+    double err;                  /* at p */
+    double later_err;            /* at the last later position tried; NaN none */
+    bool alive;                  /* still reproduces every position tried */
+    int64_t dropped_at;          /* the position it failed (when !alive) */
+} diag_match;
+
+/* Tests every candidate at p; keeps in ms the best match of each kind
+ * (error <= CMP_MATCH_TOL), most accurate first, and fills ev->recompute.
+ * Returns the number of matches, or -1 on error. */
+static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, diag_match *ms,
                           kv_err *e)
 {
     cmp_evidence *ev = c->ev;
     cmp_hyp ref = hyp_ref(c->d, a);
-    *best = -1;
+    int nm = 0;
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
         return -1;
     if (!(ev->ref_check_err <= CMP_MATCH_TOL))
         return 0;   /* our attention does not reproduce the reference: no basis */
     ev->recompute = 0;
-    double best_err = INFINITY;
     for (int i = 0; i < n; i++) {
         double err;
         if (ev->nkeys_test >= 0 && cmp_hyp_nkeys(&hs[i]) != ev->nkeys_test)
             continue;
         if (hyp_err(c, a, &hs[i], false, &err, e) < 0)
             return -1;
-        if (err <= CMP_MATCH_TOL && err < best_err) {
-            best_err = err;
-            *best = i;
+        if (!(err <= CMP_MATCH_TOL))
+            continue;
+        int j = 0;
+        while (j < nm && ms[j].h.kind != hs[i].kind)
+            j++;
+        if (j < nm && ms[j].err <= err)
+            continue;
+        ms[j] = (diag_match){.h = hs[i], .err = err, .later_err = NAN, .alive = true};
+        nm += j == nm;
+    }
+    for (int i = 1; i < nm; i++)   /* insertion sort by error: a handful */
+        for (int j = i; j > 0 && ms[j].err < ms[j - 1].err; j--) {
+            diag_match t = ms[j];
+            ms[j] = ms[j - 1];
+            ms[j - 1] = t;
         }
-    }
-    if (*best >= 0) {
+    if (nm > 0)
         ev->recompute = 1;
-        ev->hyp_err = best_err;
-        say(ev->hypothesis, sizeof ev->hypothesis, "%s", hs[*best].what);
+    return nm;
+}
+
+/* Error of h at a later position q of the divergent layer against the
+ * test's own recorded attention there, from the test's own q, k, v (the
+ * reference's differ after p). A recorded key count other than h's is a
+ * mismatch. Returns 0 with *err set, 1 when the test did not record what
+ * it takes, -1 on error. */
+static int later_err(cmp_ctx *c, const cmp_hyp *h, int64_t q, double *err, kv_err *e)
+{
+    const kv_config *cfg = c->cfg;
+    const int layer = c->d->layer, H = cfg->n_heads, D = cfg->head_dim;
+    int rc = 0;
+    float *qr = row_of(c, c->test, layer, STAGE_Q, q, &rc, e);
+    float *lse = row_of(c, c->test, layer, STAGE_ATTN_LSE, q, &rc, e);
+    float *out = row_of(c, c->test, layer, STAGE_ATTN_OUT, q, &rc, e);
+    float *nk = row_of(c, c->test, layer, STAGE_ATTN_NKEYS, q, &rc, e);
+    double *l = malloc((size_t)H * sizeof(double)), *o = malloc((size_t)H * D * sizeof(double));
+    if (rc == 0 && (!l || !o))
+        rc = kv_errf(e, "compare: out of memory");
+    if (rc == 0 && (!qr || (!lse && !out)))
+        rc = 1;
+    *err = INFINITY;
+    if (rc == 0 && (!nk || (int64_t)nk[0] == cmp_hyp_nkeys(h))) {
+        rc = cmp_recompute_attention(c->test, cfg, layer, qr, h, l, o, e);
+        if (rc == 0)
+            *err = cmp_attention_err(cfg, l, o, lse, out);
     }
+    free(qr);
+    free(lse);
+    free(out);
+    free(nk);
+    free(l);
+    free(o);
+    return rc < 0 ? -1 : rc;
+}
+
+static int alive_count(const diag_match *ms, int nm)
+{
+    int n = 0;
+    for (int i = 0; i < nm; i++)
+        n += ms[i].alive;
+    return n;
+}
+
+/* Why candidates that all reproduce p were or were not told apart. */
+typedef enum {
+    SEP_DECIDED,                 /* one still reproduces the test, the others do not */
+    SEP_UNRECORDED,              /* the next position is not recorded in the test */
+    SEP_NONE_FIT,                /* at the next position no candidate fits */
+    SEP_ALIKE                    /* every position tried fits all of them */
+} sep_outcome;
+
+/* Several bugs can read the same keys at p in other slots (a stuck decode
+ * index and a stale cache at the second decode step read the same pairs
+ * (k, v)): attention cannot tell them apart there. They read different
+ * keys later, so each candidate's prediction is tested at p + 1, p + 2,
+ * ... against the test's own recording, and those that stop reproducing
+ * it are dropped. *last: the last position that all survivors fit. */
+static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int64_t *last,
+                    sep_outcome *why, kv_err *e)
+{
+    const int64_t p = c->d->pos;
+    *last = p;
+    *why = SEP_ALIKE;
+    for (int64_t q = p + 1; q <= p + CMP_DIAG_LOOKAHEAD && alive_count(ms, nm) > 1; q++) {
+        bool fits[8];
+        int tried = 0, fit = 0;
+        for (int i = 0; i < nm; i++) {
+            fits[i] = ms[i].alive;
+            cmp_hyp h;
+            const int64_t nwin = ms[i].h.hi - ms[i].h.lo + 1;
+            if (!ms[i].alive || !hyp_of(a, ms[i].h.kind, q, nwin, &h))
+                continue;   /* predicts nothing there: it stays */
+            double err;
+            int rc = later_err(c, &h, q, &err, e);
+            if (rc < 0)
+                return -1;
+            if (rc == 1) {
+                *why = SEP_UNRECORDED;
+                return 0;
+            }
+            ms[i].later_err = err;
+            fits[i] = err <= CMP_MATCH_TOL;
+            tried++;
+            fit += fits[i];
+        }
+        if (tried > 0 && fit == 0) {   /* something else happens there: no verdict from it */
+            *why = SEP_NONE_FIT;
+            return 0;
+        }
+        for (int i = 0; i < nm; i++) {
+            if (ms[i].alive && !fits[i])
+                ms[i].dropped_at = q;
+            ms[i].alive = fits[i];
+        }
+        *last = q;
+    }
+    if (alive_count(ms, nm) == 1)
+        *why = SEP_DECIDED;
     return 0;
 }
 
@@ -449,8 +639,7 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     }
     ev->norms_equal = head_norms_equal(a, b, nh, D);
     if (ev->norms_equal) {
-        ev->rope_err = cmp_rope_estimate(c->cfg, d->layer, a, b, nh, -(d->pos + 16), 4096,
-                                         &ev->rope_delta);
+        ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
         ev->rope_found = ev->rope_err <= CMP_MATCH_TOL;
     }
     free(a);
@@ -462,9 +651,14 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     if (!ev->rope_found) {
         set_diag(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_HEURISTIC,
                  "a rotation-like difference: per-head norms are preserved");
-        say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset in %lld..+4096 "
-            "reproduces the test: best %+lld, error %.2g; a different RoPE base, scaling or "
-            "layout?)", -(long long)(d->pos + 16), (long long)ev->rope_delta, ev->rope_err);
+        if (isfinite(ev->rope_err))
+            say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "the rotation angles suggest %+lld, which leaves an error of %.2g; a different "
+                "RoPE base, scaling or layout?)", (long long)ev->rope_delta, ev->rope_err);
+        else
+            say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "no offset fits the rotation angle of every frequency pair; a different RoPE "
+                "base, scaling or layout?)");
         return 1;
     }
     char s[256];
@@ -481,40 +675,75 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
-/* Every head's output exactly zero and lse = log(n): n keys with K = V = 0. */
+/* lse = log(n) on every head: n keys all scoring 0. */
+static bool lse_is_log_n(const float *lse, int H, int n)
+{
+    const double lg = log((double)n);
+    bool yes = lse != NULL && n >= 1;
+    for (int h = 0; yes && h < H; h++)
+        yes = fabs((double)lse[h] - lg) <= 1e-6 * fmax(1.0, lg);
+    return yes;
+}
+
+static bool all_zero(const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return false;
+    return true;
+}
+
+/* Every score 0 (lse = log(n)) and, where attn_out is recorded, every
+ * head's output exactly zero: n keys with K = V = 0. Without attn_out the
+ * scores alone say K = 0 (V unchecked); without q, a zero query would
+ * give the same scores, and the text says so. */
 static int rule_zero_kv(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     const cmp_evidence *ev = c->ev;
     const int H = c->cfg->n_heads, n = H * c->cfg->head_dim;
-    if (!is_attn_stage(d->stage) || !ev->lse_test || ev->nkeys_test < 1)
+    if (!is_attn_stage(d->stage) || !ev->lse_test || ev->nkeys_test < 1 ||
+        !lse_is_log_n(ev->lse_test, H, ev->nkeys_test))
         return 0;
     int rc = 0;
     float *out = row_of(c, c->test, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
     float *ref = row_of(c, c->ref, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
-    bool zero = out != NULL, ref_zero = ref != NULL;
-    for (int i = 0; out && i < n; i++)
-        zero &= out[i] == 0.0f;
-    for (int i = 0; ref && i < n; i++)
-        ref_zero &= ref[i] == 0.0f;
-    const double lg = log((double)ev->nkeys_test);
-    for (int h = 0; zero && h < H; h++)
-        zero &= fabs((double)ev->lse_test[h] - lg) <= 1e-6 * fmax(1.0, lg);
+    float *q = row_of(c, c->test, d->layer, STAGE_Q, d->pos, &rc, e);
+    const bool zero = !out || all_zero(out, n);
+    /* The reference must not show the same: its output is not zero, or
+     * (output unrecorded) its scores are not all 0. */
+    const bool ref_same = ref ? all_zero(ref, n)
+                              : !ev->lse_ref || lse_is_log_n(ev->lse_ref, H, ev->nkeys_ref >= 1
+                                                              ? ev->nkeys_ref : ev->nkeys_test);
+    const bool q_zero = q && all_zero(q, n);
+    const bool have_out = out != NULL, have_q = q != NULL;
     free(out);
     free(ref);
-    if (rc < 0 || !zero || ref_zero)
+    free(q);
+    if (rc < 0 || !zero || ref_same || q_zero)
         return rc;
     const int owner = c->cfg->kv_owner[d->layer];
+    const int nt = ev->nkeys_test;
+    const double lg = log((double)nt);
     char s[256];
-    say(s, sizeof s, "attention read K = V = 0 (an empty or unwired cache%s)",
-        owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    if (have_out)
+        say(s, sizeof s, "attention read K = V = 0 (an empty or unwired cache%s)",
+            owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    else if (have_q)
+        say(s, sizeof s, "attention read zero keys: every score was 0 (an empty or unwired "
+            "cache%s)", owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    else
+        say(s, sizeof s, "every attention score was 0: zero keys read (an empty or unwired "
+            "cache%s), or a zero query (q not recorded)",
+            owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
     set_diag(c, CMP_DIAG_ZERO_KV, CMP_BASIS_EXACT_CHECK, s);
     if (owner != d->layer)
-        say(c->g->detail, sizeof c->g->detail, "(layer %d reads layer %d's cache: it got "
-            "nothing from it)", d->layer, owner);
-    say(c->g->evidence, sizeof c->g->evidence, "the test's attn_out is exactly 0 for every "
-        "head and attn_lse = log(%d) = %.6g, what %d key%s scoring 0 give%s", ev->nkeys_test, lg,
-        ev->nkeys_test, ev->nkeys_test == 1 ? "" : "s", ev->nkeys_test == 1 ? "s" : "");
+        say(c->g->detail, sizeof c->g->detail, "(layer %d reads layer %d's cache: %s)",
+            d->layer, owner, have_out ? "it got nothing from it" : "what it read scored 0");
+    say(c->g->evidence, sizeof c->g->evidence, "%sattn_lse = log(%d) = %.6g on every head, "
+        "what %d key%s scoring 0 give%s%s", have_out ? "the test's attn_out is exactly 0 for "
+        "every head and " : "the test's ", nt, lg, nt, nt == 1 ? "" : "s", nt == 1 ? "s" : "",
+        have_out ? "" : "; attn_out not recorded, so V = 0 is not checked");
     return 1;
 }
 
@@ -608,15 +837,36 @@ static int rule_drift(cmp_ctx *c, attn_case *a, kv_err *e)
 /* ------------------------------------------------------------------ */
 /* The key-set rule                                                     */
 
-/* What the positions and counts alone suggest. */
+/* "keys attended 12 in both", "keys attended 8 vs 1", never a -1. */
+static void counts_phrase(const cmp_ctx *c, char *buf, size_t n)
+{
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    char r[32] = "unknown", t[32] = "unknown";
+    if (nr >= 0 && nr == nt) {
+        say(buf, n, "keys attended %d in both", nr);
+        return;
+    }
+    if (nr >= 0)
+        say(r, sizeof r, "%d", nr);
+    if (nt >= 0)
+        say(t, sizeof t, "%d", nt);
+    say(buf, n, "keys attended %s vs %s", r, t);
+}
+
+/* What the positions and counts alone suggest. An unrecorded reference
+ * count is the config's (the reference reads the config's keys); with
+ * the test's count unknown, positions alone suggest nothing. */
 static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
 {
     const int64_t p = c->d->pos;
-    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
-    if (nr >= 0 && nt >= 0 && nr != nt) {
+    const int nt = c->ev->nkeys_test;
+    const int64_t nr = c->ev->nkeys_ref >= 0 ? c->ev->nkeys_ref : p - a->lo_ref + 1;
+    if (nt < 0)
+        return CMP_DIAG_KEY_SET;
+    if (nr != nt) {
         if (p == a->P && nt == nr + 1)
             return CMP_DIAG_EXTRA_KEY;
-        if (a->C > 0 && is_chunk_start(p, a) && nt < nr && nt == 1)
+        if (a->C > 0 && !a->C_inferred && is_chunk_start(p, a) && nt < nr && nt == 1)
             return CMP_DIAG_CHUNK_ISOLATED;
         if (a->W > 0 && nt <= p + 1)
             return CMP_DIAG_WINDOW;
@@ -626,7 +876,9 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
         return CMP_DIAG_DECODE_STUCK;
     if (a->W > 0 && a->R > 0 && p == a->R)
         return CMP_DIAG_RING_NO_WRAP;
-    if (a->W > 0 && a->C > 0 && is_chunk_start(p, a) && p <= a->P)
+    /* An inferred chunk size rests on a verified recomputation; a guess
+     * from positions alone needs the recorded one. */
+    if (a->W > 0 && a->C > 0 && !a->C_inferred && is_chunk_start(p, a) && p <= a->P)
         return CMP_DIAG_STALE_CACHE;
     return CMP_DIAG_KEY_SET;
 }
@@ -634,9 +886,10 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
 static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
 {
     const int64_t p = c->d->pos;
-    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
-    char *s = c->g->summary, *t = c->g->detail;
+    const int nt = c->ev->nkeys_test;
+    char *s = c->g->summary, *t = c->g->detail, keys[64];
     const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail;
+    counts_phrase(c, keys, sizeof keys);
     c->g->kind = k;
     switch (k) {
     case CMP_DIAG_WINDOW:
@@ -651,45 +904,142 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
         say(s, ns, "attention read a different key set at a chunk boundary: chunks attend only "
             "to themselves");
         if (p >= a->P)
-            say(t, nd, "(keys attended %d vs %d at decode position %lld: each step saw only its "
-                "own token)", nr, nt, (long long)p);
+            say(t, nd, "(%s at decode position %lld: each step saw only its own token)", keys,
+                (long long)p);
+        else if (a->C_inferred)
+            say(t, nd, "(%s at position %lld, where a chunk starts; the engine settings do not "
+                "give the chunk size)", keys, (long long)p);
         else
-            say(t, nd, "(keys attended %d vs %d at position %lld, the first of a chunk of %lld)",
-                nr, nt, (long long)p, (long long)a->C);
+            say(t, nd, "(%s at position %lld, the first of a chunk of %lld)", keys, (long long)p,
+                (long long)a->C);
         break;
     case CMP_DIAG_EXTRA_KEY:
-        say(s, ns, "at the first decode step: one extra key (off-by-one in the prefill/decode "
-            "mask)");
-        say(t, nd, "(keys attended %d vs %d at position %lld = prompt length)", nr, nt,
-            (long long)p);
+        if (p == a->P) {
+            say(s, ns, "at the first decode step: one extra key (off-by-one in the prefill/decode "
+                "mask)");
+            say(t, nd, "(%s at position %lld = prompt length)", keys, (long long)p);
+        } else {
+            say(s, ns, "one extra key: an unwritten (zero) slot attended as a key (an off-by-one "
+                "in a mask)");
+            say(t, nd, "(%s at position %lld)", keys, (long long)p);
+        }
         break;
-    case CMP_DIAG_DECODE_STUCK:
+    case CMP_DIAG_DECODE_STUCK:   /* only ever at P + 1 (slot_hyps, keyset_heuristic) */
         say(s, ns, "at the second decode step: the new key overwrote the previous one (decode "
             "index not advancing)");
-        say(t, nd, "(keys attended %d in both at position %lld = prompt length + 1)", nt,
-            (long long)p);
+        say(t, nd, "(%s at position %lld = prompt length + 1)", keys, (long long)p);
         break;
     case CMP_DIAG_RING_NO_WRAP:
         say(s, ns, "keys read from a slot the ring did not overwrite (ring buffer not wrapping)");
-        say(t, nd, "(keys attended %d in both at position %lld = ring size: window %d + chunk "
-            "%lld)", nt, (long long)p, a->W, (long long)a->C);
+        if (a->R == 0)
+            say(t, nd, "(%s at position %lld, the first position the ring did not store: a ring "
+                "of %lld slots; the engine settings do not give its size)", keys, (long long)p,
+                (long long)a->R_guess);
+        else if (p == a->R)
+            say(t, nd, "(%s at position %lld = ring size: window %d + chunk %lld)", keys,
+                (long long)p, a->W, (long long)a->C);
+        else
+            say(t, nd, "(%s at position %lld, past the ring size %lld: window %d + chunk %lld)",
+                keys, (long long)p, (long long)a->R, a->W, (long long)a->C);
         break;
     case CMP_DIAG_STALE_CACHE:
         say(s, ns, "stale values: the sliding cache read is from an earlier state (state not "
             "synced between chunk calls)");
-        if (p >= a->P)
-            say(t, nd, "(keys attended %d in both at position %lld, the first decode step after "
-                "the prompt's last chunk)", nt, (long long)p);
+        if (p == a->P)
+            say(t, nd, "(%s at position %lld, the first decode step after the prompt's last "
+                "chunk)", keys, (long long)p);
+        else if (p > a->P)
+            say(t, nd, "(%s at position %lld, a decode step after the first (each decode step "
+                "is a chunk of one))", keys, (long long)p);
+        else if (a->C_inferred)
+            say(t, nd, "(%s at position %lld, where a chunk starts; the engine settings do not "
+                "give the chunk size)", keys, (long long)p);
         else
-            say(t, nd, "(keys attended %d in both at position %lld, the first of a chunk of "
-                "%lld)", nt, (long long)p, (long long)a->C);
+            say(t, nd, "(%s at position %lld, the first of a chunk of %lld)", keys, (long long)p,
+                (long long)a->C);
         break;
     default:
         c->g->kind = CMP_DIAG_KEY_SET;
-        say(s, ns, "attention read a different key set");
-        say(t, nd, "(keys attended %d vs %d)", nr, nt);
+        if (c->ev->qkv == -1)   /* without q, k, v, attention's inputs may be what differs */
+            say(s, ns, "attention differs: a different key set, or different q, k, v (not all "
+                "recorded)");
+        else
+            say(s, ns, "attention read a different key set");
+        say(t, nd, "(%s)", keys);
         break;
     }
+}
+
+/* A few words for a kind, to name candidates side by side. */
+static const char *kind_phrase(cmp_diag_kind k)
+{
+    switch (k) {
+    case CMP_DIAG_WINDOW: return "a sliding window of another size";
+    case CMP_DIAG_CHUNK_ISOLATED: return "chunks attending only to themselves";
+    case CMP_DIAG_EXTRA_KEY: return "an unwritten slot attended as a key";
+    case CMP_DIAG_DECODE_STUCK: return "a decode index not advancing";
+    case CMP_DIAG_RING_NO_WRAP: return "a ring buffer not wrapping";
+    case CMP_DIAG_STALE_CACHE: return "a sliding cache read from an earlier state";
+    default: return "another key set";
+    }
+}
+
+/* Appends printf-style text to buf (size n), truncating. */
+static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
+/* Several candidates reproduce the test and nothing recorded tells them
+ * apart: name them all, claim none. */
+static void ambiguous_text(cmp_ctx *c, const diag_match *ms, int nm, int64_t last,
+                           sep_outcome why)
+{
+    const int64_t p = c->d->pos;
+    cmp_diagnosis *g = c->g;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    g->kind = CMP_DIAG_KEY_SET;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    say(g->summary, sizeof g->summary, "attention read a different key set: ");
+    say(g->detail, sizeof g->detail, "(%s at position %lld; each of these reproduces the test "
+        "there:", keys, (long long)p);
+    say(g->evidence, sizeof g->evidence, "recomputing attention from the recorded q, k, v "
+        "reproduces the test's attention at position %lld over each key set (errors", (long long)p);
+    int k = 0;
+    for (int i = 0; i < nm; i++) {
+        if (!ms[i].alive)
+            continue;
+        const int n_alive = alive_count(ms, nm);
+        append(g->summary, sizeof g->summary, "%s%s (%s)",
+               k == 0 ? (n_alive == 2 ? "either " : "one of ") : k == n_alive - 1 ? " or " : ", ",
+               kind_phrase(ms[i].h.kind), cmp_diag_name(ms[i].h.kind));
+        append(g->detail, sizeof g->detail, "%s %s", k ? ";" : "", ms[i].h.what);
+        append(g->evidence, sizeof g->evidence, "%s %.2g", k ? "," : "", ms[i].err);
+        k++;
+    }
+    append(g->detail, sizeof g->detail, ")");
+    if (why == SEP_UNRECORDED)
+        append(g->evidence, sizeof g->evidence, "); the test did not record position %lld of "
+               "layer %d (q, k, v and attention), where they would read different keys: record "
+               "it to tell them apart", (long long)(last + 1), c->d->layer);
+    else if (why == SEP_NONE_FIT)
+        append(g->evidence, sizeof g->evidence, "); at position %lld none of them reproduces "
+               "the test (something else happens there), so later positions do not decide",
+               (long long)(last + 1));
+    else if (last > p)
+        append(g->evidence, sizeof g->evidence, "); positions %lld..%lld fit all of them alike",
+               (long long)(p + 1), (long long)last);
+    else
+        append(g->evidence, sizeof g->evidence, "); later positions predict nothing that "
+               "tells them apart");
 }
 
 /* Same q, k, v up to p; attn_lse or the key count differs. */
@@ -709,18 +1059,43 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
     if (!lse_differs && !nkeys_differ)
         return 0;
     cmp_hyp hs[8];
-    int n = build_hyps(c, a, hs), best;
-    if (recompute_hyps(c, a, hs, n, &best, e) < 0)
+    diag_match ms[8];
+    const int n = build_hyps(c, a, hs);
+    const int nm = recompute_hyps(c, a, hs, n, ms, e);
+    if (nm < 0)
+        return -1;
+    int64_t last = d->pos;
+    sep_outcome why = SEP_DECIDED;
+    if (nm > 1 && separate(c, a, ms, nm, &last, &why, e) < 0)
         return -1;
     const cmp_diag_kind guess = keyset_heuristic(c, a);
-    if (best >= 0) {
-        keyset_text(c, a, hs[best].kind);
+    if (nm > 0 && alive_count(ms, nm) > 1) {
+        ambiguous_text(c, ms, nm, last, why);
+        return 1;
+    }
+    if (nm > 0) {
+        const diag_match *m = &ms[0];
+        while (!m->alive)
+            m++;
+        ev->hyp_err = m->err;
+        say(ev->hypothesis, sizeof ev->hypothesis, "%s", m->h.what);
+        keyset_text(c, a, m->h.kind);
         c->g->basis = CMP_BASIS_RECOMPUTED;
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
             "q, k, v%s over %s reproduces the test's attn_lse and attn_out (error %.2g); the "
             "config's key set reproduces the reference (%.2g)",
             a->ref_rows_used ? " (the reference's: the test did not record them)" : "",
             ev->hypothesis, ev->hyp_err, ev->ref_check_err);
+        for (int i = 0; i < nm; i++)
+            if (!ms[i].alive)
+                append(c->g->evidence, sizeof c->g->evidence, "; %s (%s) reproduces position "
+                       "%lld too (%.2g), but not position %lld where the test reads other keys "
+                       "(error %.2g)", kind_phrase(ms[i].h.kind), cmp_diag_name(ms[i].h.kind),
+                       (long long)d->pos, ms[i].err, (long long)ms[i].dropped_at,
+                       ms[i].later_err);
+        if (last > d->pos)
+            append(c->g->evidence, sizeof c->g->evidence, "; this one reproduces every position "
+                   "up to %lld", (long long)last);
         return 1;
     }
     if (ev->recompute == 0) {

@@ -67,8 +67,12 @@ static void add_key(softmax_state *st, const float *k, const float *v)
  * 2 another position (*from). */
 static int key_source(const cmp_hyp *h, int64_t j, int64_t *from)
 {
-    if (h->all_zero || (j >= h->zero_lo && j < h->zero_hi))
+    if (h->all_zero)
         return 0;
+    if (j >= h->zero_lo && j < h->zero_hi) {
+        *from = j - h->older;
+        return h->older > 0 && *from >= 0 ? 2 : 0;
+    }
     for (int i = 0; i < h->nsubst; i++)
         if (h->from[i] == j) {
             *from = h->to[i];
@@ -230,35 +234,114 @@ static double rotated_err(const float *ref, const float *test, int nheads, int D
     return test_max > 0 ? worst / test_max : (worst > 0 ? INFINITY : 0);
 }
 
-double cmp_rope_estimate(const kv_config *cfg, int layer, const float *ref, const float *test,
-                         int nheads, int64_t dmin, int64_t dmax, int64_t *delta)
+/* Angles wrapped to (-pi, pi]. */
+static double wrap_angle(double x)
+{
+    x = fmod(x, 2 * M_PI);
+    if (x > M_PI)
+        x -= 2 * M_PI;
+    else if (x <= -M_PI)
+        x += 2 * M_PI;
+    return x;
+}
+
+/* Residual angle a candidate offset may leave at one frequency before it
+ * is refused: far above float32 rounding (~1e-6), far below a wrong
+ * wrap's (uniform over (-pi, pi]). */
+#define ROPE_ANGLE_TOL 0.05
+
+/* A candidate offset (a real estimate from the lowest frequency) refined
+ * through every higher one: at each, the predicted angle must agree with
+ * the measured one to ROPE_ANGLE_TOL, and the agreement moves the
+ * estimate closer. Returns false at the first disagreement. */
+static bool rope_refine(double est, const double *inv, const double *theta, const int *order,
+                        int n, int64_t *delta)
+{
+    for (int i = 1; i < n; i++) {
+        const int f = order[i];
+        const double r = wrap_angle(theta[f] - est * inv[f]);
+        if (fabs(r) > ROPE_ANGLE_TOL)
+            return false;
+        est += r / inv[f];
+    }
+    if (!(fabs(est) < CMP_ROPE_MAX_OFFSET))
+        return false;
+    *delta = (int64_t)llround(est);
+    return true;
+}
+
+double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
+                      int nheads, int64_t *delta)
 {
     const int D = cfg->head_dim, half = D / 2;
-    double *inv = malloc((size_t)half * 3 * sizeof(double));
+    double *inv = malloc((size_t)half * 5 * sizeof(double));
+    int *order = malloc((size_t)half * sizeof(int));
     double best = INFINITY;
     *delta = 0;
-    if (!inv || D < 2 || D % 2)
+    if (!inv || !order || D < 2 || D % 2)
         goto done;
-    double *cs = inv + half, *sn = cs + half, test_max = 0;
+    double *theta = inv + half, *weight = theta + half, *cs = weight + half, *sn = cs + half;
+    double test_max = 0, wmax = 0;
     for (int i = 0; i < nheads * D; i++)
         test_max = fmax(test_max, fabs((double)test[i]));
     layer_inv_freq(cfg, layer, inv);
-    for (int64_t dl = dmin; dl <= dmax; dl++) {
-        if (dl == 0)
-            continue;
-        for (int d = 0; d < half; d++) {
-            const double ang = (double)dl * inv[d];   /* in double, as the engines */
-            cs[d] = cos(ang);
-            sn[d] = sin(ang);
+    /* Per frequency pair, the angle that takes the reference's pairs to
+     * the test's: arg of sum over heads of conj(ref) * test (each pair
+     * weighted by its own size). */
+    for (int d = 0; d < half; d++) {
+        double re = 0, im = 0;
+        for (int h = 0; h < nheads; h++) {
+            const double a = ref[(size_t)h * D + d], b = ref[(size_t)h * D + d + half];
+            const double y0 = test[(size_t)h * D + d], y1 = test[(size_t)h * D + d + half];
+            re += a * y0 + b * y1;
+            im += a * y1 - b * y0;
         }
-        double err = rotated_err(ref, test, nheads, D, cs, sn, test_max,
-                                 isfinite(best) ? best : 1.0);
-        if (err < best) {
-            best = err;
-            *delta = dl;
+        theta[d] = atan2(im, re);
+        weight[d] = hypot(re, im);
+        wmax = fmax(wmax, weight[d]);
+    }
+    /* Frequencies whose pairs carry signal, lowest first. */
+    int n = 0;
+    for (int d = 0; d < half; d++)
+        if (weight[d] > 1e-6 * wmax && inv[d] > 0 && isfinite(theta[d]))
+            order[n++] = d;
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && inv[order[j]] < inv[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    if (n == 0)
+        goto done;
+    /* The lowest frequency knows the offset up to its period 2 pi / inv:
+     * each wrap k is a candidate, nearest zero first; the higher
+     * frequencies refuse all but the right one (usually at the first
+     * check), and rotating the whole row verifies what is left. */
+    const double inv0 = inv[order[0]], th0 = theta[order[0]];
+    int64_t kmax = (int64_t)(CMP_ROPE_MAX_OFFSET * inv0 / (2 * M_PI)) + 1;
+    if (kmax > (1 << 26))   /* only a head_dim of 2 or 4 turns that fast: bound the work */
+        kmax = 1 << 26;
+    for (int64_t k = 0; k <= kmax; k++) {
+        for (int sign = 0; sign < (k ? 2 : 1); sign++) {
+            const double est = (th0 + 2 * M_PI * (double)(sign ? -k : k)) / inv0;
+            int64_t dl;
+            if (!rope_refine(est, inv, theta, order, n, &dl) || dl == 0)
+                continue;
+            for (int d = 0; d < half; d++) {
+                const double ang = (double)dl * inv[d];   /* in double, as the engines */
+                cs[d] = cos(ang);
+                sn[d] = sin(ang);
+            }
+            double err = rotated_err(ref, test, nheads, D, cs, sn, test_max,
+                                     isfinite(best) ? best : 1.0);
+            if (err < best) {
+                best = err;
+                *delta = dl;
+            }
         }
     }
 done:
     free(inv);
+    free(order);
     return best;
 }

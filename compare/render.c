@@ -254,6 +254,12 @@ static void before_line(FILE *f, const cmp_divergence *d, const cmp_evidence *ev
     }
     if (ev->nkeys_ref >= 0 && ev->nkeys_test >= 0)
         fprintf(f, "; keys attended %d vs %d", ev->nkeys_ref, ev->nkeys_test);
+    else if (ev->nkeys_ref >= 0)   /* an unknown count is said, never printed as -1 */
+        fprintf(f, "; keys attended %d vs unknown (test did not record attn_nkeys)",
+                ev->nkeys_ref);
+    else if (ev->nkeys_test >= 0)
+        fprintf(f, "; keys attended unknown (reference did not record attn_nkeys) vs %d",
+                ev->nkeys_test);
     fprintf(f, "\n");
 }
 
@@ -487,14 +493,16 @@ static json_t *jevidence(const cmp_divergence *d, const cmp_evidence *ev)
         if (ev->earlier_identical & (1u << s))
             json_array_append_new(identical, json_string(stage_name((kv_stage)s)));
     }
-    json_t *j = json_pack("{so so so sI sI so so si si}", "earlier_compared", compared,
+    json_t *j = json_pack("{so so so sI sI so so so so}", "earlier_compared", compared,
                           "earlier_identical", identical, "qkv_identical_upto_position",
                           ev->qkv < 0 ? json_null() : json_boolean(ev->qkv == 1),
                           "qkv_from", (json_int_t)ev->qkv_from, "qkv_to",
                           (json_int_t)ev->qkv_to, "attn_lse_ref",
                           jfloats(ev->lse_ref, ev->n_heads), "attn_lse_test",
-                          jfloats(ev->lse_test, ev->n_heads), "nkeys_ref", ev->nkeys_ref,
-                          "nkeys_test", ev->nkeys_test);
+                          jfloats(ev->lse_test, ev->n_heads), "nkeys_ref",
+                          ev->nkeys_ref < 0 ? json_null() : json_integer(ev->nkeys_ref),
+                          "nkeys_test",
+                          ev->nkeys_test < 0 ? json_null() : json_integer(ev->nkeys_test));
     if (!j)
         return NULL;
     json_object_set_new(j, "norms_equal", json_boolean(ev->norms_equal));

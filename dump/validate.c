@@ -5,7 +5,9 @@
  *
  * NaN and infinities in the data are allowed (they are what a debugging
  * dump is for); each dataset holding some gets one line starting with
- * "note: ", passed to the same callback and not counted as a violation. */
+ * "note: ", passed to the same callback and not counted as a violation.
+ * Engine settings that lack what the diagnosis reads get a line starting
+ * with "warning: ", not counted either. */
 #include "dump_internal.h"
 
 #include <jansson.h>
@@ -180,12 +182,34 @@ static bool check_format(vstate *v)
     return true;
 }
 
-static void check_settings(vstate *v)
+static void warning(vstate *v, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void warning(vstate *v, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    say(v, "warning: ", fmt, ap);
+    va_end(ap);
+}
+
+/* A JSON object, and (not a violation) the keys the diagnosis reads from
+ * a test recording (docs/dump-format.md): a recording without them gets a
+ * weaker diagnosis, which its writer may want to know. */
+static void check_settings(vstate *v, const char *engine)
 {
     char *s = str_attr(v, v->file, "The root group", "engine_settings");
     json_t *j = s ? json_loads(s, 0, NULL) : NULL;
     if (s && !json_is_object(j))
         violation(v, "The root attribute engine_settings is not a JSON object.");
+    if (json_is_object(j) && engine && strcmp(engine, "reference")) {
+        const bool chunk = json_is_integer(json_object_get(j, "chunk"));
+        const bool cache = json_is_string(json_object_get(j, "cache"));
+        if (!chunk || !cache)
+            warning(v, "The root attribute engine_settings gives no %s: the diagnosis infers "
+                    "the chunk size and a ring's size from the data where it can, and cannot "
+                    "tell a stuck decode index in a ring buffer (docs/dump-format.md says "
+                    "which diagnosis uses which setting).",
+                    !chunk && !cache ? "chunk and no cache" : !chunk ? "chunk" : "cache");
+    }
     json_decref(j);
     free(s);
 }
@@ -219,9 +243,10 @@ static void check_root(vstate *v)
         }
     }
     H5Eclear2(H5E_DEFAULT);
-    free(str_attr(v, v->file, root, "engine"));
+    char *engine = str_attr(v, v->file, root, "engine");
     free(str_attr(v, v->file, root, "tool_version"));
-    check_settings(v);
+    check_settings(v, engine);
+    free(engine);
     char *cfg = str_attr(v, v->file, root, "model_config");
     if (cfg)
         v->cfg_ok = dump_config_parse(cfg, &v->cfg, config_problem, v) == 0;

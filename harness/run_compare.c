@@ -23,6 +23,7 @@ typedef struct {
     bool stop_early;             /* exact mode */
     bool found;                  /* a row differs */
     int64_t pos, step_first, step_last;  /* its position and the step holding it */
+    int64_t done_to;             /* last position of the steps run after it */
     int layer;
     kv_stage stage;
     bool stopped;                /* the checker stopped the run */
@@ -50,11 +51,14 @@ static int lc_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
 static int lc_emit(kv_observer *self, const kv_event *ev)
 {
     live_check *c = (live_check *)self;
-    /* A later forward step has begun: the divergent one is complete. */
-    if (c->found && ev->pos0 > c->step_last) {
+    /* A later forward step has begun: the divergent one is complete, and
+     * so are those the diagnosis reads past it. */
+    if (c->found && ev->pos0 > c->step_last + CMP_DIAG_LOOKAHEAD) {
         c->stopped = true;
         return 1;
     }
+    if (c->found && ev->pos0 + ev->nrows - 1 > c->done_to)
+        c->done_to = ev->pos0 + ev->nrows - 1;
     if (wants_one(c->rec, ev->stage, ev->layer) && c->rec->emit(c->rec, ev))
         return 1;
     if (wants_one(c->dump, ev->stage, ev->layer) && c->dump->emit(c->dump, ev))
@@ -74,6 +78,7 @@ static int lc_emit(kv_observer *self, const kv_event *ev)
             c->stage = ev->stage;
             c->step_first = ev->pos0;
             c->step_last = ev->pos0 + ev->nrows - 1;
+            c->done_to = c->step_last;
             break;
         }
     }
@@ -217,7 +222,12 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
         goto out;
     if (!o->json) {
         printf("reference %s\ntest      %s\n", da, db);
-        if (lc.stopped)
+        if (lc.stopped && lc.done_to > lc.step_last)
+            printf("test run  stopped after the forward step of positions %lld..%lld, which "
+                   "holds the first differing row, and those up to position %lld (the "
+                   "diagnosis reads a few positions on); the runs are compared up to there\n",
+                   (long long)lc.step_first, (long long)lc.step_last, (long long)lc.done_to);
+        else if (lc.stopped)
             printf("test run  stopped after the forward step of positions %lld..%lld, which "
                    "holds the first differing row; the runs are compared up to there\n",
                    (long long)lc.step_first, (long long)lc.step_last);

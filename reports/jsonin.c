@@ -264,8 +264,8 @@ static void read_evidence(jr *c, json_t *v, const char *where, cmp_evidence *ev)
     ev->lse_ref = floats(c, v, where, "attn_lse_ref", &n);
     ev->lse_test = floats(c, v, where, "attn_lse_test", &n);
     ev->n_heads = n;
-    ev->nkeys_ref = (int)integer(c, v, where, "nkeys_ref", -1, INT32_MAX, INT64_MIN);
-    ev->nkeys_test = (int)integer(c, v, where, "nkeys_test", -1, INT32_MAX, INT64_MIN);
+    ev->nkeys_ref = (int)integer(c, v, where, "nkeys_ref", -1, INT32_MAX, -1);
+    ev->nkeys_test = (int)integer(c, v, where, "nkeys_test", -1, INT32_MAX, -1);
     ev->norms_equal = boolean(c, v, where, "norms_equal");
     json_t *rd = need(c, v, where, "rope_delta");
     ev->rope_found = rd && json_is_integer(rd);
