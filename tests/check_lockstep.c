@@ -77,6 +77,7 @@ static const char *const bugs[] = {
     "--cache split --inject split-mask-off-by-one",
     "--inject decode-index-stuck",
     "--cache ring --inject ring-no-wrap",
+    "--cache split --inject split-decode-blind",
 };
 
 START_TEST(test_compare_matches_dumps)
