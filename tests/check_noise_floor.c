@@ -7,10 +7,11 @@
  * finds it at without cascade. In memory, on planted differences: the
  * floor is born where the noise run first drifts, reaches stages the
  * noise run reproduced exactly downstream of it, leaves everything
- * upstream exact, uses every position the noise holds; a noise recording
- * without drift, or with a NaN, is refused, and one beyond rounding drift
- * is noted. */
+ * upstream exact, uses every position the noise holds, is shown per
+ * stage in the JSON; a noise recording without drift, or with a NaN, is
+ * refused, and one beyond rounding drift is noted. */
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,7 @@
 #include "compare/compare.h"
 #include "model/generate.h"
 #include "reference/reference.h"
+#include "reports/report.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -354,6 +356,64 @@ START_TEST(test_noise_beyond_drift_noted)
 }
 END_TEST
 
+/* The JSON shows, per stage, which floor judged: the stage's own sample,
+ * the modelled floor and the tolerances applied; they read back. */
+START_TEST(test_json_shows_floor)
+{
+    trio t;
+    trio_open(&t, PL + NN - 1);
+    drift(t.noise, 1, STAGE_ATTN_OUT, 5, 2e-6);
+    cmp_result r;
+    kv_err e = {{0}};
+    ck_assert_msg(trio_compare(&t, &r, &e) == 0, "%s", e.msg);
+    char *js = cmp_render_json(&r, CMP_RENDER_STAGES);
+    ck_assert_ptr_nonnull(js);
+    json_t *j = json_loads(js, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_t *stages = json_object_get(j, "stages");
+    bool seen = false;
+    for (size_t i = 0; i < json_array_size(stages); i++) {
+        json_t *s = json_array_get(stages, i);
+        if (json_integer_value(json_object_get(s, "layer")) != 2 ||
+            strcmp(json_string_value(json_object_get(s, "stage")), "x_in"))
+            continue;
+        const cmp_stage_result *x = stage(&r, 2, STAGE_X_IN);
+        ck_assert(json_is_number(json_object_get(s, "noise_rel")) &&
+                  json_is_number(json_object_get(s, "noise_abs")) &&
+                  json_is_number(json_object_get(s, "rtol")));
+        ck_assert(json_number_value(json_object_get(s, "noise_floor")) == x->noise_floor);
+        ck_assert(json_number_value(json_object_get(s, "noise_rel")) == 0);
+        ck_assert(json_number_value(json_object_get(s, "noise_abs")) == 0);
+        ck_assert(json_number_value(json_object_get(s, "rtol")) == x->rtol_eff);
+        ck_assert(x->rtol_eff > 0);
+        seen = true;
+    }
+    ck_assert(seen);
+    json_decref(j);
+    /* ... and a saved result reads back with them (kvdiff report). */
+    char dir[64], path[96];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/result.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(js, f);
+    fclose(f);
+    report_json back;
+    ck_assert_msg(report_json_load(path, &back, &e) == 0, "%s", e.msg);
+    for (int i = 0; i < r.n_stages; i++) {
+        const cmp_stage_result *a = &r.stages[i], *b = &back.r.stages[i];
+        ck_assert(b->noise_held == a->noise_held && b->noise_rel == a->noise_rel &&
+                  b->noise_abs == a->noise_abs && b->noise_floor == a->noise_floor &&
+                  b->rtol_eff == a->rtol_eff && b->atol_eff == a->atol_eff);
+    }
+    report_json_free(&back);
+    test_rmtree(dir);
+    free(js);
+    cmp_result_free(&r);
+    trio_close(&t);
+}
+END_TEST
+
 Suite *noise_floor_suite(void)
 {
     Suite *s = suite_create("noise_floor");
@@ -369,6 +429,7 @@ Suite *noise_floor_suite(void)
     tcase_add_test(tc, test_noise_without_drift_refused);
     tcase_add_test(tc, test_noise_nonfinite_refused);
     tcase_add_test(tc, test_noise_beyond_drift_noted);
+    tcase_add_test(tc, test_json_shows_floor);
     suite_add_tcase(s, tc);
     return s;
 }
