@@ -193,15 +193,22 @@ size_t cmp_memrec_bytes(const cmp_memrec *m);
  *   exact mode (atol = rtol = 0, ulp = 0, no noise source): the float32
  *     bits are equal (so NaN equals NaN only bit for bit, and -0 != +0);
  *   otherwise: bits equal, or both NaN, or
- *     |test - ref| <= atol_eff + rtol * max|ref row|, or ulp distance <= ulp,
+ *     |test - ref| <= atol + rtol_eff * max|ref row|, or ulp distance <= ulp,
  *     where max|ref row| is the largest finite |ref| of that row (rtol is
  *     scale-aware, as the reported relative errors are, so an element near
  *     zero in a row of O(1) values does not need an atol: numpy's
- *     element-wise rtol would flag every rounding difference there),
- *     atol_eff = atol + noise_factor * floor(layer, stage) and floor is the
- *     largest |ref - noise| over every position the reference and the noise
- *     recording both hold for that (layer, stage) (0 where the noise run is
- *     bit-identical, so those stages stay exact).
+ *     element-wise rtol would flag every rounding difference there), and
+ *     rtol_eff = rtol + noise_factor * floor(layer, stage).
+ * The floor (row-relative, 0 without a noise source) models the drift the
+ * noise recording shows against the reference, over every position both
+ * hold (not only the test's): drift is born at the first (layer, stage) in
+ * dataflow order where the noise differs, every stage before it keeps
+ * floor 0 (exact); from there floor(l, s) is the largest row-relative
+ * |ref - noise| of any stage from the birth through layer l + 1 (model
+ * stages after the last layer: of all), so a stage the noise run happened
+ * to reproduce exactly, or does not hold, is not exact once drift runs
+ * upstream of it; attn_nkeys (integer counts) stays exact.
+ * cmp_stage_result shows each stage's sample and floor.
  * A NaN or infinity against anything but its own kind is always a
  * divergence. Fingerprint sources compare by hash: exact mode only. */
 typedef struct {
@@ -210,7 +217,7 @@ typedef struct {
     uint64_t ulp;                /* 0 = off */
     const cmp_source *noise;     /* optional third recording of the same prompt
                                   * (e.g. a cascade run) defining the noise floor */
-    double noise_factor;         /* default 2 */
+    double noise_factor;         /* default 4 (docs/diagnosis.md says why) */
     bool force;                  /* compare despite a model / prompt mismatch */
     bool full;                   /* keep walking after the divergence, so the
                                   * per-stage `all` metrics cover everything */
@@ -257,8 +264,16 @@ typedef struct {
     bool hashed;                 /* compared by fingerprint (row hashes) */
     int64_t rows_by_hash;        /* rows found bit-equal by their hashes alone
                                   * (full dumps with row hashes), not read */
-    double noise_floor;          /* max |ref - noise| (0 without a noise source) */
-    double atol_eff;             /* the absolute tolerance applied */
+    /* With a noise source (all 0 without one; docs/diagnosis.md): */
+    bool noise_held;             /* the noise recording holds this (layer, stage) */
+    double noise_abs;            /* max |ref - noise| over the positions both hold */
+    double noise_rel;            /* max row-relative |ref - noise| there: this stage's
+                                  * own sample of the drift */
+    double noise_floor;          /* the drift floor modelled for this stage, row-relative
+                                  * (0: compared without one; see cmp_opts) */
+    double atol_eff;             /* the absolute tolerance applied (atol) */
+    double rtol_eff;             /* the relative tolerance applied:
+                                  * rtol + noise_factor * noise_floor */
     cmp_stats upto;              /* rows before the first divergence (dataflow order) */
     cmp_stats all;               /* every row the walk visited (all of them with opts.full) */
 } cmp_stage_result;

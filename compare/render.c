@@ -566,14 +566,19 @@ static json_t *jstages(const cmp_result *r)
     json_t *a = json_array();
     for (int i = 0; i < r->n_stages; i++) {
         const cmp_stage_result *s = &r->stages[i];
-        json_array_append_new(a, json_pack("{si ss si sI sI sb sI so so so so}", "layer", s->layer,
-                                           "stage", stage_name(s->stage), "cols", s->cols,
-                                           "position_lo", (json_int_t)s->pos_lo, "position_hi",
-                                           (json_int_t)s->pos_hi, "fingerprint", s->hashed,
-                                           "rows_by_hash", (json_int_t)s->rows_by_hash,
-                                           "noise_floor", jnum(s->noise_floor), "atol",
-                                           jnum(s->atol_eff), "upto", jstats(&s->upto), "all",
-                                           jstats(&s->all)));
+        /* The noise floor that judged the stage: its own sample (null where
+         * the noise recording lacks it), the modelled floor, the tolerances. */
+        json_t *nrel = r->noise && s->noise_held ? jnum(s->noise_rel) : json_null();
+        json_t *nabs = r->noise && s->noise_held ? jnum(s->noise_abs) : json_null();
+        json_array_append_new(a, json_pack("{si ss si sI sI sb sI so so so so so so so}", "layer",
+                                           s->layer, "stage", stage_name(s->stage), "cols",
+                                           s->cols, "position_lo", (json_int_t)s->pos_lo,
+                                           "position_hi", (json_int_t)s->pos_hi, "fingerprint",
+                                           s->hashed, "rows_by_hash", (json_int_t)s->rows_by_hash,
+                                           "noise_rel", nrel, "noise_abs", nabs, "noise_floor",
+                                           jnum(s->noise_floor), "atol", jnum(s->atol_eff),
+                                           "rtol", jnum(s->rtol_eff), "upto", jstats(&s->upto),
+                                           "all", jstats(&s->all)));
     }
     return a;
 }

@@ -489,6 +489,16 @@ static void read_stage(jr *c, json_t *s, int i, cmp_stage_result *o)
     o->rows_by_hash = integer(c, s, where, "rows_by_hash", 0, INT64_MAX, INT64_MIN);
     o->noise_floor = num(c, s, where, "noise_floor", false);
     o->atol_eff = num(c, s, where, "atol", false);
+    /* Written since the floor became row-relative; absent from older
+     * results, which applied no relative tolerance per stage. */
+    if (json_object_get(s, "rtol"))
+        o->rtol_eff = num(c, s, where, "rtol", false);
+    json_t *nrel = json_object_get(s, "noise_rel");
+    o->noise_held = nrel && !json_is_null(nrel);
+    if (o->noise_held) {
+        o->noise_rel = num(c, s, where, "noise_rel", false);
+        o->noise_abs = num(c, s, where, "noise_abs", true);
+    }
     char w2[64];
     json_t *u = object(c, s, where, "upto", false);
     snprintf(w2, sizeof w2, "%s.upto", where);
