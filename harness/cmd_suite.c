@@ -247,6 +247,14 @@ int cmd_suite(int argc, char **argv)
         cli_error("suite", &e);
         return EXIT_USAGE;
     }
+    /* The JUnit file is written after every case ran: a folder that does
+     * not exist, or the suite file itself, must fail now, not then. */
+    if (a.junit && !a.list &&
+        (cli_output_writable("--junit", a.junit, &e) < 0 ||
+         cli_output_not_input("--junit", a.junit, "the suite file", a.file, &e) < 0)) {
+        cli_error("suite", &e);
+        return EXIT_USAGE;
+    }
     suite s;
     if (suite_load(a.file, &s, &e) < 0) {
         cli_error("suite", &e);

@@ -26,6 +26,7 @@
 
 #include "suite.h"
 #include "../dump/observer.h"
+#include "../model/outfile.h"
 
 /* snprintf that cuts silently: messages and paths here are bounded on
  * purpose (a cut message is still one line). */
@@ -689,26 +690,11 @@ void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
 int suite_write_junit(const char *path, const suite *s, const int *sel, int n,
                       const suite_result *results, kv_err *e)
 {
-    size_t len = strlen(path) + 8;
-    char *tmp = malloc(len);
-    if (!tmp)
-        return kv_errf(e, "%s: out of memory", path);
-    put(tmp, len, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        kv_errf(e, "%s: cannot write: %s", tmp, strerror(errno));
-        free(tmp);
+    /* Written whole or not at all, through a fresh temporary name (no
+     * predictable PATH.tmp a symlink could be planted at). */
+    outfile o;
+    if (outfile_open(&o, path, e) < 0)
         return -1;
-    }
-    suite_junit_stream(f, s, sel, n, results);
-    int bad = ferror(f);
-    /* Written whole or not at all: the file appears only when complete. */
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        kv_errf(e, "%s: cannot write: %s", path, strerror(errno ? errno : EIO));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
+    suite_junit_stream(o.f, s, sel, n, results);
+    return outfile_commit(&o, e);
 }

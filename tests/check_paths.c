@@ -1,0 +1,323 @@
+/* check_paths.c — what kvdiff writes and where: an output named like an
+ * input is refused before any work, temporary files cannot be redirected
+ * by a symlink planted at a predictable name, outputs that cannot be
+ * written fail at once, contradictory flags are refused, and file contents
+ * never reach the terminal raw. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The helpers are the binary's, not the library's: compiled in here. */
+#include "harness/cli.h"
+#include "harness/cli.c"
+#include "testutil.h"
+
+static char out[1 << 16];
+static char tmp[64];
+
+static void tmp_setup(void)
+{
+    ck_assert_ptr_nonnull(test_tmpdir(tmp, sizeof tmp));
+}
+
+static void tmp_teardown(void)
+{
+    test_rmtree(tmp);
+}
+
+static void put_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    ck_assert_msg(f != NULL, "cannot write %s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The whole file (at most 4 KiB) as a string, "" when missing. */
+static const char *file_text(const char *path)
+{
+    static char buf[4096];
+    buf[0] = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return buf;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static int cli(const char *fmt, const char *a, const char *b, const char *c)
+{
+    char args[2048];
+    snprintf(args, sizeof args, fmt, a, b, c);
+    return test_run_cli(args, out, sizeof out);
+}
+
+static bool is_symlink(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode);
+}
+
+static bool is_regular(const char *path)
+{
+    struct stat sb;
+    return lstat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+static const char *const SUITE_TEXT =
+    "[same]\nmodel = tiny-gemma3\nprompt = random:8:1\nmax_new = 2\n"
+    "a = --engine reference\nb = --engine chunked --chunk 3\nexpect = identical\n";
+
+/* ------------------------------------------------------------------ */
+/* Outputs equal to inputs                                              */
+
+START_TEST(test_dump_over_prompt_file)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/p.txt", tmp);
+    put_file(p, "1,2,3\n");
+    int rc = cli("run --prompt-file %s --max-new 2 --dump %s%s", p, p, "");
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "--dump") && strstr(out, "--prompt-file"), "%s", out);
+    ck_assert_str_eq(file_text(p), "1,2,3\n");
+    /* the same file under another name (a hard link) is the same input */
+    char q[128];
+    snprintf(q, sizeof q, "%s/q.txt", tmp);
+    ck_assert_int_eq(link(p, q), 0);
+    rc = cli("run --prompt-file %s --max-new 2 --dump %s%s", p, q, "");
+    ck_assert_msg(rc == 2 && strstr(out, "same file"), "exit %d\n%s", rc, out);
+    ck_assert_str_eq(file_text(p), "1,2,3\n");
+}
+END_TEST
+
+START_TEST(test_dump_over_model_file)
+{
+    char gm[128], st[160];
+    snprintf(gm, sizeof gm, "%s/gm", tmp);
+    snprintf(st, sizeof st, "%s/model.safetensors", gm);
+    ck_assert_int_eq(cli("gen --preset tiny-gemma3 -o %s%s%s", gm, "", ""), 0);
+    struct stat before, after;
+    ck_assert_int_eq(stat(st, &before), 0);
+    int rc = cli("run --model %s --max-new 2 --dump %s%s", gm, st, "");
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "model.safetensors") && strstr(out, "refusing"), "%s", out);
+    ck_assert_int_eq(stat(st, &after), 0);
+    ck_assert_int_eq(before.st_size, after.st_size);
+    ck_assert_int_eq(before.st_mtime, after.st_mtime);
+    /* config.json through a relative spelling of the folder */
+    char cfg[200];
+    snprintf(cfg, sizeof cfg, "%s/../%s/gm/config.json", gm, strrchr(tmp, '/') + 1);
+    rc = cli("run --model %s --max-new 2 --dump %s%s", gm, cfg, "");
+    ck_assert_msg(rc == 2 && strstr(out, "config.json"), "exit %d\n%s", rc, out);
+    /* a new file in the model folder is no input */
+    char ok[160];
+    snprintf(ok, sizeof ok, "%s/run.h5", gm);
+    rc = cli("run --model %s --max-new 2 --dump %s%s", gm, ok, "");
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+}
+END_TEST
+
+START_TEST(test_dump_equals_dump_ref)
+{
+    char d[128], d2[160];
+    snprintf(d, sizeof d, "%s/same.h5", tmp);
+    snprintf(d2, sizeof d2, "%s/./same.h5", tmp);
+    int rc = cli("run --compare --engine chunked --max-new 2 --dump %s --dump-ref %s%s", d, d2,
+                 "");
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "--dump") && strstr(out, "--dump-ref"), "%s", out);
+    ck_assert_msg(access(d, F_OK) != 0, "the run went ahead:\n%s", out);
+}
+END_TEST
+
+START_TEST(test_junit_over_suite_file)
+{
+    char s[128];
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    put_file(s, SUITE_TEXT);
+    int rc = cli("suite %s --junit %s%s", s, s, "");
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "--junit") && strstr(out, "suite file"), "%s", out);
+    ck_assert_str_eq(file_text(s), SUITE_TEXT);
+}
+END_TEST
+
+/* Refused before the first case runs: no table, no case folder. */
+START_TEST(test_junit_missing_folder_refused_first)
+{
+    char s[128], keep[128], j[160], casedir[160];
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    snprintf(keep, sizeof keep, "%s/work", tmp);
+    snprintf(j, sizeof j, "%s/no/such/folder/j.xml", tmp);
+    snprintf(casedir, sizeof casedir, "%s/same", keep);
+    put_file(s, SUITE_TEXT);
+    ck_assert_int_eq(mkdir(keep, 0755), 0);
+    int rc = cli("suite %s --keep %s --junit %s", s, keep, j);
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "--junit") && !strstr(out, "expectation"), "%s", out);
+    ck_assert_msg(access(casedir, F_OK) != 0, "a case ran:\n%s", out);
+    /* a folder given as the file */
+    rc = cli("suite %s --junit %s%s", s, keep, "");
+    ck_assert_msg(rc == 2 && strstr(out, "folder"), "exit %d\n%s", rc, out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* Temporary files and symlinks                                         */
+
+START_TEST(test_junit_tmp_symlink_not_followed)
+{
+    char s[128], j[128], link_at[160], victim[128];
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    snprintf(j, sizeof j, "%s/j.xml", tmp);
+    snprintf(link_at, sizeof link_at, "%s.tmp", j);
+    snprintf(victim, sizeof victim, "%s/victim", tmp);
+    put_file(s, SUITE_TEXT);
+    put_file(victim, "untouched\n");
+    ck_assert_int_eq(symlink(victim, link_at), 0);
+    int rc = cli("suite %s --junit %s%s", s, j, "");
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+    ck_assert_str_eq(file_text(victim), "untouched\n");
+    ck_assert(is_regular(j));
+    ck_assert_ptr_nonnull(strstr(file_text(j), "<testsuites"));
+}
+END_TEST
+
+START_TEST(test_report_symlinks_not_followed)
+{
+    char a[128], b[128], rep[128], plots[160], victim[128];
+    snprintf(a, sizeof a, "%s/a.h5", tmp);
+    snprintf(b, sizeof b, "%s/b.h5", tmp);
+    snprintf(rep, sizeof rep, "%s/rep", tmp);
+    snprintf(plots, sizeof plots, "%s/plots", rep);
+    snprintf(victim, sizeof victim, "%s/victim", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --dump %s%s%s", a, "", ""), 0);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --engine chunked --chunk 5 "
+                         "--inject window=4 --dump %s%s%s", b, "", ""), 0);
+    ck_assert_int_eq(mkdir(rep, 0755), 0);
+    ck_assert_int_eq(mkdir(plots, 0755), 0);
+    put_file(victim, "untouched\n");
+    /* every name an attacker could predict: the old temporary names and
+     * the plot files themselves */
+    static const char *const planted[] = {
+        ".index.html.tmp", ".summary.md.tmp", ".result.json.tmp", "plots/heatmap.gp",
+        "plots/heatmap.dat", "plots/growth.gp", "plots/heatmap.png", "plots/heatmap.svg"};
+    char at[256];
+    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+        snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
+        ck_assert_int_eq(symlink(victim, at), 0);
+    }
+    int rc = cli("report %s %s -o %s", a, b, rep);
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+    ck_assert_str_eq(file_text(victim), "untouched\n");
+    for (size_t i = 3; i < sizeof planted / sizeof *planted; i++) {
+        snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
+        ck_assert_msg(!is_symlink(at), "%s is still the planted link", planted[i]);
+    }
+    snprintf(at, sizeof at, "%s/index.html", rep);
+    ck_assert(is_regular(at));
+    /* what a report leaves is as readable as any file the user makes */
+    struct stat sb;
+    ck_assert_int_eq(stat(at, &sb), 0);
+    ck_assert_int_ne(sb.st_mode & 0044, 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* Contradictory flags                                                  */
+
+START_TEST(test_exact_with_tolerance_refused)
+{
+    static const char *const cmds[] = {
+        "compare x.h5 y.h5 --exact --atol 1e-3",   "compare x.h5 y.h5 --rtol 1e-3 --exact",
+        "report x.h5 y.h5 -o r --ulp 4 --exact",   "run --compare --exact --atol 1e-3",
+        "run --compare --engine chunked --atol 1e-3 --exact"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        int rc = test_run_cli(cmds[i], out, sizeof out);
+        ck_assert_msg(rc == 2, "%s: exit %d\n%s", cmds[i], rc, out);
+        ck_assert_msg(strstr(out, "--exact and --"), "%s:\n%s", cmds[i], out);
+        ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "one line: %s", out);
+    }
+    /* tolerances together are no contradiction */
+    int rc = test_run_cli("run --compare --engine chunked --max-new 2 --atol 1e-3 --rtol 1e-3",
+                          out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+}
+END_TEST
+
+START_TEST(test_prefill_with_chunked_refused)
+{
+    int rc = test_run_cli("run --engine chunked --prefill token --max-new 2", out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "--prefill") && strstr(out, "--engine chunked"), "%s", out);
+    rc = test_run_cli("run --prefill token --engine chunked --compare --max-new 2", out,
+                      sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "--prefill"), "exit %d\n%s", rc, out);
+    rc = test_run_cli("run --engine reference --prefill token --max-new 2", out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* The helpers                                                          */
+
+START_TEST(test_escape)
+{
+    char buf[64];
+    ck_assert_str_eq(cli_escape(buf, sizeof buf, "a\x1b[2Jb\rc\td", false),
+                     "a\\x1b[2Jb\\x0dc\td");
+    ck_assert_str_eq(cli_escape(buf, sizeof buf, "l1\nl2\x7f", false), "l1\\x0al2\\x7f");
+    ck_assert_str_eq(cli_escape(buf, sizeof buf, "l1\nl2", true), "l1\nl2");
+    ck_assert_str_eq(cli_escape(buf, sizeof buf, "caf\xc3\xa9", false), "caf\xc3\xa9");
+    /* cut at a whole escape, never half of one */
+    ck_assert_str_eq(cli_escape(buf, 6, "ab\x01", false), "ab");
+}
+END_TEST
+
+START_TEST(test_same_file)
+{
+    char a[128], b[160], c[128];
+    snprintf(a, sizeof a, "%s/a", tmp);
+    snprintf(b, sizeof b, "%s/./a", tmp);
+    snprintf(c, sizeof c, "%s/c", tmp);
+    ck_assert(cli_same_file(a, b));        /* neither exists: resolved paths */
+    ck_assert(!cli_same_file(a, c));
+    put_file(a, "x");
+    ck_assert_int_eq(symlink(a, c), 0);
+    ck_assert(cli_same_file(a, c));        /* both exist: the inode */
+    ck_assert(cli_same_file(b, c));
+}
+END_TEST
+
+Suite *paths_suite(void)
+{
+    Suite *s = suite_create("paths");
+    TCase *t = tcase_create("inputs");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_dump_over_prompt_file);
+    tcase_add_test(t, test_dump_over_model_file);
+    tcase_add_test(t, test_dump_equals_dump_ref);
+    tcase_add_test(t, test_junit_over_suite_file);
+    tcase_add_test(t, test_junit_missing_folder_refused_first);
+    suite_add_tcase(s, t);
+    t = tcase_create("symlinks");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_junit_tmp_symlink_not_followed);
+    tcase_add_test(t, test_report_symlinks_not_followed);
+    suite_add_tcase(s, t);
+    t = tcase_create("flags");
+    tcase_add_test(t, test_exact_with_tolerance_refused);
+    tcase_add_test(t, test_prefill_with_chunked_refused);
+    suite_add_tcase(s, t);
+    t = tcase_create("helpers");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_escape);
+    tcase_add_test(t, test_same_file);
+    suite_add_tcase(s, t);
+    return s;
+}
