@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 /* The helpers are the binary's, not the library's: compiled in here. */
+#include "model/config.h"
+#include "model/tokenizer.h"
 #include "harness/cli.h"
 #include "harness/cli.c"
 #include "testutil.h"
@@ -264,6 +266,82 @@ START_TEST(test_prefill_with_chunked_refused)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* Small inputs that are not regular files                              */
+
+/* A FIFO opened for reading blocks until a writer comes: alarm() turns a
+ * hang into a failed (forked) test instead of a stuck run. */
+START_TEST(test_config_fifo_refused)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/config.json", tmp);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    alarm(20);
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_int_eq(config_load_json(p, &c, &e), -1);
+    alarm(0);
+    ck_assert_msg(strstr(e.msg, "config.json") && strstr(e.msg, "not a regular file"), "%s",
+                  e.msg);
+}
+END_TEST
+
+START_TEST(test_tokenizer_fifo_refused)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    alarm(20);
+    kv_tokenizer *t = NULL;
+    kv_err e = {{0}};
+    ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
+    alarm(0);
+    ck_assert_msg(strstr(e.msg, "tokenizer.json") && strstr(e.msg, "FIFO"), "%s", e.msg);
+}
+END_TEST
+
+/* /dev/zero is refused for what it is, before a byte is read (it used to
+ * be read up to the 1 GB bound); a huge regular file for its size. */
+START_TEST(test_tokenizer_device_and_size_refused)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
+    ck_assert_int_eq(symlink("/dev/zero", p), 0);
+    kv_tokenizer *t = NULL;
+    kv_err e = {{0}};
+    alarm(20);
+    ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
+    ck_assert_msg(strstr(e.msg, "not a regular file (a device)"), "%s", e.msg);
+    ck_assert_int_eq(unlink(p), 0);
+    /* sparse: no disk used */
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(ftruncate(fileno(f), 300L << 20), 0);
+    fclose(f);
+    ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
+    ck_assert_msg(strstr(e.msg, "314572800 bytes; at most 268435456"), "%s", e.msg);
+    alarm(0);
+    ck_assert_ptr_null(t);
+}
+END_TEST
+
+/* The model folder as `run` sees it: a one-line error, no hang. */
+START_TEST(test_run_model_fifo_refused)
+{
+    char gm[128], cfg[160];
+    snprintf(gm, sizeof gm, "%s/gm", tmp);
+    snprintf(cfg, sizeof cfg, "%s/config.json", gm);
+    ck_assert_int_eq(cli("gen --preset tiny-gemma3 -o %s%s%s", gm, "", ""), 0);
+    ck_assert_int_eq(unlink(cfg), 0);
+    ck_assert_int_eq(mkfifo(cfg, 0644), 0);
+    alarm(60);
+    int rc = cli("run --model %s --max-new 1%s%s", gm, "", "");
+    alarm(0);
+    ck_assert_msg(rc == 2 && strstr(out, "config.json: not a regular file"), "exit %d\n%s", rc,
+                  out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* The helpers                                                          */
 
 START_TEST(test_escape)
@@ -313,6 +391,13 @@ Suite *paths_suite(void)
     t = tcase_create("flags");
     tcase_add_test(t, test_exact_with_tolerance_refused);
     tcase_add_test(t, test_prefill_with_chunked_refused);
+    suite_add_tcase(s, t);
+    t = tcase_create("small inputs");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_config_fifo_refused);
+    tcase_add_test(t, test_tokenizer_fifo_refused);
+    tcase_add_test(t, test_tokenizer_device_and_size_refused);
+    tcase_add_test(t, test_run_model_fifo_refused);
     suite_add_tcase(s, t);
     t = tcase_create("helpers");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
