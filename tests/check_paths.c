@@ -11,7 +11,10 @@
 #include <unistd.h>
 
 /* The helpers are the binary's, not the library's: compiled in here. */
+#include <jansson.h>
+
 #include "model/config.h"
+#include "reports/report.h"
 #include "model/tokenizer.h"
 #include "harness/cli.h"
 #include "harness/cli.c"
@@ -342,6 +345,72 @@ START_TEST(test_run_model_fifo_refused)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* A saved compare result with impossible values                        */
+
+/* Sets root.obj.key (obj NULL: root.key) to v and returns the load error. */
+static const char *load_with(const char *json, const char *obj, const char *key, json_t *v)
+{
+    static kv_err e;
+    char path[160];
+    snprintf(path, sizeof path, "%s/mut.json", tmp);
+    json_error_t jerr;
+    json_t *root = json_load_file(json, 0, &jerr);
+    ck_assert_ptr_nonnull(root);
+    json_t *o = obj ? json_object_get(root, obj) : root;
+    ck_assert_msg(json_is_object(o), "%s is not an object", obj);
+    json_object_set_new(o, key, v);
+    ck_assert_int_eq(json_dump_file(root, path, 0), 0);
+    json_decref(root);
+    report_json j;
+    memset(&e, 0, sizeof e);
+    if (report_json_load(path, &j, &e) == 0) {
+        report_json_free(&j);
+        return NULL;
+    }
+    return e.msg;
+}
+
+START_TEST(test_report_json_impossible_values)
+{
+    char a[128], b[128], json[128], args[512];
+    snprintf(a, sizeof a, "%s/a.h5", tmp);
+    snprintf(b, sizeof b, "%s/b.h5", tmp);
+    snprintf(json, sizeof json, "%s/r.json", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --dump %s%s%s", a, "", ""), 0);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --engine chunked --chunk 5 "
+                         "--inject window=4 --dump %s%s%s", b, "", ""), 0);
+    snprintf(args, sizeof args, "sh -c '\"%s\" compare %s %s --json > %s'",
+             getenv("KVDIFF_BIN") ? getenv("KVDIFF_BIN") : "./kvdiff", a, b, json);
+    ck_assert_int_eq(system(args) >> 8, 1);
+    /* the file as written loads */
+    report_json j;
+    kv_err e = {{0}};
+    ck_assert_msg(report_json_load(json, &j, &e) == 0, "%s", e.msg);
+    report_json_free(&j);
+    const char *m = load_with(json, "first_divergence", "position", json_integer(1LL << 62));
+    ck_assert_msg(m && strstr(m, "first_divergence.position is out of range"), "%s",
+                  m ? m : "accepted");
+    m = load_with(json, "tokens", "ref_id", json_integer(-1));
+    ck_assert_msg(m && strstr(m, "tokens.ref_id is out of range (-1)"), "%s", m ? m : "accepted");
+    m = load_with(json, "tokens", "position", json_integer(1LL << 40));
+    ck_assert_msg(m && strstr(m, "tokens.position"), "%s", m ? m : "accepted");
+    m = load_with(json, NULL, "exit_code", json_integer(77));
+    ck_assert_msg(m && strstr(m, "exit_code is out of range (77)"), "%s", m ? m : "accepted");
+    /* a possible exit code that the verdict contradicts */
+    m = load_with(json, NULL, "exit_code", json_integer(0));
+    ck_assert_msg(m && strstr(m, "exit_code is 0, but"), "%s", m ? m : "accepted");
+    /* and through the CLI: exit 2, the key named, nothing written */
+    char mut[160], rep[160];
+    snprintf(mut, sizeof mut, "%s/mut.json", tmp);
+    snprintf(rep, sizeof rep, "%s/rep", tmp);
+    load_with(json, NULL, "exit_code", json_integer(77));
+    int rc = cli("report %s -o %s%s", mut, rep, "");
+    ck_assert_msg(rc == 2 && strstr(out, "exit_code"), "exit %d\n%s", rc, out);
+    ck_assert(access(rep, F_OK) != 0);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* The helpers                                                          */
 
 START_TEST(test_escape)
@@ -398,6 +467,10 @@ Suite *paths_suite(void)
     tcase_add_test(t, test_tokenizer_fifo_refused);
     tcase_add_test(t, test_tokenizer_device_and_size_refused);
     tcase_add_test(t, test_run_model_fifo_refused);
+    suite_add_tcase(s, t);
+    t = tcase_create("report json");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_report_json_impossible_values);
     suite_add_tcase(s, t);
     t = tcase_create("helpers");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
