@@ -411,6 +411,36 @@ START_TEST(test_report_json_impossible_values)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* A file that is no token list                                         */
+
+/* Its contents never reach the message: the file, line and byte do. */
+START_TEST(test_prompt_file_not_echoed)
+{
+    char secret[128], s[128];
+    snprintf(secret, sizeof secret, "%s/secret.txt", tmp);
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    put_file(secret, "1 2 3\n4 hunter2:x:0:0:root\n");
+    put_file(s, "[c]\nmodel = tiny-gemma3\nprompt = file:secret.txt\nmax_new = 2\n"
+                "a = --engine reference\nb = --engine reference\nexpect = identical\n");
+    int rc = cli("suite %s%s%s", s, "", "");
+    ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
+    ck_assert_msg(!strstr(out, "hunter"), "echoed the file: %s", out);
+    ck_assert_msg(strstr(out, "secret.txt: line 2, byte 3 (item 5)"), "%s", out);
+    rc = cli("run --prompt-file %s%s%s", secret, "", "");
+    ck_assert_msg(rc == 2 && !strstr(out, "hunter") && strstr(out, "line 2, byte 3"),
+                  "exit %d\n%s", rc, out);
+    /* a file's id outside the vocabulary: named by place too */
+    put_file(secret, "1 2 999999\n");
+    rc = cli("run --prompt-file %s%s%s", secret, "", "");
+    ck_assert_msg(rc == 2 && strstr(out, "line 1, byte 5 (item 3)") &&
+                  strstr(out, "outside the vocabulary"), "exit %d\n%s", rc, out);
+    /* ids typed on the command line are the user's own: still quoted */
+    rc = test_run_cli("run --prompt-tokens 1,x", out, sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "item 2 'x'"), "exit %d\n%s", rc, out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* The helpers                                                          */
 
 START_TEST(test_escape)
@@ -471,6 +501,10 @@ Suite *paths_suite(void)
     t = tcase_create("report json");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_report_json_impossible_values);
+    suite_add_tcase(s, t);
+    t = tcase_create("prompt files");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_prompt_file_not_echoed);
     suite_add_tcase(s, t);
     t = tcase_create("helpers");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
