@@ -137,8 +137,12 @@ int cmd_compare(int argc, char **argv)
     } else {
         char *text = a.json ? render_json(&r, a.flags, argv[optind], argv[optind + 1])
                             : cmp_render_text(&r, a.flags);
-        if (text)
+        /* JSON escapes by itself; the text quotes dump attributes and file
+         * names, and keeps only its own line breaks. */
+        if (text && a.json)
             fputs(text, stdout);
+        else if (text)
+            cli_fputs_escaped(text, stdout, true);
         if (text && text[0] && text[strlen(text) - 1] != '\n')
             putchar('\n');
         free(text);

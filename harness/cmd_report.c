@@ -133,8 +133,10 @@ static int finish(const char *outdir, const cmp_result *r, const cmp_source *ref
         fprintf(stderr, "kvdiff report: %s\n", info.gnuplot_error);
     char verdict[1024];
     report_verdict_line(r, verdict, sizeof verdict);
-    printf("%s\n", verdict);
-    printf("report: %s\n", info.index_path);
+    cli_fputs_escaped(verdict, stdout, false);   /* a saved JSON's text: anything */
+    printf("\nreport: ");
+    cli_fputs_escaped(info.index_path, stdout, false);
+    putchar('\n');
     return cmp_exit_code(0, r);
 }
 

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 /* The helpers are the binary's, not the library's: compiled in here. */
+#include <hdf5.h>
 #include <jansson.h>
 
 #include "model/config.h"
@@ -441,6 +442,108 @@ START_TEST(test_prompt_file_not_echoed)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* Control characters from files                                        */
+
+/* Sets the root string attribute name of the dump at path. */
+static void set_root_attr(const char *path, const char *name, const char *text)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    if (H5Aexists(f, name) > 0)
+        ck_assert_int_ge(H5Adelete(f, name), 0);
+    hid_t sp = H5Screate(H5S_SCALAR), t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(text) + 1);
+    hid_t a = H5Acreate2(f, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert_int_ge(a, 0);
+    ck_assert_int_ge(H5Awrite(a, t, text), 0);
+    H5Aclose(a);
+    H5Tclose(t);
+    H5Sclose(sp);
+    H5Fclose(f);
+}
+
+/* No byte the terminal acts on, and no line that starts with fake. */
+static void assert_no_raw_control(const char *text, const char *fake)
+{
+    for (const unsigned char *p = (const unsigned char *)text; *p; p++)
+        ck_assert_msg(*p >= 0x20 || *p == '\n' || *p == '\t',
+                      "raw control byte 0x%02x in:\n%s", *p, text);
+    char line[128];
+    snprintf(line, sizeof line, "\n%s", fake);
+    ck_assert_msg(!strstr(text, line) && strncmp(text, fake, strlen(fake)),
+                  "a faked line '%s' in:\n%s", fake, text);
+}
+
+static const char HOSTILE[] = "x\x1b[2J\r\nFAKE: all clear\x07";
+
+START_TEST(test_inspect_escapes_attributes)
+{
+    char a[128];
+    snprintf(a, sizeof a, "%s/a.h5", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 6 --max-new 1 --dump %s%s%s", a, "", ""), 0);
+    set_root_attr(a, "engine", HOSTILE);
+    set_root_attr(a, "tool_version", HOSTILE);
+    int rc = cli("inspect %s%s%s", a, "", "");
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+    assert_no_raw_control(out, "FAKE");
+    ck_assert_msg(strstr(out, "engine    x\\x1b[2J\\x0d\\x0aFAKE: all clear\\x07"), "%s", out);
+}
+END_TEST
+
+START_TEST(test_compare_text_escapes)
+{
+    char a[128], b[128];
+    snprintf(a, sizeof a, "%s/a.h5", tmp);
+    /* a file name the shell passes through with an escape in it */
+    snprintf(b, sizeof b, "%s/b\x1b[2J.h5", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 6 --max-new 2 --dump %s%s%s", a, "", ""), 0);
+    ck_assert_int_eq(cli("run --prompt-random 6 --max-new 2 --dump '%s'%s%s", b, "", ""), 0);
+    set_root_attr(b, "status", "partial: stopped");
+    int rc = cli("compare %s '%s'%s", a, b, "");
+    ck_assert_msg(rc == 2 || rc == 0, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "b\\x1b[2J.h5 is partial"), "%s", out);
+    assert_no_raw_control(out, "FAKE");
+}
+END_TEST
+
+START_TEST(test_report_verdict_line_escapes)
+{
+    char a[128], b[128], json[128], mut[160], rep[160], args[512];
+    snprintf(a, sizeof a, "%s/a.h5", tmp);
+    snprintf(b, sizeof b, "%s/b.h5", tmp);
+    snprintf(json, sizeof json, "%s/r.json", tmp);
+    snprintf(mut, sizeof mut, "%s/mut.json", tmp);
+    snprintf(rep, sizeof rep, "%s/rep", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --dump %s%s%s", a, "", ""), 0);
+    ck_assert_int_eq(cli("run --prompt-random 12 --max-new 3 --engine chunked --chunk 5 "
+                         "--inject window=4 --dump %s%s%s", b, "", ""), 0);
+    snprintf(args, sizeof args, "sh -c '\"%s\" compare %s %s --json > %s'",
+             getenv("KVDIFF_BIN") ? getenv("KVDIFF_BIN") : "./kvdiff", a, b, json);
+    ck_assert_int_eq(system(args) >> 8, 1);
+    ck_assert_ptr_null(load_with(json, "diagnosis", "summary", json_string(HOSTILE)));
+    int rc = cli("report %s -o %s%s", mut, rep, "");
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+    assert_no_raw_control(out, "FAKE");
+    ck_assert_msg(strstr(out, "\\x0aFAKE"), "%s", out);
+}
+END_TEST
+
+/* A suite value reaches the failure block through the step's last line. */
+START_TEST(test_suite_table_escapes)
+{
+    char s[128], keep[128];
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    snprintf(keep, sizeof keep, "%s/work", tmp);
+    put_file(s, "[c]\nmodel = ./no\x1b[2J\rFAKE\nprompt = random:8:1\nmax_new = 2\n"
+                "a = --engine reference\nb = --engine reference\nexpect = identical\n");
+    int rc = cli("suite %s --keep %s%s", s, keep, "");
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "last line: ") && strstr(out, "no\\x1b[2J\\x0dFAKE"), "%s", out);
+    assert_no_raw_control(out, "FAKE");
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* The helpers                                                          */
 
 START_TEST(test_escape)
@@ -505,6 +608,13 @@ Suite *paths_suite(void)
     t = tcase_create("prompt files");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_prompt_file_not_echoed);
+    suite_add_tcase(s, t);
+    t = tcase_create("control characters");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_inspect_escapes_attributes);
+    tcase_add_test(t, test_compare_text_escapes);
+    tcase_add_test(t, test_report_verdict_line_escapes);
+    tcase_add_test(t, test_suite_table_escapes);
     suite_add_tcase(s, t);
     t = tcase_create("helpers");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
