@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* The helpers are the binary's, not the library's: compiled in here. */
@@ -544,6 +545,31 @@ START_TEST(test_suite_table_escapes)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* A suite on a full disk                                               */
+
+/* No file can grow (RLIMIT_FSIZE 0: as a full disk, every write fails;
+ * log.txt cannot hold the reason either): the case still says why. */
+START_TEST(test_suite_full_disk_reason)
+{
+    char s[128], keep[128], args[1024];
+    snprintf(s, sizeof s, "%s/s.suite", tmp);
+    snprintf(keep, sizeof keep, "%s/work", tmp);
+    put_file(s, SUITE_TEXT);
+    const char *bin = getenv("KVDIFF_BIN");
+    snprintf(args, sizeof args, "bash -c 'ulimit -f 0; exec \"%s\" suite %s --keep %s'",
+             bin ? bin : "./kvdiff", s, keep);
+    FILE *p = popen(args, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int st = pclose(p);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %d\n%s", st, out);
+    ck_assert_msg(strstr(out, "ERROR same: engine A (kvdiff run) exited with 2"), "%s", out);
+    ck_assert_msg(strstr(out, "last line: ") && strstr(out, "File too large"), "%s", out);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* The helpers                                                          */
 
 START_TEST(test_escape)
@@ -615,6 +641,10 @@ Suite *paths_suite(void)
     tcase_add_test(t, test_compare_text_escapes);
     tcase_add_test(t, test_report_verdict_line_escapes);
     tcase_add_test(t, test_suite_table_escapes);
+    suite_add_tcase(s, t);
+    t = tcase_create("full disk");
+    tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
+    tcase_add_test(t, test_suite_full_disk_reason);
     suite_add_tcase(s, t);
     t = tcase_create("helpers");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
