@@ -556,8 +556,11 @@ START_TEST(test_suite_full_disk_reason)
     snprintf(keep, sizeof keep, "%s/work", tmp);
     put_file(s, SUITE_TEXT);
     const char *bin = getenv("KVDIFF_BIN");
-    snprintf(args, sizeof args, "bash -c 'ulimit -f 0; exec \"%s\" suite %s --keep %s'",
-             bin ? bin : "./kvdiff", s, keep);
+    /* detect_leaks=0: under make check-asan, libhdf5 1.10 leaks 264 bytes
+     * when H5Fcreate fails, and LeakSanitizer's exit 1 and summary would
+     * stand in for the step's own exit 2 and last line. */
+    snprintf(args, sizeof args, "bash -c 'ulimit -f 0; ASAN_OPTIONS=detect_leaks=0 exec \"%s\" "
+             "suite %s --keep %s'", bin ? bin : "./kvdiff", s, keep);
     FILE *p = popen(args, "r");
     ck_assert_ptr_nonnull(p);
     size_t n = fread(out, 1, sizeof out - 1, p);
