@@ -1,9 +1,12 @@
 /* cli.c — option helpers shared by the verbs (cli.h). */
+#include <dirent.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -46,6 +49,24 @@ int cli_double(const char *opt, const char *s, double lo, double hi, double *out
     if (v < lo || v > hi)
         return kv_errf(e, "%s: %g is outside %g..%g", opt, v, lo, hi);
     *out = v;
+    return 0;
+}
+
+int cli_tolerance_conflict(const char *name, const char **state, kv_err *e)
+{
+    static const char *const tols[] = {"atol", "rtol", "ulp"};
+    const bool exact = !strcmp(name, "exact");
+    bool tol = false;
+    for (int i = 0; i < 3; i++)
+        tol = tol || !strcmp(name, tols[i]);
+    if (!exact && !tol)
+        return 0;
+    /* *state: "exact" once --exact came, else the first tolerance seen */
+    if (*state && (exact ? strcmp(*state, "exact") != 0 : !strcmp(*state, "exact")))
+        return kv_errf(e, "--exact and --%s: --exact means no tolerance; give one or the "
+                          "other", exact ? *state : name);
+    if (!*state || exact)
+        *state = exact ? "exact" : name;
     return 0;
 }
 
@@ -137,11 +158,152 @@ int cli_make_prompt(const cli_prompt_opts *p, int vocab, int32_t **ids, int *n, 
 
 void cli_error(const char *verb, const kv_err *e)
 {
-    fprintf(stderr, "kvdiff %s: %s\n", verb, e->msg);
+    /* Messages quote file contents (attributes, suite values): one line,
+     * nothing the terminal would act on. */
+    fprintf(stderr, "kvdiff %s: ", verb);
+    cli_fputs_escaped(e->msg, stderr, false);
+    fputc('\n', stderr);
 }
 
 void cli_print_ids(FILE *f, const int32_t *ids, int n)
 {
     for (int i = 0; i < n; i++)
         fprintf(f, "%s%d", i ? " " : "", ids[i]);
+}
+
+/* ------------------------------------------------------------------ */
+/* Text from files, to a terminal                                       */
+
+static bool needs_escape(unsigned char c, bool keep_newlines)
+{
+    if (c == '\n')
+        return !keep_newlines;
+    return (c < 0x20 && c != '\t') || c == 0x7f;
+}
+
+char *cli_escape(char *dst, size_t n, const char *s, bool keep_newlines)
+{
+    size_t used = 0;
+    if (n == 0)
+        return dst;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        char esc[5];
+        size_t len = 1;
+        if (needs_escape(*p, keep_newlines))
+            len = (size_t)snprintf(esc, sizeof esc, "\\x%02x", *p);
+        else
+            esc[0] = (char)*p;
+        if (used + len >= n)
+            break;
+        memcpy(dst + used, esc, len);
+        used += len;
+    }
+    dst[used] = 0;
+    return dst;
+}
+
+void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (needs_escape(*p, keep_newlines))
+            fprintf(f, "\\x%02x", *p);
+        else
+            fputc(*p, f);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Outputs that must not be inputs                                     */
+
+/* path with its folder resolved: realpath(folder) + "/" + name. A path
+ * whose folder does not exist resolves to itself. */
+static void resolve(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *name = slash ? slash + 1 : path;
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (!realpath(dir, real)) {
+        snprintf(out, n, "%s", path);
+        return;
+    }
+    snprintf(out, n, "%s/%s", strcmp(real, "/") ? real : "", name);
+}
+
+bool cli_same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
+    resolve(a, ra, sizeof ra);
+    resolve(b, rb, sizeof rb);
+    return strcmp(ra, rb) == 0;
+}
+
+int cli_output_not_input(const char *out_opt, const char *out, const char *in_opt,
+                         const char *in, kv_err *e)
+{
+    if (!out || !in || !cli_same_file(out, in))
+        return 0;
+    return kv_errf(e, "%s %s: is the same file as %s %s; refusing to overwrite it", out_opt,
+                   out, in_opt, in);
+}
+
+static bool model_file_name(const char *name)
+{
+    size_t n = strlen(name);
+    return (n >= 5 && !strcmp(name + n - 5, ".json")) ||
+           (n >= 12 && !strcmp(name + n - 12, ".safetensors"));
+}
+
+int cli_output_not_model_file(const char *out_opt, const char *out, const char *dir,
+                              kv_err *e)
+{
+    DIR *d = out && dir ? opendir(dir) : NULL;
+    if (!d)
+        return 0;
+    int rc = 0;
+    for (struct dirent *de; rc == 0 && (de = readdir(d));) {
+        if (!model_file_name(de->d_name))
+            continue;
+        char in[PATH_MAX + 256];
+        snprintf(in, sizeof in, "%s/%s", dir, de->d_name);
+        if (cli_same_file(out, in))
+            rc = kv_errf(e, "%s %s: is %s of --model %s; refusing to overwrite it", out_opt,
+                         out, de->d_name, dir);
+    }
+    closedir(d);
+    return rc;
+}
+
+int cli_output_writable(const char *opt, const char *path, kv_err *e)
+{
+    struct stat sb;
+    if (!*path)
+        return kv_errf(e, "%s: empty file name", opt);
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return kv_errf(e, "%s %s: is a folder, not a file", opt, path);
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (slash && !slash[1])
+        return kv_errf(e, "%s %s: names a folder, not a file", opt, path);
+    if (stat(dir, &sb) != 0)
+        return kv_errf(e, "%s %s: folder %s: %s", opt, path, dir, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return kv_errf(e, "%s %s: %s is not a folder", opt, path, dir);
+    if (access(dir, W_OK | X_OK) != 0)
+        return kv_errf(e, "%s %s: folder %s is not writable", opt, path, dir);
+    return 0;
 }

@@ -19,6 +19,12 @@ int cli_int(const char *opt, const char *s, long lo, long hi, long *out, kv_err 
 int cli_u64(const char *opt, const char *s, uint64_t *out, kv_err *e);
 int cli_double(const char *opt, const char *s, double lo, double hi, double *out, kv_err *e);
 
+/* --exact means no tolerance, so it contradicts --atol, --rtol and --ulp
+ * (before or after it). Call with every comparison option name as parsed
+ * ("exact", "atol", ...); *state remembers what came (start it at NULL).
+ * Returns 0, or -1 with e = "--exact and --atol: ..." naming both. */
+int cli_tolerance_conflict(const char *name, const char **state, kv_err *e);
+
 /* What the model options select. */
 typedef struct {
     const char *model;      /* preset name or folder; default "tiny-gemma3" */
@@ -47,10 +53,48 @@ typedef struct {
 
 int cli_make_prompt(const cli_prompt_opts *p, int vocab, int32_t **ids, int *n, kv_err *e);
 
-/* Prints "kvdiff VERB: message" to stderr. */
+/* Prints "kvdiff VERB: message" to stderr, the message on one line with
+ * control bytes escaped (cli_escape). */
 void cli_error(const char *verb, const kv_err *e);
 
 /* Prints n ids separated by spaces (wrapping is left to the terminal). */
 void cli_print_ids(FILE *f, const int32_t *ids, int n);
+
+/* ------------------------------------------------------------------ */
+/* Text from files, to a terminal                                       */
+
+/* Copies s into dst (n bytes, always NUL-terminated, cut at a whole
+ * escape) with every control byte but tab, and DEL, written as \xNN, so
+ * a dump attribute, suite value or tokenizer token cannot move the cursor,
+ * recolour the terminal or fake an output line. keep_newlines: '\n' stays
+ * (multi-line text the program itself laid out). Returns dst. */
+char *cli_escape(char *dst, size_t n, const char *s, bool keep_newlines);
+
+/* cli_escape without a length bound, straight to f. */
+void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines);
+
+/* ------------------------------------------------------------------ */
+/* Outputs that must not be inputs                                     */
+
+/* Whether paths a and b name the same file: the same device and inode
+ * when both exist, else the same path once each one's folder is resolved
+ * (realpath) - two outputs not yet written can still collide. */
+bool cli_same_file(const char *a, const char *b);
+
+/* 0 when writing out (given as out_opt) cannot overwrite in (in_opt);
+ * else -1 with e = "OUT_OPT OUT: is the same file as IN_OPT IN; refusing
+ * to overwrite it". in may be NULL (nothing to check). */
+int cli_output_not_input(const char *out_opt, const char *out, const char *in_opt,
+                         const char *in, kv_err *e);
+
+/* The same against every model file (*.json, *.safetensors) of the model
+ * folder dir; a preset name (no such folder) has none. */
+int cli_output_not_model_file(const char *out_opt, const char *out, const char *dir,
+                              kv_err *e);
+
+/* 0 when a file can be created at path: its folder exists and path is not
+ * a folder; else -1 with e = "OPT PATH: why". Checked before any work, so
+ * an output that cannot be written fails at once, not after the run. */
+int cli_output_writable(const char *opt, const char *path, kv_err *e);
 
 #endif

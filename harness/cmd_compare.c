@@ -21,7 +21,8 @@ static void compare_usage(FILE *f)
             "the element), says what kind of bug it looks like, and checks the\n"
             "generated tokens. Exit 0 same, 1 diverged, 2 error.\n"
             "\n"
-            "  --exact            any differing bit is a divergence (default)\n"
+            "  --exact            any differing bit is a divergence (default; not with\n"
+            "                     --atol, --rtol or --ulp)\n"
             "  --atol X           absolute tolerance\n"
             "  --rtol X           tolerance relative to the row's largest |ref|\n"
             "  --ulp N            tolerance in units in the last place\n"
@@ -51,6 +52,7 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         {"no-hashes", no_argument, 0, 0},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
+    const char *exact_with = NULL;
     optind = 0;
     while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
         if (ch == 'h')
@@ -68,6 +70,8 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         else if (!strcmp(n, "no-hashes")) a->co.no_hashes = true;
         else if (!strcmp(n, "stages")) a->flags |= CMP_RENDER_STAGES;
         else if (!strcmp(n, "json")) a->json = true;
+        if (rc == 0)
+            rc = cli_tolerance_conflict(n, &exact_with, e);
         if (rc < 0)
             return -1;
     }
@@ -134,8 +138,12 @@ int cmd_compare(int argc, char **argv)
     } else {
         char *text = a.json ? render_json(&r, a.flags, argv[optind], argv[optind + 1])
                             : cmp_render_text(&r, a.flags);
-        if (text)
+        /* JSON escapes by itself; the text quotes dump attributes and file
+         * names, and keeps only its own line breaks. */
+        if (text && a.json)
             fputs(text, stdout);
+        else if (text)
+            cli_fputs_escaped(text, stdout, true);
         if (text && text[0] && text[strlen(text) - 1] != '\n')
             putchar('\n');
         free(text);

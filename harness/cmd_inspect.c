@@ -54,6 +54,15 @@ static void print_layer(const dump_file *f, int layer)
     }
 }
 
+/* Prints label, value escaped (cli_escape), tail and a newline. */
+static void show(const char *label, const char *value, const char *tail)
+{
+    fputs(label, stdout);
+    cli_fputs_escaped(value, stdout, false);
+    fputs(tail, stdout);
+    putchar('\n');
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     if (wants_help(argc, argv) || argc != 2) {
@@ -69,28 +78,30 @@ int cmd_inspect(int argc, char **argv)
         cli_error("inspect", &e);
         return EXIT_USAGE;
     }
+    /* Attributes are the writer's text, whoever the writer was: escaped. */
     const char *st = dump_attr(f, "status");
-    printf("file      %s\n", argv[1]);
-    printf("status    %s\n", st ? st : "(missing)");
+    show("file      ", argv[1], "");
+    show("status    ", st ? st : "(missing)", "");
     printf("mode      %s\n", dump_is_fingerprint(f)    ? "fingerprint"
                             : dump_has_row_hashes(f) ? "full, with row hashes"
                                                      : "full");
     if (dump_index_problem(f))
-        printf("index     not used: %s\n", dump_index_problem(f));
+        show("index     not used: ", dump_index_problem(f), "");
     else if (dump_index_rows(f) > 0)
         printf("index     row hash index of %lld stages\n", (long long)dump_index_rows(f));
-    printf("engine    %s %s\n", dump_attr(f, "engine") ? dump_attr(f, "engine") : "?",
-           dump_attr(f, "engine_settings") ? dump_attr(f, "engine_settings") : "");
+    fputs("engine    ", stdout);
+    cli_fputs_escaped(dump_attr(f, "engine") ? dump_attr(f, "engine") : "?", stdout, false);
+    show(" ", dump_attr(f, "engine_settings") ? dump_attr(f, "engine_settings") : "", "");
     kv_config c;
     if (dump_model_config(f, &c, &e) == 0) {
         char desc[512];
         config_describe(&c, desc, sizeof desc);
-        printf("model     %s\n", desc);
+        show("model     ", desc, "");
     } else {
-        printf("model     (unreadable: %s)\n", e.msg);
+        show("model     (unreadable: ", e.msg, ")");
     }
-    printf("weights   %s\n", dump_attr(f, "weight_fingerprint") ? dump_attr(f, "weight_fingerprint") : "?");
-    printf("writer    %s\n", dump_attr(f, "tool_version") ? dump_attr(f, "tool_version") : "?");
+    show("weights   ", dump_attr(f, "weight_fingerprint") ? dump_attr(f, "weight_fingerprint") : "?", "");
+    show("writer    ", dump_attr(f, "tool_version") ? dump_attr(f, "tool_version") : "?", "");
     printf("tokens    %lld (prompt %lld)\n", (long long)dump_n_tokens(f),
            (long long)dump_prompt_length(f));
     int L = dump_n_layers(f);
@@ -114,7 +125,10 @@ int cmd_inspect(int argc, char **argv)
 static void print_violation(void *ctx, const char *line)
 {
     const char *path = ctx;
-    printf("%s: %s\n", path, line);
+    cli_fputs_escaped(path, stdout, false);
+    fputs(": ", stdout);
+    cli_fputs_escaped(line, stdout, false);
+    putchar('\n');
 }
 
 int cmd_validate(int argc, char **argv)

@@ -68,6 +68,7 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         {"ulp", required_argument, 0, 0}, {"noise-floor", required_argument, 0, 0},
         {"force", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
+    const char *exact_with = NULL;
     optind = 0;
     while ((ch = getopt_long(argc, argv, "ho:", longopts, &idx)) != -1) {
         if (ch == 'h')
@@ -93,6 +94,8 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
         else if (!strcmp(n, "noise-floor")) a->noise = optarg;
         else if (!strcmp(n, "force")) a->co.force = true;
+        if (rc == 0)
+            rc = cli_tolerance_conflict(n, &exact_with, e);
         if (rc < 0)
             return -1;
     }
@@ -130,8 +133,10 @@ static int finish(const char *outdir, const cmp_result *r, const cmp_source *ref
         fprintf(stderr, "kvdiff report: %s\n", info.gnuplot_error);
     char verdict[1024];
     report_verdict_line(r, verdict, sizeof verdict);
-    printf("%s\n", verdict);
-    printf("report: %s\n", info.index_path);
+    cli_fputs_escaped(verdict, stdout, false);   /* a saved JSON's text: anything */
+    printf("\nreport: ");
+    cli_fputs_escaped(info.index_path, stdout, false);
+    putchar('\n');
     return cmp_exit_code(0, r);
 }
 

@@ -33,7 +33,7 @@ static void run_usage(FILE *f)
             "  --ignore-eos       do not stop at an end-of-sequence token\n"
             "engine:\n"
             "  --engine E         reference (default) or chunked\n"
-            "  --prefill P        reference: all (default), token, or N tokens per step\n"
+            "  --prefill P        reference only: all (default), token, or N tokens per step\n"
             "  --chunk C          chunked: prompt tokens per prefill chunk (default 16)\n"
             "  --cache S          chunked: dense (default), split, or ring\n"
             "  --attn A           chunked: exact (default, bit-identical) or cascade\n"
@@ -166,6 +166,25 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
     return rc == 0 ? 0 : -1;
 }
 
+/* A dump written over an input (the prompt file, a model file, the other
+ * dump) would destroy it, and half-way through the run: refuse first. */
+static int check_outputs(const run_opts *o, kv_err *e)
+{
+    const char *outs[2] = {o->dump_path, o->dump_ref_path};
+    const char *names[2] = {"--dump", "--dump-ref"};
+    for (int i = 0; i < 2; i++) {
+        if (!outs[i])
+            continue;
+        if (cli_output_not_input(names[i], outs[i], "--prompt-file", o->po.file, e) < 0 ||
+            cli_output_not_model_file(names[i], outs[i], o->mo.model, e) < 0)
+            return -1;
+    }
+    if (outs[0] && outs[1] && cli_same_file(outs[0], outs[1]))
+        return kv_errf(e, "--dump %s and --dump-ref %s: the same file; give each run its own",
+                       outs[0], outs[1]);
+    return 0;
+}
+
 int cmd_run(int argc, char **argv)
 {
     run_opts o;
@@ -180,7 +199,7 @@ int cmd_run(int argc, char **argv)
         list_injections();
         return EXIT_OK;
     }
-    if (pr < 0) {
+    if (pr < 0 || check_outputs(&o, &e) < 0) {
         cli_error("run", &e);
         return EXIT_USAGE;
     }

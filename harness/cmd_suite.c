@@ -105,8 +105,9 @@ static void on_case_done(void *ctx, int done, int total, const suite_case *c,
 static int name_width(const suite *s, const int *sel, int n)
 {
     int w = 4;
+    char esc[512];
     for (int i = 0; i < n; i++) {
-        int l = (int)strlen(s->cases[sel[i]].name);
+        int l = (int)strlen(cli_escape(esc, sizeof esc, s->cases[sel[i]].name, false));
         w = l > w ? l : w;
     }
     return w;
@@ -122,10 +123,15 @@ static void print_table(const suite *s, const int *sel, int n, const suite_resul
     }
     printf("%-*s  %-*s  %-7s  %7s  %s\n", w, "case", xw, "expectation", "outcome", "time",
            "where");
+    /* Names come from the suite file, "where" from a compare result:
+     * escaped, so no row can fake another. */
+    char name[512], where[512];
     for (int i = 0; i < n; i++) {
         suite_expect_describe(&s->cases[sel[i]].expect, want, sizeof want);
-        printf("%-*s  %-*s  %-7s  %6.2fs  %s\n", w, s->cases[sel[i]].name, xw, want,
-               suite_outcome_name(res[i].outcome), res[i].seconds, res[i].where);
+        printf("%-*s  %-*s  %-7s  %6.2fs  %s\n", w,
+               cli_escape(name, sizeof name, s->cases[sel[i]].name, false), xw, want,
+               suite_outcome_name(res[i].outcome), res[i].seconds,
+               cli_escape(where, sizeof where, res[i].where, false));
     }
 }
 
@@ -140,11 +146,22 @@ static int print_failures(const suite *s, const int *sel, int n, const suite_res
             continue;
         if (!bad++)
             printf("\n");
-        printf("%s %s: %s\n", suite_outcome_name(r->outcome), s->cases[sel[i]].name, r->message);
-        if (r->last_line[0])
-            printf("    last line: %s\n", r->last_line);
-        if (r->folder[0])
-            printf("    files kept in %s/\n", r->folder);
+        /* the message and last line quote a step's output: escaped */
+        printf("%s ", suite_outcome_name(r->outcome));
+        cli_fputs_escaped(s->cases[sel[i]].name, stdout, false);
+        fputs(": ", stdout);
+        cli_fputs_escaped(r->message, stdout, false);
+        putchar('\n');
+        if (r->last_line[0]) {
+            fputs("    last line: ", stdout);
+            cli_fputs_escaped(r->last_line, stdout, false);
+            putchar('\n');
+        }
+        if (r->folder[0]) {
+            fputs("    files kept in ", stdout);
+            cli_fputs_escaped(r->folder, stdout, false);
+            fputs("/\n", stdout);
+        }
     }
     return bad;
 }
@@ -247,6 +264,14 @@ int cmd_suite(int argc, char **argv)
         cli_error("suite", &e);
         return EXIT_USAGE;
     }
+    /* The JUnit file is written after every case ran: a folder that does
+     * not exist, or the suite file itself, must fail now, not then. */
+    if (a.junit && !a.list &&
+        (cli_output_writable("--junit", a.junit, &e) < 0 ||
+         cli_output_not_input("--junit", a.junit, "the suite file", a.file, &e) < 0)) {
+        cli_error("suite", &e);
+        return EXIT_USAGE;
+    }
     suite s;
     if (suite_load(a.file, &s, &e) < 0) {
         cli_error("suite", &e);
@@ -261,9 +286,11 @@ int cmd_suite(int argc, char **argv)
     } else if (a.list) {
         char want[256];
         int w = name_width(&s, sel, n);
+        char name[512];
         for (int i = 0; i < n; i++) {
             suite_expect_describe(&s.cases[sel[i]].expect, want, sizeof want);
-            printf("%-*s  %s\n", w, s.cases[sel[i]].name, want);
+            printf("%-*s  %s\n", w, cli_escape(name, sizeof name, s.cases[sel[i]].name, false),
+                   want);
         }
     } else {
         int rc = run_selected(&a, &s, sel, n, &e);

@@ -19,6 +19,7 @@ typedef struct {
     gen_opts go;
     const char *engine;          /* "reference" or "chunked" */
     int prefill_step;            /* reference: 0 all, else tokens per step */
+    bool prefill_given;
     chk_opts co;
     bool chunk_given;
     long max_ctx;
@@ -34,6 +35,7 @@ typedef struct {
     bool json;
     unsigned render_flags;
     bool tolerance_given;
+    const char *exact_with;      /* --exact and this tolerance option both given */
     /* bisect */
     bool bisect;                 /* parsing bisect's options */
     const char *out_dir;

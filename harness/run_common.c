@@ -65,6 +65,8 @@ static int compare_option(run_opts *o, const char *name, const char *val, kv_err
         return 0;
     if (!strcmp(name, "atol") || !strcmp(name, "rtol") || !strcmp(name, "ulp"))
         o->tolerance_given = true;
+    if (rc == 0 && cli_tolerance_conflict(name, &o->exact_with, e) < 0)
+        return -1;
     return rc < 0 ? -1 : 1;
 }
 
@@ -211,6 +213,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         else if (!strcmp(name, "prefill")) {
             if (parse_prefill(optarg, &o->prefill_step, e) < 0)
                 return -1;
+            o->prefill_given = true;
         } else if (!strcmp(name, "max-ctx")) {
             if (cli_int("--max-ctx", optarg, 1, 1L << 30, &o->max_ctx, e) < 0)
                 return -1;
@@ -227,6 +230,11 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         chunked_opts = chunked_opts || o->co.inj.on[i];
     if (chunked_opts && strcmp(o->engine, "chunked"))
         return kv_errf(e, "--chunk, --cache, --attn, --kv-share and --inject need --engine chunked");
+    /* The chunked engine prefills in --chunk sized chunks; a --prefill it
+     * would ignore must not pass for a setting that took effect. */
+    if (o->prefill_given && !strcmp(o->engine, "chunked"))
+        return kv_errf(e, "--prefill and --engine chunked: --prefill is an option of the "
+                          "reference engine (the chunked one prefills by --chunk)");
     if (o->bisect) {
         if (o->compare || o->dump_path || o->dump_ref_path || o->dump_opts_given ||
             o->tolerance_given)

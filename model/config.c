@@ -10,6 +10,7 @@
  * request for a 7B model. Features the engines do not implement are refused
  * with a message naming the field, never ignored. */
 #include "config.h"
+#include "infile.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -856,9 +857,9 @@ int config_parse_json(const char *text, size_t len, const char *name,
 /* Reads a whole small file; *buf is malloc'ed. */
 static int read_small_file(const char *path, char **buf, size_t *len, kv_err *e)
 {
-    FILE *f = fopen(path, "rb");
+    FILE *f = infile_open(path, CONFIG_MAX_BYTES, e);
     if (!f)
-        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+        return -1;
     size_t cap = 0, n = 0;
     char *p = NULL;
     int rc = 0;

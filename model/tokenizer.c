@@ -4,6 +4,7 @@
  * At load every token is decoded once into one byte arena, so tok_decode is
  * a copy. The JSON is read with jansson and dropped after loading. */
 #include "tokenizer.h"
+#include "infile.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -14,7 +15,9 @@
 #include <string.h>
 
 #define TOK_MAX_IDS   (1 << 24)
-#define TOK_MAX_BYTES (1L << 30)
+/* tokenizer.json size bound (documented in README): real ones are tens of
+ * MB (Gemma 3's: 33 MB). */
+#define TOK_MAX_BYTES (256L << 20)
 
 struct kv_tokenizer {
     int n;               /* ids 0..n-1 */
@@ -437,11 +440,12 @@ int tok_load(const char *dir, kv_tokenizer **out, kv_err *e)
     if (!path)
         return kv_errf(e, "%s: out of memory", dir);
     snprintf(path, n, "%s/tokenizer.json", dir);
-    FILE *f = fopen(path, "rb");
+    kv_err oe = {{0}};
+    FILE *f = infile_open(path, TOK_MAX_BYTES, &oe);
     int rc = 0;
     if (!f) {
         if (errno != ENOENT)
-            rc = kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+            rc = kv_errf(e, "%s", oe.msg);
     } else {
         char *text = NULL;
         size_t len = 0;

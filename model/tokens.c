@@ -2,6 +2,7 @@
 #include "tokens.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,8 +14,23 @@ static int is_sep(char ch)
     return ch == ',' || ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r';
 }
 
-int tokens_parse(const char *text, size_t len, const char *name, int vocab, int32_t **ids,
-                 int *n, kv_err *e)
+/* Where item start sits in text, for messages about a file: "line L, byte
+ * B" (both from 1). */
+static void where_in(const char *text, size_t start, char *buf, size_t n)
+{
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < start; i++, col++)
+        if (text[i] == '\n')
+            line++, col = 0;
+    snprintf(buf, n, "line %zu, byte %zu", line, col);
+}
+
+/* echo: quote the offending item (text the user typed on the command
+ * line); else name only its line and byte, since a file that is no token
+ * list may be anything (a file named by mistake, /etc/passwd) and its
+ * contents must not reach a terminal or a log. */
+static int parse_ids(const char *text, size_t len, const char *name, int vocab, bool echo,
+                     int32_t **ids, int *n, kv_err *e)
 {
     size_t cap = 64, count = 0, i = 0;
     int32_t *out = malloc(cap * sizeof *out);
@@ -38,6 +54,14 @@ int tokens_parse(const char *text, size_t len, const char *name, int vocab, int3
         int shown = (int)(i - start > 24 ? 24 : i - start);
         if (!digits || big || (vocab > 0 && v >= vocab)) {
             free(out);
+            if (!echo) {
+                char at[64];
+                where_in(text, start, at, sizeof at);
+                return kv_errf(e, "%s: %s (item %zu): %s", name, at, count + 1,
+                               !digits ? "not a token id (a non-negative integer); this is "
+                                         "no token list"
+                                       : "a token id outside the vocabulary");
+            }
             if (!digits)
                 return kv_errf(e, "%s: item %zu '%.*s' is not a token id (a non-negative integer)",
                                name, count + 1, shown, text + start);
@@ -64,6 +88,12 @@ int tokens_parse(const char *text, size_t len, const char *name, int vocab, int3
     return 0;
 }
 
+int tokens_parse(const char *text, size_t len, const char *name, int vocab, int32_t **ids,
+                 int *n, kv_err *e)
+{
+    return parse_ids(text, len, name, vocab, true, ids, n, e);
+}
+
 int tokens_load(const char *path, int vocab, int32_t **ids, int *n, kv_err *e)
 {
     FILE *f = fopen(path, "rb");
@@ -83,7 +113,7 @@ int tokens_load(const char *path, int vocab, int32_t **ids, int *n, kv_err *e)
     else if (len > TOKENS_MAX_FILE)
         rc = kv_errf(e, "%s: larger than %u bytes", path, TOKENS_MAX_FILE);
     else
-        rc = tokens_parse(buf, len, path, vocab, ids, n, e);
+        rc = parse_ids(buf, len, path, vocab, false, ids, n, e);
     free(buf);
     return rc;
 }

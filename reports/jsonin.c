@@ -9,6 +9,10 @@
 
 #include "report.h"
 
+/* No recording holds a position past this (the config caps a model's
+ * positions far below it); a larger one is a damaged or forged file. */
+#define JR_MAX_POS ((int64_t)INT32_MAX)
+
 typedef struct {
     const char *path;
     kv_err *e;
@@ -165,7 +169,7 @@ static void read_compared(jr *c, json_t *root, cmp_result *r)
 static void read_div(jr *c, json_t *d, const char *where, cmp_divergence *o)
 {
     o->found = true;
-    o->pos = integer(c, d, where, "position", 0, INT64_MAX, INT64_MIN);
+    o->pos = integer(c, d, where, "position", 0, JR_MAX_POS, INT64_MIN);
     o->layer = (int)integer(c, d, where, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
     o->stage = stage_of(c, d, where, "stage");
     o->hashed = boolean(c, d, where, "fingerprint");
@@ -284,7 +288,7 @@ static void read_evidence(jr *c, json_t *v, const char *where, cmp_evidence *ev)
     ev->hyp_err = num(c, v, where, "hypothesis_error", true);
     ev->ref_check_err = num(c, v, where, "reference_check_error", true);
     json_t *nd = object(c, v, where, "nkeys_differ_at", true);
-    ev->nkeys_diff_pos = nd ? integer(c, nd, "nkeys_differ_at", "position", 0, INT64_MAX,
+    ev->nkeys_diff_pos = nd ? integer(c, nd, "nkeys_differ_at", "position", 0, JR_MAX_POS,
                                       INT64_MIN) : -1;
     ev->nkeys_diff_layer = nd ? (int)integer(c, nd, "nkeys_differ_at", "layer", -1,
                                              KV_MAX_LAYERS, INT64_MIN) : 0;
@@ -344,7 +348,7 @@ static void read_self(jr *c, json_t *t, cmp_tokens *o)
             return;
         }
         o->self_pos[i] = integer(c, x, "tokens.contradicts_own_topk", "position", 0,
-                                 INT64_MAX, INT64_MIN);
+                                 JR_MAX_POS, INT64_MIN);
         o->self_token[i] = (int32_t)integer(c, x, "tokens.contradicts_own_topk", "token", 0,
                                             INT32_MAX, INT64_MIN);
         o->self_top1[i] = (int32_t)integer(c, x, "tokens.contradicts_own_topk", "top1", 0,
@@ -367,13 +371,13 @@ static void read_tokens(jr *c, json_t *root, cmp_result *r)
     if (k < 0 && !c->failed)
         bad(c, "tokens", "verdict", "is not a known name");
     o->kind = k < 0 ? CMP_TOKENS_NONE : (cmp_tokens_kind)k;
-    o->n_ref = integer(c, t, "tokens", "n_ref", 0, INT64_MAX, INT64_MIN);
-    o->n_test = integer(c, t, "tokens", "n_test", 0, INT64_MAX, INT64_MIN);
-    o->prompt_length = integer(c, t, "tokens", "prompt_length", 0, INT64_MAX, INT64_MIN);
-    o->pos = integer(c, t, "tokens", "position", 0, INT64_MAX, -1);
-    o->step = integer(c, t, "tokens", "step", INT64_MIN + 1, INT64_MAX, 0);
-    o->ref_id = (int32_t)integer(c, t, "tokens", "ref_id", INT32_MIN, INT32_MAX, 0);
-    o->test_id = (int32_t)integer(c, t, "tokens", "test_id", INT32_MIN, INT32_MAX, 0);
+    o->n_ref = integer(c, t, "tokens", "n_ref", 0, JR_MAX_POS, INT64_MIN);
+    o->n_test = integer(c, t, "tokens", "n_test", 0, JR_MAX_POS, INT64_MIN);
+    o->prompt_length = integer(c, t, "tokens", "prompt_length", 0, JR_MAX_POS, INT64_MIN);
+    o->pos = integer(c, t, "tokens", "position", 0, JR_MAX_POS, -1);
+    o->step = integer(c, t, "tokens", "step", -JR_MAX_POS, JR_MAX_POS, 0);
+    o->ref_id = (int32_t)integer(c, t, "tokens", "ref_id", 0, INT32_MAX, 0);
+    o->test_id = (int32_t)integer(c, t, "tokens", "test_id", 0, INT32_MAX, 0);
     o->ref_margin = num(c, t, "tokens", "ref_margin", true);
     o->test_margin = num(c, t, "tokens", "test_margin", true);
     o->near_tie = boolean(c, t, "tokens", "near_tie");
@@ -392,7 +396,7 @@ static void read_logits(jr *c, json_t *root, cmp_result *r)
     o->top1_agree = integer(c, l, "logits", "top1_agree", 0, INT64_MAX, INT64_MIN);
     o->kl_mean = num(c, l, "logits", "kl_mean", false);
     o->kl_max = num(c, l, "logits", "kl_max", false);
-    o->kl_max_pos = integer(c, l, "logits", "kl_max_position", INT64_MIN + 1, INT64_MAX,
+    o->kl_max_pos = integer(c, l, "logits", "kl_max_position", -1, JR_MAX_POS,
                             INT64_MIN);
 }
 
@@ -449,7 +453,7 @@ static void read_hash_check(jr *c, json_t *root, cmp_result *r)
     copy(o->file, sizeof o->file, string(c, st, "hash_check.stale", "file"));
     o->layer = (int)integer(c, st, "hash_check.stale", "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
     o->stage = stage_of(c, st, "hash_check.stale", "stage");
-    o->pos = integer(c, st, "hash_check.stale", "position", 0, INT64_MAX, INT64_MIN);
+    o->pos = integer(c, st, "hash_check.stale", "position", 0, JR_MAX_POS, INT64_MIN);
 }
 
 /* The JSON gives cosine and NMSE, not the sums behind them: these sums
@@ -468,7 +472,7 @@ static void read_stats(jr *c, json_t *s, const char *where, cmp_stats *o)
     o->ref_sq = o->test_sq = 1;
     o->dot = cosv;
     o->err_sq = nmse;
-    o->first_bitdiff_pos = integer(c, s, where, "first_bitdiff_position", -1, INT64_MAX,
+    o->first_bitdiff_pos = integer(c, s, where, "first_bitdiff_position", -1, JR_MAX_POS,
                                    INT64_MIN);
 }
 
@@ -483,8 +487,8 @@ static void read_stage(jr *c, json_t *s, int i, cmp_stage_result *o)
     o->layer = (int)integer(c, s, where, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
     o->stage = stage_of(c, s, where, "stage");
     o->cols = (int)integer(c, s, where, "cols", 0, INT32_MAX, INT64_MIN);
-    o->pos_lo = integer(c, s, where, "position_lo", INT64_MIN + 1, INT64_MAX, INT64_MIN);
-    o->pos_hi = integer(c, s, where, "position_hi", INT64_MIN + 1, INT64_MAX, INT64_MIN);
+    o->pos_lo = integer(c, s, where, "position_lo", 0, JR_MAX_POS, INT64_MIN);
+    o->pos_hi = integer(c, s, where, "position_hi", -1, JR_MAX_POS, INT64_MIN);
     o->hashed = boolean(c, s, where, "fingerprint");
     o->rows_by_hash = integer(c, s, where, "rows_by_hash", 0, INT64_MAX, INT64_MIN);
     o->noise_floor = num(c, s, where, "noise_floor", false);
@@ -609,6 +613,17 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
         read_hash_check(&c, root, r);
     if (!c.failed)
         read_stages(&c, root, j);
+    /* exit_code restates the verdict (compare's exit status); one that
+     * disagrees, or is none compare gives, marks a file not to trust. */
+    if (!c.failed && json_object_get(root, "exit_code")) {
+        int64_t x = integer(&c, root, "", "exit_code", 0, 2, INT64_MIN);
+        if (!c.failed && x != cmp_exit_code(0, r)) {
+            char msg[96];
+            snprintf(msg, sizeof msg, "is %lld, but the verdict and incompleteness give %d",
+                     (long long)x, cmp_exit_code(0, r));
+            bad(&c, "", "exit_code", msg);
+        }
+    }
     /* "inputs" is optional: results saved before it existed have none */
     json_t *in = c.failed || !json_object_get(root, "inputs")
         ? NULL : object(&c, root, "", "inputs", true);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "rep_internal.h"
+#include "../model/outfile.h"
 
 /* Bit-identical rows (error 0) are drawn at this floor, or a decade
  * below the smallest non-zero error when that is smaller. */
@@ -25,17 +26,20 @@
 /* ------------------------------------------------------------------ */
 /* Files                                                                */
 
+/* Each file goes through a fresh temporary name and a rename (outfile.h),
+ * so a symlink planted at plots/NAME is replaced, never followed. */
 typedef struct {
     FILE *f;
-    char path[4200];
+    outfile o;
 } out_file;
 
 static int out_open(out_file *o, const char *dir, const char *name, kv_err *e)
 {
-    snprintf(o->path, sizeof o->path, "%s/%s", dir, name);
-    o->f = fopen(o->path, "w");
-    if (!o->f)
-        return kv_errf(e, "%s: cannot write: %s", o->path, strerror(errno));
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (outfile_open(&o->o, path, e) < 0)
+        return -1;
+    o->f = o->o.f;
     return 0;
 }
 
@@ -43,12 +47,8 @@ static int out_close(out_file *o, kv_err *e)
 {
     if (!o->f)
         return 0;
-    const bool failed = ferror(o->f) != 0;
-    const int rc = fclose(o->f);
     o->f = NULL;
-    if (failed || rc != 0)
-        return kv_errf(e, "%s: write failed: %s", o->path, strerror(errno ? errno : EIO));
-    return 0;
+    return outfile_commit(&o->o, e);
 }
 
 static void num(FILE *f, double x)
@@ -648,8 +648,15 @@ static void draw(rep_ctx *c, const char *dir)
         rep_plot *pl = &c->plots[i];
         if (!pl->data)
             continue;
-        char script[64];
+        char script[64], img[4200];
         snprintf(script, sizeof script, "%s.gp", pl->name);
+        /* gnuplot opens its outputs by name and would follow a symlink
+         * planted there: remove whatever is at those names first. */
+        static const char *const exts[2] = {"png", "svg"};
+        for (int k = 0; k < 2; k++) {
+            snprintf(img, sizeof img, "%s/%s.%s", dir, pl->name, exts[k]);
+            unlink(img);
+        }
         int rc = run_gnuplot(prog, dir, script, out, sizeof out);
         if (rc == 127 && !out[0]) {
             missing = true;

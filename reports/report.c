@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "rep_internal.h"
+#include "../model/outfile.h"
 
 void report_opts_default(report_opts *o)
 {
@@ -75,34 +76,25 @@ static int ensure_dir(const char *path, kv_err *e)
 
 typedef void (*writer_fn)(const rep_ctx *c, FILE *f);
 
-/* Writes dir/name through dir/.name.tmp and a rename. */
+/* Writes dir/name through a fresh temporary file beside it and a rename
+ * (outfile.h): a symlink planted in the folder is never followed. */
 static int write_file(const char *dir, const char *name, writer_fn fn, const rep_ctx *c,
                       const json_t *j, kv_err *e)
 {
-    char tmp[4200], path[4200];
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp", dir, name);
+    char path[4200];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return kv_errf(e, "%s: cannot write: %s", path, strerror(errno));
+    outfile o;
+    if (outfile_open(&o, path, e) < 0)
+        return -1;
     if (fn)
-        fn(c, f);
-    else if (json_dumpf(j, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0)
-        fputc('\n', f);
-    else
-        errno = ENOMEM;
-    const bool failed = ferror(f) != 0;
-    if (fclose(f) != 0 || failed) {
-        int err = errno ? errno : EIO;
-        unlink(tmp);
-        return kv_errf(e, "%s: write failed: %s", path, strerror(err));
+        fn(c, o.f);
+    else if (json_dumpf(j, o.f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0)
+        fputc('\n', o.f);
+    else {
+        outfile_abort(&o);
+        return kv_errf(e, "%s: write failed: out of memory", path);
     }
-    if (rename(tmp, path) != 0) {
-        int err = errno;
-        unlink(tmp);
-        return kv_errf(e, "%s: cannot write: %s", path, strerror(err));
-    }
-    return 0;
+    return outfile_commit(&o, e);
 }
 
 static json_t *result_json(const rep_ctx *c)

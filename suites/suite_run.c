@@ -26,6 +26,7 @@
 
 #include "suite.h"
 #include "../dump/observer.h"
+#include "../model/outfile.h"
 
 /* snprintf that cuts silently: messages and paths here are bounded on
  * purpose (a cut message is still one line). */
@@ -114,6 +115,16 @@ int suite_rmtree(const char *path, kv_err *e)
     return 0;
 }
 
+/* The last non-empty line of text (modified: trailing blanks cut). */
+static void last_line_of(char *buf, char *out, size_t n)
+{
+    size_t len = strlen(buf);
+    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
+        buf[--len] = 0;
+    char *start = strrchr(buf, '\n');
+    put(out, n, "%s", start ? start + 1 : buf);
+}
+
 /* The last non-empty line of a file (at most its last 4 KiB), or "". */
 static void last_line(const char *path, char *out, size_t n)
 {
@@ -130,10 +141,7 @@ static void last_line(const char *path, char *out, size_t n)
     size_t len = fread(buf, 1, sizeof buf - 1, f);
     fclose(f);
     buf[len] = 0;
-    while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r' || buf[len - 1] == ' '))
-        buf[--len] = 0;
-    char *start = strrchr(buf, '\n');
-    put(out, n, "%s", start ? start + 1 : buf);
+    last_line_of(buf, out, n);
 }
 
 static double now_s(void)
@@ -151,46 +159,112 @@ static int step_timeout;
 
 #define STEP_TIMED_OUT 1000
 
-/* Runs argv with stdout to out_fd and stderr to err_fd; the command line
- * goes to err_fd first. Returns the exit code, 128 + signal, -1, or
- * STEP_TIMED_OUT when it ran past step_timeout and was killed. */
+/* The end of the last step's stderr, kept in memory as well as in the
+ * log: on a full disk the log cannot hold the line that says so. */
+static char step_tail[1024];
+static size_t step_tail_len;
+
+static void tail_add(const char *buf, size_t n)
+{
+    if (n >= sizeof step_tail) {
+        buf += n - (sizeof step_tail - 1);
+        n = sizeof step_tail - 1;
+    }
+    if (step_tail_len + n >= sizeof step_tail) {
+        size_t drop = step_tail_len + n - (sizeof step_tail - 1);
+        memmove(step_tail, step_tail + drop, step_tail_len - drop);
+        step_tail_len -= drop;
+    }
+    memcpy(step_tail + step_tail_len, buf, n);
+    step_tail_len += n;
+    step_tail[step_tail_len] = 0;
+}
+
+/* Moves what the step wrote to its stderr pipe into err_fd and the tail;
+ * returns false at end of file. */
+static bool pump(int from, int err_fd)
+{
+    char buf[4096];
+    for (;;) {
+        ssize_t k = read(from, buf, sizeof buf);
+        if (k > 0) {
+            tail_add(buf, (size_t)k);
+            if (write(err_fd, buf, (size_t)k) < 0) {
+                /* the log is full or gone: the tail still has it */
+            }
+            continue;
+        }
+        if (k < 0 && errno == EINTR)
+            continue;
+        return k < 0;   /* EAGAIN: open, nothing yet; 0: end of file */
+    }
+}
+
+/* Runs argv with stdout to out_fd and stderr to err_fd (through a pipe,
+ * so its end is kept in step_tail); the command line goes to err_fd first.
+ * Returns the exit code, 128 + signal, -1, or STEP_TIMED_OUT when it ran
+ * past step_timeout and was killed. */
 static int run_step(char *const argv[], int out_fd, int err_fd)
 {
+    step_tail_len = 0;
+    step_tail[0] = 0;
     dprintf(err_fd, "$ kvdiff");
     for (int i = 1; argv[i]; i++)
         dprintf(err_fd, " %s", argv[i]);
     dprintf(err_fd, "\n");
-    pid_t pid = fork();
-    if (pid < 0)
+    int errp[2];
+    if (pipe(errp) < 0)
         return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(errp[0]);
+        close(errp[1]);
+        return -1;
+    }
     if (pid == 0) {
         int null_in = open("/dev/null", O_RDONLY);
         if (null_in >= 0)
             dup2(null_in, 0);
-        dup2(out_fd, 1);
-        dup2(err_fd, 2);
+        /* stdout shares the pipe when it goes to the log too, so the log
+         * keeps the order in which the lines came */
+        dup2(out_fd == err_fd ? errp[1] : out_fd, 1);
+        dup2(errp[1], 2);
+        close(errp[0]);
+        close(errp[1]);
         execv(argv[0], argv);
         dprintf(2, "cannot execute %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    close(errp[1]);
+    fcntl(errp[0], F_SETFL, fcntl(errp[0], F_GETFL) | O_NONBLOCK);
+    bool open_pipe = true;
     int st;
     const double deadline = now_s() + (step_timeout > 0 ? step_timeout : 1e18);
     for (;;) {
+        if (open_pipe)
+            open_pipe = pump(errp[0], err_fd);
         pid_t w = waitpid(pid, &st, WNOHANG);
         if (w == pid)
             break;
-        if (w < 0 && errno != EINTR)
+        if (w < 0 && errno != EINTR) {
+            close(errp[0]);
             return -1;
+        }
         if (now_s() > deadline) {
             kill(pid, SIGKILL);
             while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
             }
+            close(errp[0]);
             dprintf(err_fd, "killed: it ran past the step time limit of %d s\n", step_timeout);
             return STEP_TIMED_OUT;
         }
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
+    /* what it wrote last, unless a grandchild still holds the pipe open */
+    if (open_pipe)
+        pump(errp[0], err_fd);
+    close(errp[0]);
     return WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
 }
 
@@ -322,7 +396,11 @@ static void step_error(suite_result *r, const char *log, const char *step, int c
         put(r->message, sizeof r->message, "%s was killed by signal %d", step, code - 128);
     else
         put(r->message, sizeof r->message, "%s exited with %d", step, code);
-    last_line(log, r->last_line, sizeof r->last_line);
+    /* the step's own last line, kept in memory: on a full disk the log
+     * lacks it (and then says why, e.g. "No space left on device") */
+    last_line_of(step_tail, r->last_line, sizeof r->last_line);
+    if (!r->last_line[0])
+        last_line(log, r->last_line, sizeof r->last_line);
     put(r->got, sizeof r->got, "error");
     put(r->where, sizeof r->where, "-");
 }
@@ -477,6 +555,9 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
     if (pid == 0) {
         close(fds[0]);
         step_timeout = o->step_timeout;
+        /* A file size limit makes writes fail (EFBIG) with a reason the
+         * case reports, instead of killing the worker without one. */
+        signal(SIGXFSZ, SIG_IGN);
         suite_result r;
         run_case(&s->cases[sel[idx]], o, &r);
         const char *p = (const char *)&r;
@@ -516,9 +597,12 @@ static void finish_worker(const suite *s, const int *sel, slot *sl, suite_result
     out->outcome = SUITE_ERROR;
     put(out->got, sizeof out->got, "error");
     put(out->where, sizeof out->where, "-");
-    put(out->message, sizeof out->message, "the worker of case '%s' died (%s %d)",
-             s->cases[sel[sl->idx]].name, WIFSIGNALED(st) ? "signal" : "exit status",
-             WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+    if (WIFSIGNALED(st))
+        put(out->message, sizeof out->message, "the worker of case '%s' died (signal %d: %s)",
+            s->cases[sel[sl->idx]].name, WTERMSIG(st), strsignal(WTERMSIG(st)));
+    else
+        put(out->message, sizeof out->message, "the worker of case '%s' died (exit status %d)",
+            s->cases[sel[sl->idx]].name, WEXITSTATUS(st));
 }
 
 int suite_run(const suite *s, const int *sel, int n, const suite_run_opts *o,
@@ -689,26 +773,11 @@ void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
 int suite_write_junit(const char *path, const suite *s, const int *sel, int n,
                       const suite_result *results, kv_err *e)
 {
-    size_t len = strlen(path) + 8;
-    char *tmp = malloc(len);
-    if (!tmp)
-        return kv_errf(e, "%s: out of memory", path);
-    put(tmp, len, "%s.tmp", path);
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        kv_errf(e, "%s: cannot write: %s", tmp, strerror(errno));
-        free(tmp);
+    /* Written whole or not at all, through a fresh temporary name (no
+     * predictable PATH.tmp a symlink could be planted at). */
+    outfile o;
+    if (outfile_open(&o, path, e) < 0)
         return -1;
-    }
-    suite_junit_stream(f, s, sel, n, results);
-    int bad = ferror(f);
-    /* Written whole or not at all: the file appears only when complete. */
-    if (fclose(f) != 0 || bad || rename(tmp, path) != 0) {
-        kv_errf(e, "%s: cannot write: %s", path, strerror(errno ? errno : EIO));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
+    suite_junit_stream(o.f, s, sel, n, results);
+    return outfile_commit(&o, e);
 }
