@@ -1,10 +1,12 @@
 /* cmd_suite.c — `kvdiff suite FILE.suite`: the release gate. Runs every
  * case of a suite file (docs/suite-format.md), prints a table, writes JUnit
  * XML on request, keeps the files of failed cases. Exit 0 when every case
- * met its expectation, 1 when one did not, 2 on a bad suite file or usage. */
+ * met its expectation, 1 when one did not, 2 on a bad suite file or usage,
+ * 130 / 143 when SIGINT / SIGTERM stopped it (what finished is reported). */
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +27,9 @@ static void suite_usage(FILE *f)
             "and prompt, recorded and compared, checked against the case's expectation\n"
             "(identical, within a tolerance, or an injected bug detected at an exact\n"
             "layer, position and stage). Prints a table; exit 0 when every case met its\n"
-            "expectation, 1 when one did not, 2 on a bad suite file or usage.\n"
+            "expectation, 1 when one did not, 2 on a bad suite file or usage. Ctrl-C or\n"
+            "SIGTERM stops it: running cases are killed and marked skipped with those\n"
+            "not started, the table and --junit cover what finished; exit 130 / 143.\n"
             "The format: docs/suite-format.md.\n"
             "\n"
             "  --jobs N        cases run at once, one process each (default 1)\n"
@@ -142,7 +146,7 @@ static int print_failures(const suite *s, const int *sel, int n, const suite_res
     int bad = 0;
     for (int i = 0; i < n; i++) {
         const suite_result *r = &res[i];
-        if (r->outcome == SUITE_PASS)
+        if (r->outcome == SUITE_PASS || r->outcome == SUITE_SKIPPED)
             continue;
         if (!bad++)
             printf("\n");
@@ -209,6 +213,46 @@ static int self_path(char *out, size_t n, kv_err *e)
 }
 
 /* ------------------------------------------------------------------ */
+/* Interruption                                                         */
+
+/* SIGINT or SIGTERM: the run stops starting cases, kills the running ones
+ * and reports what finished (suite_run_opts.stop). */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop(int sig)
+{
+    stop_signal = sig;
+}
+
+static void catch_stop(bool on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_stop : SIG_DFL;   /* no SA_RESTART: poll returns */
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+static void print_summary(int n, const suite_result *res, int jobs)
+{
+    int pass = 0, fail = 0, err = 0, skip = 0;
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        pass += res[i].outcome == SUITE_PASS;
+        fail += res[i].outcome == SUITE_FAIL;
+        err += res[i].outcome == SUITE_ERROR;
+        skip += res[i].outcome == SUITE_SKIPPED;
+        total += res[i].seconds;
+    }
+    printf("\n%d case%s: %d passed, %d failed", n, n == 1 ? "" : "s", pass, fail);
+    if (err)
+        printf(", %d error%s", err, err == 1 ? "" : "s");
+    if (skip)
+        printf(", %d skipped (interrupted by %s)", skip,
+               stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+    printf(" (%.1f s of case time, %d job%s)\n", total, jobs, jobs == 1 ? "" : "s");
+}
 
 static int run_selected(const suite_args *a, const suite *s, const int *sel, int n, kv_err *e)
 {
@@ -223,8 +267,10 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
     progress_start(&bar, stderr, "cases", n);
     suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs, .step_timeout = a->timeout,
                          .report = suite_has_verb(bin, "report"), .on_done = on_case_done,
-                         .ctx = &bar};
+                         .ctx = &bar, .stop = &stop_signal};
+    catch_stop(true);
     int rc = suite_run(s, sel, n, &ro, res, e);
+    catch_stop(false);
     progress_end(&bar);
     if (rc < 0) {
         free(res);
@@ -232,15 +278,11 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
     }
     print_table(s, sel, n, res);
     int bad = print_failures(s, sel, n, res);
-    double total = 0;
-    for (int i = 0; i < n; i++)
-        total += res[i].seconds;
-    printf("\n%d case%s: %d passed, %d failed (%.1f s of case time, %d job%s)\n", n,
-           n == 1 ? "" : "s", n - bad, bad, total, a->jobs, a->jobs == 1 ? "" : "s");
+    print_summary(n, res, a->jobs);
     if (bad)
         printf("work folder: %s\n", dir);
     else if (fresh)
-        rmdir(dir);   /* every case removed its own folder */
+        rmdir(dir);   /* every case removed its own folder (or was never run) */
     kv_err je = {{0}};
     if (a->junit && suite_write_junit(a->junit, s, sel, n, res, &je) < 0) {
         free(res);
@@ -248,6 +290,8 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
         return -1;
     }
     free(res);
+    if (stop_signal)
+        return 128 + stop_signal;
     return bad ? 1 : 0;
 }
 
@@ -294,7 +338,7 @@ int cmd_suite(int argc, char **argv)
         }
     } else {
         int rc = run_selected(&a, &s, sel, n, &e);
-        code = rc < 0 ? EXIT_USAGE : rc ? EXIT_DIVERGED : EXIT_OK;
+        code = rc < 0 ? EXIT_USAGE : rc > 1 ? rc : rc ? EXIT_DIVERGED : EXIT_OK;
     }
     if (code == EXIT_USAGE)
         cli_error("suite", &e);

@@ -12,6 +12,7 @@
 #ifndef KV_SUITE_H
 #define KV_SUITE_H
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -124,7 +125,8 @@ int suite_parse_shard(const char *text, int *shard_i, int *shard_n, kv_err *e);
 /* ------------------------------------------------------------------ */
 /* Running                                                              */
 
-typedef enum { SUITE_PASS, SUITE_FAIL, SUITE_ERROR } suite_outcome;
+/* SKIPPED: not run to its end because the run was interrupted (stop). */
+typedef enum { SUITE_PASS, SUITE_FAIL, SUITE_ERROR, SUITE_SKIPPED } suite_outcome;
 
 typedef struct {
     suite_outcome outcome;       /* FAIL: the expectation was not met; ERROR: a
@@ -145,6 +147,10 @@ typedef struct {
     int step_timeout;            /* seconds a step (one kvdiff process) may take;
                                   * then it is killed and the case is an ERROR
                                   * (0: no limit) */
+    /* Optional: set (by a signal handler) to stop the run: no case starts
+     * any more, running ones are killed with their steps, and both kinds are
+     * SKIPPED; what finished keeps its result. */
+    volatile sig_atomic_t *stop;
     /* Called in the parent after each case, in completion order (may be NULL). */
     void (*on_done)(void *ctx, int done, int total, const suite_case *c, const suite_result *r);
     void *ctx;
@@ -173,6 +179,6 @@ int suite_rmtree(const char *path, kv_err *e);
 /* Whether `kvdiff VERB --help` exits 0 (the binary has that verb). */
 bool suite_has_verb(const char *kvdiff, const char *verb);
 
-const char *suite_outcome_name(suite_outcome o);  /* "pass", "FAIL", "ERROR" */
+const char *suite_outcome_name(suite_outcome o);  /* "pass", "FAIL", "ERROR", "skipped" */
 
 #endif

@@ -17,6 +17,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <limits.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -554,6 +555,13 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
     }
     if (pid == 0) {
         close(fds[0]);
+        /* A process group of its own, so an interrupted run kills the
+         * worker with its steps (and a terminal's Ctrl-C reaches the runner
+         * alone, which then does that); the runner's stop handlers are not
+         * the worker's. */
+        setpgid(0, 0);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
         step_timeout = o->step_timeout;
         /* A file size limit makes writes fail (EFBIG) with a reason the
          * case reports, instead of killing the worker without one. */
@@ -574,6 +582,7 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
         _exit(0);
     }
     close(fds[1]);
+    setpgid(pid, pid);   /* as the child does: whichever runs first */
     memset(sl, 0, sizeof *sl);
     sl->pid = pid;
     sl->fd = fds[0];
@@ -605,6 +614,46 @@ static void finish_worker(const suite *s, const int *sel, slot *sl, suite_result
             s->cases[sel[sl->idx]].name, WEXITSTATUS(st));
 }
 
+static bool stopped(const suite_run_opts *o)
+{
+    return o->stop && *o->stop;
+}
+
+static void skipped(suite_result *r, const char *why)
+{
+    memset(r, 0, sizeof *r);
+    r->outcome = SUITE_SKIPPED;
+    put(r->got, sizeof r->got, "skipped");
+    put(r->where, sizeof r->where, "-");
+    put(r->message, sizeof r->message, "%s", why);
+}
+
+/* An interrupted run: kills the running workers with their steps, removes
+ * their half-done folders, and marks them and the cases never started
+ * SKIPPED. */
+static void stop_run(const suite *s, const int *sel, int n, const suite_run_opts *o, slot *slots,
+                     int jobs, int next, suite_result *results)
+{
+    for (int i = 0; i < jobs; i++) {
+        if (slots[i].fd < 0)
+            continue;
+        kill(-slots[i].pid, SIGKILL);
+        close(slots[i].fd);
+        slots[i].fd = -1;
+        while (waitpid(slots[i].pid, NULL, 0) < 0 && errno == EINTR) {
+        }
+        const int idx = slots[i].idx;
+        char folder[PATH_MAX];
+        kv_err ignored = {{0}};
+        if ((size_t)snprintf(folder, sizeof folder, "%s/%s", o->workdir,
+                             s->cases[sel[idx]].name) < sizeof folder)
+            suite_rmtree(folder, &ignored);
+        skipped(&results[idx], "interrupted while running (its files were removed)");
+    }
+    for (int k = next; k < n; k++)
+        skipped(&results[k], "not run: the suite was interrupted");
+}
+
 int suite_run(const suite *s, const int *sel, int n, const suite_run_opts *o,
               suite_result *results, kv_err *e)
 {
@@ -615,6 +664,10 @@ int suite_run(const suite *s, const int *sel, int n, const suite_run_opts *o,
     for (int i = 0; i < jobs; i++)
         slots[i].fd = -1;
     while (done < n) {
+        if (stopped(o)) {
+            stop_run(s, sel, n, o, slots, jobs, next, results);
+            return 0;
+        }
         for (int i = 0; i < jobs && next < n && rc == 0; i++)
             if (slots[i].fd < 0) {
                 if (start_worker(s, sel, next, o, &slots[i], e) < 0)
@@ -696,7 +749,8 @@ bool suite_has_verb(const char *kvdiff, const char *verb)
 
 const char *suite_outcome_name(suite_outcome o)
 {
-    return o == SUITE_PASS ? "pass" : o == SUITE_FAIL ? "FAIL" : "ERROR";
+    return o == SUITE_PASS ? "pass" : o == SUITE_FAIL ? "FAIL" : o == SUITE_ERROR ? "ERROR"
+                                                                               : "skipped";
 }
 
 /* ------------------------------------------------------------------ */
@@ -721,11 +775,12 @@ static void xml_text(FILE *f, const char *s)
 void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
                         const suite_result *results)
 {
-    int fails = 0, errors = 0;
+    int fails = 0, errors = 0, skips = 0;
     double total = 0;
     for (int i = 0; i < n; i++) {
         fails += results[i].outcome == SUITE_FAIL;
         errors += results[i].outcome == SUITE_ERROR;
+        skips += results[i].outcome == SUITE_SKIPPED;
         total += results[i].seconds;
     }
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
@@ -733,8 +788,8 @@ void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
                "time=\"%.3f\">\n", n, fails, errors, total);
     fprintf(f, "  <testsuite name=\"");
     xml_text(f, s->name);
-    fprintf(f, "\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"0\" time=\"%.3f\">\n",
-            n, fails, errors, total);
+    fprintf(f, "\" tests=\"%d\" failures=\"%d\" errors=\"%d\" skipped=\"%d\" time=\"%.3f\">\n",
+            n, fails, errors, skips, total);
     for (int i = 0; i < n; i++) {
         const suite_case *c = &s->cases[sel[i]];
         const suite_result *r = &results[i];
@@ -747,6 +802,12 @@ void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
         fprintf(f, "\" time=\"%.3f\"", r->seconds);
         if (r->outcome == SUITE_PASS) {
             fprintf(f, "/>\n");
+            continue;
+        }
+        if (r->outcome == SUITE_SKIPPED) {
+            fprintf(f, ">\n      <skipped message=\"");
+            xml_text(f, r->message);
+            fprintf(f, "\"/>\n    </testcase>\n");
             continue;
         }
         const char *tag = r->outcome == SUITE_FAIL ? "failure" : "error";

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "chunked/chunked.h"
@@ -662,6 +664,72 @@ START_TEST(test_cli_step_timeout)
 }
 END_TEST
 
+/* SIGINT or SIGTERM to a running suite: what finished is reported (the
+ * table, a partial JUnit with the rest skipped), the case that was running
+ * is killed and its folder removed, and the exit code says which signal. */
+START_TEST(test_cli_interrupted)
+{
+    static const int sigs[2] = {SIGINT, SIGTERM};
+    const int sig = sigs[_i];
+    char dir[64], path[128], junit[128], keep[128], folder[192];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/s.suite", dir);
+    snprintf(junit, sizeof junit, "%s/j.xml", dir);
+    snprintf(keep, sizeof keep, "%s/work", dir);
+    /* a quick case, then two that take long enough to be interrupted */
+    write_file(path, "[defaults]\nmodel = tiny-llama\na =\nb = --engine chunked --chunk 5\n"
+                     "expect = identical\n\n[quick]\nprompt = random:8:1\nmax_new = 2\n\n"
+                     "[long-1]\nprompt = random:6000:1\nmax_new = 4\n\n"
+                     "[long-2]\nprompt = random:6000:2\nmax_new = 4\n");
+    const char *bin = getenv("KVDIFF_BIN");
+    int pipefd[2];
+    ck_assert_int_eq(pipe(pipefd), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        dup2(pipefd[1], 1);
+        dup2(pipefd[1], 2);
+        close(pipefd[0]);
+        execl(bin ? bin : "./kvdiff", "kvdiff", "suite", path, "--jobs", "1", "--junit", junit,
+              "--keep", keep, (char *)NULL);
+        _exit(127);
+    }
+    close(pipefd[1]);
+    /* Interrupt once the second case has its folder: the first finished.
+     * (This only decides when to send the signal; nothing is timed.) */
+    snprintf(folder, sizeof folder, "%s/long-1", keep);
+    for (int i = 0; i < 6000 && !exists(folder); i++)
+        usleep(5000);
+    ck_assert_msg(exists(folder), "the second case never started");
+    kill(pid, sig);
+    size_t got = 0;
+    ssize_t r;
+    while ((r = read(pipefd[0], out + got, sizeof out - 1 - got)) > 0)
+        got += (size_t)r;
+    out[got] = 0;
+    close(pipefd[0]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 128 + sig, "status %d: %s", st, out);
+    ck_assert_msg(strstr(out, "quick") && strstr(out, "pass"), "%s", out);
+    ck_assert_msg(strstr(out, "3 cases: 1 passed, 0 failed, 2 skipped (interrupted by "), "%s",
+                  out);
+    ck_assert_msg(strstr(out, sig == SIGINT ? "SIGINT" : "SIGTERM"), "%s", out);
+    ck_assert_msg(!exists(folder), "the interrupted case's folder is still there");
+    FILE *f = fopen(junit, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(out, 1, sizeof out - 1, f);
+    out[n] = 0;
+    fclose(f);
+    ck_assert_msg(strstr(out, "tests=\"3\" failures=\"0\" errors=\"0\" skipped=\"2\""), "%s",
+                  out);
+    ck_assert_msg(strstr(out, "<skipped message=\"interrupted while running"), "%s", out);
+    ck_assert_msg(strstr(out, "<skipped message=\"not run: the suite was interrupted"), "%s",
+                  out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *suite_suite(void)
 {
     Suite *s = suite_create("suite");
@@ -681,6 +749,7 @@ Suite *suite_suite(void)
     tcase_add_test(tc, test_cli_refuses);
     tcase_add_test(tc, test_cli_case_error);
     tcase_add_test(tc, test_cli_step_timeout);
+    tcase_add_loop_test(tc, test_cli_interrupted, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }
