@@ -279,6 +279,89 @@ START_TEST(test_half_precision_exports_run)
 }
 END_TEST
 
+/* A Hugging Face folder written by kvdiff gen, its config.json given a RoPE
+ * scaling and a tokenizer.json: the export carries both. */
+static const struct {
+    const char *preset;
+    const char *rope_scaling;
+} hf_cases[] = {
+    {"tiny-llama", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                   "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}"},
+    {"tiny-gemma3", "{\"rope_type\": \"linear\", \"factor\": 4.0}"},
+};
+
+/* Ids 0..249 "tok<id>" (250..255 left out: the export pads them), 250 a
+ * special added token, merges in both of tokenizer.json's spellings. */
+static void write_tokenizer(const char *dir)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert(f != NULL);
+    fputs("{\"version\": \"1.0\", \"added_tokens\": [{\"id\": 250, \"content\": \"<s>\", "
+          "\"special\": true}], \"model\": {\"type\": \"BPE\", \"vocab\": {", f);
+    for (int i = 0; i < 250; i++)
+        fprintf(f, "%s\"tok%d\": %d", i ? ", " : "", i, i);
+    fputs("}, \"merges\": [\"tok1 tok2\", [\"tok3\", \"tok4\"]]}}", f);
+    fclose(f);
+}
+
+/* Replaces config.json's "rope_scaling": null (as kvdiff gen writes it). */
+static void add_rope_scaling(const char *dir, const char *json)
+{
+    char path[1024];
+    static const char key[] = "\"rope_scaling\": null";
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert(f != NULL);
+    static char text[1 << 16];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *at = strstr(text, key);
+    ck_assert(at != NULL);
+    *at = 0;
+    f = fopen(path, "w");
+    fprintf(f, "%s\"rope_scaling\": %s%s", text, json, at + strlen(key));
+    fclose(f);
+}
+
+START_TEST(test_hf_folder_export)
+{
+    char dir[256], hf[512], path[512], args[2048], out[4096], csv[4096];
+    int32_t ids[PROMPT_LEN];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    snprintf(args, sizeof args, "gen --preset %s -o '%s'", hf_cases[_i].preset, hf);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    add_rope_scaling(hf, hf_cases[_i].rope_scaling);
+    write_tokenizer(hf);
+    snprintf(args, sizeof args, "gen --from '%s' --gguf '%s'", hf, path);
+    int rc = test_run_cli(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    kv_model m;
+    kv_err e = {{0}};
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_load_dir(hf, &mo, &m, &e) == 0, "%s", e.msg);
+    ck_assert(m.cfg.rope_scaling.type != ROPE_SCALE_NONE);
+    prompt_ids(m.cfg.vocab, ids, csv, sizeof csv);
+    llama_run lr;
+    rc = run_llama(path, dir, PREFIXES, csv, &lr);
+    ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
+    /* The tokens are tokenizer.json's, all 256 ids of the model. */
+    ck_assert_msg(strstr(lr.out, "vocab 256\n") && strstr(lr.out, "token 11 tok11\n") &&
+                  strstr(lr.out, "token 48 tok48\n"), "%s", lr.out);
+    capture *cap = run_reference(&m, ids);
+    bool gemma = m.cfg.arch == ARCH_GEMMA3;
+    assert_agrees(&m, cap, &lr, TOL_F32, gemma ? TOL_GELU_TABLE : TOL_F32, hf);
+    capture_free(cap);
+    llama_run_free(&lr);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Files in dir other than the ones named (NULL-terminated). */
 static int stray_files(const char *dir, const char *const *expected)
 {
@@ -388,6 +471,8 @@ Suite *gguf_suite(void)
                         (int)(sizeof runnable / sizeof *runnable));
     tcase_add_loop_test(tc, test_half_precision_exports_run, 0,
                         (int)(sizeof runnable / sizeof *runnable));
+    tcase_add_loop_test(tc, test_hf_folder_export, 0,
+                        (int)(sizeof hf_cases / sizeof *hf_cases));
     suite_add_tcase(s, tc);
     TCase *bad = tcase_create("bad input");
     tcase_set_timeout(bad, 60);
