@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "model/gguf.h"
 #include "model/model.h"
@@ -279,15 +280,26 @@ START_TEST(test_half_precision_exports_run)
 }
 END_TEST
 
-/* A Hugging Face folder written by kvdiff gen, its config.json given a RoPE
- * scaling and a tokenizer.json: the export carries both. */
+/* A Hugging Face folder written by kvdiff gen, its config.json edited
+ * (each pair: text kvdiff gen writes, its replacement) and given a
+ * tokenizer.json: the export carries RoPE scaling and, for Gemma 3, a layer
+ * pattern and local RoPE base that llama.cpp's defaults (every 6th layer
+ * global, base 10000) would not reproduce. */
 static const struct {
     const char *preset;
-    const char *rope_scaling;
+    const char *edits[10];
 } hf_cases[] = {
-    {"tiny-llama", "{\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
-                   "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}"},
-    {"tiny-gemma3", "{\"rope_type\": \"linear\", \"factor\": 4.0}"},
+    {"tiny-llama",
+     {"\"rope_scaling\": null",
+      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+      "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 64}"}},
+    {"tiny-gemma3",
+     {"\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": 4.0}",
+      "\"rope_local_base_freq\": 10000.0", "\"rope_local_base_freq\": 20000.0",
+      "\"sliding_window_pattern\": 6,", "",
+      "\"full_attention\"\n  ]", "\"sliding_attention\"\n  ]",
+      "\"sliding_attention\",\n    \"sliding_attention\",\n    \"sliding_attention\",",
+      "\"sliding_attention\",\n    \"sliding_attention\",\n    \"full_attention\","}},
 };
 
 /* Ids 0..249 "tok<id>" (250..255 left out: the export pads them), 250 a
@@ -306,23 +318,22 @@ static void write_tokenizer(const char *dir)
     fclose(f);
 }
 
-/* Replaces config.json's "rope_scaling": null (as kvdiff gen writes it). */
-static void add_rope_scaling(const char *dir, const char *json)
+/* Replaces the text `from` of dir/config.json by `to`. */
+static void edit_config(const char *dir, const char *from, const char *to)
 {
     char path[1024];
-    static const char key[] = "\"rope_scaling\": null";
+    static char text[1 << 16];
     snprintf(path, sizeof path, "%s/config.json", dir);
     FILE *f = fopen(path, "r");
     ck_assert(f != NULL);
-    static char text[1 << 16];
     size_t n = fread(text, 1, sizeof text - 1, f);
     fclose(f);
     text[n] = 0;
-    char *at = strstr(text, key);
-    ck_assert(at != NULL);
+    char *at = strstr(text, from);
+    ck_assert_msg(at != NULL, "config.json has no %s", from);
     *at = 0;
     f = fopen(path, "w");
-    fprintf(f, "%s\"rope_scaling\": %s%s", text, json, at + strlen(key));
+    fprintf(f, "%s%s%s", text, to, at + strlen(from));
     fclose(f);
 }
 
@@ -335,7 +346,8 @@ START_TEST(test_hf_folder_export)
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     snprintf(args, sizeof args, "gen --preset %s -o '%s'", hf_cases[_i].preset, hf);
     ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
-    add_rope_scaling(hf, hf_cases[_i].rope_scaling);
+    for (int k = 0; hf_cases[_i].edits[k]; k += 2)
+        edit_config(hf, hf_cases[_i].edits[k], hf_cases[_i].edits[k + 1]);
     write_tokenizer(hf);
     snprintf(args, sizeof args, "gen --from '%s' --gguf '%s'", hf, path);
     int rc = test_run_cli(args, out, sizeof out);
@@ -345,6 +357,9 @@ START_TEST(test_hf_folder_export)
     model_opts mo = {.wtype = -1};
     ck_assert_msg(model_load_dir(hf, &mo, &m, &e) == 0, "%s", e.msg);
     ck_assert(m.cfg.rope_scaling.type != ROPE_SCALE_NONE);
+    if (m.cfg.arch == ARCH_GEMMA3)
+        ck_assert(m.cfg.rope_local_theta == 20000.0 && m.cfg.layer_type[5] == ATTN_SLIDING &&
+                  m.cfg.layer_type[2] == ATTN_GLOBAL);
     prompt_ids(m.cfg.vocab, ids, csv, sizeof csv);
     llama_run lr;
     rc = run_llama(path, dir, PREFIXES, csv, &lr);
@@ -448,6 +463,21 @@ START_TEST(test_bad_paths_and_folders)
     char hfdir[512];
     snprintf(hfdir, sizeof hfdir, "%s/hf", dir);
     ck_assert_int_eq(stray_files(hfdir, hf), 0);
+    /* A tensor missing (config.json claims a layer more than the weights
+     * hold): found mid-write; the existing target stays, no temporary left. */
+    edit_config(hfdir, "\"num_hidden_layers\": 4", "\"num_hidden_layers\": 5");
+    snprintf(path, sizeof path, "%s/x.gguf", dir);
+    FILE *keep = fopen(path, "w");
+    fputs("keep", keep);
+    fclose(keep);
+    snprintf(args, sizeof args, "gen --from '%s/hf' --gguf '%s'", dir, path);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "layers.4.") && count_lines(out) == 1, "%s", out);
+    struct stat ks;
+    ck_assert(stat(path, &ks) == 0 && ks.st_size == 4);
+    static const char *const hf_x[] = {"hf", "x.gguf", NULL};
+    ck_assert_int_eq(stray_files(dir, hf_x), 0);
+    unlink(path);
     /* A folder of an architecture with no export: config.json says mistral. */
     snprintf(path, sizeof path, "%s/hf/config.json", dir);
     FILE *f = fopen(path, "w");
