@@ -114,7 +114,8 @@ int cmd_gen(int argc, char **argv)
         return EXIT_OK;
     }
     if (!preset || (!out && !gguf)) {
-        kv_errf(&e, "--preset and -o or --gguf are required (see kvdiff gen --help)");
+        kv_errf(&e, "--preset and -o are required, or --preset and --gguf "
+                    "(see kvdiff gen --help)");
         goto usage_error;
     }
     if (out && gt == GGUF_OUT_F16) {
