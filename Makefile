@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench fuzz clean deps
+.PHONY: all test demo check-asan check-report-render bench fuzz clean deps llama-cpp
 all: kvdiff
 
 deps:
@@ -65,11 +65,27 @@ $(BUILD)/check_kvdiff: $(TEST_OBJ) $(LIB) $(BUILD)/kvdiff
 	@echo "  LD $@"
 	@$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
+# llama.cpp for the tests that run exported GGUF files: a pinned release
+# fetched once into .cache (scripts/fetch-llama-cpp; a no-op when there).
+# llama_forward, the helper those tests call, is the only thing linking it.
+LLAMA_TEST_DIR := .cache/llama.cpp
+LLAMA_FORWARD  := $(BUILD)/tests/llama_forward
+llama-cpp:
+	@sh scripts/fetch-llama-cpp $(LLAMA_TEST_DIR) >/dev/null
+
+$(LLAMA_FORWARD): tests/llama/llama_forward.c | llama-cpp
+	@mkdir -p $(dir $@)
+	@echo "  LD $@"
+	@$(CC) -std=c11 -O2 -g $(WARN) -I$(LLAMA_TEST_DIR)/include \
+	  -DLLAMA_LIB_DIR='"$(abspath $(LLAMA_TEST_DIR)/lib)"' -o $@ $< \
+	  -L$(LLAMA_TEST_DIR)/lib -lllama -lggml -lggml-base -Wl,-rpath,$(abspath $(LLAMA_TEST_DIR)/lib)
+
 # The closing line is Check's summary.
 # deps first (a no-op once installed), so it works on a fresh machine too.
 test: deps
-	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff
-	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) ./$(BUILD)/check_kvdiff
+	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD)
+	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
+	  ./$(BUILD)/check_kvdiff
 
 demo: deps
 	@$(MAKE) -s kvdiff
@@ -78,8 +94,10 @@ demo: deps
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-asan:
 	@$(MAKE) -s BUILD=build-asan CFLAGS="$(ASAN_FLAGS)" build-asan/check_kvdiff
+	@$(MAKE) -s $(LLAMA_FORWARD)
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 CK_FORK=no \
-	  KVDIFF_BIN=$(abspath build-asan/kvdiff) ./build-asan/check_kvdiff
+	  KVDIFF_BIN=$(abspath build-asan/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
+	  ./build-asan/check_kvdiff
 
 # A report from two real dumps (reference vs chunked with a hard-coded
 # window of 4), rendered in headless Chromium: a copy of index.html beside

@@ -1,56 +1,95 @@
 /* cmd_gen.c — `kvdiff gen`: write a synthetic preset as a Hugging Face
- * folder (config.json + model.safetensors). */
+ * folder (config.json + model.safetensors) and/or as a GGUF file llama.cpp
+ * runs; or export an existing Hugging Face folder as GGUF. */
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli.h"
 #include "verbs.h"
+#include "../model/gguf.h"
 
 static void gen_usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvdiff gen --preset NAME [--seed N] [--dtype f32|bf16] -o DIR\n"
+            "usage: kvdiff gen --preset NAME [--seed N] [--dtype T] [-o DIR] [--gguf FILE]\n"
+            "       kvdiff gen --from DIR --gguf FILE [--dtype T]\n"
             "\n"
             "Writes a synthetic model (weights drawn from PCG32) as a Hugging Face\n"
             "folder: config.json and model.safetensors with the tensor names and\n"
             "shapes transformers uses. `kvdiff run --model NAME --weights-seed N`\n"
             "runs the same weights without writing them.\n"
             "\n"
+            "--gguf FILE also (or instead) writes the weights as a GGUF file that\n"
+            "llama.cpp runs as kvdiff's reference does: tensor names, Llama's q/k\n"
+            "row order, Gemma's (1 + w) norms, the attention scale, sliding window,\n"
+            "layer pattern and RoPE settings as llama.cpp's own converter writes\n"
+            "them (docs/gguf-export.md). With --from DIR it exports that Hugging\n"
+            "Face folder (llama, qwen2, gemma3) instead of a preset, with the\n"
+            "tokens of its tokenizer.json. Models llama.cpp cannot run as kvdiff\n"
+            "does (KV-shared layers: tiny-gemma3-kvshared) are refused.\n"
+            "\n"
             "  --preset NAME   one of:");
     for (const char *const *p = config_preset_names(); *p; p++)
         fprintf(f, " %s", *p);
     fprintf(f, "\n"
                "  --seed N        weight seed (default 0)\n"
-               "  --dtype T       f32 (default) or bf16 tensors\n"
-               "  -o, --out DIR   output folder (created if missing)\n");
+               "  --dtype T       f32 (default) or bf16 tensors; f16 too for --gguf alone\n"
+               "                  (GGUF keeps norms and biases f32, as llama.cpp's\n"
+               "                  converter does)\n"
+               "  -o, --out DIR   output folder (created if missing)\n"
+               "  --gguf FILE     output GGUF file (written whole or not at all)\n"
+               "  --from DIR      Hugging Face folder to export (needs --gguf)\n");
+}
+
+/* True when file is dir/config.json or dir/model.safetensors. */
+static int is_folder_output(const char *file, const char *dir)
+{
+    static const char *const names[] = {"config.json", "model.safetensors"};
+    struct stat a, b;
+    char path[4096];
+    if (stat(file, &a) != 0)
+        return 0;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        if (stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+            return 1;
+    }
+    return 0;
 }
 
 int cmd_gen(int argc, char **argv)
 {
+    enum { OPT_GGUF = 256, OPT_FROM };
     static const struct option longopts[] = {
         {"preset", required_argument, 0, 'p'}, {"seed", required_argument, 0, 's'},
         {"dtype", required_argument, 0, 'd'},  {"out", required_argument, 0, 'o'},
+        {"gguf", required_argument, 0, OPT_GGUF}, {"from", required_argument, 0, OPT_FROM},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
-    const char *preset = NULL, *out = NULL;
+    const char *preset = NULL, *out = NULL, *gguf = NULL, *from = NULL, *dtype = "f32";
     uint64_t seed = 0;
-    int bf16 = 0, ch;
+    gguf_out_type gt = GGUF_OUT_F32;
+    int ch, seed_given = 0;
     kv_err e = {{0}};
     optind = 0;
     while ((ch = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'p': preset = optarg; break;
         case 'o': out = optarg; break;
+        case OPT_GGUF: gguf = optarg; break;
+        case OPT_FROM: from = optarg; break;
         case 's':
             if (cli_u64("--seed", optarg, &seed, &e) < 0)
                 goto usage_error;
+            seed_given = 1;
             break;
         case 'd':
-            if (strcmp(optarg, "f32") && strcmp(optarg, "bf16")) {
-                kv_errf(&e, "--dtype: '%s' is not f32 or bf16", optarg);
+            if (gguf_out_type_parse(optarg, &gt, &e) < 0) {
+                kv_err_prefix(&e, "--dtype");
                 goto usage_error;
             }
-            bf16 = !strcmp(optarg, "bf16");
+            dtype = optarg;
             break;
         case 'h': gen_usage(stdout); return EXIT_OK;
         default: gen_usage(stderr); return EXIT_USAGE;
@@ -60,14 +99,56 @@ int cmd_gen(int argc, char **argv)
         kv_errf(&e, "unexpected argument '%s'", argv[optind]);
         goto usage_error;
     }
-    if (!preset || !out) {
-        kv_errf(&e, "--preset and -o are required (see kvdiff gen --help)");
+    if (from) {
+        if (preset || out || seed_given) {
+            kv_errf(&e, "--from exports a folder: --preset, --seed and -o do not apply");
+            goto usage_error;
+        }
+        if (!gguf) {
+            kv_errf(&e, "--from needs --gguf FILE (see kvdiff gen --help)");
+            goto usage_error;
+        }
+        if (gguf_export_dir(from, gt, gguf, &e) < 0)
+            goto usage_error;
+        printf("wrote %s (from %s, %s)\n", gguf, from, dtype);
+        return EXIT_OK;
+    }
+    if (!preset || (!out && !gguf)) {
+        kv_errf(&e, "--preset and -o are required, or --preset and --gguf "
+                    "(see kvdiff gen --help)");
         goto usage_error;
     }
-    if (model_gen_folder(preset, seed, bf16, out, &e) < 0)
+    if (out && gt == GGUF_OUT_F16) {
+        kv_errf(&e, "--dtype f16 is for --gguf alone; the folder is written as f32 or bf16");
         goto usage_error;
-    printf("wrote %s/config.json and %s/model.safetensors (preset %s, seed %llu, %s)\n", out,
-           out, preset, (unsigned long long)seed, bf16 ? "bf16" : "f32");
+    }
+    if (gguf) {
+        /* Check before writing anything, so a refused model leaves no folder. */
+        kv_config c;
+        if (config_preset(preset, &c, &e) < 0)
+            goto usage_error;
+        if (gguf_export_check(&c, &e) < 0) {
+            kv_err_prefix(&e, preset);
+            goto usage_error;
+        }
+    }
+    if (out) {
+        if (model_gen_folder(preset, seed, gt == GGUF_OUT_BF16, out, &e) < 0)
+            goto usage_error;
+        printf("wrote %s/config.json and %s/model.safetensors (preset %s, seed %llu, %s)\n",
+               out, out, preset, (unsigned long long)seed, dtype);
+        if (gguf && is_folder_output(gguf, out)) {
+            kv_errf(&e, "%s: is a file of the folder just written; choose another output",
+                    gguf);
+            goto usage_error;
+        }
+    }
+    if (gguf) {
+        if (gguf_export_preset(preset, seed, gt, gguf, &e) < 0)
+            goto usage_error;
+        printf("wrote %s (preset %s, seed %llu, %s)\n", gguf, preset,
+               (unsigned long long)seed, dtype);
+    }
     return EXIT_OK;
 usage_error:
     cli_error("gen", &e);

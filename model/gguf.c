@@ -1,0 +1,871 @@
+/* gguf.c — the GGUF writer behind `kvdiff gen --gguf`: metadata, tensor
+ * layout and tokenizer section as llama.cpp's convert_hf_to_gguf.py writes
+ * them (checked against llama.cpp v0.5.0's loader and graph builders; see
+ * docs/gguf-export.md), streamed tensor by tensor to a temporary file
+ * renamed into place when whole. */
+#include "gguf.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kernels.h"
+#include "model.h"
+#include "safetensors.h"
+
+/* ------------------------------------------------------------------ */
+/* GGUF constants (ggml/include/gguf.h, ggml.h)                         */
+
+#define GGUF_VERSION 3
+#define GGUF_ALIGN 32
+
+enum { GT_UINT32 = 4, GT_INT32 = 5, GT_FLOAT32 = 6, GT_BOOL = 7, GT_STRING = 8, GT_ARRAY = 9 };
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_BF16 = 30 };
+/* llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16 */
+enum { FTYPE_F32 = 0, FTYPE_F16 = 1, FTYPE_BF16 = 32 };
+/* llama_token_type */
+enum { TOK_NORMAL = 1, TOK_CONTROL = 3, TOK_USER_DEFINED = 4, TOK_UNUSED = 5, TOK_BYTE = 6 };
+
+int gguf_out_type_parse(const char *s, gguf_out_type *out, kv_err *e)
+{
+    if (s && !strcmp(s, "f32"))
+        *out = GGUF_OUT_F32;
+    else if (s && !strcmp(s, "f16"))
+        *out = GGUF_OUT_F16;
+    else if (s && !strcmp(s, "bf16"))
+        *out = GGUF_OUT_BF16;
+    else
+        return kv_errf(e, "'%s' is not f32, f16 or bf16", s ? s : "(null)");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* A growable byte buffer for the header (metadata and tensor infos)    */
+
+typedef struct {
+    uint8_t *p;
+    size_t n, cap;
+    int oom;
+} gbuf;
+
+static void gb_put(gbuf *b, const void *data, size_t n)
+{
+    if (b->oom)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->n + n)
+            cap *= 2;
+        uint8_t *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+
+/* GGUF is little-endian; so is every machine kvdiff builds on (x86-64,
+ * aarch64), and safetensors already assumes it. */
+static void gb_u32(gbuf *b, uint32_t v) { gb_put(b, &v, 4); }
+static void gb_u64(gbuf *b, uint64_t v) { gb_put(b, &v, 8); }
+static void gb_str(gbuf *b, const char *s)
+{
+    size_t n = strlen(s);
+    gb_u64(b, n);
+    gb_put(b, s, n);
+}
+
+typedef struct {
+    gbuf kv;
+    uint64_t n_kv;
+    const char *arch;   /* prefix of architecture keys */
+} kvs;
+
+static void kv_key(kvs *k, const char *key, uint32_t type)
+{
+    gb_str(&k->kv, key);
+    gb_u32(&k->kv, type);
+    k->n_kv++;
+}
+
+/* "%s." arch prefix for keys written as ".context_length". */
+static const char *akey(const kvs *k, const char *suffix, char *buf, size_t n)
+{
+    if (suffix[0] == '.')
+        snprintf(buf, n, "%s%s", k->arch, suffix);
+    else
+        snprintf(buf, n, "%s", suffix);
+    return buf;
+}
+
+static void kv_u32(kvs *k, const char *key, uint32_t v)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_UINT32);
+    gb_u32(&k->kv, v);
+}
+
+static void kv_f32(kvs *k, const char *key, float v)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_FLOAT32);
+    gb_put(&k->kv, &v, 4);
+}
+
+static void kv_str(kvs *k, const char *key, const char *v)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_STRING);
+    gb_str(&k->kv, v);
+}
+
+static void kv_bool_arr(kvs *k, const char *key, const uint8_t *v, uint64_t n)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
+    gb_u32(&k->kv, GT_BOOL);
+    gb_u64(&k->kv, n);
+    gb_put(&k->kv, v, n);
+}
+
+static void kv_i32_arr(kvs *k, const char *key, const int32_t *v, uint64_t n)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
+    gb_u32(&k->kv, GT_INT32);
+    gb_u64(&k->kv, n);
+    gb_put(&k->kv, v, n * 4);
+}
+
+static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
+    gb_u32(&k->kv, GT_STRING);
+    gb_u64(&k->kv, n);
+    for (uint64_t i = 0; i < n; i++)
+        gb_str(&k->kv, v[i]);
+}
+
+/* ------------------------------------------------------------------ */
+/* What llama.cpp can run                                               */
+
+static const char *arch_name(kv_arch a)
+{
+    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : "gemma3";
+}
+
+int gguf_export_check(const kv_config *c, kv_err *e)
+{
+    if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3)
+        return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
+    for (int i = 0; i < c->n_layers; i++) {
+        if (c->kv_owner[i] != i)
+            return kv_errf(e, "layer %d reads layer %d's KV cache; llama.cpp's %s "
+                           "architecture has no KV-shared layers (only gemma3n, a different "
+                           "model), so it cannot run this model",
+                           i, c->kv_owner[i], arch_name(c->arch));
+        if (c->arch != ARCH_GEMMA3 && c->layer_type[i] == ATTN_SLIDING)
+            return kv_errf(e, "layer %d slides; llama.cpp's %s architecture has no "
+                           "sliding-window layers", i, arch_name(c->arch));
+    }
+    if (c->arch == ARCH_QWEN2 && c->n_heads * c->head_dim != c->hidden)
+        return kv_errf(e, "num_attention_heads x head_dim = %d differs from hidden_size %d; "
+                       "llama.cpp's qwen2 loader requires them equal",
+                       c->n_heads * c->head_dim, c->hidden);
+    if (c->arch == ARCH_GEMMA3 && c->rope_scaling.type == ROPE_SCALE_LLAMA3)
+        return kv_errf(e, "llama3 RoPE scaling on gemma3: llama.cpp's gemma3 has no "
+                       "rope_freqs tensor to carry it");
+    if (c->final_softcap != 0 && c->arch != ARCH_GEMMA3)
+        return kv_errf(e, "final logit softcapping on %s: llama.cpp's %s does not apply it",
+                       c->model_type, arch_name(c->arch));
+    return 0;
+}
+
+/* llama.cpp's gemma3 multiplies q by this fixed scale (llama_model_gemma3::
+ * load_arch_hparams: a 62-layer model is "27B" and uses hidden/heads). */
+static double llama_gemma3_scale(const kv_config *c)
+{
+    float d = c->n_layers == 62 ? (float)(c->hidden / c->n_heads) : (float)c->head_dim;
+    return 1.0f / sqrtf(d);
+}
+
+/* ------------------------------------------------------------------ */
+/* The tensors to write                                                 */
+
+typedef struct {
+    char name[96];              /* GGUF name */
+    const tensor_spec *spec;    /* source; NULL for rope_freqs */
+    int ndim;
+    uint64_t ne[2];             /* ne[0] is the fastest-varying (columns) */
+    uint32_t type;              /* ggml type */
+    uint64_t nbytes, offset;
+    int permute_heads;          /* > 0: Llama q/k row permutation over this many heads */
+    float add, mul;             /* stored value = (w + add) * mul */
+} out_tensor;
+
+/* "model.layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj.weight" */
+static const char *layer_suffix(const char *name)
+{
+    const char *p = strstr(name, "layers.");
+    p = p ? strchr(p + 7, '.') : NULL;
+    return p ? p + 1 : name;
+}
+
+static const char *gguf_layer_name(const kv_config *c, const char *sx)
+{
+    static const struct { const char *hf, *gg; } MAP[] = {
+        {"input_layernorm.weight", "attn_norm.weight"},
+        {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.q_proj.bias", "attn_q.bias"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},
+        {"self_attn.k_proj.bias", "attn_k.bias"},
+        {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.v_proj.bias", "attn_v.bias"},
+        {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+        {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+        {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+        {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},
+        {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    /* Gemma's post_attention_layernorm normalizes the attention output
+     * (sandwich); Llama's and Qwen2's is the FFN input norm. */
+    if (!strcmp(sx, "post_attention_layernorm.weight"))
+        return c->sandwich_norms ? "post_attention_norm.weight" : "ffn_norm.weight";
+    for (size_t i = 0; i < sizeof MAP / sizeof *MAP; i++)
+        if (!strcmp(sx, MAP[i].hf))
+            return MAP[i].gg;
+    return NULL;
+}
+
+/* Fills t from catalogue entry s. */
+static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
+                       gguf_out_type ot, out_tensor *t, kv_err *e)
+{
+    memset(t, 0, sizeof *t);
+    t->spec = s;
+    t->mul = 1.0f;
+    if (s->layer >= 0) {
+        const char *sx = layer_suffix(s->name);
+        const char *g = gguf_layer_name(c, sx);
+        if (!g)
+            return kv_errf(e, "internal: no GGUF name for tensor '%s'", s->name);
+        snprintf(t->name, sizeof t->name, "blk.%d.%s", s->layer, g);
+        /* llama.cpp's llama architecture rotates adjacent pairs (RoPE type
+         * NORM); HF rotates halves. LlamaModel.permute reorders rows. */
+        if (c->arch == ARCH_LLAMA && !strcmp(sx, "self_attn.q_proj.weight"))
+            t->permute_heads = c->n_heads;
+        if (c->arch == ARCH_LLAMA && !strcmp(sx, "self_attn.k_proj.weight"))
+            t->permute_heads = c->n_kv_heads;
+        if (c->arch == ARCH_GEMMA3 && !strcmp(sx, "self_attn.q_norm.weight"))
+            t->mul = (float)(c->attn_scale / llama_gemma3_scale(c));
+    } else if (s->kind == TENSOR_NORM) {
+        snprintf(t->name, sizeof t->name, "output_norm.weight");
+    } else {
+        snprintf(t->name, sizeof t->name, index == 0 ? "token_embd.weight" : "output.weight");
+    }
+    /* Gemma3Model.norm_shift: Gemma3RMSNorm computes x * (1 + w). */
+    if (c->norm_plus_one && s->kind == TENSOR_NORM)
+        t->add = 1.0f;
+    t->ndim = s->ndim;
+    t->ne[0] = (uint64_t)(s->ndim == 2 ? s->shape[1] : s->shape[0]);
+    t->ne[1] = s->ndim == 2 ? (uint64_t)s->shape[0] : 1;
+    /* The converter keeps 1-D tensors (norms, biases) in F32 whatever the
+     * output type; so does this writer. */
+    t->type = s->ndim == 1 || ot == GGUF_OUT_F32 ? GGML_F32
+              : ot == GGUF_OUT_F16             ? GGML_F16
+                                               : GGML_BF16;
+    t->nbytes = t->ne[0] * t->ne[1] * (t->type == GGML_F32 ? 4 : 2);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Where weights come from                                              */
+
+typedef struct {
+    const kv_config *cfg;
+    uint64_t seed;
+    st_file *st;          /* NULL: synthetic */
+    const char *dir;
+} wsource;
+
+static int src_read(const wsource *src, const tensor_spec *s, float *out, kv_err *e)
+{
+    if (!src->st) {
+        synth_tensor(src->cfg, s, src->seed, out);
+        return 0;
+    }
+    const st_tensor *t = st_find(src->st, s->name);
+    uint64_t n = (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
+    if (!t)
+        return kv_errf(e, "%s: tensor '%s' is missing (needed by config.json)", src->dir,
+                       s->name);
+    if (t->nelem != n || t->ndim != s->ndim || t->shape[0] != s->shape[0])
+        return kv_errf(e, "%s: tensor '%s' has a shape config.json does not imply", t->file,
+                       s->name);
+    return st_read_f32(t, 0, n, out, e);
+}
+
+/* LlamaModel.permute: within each head, row t*(D/2)+j moves to 2*j+t. */
+static void permute_rows(const float *in, float *out, int rows, int cols, int heads)
+{
+    int D = rows / heads, half = D / 2;
+    for (int h = 0; h < heads; h++)
+        for (int t = 0; t < 2; t++)
+            for (int j = 0; j < half; j++)
+                memcpy(out + (size_t)(h * D + 2 * j + t) * cols,
+                       in + (size_t)(h * D + t * half + j) * cols, (size_t)cols * sizeof(float));
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                              */
+
+typedef struct {
+    int fd;
+    char tmp[4096];
+    const char *path;
+    uint64_t written;
+} outfile;
+
+static int of_write(outfile *o, const void *p, size_t n, kv_err *e)
+{
+    const uint8_t *b = p;
+    while (n > 0) {
+        ssize_t w = write(o->fd, b, n);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return kv_errf(e, "%s: write failed: %s", o->path, strerror(errno));
+        b += w;
+        n -= (size_t)w;
+        o->written += (uint64_t)w;
+    }
+    return 0;
+}
+
+static int of_pad(outfile *o, kv_err *e)
+{
+    static const uint8_t zeros[GGUF_ALIGN];
+    size_t pad = (size_t)((GGUF_ALIGN - o->written % GGUF_ALIGN) % GGUF_ALIGN);
+    return of_write(o, zeros, pad, e);
+}
+
+/* A temporary file beside path (same folder, so rename is atomic),
+ * created with O_EXCL so it never clobbers anything. */
+static int of_open(outfile *o, const char *path, kv_err *e)
+{
+    memset(o, 0, sizeof *o);
+    o->fd = -1;
+    o->path = path;
+    if (!path[0])
+        return kv_errf(e, "empty output path");
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
+        return kv_errf(e, "%s: is a directory", path);
+    for (unsigned tries = 0; tries < 100; tries++) {
+        int n = snprintf(o->tmp, sizeof o->tmp, "%s.tmp-%ld-%u", path, (long)getpid(), tries);
+        if (n < 0 || (size_t)n >= sizeof o->tmp)
+            return kv_errf(e, "%s: path too long", path);
+        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (o->fd >= 0)
+            return 0;
+        if (errno != EEXIST)
+            return kv_errf(e, "%s: cannot create a file there: %s", path, strerror(errno));
+    }
+    return kv_errf(e, "%s: cannot create a temporary file beside it", path);
+}
+
+static void of_abort(outfile *o)
+{
+    if (o->fd >= 0) {
+        close(o->fd);
+        unlink(o->tmp);
+        o->fd = -1;
+    }
+}
+
+static int of_finish(outfile *o, kv_err *e)
+{
+    int rc = fsync(o->fd);
+    int err = errno;
+    if (close(o->fd) < 0 && rc == 0) {
+        rc = -1;
+        err = errno;
+    }
+    o->fd = -1;
+    if (rc < 0 || rename(o->tmp, o->path) < 0) {
+        if (rc == 0)
+            err = errno;
+        unlink(o->tmp);
+        return kv_errf(e, "%s: cannot complete the file: %s", o->path, strerror(err));
+    }
+    return 0;
+}
+
+/* Converts n floats into the tensor's type in dst. */
+static void convert(const float *src, size_t n, uint32_t type, void *dst)
+{
+    if (type == GGML_F32) {
+        memcpy(dst, src, n * 4);
+        return;
+    }
+    uint16_t *h = dst;
+    for (size_t i = 0; i < n; i++)
+        h[i] = type == GGML_F16 ? st_f32_to_f16(src[i]) : st_f32_to_bf16(src[i]);
+}
+
+static int write_tensor(outfile *o, const wsource *src, const out_tensor *t,
+                        const float *rope_freqs, kv_err *e)
+{
+    size_t n = (size_t)(t->ne[0] * t->ne[1]);
+    float *buf = malloc(n * sizeof(float));
+    float *tmp = t->permute_heads ? malloc(n * sizeof(float)) : NULL;
+    void *outb = t->type == GGML_F32 ? NULL : malloc(n * 2);
+    int rc = -1;
+    if (!buf || (t->permute_heads && !tmp) || (t->type != GGML_F32 && !outb)) {
+        kv_errf(e, "out of memory writing '%s'", t->name);
+        goto done;
+    }
+    if (!t->spec)
+        memcpy(buf, rope_freqs, n * sizeof(float));
+    else if (src_read(src, t->spec, buf, e) < 0)
+        goto done;
+    if (t->permute_heads) {
+        permute_rows(buf, tmp, (int)t->ne[1], (int)t->ne[0], t->permute_heads);
+        float *sw = buf;
+        buf = tmp;
+        tmp = sw;
+    }
+    if (t->add != 0.0f || t->mul != 1.0f)
+        for (size_t i = 0; i < n; i++)
+            buf[i] = (buf[i] + t->add) * t->mul;
+    if (t->type != GGML_F32)
+        convert(buf, n, t->type, outb);
+    if (of_write(o, outb ? outb : (void *)buf, (size_t)t->nbytes, e) < 0 || of_pad(o, e) < 0)
+        goto done;
+    rc = 0;
+done:
+    free(buf);
+    free(tmp);
+    free(outb);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Metadata                                                             */
+
+static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const char *name,
+                           float q_fold)
+{
+    kv_str(k, "general.architecture", k->arch);
+    kv_str(k, "general.name", name);
+    kv_u32(k, "general.file_type", ot == GGUF_OUT_F32 ? FTYPE_F32
+                                   : ot == GGUF_OUT_F16 ? FTYPE_F16 : FTYPE_BF16);
+    kv_u32(k, ".context_length", (uint32_t)c->max_positions);
+    kv_u32(k, ".embedding_length", (uint32_t)c->hidden);
+    kv_u32(k, ".block_count", (uint32_t)c->n_layers);
+    kv_u32(k, ".feed_forward_length", (uint32_t)c->intermediate);
+    kv_u32(k, ".attention.head_count", (uint32_t)c->n_heads);
+    kv_u32(k, ".attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    kv_u32(k, ".attention.key_length", (uint32_t)c->head_dim);
+    kv_u32(k, ".attention.value_length", (uint32_t)c->head_dim);
+    kv_u32(k, ".rope.dimension_count", (uint32_t)c->head_dim);
+    kv_f32(k, ".attention.layer_norm_rms_epsilon", (float)c->rms_eps);
+    kv_f32(k, ".rope.freq_base", (float)c->rope_theta);
+    kv_u32(k, ".vocab_size", (uint32_t)c->vocab);
+    if (c->rope_scaling.type == ROPE_SCALE_LINEAR) {
+        kv_str(k, ".rope.scaling.type", "linear");
+        kv_f32(k, ".rope.scaling.factor", (float)c->rope_scaling.factor);
+    }
+    if (c->arch == ARCH_GEMMA3) {
+        int any_sliding = 0;
+        uint8_t pattern[KV_MAX_LAYERS];
+        for (int i = 0; i < c->n_layers; i++) {
+            pattern[i] = c->layer_type[i] == ATTN_SLIDING;
+            any_sliding |= pattern[i];
+        }
+        if (any_sliding) {
+            kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
+            /* Per layer, so any layer_types list survives (llama.cpp's
+             * load_swa_pattern reads a bool array before the period). */
+            kv_bool_arr(k, ".attention.sliding_window_pattern", pattern, (uint64_t)c->n_layers);
+            kv_f32(k, ".rope.freq_base_swa", (float)c->rope_local_theta);
+        }
+        if (c->final_softcap != 0)
+            kv_f32(k, ".final_logit_softcapping", (float)c->final_softcap);
+        /* Not read by llama.cpp: lets a recorder map q back to kvdiff's. */
+        kv_f32(k, "kvdiff.q_scale_folded", q_fold);
+        kv_f32(k, "kvdiff.query_pre_attn_scalar", (float)c->query_pre_attn_scalar);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Tokenizer section                                                    */
+
+typedef struct {
+    char **tokens;      /* (n) owned strings */
+    int32_t *types;     /* (n) */
+    char **merges;      /* (n_merges) owned strings */
+    int n, n_merges;
+    int bpe;            /* 0: "none" */
+} vocab_out;
+
+static void vocab_free(vocab_out *v)
+{
+    for (int i = 0; v->tokens && i < v->n; i++)
+        free(v->tokens[i]);
+    for (int i = 0; v->merges && i < v->n_merges; i++)
+        free(v->merges[i]);
+    free(v->tokens);
+    free(v->types);
+    free(v->merges);
+    memset(v, 0, sizeof *v);
+}
+
+static int is_byte_token(const char *s)
+{
+    return strlen(s) == 6 && !strncmp(s, "<0x", 3) && s[5] == '>';
+}
+
+static int cmp_strp(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Reads <dir>/tokenizer.json's BPE vocabulary into v (vocab_size ids;
+ * ids it lacks become "[PADn]" unused tokens, as the converter writes). A
+ * folder without tokenizer.json gives v->bpe = 0. */
+static int vocab_from_dir(const char *dir, int vocab_size, vocab_out *v, kv_err *e)
+{
+    char path[4096];
+    memset(v, 0, sizeof *v);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    if (access(path, F_OK) != 0)
+        return 0;
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (!root)
+        return kv_errf(e, "%s: line %d: %s", path, je.line, je.text);
+    int rc = -1;
+    json_t *model = json_object_get(root, "model");
+    const char *type = json_string_value(json_object_get(model, "type"));
+    json_t *vocab = json_object_get(model, "vocab");
+    json_t *merges = json_object_get(model, "merges");
+    json_t *added = json_object_get(root, "added_tokens");
+    if (!type || strcmp(type, "BPE") || !json_is_object(vocab)) {
+        kv_errf(e, "%s: model type '%s' is not exported (kvdiff writes BPE vocabularies "
+                "as llama.cpp's gpt2 tokenizer)", path, type ? type : "(none)");
+        goto done;
+    }
+    int byte_fallback = json_is_true(json_object_get(model, "byte_fallback"));
+    v->n = vocab_size;
+    v->tokens = calloc((size_t)vocab_size, sizeof *v->tokens);
+    v->types = calloc((size_t)vocab_size, sizeof *v->types);
+    if (!v->tokens || !v->types) {
+        kv_errf(e, "out of memory reading %s", path);
+        goto done;
+    }
+    const char *tok;
+    json_t *idv;
+    json_object_foreach(vocab, tok, idv) {
+        json_int_t id = json_integer_value(idv);
+        if (!json_is_integer(idv) || id < 0 || id >= vocab_size) {
+            kv_errf(e, "%s: token '%.40s' has id %lld, outside vocab_size %d", path, tok,
+                    (long long)id, vocab_size);
+            goto done;
+        }
+        free(v->tokens[id]);
+        v->tokens[id] = strdup(tok);
+        v->types[id] = byte_fallback && is_byte_token(tok) ? TOK_BYTE : TOK_NORMAL;
+    }
+    size_t i;
+    json_t *a;
+    json_array_foreach(added, i, a) {
+        json_int_t id = json_integer_value(json_object_get(a, "id"));
+        const char *content = json_string_value(json_object_get(a, "content"));
+        if (!content || id < 0 || id >= vocab_size) {
+            kv_errf(e, "%s: added_tokens[%zu] has no content or an id outside vocab_size %d",
+                    path, i, vocab_size);
+            goto done;
+        }
+        free(v->tokens[id]);
+        v->tokens[id] = strdup(content);
+        v->types[id] = json_is_true(json_object_get(a, "special")) ? TOK_CONTROL
+                                                                   : TOK_USER_DEFINED;
+    }
+    for (int id = 0; id < vocab_size; id++) {
+        if (!v->tokens[id]) {
+            char pad[32];
+            snprintf(pad, sizeof pad, "[PAD%d]", id);
+            v->tokens[id] = strdup(pad);
+            v->types[id] = TOK_UNUSED;
+        }
+        if (!v->tokens[id]) {
+            kv_errf(e, "out of memory reading %s", path);
+            goto done;
+        }
+    }
+    /* llama.cpp asserts every token string is distinct (one id each). */
+    char **sorted = malloc((size_t)vocab_size * sizeof *sorted);
+    if (!sorted) {
+        kv_errf(e, "out of memory reading %s", path);
+        goto done;
+    }
+    memcpy(sorted, v->tokens, (size_t)vocab_size * sizeof *sorted);
+    qsort(sorted, (size_t)vocab_size, sizeof *sorted, cmp_strp);
+    for (int id = 1; id < vocab_size; id++)
+        if (!strcmp(sorted[id - 1], sorted[id])) {
+            kv_errf(e, "%s: token '%.40s' appears under two ids; llama.cpp needs each "
+                    "token once", path, sorted[id]);
+            free(sorted);
+            goto done;
+        }
+    free(sorted);
+    v->n_merges = (int)json_array_size(merges);
+    v->merges = calloc((size_t)v->n_merges + 1, sizeof *v->merges);
+    if (!v->merges) {
+        kv_errf(e, "out of memory reading %s", path);
+        goto done;
+    }
+    json_array_foreach(merges, i, a) {
+        /* Either "a b" or ["a", "b"] (tokenizers >= 0.20). */
+        const char *s = json_string_value(a);
+        const char *l = json_string_value(json_array_get(a, 0));
+        const char *r = json_string_value(json_array_get(a, 1));
+        if (s) {
+            v->merges[i] = strdup(s);
+        } else if (l && r) {
+            size_t n = strlen(l) + strlen(r) + 2;
+            v->merges[i] = malloc(n);
+            if (v->merges[i])
+                snprintf(v->merges[i], n, "%s %s", l, r);
+        } else {
+            kv_errf(e, "%s: model.merges[%zu] is neither \"a b\" nor [\"a\", \"b\"]", path, i);
+            goto done;
+        }
+        if (!v->merges[i]) {
+            kv_errf(e, "out of memory reading %s", path);
+            goto done;
+        }
+    }
+    v->bpe = 1;
+    rc = 0;
+done:
+    json_decref(root);
+    if (rc < 0)
+        vocab_free(v);
+    return rc;
+}
+
+static void put_vocab_keys(kvs *k, const kv_config *c, const vocab_out *v)
+{
+    if (!v->bpe) {
+        /* llama.cpp's "none" vocabulary: vocab_size ids without text
+         * (llama_vocab::impl::load adds that many dummy tokens). */
+        kv_str(k, "tokenizer.ggml.model", "none");
+        return;
+    }
+    kv_str(k, "tokenizer.ggml.model", "gpt2");
+    kv_str(k, "tokenizer.ggml.pre", "default");
+    kv_str_arr(k, "tokenizer.ggml.tokens", v->tokens, (uint64_t)v->n);
+    kv_i32_arr(k, "tokenizer.ggml.token_type", v->types, (uint64_t)v->n);
+    kv_str_arr(k, "tokenizer.ggml.merges", v->merges, (uint64_t)v->n_merges);
+    if (c->bos_id >= 0 && c->bos_id < c->vocab)
+        kv_u32(k, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);
+    if (c->n_eos > 0 && c->eos_ids[0] >= 0 && c->eos_ids[0] < c->vocab)
+        kv_u32(k, "tokenizer.ggml.eos_token_id", (uint32_t)c->eos_ids[0]);
+}
+
+/* ------------------------------------------------------------------ */
+/* The export                                                           */
+
+/* rope_freqs for llama3 scaling: llama.cpp divides each inverse frequency
+ * by its factor, so the factor is kvdiff's unscaled / scaled frequency. */
+static float *llama3_factors(const kv_config *c)
+{
+    int half = c->head_dim / 2;
+    double *f = malloc((size_t)half * sizeof *f);
+    float *out = malloc((size_t)half * sizeof *out);
+    if (!f || !out) {
+        free(f);
+        free(out);
+        return NULL;
+    }
+    for (int d = 0; d < half; d++)
+        f[d] = pow(c->rope_theta, -2.0 * d / c->head_dim);
+    kern_rope_scale_inv_freq(f, half, 2, c->rope_scaling.factor,
+                             c->rope_scaling.low_freq_factor, c->rope_scaling.high_freq_factor,
+                             c->rope_scaling.original_max_position);
+    for (int d = 0; d < half; d++)
+        out[d] = (float)(pow(c->rope_theta, -2.0 * d / c->head_dim) / f[d]);
+    free(f);
+    return out;
+}
+
+static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot,
+                        const char *name, const char *path, kv_err *e)
+{
+    const kv_config *c = src->cfg;
+    if (gguf_export_check(c, e) < 0)
+        return -1;
+    int n_specs = tensors_list(c, NULL, 0);
+    tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);
+    out_tensor *ts = calloc((size_t)n_specs + 1, sizeof *ts);
+    float *rope_freqs = NULL;
+    kvs k = {.arch = arch_name(c->arch)};
+    gbuf info = {0};
+    outfile o = {.fd = -1};
+    int n = 0, rc = -1;
+    if (!specs || !ts) {
+        kv_errf(e, "out of memory");
+        goto done;
+    }
+    tensors_list(c, specs, n_specs);
+    if (c->rope_scaling.type == ROPE_SCALE_LLAMA3) {
+        rope_freqs = llama3_factors(c);
+        if (!rope_freqs) {
+            kv_errf(e, "out of memory");
+            goto done;
+        }
+        out_tensor *t = &ts[n++];
+        snprintf(t->name, sizeof t->name, "rope_freqs.weight");
+        t->ndim = 1;
+        t->ne[0] = (uint64_t)c->head_dim / 2;
+        t->ne[1] = 1;
+        t->type = GGML_F32;
+        t->nbytes = t->ne[0] * 4;
+        t->mul = 1.0f;
+    }
+    for (int i = 0; i < n_specs; i++)
+        if (plan_tensor(c, &specs[i], i, ot, &ts[n++], e) < 0)
+            goto done;
+    float q_fold = c->arch == ARCH_GEMMA3 ? (float)(c->attn_scale / llama_gemma3_scale(c)) : 1.0f;
+    put_model_keys(&k, c, ot, name, q_fold);
+    put_vocab_keys(&k, c, v);
+    uint64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        ts[i].offset = off;
+        off += (ts[i].nbytes + GGUF_ALIGN - 1) / GGUF_ALIGN * GGUF_ALIGN;
+        gb_str(&info, ts[i].name);
+        gb_u32(&info, (uint32_t)ts[i].ndim);
+        for (int d = 0; d < ts[i].ndim; d++)
+            gb_u64(&info, ts[i].ne[d]);
+        gb_u32(&info, ts[i].type);
+        gb_u64(&info, ts[i].offset);
+    }
+    if (k.kv.oom || info.oom) {
+        kv_errf(e, "out of memory");
+        goto done;
+    }
+    if (of_open(&o, path, e) < 0)
+        goto done;
+    uint8_t head[24];
+    uint32_t magic_ver[2] = {0x46554747u /* "GGUF" */, GGUF_VERSION};
+    uint64_t counts[2] = {(uint64_t)n, k.n_kv};
+    memcpy(head, magic_ver, 8);
+    memcpy(head + 8, counts, 16);
+    if (of_write(&o, head, sizeof head, e) < 0 || of_write(&o, k.kv.p, k.kv.n, e) < 0 ||
+        of_write(&o, info.p, info.n, e) < 0 || of_pad(&o, e) < 0)
+        goto done;
+    for (int i = 0; i < n; i++)
+        if (write_tensor(&o, src, &ts[i], rope_freqs, e) < 0)
+            goto done;
+    rc = of_finish(&o, e);
+done:
+    if (rc < 0)
+        of_abort(&o);
+    free(k.kv.p);
+    free(info.p);
+    free(rope_freqs);
+    free(specs);
+    free(ts);
+    return rc;
+}
+
+int gguf_export_preset(const char *preset, uint64_t seed, gguf_out_type t, const char *path,
+                       kv_err *e)
+{
+    kv_config c;
+    char name[128];
+    if (config_preset(preset, &c, e) < 0)
+        return -1;
+    snprintf(name, sizeof name, "kvdiff %s seed %llu", preset, (unsigned long long)seed);
+    wsource src = {.cfg = &c, .seed = seed, .st = NULL, .dir = preset};
+    vocab_out v = {0};
+    return export_model(&src, &v, t, name, path, e);
+}
+
+/* Same inode as path? (an output that would replace one of the inputs) */
+static int same_file(const struct stat *out, const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0 && sb.st_dev == out->st_dev && sb.st_ino == out->st_ino;
+}
+
+/* Gemma3ForConditionalGeneration checkpoints put the decoder under one of
+ * several prefixes (the same list model_load_dir tries). */
+static void resolve_prefix(kv_config *c, const st_file *st)
+{
+    static const char *const alternatives[] = {
+        "model.", "language_model.model.", "model.language_model.", ""};
+    char name[160];
+    snprintf(name, sizeof name, "%sembed_tokens.weight", c->tensor_prefix);
+    if (st_find(st, name))
+        return;
+    for (size_t i = 0; i < sizeof alternatives / sizeof *alternatives; i++) {
+        snprintf(name, sizeof name, "%sembed_tokens.weight", alternatives[i]);
+        if (st_find(st, name)) {
+            snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "%s", alternatives[i]);
+            return;
+        }
+    }
+}
+
+int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e)
+{
+    kv_config c;
+    char cfg_path[4096], tok_path[4096];
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", dir);
+    if (config_load_json(cfg_path, &c, e) < 0)
+        return -1;
+    if (gguf_export_check(&c, e) < 0)
+        return kv_err_prefix(e, dir);
+    st_file *st = st_open_dir(dir, e);
+    if (!st)
+        return -1;
+    int rc = -1;
+    vocab_out v = {0};
+    struct stat out_sb;
+    if (stat(path, &out_sb) == 0) {
+        int clash = same_file(&out_sb, cfg_path) || same_file(&out_sb, tok_path);
+        for (size_t i = 0; !clash && i < st_count(st); i++)
+            clash = same_file(&out_sb, st_at(st, i)->file);
+        if (clash) {
+            kv_errf(e, "%s: is one of the input files of %s; choose another output", path, dir);
+            goto done;
+        }
+    }
+    resolve_prefix(&c, st);
+    if (vocab_from_dir(dir, c.vocab, &v, e) < 0)
+        goto done;
+    wsource src = {.cfg = &c, .seed = 0, .st = st, .dir = dir};
+    rc = export_model(&src, &v, t, dir, path, e);
+done:
+    vocab_free(&v);
+    st_close(st);
+    return rc;
+}

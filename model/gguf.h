@@ -1,0 +1,49 @@
+/* gguf.h — writing kvdiff's weights as a GGUF file that llama.cpp runs.
+ *
+ * A file format writer only (no libllama): the same weights the engines
+ * run, laid out and named the way llama.cpp's own converter
+ * (convert_hf_to_gguf.py, release v0.5.0) writes them, so that llama.cpp
+ * computes the same function as kvdiff's reference:
+ *   - tensor names token_embd, blk.N.attn_q, ..., output_norm, output;
+ *   - Llama: q/k rows permuted to llama.cpp's interleaved RoPE layout;
+ *   - Gemma 3: every RMSNorm weight stored as 1 + w; when llama.cpp's fixed
+ *     attention scale (1/sqrt(head_dim), or 1/sqrt(hidden/heads) for a
+ *     62-layer model) differs from query_pre_attn_scalar^-0.5, the ratio
+ *     is folded into the q_norm weights (recorded in kvdiff.q_scale_folded);
+ *     sliding window, per-layer pattern (a bool array) and both RoPE bases;
+ *   - RoPE scaling: linear as rope.scaling.*, llama3 as a rope_freqs tensor.
+ * docs/gguf-export.md lists every key and tensor. */
+#ifndef KV_GGUF_H
+#define KV_GGUF_H
+
+#include <stdint.h>
+#include "config.h"
+#include "err.h"
+
+typedef enum { GGUF_OUT_F32, GGUF_OUT_F16, GGUF_OUT_BF16 } gguf_out_type;
+
+/* Parses "f32", "f16" or "bf16". Returns 0, or -1 with e filled. */
+int gguf_out_type_parse(const char *s, gguf_out_type *out, kv_err *e);
+
+/* Checks that llama.cpp can run a model of config c exactly as kvdiff
+ * does (architecture it has, no KV-shared layers, no sliding layers
+ * outside Gemma 3, shapes its loader accepts). Returns 0, or -1 with e
+ * saying what llama.cpp lacks. */
+int gguf_export_check(const kv_config *c, kv_err *e);
+
+/* Writes preset `preset` with weights drawn from `seed` (the weights
+ * `kvdiff run --model PRESET --weights-seed SEED` runs) to path. The
+ * tokenizer section is llama.cpp's "none" vocabulary of vocab_size ids.
+ * The file is written under a temporary name in path's folder and renamed
+ * into place only when complete; on error nothing is left at path (an
+ * existing file there is untouched) and e says why. */
+int gguf_export_preset(const char *preset, uint64_t seed, gguf_out_type t,
+                       const char *path, kv_err *e);
+
+/* Writes the Hugging Face folder dir (config.json, safetensors, and
+ * tokenizer.json when present: its tokens, types and merges as llama.cpp's
+ * "gpt2" BPE vocabulary) to path, as gguf_export_preset does. Refuses a
+ * path that is one of the folder's input files. */
+int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e);
+
+#endif
