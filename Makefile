@@ -2,7 +2,7 @@
 # Dependencies come from pkg-config; scripts/install-deps installs them.
 
 CC      ?= cc
-PKGS    := hdf5 jansson inih libxxhash
+PKGS    := hdf5 jansson inih libxxhash libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
