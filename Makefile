@@ -117,8 +117,9 @@ check-report-render: kvdiff
 # appended to bench/results.tsv, one row per figure, to compare commits).
 # Then recording cost, and compare throughput next to h5diff.
 bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_dump \
-       $(BUILD)/bench/bench_compare
+       $(BUILD)/bench/bench_compare $(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_kernels
+	./$(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_engine bench/results.tsv
 	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp
 	./$(BUILD)/bench/bench_compare bench/results.tsv ./kvdiff /tmp
