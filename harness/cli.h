@@ -8,6 +8,7 @@
 #include "../model/err.h"
 #include "../model/kernels.h"
 #include "../model/model.h"
+#include "../model/tokenizer.h"
 
 enum { EXIT_OK = 0, EXIT_DIVERGED = 1, EXIT_USAGE = 2 };
 
@@ -43,15 +44,29 @@ int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_er
 int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e);
 void cli_close_model(kv_model *m, kern_ctx *kc);
 
-/* Prompt selection: exactly one of tokens / file / random. */
+/* Prompt selection: at most one of these (none: 32 random ids). */
 typedef struct {
-    const char *tokens;     /* "5,17,42" */
-    const char *file;       /* token list file */
+    const char *tokens;     /* --prompt-tokens "5,17,42" */
+    const char *ids_file;   /* --prompt-ids-file: a token list file */
+    const char *text;       /* --prompt-text: text, encoded with tokenizer.json */
+    const char *text_file;  /* --prompt-file: a text file, byte for byte */
     long random_len;        /* > 0: that many ids drawn with seed */
     uint64_t seed;
 } cli_prompt_opts;
 
-int cli_make_prompt(const cli_prompt_opts *p, int vocab, int32_t **ids, int *n, kv_err *e);
+/* Loads the tokenizer.json of a model folder into *tok (NULL for a preset
+ * or a folder without one) and checks that it fits m's vocabulary (refused
+ * if not); when ids past the model's are explained (tok_check_vocab), says
+ * so on stderr as "kvdiff VERB: note: ...". Free *tok with tok_free. */
+int cli_open_tokenizer(const char *verb, const cli_model_opts *mo, const kv_model *m,
+                       kv_tokenizer **tok, kv_err *e);
+
+/* The prompt the options select, as ids below m's vocabulary (*ids is
+ * malloc'd, the caller frees). Text is encoded with tok (with its special
+ * tokens, BOS included where the file adds one); without tok, text is an
+ * error saying why (a preset has no tokenizer). */
+int cli_make_prompt(const cli_prompt_opts *p, const cli_model_opts *mo, const kv_model *m,
+                    const kv_tokenizer *tok, int32_t **ids, int *n, kv_err *e);
 
 /* Prints "kvdiff VERB: message" to stderr, the message on one line with
  * control bytes escaped (cli_escape). */

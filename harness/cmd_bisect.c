@@ -228,8 +228,11 @@ int cmd_bisect(int argc, char **argv)
     }
     int32_t *prompt = NULL;
     int n_prompt = 0, code = EXIT_USAGE;
-    if (cli_make_prompt(&o.po, m.cfg.vocab, &prompt, &n_prompt, &e) == 0)
+    kv_tokenizer *tok = NULL;
+    if (cli_open_tokenizer("bisect", &o.mo, &m, &tok, &e) == 0 &&
+        cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) == 0)
         code = bisect(&o, &m, &kc, prompt, n_prompt, &e);
+    tok_free(tok);
     if (code == EXIT_USAGE)
         cli_error("bisect", &e);
     free(prompt);

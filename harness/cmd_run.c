@@ -21,8 +21,12 @@ static void run_usage(FILE *f)
             "  --weights-seed N   weight seed of a preset (default 0; as `gen --seed`)\n"
             "  --dtype T          weight storage f32 or bf16 (default: as the file; presets f32)\n"
             "prompt (one of):\n"
+            "  --prompt-text S    text, encoded with the model folder's tokenizer.json\n"
+            "                     (with its special tokens: BOS where the file adds one)\n"
+            "  --prompt-file F    a text file, encoded the same way, byte for byte (a\n"
+            "                     final newline is part of the prompt)\n"
             "  --prompt-tokens L  ids, e.g. 5,17,42\n"
-            "  --prompt-file F    file of ids separated by spaces, commas or newlines\n"
+            "  --prompt-ids-file F  file of ids separated by spaces, commas or newlines\n"
             "  --prompt-random N  N ids drawn with --seed (default: 32 random ids)\n"
             "generation:\n"
             "  --max-new N        tokens to generate (default 16)\n"
@@ -175,7 +179,8 @@ static int check_outputs(const run_opts *o, kv_err *e)
     for (int i = 0; i < 2; i++) {
         if (!outs[i])
             continue;
-        if (cli_output_not_input(names[i], outs[i], "--prompt-file", o->po.file, e) < 0 ||
+        if (cli_output_not_input(names[i], outs[i], "--prompt-file", o->po.text_file, e) < 0 ||
+            cli_output_not_input(names[i], outs[i], "--prompt-ids-file", o->po.ids_file, e) < 0 ||
             cli_output_not_model_file(names[i], outs[i], o->mo.model, e) < 0)
             return -1;
     }
@@ -218,10 +223,9 @@ int cmd_run(int argc, char **argv)
     int32_t *prompt = NULL;
     int n_prompt = 0, rc = EXIT_OK;
     kv_tokenizer *tok = NULL;
-    /* A folder may carry a vocabulary; presets have none. */
-    if (strcmp(m.source, o.mo.model) == 0 && tok_load(o.mo.model, &tok, &e) < 0)
+    if (cli_open_tokenizer("run", &o.mo, &m, &tok, &e) < 0)
         rc = EXIT_USAGE;
-    else if (cli_make_prompt(&o.po, m.cfg.vocab, &prompt, &n_prompt, &e) < 0)
+    else if (cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) < 0)
         rc = EXIT_USAGE;
     else if (o.compare) {
         tok_free(tok);

@@ -143,6 +143,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         {"dtype", required_argument, 0, 0},       {"threads", required_argument, 0, 0},
         {"isa", required_argument, 0, 0},         {"prompt-tokens", required_argument, 0, 0},
         {"prompt-file", required_argument, 0, 0}, {"prompt-random", required_argument, 0, 0},
+        {"prompt-text", required_argument, 0, 0}, {"prompt-ids-file", required_argument, 0, 0},
         {"max-new", required_argument, 0, 0},     {"temperature", required_argument, 0, 0},
         {"top-k", required_argument, 0, 0},       {"top-p", required_argument, 0, 0},
         {"seed", required_argument, 0, 0},        {"ignore-eos", no_argument, 0, 0},
@@ -186,7 +187,9 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         if (r > 0)
             continue;
         if (!strcmp(name, "prompt-tokens")) o->po.tokens = optarg;
-        else if (!strcmp(name, "prompt-file")) o->po.file = optarg;
+        else if (!strcmp(name, "prompt-file")) o->po.text_file = optarg;
+        else if (!strcmp(name, "prompt-text")) o->po.text = optarg;
+        else if (!strcmp(name, "prompt-ids-file")) o->po.ids_file = optarg;
         else if (!strcmp(name, "prompt-random")) {
             if (cli_int("--prompt-random", optarg, 1, 1 << 24, &o->po.random_len, e) < 0)
                 return -1;

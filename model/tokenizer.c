@@ -1,9 +1,10 @@
-/* tokenizer.c — turns token ids back into text from a Hugging Face
- * tokenizer.json (decode only; see tokenizer.h).
+/* tokenizer.c — a Hugging Face tokenizer.json: token ids back into text,
+ * and text into ids through model/bpe (see tokenizer.h).
  *
  * At load every token is decoded once into one byte arena, so tok_decode is
  * a copy. The JSON is read with jansson and dropped after loading. */
 #include "tokenizer.h"
+#include "bpe.h"
 #include "infile.h"
 
 #include <errno.h>
@@ -22,9 +23,14 @@
 struct kv_tokenizer {
     int n;               /* ids 0..n-1 */
     uint32_t *off;       /* (n + 1): token i is text[off[i] .. off[i+1]) */
-    unsigned char *has;  /* (n): 1 when id i has a token */
+    unsigned char *has;  /* (n): HAS_VOCAB or HAS_ADDED when id i has a token */
     char *text;          /* decoded bytes of every token, back to back */
+    bpe_encoder *enc;    /* NULL when the file cannot encode: why says why */
+    kv_err why;
+    char *name;          /* the file, for messages */
 };
+
+enum { HAS_NONE, HAS_VOCAB, HAS_ADDED };
 
 /* ---- how tokens are spelled --------------------------------------------- */
 
@@ -210,6 +216,7 @@ typedef struct {
     const char *s;
     size_t len;
     bool special;
+    bool added;   /* from added_tokens */
 } entry;
 
 typedef struct {
@@ -218,7 +225,7 @@ typedef struct {
     int max_id;
 } entries;
 
-static int add_entry(entries *es, int id, const char *s, size_t len, bool special)
+static int add_entry(entries *es, int id, const char *s, size_t len, bool special, bool added)
 {
     if (es->n == es->cap) {
         size_t cap = es->cap ? es->cap * 2 : 1024;
@@ -228,7 +235,7 @@ static int add_entry(entries *es, int id, const char *s, size_t len, bool specia
         es->v = q;
         es->cap = cap;
     }
-    es->v[es->n++] = (entry){ id, s, len, special };
+    es->v[es->n++] = (entry){ id, s, len, special, added };
     if (id > es->max_id)
         es->max_id = id;
     return 0;
@@ -255,7 +262,7 @@ static int read_vocab_object(const json_t *vocab, const char *name, entries *es,
             return kv_errf(e, "%s: model.vocab[\"%.40s\"] is not an id in 0..%d", name,
                            key, TOK_MAX_IDS - 1);
         if (add_entry(es, (int)json_integer_value(v), key,
-                      json_object_iter_key_len(json_object_key_to_iter(key)), false))
+                      json_object_iter_key_len(json_object_key_to_iter(key)), false, false))
             return oom(name, e);
     }
     return 0;
@@ -272,7 +279,7 @@ static int read_vocab_array(const json_t *vocab, const char *name, entries *es, 
         const json_t *s = json_is_array(p) ? json_array_get(p, 0) : NULL;
         if (!json_is_string(s))
             return kv_errf(e, "%s: model.vocab[%zu] is not [\"piece\", score]", name, i);
-        if (add_entry(es, (int)i, json_string_value(s), json_string_length(s), false))
+        if (add_entry(es, (int)i, json_string_value(s), json_string_length(s), false, false))
             return oom(name, e);
     }
     return 0;
@@ -292,7 +299,7 @@ static int read_added(const json_t *added, const char *name, entries *es, kv_err
             return kv_errf(e, "%s: added_tokens[%zu] needs an id in 0..%d, a string "
                            "content and a boolean special", name, i, TOK_MAX_IDS - 1);
         if (add_entry(es, (int)json_integer_value(id), json_string_value(c),
-                      json_string_length(c), json_is_true(sp)))
+                      json_string_length(c), json_is_true(sp), true))
             return oom(name, e);
     }
     return 0;
@@ -350,7 +357,7 @@ static int build(const entries *es, const spelling *sp, const char *name,
         slot[es->v[k].id] = (int32_t)k;
     for (int i = 0; i < t->n && !a.oom; i++) {
         t->off[i] = (uint32_t)a.len;
-        t->has[i] = slot[i] >= 0;
+        t->has[i] = slot[i] < 0 ? HAS_NONE : es->v[slot[i]].added ? HAS_ADDED : HAS_VOCAB;
         if (slot[i] >= 0)
             decode_entry(&a, &es->v[slot[i]], sp, rev);
     }
@@ -361,6 +368,23 @@ static int build(const entries *es, const spelling *sp, const char *name,
     t->text = a.p;
     free(slot);
     return a.oom ? kv_errf(e, "%s: decoded vocabulary too large", name) : 0;
+}
+
+/* A file kvdiff cannot encode with (an unknown pipeline step, or a broken
+ * part only encoding reads, such as a merge of unknown tokens) still
+ * decodes: the problem is kept for tok_encode to report. */
+static int build_encoder(const json_t *root, kv_tokenizer *t, kv_err *e)
+{
+    char why[256];
+    kv_err be = {{0}};
+    if (bpe_build(root, t->name, &t->enc, why, sizeof why, &be) < 0) {
+        if (strstr(be.msg, "out of memory"))
+            return kv_errf(e, "%s", be.msg);
+        kv_errf(&t->why, "%s (so it cannot encode text)", be.msg);
+    } else if (!t->enc) {
+        kv_errf(&t->why, "%s: cannot encode text: %s is not supported", t->name, why);
+    }
+    return 0;
 }
 
 int tok_parse(const char *text, size_t len, const char *name, kv_tokenizer **out, kv_err *e)
@@ -387,6 +411,10 @@ int tok_parse(const char *text, size_t len, const char *name, kv_tokenizer **out
         spelling sp = detect_spelling(root, model);
         rc = build(&es, &sp, name, t, e);
     }
+    if (rc == 0 && !(t->name = strdup(name)))
+        rc = oom(name, e);
+    if (rc == 0)
+        rc = build_encoder(root, t, e);
     free(es.v);
     json_decref(root);
     if (rc) {
@@ -495,8 +523,67 @@ void tok_free(kv_tokenizer *t)
 {
     if (!t)
         return;
+    bpe_free(t->enc);
+    free(t->name);
     free(t->off);
     free(t->has);
     free(t->text);
     free(t);
+}
+
+/* ---- encoding ----------------------------------------------------------- */
+
+int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_special,
+               int32_t **ids, int *n, kv_err *e)
+{
+    if (!ids || !n)
+        return kv_errf(e, "tok_encode: nowhere to put the ids");
+    *ids = NULL;
+    *n = 0;
+    if (!t)
+        return kv_errf(e, "no tokenizer.json to encode text with");
+    if (!t->enc)
+        return kv_errf(e, "%s", t->why.msg);
+    if (!text && len)
+        return kv_errf(e, "tok_encode: no text");
+    int32_t *out = NULL;
+    size_t count = 0;
+    if (bpe_encode(t->enc, text ? text : "", len, add_special, &out, &count, e) < 0)
+        return kv_err_prefix(e, t->name);
+    if (count > INT32_MAX) {
+        free(out);
+        return kv_errf(e, "%s: the text makes %zu tokens; at most %d", t->name, count,
+                       INT32_MAX);
+    }
+    *ids = out;
+    *n = (int)count;
+    return 0;
+}
+
+int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t note_n,
+                    kv_err *e)
+{
+    if (note_n)
+        note[0] = '\0';
+    if (!t || t->n <= model_vocab)
+        return 0;
+    int first_vocab = -1, n_added = 0, first_added = -1;
+    for (int i = model_vocab; i < t->n; i++) {
+        if (t->has[i] == HAS_VOCAB && first_vocab < 0)
+            first_vocab = i;
+        if (t->has[i] == HAS_ADDED && n_added++ == 0)
+            first_added = i;
+    }
+    if (first_vocab >= 0)
+        return kv_errf(e, "%s: has %d ids but the model's vocabulary has %d (id %d is a "
+                       "token of its vocabulary): not this model's tokenizer", t->name, t->n,
+                       model_vocab, first_vocab);
+    char tok[48] = "";
+    tok_decode(t, first_added, tok, sizeof tok);
+    snprintf(note, note_n, "%s: has %d ids, the model %d: the %d past it (%s%d \"%s\") %s added "
+             "token%s the model has no embedding for (Gemma 3's image placeholder is one); "
+             "prompts that use %s are refused", t->name, t->n, model_vocab, n_added,
+             n_added > 1 ? "from " : "", first_added, tok, n_added > 1 ? "are" : "is an",
+             n_added > 1 ? "s" : "", n_added > 1 ? "them" : "it");
+    return 0;
 }

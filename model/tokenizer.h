@@ -1,8 +1,7 @@
-/* tokenizer.h — decode-only view of a Hugging Face tokenizer.json.
- *
- * kvdiff never encodes text: prompts are token ids. The vocabulary only
- * turns ids back into text for people ("diverges at position 31, token
- * ' Paris'"). Two families of vocabularies are understood:
+/* tokenizer.h — a Hugging Face tokenizer.json: text prompts into ids
+ * (tok_encode, BPE models: model/bpe.h) and ids back into text for people
+ * ("diverges at position 31, token ' Paris'"). For decoding, two families of
+ * vocabularies are understood:
  *   - byte-level BPE (GPT-2, Llama 3, Qwen2): decoder "ByteLevel"; each
  *     character of a token stands for one byte (GPT-2's bytes_to_unicode);
  *   - SentencePiece style (Gemma, Llama 2): "▁" stands for a space and
@@ -15,6 +14,7 @@
 #define KV_TOKENIZER_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "err.h"
 
 typedef struct kv_tokenizer kv_tokenizer;
@@ -42,6 +42,24 @@ int tok_count(const kv_tokenizer *t);
  * id when t is NULL, append "<unk:ID>". Returns the length of the token's
  * text, which may exceed what fit. */
 size_t tok_decode(const kv_tokenizer *t, int id, char *buf, size_t n);
+
+/* Encodes len bytes of UTF-8 text into *ids (malloc'd, the caller frees)
+ * and *n, as the file's pipeline says (model/bpe.h); add_special adds the
+ * post-processor's special tokens (BOS for Gemma). Returns -1 with e naming
+ * the file when t is NULL, when the file uses something kvdiff cannot
+ * encode with (it says what), or when the text is not valid UTF-8. */
+int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_special,
+               int32_t **ids, int *n, kv_err *e);
+
+/* Checks that t fits a model with model_vocab ids. Fits (returns 0, note
+ * empty): t has at most model_vocab ids. Fits with a note (returns 0, note
+ * filled, one line): the ids past the model's are all added tokens, e.g.
+ * Gemma 3's "<image_soft_token>" at 262144 beside a 262144-id embedding;
+ * the caller shows the note, and refuses prompts with such ids. Refused
+ * (returns -1, e filled): a token of the vocabulary itself lies past the
+ * model's ids, i.e. another model's tokenizer. NULL t fits. */
+int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t note_n,
+                    kv_err *e);
 
 /* Frees t (NULL is fine). */
 void tok_free(kv_tokenizer *t);

@@ -301,7 +301,7 @@ static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng
         arg(b, "--seed");
         arg(b, b->num[2]);
     } else {
-        arg(b, c->prompt.kind == SUITE_PROMPT_TOKENS ? "--prompt-tokens" : "--prompt-file");
+        arg(b, c->prompt.kind == SUITE_PROMPT_TOKENS ? "--prompt-tokens" : "--prompt-ids-file");
         arg(b, c->prompt.text);
     }
     put(b->num[3], sizeof b->num[3], "%ld", c->max_new);

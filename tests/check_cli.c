@@ -112,7 +112,7 @@ START_TEST(test_bad_arguments)
     expect_error("run --model /nonexistent/folder", "/nonexistent/folder");
     expect_error("run --prompt-tokens 1,2,999999", "outside the vocabulary");
     expect_error("run --prompt-tokens 1,x", "--prompt-tokens: item 2 'x' is not a token id");
-    expect_error("run --prompt-file /nonexistent.txt", "/nonexistent.txt: cannot open");
+    expect_error("run --prompt-ids-file /nonexistent.txt", "/nonexistent.txt: cannot open");
     expect_error("run --engine warp", "--engine: 'warp'");
     expect_error("run --prompt-random 5000 --max-new 0", "positions");
     expect_error("run --dtype f8", "--dtype");

@@ -428,12 +428,12 @@ START_TEST(test_prompt_file_not_echoed)
     ck_assert_msg(rc == 2, "exit %d\n%s", rc, out);
     ck_assert_msg(!strstr(out, "hunter"), "echoed the file: %s", out);
     ck_assert_msg(strstr(out, "secret.txt: line 2, byte 3 (item 5)"), "%s", out);
-    rc = cli("run --prompt-file %s%s%s", secret, "", "");
+    rc = cli("run --prompt-ids-file %s%s%s", secret, "", "");
     ck_assert_msg(rc == 2 && !strstr(out, "hunter") && strstr(out, "line 2, byte 3"),
                   "exit %d\n%s", rc, out);
     /* a file's id outside the vocabulary: named by place too */
     put_file(secret, "1 2 999999\n");
-    rc = cli("run --prompt-file %s%s%s", secret, "", "");
+    rc = cli("run --prompt-ids-file %s%s%s", secret, "", "");
     ck_assert_msg(rc == 2 && strstr(out, "line 1, byte 5 (item 3)") &&
                   strstr(out, "outside the vocabulary"), "exit %d\n%s", rc, out);
     /* ids typed on the command line are the user's own: still quoted */
