@@ -1476,6 +1476,10 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     cmp_ctx c = {.ref = ref, .test = test, .o = o, .cfg = &ref->cfg, .r = r,
                  .pos_limit = w.pos_limit};
     prefetch(&w);   /* before the pool's threads exist: it may fork */
+    /* What validate rejects is refused before a digest or hash settles it. */
+    if ((ref->check && ref->check(ref->ctx, e) < 0) ||
+        (test->check && test->check(test->ctx, e) < 0))
+        return -1;
     /* Two threads at most: reading is serial (libhdf5), only weighing rows
      * is split. Without a pool (out of threads) rows are weighed serially. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
