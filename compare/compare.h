@@ -404,6 +404,9 @@ typedef struct {
                                   * stops before it); -1 none */
     int64_t walked_to;           /* last position the walk read */
     bool by_index;               /* settled by both sides' digests (row hash indexes) */
+    char lacks[320];             /* the (layer, stage) pairs one side records and the
+                                  * other does not: "b.h5 lacks q, k of every layer";
+                                  * "" when none */
 } cmp_coverage;
 
 /* Row hashes found true or stale (hashcheck.c): after a walk that let

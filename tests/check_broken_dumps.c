@@ -323,6 +323,41 @@ START_TEST(test_compare_refuses_broken_dumps)
 }
 END_TEST
 
+/* A stage recorded on one side only is a selection (--dump-stages), not a
+ * broken file: what both hold is compared (exit 0), and the verdict's own
+ * line says what one side lacks, even where only one layer lacks it (the
+ * overlap note names stages no layer of the other side holds). */
+START_TEST(test_compare_names_what_a_side_lacks)
+{
+    char dir[64], ref[128], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5");
+    snprintf(ref, sizeof ref, "%s/ref.h5", dir);
+    snprintf(path, sizeof path, "%s/lacks.h5", dir);
+    copy_file(ref, path);
+    hid_t h = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(h >= 0);
+    static const char *const gone[] = {"layers/0/q", "layers/0/q.hash", "layers/0/q.stats",
+                                       "layers/2/q", "layers/2/q.hash", "layers/2/q.stats",
+                                       "layers/2/k", "layers/2/k.hash", "layers/2/k.stats"};
+    for (size_t i = 0; i < sizeof gone / sizeof *gone; i++)
+        ck_assert(H5Ldelete(h, gone[i], H5P_DEFAULT) >= 0);
+    ck_assert(H5Fclose(h) >= 0);
+    char want[256];
+    snprintf(want, sizeof want, "(%s lacks q of layers 0,2, k of layer 2)", path);
+    for (int no_hashes = 0; no_hashes < 2; no_hashes++) {
+        snprintf(args, sizeof args, "compare %s%s %s", no_hashes ? "--no-hashes " : "", ref, path);
+        const int rc = test_run_cli(args, out, sizeof out);
+        const char *verdict = strstr(out, "identical: 6 layers");
+        const char *eol = verdict ? strchr(verdict, '\n') : NULL;
+        const char *says_it = strstr(out, want);
+        ck_assert_msg(rc == 0 && verdict && eol && says_it && says_it < eol,
+                      "exit %d (want 0, '%s' on the verdict's line):\n%s", rc, want, out);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A dump with flipped bits (found by fuzzing validate) on which libhdf5
  * 1.10, listing /layers/0 in name order, frees pointers of a table it
  * never filled (H5G__link_release_table under H5Literate). glibc takes
@@ -350,6 +385,7 @@ Suite *broken_dumps_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_compare_refuses_broken_dumps);
     tcase_add_test(tc, test_validate_lists_a_damaged_group);
+    tcase_add_test(tc, test_compare_names_what_a_side_lacks);
     suite_add_tcase(s, tc);
     return s;
 }
