@@ -456,6 +456,50 @@ static void describe_overlap(cmp_result *r, const holding *hr, const holding *ht
              (long long)hc->lo, (long long)hc->hi, what);
 }
 
+/* Says in cv->lacks what a side lacks of what the other records, stage by
+ * stage ("x.h5 lacks q, k of every layer; y.h5 lacks embed"): stages
+ * lacking on the same layers are named together. lack[side][stage] has
+ * [layer + 1] set where that side lacks what the other side holds. */
+static void describe_lacks(cmp_coverage *cv, uint8_t (*lack)[STAGE_COUNT][KV_MAX_LAYERS + 1],
+                           int L, const char *const *labels)
+{
+    char *buf = cv->lacks;
+    const size_t n = sizeof cv->lacks;
+    buf[0] = 0;
+    for (int side = 0; side < 2; side++) {
+        bool done[STAGE_COUNT] = {false}, named = false;
+        for (int s = 0; s < STAGE_COUNT; s++) {
+            if (done[s] || !memchr(lack[side][s], 1, sizeof lack[side][s]))
+                continue;
+            char stages[200] = "", where[128];
+            for (int t = s; t < STAGE_COUNT; t++)
+                if (!done[t] && !memcmp(lack[side][t], lack[side][s], sizeof lack[side][s])) {
+                    done[t] = true;
+                    add_part(stages, sizeof stages, "%s", stage_name((kv_stage)t));
+                }
+            for (char *c = stages; (c = strstr(c, "; ")); c++)
+                *c = ',';   /* add_part separates with "; " */
+            int count = 0;
+            for (int l = 0; l < L; l++)
+                count += lack[side][s][l + 1];
+            if (s >= STAGE_LAYER_COUNT)
+                where[0] = 0;
+            else if (count == L)
+                snprintf(where, sizeof where, " of every layer");
+            else {
+                char list[96];
+                layer_list(lack[side][s], L, list, sizeof list);
+                snprintf(where, sizeof where, " of layer%s %s", count > 1 ? "s" : "", list);
+            }
+            if (!named)
+                add_part(buf, n, "%s lacks %s%s", labels[side], stages, where);
+            else
+                snprintf(buf + strlen(buf), n - strlen(buf), ", %s%s", stages, where);
+            named = true;
+        }
+    }
+}
+
 /* Adds (layer, stage) over positions lo..hi to the compared set; refuses
  * (or, forced, skips) widths that differ. */
 static int add_slot(walker *w, int layer, kv_stage st, presence a, presence b, int64_t lo,
@@ -531,9 +575,13 @@ static int build_slots(walker *w, kv_err *e)
         return kv_errf(e, "compare: out of memory");
     holding hr = {.lo = INT64_MAX, .hi = -1}, ht = hr, hc = hr;
     bool ref_layers = false, test_layers = false, common_layers = false;
+    uint8_t lack[2][STAGE_COUNT][KV_MAX_LAYERS + 1];
+    memset(lack, 0, sizeof lack);
     for (int i = 0; i < n; i++) {
         presence a = present(w->ref, layers[i], stages[i]);
         presence b = present(w->test, layers[i], stages[i]);
+        if (a.has != b.has)
+            lack[a.has ? 1 : 0][stages[i]][layers[i] + 1] = 1;
         if (layers[i] >= 0) {
             ref_layers |= a.has;
             test_layers |= b.has;
@@ -558,6 +606,8 @@ static int build_slots(walker *w, kv_err *e)
                        "position selections): nothing to compare", w->ref->label,
                        w->test->label);
     count_coverage(w);
+    const char *const labels[2] = {w->ref->label, w->test->label};
+    describe_lacks(&r->compared, lack, L, labels);
     if (hc.lo <= hc.hi)
         describe_overlap(r, &hr, &ht, &hc, L, w->ref->label, w->test->label);
     if (w->pos_limit >= 0 && w->pos_limit <= hc.hi)
@@ -1618,6 +1668,10 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     cmp_ctx c = {.ref = ref, .test = test, .o = o, .cfg = &ref->cfg, .r = r,
                  .pos_limit = w.pos_limit};
     prefetch(&w);   /* before the pool's threads exist: it may fork */
+    /* What validate rejects is refused before a digest or hash settles it. */
+    if ((ref->check && ref->check(ref->ctx, e) < 0) ||
+        (test->check && test->check(test->ctx, e) < 0))
+        return -1;
     /* Two threads at most: reading is serial (libhdf5), only weighing rows
      * is split. Without a pool (out of threads) rows are weighed serially. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);

@@ -126,6 +126,12 @@ typedef struct cmp_source {
      * one child process per file, dump_survey). Called once, before any
      * read and before the comparer starts threads. */
     void (*prefetch)(void *ctx, void *other_ctx, const cmp_prefetch_item *items, int n);
+    /* Optional: is every recorded stage what its format says (type, shape,
+     * positions, readable from the source itself)? Called after prefetch,
+     * before anything recorded is believed (a digest, a hash, a row); -1
+     * with e filled (one line naming the source and what is wrong) makes
+     * the compare fail. */
+    int (*check)(void *ctx, kv_err *e);
 } cmp_source;
 
 /* A dump file as a source (source_dump.c). Fills *out; the returned handle
@@ -413,6 +419,9 @@ typedef struct {
                                   * stops before it); -1 none */
     int64_t walked_to;           /* last position the walk read */
     bool by_index;               /* settled by both sides' digests (row hash indexes) */
+    char lacks[320];             /* the (layer, stage) pairs one side records and the
+                                  * other does not: "b.h5 lacks q, k of every layer";
+                                  * "" when none */
 } cmp_coverage;
 
 /* Row hashes found true or stale (hashcheck.c): after a walk that let

@@ -36,6 +36,8 @@ static void coverage_line(FILE *f, const cmp_result *r)
             cv->n_stages == 1 ? "" : "s", ms);
     if (cv->hashed)
         fprintf(f, " (fingerprints)");
+    if (cv->lacks[0])
+        fprintf(f, " (%s)", cv->lacks);
 }
 
 static void tokens_phrase(FILE *f, const cmp_tokens *t)

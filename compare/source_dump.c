@@ -133,9 +133,23 @@ static int ds_output(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *id
     return dump_read_output(d->f, row0, n, lse, ids, vals, e);
 }
 
+/* Every stage of the file's own config, recorded or not: a broken stage
+ * outside what both sides hold is refused too (validate rejects it). */
+static int ds_check(void *ctx, kv_err *e)
+{
+    cmp_dump_source *d = ctx;
+    for (int l = -1; l < dump_n_layers(d->f); l++)
+        for (int st = 0; st < STAGE_COUNT; st++)
+            if ((st >= STAGE_LAYER_COUNT) == (l == -1) &&
+                dump_check_stage(d->f, l, (kv_stage)st, e) < 0)
+                return -1;
+    return 0;
+}
+
 static unsigned survey_what(unsigned w)
 {
-    return (w & CMP_PREFETCH_INFO ? DUMP_SURVEY_STAGE : 0) |
+    return DUMP_SURVEY_CHECK |   /* what ds_check asks, for every stage listed */
+           (w & CMP_PREFETCH_INFO ? DUMP_SURVEY_STAGE : 0) |
            (w & CMP_PREFETCH_ROWS ? DUMP_SURVEY_MAP_ROWS : 0) |
            (w & CMP_PREFETCH_HASH_INFO ? DUMP_SURVEY_HASHES : 0) |
            (w & CMP_PREFETCH_HASHES ? DUMP_SURVEY_MAP_HASHES : 0) |
@@ -175,6 +189,10 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
         cmp_dump_source_close(d);
         return NULL;
     }
+    if (dump_check_file(d->f, e) < 0) {
+        cmp_dump_source_close(d);
+        return NULL;
+    }
     int64_t n = dump_n_tokens(d->f);
     if (n > 0) {
         d->tokens = malloc((size_t)n * sizeof *d->tokens);
@@ -184,6 +202,13 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
             cmp_dump_source_close(d);
             return NULL;
         }
+        for (int64_t i = 0; i < n; i++)
+            if (d->tokens[i] < 0 || d->tokens[i] >= out->cfg.vocab) {
+                kv_errf(e, "%s: /tokens holds ids outside 0..%d (%d at position %lld)", path,
+                        out->cfg.vocab - 1, d->tokens[i], (long long)i);
+                cmp_dump_source_close(d);
+                return NULL;
+            }
     }
     out->ctx = d;
     out->label = dump_path(d->f);
@@ -205,6 +230,7 @@ cmp_dump_source *cmp_dump_source_open(const char *path, cmp_source *out, kv_err 
     out->output_info = ds_output_info;
     out->output = ds_output;
     out->prefetch = ds_prefetch;
+    out->check = ds_check;
     return d;
 }
 

@@ -21,13 +21,94 @@
 /* ------------------------------------------------------------------ */
 /* Errors                                                               */
 
+/* An external link is followed into the file it names, by any call that
+ * walks a path (H5Dopen, H5Gopen, H5Oopen): a dump would read another
+ * file's bytes (a system file's, printed as floats) and hide it. libhdf5
+ * lets a program replace a link class's callbacks, the built-in external
+ * class's too, so the class is replaced, process-wide, by one whose
+ * traversal fails: such a link still lists and says where it points
+ * (H5Lget_info), but no path through it opens. kvdiff writes none. */
+static hid_t refuse_external(const char *name, hid_t cur_group, const void *val, size_t size,
+                             hid_t lapl, hid_t dxpl)
+{
+    (void)name, (void)cur_group, (void)val, (void)size, (void)lapl, (void)dxpl;
+    return H5I_INVALID_HID;
+}
+
 void dump_h5_quiet(void)
 {
     static bool done;
     if (!done) {
         H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+        static const H5L_class_t no_external = {
+            .version = H5L_LINK_CLASS_T_VERS, .id = H5L_TYPE_EXTERNAL,
+            .comment = "external link (kvdiff follows none)", .trav_func = refuse_external};
+        H5Lregister(&no_external);
+        H5Eclear2(H5E_DEFAULT);
         done = true;
     }
+}
+
+/* ------------------------------------------------------------------ */
+/* Listing a group                                                      */
+
+typedef struct {
+    dump_link *links;
+    size_t n, cap;
+    bool bad;
+} link_list;
+
+static herr_t collect_link(hid_t g, const char *name, const H5L_info_t *info, void *data)
+{
+    link_list *l = data;
+    (void)g;
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 32;
+        dump_link *p = realloc(l->links, cap * sizeof *p);
+        if (!p)
+            return l->bad = true, -1;
+        l->links = p;
+        l->cap = cap;
+    }
+    if (!(l->links[l->n].name = strdup(name)))
+        return l->bad = true, -1;
+    l->links[l->n++].type = info->type;
+    return 0;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp(((const dump_link *)a)->name, ((const dump_link *)b)->name);
+}
+
+int dump_h5_list(hid_t g, dump_link **out, size_t *n)
+{
+    link_list l = {0};
+    /* Native order walks the name index itself. In name order, libhdf5
+     * 1.10 first copies every link of a large group into a table and, when
+     * a damaged file has fewer links than it says, frees entries of that
+     * table it never filled (H5G__link_release_table: an invalid free,
+     * heap corruption in a release build). */
+    const herr_t rc = H5Literate(g, H5_INDEX_NAME, H5_ITER_NATIVE, NULL, collect_link, &l);
+    H5Eclear2(H5E_DEFAULT);
+    if (rc < 0 || l.bad) {
+        dump_links_free(l.links, l.n);
+        *out = NULL;
+        *n = 0;
+        return -1;
+    }
+    if (l.n > 1)
+        qsort(l.links, l.n, sizeof *l.links, by_name);
+    *out = l.links;
+    *n = l.n;
+    return 0;
+}
+
+void dump_links_free(dump_link *links, size_t n)
+{
+    for (size_t i = 0; links && i < n; i++)
+        free(links[i].name);
+    free(links);
 }
 
 typedef struct {
@@ -206,17 +287,19 @@ static herr_t pf_attr(hid_t loc, const char *name, const H5A_info_t *ai, void *o
     return 0;
 }
 
-/* A member of /layers: its own attributes (the reader reads "attention"). */
-static herr_t pf_member(hid_t loc, const char *name, const H5L_info_t *info, void *op)
+/* A member of /layers: its own attributes (the reader reads "attention"),
+ * and with walk, its members listed as validate lists them. */
+static void pf_member(hid_t loc, const char *name, bool walk)
 {
-    (void)info;
-    (void)op;
     hid_t o = H5Oopen(loc, name, H5P_DEFAULT);
     if (o >= 0) {
         H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
+        dump_link *links;
+        size_t n;
+        if (walk && H5Iget_type(o) == H5I_GROUP && dump_h5_list(o, &links, &n) == 0)
+            dump_links_free(links, n);
         H5Oclose(o);
     }
-    return 0;
 }
 
 /* libhdf5 crashes or loops forever on some damaged files (corrupt global
@@ -226,7 +309,7 @@ static herr_t pf_member(hid_t loc, const char *name, const H5L_info_t *info, voi
  * child process first; a child that dies or does not finish within
  * 5 s (or the guard's time, if shorter) marks the file damaged, and the
  * reads that follow are safe because they read the same bytes. */
-static int preflight(const char *path, kv_err *e)
+static int preflight(const char *path, bool walk, kv_err *e)
 {
     fflush(NULL);
     /* The child holds the pipe's write end until it exits: the parent
@@ -261,13 +344,20 @@ static int preflight(const char *path, kv_err *e)
             H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
             /* Then the groups under /layers, whose string attributes are the
              * only others kvdiff reads (datasets carry integers). */
+            dump_link *links;
+            size_t n;
             if (H5Lexists(f, "layers", H5P_DEFAULT) > 0) {
                 hid_t g = H5Gopen2(f, "layers", H5P_DEFAULT);
-                if (g >= 0) {
-                    H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_member, NULL);
-                    H5Gclose(g);
+                if (g >= 0 && dump_h5_list(g, &links, &n) == 0) {
+                    for (size_t i = 0; i < n; i++)
+                        pf_member(g, links[i].name, walk);
+                    dump_links_free(links, n);
                 }
+                if (g >= 0)
+                    H5Gclose(g);
             }
+            if (walk && H5Lexists(f, "model", H5P_DEFAULT) > 0)
+                pf_member(f, "model", walk);
         }
         _exit(0);
     }
@@ -306,17 +396,27 @@ static int preflight(const char *path, kv_err *e)
     return 0;
 }
 
-hid_t dump_h5_open_read(const char *path, kv_err *e)
+static hid_t open_checked(const char *path, bool walk, kv_err *e)
 {
     snprintf(guard_path, sizeof guard_path, "%s", path);
     guard_begin();
     hid_t f = open_read(path, e);
     guard_end();
-    if (f >= 0 && preflight(path, e) < 0) {
+    if (f >= 0 && preflight(path, walk, e) < 0) {
         H5Fclose(f);
         return H5I_INVALID_HID;
     }
     return f;
+}
+
+hid_t dump_h5_open_read(const char *path, kv_err *e)
+{
+    return open_checked(path, false, e);
+}
+
+hid_t dump_h5_open_walk(const char *path, kv_err *e)
+{
+    return open_checked(path, true, e);
 }
 
 static hid_t open_read(const char *path, kv_err *e)
@@ -353,6 +453,59 @@ static hid_t open_read(const char *path, kv_err *e)
     bool flags_refused = strstr(first, "already open") || strstr(first, "consistency flags");
     open_error(e, path, flags_refused ? second : first);
     return H5I_INVALID_HID;
+}
+
+/* ------------------------------------------------------------------ */
+/* Storage                                                              */
+
+int dump_h5_storage(hid_t d, int *filter)
+{
+    hid_t dcpl = H5Dget_create_plist(d);
+    int problem = DUMP_STORAGE_OK;
+    *filter = 0;
+    if (dcpl < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return DUMP_STORAGE_OK;   /* what cannot be read says so when read */
+    }
+    const int nf = H5Pget_nfilters(dcpl);
+    if (H5Pget_external_count(dcpl) > 0)
+        problem = DUMP_STORAGE_EXTERNAL;
+    for (int i = 0; problem == DUMP_STORAGE_OK && i < nf; i++) {
+        unsigned flags = 0, config = 0;
+        size_t n = 0;
+        const H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &n, NULL, 0, NULL,
+                                               &config);
+        /* an optional filter a writer could not apply is skipped, per chunk,
+         * by the reader too; a mandatory one it lacks fails every read */
+        if (id < 0 || (!(flags & H5Z_FLAG_OPTIONAL) && H5Zfilter_avail(id) <= 0)) {
+            problem = DUMP_STORAGE_FILTER;
+            *filter = id < 0 ? -1 : (int)id;
+        }
+    }
+    dump_h5_close(dcpl);
+    H5Eclear2(H5E_DEFAULT);
+    return problem;
+}
+
+const char *dump_storage_words(int problem, int filter, char *buf, size_t n)
+{
+    if (problem == DUMP_STORAGE_EXTERNAL)
+        snprintf(buf, n, "keeps its data in another file (external storage): kvdiff reads "
+                 "only the dump's own bytes");
+    else if (filter < 0)
+        snprintf(buf, n, "needs an HDF5 filter its creation properties do not name");
+    else
+        snprintf(buf, n, "needs HDF5 filter %d, which this libhdf5 does not have (a plugin "
+                 "of the program that wrote it)", filter);
+    return buf;
+}
+
+bool dump_h5_storage_problem(hid_t d, char *why, size_t n)
+{
+    int filter, p = dump_h5_storage(d, &filter);
+    if (p != DUMP_STORAGE_OK)
+        dump_storage_words(p, filter, why, n);
+    return p != DUMP_STORAGE_OK;
 }
 
 /* ------------------------------------------------------------------ */

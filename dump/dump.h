@@ -201,7 +201,8 @@ enum {
     DUMP_SURVEY_HASHES = 4,        /* dump_hash_info */
     DUMP_SURVEY_MAP_HASHES = 8,    /* .hash, for dump_read_hashes */
     DUMP_SURVEY_MAP_STATS = 16,    /* .stats, for dump_read_hashes */
-    DUMP_SURVEY_DIGEST = 32        /* dump_digest(checked = true) */
+    DUMP_SURVEY_DIGEST = 32,       /* dump_digest(checked = true) */
+    DUMP_SURVEY_CHECK = 64         /* dump_check_stage */
 };
 typedef struct {
     int layer;
@@ -230,6 +231,31 @@ dump_dataset_info dump_output_info(const dump_file *f);
 int dump_output_k(const dump_file *f);
 int dump_read_output(const dump_file *f, int64_t row0, int64_t n, float *lse, int32_t *ids,
                      float *vals, kv_err *e);
+
+/* What a comparer checks before it believes anything of a file (a hash,
+ * the row hash index, a row): what kvdiff validate would reject in the
+ * metadata, so that a broken file is refused, never settled. Each returns
+ * 0, or -1 with e naming the file and the object (one line).
+ *
+ * dump_check_file: the parts outside the stage datasets: engine_settings
+ * a JSON object; /tokens an int32 1-D dataset with prompt_length; every
+ * member of /layers a group named by a layer index below
+ * num_hidden_layers; /output (when there) with k from 1 to vocab_size,
+ * lse, topk_ids and topk_values of that shape over the same positions
+ * inside the tokens, and every id below vocab_size (the one read of data:
+ * top-k ids, small). A file whose model_config does not parse fails here.
+ *
+ * dump_check_stage: the datasets of one stage (rows; .hash and .stats in
+ * fingerprint mode and with row hashes): each opens (not a dangling or
+ * looping link, nor an external one), keeps its data in this file and
+ * needs no filter this libhdf5 lacks, has the type, rank and width of the
+ * schema and the config, a first_position from 0 whose rows stay inside
+ * the tokens, and rows, hashes and statistics cover the same positions.
+ * A stage not recorded passes. Only metadata: what dump_stage_info and
+ * dump_hash_info look up, so a survey's children (DUMP_SURVEY_CHECK) do
+ * the libhdf5 calls for it. */
+int dump_check_file(const dump_file *f, kv_err *e);
+int dump_check_stage(const dump_file *f, int layer, kv_stage stage, kv_err *e);
 
 /* Checks the file against schema v1; calls report(ctx, line) once per
  * violation (each a sentence naming the object). Returns the number of

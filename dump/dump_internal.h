@@ -10,8 +10,20 @@
 #include "dump.h"
 
 /* HDF5 prints its error stack on every failure unless told not to; our
- * messages say what failed, so printing is turned off, process-wide, once. */
+ * messages say what failed, so printing is turned off, process-wide, once.
+ * The same call makes every external link fail to open (dump.c says why). */
 void dump_h5_quiet(void);
+
+/* The links of a group, sorted by name, each with its type (hard, soft,
+ * external): listed without the code path of libhdf5 1.10 that frees
+ * memory it never allocated on some damaged groups. 0, or -1 when the
+ * group cannot be listed (nothing to free then). */
+typedef struct {
+    char *name;
+    H5L_type_t type;
+} dump_link;
+int dump_h5_list(hid_t group, dump_link **out, size_t *n);
+void dump_links_free(dump_link *links, size_t n);
 
 /* The most telling line of the current HDF5 error stack ("No such file or
  * directory" when a system call failed, else the innermost description),
@@ -30,6 +42,10 @@ int dump_h5_fail(kv_err *e, const char *path, const char *what);
  * mid-run) is opened again with H5F_ACC_SWMR_READ. Errors say: no such
  * file, a folder, empty, not an HDF5 file, truncated, or HDF5's reason. */
 hid_t dump_h5_open_read(const char *path, kv_err *e);
+/* As dump_h5_open_read, for a reader that lists the members of every
+ * group (validate): the child process lists each group under /layers and
+ * /model first, so a crash of libhdf5 there makes the file "damaged". */
+hid_t dump_h5_open_walk(const char *path, kv_err *e);
 
 /* First call of a child process forked to read a file: the parent's hang
  * alarm is not the child's to take, and what it prints (libhdf5 dying,
@@ -89,6 +105,17 @@ bool dump_rowmap_sound(const dump_rowmap *m, uint64_t rows, size_t row_bytes,
 /* Reads exactly n bytes at off (retrying short reads); -1 on error or at
  * the end of the file. */
 int dump_pread(int fd, void *buf, size_t n, int64_t off);
+
+/* Storage a dump's data may not have: data in another file (external
+ * storage: reading it would read that file), or a mandatory filter this
+ * libhdf5 lacks (every read fails). dump_h5_storage returns the problem
+ * (*filter: the missing filter's id, -1 unknown); dump_storage_words says
+ * it ("keeps its data in another file ..."), after the dataset's name;
+ * dump_h5_storage_problem does both, false when there is none. */
+enum { DUMP_STORAGE_OK, DUMP_STORAGE_EXTERNAL, DUMP_STORAGE_FILTER };
+int dump_h5_storage(hid_t d, int *filter);
+const char *dump_storage_words(int problem, int filter, char *buf, size_t n);
+bool dump_h5_storage_problem(hid_t d, char *why, size_t n);
 
 /* Variable-length UTF-8 string type (caller closes). */
 hid_t dump_h5_vlstr(void);

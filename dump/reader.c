@@ -5,6 +5,7 @@
 #include "reader_internal.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -172,6 +173,24 @@ dset_meta *dump_meta_find(const dump_file *f, const char *path)
     return NULL;
 }
 
+/* A dataset that did not open: absent (0), or a link of that name that
+ * leads nowhere (dangling, a loop of soft links) or to another file. */
+static int link_problem(const dump_file *f, const char *path)
+{
+    H5L_info_t li;
+    htri_t there = -1;
+    herr_t got = -1;
+    H5E_BEGIN_TRY {
+        there = H5Lexists(f->file, path, H5P_DEFAULT);
+        if (there > 0)
+            got = H5Lget_info(f->file, path, &li, H5P_DEFAULT);
+    } H5E_END_TRY;
+    H5Eclear2(H5E_DEFAULT);
+    if (there <= 0)
+        return 0;
+    return got >= 0 && li.type == H5L_TYPE_EXTERNAL ? META_EXTERNAL_LINK : META_UNOPENABLE;
+}
+
 /* The entry of path, looked up now if needed; NULL only when out of
  * memory. An absent dataset gets an entry too (present false). */
 static dset_meta *meta_of(const dump_file *f, const char *path)
@@ -193,8 +212,12 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
         if (m->rank > 0 && (m->dims[0] > INT64_MAX || m->dims[1] > INT32_MAX))
             m->rank = -1;
         m->kind = kind_of(d);
-        if (dump_h5_attr_i64(d, "first_position", &m->first_position) < 0)
+        m->has_first = dump_h5_attr_i64(d, "first_position", &m->first_position) == 0;
+        if (!m->has_first)
             m->first_position = 0;
+        m->problem = dump_h5_storage(d, &m->filter);
+    } else {
+        m->problem = link_problem(f, path);
     }
     dump_meta_publish(f, m);
     return m;
@@ -513,7 +536,8 @@ static void load_tokens(dump_file *f)
     dump_dataset_info di = info_at(f, "/tokens");
     hid_t d = di.present ? open_dataset(f, "/tokens") : H5I_INVALID_HID;
     f->n_tokens = di.present && di.cols == 1 ? di.rows : 0;
-    if (d < 0 || dump_h5_attr_i64(d, "prompt_length", &f->prompt_length) < 0)
+    f->has_prompt_length = d >= 0 && dump_h5_attr_i64(d, "prompt_length", &f->prompt_length) == 0;
+    if (!f->has_prompt_length)
         f->prompt_length = 0;
     dump_h5_close(d);
 }
@@ -711,6 +735,263 @@ bool dump_is_complete(const dump_file *f)
 {
     const char *st = dump_attr(f, "status");
     return st && !strcmp(st, "complete");
+}
+
+/* ------------------------------------------------------------------ */
+/* Checks before anything is believed                                   */
+
+/* Why an entry's dataset cannot be read as the dump's own; 0 when it can. */
+static int check_openable(const dump_file *f, const dset_meta *m, kv_err *e)
+{
+    char why[200];
+    if (!m)
+        return kv_errf(e, "%s: out of memory", f->path);
+    switch (m->problem) {
+    case DUMP_STORAGE_OK:
+        return 0;
+    case META_UNOPENABLE:
+        return kv_errf(e, "%s: %s cannot be opened (a dangling link, or soft links in a loop)",
+                       f->path, m->path);
+    case META_EXTERNAL_LINK:
+        return kv_errf(e, "%s: %s is an external link (to another file): a dump holds its own "
+                       "data", f->path, m->path);
+    default:
+        return kv_errf(e, "%s: %s %s", f->path, m->path,
+                       dump_storage_words(m->problem, m->filter, why, sizeof why));
+    }
+}
+
+/* A dataset of the schema: element kind, rank (cols 0: 1-D), width
+ * (cols > 0; -1 any), first_position from 0, rows inside the tokens. */
+static int check_shape(const dump_file *f, const dset_meta *m, elem_kind k, int cols,
+                       const char *width_says, kv_err *e)
+{
+    if (check_openable(f, m, e) < 0)
+        return -1;
+    if (m->rank != (cols == 0 ? 1 : 2))
+        return kv_errf(e, "%s: %s is not %s", f->path, m->path,
+                       cols == 0 ? "1-D [rows]" : "2-D [rows, cols]");
+    if (m->kind != (int)k)
+        return kv_errf(e, "%s: %s is not %s", f->path, m->path, elem_name(k));
+    if (cols > 0 && m->dims[1] != (hsize_t)cols)
+        return kv_errf(e, "%s: %s has %llu columns; %s %d", f->path, m->path,
+                       (unsigned long long)m->dims[1], width_says, cols);
+    if (!m->has_first)
+        return kv_errf(e, "%s: %s has no integer first_position attribute", f->path, m->path);
+    if (m->first_position < 0)
+        return kv_errf(e, "%s: %s: first_position %lld is negative", f->path, m->path,
+                       (long long)m->first_position);
+    if ((int64_t)m->dims[0] > f->n_tokens - m->first_position)
+        return kv_errf(e, "%s: %s covers positions %lld and on (%llu rows), but /tokens holds "
+                       "only %lld tokens", f->path, m->path, (long long)m->first_position,
+                       (unsigned long long)m->dims[0], (long long)f->n_tokens);
+    return 0;
+}
+
+static bool exists(const dset_meta *m)
+{
+    return m && (m->present || m->problem);
+}
+
+/* Two datasets over the same positions (hashes and their statistics), or
+ * with fewer_ok, b over the first positions of a at most (a full dump's
+ * hashes: one cut short may hold fewer than its rows, never more). */
+static int check_same_rows(const dump_file *f, const dset_meta *a, const dset_meta *b,
+                           bool fewer_ok, kv_err *e)
+{
+    if (a->first_position == b->first_position &&
+        (a->dims[0] == b->dims[0] || (fewer_ok && b->dims[0] < a->dims[0])))
+        return 0;
+    return kv_errf(e, "%s: %s (%llu rows from position %lld) and %s (%llu rows from position "
+                   "%lld) differ", f->path, a->path, (unsigned long long)a->dims[0],
+                   (long long)a->first_position, b->path, (unsigned long long)b->dims[0],
+                   (long long)b->first_position);
+}
+
+int dump_check_stage(const dump_file *f, int layer, kv_stage st, kv_err *e)
+{
+    char rp[128], hp[128], sp[128];
+    if (!f || !stage_fits(st, layer))
+        return 0;
+    stage_path(layer, st, "", rp, sizeof rp);
+    stage_path(layer, st, ".hash", hp, sizeof hp);
+    stage_path(layer, st, ".stats", sp, sizeof sp);
+    const bool hashes = f->fingerprint || f->row_hashes;
+    const dset_meta *r = f->fingerprint ? NULL : meta_of(f, rp);
+    const dset_meta *h = hashes ? meta_of(f, hp) : NULL, *s = hashes ? meta_of(f, sp) : NULL;
+    if ((!f->fingerprint && !r) || (hashes && (!h || !s)))
+        return kv_errf(e, "%s: out of memory", f->path);
+    const bool any = exists(r) || exists(h) || exists(s);
+    if (!any)
+        return 0;
+    if (layer >= 0 && f->cfg_ok && (st == STAGE_K || st == STAGE_V) &&
+        f->cfg.kv_owner[layer] != layer)
+        return kv_errf(e, "%s: %s: layer %d reads layer %d's cache (kv_owner), so it records "
+                       "no %s", f->path, exists(r) ? rp : exists(h) ? hp : sp, layer,
+                       f->cfg.kv_owner[layer], stage_name(st));
+    const int width = f->cfg_ok ? dump_stage_cols(&f->cfg, st) : -1;
+    if (exists(r) && check_shape(f, r, ELEM_F32, width, "the model config says", e) < 0)
+        return -1;
+    if (exists(h) && check_shape(f, h, ELEM_U64, 0, "", e) < 0)
+        return -1;
+    if (exists(s) && check_shape(f, s, ELEM_F32, 2, "statistics have", e) < 0)
+        return -1;
+    if (hashes && exists(h) != exists(s))
+        return kv_errf(e, "%s: %s has no matching %s", f->path, exists(h) ? hp : sp,
+                       exists(h) ? sp : hp);
+    if (hashes && check_same_rows(f, h, s, false, e) < 0)
+        return -1;
+    if (!f->fingerprint && hashes) {
+        if (exists(r) != exists(h))
+            return kv_errf(e, "%s: %s has no %s (the dump says row_hashes = 1)", f->path,
+                           exists(r) ? rp : hp, exists(r) ? hp : "rows");
+        if (check_same_rows(f, r, h, true, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* A canonical non-negative decimal ("3", not "03" or "+3"); -1 otherwise. */
+static int layer_index(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 6 || (n > 1 && name[0] == '0'))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+    return atoi(name);
+}
+
+/* Is the link name of loc a group (opened through no external link)? */
+static bool is_group(hid_t loc, const char *name)
+{
+    hid_t o = H5I_INVALID_HID;
+    H5E_BEGIN_TRY {
+        o = H5Oopen(loc, name, H5P_DEFAULT);
+    } H5E_END_TRY;
+    const bool group = o >= 0 && H5Iget_type(o) == H5I_GROUP;
+    dump_h5_close(o);
+    H5Eclear2(H5E_DEFAULT);
+    return group;
+}
+
+static int check_layer_groups(const dump_file *f, kv_err *e)
+{
+    if (H5Lexists(f->file, "layers", H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return 0;
+    }
+    if (!is_group(f->file, "layers"))
+        return kv_errf(e, "%s: /layers is not a group that opens", f->path);
+    hid_t g = H5Gopen2(f->file, "layers", H5P_DEFAULT);
+    dump_link *links = NULL;
+    size_t n = 0;
+    int rc = 0;
+    if (g < 0 || dump_h5_list(g, &links, &n) < 0)
+        rc = kv_errf(e, "%s: the members of /layers cannot be listed", f->path);
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        const int l = layer_index(links[i].name);
+        if (l < 0)
+            rc = kv_errf(e, "%s: /layers/%s: the group name is not a layer index (a "
+                         "non-negative integer)", f->path, links[i].name);
+        else if (l >= f->cfg.n_layers)
+            rc = kv_errf(e, "%s: /layers/%d: layer %d is not below num_hidden_layers (%d)",
+                         f->path, l, l, f->cfg.n_layers);
+        else if (links[i].type == H5L_TYPE_EXTERNAL)
+            rc = kv_errf(e, "%s: /layers/%d is an external link (to another file): a dump "
+                         "holds its own data", f->path, l);
+        else if (!is_group(g, links[i].name))
+            rc = kv_errf(e, "%s: /layers/%d is not a group that opens", f->path, l);
+    }
+    dump_links_free(links, n);
+    dump_h5_close(g);
+    H5Eclear2(H5E_DEFAULT);
+    return rc;
+}
+
+/* /output, when there: k, the three datasets, and the ids (read in spans). */
+static int check_output(const dump_file *f, kv_err *e)
+{
+    if (H5Lexists(f->file, "output", H5P_DEFAULT) <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return 0;
+    }
+    int64_t k = 0;
+    hid_t g = is_group(f->file, "output") ? H5Gopen2(f->file, "output", H5P_DEFAULT)
+                                           : H5I_INVALID_HID;
+    const bool have_k = g >= 0 && dump_h5_attr_i64(g, "k", &k) == 0;
+    dump_h5_close(g);
+    H5Eclear2(H5E_DEFAULT);
+    if (g < 0)
+        return kv_errf(e, "%s: /output is not a group that opens", f->path);
+    if (!have_k)
+        return kv_errf(e, "%s: /output has no integer attribute k", f->path);
+    /* checked before anything of that size is allocated */
+    if (k < 1 || k > f->cfg.vocab)
+        return kv_errf(e, "%s: /output: attribute k is %lld; it must be from 1 to vocab_size "
+                       "(%d)", f->path, (long long)k, f->cfg.vocab);
+    static const char *const names[] = {"/output/lse", "/output/topk_ids", "/output/topk_values"};
+    const dset_meta *m[3];
+    for (int i = 0; i < 3; i++) {
+        m[i] = meta_of(f, names[i]);
+        if (m[i] && !exists(m[i]))
+            return kv_errf(e, "%s: %s is missing (the /output group holds lse, topk_ids and "
+                           "topk_values)", f->path, names[i]);
+        if (check_shape(f, m[i], i == 1 ? ELEM_I32 : ELEM_F32, i == 0 ? 0 : (int)k,
+                        "attribute k says", e) < 0 ||
+            (i > 0 && check_same_rows(f, m[0], m[i], false, e) < 0))
+            return -1;
+    }
+    /* The ids: as many as the rows (a few per position); a file claiming far
+     * more than it holds is not read (validate does not scan it either). */
+    const int64_t rows = (int64_t)m[1]->dims[0];
+    if ((double)rows * (double)k * 4.0 > 64.0 * (double)f->size + (16 << 20))
+        return 0;
+    enum { SPAN = 4096 };
+    int32_t *ids = malloc((size_t)SPAN * (size_t)k * sizeof *ids);
+    if (!ids)
+        return kv_errf(e, "%s: out of memory for /output/topk_ids", f->path);
+    int rc = 0;
+    for (int64_t r0 = 0; rc == 0 && r0 < rows; r0 += SPAN) {
+        const int64_t n = rows - r0 < SPAN ? rows - r0 : SPAN;
+        rc = read_rows_at(f, "/output/topk_ids", ELEM_I32, (int)k, r0, n, ids, e);
+        for (int64_t i = 0; rc == 0 && i < n * k; i++)
+            if (ids[i] < 0 || ids[i] >= f->cfg.vocab)
+                rc = kv_errf(e, "%s: /output/topk_ids holds ids outside 0..%d (%d at position "
+                             "%lld)", f->path, f->cfg.vocab - 1, ids[i],
+                             (long long)(m[1]->first_position + r0 + i / k));
+    }
+    free(ids);
+    return rc;
+}
+
+int dump_check_file(const dump_file *f, kv_err *e)
+{
+    if (!f)
+        return kv_errf(e, "dump: no file");
+    if (!f->cfg_ok)
+        return kv_errf(e, "%s: %s", f->path, f->cfg_err);
+    json_t *j = json_loads(dump_attr(f, "engine_settings"), 0, NULL);
+    const bool object = json_is_object(j);
+    json_decref(j);
+    if (!object)
+        return kv_errf(e, "%s: the root attribute engine_settings is not a JSON object",
+                       f->path);
+    const dset_meta *t = meta_of(f, "/tokens");
+    if (t && !exists(t))
+        return kv_errf(e, "%s: /tokens is missing (int32 [n], the prompt then the generated "
+                       "tokens)", f->path);
+    if (check_openable(f, t, e) < 0)
+        return -1;
+    if (t->rank != 1 || t->kind != ELEM_I32)
+        return kv_errf(e, "%s: /tokens is not a 1-D int32 dataset", f->path);
+    if (!f->has_prompt_length)
+        return kv_errf(e, "%s: /tokens has no integer prompt_length attribute", f->path);
+    if (H5Lexists(f->file, "model", H5P_DEFAULT) > 0 && !is_group(f->file, "model"))
+        return kv_errf(e, "%s: /model is not a group that opens", f->path);
+    H5Eclear2(H5E_DEFAULT);
+    return check_layer_groups(f, e) < 0 || check_output(f, e) < 0 ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ */

@@ -38,10 +38,17 @@ typedef struct dset_meta {
     hsize_t dims[2];             /* dims[1] = 1 for rank 1 */
     int kind;                    /* elem_kind of the stored type; -1 another */
     int64_t first_position;      /* 0 when the attribute is absent */
+    bool has_first;              /* the attribute is there, an integer */
+    int problem;                 /* DUMP_STORAGE_* (dump_internal.h), or a link of
+                                  * that name that does not open: META_UNOPENABLE,
+                                  * META_EXTERNAL_LINK (then present is false) */
+    int filter;                  /* DUMP_STORAGE_FILTER: the filter it lacks */
     int mapped;                  /* -1 not tried yet; 0 read through libhdf5; 1 map */
     dump_rowmap map;
     hid_t id;                    /* open until mapped (a map needs no handle); -1 closed */
 } dset_meta;
+
+enum { META_UNOPENABLE = 16, META_EXTERNAL_LINK };
 
 #define META_BUCKETS 1024
 /* Bucket heads are atomic: parallel readers look entries up while the
@@ -73,6 +80,7 @@ struct dump_file {
     bool cfg_ok;
     char cfg_err[512];   /* the first model_config problem */
     int64_t n_tokens, prompt_length;
+    bool has_prompt_length;
     int out_k;
     struct index_entry (*index)[STAGE_COUNT];  /* [layer + 1][stage]; NULL: none */
     char index_problem[sizeof(kv_err)];

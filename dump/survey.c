@@ -94,6 +94,8 @@ static void do_items(const dump_file *f, const dump_survey_item *it, int n)
             dump_map_hashes(f, l, st, w & DUMP_SURVEY_MAP_HASHES, w & DUMP_SURVEY_MAP_STATS);
         if (w & DUMP_SURVEY_DIGEST)
             (void)dump_digest(f, l, st, true);
+        if (w & DUMP_SURVEY_CHECK)
+            (void)dump_check_stage(f, l, st, NULL);
     }
 }
 
@@ -109,6 +111,8 @@ static void put_state(buf *b, const dump_file *f)
             const uint8_t tag = 'M', present = m->present;
             const uint16_t len = (uint16_t)strlen(m->path);
             const int32_t rank = m->rank, kind = m->kind, mapped = m->mapped;
+            const int32_t problem = m->problem, filter = m->filter;
+            const uint8_t has_first = m->has_first;
             PUT(b, tag);
             PUT(b, len);
             put(b, m->path, len);
@@ -118,6 +122,9 @@ static void put_state(buf *b, const dump_file *f)
             PUT(b, m->dims[1]);
             PUT(b, kind);
             PUT(b, m->first_position);
+            PUT(b, has_first);
+            PUT(b, problem);
+            PUT(b, filter);
             PUT(b, mapped);
             if (mapped == 1) {
                 const uint64_t row_bytes = m->map.row_bytes;
@@ -249,8 +256,8 @@ static dset_meta *get_entry(reader *r, const dump_file *f)
         return r->bad = true, NULL;
     get(r, path, len);
     path[len] = 0;
-    uint8_t present;
-    int32_t rank, kind, mapped;
+    uint8_t present, has_first;
+    int32_t rank, kind, mapped, problem, filter;
     dset_meta *m = calloc(1, sizeof *m);
     if (!m || !(m->path = strdup(path))) {
         free(m);
@@ -263,13 +270,22 @@ static dset_meta *get_entry(reader *r, const dump_file *f)
     GET(r, m->dims[1]);
     GET(r, kind);
     GET(r, m->first_position);
+    GET(r, has_first);
+    GET(r, problem);
+    GET(r, filter);
     GET(r, mapped);
     m->present = present == 1;
+    m->has_first = has_first == 1;
+    m->problem = problem;
+    m->filter = filter;
     m->rank = rank;
     m->kind = kind;
     m->mapped = mapped;
-    if (present > 1 || rank < -1 || rank > 2 || kind < -1 || kind > 2 || mapped < -1 ||
-        mapped > 1)
+    const bool known_problem = problem == DUMP_STORAGE_OK || problem == DUMP_STORAGE_EXTERNAL ||
+                               problem == DUMP_STORAGE_FILTER || problem == META_UNOPENABLE ||
+                               problem == META_EXTERNAL_LINK;
+    if (present > 1 || has_first > 1 || !known_problem || rank < -1 || rank > 2 || kind < -1 ||
+        kind > 2 || mapped < -1 || mapped > 1)
         r->bad = true;
     if (!r->bad && mapped == 1) {
         uint64_t row_bytes;

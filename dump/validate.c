@@ -328,6 +328,11 @@ static found check_dataset(vstate *v, hid_t d, const char *path, expect x)
     }
     dump_h5_close(t);
     dump_h5_close(s);
+    char why[160];
+    if (dump_h5_storage_problem(d, why, sizeof why)) {
+        violation(v, "%s %s.", path, why);
+        f.ok = false;   /* not read: it would read another file, or fail */
+    }
     if (int_attr(v, d, path, "first_position", &f.first)) {
         f.have_first = true;
         if (f.first < 0)
@@ -526,7 +531,6 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
     vstate *v = g->v;
     char path[512];
     part p = PART_ROWS;
-    (void)info;
     snprintf(path, sizeof path, "%s/%s", g->gpath, name);
     int st = parse_member(g, name, &p);
     if (st < 0) {
@@ -536,6 +540,11 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
                                  : g->layer >= 0 ? "a layer stage such as x_in, q, k, x_out"
                                                  : "embed, final_norm or logits",
                   v->row_hashes ? ", and their .hash and .stats" : "");
+        return 0;
+    }
+    if (info->type == H5L_TYPE_EXTERNAL) {
+        violation(v, "%s is an external link (to another file): a dump holds its own data.",
+                  path);
         return 0;
     }
     if (g->layer >= 0 && v->cfg_ok && (st == STAGE_K || st == STAGE_V) &&
@@ -624,9 +633,16 @@ static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer
     g->v = v;
     g->gpath = gpath;
     g->layer = layer;
-    if (H5Literate(gid, H5_INDEX_NAME, H5_ITER_INC, NULL, check_member, g) < 0) {
-        H5Eclear2(H5E_DEFAULT);
+    dump_link *links;
+    size_t n;
+    if (dump_h5_list(gid, &links, &n) < 0) {
         violation(v, "%s: its members cannot be listed.", gpath);
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            const H5L_info_t info = {.type = links[i].type};
+            check_member(gid, links[i].name, &info, g);
+        }
+        dump_links_free(links, n);
     }
     if (v->fingerprint || v->row_hashes)
         check_pairs(v, g);
@@ -679,7 +695,6 @@ static herr_t check_layer(hid_t layers, const char *name, const H5L_info_t *info
 {
     vstate *v = data;
     char gpath[300];
-    (void)info;
     snprintf(gpath, sizeof gpath, "/layers/%s", name);
     int l = layer_index(name);
     if (l < 0) {
@@ -692,6 +707,11 @@ static herr_t check_layer(hid_t layers, const char *name, const H5L_info_t *info
     }
     if (!v->cfg_ok && l >= KV_MAX_LAYERS)
         return 0;
+    if (info->type == H5L_TYPE_EXTERNAL) {
+        violation(v, "%s is an external link (to another file): a dump holds its own data.",
+                  gpath);
+        return 0;
+    }
     hid_t g = open_member(v, layers, name, gpath, H5I_GROUP);
     if (g < 0)
         return 0;
@@ -705,8 +725,17 @@ static void check_layers_and_model(vstate *v)
 {
     if (H5Lexists(v->file, "layers", H5P_DEFAULT) > 0) {
         hid_t g = open_member(v, v->file, "layers", "/layers", H5I_GROUP);
-        if (g >= 0 && H5Literate(g, H5_INDEX_NAME, H5_ITER_INC, NULL, check_layer, v) < 0)
+        dump_link *links;
+        size_t n;
+        if (g >= 0 && dump_h5_list(g, &links, &n) < 0)
             violation(v, "/layers: its members cannot be listed.");
+        else if (g >= 0) {
+            for (size_t i = 0; i < n; i++) {
+                const H5L_info_t info = {.type = links[i].type};
+                check_layer(g, links[i].name, &info, v);
+            }
+            dump_links_free(links, n);
+        }
         dump_h5_close(g);
     }
     if (H5Lexists(v->file, "model", H5P_DEFAULT) > 0) {
@@ -943,7 +972,7 @@ int dump_validate(const char *path, void (*report)(void *ctx, const char *line),
 {
     vstate v = {.path = path, .report = report, .ctx = ctx};
     struct stat st;
-    v.file = dump_h5_open_read(path, e);
+    v.file = dump_h5_open_walk(path, e);
     if (v.file < 0)
         return -1;
     v.scan_budget = (stat(path, &st) == 0 ? (int64_t)st.st_size : 0) * 64 + (16 << 20);

@@ -122,11 +122,25 @@ static void read_stage(const dump_file *f, int layer, kv_stage st, size_t file_s
     }
 }
 
+/* The checks a comparer makes first: every refusal names the file. */
+static void check_refusal(const dump_file *f, int rc, const kv_err *e)
+{
+    if (rc < 0 && !strstr(e->msg, dump_path(f))) {
+        fprintf(stderr, "check error without the file name: %s\n", e->msg);
+        abort();
+    }
+}
+
 static void read_everything(const dump_file *f, size_t file_size)
 {
     kv_err e;
     kv_config c;
     dump_model_config(f, &c, &e);
+    check_refusal(f, dump_check_file(f, &e), &e);
+    for (int l = -1; l < dump_n_layers(f); l++)
+        for (int st = 0; st < STAGE_COUNT; st++)
+            if ((st >= STAGE_LAYER_COUNT) == (l == -1))
+                check_refusal(f, dump_check_stage(f, l, (kv_stage)st, &e), &e);
     int64_t nt = dump_n_tokens(f);
     if (affordable(nt, 1, 4, file_size)) {
         int32_t *tok = malloc((size_t)nt * 4 + 4);
