@@ -845,7 +845,9 @@ int dump_check_stage(const dump_file *f, int layer, kv_stage st, kv_err *e)
         if (exists(r) != exists(h))
             return kv_errf(e, "%s: %s has no %s (the dump says row_hashes = 1)", f->path,
                            exists(r) ? rp : hp, exists(r) ? hp : "rows");
-        if (check_same_rows(f, r, h, true, e) < 0)
+        /* a dump cut short may have written rows its hashes did not
+         * reach; a complete one hashes every row (validate says the same) */
+        if (check_same_rows(f, r, h, !dump_is_complete(f), e) < 0)
             return -1;
     }
     return 0;
