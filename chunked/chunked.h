@@ -23,7 +23,7 @@
 #define KV_CHUNKED_H
 
 #include <stdbool.h>
-#include "../dump/observer.h"
+#include "../model/observer.h"
 #include "../model/engine.h"
 #include "../model/kernels.h"
 #include "../model/model.h"

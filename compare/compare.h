@@ -23,7 +23,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include "../dump/observer.h"
+#include "../model/observer.h"
 #include "../model/config.h"
 #include "../model/err.h"
 

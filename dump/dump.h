@@ -18,7 +18,7 @@
 #include <stdint.h>
 #include "../model/config.h"
 #include "../model/err.h"
-#include "observer.h"
+#include "../model/observer.h"
 
 #define DUMP_FORMAT "kvdiff-dump"
 #define DUMP_VERSION 1

@@ -17,7 +17,7 @@
 #define KV_FORWARD_H
 
 #include <stdint.h>
-#include "../dump/observer.h"
+#include "observer.h"
 #include "err.h"
 #include "kernels.h"
 #include "model.h"

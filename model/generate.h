@@ -4,7 +4,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include "../dump/observer.h"
+#include "observer.h"
 #include "config.h"
 #include "engine.h"
 #include "sampler.h"

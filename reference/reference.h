@@ -9,7 +9,7 @@
 #ifndef KV_REFERENCE_H
 #define KV_REFERENCE_H
 
-#include "../dump/observer.h"
+#include "../model/observer.h"
 #include "../model/engine.h"
 #include "../model/kernels.h"
 #include "../model/model.h"

@@ -17,7 +17,7 @@
 
 #include "suite.h"
 #include "../chunked/chunked.h"
-#include "../dump/observer.h"
+#include "../model/observer.h"
 #include "../model/tokens.h"
 
 #define SUITE_MAX_FILE (4u << 20)

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include "suite.h"
-#include "../dump/observer.h"
+#include "../model/observer.h"
 #include "../model/outfile.h"
 
 /* snprintf that cuts silently: messages and paths here are bounded on

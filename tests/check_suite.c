@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "chunked/chunked.h"
-#include "dump/observer.h"
+#include "model/observer.h"
 #include "harness/progress.h"
 /* The CLI's objects are not in libkvdiff.a: the progress bar is compiled in. */
 #include "harness/progress.c"

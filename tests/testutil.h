@@ -4,7 +4,7 @@
 #define KV_TESTUTIL_H
 
 #include <stdint.h>
-#include "dump/observer.h"
+#include "model/observer.h"
 #include "model/config.h"
 
 /* Captures rows of every (stage, layer) for positions 0..T-1. */
