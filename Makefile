@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench fuzz clean deps
+.PHONY: all test demo check-asan check-report-render bench fuzz clean deps recorders llama-fetch
 all: kvdiff
 
 deps:
@@ -65,11 +65,61 @@ $(BUILD)/check_kvdiff: $(TEST_OBJ) $(LIB) $(BUILD)/kvdiff
 	@echo "  LD $@"
 	@$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
+# The llama.cpp recorder (recorders/llamacpp/), a binary of its own since
+# it links libllama. Where llama.cpp comes from: LLAMA_CPP_DIR (a folder
+# with include/ and lib/, e.g. a user's build), else pkg-config `llama`,
+# else the pinned release scripts/fetch-llama-cpp caches in .cache/llama.cpp.
+LLAMA_CPP_DIR ?=
+ifeq ($(LLAMA_CPP_DIR),)
+ifneq ($(shell pkg-config --exists llama 2>/dev/null && echo yes),)
+LLAMA_CFLAGS := $(shell pkg-config --cflags llama)
+LLAMA_LIBS   := $(shell pkg-config --libs llama) -lggml -lggml-base
+LLAMA_LIBDIR := $(shell pkg-config --variable=libdir llama)
+LLAMA_STAMP  :=
+else
+LLAMA_CPP_DIR := .cache/llama.cpp
+LLAMA_STAMP  := llama-fetch
+endif
+endif
+ifneq ($(LLAMA_CPP_DIR),)
+LLAMA_LIBDIR := $(abspath $(LLAMA_CPP_DIR)/lib)
+LLAMA_CFLAGS := -I$(LLAMA_CPP_DIR)/include
+LLAMA_LIBS   := -L$(LLAMA_LIBDIR) -lllama -lggml -lggml-base
+endif
+LLAMA_VERSION_FILE := $(if $(LLAMA_CPP_DIR),$(LLAMA_CPP_DIR)/version.json,)
+
+recorders: kvdiff-llama
+
+llama-fetch:
+	@sh scripts/fetch-llama-cpp $(LLAMA_CPP_DIR) >/dev/null
+
+kvdiff-llama: $(LLAMA_STAMP) $(LIB)
+	@$(MAKE) -s $(BUILD)/kvdiff-llama
+	@cp $(BUILD)/kvdiff-llama $@
+
+# The llama.cpp version goes into every dump's engine_settings: the
+# fetched version.json, or {"build": "unknown"} for a build without one.
+$(BUILD)/recorders/llama_version.h: $(wildcard $(LLAMA_VERSION_FILE)) Makefile
+	@mkdir -p $(dir $@)
+	@{ v='{"build":"unknown"}'; f='$(LLAMA_VERSION_FILE)'; \
+	   if [ -n "$$f" ] && [ -f "$$f" ]; then v=$$(tr -d '\n' < "$$f"); fi; \
+	   printf '#define LLAMA_CPP_VERSION_JSON "%s"\n' "$$(printf '%s' "$$v" | sed 's/\\/\\\\/g; s/"/\\"/g')"; \
+	   printf '#define LLAMA_CPP_LIBDIR "%s"\n' '$(LLAMA_LIBDIR)'; \
+	   printf '#define KVDIFF_REC_VERSION "0.1.0"\n'; } > $@
+
+# -Wno-pedantic: llama.h and ggml.h are C11 but use extensions (enum
+# values past int) that -pedantic rejects.
+$(BUILD)/kvdiff-llama: recorders/llamacpp/kvdiff-llama.c $(BUILD)/recorders/llama_version.h $(LIB)
+	@echo "  LD $@"
+	@$(CC) $(BASE_CFLAGS) -Wno-pedantic $(LLAMA_CFLAGS) -I$(BUILD)/recorders $(CFLAGS) -o $@ \
+	  recorders/llamacpp/kvdiff-llama.c $(LIB) $(LLAMA_LIBS) -Wl,-rpath,$(LLAMA_LIBDIR) $(LDLIBS)
+
 # The closing line is Check's summary.
 # deps first (a no-op once installed), so it works on a fresh machine too.
 test: deps
-	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff
-	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) ./$(BUILD)/check_kvdiff
+	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff recorders
+	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
+	  ./$(BUILD)/check_kvdiff
 
 demo: deps
 	@$(MAKE) -s kvdiff
@@ -134,6 +184,6 @@ fuzz:
 	@sh fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz kvdiff
+	rm -rf build build-asan build-fuzz kvdiff kvdiff-llama
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)
