@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <ggml-backend.h>
 #include <ggml.h>
@@ -41,7 +42,7 @@ typedef struct {
     int flash_attn;                /* 0 off, 1 on */
     enum ggml_type cache_type;
     const char *cache_name;
-    bool ignore_eos, full_logits, list_tensors, verbose;
+    bool ignore_eos, full_logits, list_tensors, verbose, no_record, timing;
     const char *stages;
 } rec_opts;
 
@@ -77,6 +78,8 @@ static void usage(FILE *f)
         "  --dump-stages L    comma list of stages (default: all llama.cpp exposes)\n"
         "  --dump-logits      also store full logits\n"
         "  --list-tensors     print each graph tensor name of the first step and exit\n"
+        "  --no-record        run without the eval callback and write nothing (a baseline)\n"
+        "  --time             print the seconds the prompt and decoding took on stdout\n"
         "  --verbose          llama.cpp's log on stderr\n");
 }
 
@@ -182,6 +185,10 @@ static int parse_args(int argc, char **argv, rec_opts *o)
             o->full_logits = true;
         } else if (!strcmp(a, "--list-tensors")) {
             o->list_tensors = true;
+        } else if (!strcmp(a, "--no-record")) {
+            o->no_record = true;
+        } else if (!strcmp(a, "--time")) {
+            o->timing = true;
         } else if (!strcmp(a, "--verbose")) {
             o->verbose = true;
         } else if (a[0] == '-') {
@@ -204,7 +211,7 @@ static int parse_args(int argc, char **argv, rec_opts *o)
                         "--prompt-file, --prompt-from\n");
         return -1;
     }
-    if (!o->out && !o->list_tensors) {
+    if (!o->out && !o->list_tensors && !o->no_record) {
         fprintf(stderr, TOOL ": no --dump FILE given\n");
         return -1;
     }
@@ -969,8 +976,8 @@ int main(int argc, char **argv)
     cp.n_threads = cp.n_threads_batch = o.threads;
     cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.type_k = cp.type_v = o.cache_type;
-    cp.cb_eval = on_tensor;
-    cp.cb_eval_user_data = r;
+    cp.cb_eval = o.no_record ? NULL : on_tensor;
+    cp.cb_eval_user_data = o.no_record ? NULL : r;
     cp.no_perf = true;
     ctx = llama_init_from_model(model, cp);
     if (!ctx) {
@@ -991,6 +998,26 @@ int main(int argc, char **argv)
         goto out;
     }
 
+    if (o.no_record) {
+        /* The same run with nothing watching it: what recording costs is
+         * measured against this (bench/bench_llama.sh). */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = decode(ctx, &batch, ids, n_prompt, 0, n_batch);
+        for (int step = 0; rc == 0 && step + 1 < o.max_new; step++) {
+            int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
+            rc = decode(ctx, &batch, &next, 1, n_prompt + step, n_batch);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (rc != 0) {
+            kv_errf(&e, "llama_decode failed (%d)", rc);
+            goto fail;
+        }
+        if (o.timing)
+            printf("%.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        status = 0;
+        goto out;
+    }
     settings = settings_json(&o, &cfg, n_ctx, r->attn_out_rotated);
     dump_opts dopts;
     dump_opts_default(&dopts);
@@ -1014,6 +1041,8 @@ int main(int argc, char **argv)
 
     const char *why = NULL;
     char whybuf[700];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     for (int i = 0; i < n_prompt && !why; i++)
         if (r->obs->token(r->obs, i, ids[i], 1))
             why = "the dump writer stopped the run";
@@ -1030,6 +1059,9 @@ int main(int argc, char **argv)
         rc = decode(ctx, &batch, &next, 1, pos, n_batch);
         pos++;
     }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (o.timing)
+        printf("%.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
     if (!why && r->failed) {
         snprintf(whybuf, sizeof whybuf, "%s", r->err);
         why = whybuf;
