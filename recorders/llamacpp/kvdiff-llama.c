@@ -1,0 +1,1117 @@
+/* kvdiff-llama.c — records a llama.cpp run of a GGUF model into a kvdiff
+ * dump (docs/dump-format.md), through llama.cpp's public API only.
+ *
+ * llama.cpp names the tensors of its compute graph ("Qcur-3", "l_out-3");
+ * its eval callback (cb_eval) hands each named node to us once computed.
+ * We map the names onto kvdiff's stages (docs/recorders.md), put the rows
+ * at absolute positions (ubatches and decode steps run in position order,
+ * so a running count per stage dataset is the position), convert them to
+ * our layouts and emit them to kvdiff's own dump writer, which hashes,
+ * indexes and marks the file partial until the run ends.
+ *
+ * Exit status: 0 recorded, 2 bad input or error (one line on stderr). */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <ggml-backend.h>
+#include <ggml.h>
+#include <gguf.h>
+#include <llama.h>
+
+#include "dump/dump.h"
+#include "model/config.h"
+#include "model/tokens.h"
+#include "llama_version.h"
+
+#define TOOL "kvdiff-llama"
+
+/* ------------------------------------------------------------------ */
+/* Options                                                              */
+
+typedef struct {
+    const char *gguf, *hf_dir, *out;
+    const char *prompt_tokens, *prompt_file, *prompt_from;
+    int max_new, ubatch, batch, threads, ctx;
+    int flash_attn;                /* 0 off, 1 on */
+    enum ggml_type cache_type;
+    const char *cache_name;
+    bool ignore_eos, full_logits, list_tensors, verbose, no_record, timing;
+    const char *stages;
+} rec_opts;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: " TOOL " MODEL.gguf (--prompt-tokens L | --prompt-file F | --prompt-from DUMP)\n"
+        "                    --dump FILE [options]\n"
+        "\n"
+        "Runs the prompt through llama.cpp, then greedy-decodes --max-new tokens, and\n"
+        "records every stage llama.cpp exposes to a kvdiff dump (docs/recorders.md).\n"
+        "\n"
+        "prompt (one of):\n"
+        "  --prompt-tokens L  ids, e.g. 5,17,42\n"
+        "  --prompt-file F    file of ids separated by spaces, commas or newlines\n"
+        "  --prompt-from D    the prompt of a kvdiff dump (its first prompt_length tokens)\n"
+        "generation:\n"
+        "  --max-new N        tokens to generate, greedy (default 16)\n"
+        "  --ignore-eos       do not stop at an end-of-generation token\n"
+        "llama.cpp settings:\n"
+        "  --ubatch N         physical batch (tokens per forward step; default 512)\n"
+        "  --batch N          logical batch (tokens per llama_decode; default 2048)\n"
+        "  --flash-attn on|off  (default off)\n"
+        "  --cache-type T     KV cache type f32, f16 (default), bf16 or q8_0\n"
+        "  --threads N        (default 4)\n"
+        "  --ctx N            context size (default prompt + max-new)\n"
+        "model:\n"
+        "  --hf DIR           take model_config from DIR/config.json (checked against\n"
+        "                     the GGUF); Gemma 3 needs it when query_pre_attn_scalar\n"
+        "                     is not head_dim (the GGUF folds the difference into q)\n"
+        "recording:\n"
+        "  --dump FILE        the dump to write (-o FILE too)\n"
+        "  --dump-stages L    comma list of stages (default: all llama.cpp exposes)\n"
+        "  --dump-logits      also store full logits\n"
+        "  --list-tensors     print each graph tensor name of the first step and exit\n"
+        "  --no-record        run without the eval callback and write nothing (a baseline)\n"
+        "  --time             print the seconds the prompt and decoding took on stdout\n"
+        "  --verbose          llama.cpp's log on stderr\n");
+}
+
+static int parse_int(const char *s, const char *opt, int lo, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > 1 << 30) {
+        fprintf(stderr, TOOL ": %s: '%s' is not an integer >= %d\n", opt, s, lo);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+static int parse_args(int argc, char **argv, rec_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_new = 16;
+    o->ubatch = 512;
+    o->batch = 2048;
+    o->threads = 4;
+    o->cache_type = GGML_TYPE_F16;
+    o->cache_name = "f16";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEED_VALUE                                                                   \
+    do {                                                                             \
+        if (!v) {                                                                    \
+            fprintf(stderr, TOOL ": %s needs a value\n", a);                         \
+            return -1;                                                               \
+        }                                                                            \
+        i++;                                                                         \
+    } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            exit(0);
+        } else if (!strcmp(a, "--prompt-tokens")) {
+            NEED_VALUE;
+            o->prompt_tokens = v;
+        } else if (!strcmp(a, "--prompt-file")) {
+            NEED_VALUE;
+            o->prompt_file = v;
+        } else if (!strcmp(a, "--prompt-from")) {
+            NEED_VALUE;
+            o->prompt_from = v;
+        } else if (!strcmp(a, "--dump") || !strcmp(a, "-o")) {
+            NEED_VALUE;
+            o->out = v;
+        } else if (!strcmp(a, "--hf")) {
+            NEED_VALUE;
+            o->hf_dir = v;
+        } else if (!strcmp(a, "--dump-stages")) {
+            NEED_VALUE;
+            o->stages = v;
+        } else if (!strcmp(a, "--max-new")) {
+            NEED_VALUE;
+            if (parse_int(v, a, 0, &o->max_new) < 0)
+                return -1;
+        } else if (!strcmp(a, "--ubatch")) {
+            NEED_VALUE;
+            if (parse_int(v, a, 1, &o->ubatch) < 0)
+                return -1;
+        } else if (!strcmp(a, "--batch")) {
+            NEED_VALUE;
+            if (parse_int(v, a, 1, &o->batch) < 0)
+                return -1;
+        } else if (!strcmp(a, "--threads")) {
+            NEED_VALUE;
+            if (parse_int(v, a, 1, &o->threads) < 0)
+                return -1;
+        } else if (!strcmp(a, "--ctx")) {
+            NEED_VALUE;
+            if (parse_int(v, a, 1, &o->ctx) < 0)
+                return -1;
+        } else if (!strcmp(a, "--flash-attn")) {
+            NEED_VALUE;
+            if (strcmp(v, "on") && strcmp(v, "off")) {
+                fprintf(stderr, TOOL ": --flash-attn: '%s' is not on or off\n", v);
+                return -1;
+            }
+            o->flash_attn = !strcmp(v, "on");
+        } else if (!strcmp(a, "--cache-type")) {
+            NEED_VALUE;
+            static const struct { const char *name; enum ggml_type t; } types[] = {
+                {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16},
+                {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}};
+            int k = -1;
+            for (int j = 0; j < 4; j++)
+                if (!strcmp(v, types[j].name))
+                    k = j;
+            if (k < 0) {
+                fprintf(stderr, TOOL ": --cache-type: '%s' is not f32, f16, bf16 or q8_0\n", v);
+                return -1;
+            }
+            o->cache_type = types[k].t;
+            o->cache_name = types[k].name;
+        } else if (!strcmp(a, "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else if (!strcmp(a, "--dump-logits")) {
+            o->full_logits = true;
+        } else if (!strcmp(a, "--list-tensors")) {
+            o->list_tensors = true;
+        } else if (!strcmp(a, "--no-record")) {
+            o->no_record = true;
+        } else if (!strcmp(a, "--time")) {
+            o->timing = true;
+        } else if (!strcmp(a, "--verbose")) {
+            o->verbose = true;
+        } else if (a[0] == '-') {
+            fprintf(stderr, TOOL ": unknown option %s (see --help)\n", a);
+            return -1;
+        } else if (!o->gguf) {
+            o->gguf = a;
+        } else {
+            fprintf(stderr, TOOL ": one model only ('%s' and '%s')\n", o->gguf, a);
+            return -1;
+        }
+#undef NEED_VALUE
+    }
+    if (!o->gguf) {
+        fprintf(stderr, TOOL ": no GGUF model given (see --help)\n");
+        return -1;
+    }
+    if (!!o->prompt_tokens + !!o->prompt_file + !!o->prompt_from != 1) {
+        fprintf(stderr, TOOL ": give the prompt with exactly one of --prompt-tokens, "
+                        "--prompt-file, --prompt-from\n");
+        return -1;
+    }
+    if (!o->out && !o->list_tensors && !o->no_record) {
+        fprintf(stderr, TOOL ": no --dump FILE given\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* llama.cpp's log: quiet unless --verbose; the last error is kept, so a
+ * failed load says why in one line.                                    */
+
+static struct {
+    bool verbose, in_error;
+    char last_error[512];  /* the first error llama.cpp logged */
+    char line[512];
+} g_log;
+
+static void on_log(enum ggml_log_level level, const char *text, void *user)
+{
+    (void)user;
+    if (g_log.verbose)
+        fputs(text, stderr);
+    /* The first error says why ("missing tensor ..."); the ones after it
+     * only that loading failed. Messages may come in pieces (CONT). */
+    bool cont = level == GGML_LOG_LEVEL_CONT;
+    if (level == GGML_LOG_LEVEL_ERROR && !g_log.last_error[0])
+        g_log.line[0] = '\0', g_log.in_error = true;
+    else if (!cont)
+        g_log.in_error = false;
+    if (!g_log.in_error)
+        return;
+    size_t have = strlen(g_log.line);
+    snprintf(g_log.line + have, sizeof g_log.line - have, "%s", text);
+    snprintf(g_log.last_error, sizeof g_log.last_error, "%s", g_log.line);
+    char *nl;
+    while ((nl = strchr(g_log.last_error, '\n')))
+        *nl = ' ';
+    size_t n = strlen(g_log.last_error);
+    while (n && isspace((unsigned char)g_log.last_error[n - 1]))
+        g_log.last_error[--n] = '\0';
+}
+
+/* ------------------------------------------------------------------ */
+/* model_config from the GGUF's metadata                                */
+
+typedef struct {
+    const struct gguf_context *g;
+    const char *arch;
+} meta;
+
+static int64_t meta_key(const meta *m, const char *suffix)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", m->arch, suffix);
+    return gguf_find_key(m->g, key);
+}
+
+/* A numeric value of any integer or float type; dflt when absent. */
+static double meta_num(const meta *m, const char *suffix, double dflt, bool *found)
+{
+    int64_t k = suffix[0] == '=' ? gguf_find_key(m->g, suffix + 1) : meta_key(m, suffix);
+    if (found)
+        *found = k >= 0;
+    if (k < 0)
+        return dflt;
+    switch (gguf_get_kv_type(m->g, k)) {
+    case GGUF_TYPE_UINT8: return gguf_get_val_u8(m->g, k);
+    case GGUF_TYPE_INT8: return gguf_get_val_i8(m->g, k);
+    case GGUF_TYPE_UINT16: return gguf_get_val_u16(m->g, k);
+    case GGUF_TYPE_INT16: return gguf_get_val_i16(m->g, k);
+    case GGUF_TYPE_UINT32: return gguf_get_val_u32(m->g, k);
+    case GGUF_TYPE_INT32: return gguf_get_val_i32(m->g, k);
+    case GGUF_TYPE_UINT64: return (double)gguf_get_val_u64(m->g, k);
+    case GGUF_TYPE_INT64: return (double)gguf_get_val_i64(m->g, k);
+    case GGUF_TYPE_FLOAT32: return gguf_get_val_f32(m->g, k);
+    case GGUF_TYPE_FLOAT64: return gguf_get_val_f64(m->g, k);
+    default:
+        if (found)
+            *found = false;
+        return dflt;
+    }
+}
+
+/* Which layers slide, as llama.cpp decides (llama_hparams::set_swa_pattern
+ * and load_swa_pattern): a bool array, or every n-th layer global. */
+static int gemma3_layer_types(const meta *m, kv_config *c, kv_err *e)
+{
+    int64_t k = meta_key(m, "attention.sliding_window_pattern");
+    if (k >= 0 && gguf_get_kv_type(m->g, k) == GGUF_TYPE_ARRAY) {
+        if (gguf_get_arr_type(m->g, k) != GGUF_TYPE_BOOL ||
+            gguf_get_arr_n(m->g, k) < (size_t)c->n_layers)
+            return kv_errf(e, "%s.attention.sliding_window_pattern: not a bool per layer", m->arch);
+        const int8_t *v = gguf_get_arr_data(m->g, k);
+        for (int l = 0; l < c->n_layers; l++)
+            c->layer_type[l] = v[l] ? ATTN_SLIDING : ATTN_GLOBAL;
+        return 0;
+    }
+    int n = (int)meta_num(m, "attention.sliding_window_pattern", 6, NULL);
+    for (int l = 0; l < c->n_layers; l++)
+        c->layer_type[l] = (n == 0 || l % n < n - 1) ? ATTN_SLIDING : ATTN_GLOBAL;
+    return 0;
+}
+
+/* What llama.cpp runs, as a kv_config. llama_scale: the q.k multiplier
+ * llama.cpp applies (Gemma 3: 1/sqrt(head_dim), or 1/sqrt(E/H) for the
+ * 62-layer model, whatever query_pre_attn_scalar was). */
+static int config_from_gguf(const struct gguf_context *g, const char *path, kv_config *c,
+                            double *llama_scale, kv_err *e)
+{
+    memset(c, 0, sizeof *c);
+    int64_t ka = gguf_find_key(g, "general.architecture");
+    if (ka < 0 || gguf_get_kv_type(g, ka) != GGUF_TYPE_STRING)
+        return kv_errf(e, "%s: no general.architecture in the GGUF metadata", path);
+    meta m = {g, gguf_get_val_str(g, ka)};
+    if (!strcmp(m.arch, "llama")) {
+        c->arch = ARCH_LLAMA;
+        snprintf(c->model_type, sizeof c->model_type, "llama");
+        c->act = ACT_SILU;
+    } else if (!strcmp(m.arch, "qwen2")) {
+        c->arch = ARCH_QWEN2;
+        snprintf(c->model_type, sizeof c->model_type, "qwen2");
+        c->act = ACT_SILU;
+        c->qkv_bias = true;
+    } else if (!strcmp(m.arch, "gemma3")) {
+        c->arch = ARCH_GEMMA3;
+        snprintf(c->model_type, sizeof c->model_type, "gemma3_text");
+        c->act = ACT_GELU_TANH;
+        c->norm_plus_one = c->qk_norm = c->sandwich_norms = true;
+    } else {
+        return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2 "
+                          "and gemma3)", path, m.arch);
+    }
+    bool f_e, f_l, f_h;
+    c->hidden = (int)meta_num(&m, "embedding_length", 0, &f_e);
+    c->n_layers = (int)meta_num(&m, "block_count", 0, &f_l);
+    c->n_heads = (int)meta_num(&m, "attention.head_count", 0, &f_h);
+    if (!f_e || !f_l || !f_h || c->hidden <= 0 || c->n_layers <= 0 || c->n_heads <= 0)
+        return kv_errf(e, "%s: %s.embedding_length, block_count or attention.head_count missing",
+                       path, m.arch);
+    if (c->n_layers > KV_MAX_LAYERS)
+        return kv_errf(e, "%s: %d layers (at most %d)", path, c->n_layers, KV_MAX_LAYERS);
+    c->n_kv_heads = (int)meta_num(&m, "attention.head_count_kv", c->n_heads, NULL);
+    c->head_dim = (int)meta_num(&m, "attention.key_length", c->hidden / c->n_heads, NULL);
+    c->intermediate = (int)meta_num(&m, "feed_forward_length", 0, NULL);
+    c->max_positions = (int)meta_num(&m, "context_length", 4096, NULL);
+    c->rms_eps = meta_num(&m, "attention.layer_norm_rms_epsilon", 1e-6, NULL);
+    c->rope_theta = meta_num(&m, "rope.freq_base", 10000.0, NULL);
+    c->rope_local_theta = c->rope_theta;
+    c->final_softcap = meta_num(&m, "final_logit_softcapping", 0, NULL);
+    c->embed_scale = 1.0f;
+    c->tie_embeddings = gguf_find_tensor(g, "output.weight") < 0;
+    c->bos_id = (int)meta_num(&m, "=tokenizer.ggml.bos_token_id", -1, NULL);
+    bool f_eos;
+    int eos = (int)meta_num(&m, "=tokenizer.ggml.eos_token_id", -1, &f_eos);
+    if (f_eos && eos >= 0)
+        c->eos_ids[c->n_eos++] = eos;
+    for (int l = 0; l < c->n_layers; l++)
+        c->kv_owner[l] = (int16_t)l;
+    /* Hugging Face names, which config_validate insists on; unused here. */
+    snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.");
+    snprintf(c->lm_head_name, sizeof c->lm_head_name, "%s",
+             c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    *llama_scale = 1.0 / sqrt((double)c->head_dim);
+    if (c->arch == ARCH_GEMMA3) {
+        c->embed_scale = sqrtf((float)c->hidden);
+        c->sliding_window = (int)meta_num(&m, "attention.sliding_window", 0, NULL);
+        if (c->sliding_window > 0) {
+            c->rope_local_theta = meta_num(&m, "rope.freq_base_swa", 10000.0, NULL);
+            if (gemma3_layer_types(&m, c, e) < 0)
+                return kv_err_prefix(e, path);
+        }
+        if (c->n_layers == 62)
+            *llama_scale = 1.0 / sqrt((double)(c->hidden / c->n_heads));
+        c->query_pre_attn_scalar = 1.0 / (*llama_scale * *llama_scale);
+    } else {
+        bool f_scale;
+        double s = meta_num(&m, "attention.scale", 0, &f_scale);
+        if (f_scale && s != 0)
+            *llama_scale = s;
+    }
+    c->attn_scale = *llama_scale;
+    bool f_rs;
+    double rs = meta_num(&m, "rope.scaling.factor", 0, &f_rs);
+    int64_t kt = meta_key(&m, "rope.scaling.type");
+    const char *rtype = kt >= 0 && gguf_get_kv_type(g, kt) == GGUF_TYPE_STRING
+                            ? gguf_get_val_str(g, kt) : "none";
+    if (!strcmp(rtype, "linear") && f_rs && rs > 0 && rs != 1) {
+        c->rope_scaling.type = ROPE_SCALE_LINEAR;
+        c->rope_scaling.factor = rs;
+    } else if (strcmp(rtype, "none") && strcmp(rtype, "linear")) {
+        return kv_errf(e, "%s: RoPE scaling '%.32s' is not one kvdiff models", path, rtype);
+    }
+    return 0;
+}
+
+/* --hf: config.json is the truth about the model; the GGUF must be the
+ * same shape. */
+static int config_check_same(const kv_config *hf, const kv_config *gg, const char *path,
+                             kv_err *e)
+{
+    struct { const char *name; int a, b; } f[] = {
+        {"hidden_size", hf->hidden, gg->hidden},
+        {"num_hidden_layers", hf->n_layers, gg->n_layers},
+        {"num_attention_heads", hf->n_heads, gg->n_heads},
+        {"num_key_value_heads", hf->n_kv_heads, gg->n_kv_heads},
+        {"head_dim", hf->head_dim, gg->head_dim},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].a != f[i].b)
+            return kv_errf(e, "%s: %s is %d in config.json but %d in the GGUF", path, f[i].name,
+                           f[i].a, f[i].b);
+    if (hf->arch != gg->arch)
+        return kv_errf(e, "%s: config.json's model_type %s is not the GGUF's architecture", path,
+                       hf->model_type);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* The recorder: graph tensors to stage rows                            */
+
+typedef struct {
+    float *rows;
+    int nrows, cap;
+} pending;
+
+typedef struct {
+    kv_observer *obs;
+    const kv_config *cfg;
+    int V;                          /* logits width */
+    bool unpermute;                 /* llama: rows 2m+s back to s*D/2+m */
+    float q_unfold;                 /* Gemma 3: q as llama.cpp holds it = q * q_unfold */
+    bool attn_out_rotated;          /* quantized V with head_dim % 64 == 0 */
+    int64_t next[STAGE_COUNT][KV_MAX_LAYERS + 1];   /* next position of each dataset */
+    pending v[KV_MAX_LAYERS], proj[KV_MAX_LAYERS];
+    unsigned char *raw;
+    size_t raw_cap;
+    float *buf, *tmp;
+    size_t buf_cap;
+    bool list;                      /* --list-tensors */
+    bool failed;
+    char err[512];
+} recorder;
+
+typedef enum { MAP_NONE, MAP_EMIT, MAP_PENDING_V, MAP_PENDING_PROJ } map_kind;
+
+typedef struct {
+    map_kind kind;
+    kv_stage stage;
+    int layer;
+} mapping;
+
+/* "Qcur-3" -> ("Qcur", 3); names without a layer give -1. */
+static int split_name(const char *name, char *base, size_t n)
+{
+    const char *dash = strrchr(name, '-');
+    int layer = -1;
+    size_t len = strlen(name);
+    if (dash && dash[1] && strspn(dash + 1, "0123456789") == strlen(dash + 1)) {
+        layer = atoi(dash + 1);
+        len = (size_t)(dash - name);
+    }
+    if (len >= n)
+        len = n - 1;
+    memcpy(base, name, len);
+    base[len] = '\0';
+    return layer;
+}
+
+/* Layer index of a weight named "blk.<il>.<what>", else -1. */
+static int weight_layer(const struct ggml_tensor *w, const char *what)
+{
+    if (!w)
+        return -1;
+    int il, off = 0;
+    const char *name = ggml_get_name(w);
+    if (sscanf(name, "blk.%d.%n", &il, &off) != 1 || off == 0 || strcmp(name + off, what))
+        return -1;
+    return il;
+}
+
+/* Where a graph node goes (docs/recorders.md has the table). */
+static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
+{
+    mapping m = {MAP_NONE, STAGE_X_IN, -1};
+    char base[64];
+    const bool gemma = r->cfg->arch == ARCH_GEMMA3;
+    /* Qwen2 names no tensor after o_proj (and its nodes no layer): take
+     * the product with (and the sum with the bias of) blk.<il>.attn_output;
+     * a node named after it comes later and wins (llama's "attn_out"). */
+    int wl;
+    if (!gemma && t->op == GGML_OP_MUL_MAT &&
+        (wl = weight_layer(t->src[0], "attn_output.weight")) >= 0 && wl < r->cfg->n_layers)
+        return (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, wl};
+    if (!gemma && t->op == GGML_OP_ADD &&
+        (wl = weight_layer(t->src[1], "attn_output.bias")) >= 0 && wl < r->cfg->n_layers)
+        return (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, wl};
+    int il = split_name(ggml_get_name(t), base, sizeof base);
+    if (il >= r->cfg->n_layers)
+        return m;
+    m.layer = il;
+    m.kind = MAP_EMIT;
+    if (il < 0) {
+        if (!strcmp(base, gemma ? "inp_scaled" : "embd"))
+            m.stage = STAGE_EMBED;
+        else if (!strcmp(base, "result_norm"))
+            m.stage = STAGE_FINAL_NORM;
+        else if (!strcmp(base, "result_output"))
+            m.stage = STAGE_LOGITS;
+        else
+            m.kind = MAP_NONE;
+        return m;
+    }
+    if (!strcmp(base, "attn_norm"))
+        m.stage = STAGE_ATTN_NORM;
+    else if (!strcmp(base, "Qcur") && t->op == GGML_OP_ROPE)
+        m.stage = STAGE_Q;                         /* the other Qcur nodes are before RoPE */
+    else if (!strcmp(base, "Kcur") && t->op == GGML_OP_ROPE)
+        m.stage = STAGE_K;
+    else if (!strcmp(base, "Vcur"))
+        m = (mapping){MAP_PENDING_V, STAGE_V, il};  /* the last one (after bias) wins */
+    else if (!strcmp(base, "kqv_out") && !r->attn_out_rotated)
+        m.stage = STAGE_ATTN_OUT;
+    else if (!strcmp(base, gemma ? "attn_post_norm" : "attn_out"))
+        m = (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, il};
+    else if (!strcmp(base, gemma ? "sa_out" : "ffn_inp"))
+        m.stage = STAGE_H_MID;
+    else if (!strcmp(base, "ffn_norm"))
+        m.stage = STAGE_FFN_NORM;
+    else if (!strcmp(base, gemma ? "ffn_post_norm" : "ffn_out"))
+        m.stage = STAGE_FFN_OUT;
+    else if (!strcmp(base, "l_out"))
+        m.stage = STAGE_X_OUT;
+    else
+        m.kind = MAP_NONE;
+    return m;
+}
+
+static int stage_cols(const recorder *r, kv_stage s)
+{
+    const kv_config *c = r->cfg;
+    switch (s) {
+    case STAGE_Q: case STAGE_ATTN_OUT: return c->n_heads * c->head_dim;
+    case STAGE_K: case STAGE_V: return c->n_kv_heads * c->head_dim;
+    case STAGE_LOGITS: return r->V;
+    default: return c->hidden;
+    }
+}
+
+static bool rec_fail(recorder *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool rec_fail(recorder *r, const char *fmt, ...)
+{
+    if (!r->failed) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(r->err, sizeof r->err, fmt, ap);
+        va_end(ap);
+    }
+    r->failed = true;
+    return false;
+}
+
+static bool grow(void **p, size_t *cap, size_t need)
+{
+    if (need <= *cap)
+        return true;
+    void *q = realloc(*p, need);
+    if (!q)
+        return false;
+    *p = q;
+    *cap = need;
+    return true;
+}
+
+/* The tensor's values in logical order (ne[0] fastest), as float, into
+ * r->buf: strided views and f16/bf16 tensors read as what they hold. */
+static bool read_tensor(recorder *r, const struct ggml_tensor *t, int64_t *n_out)
+{
+    const int64_t n = ggml_nelements(t);
+    const size_t span = ggml_nbytes(t);
+    size_t cap = r->buf_cap;
+    if (!grow((void **)&r->buf, &cap, (size_t)n * sizeof(float)) ||
+        !grow((void **)&r->tmp, &r->buf_cap, (size_t)n * sizeof(float)) ||
+        !grow((void **)&r->raw, &r->raw_cap, span))
+        return rec_fail(r, "out of memory reading %s", ggml_get_name(t));
+    if (t->type == GGML_TYPE_F32 && ggml_is_contiguous(t)) {
+        ggml_backend_tensor_get(t, r->buf, 0, (size_t)n * sizeof(float));
+        *n_out = n;
+        return true;
+    }
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_BF16)
+        return rec_fail(r, "tensor %s has type %s (f32, f16 or bf16 expected)", ggml_get_name(t),
+                        ggml_type_name(t->type));
+    ggml_backend_tensor_get(t, r->raw, 0, span);
+    int64_t k = 0;
+    for (int64_t i3 = 0; i3 < t->ne[3]; i3++)
+        for (int64_t i2 = 0; i2 < t->ne[2]; i2++)
+            for (int64_t i1 = 0; i1 < t->ne[1]; i1++)
+                for (int64_t i0 = 0; i0 < t->ne[0]; i0++) {
+                    const unsigned char *p = r->raw + i0 * t->nb[0] + i1 * t->nb[1] +
+                                             i2 * t->nb[2] + i3 * t->nb[3];
+                    float x;
+                    if (t->type == GGML_TYPE_F32)
+                        memcpy(&x, p, sizeof x);
+                    else if (t->type == GGML_TYPE_F16)
+                        x = ggml_fp16_to_fp32(*(const ggml_fp16_t *)p);
+                    else
+                        x = ggml_bf16_to_fp32(*(const ggml_bf16_t *)p);
+                    r->buf[k++] = x;
+                }
+    *n_out = n;
+    return true;
+}
+
+/* llama.cpp's Llama rotates adjacent pairs (the converter permuted q/k
+ * rows so that this equals Hugging Face's rotate-half): element 2m + s of
+ * a head is our element s*D/2 + m. */
+static void unpermute_rows(recorder *r, float *rows, int nrows, int cols)
+{
+    const int D = r->cfg->head_dim, half = D / 2;
+    for (int i = 0; i < nrows; i++) {
+        float *row = rows + (size_t)i * cols;
+        for (int h = 0; h < cols / D; h++) {
+            float *head = row + (size_t)h * D;
+            for (int m = 0; m < half; m++) {
+                r->tmp[m] = head[2 * m];
+                r->tmp[half + m] = head[2 * m + 1];
+            }
+            memcpy(head, r->tmp, (size_t)D * sizeof(float));
+        }
+    }
+}
+
+static bool emit_rows(recorder *r, kv_stage st, int layer, const float *rows, int nrows)
+{
+    int64_t *next = &r->next[st][layer + 1];
+    kv_event ev = {st, layer, *next, nrows, stage_cols(r, st), rows};
+    *next += nrows;
+    if (r->obs->emit(r->obs, &ev))
+        return rec_fail(r, "the dump writer stopped the run");
+    return true;
+}
+
+static bool flush_pending(recorder *r, pending *p, kv_stage st, int layer)
+{
+    if (p->nrows == 0)
+        return true;
+    bool ok = emit_rows(r, st, layer, p->rows, p->nrows);
+    p->nrows = 0;
+    return ok;
+}
+
+static bool keep_pending(recorder *r, pending *p, const float *rows, int nrows, int cols)
+{
+    size_t cap = (size_t)p->cap;
+    if (!grow((void **)&p->rows, &cap, (size_t)nrows * cols * sizeof(float)))
+        return rec_fail(r, "out of memory");
+    p->cap = (int)(cap > (size_t)1 << 30 ? 1 << 30 : cap);
+    memcpy(p->rows, rows, (size_t)nrows * cols * sizeof(float));
+    p->nrows = nrows;
+    return true;
+}
+
+static bool wanted(recorder *r, kv_stage st, int layer)
+{
+    return !r->obs->wants || r->obs->wants(r->obs, st, layer) ||
+           (st == STAGE_X_OUT && layer + 1 < r->cfg->n_layers &&
+            r->obs->wants(r->obs, STAGE_X_IN, layer + 1)) ||
+           (st == STAGE_EMBED && r->obs->wants(r->obs, STAGE_X_IN, 0));
+}
+
+/* cb_eval: ask = true, "do you want this node's data?"; ask = false, the
+ * node is computed. Returning false from the second call stops the graph. */
+static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
+{
+    recorder *r = user;
+    if (r->failed)
+        return !ask ? false : true;
+    if (r->list) {
+        if (ask)
+            printf("%s %s %s [%lld %lld %lld %lld]\n", ggml_get_name(t), ggml_op_desc(t),
+                   ggml_type_name(t->type), (long long)t->ne[0], (long long)t->ne[1],
+                   (long long)t->ne[2], (long long)t->ne[3]);
+        return false;
+    }
+    mapping m = map_tensor(r, t);
+    if (m.kind == MAP_NONE || !wanted(r, m.stage, m.layer))
+        return false;
+    if (ask)
+        return true;
+    const int cols = stage_cols(r, m.stage);
+    int64_t n = 0;
+    if (!read_tensor(r, t, &n))
+        return false;
+    if (n % cols)
+        return rec_fail(r, "tensor %s holds %lld values, not rows of %d (%s)", ggml_get_name(t),
+                        (long long)n, cols, stage_name(m.stage));
+    const int nrows = (int)(n / cols);
+    const int il = m.layer;
+    switch (m.kind) {
+    case MAP_PENDING_V:
+        return keep_pending(r, &r->v[il], r->buf, nrows, cols);
+    case MAP_PENDING_PROJ:
+        return keep_pending(r, &r->proj[il], r->buf, nrows, cols);
+    default:
+        break;
+    }
+    if (m.stage == STAGE_Q || m.stage == STAGE_K) {
+        if (r->unpermute)
+            unpermute_rows(r, r->buf, nrows, cols);
+        if (m.stage == STAGE_Q && r->q_unfold != 1.0f)
+            for (int64_t i = 0; i < n; i++)
+                r->buf[i] /= r->q_unfold;
+    }
+    /* Candidates that end with a later node are settled by an anchor. */
+    if (m.stage == STAGE_ATTN_OUT && !flush_pending(r, &r->v[il], STAGE_V, il))
+        return false;
+    if (m.stage == STAGE_H_MID) {
+        if (!flush_pending(r, &r->v[il], STAGE_V, il) ||
+            !flush_pending(r, &r->proj[il], STAGE_ATTN_PROJ, il))
+            return false;
+    }
+    if (!emit_rows(r, m.stage, il, r->buf, nrows))
+        return false;
+    /* A layer's input is the last one's output (the embedding for layer 0). */
+    if (m.stage == STAGE_X_OUT && il + 1 < r->cfg->n_layers)
+        return emit_rows(r, STAGE_X_IN, il + 1, r->buf, nrows);
+    if (m.stage == STAGE_EMBED)
+        return emit_rows(r, STAGE_X_IN, 0, r->buf, nrows);
+    return true;
+}
+
+static void recorder_free(recorder *r)
+{
+    for (int l = 0; l < KV_MAX_LAYERS; l++) {
+        free(r->v[l].rows);
+        free(r->proj[l].rows);
+    }
+    free(r->raw);
+    free(r->buf);
+    free(r->tmp);
+}
+
+/* ------------------------------------------------------------------ */
+/* Prompt                                                               */
+
+static int load_prompt(const rec_opts *o, int32_t **ids, int *n, kv_err *e)
+{
+    if (o->prompt_from) {
+        dump_file *f = dump_open(o->prompt_from, e);
+        if (!f)
+            return -1;
+        int64_t p = dump_prompt_length(f), total = dump_n_tokens(f);
+        int32_t *all = p > 0 && total >= p ? malloc((size_t)total * sizeof *all) : NULL;
+        int rc = 0;
+        if (p <= 0 || total < p)
+            rc = kv_errf(e, "%s: no prompt recorded", o->prompt_from);
+        else if (!all)
+            rc = kv_errf(e, "out of memory");
+        else if (dump_read_tokens(f, all, e) < 0)
+            rc = -1;
+        dump_file_close(f);
+        if (rc < 0) {
+            free(all);
+            return -1;
+        }
+        *ids = all;
+        *n = (int)p;
+        return 0;
+    }
+    return o->prompt_file ? tokens_load(o->prompt_file, 0, ids, n, e)
+                          : tokens_parse(o->prompt_tokens, strlen(o->prompt_tokens),
+                                         "--prompt-tokens", 0, ids, n, e);
+}
+
+/* ------------------------------------------------------------------ */
+/* Running                                                              */
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, bool rotated)
+{
+    char *s = malloc(2048);
+    if (!s)
+        return NULL;
+    bool sliding = c->sliding_window > 0;
+    snprintf(s, 2048,
+             "{\"runtime\":\"llama.cpp\",\"llama_cpp\":%s,\"chunk\":%d,%s\"ubatch\":%d,"
+             "\"batch\":%d,\"flash_attn\":\"%s\",\"cache_type\":\"%s\",\"threads\":%d,"
+             "\"max_ctx\":%d,\"attn_out_rotated\":%s,\"recorder\":\"" TOOL " " KVDIFF_REC_VERSION
+             "\"}",
+             LLAMA_CPP_VERSION_JSON, o->ubatch, sliding ? "" : "\"cache\":\"dense\",", o->ubatch,
+             o->batch, o->flash_attn ? "on" : "off", o->cache_name, o->threads, n_ctx,
+             rotated ? "true" : "false");
+    return s;
+}
+
+static int argmax(const float *x, int n)
+{
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static bool is_eos(const kv_config *c, const struct llama_vocab *vocab, int id, bool from_hf)
+{
+    if (from_hf) {
+        for (int i = 0; i < c->n_eos; i++)
+            if (c->eos_ids[i] == id)
+                return true;
+        return false;
+    }
+    return llama_vocab_is_eog(vocab, id);
+}
+
+/* Decodes tokens[0..n) at positions pos0.. in pieces of n_batch, every
+ * row asking for logits (so the last layer keeps every row: llama.cpp
+ * drops the rows without output there). */
+static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_t *tokens, int n,
+                  int pos0, int n_batch)
+{
+    for (int i = 0; i < n; i += n_batch) {
+        int k = n - i < n_batch ? n - i : n_batch;
+        b->n_tokens = k;
+        for (int j = 0; j < k; j++) {
+            b->token[j] = tokens[i + j];
+            b->pos[j] = pos0 + i + j;
+            b->n_seq_id[j] = 1;
+            b->seq_id[j][0] = 0;
+            b->logits[j] = 1;
+        }
+        int rc = llama_decode(ctx, *b);
+        if (rc != 0)
+            return rc;
+        if (g_stop)
+            return -100;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    rec_opts o;
+    if (parse_args(argc, argv, &o) < 0)
+        return 2;
+    g_log.verbose = o.verbose;
+    llama_log_set(on_log, NULL);
+    ggml_log_set(on_log, NULL);
+
+    kv_err e = {{0}};
+    int status = 2;
+    struct gguf_context *g = NULL;
+    struct llama_model *model = NULL;
+    struct llama_context *ctx = NULL;
+    dump_writer *w = NULL;
+    int32_t *ids = NULL;
+    char *settings = NULL;
+    struct llama_batch batch = {0};
+    bool have_batch = false;
+    recorder *r = calloc(1, sizeof *r);
+    kv_config cfg, hf;
+    double llama_scale = 0;
+    int n_prompt = 0;
+    if (!r) {
+        fprintf(stderr, TOOL ": out of memory\n");
+        return 2;
+    }
+
+    /* Everything that can be refused is refused before the dump exists. */
+    g = gguf_init_from_file(o.gguf, (struct gguf_init_params){.no_alloc = true, .ctx = NULL});
+    if (!g) {
+        FILE *f = fopen(o.gguf, "rb");
+        if (!f)
+            fprintf(stderr, TOOL ": %s: %s\n", o.gguf, strerror(errno));
+        else
+            fprintf(stderr, TOOL ": %s: not a readable GGUF file%s%s\n", o.gguf,
+                    g_log.last_error[0] ? ": " : "", g_log.last_error);
+        if (f)
+            fclose(f);
+        goto out;
+    }
+    if (config_from_gguf(g, o.gguf, &cfg, &llama_scale, &e) < 0)
+        goto fail;
+    if (o.hf_dir) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/config.json", o.hf_dir);
+        if (config_load_json(path, &hf, &e) < 0 || config_check_same(&hf, &cfg, o.gguf, &e) < 0)
+            goto fail;
+        cfg = hf;
+    }
+    if (load_prompt(&o, &ids, &n_prompt, &e) < 0)
+        goto fail;
+    if (n_prompt <= 0) {
+        kv_errf(&e, "the prompt is empty");
+        goto fail;
+    }
+
+    ggml_backend_load_all_from_path(getenv("KVDIFF_LLAMA_BACKENDS") ? getenv("KVDIFF_LLAMA_BACKENDS")
+                                                                    : LLAMA_CPP_LIBDIR);
+    if (ggml_backend_dev_count() == 0) {
+        kv_errf(&e, "no ggml backend could be loaded from %s (set KVDIFF_LLAMA_BACKENDS to the "
+                    "folder holding libggml-cpu*.so)",
+                getenv("KVDIFF_LLAMA_BACKENDS") ? getenv("KVDIFF_LLAMA_BACKENDS") : LLAMA_CPP_LIBDIR);
+        goto fail;
+    }
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.n_gpu_layers = 0;
+    model = llama_model_load_from_file(o.gguf, mp);
+    if (!model) {
+        kv_errf(&e, "%s: llama.cpp could not load the model: %s", o.gguf,
+                g_log.last_error[0] ? g_log.last_error : "(no reason given)");
+        goto fail;
+    }
+    const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    r->V = llama_vocab_n_tokens(vocab);
+    if (r->V <= 0) {
+        kv_errf(&e, "%s: the model has no vocabulary size", o.gguf);
+        goto fail;
+    }
+    if (!o.hf_dir) {
+        /* The vocabulary size is llama.cpp's (the GGUF may not state it). */
+        cfg.vocab = r->V;
+        if (config_validate(&cfg, &e) < 0) {
+            kv_err_prefix(&e, o.gguf);
+            goto fail;
+        }
+    } else if (cfg.vocab != r->V) {
+        kv_errf(&e, "%s: vocab_size is %d in config.json but llama.cpp has %d tokens", o.gguf,
+                cfg.vocab, r->V);
+        goto fail;
+    }
+    for (int i = 0; i < n_prompt; i++)
+        if (ids[i] < 0 || ids[i] >= r->V) {
+            kv_errf(&e, "prompt token %d (id %d) is out of range: the vocabulary has %d ids", i,
+                    ids[i], r->V);
+            goto fail;
+        }
+
+    int n_ctx = o.ctx ? o.ctx : n_prompt + o.max_new;
+    if (n_ctx < n_prompt + o.max_new) {
+        kv_errf(&e, "--ctx %d holds fewer than the prompt and --max-new (%d)", n_ctx,
+                n_prompt + o.max_new);
+        goto fail;
+    }
+    r->cfg = &cfg;
+    r->unpermute = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_NORM;
+    r->q_unfold = (float)(cfg.attn_scale / llama_scale);
+    r->attn_out_rotated = ggml_is_quantized(o.cache_type) && cfg.head_dim % 64 == 0 &&
+                          !getenv("LLAMA_ATTN_ROT_DISABLE");
+    r->list = o.list_tensors;
+
+    struct llama_context_params cp = llama_context_default_params();
+    cp.n_ctx = (uint32_t)n_ctx;
+    cp.n_batch = (uint32_t)o.batch;
+    cp.n_ubatch = (uint32_t)o.ubatch;
+    cp.n_threads = cp.n_threads_batch = o.threads;
+    cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
+    cp.type_k = cp.type_v = o.cache_type;
+    cp.cb_eval = o.no_record ? NULL : on_tensor;
+    cp.cb_eval_user_data = o.no_record ? NULL : r;
+    cp.no_perf = true;
+    ctx = llama_init_from_model(model, cp);
+    if (!ctx) {
+        kv_errf(&e, "llama.cpp refused the context (ubatch %d, batch %d, cache %s, flash "
+                    "attention %s): %s", o.ubatch, o.batch, o.cache_name,
+                o.flash_attn ? "on" : "off", g_log.last_error[0] ? g_log.last_error : "no reason given");
+        goto fail;
+    }
+    int n_batch = (int)llama_n_batch(ctx);
+    batch = llama_batch_init(n_batch, 0, 1);
+    have_batch = true;
+
+    if (o.list_tensors) {
+        int rc = decode(ctx, &batch, ids, n_prompt < o.ubatch ? n_prompt : o.ubatch, 0, n_batch);
+        status = rc == 0 ? 0 : 2;
+        if (rc)
+            fprintf(stderr, TOOL ": llama_decode failed (%d)\n", rc);
+        goto out;
+    }
+
+    if (o.no_record) {
+        /* The same run with nothing watching it: what recording costs is
+         * measured against this (bench/bench_llama.sh). */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int rc = decode(ctx, &batch, ids, n_prompt, 0, n_batch);
+        for (int step = 0; rc == 0 && step + 1 < o.max_new; step++) {
+            int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
+            rc = decode(ctx, &batch, &next, 1, n_prompt + step, n_batch);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        if (rc != 0) {
+            kv_errf(&e, "llama_decode failed (%d)", rc);
+            goto fail;
+        }
+        if (o.timing)
+            printf("%.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+        status = 0;
+        goto out;
+    }
+    settings = settings_json(&o, &cfg, n_ctx, r->attn_out_rotated);
+    dump_opts dopts;
+    dump_opts_default(&dopts);
+    dopts.full_logits = o.full_logits;
+    if (o.stages && dump_parse_stages(o.stages, &dopts, &e) < 0)
+        goto fail;
+    dump_meta dm = {.engine = "llama.cpp", .engine_settings = settings, .cfg = &cfg,
+                    .tool_version = TOOL " " KVDIFF_REC_VERSION,
+                    .max_positions = n_prompt + o.max_new, .prompt_length = n_prompt};
+    if (!settings) {
+        kv_errf(&e, "out of memory");
+        goto fail;
+    }
+    w = dump_create(o.out, &dm, &dopts, &e);
+    if (!w)
+        goto fail;
+    dump_watch_flag(w, &g_stop);
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    r->obs = dump_observer(w);
+
+    const char *why = NULL;
+    char whybuf[700];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < n_prompt && !why; i++)
+        if (r->obs->token(r->obs, i, ids[i], 1))
+            why = "the dump writer stopped the run";
+    int rc = why ? 0 : decode(ctx, &batch, ids, n_prompt, 0, n_batch);
+    int pos = n_prompt;
+    for (int step = 0; !why && rc == 0 && step < o.max_new; step++) {
+        int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
+        if (r->obs->token(r->obs, pos, next, 0)) {
+            why = "the dump writer stopped the run";
+            break;
+        }
+        if (step + 1 == o.max_new || (!o.ignore_eos && is_eos(&cfg, vocab, next, o.hf_dir)))
+            break;
+        rc = decode(ctx, &batch, &next, 1, pos, n_batch);
+        pos++;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (o.timing)
+        printf("%.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    if (!why && r->failed) {
+        snprintf(whybuf, sizeof whybuf, "%s", r->err);
+        why = whybuf;
+    } else if (!why && rc == -100) {
+        why = "interrupted";
+    } else if (!why && rc != 0) {
+        snprintf(whybuf, sizeof whybuf, "llama_decode failed (%d)%s%s", rc,
+                 g_log.last_error[0] ? ": " : "", g_log.last_error);
+        why = whybuf;
+    }
+    for (int l = 0; !why && l < cfg.n_layers; l++)
+        if (r->v[l].nrows || r->proj[l].nrows) {
+            snprintf(whybuf, sizeof whybuf, "layer %d: v or attn_proj rows without the node "
+                     "after them (an unknown graph)", l);
+            why = whybuf;
+        }
+    if (!why && dump_error(w)) {
+        snprintf(whybuf, sizeof whybuf, "%s", dump_error(w));
+        why = whybuf;
+    }
+    if (dump_close(w, why, &e) < 0) {
+        w = NULL;
+        goto fail;
+    }
+    w = NULL;
+    if (why) {
+        fprintf(stderr, TOOL ": %s: %s (the dump is marked partial)\n", o.out, why);
+        goto out;
+    }
+    status = 0;
+    goto out;
+
+fail:
+    fprintf(stderr, TOOL ": %s\n", e.msg);
+out:
+    if (w) {
+        kv_err ce;
+        dump_close(w, "aborted", &ce);
+    }
+    if (have_batch)
+        llama_batch_free(batch);
+    if (ctx)
+        llama_free(ctx);
+    if (model)
+        llama_model_free(model);
+    if (g)
+        gguf_free(g);
+    recorder_free(r);
+    free(r);
+    free(ids);
+    free(settings);
+    return status;
+}

@@ -1,0 +1,424 @@
+/* check_llamacpp.c — the llama.cpp recorder (kvdiff-llama) run for real:
+ * a kvdiff-generated model as GGUF, recorded by the real libllama, checked
+ * by `kvdiff validate` and compared with kvdiff's reference within a stated
+ * tolerance; and bad input (unsupported architecture, truncated file,
+ * missing tensor, token ids out of range) refused in one line, exit 2,
+ * with no dump that claims to be complete.
+ *
+ * Every GGUF comes from make_gguf(). It asks `kvdiff gen --gguf` first;
+ * until that option exists it writes the GGUF itself from the generated
+ * Hugging Face folder (write_gguf below: F32, llama.cpp's converter's
+ * conventions), which also makes the damaged files of the bad-input cases. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "dump/dump.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args; output into buf. */
+static int run_rec(const char *args, char *buf, size_t n)
+{
+    const char *bin = getenv("KVDIFF_LLAMA_BIN");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff-llama", args);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t len = fread(buf, 1, n - 1, p);
+    buf[len] = 0;
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* ------------------------------------------------------------------ */
+/* A GGUF from a Hugging Face folder, as llama.cpp's converter writes it */
+
+typedef struct {
+    const char *arch;         /* override general.architecture (NULL: the model's) */
+    const char *drop;         /* leave this tensor out */
+} gguf_damage;
+
+typedef struct {
+    FILE *f;
+    int ok;
+} gw;
+
+static void put(gw *w, const void *p, size_t n)
+{
+    if (fwrite(p, 1, n, w->f) != n)
+        w->ok = 0;
+}
+static void put_u32(gw *w, uint32_t v) { put(w, &v, 4); }
+static void put_u64(gw *w, uint64_t v) { put(w, &v, 8); }
+static void put_str(gw *w, const char *s)
+{
+    put_u64(w, strlen(s));
+    put(w, s, strlen(s));
+}
+enum { T_U32 = 4, T_F32 = 6, T_STR = 8 };
+static void kv_u32(gw *w, const char *arch, const char *k, uint32_t v)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, k);
+    put_str(w, key);
+    put_u32(w, T_U32);
+    put_u32(w, v);
+}
+static void kv_f32(gw *w, const char *arch, const char *k, float v)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, k);
+    put_str(w, key);
+    put_u32(w, T_F32);
+    put(w, &v, 4);
+}
+static void kv_str(gw *w, const char *k, const char *v)
+{
+    put_str(w, k);
+    put_u32(w, T_STR);
+    put_str(w, v);
+}
+
+typedef struct {
+    char gguf[96];
+    const st_tensor *t;
+    int permute_heads;        /* Llama q/k: rows permuted per head (0: none) */
+    float add, mul;           /* value -> (value + add) * mul */
+} gtensor;
+
+/* HF name -> GGUF name and conversion, following llama.cpp's converter:
+ * Llama q/k rows permuted for its adjacent-pair RoPE; Gemma norms stored
+ * as 1 + w; Gemma 3's query_pre_attn_scalar folded into q_norm, since
+ * llama.cpp scales q.k by 1/sqrt(head_dim). */
+static int map_name(const kv_config *c, const char *hf, gtensor *g)
+{
+    const bool gemma = c->arch == ARCH_GEMMA3;
+    int l, off = 0;
+    g->permute_heads = 0;
+    g->add = 0;
+    g->mul = 1;
+    if (!strcmp(hf, "model.embed_tokens.weight"))
+        snprintf(g->gguf, sizeof g->gguf, "token_embd.weight");
+    else if (!strcmp(hf, "model.norm.weight"))
+        snprintf(g->gguf, sizeof g->gguf, "output_norm.weight");
+    else if (!strcmp(hf, "lm_head.weight"))
+        snprintf(g->gguf, sizeof g->gguf, "output.weight");
+    else if (sscanf(hf, "model.layers.%d.%n", &l, &off) == 1 && off > 0) {
+        static const char *const names[][3] = {
+            {"input_layernorm.weight", "attn_norm.weight", "attn_norm.weight"},
+            {"self_attn.q_proj.weight", "attn_q.weight", "attn_q.weight"},
+            {"self_attn.k_proj.weight", "attn_k.weight", "attn_k.weight"},
+            {"self_attn.v_proj.weight", "attn_v.weight", "attn_v.weight"},
+            {"self_attn.q_proj.bias", "attn_q.bias", "attn_q.bias"},
+            {"self_attn.k_proj.bias", "attn_k.bias", "attn_k.bias"},
+            {"self_attn.v_proj.bias", "attn_v.bias", "attn_v.bias"},
+            {"self_attn.o_proj.weight", "attn_output.weight", "attn_output.weight"},
+            {"self_attn.q_norm.weight", "", "attn_q_norm.weight"},
+            {"self_attn.k_norm.weight", "", "attn_k_norm.weight"},
+            {"post_attention_layernorm.weight", "ffn_norm.weight", "post_attention_norm.weight"},
+            {"pre_feedforward_layernorm.weight", "", "ffn_norm.weight"},
+            {"post_feedforward_layernorm.weight", "", "post_ffw_norm.weight"},
+            {"mlp.gate_proj.weight", "ffn_gate.weight", "ffn_gate.weight"},
+            {"mlp.up_proj.weight", "ffn_up.weight", "ffn_up.weight"},
+            {"mlp.down_proj.weight", "ffn_down.weight", "ffn_down.weight"},
+        };
+        const char *to = NULL;
+        for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+            if (!strcmp(hf + off, names[i][0]))
+                to = names[i][gemma ? 2 : 1];
+        if (!to || !*to)
+            return -1;
+        snprintf(g->gguf, sizeof g->gguf, "blk.%d.%s", l, to);
+        if (c->arch == ARCH_LLAMA && !strcmp(to, "attn_q.weight"))
+            g->permute_heads = c->n_heads;
+        if (c->arch == ARCH_LLAMA && !strcmp(to, "attn_k.weight"))
+            g->permute_heads = c->n_kv_heads;
+        if (gemma && !strcmp(to, "attn_q_norm.weight"))
+            g->mul = (float)(c->attn_scale * sqrt((double)c->head_dim));
+    } else {
+        return -1;
+    }
+    if (gemma && strstr(g->gguf, "norm.weight"))
+        g->add = 1.0f;
+    return 0;
+}
+
+static int write_gguf(const char *hf_dir, const char *path, const gguf_damage *dmg)
+{
+    char cfg_path[1024];
+    kv_config c;
+    kv_err e;
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", hf_dir);
+    if (config_load_json(cfg_path, &c, &e) < 0)
+        return -1;
+    st_file *st = st_open_dir(hf_dir, &e);
+    if (!st)
+        return -1;
+    size_t n_all = st_count(st), n = 0;
+    gtensor *ts = calloc(n_all, sizeof *ts);
+    for (size_t i = 0; ts && i < n_all; i++) {
+        const st_tensor *t = st_at(st, i);
+        if (map_name(&c, t->name, &ts[n]) < 0 || (dmg && dmg->drop && !strcmp(ts[n].gguf, dmg->drop)))
+            continue;
+        ts[n++].t = t;
+    }
+    const char *arch = c.arch == ARCH_LLAMA ? "llama" : c.arch == ARCH_QWEN2 ? "qwen2" : "gemma3";
+    gw w = {fopen(path, "wb"), 1};
+    if (!w.f || !ts) {
+        free(ts);
+        st_close(st);
+        return -1;
+    }
+    int n_kv = 13 + (c.arch == ARCH_GEMMA3 ? 2 : 0);
+    put(&w, "GGUF", 4);
+    put_u32(&w, 3);
+    put_u64(&w, n);
+    put_u64(&w, (uint64_t)n_kv);
+    kv_str(&w, "general.architecture", dmg && dmg->arch ? dmg->arch : arch);
+    kv_str(&w, "tokenizer.ggml.model", "none");
+    kv_u32(&w, arch, "vocab_size", (uint32_t)c.vocab);
+    kv_u32(&w, arch, "context_length", (uint32_t)c.max_positions);
+    kv_u32(&w, arch, "embedding_length", (uint32_t)c.hidden);
+    kv_u32(&w, arch, "block_count", (uint32_t)c.n_layers);
+    kv_u32(&w, arch, "feed_forward_length", (uint32_t)c.intermediate);
+    kv_u32(&w, arch, "attention.head_count", (uint32_t)c.n_heads);
+    kv_u32(&w, arch, "attention.head_count_kv", (uint32_t)c.n_kv_heads);
+    kv_u32(&w, arch, "attention.key_length", (uint32_t)c.head_dim);
+    kv_u32(&w, arch, "attention.value_length", (uint32_t)c.head_dim);
+    kv_f32(&w, arch, "attention.layer_norm_rms_epsilon", (float)c.rms_eps);
+    kv_f32(&w, arch, "rope.freq_base", (float)c.rope_theta);
+    if (c.arch == ARCH_GEMMA3) {
+        kv_f32(&w, arch, "rope.freq_base_swa", (float)c.rope_local_theta);
+        kv_u32(&w, arch, "attention.sliding_window", (uint32_t)c.sliding_window);
+    }
+    uint64_t offset = 0;
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = ts[i].t;
+        put_str(&w, ts[i].gguf);
+        put_u32(&w, (uint32_t)t->ndim);
+        for (int d = t->ndim - 1; d >= 0; d--)
+            put_u64(&w, (uint64_t)t->shape[d]);
+        put_u32(&w, 0);                    /* GGML_TYPE_F32 */
+        put_u64(&w, offset);
+        offset += (t->nelem * 4 + 31) / 32 * 32;
+    }
+    static const char zeros[32];
+    long pos = ftell(w.f);
+    put(&w, zeros, (size_t)((32 - pos % 32) % 32));
+    for (size_t i = 0; i < n && w.ok; i++) {
+        const st_tensor *t = ts[i].t;
+        float *v = malloc(t->nelem * 4), *p = malloc(t->nelem * 4);
+        if (!v || !p || st_read_f32(t, 0, t->nelem, v, &e) < 0) {
+            w.ok = 0;
+        } else {
+            for (uint64_t k = 0; k < t->nelem; k++)
+                v[k] = (v[k] + ts[i].add) * ts[i].mul;
+            if (ts[i].permute_heads) {
+                /* out row h*D + 2m + s = in row h*D + s*D/2 + m */
+                const uint64_t cols = t->nelem / (uint64_t)t->shape[0];
+                const int D = (int)(t->shape[0] / (uint64_t)ts[i].permute_heads), half = D / 2;
+                for (int h = 0; h < ts[i].permute_heads; h++)
+                    for (int m = 0; m < half; m++)
+                        for (int s = 0; s < 2; s++)
+                            memcpy(p + ((uint64_t)h * D + 2 * m + s) * cols,
+                                   v + ((uint64_t)h * D + s * half + m) * cols, cols * 4);
+                memcpy(v, p, t->nelem * 4);
+            }
+            put(&w, v, t->nelem * 4);
+            put(&w, zeros, (size_t)((32 - (t->nelem * 4) % 32) % 32));
+        }
+        free(v);
+        free(p);
+    }
+    int rc = w.ok && fclose(w.f) == 0 ? 0 : -1;
+    free(ts);
+    st_close(st);
+    return rc;
+}
+
+/* The one way these tests get a GGUF: `kvdiff gen --preset P -o DIR/hf
+ * --gguf FILE` when kvdiff has it (and the file is to be sound), else the
+ * HF folder from `kvdiff gen` written as GGUF above. */
+static int make_gguf(const char *preset, const char *dir, const char *gguf,
+                     const gguf_damage *dmg)
+{
+    char args[1024];
+    static int has_gguf = -1;
+    if (has_gguf < 0) {
+        test_run_cli("gen --help", out, sizeof out);
+        has_gguf = strstr(out, "--gguf") != NULL;
+    }
+    if (has_gguf && !dmg) {
+        snprintf(args, sizeof args, "gen --preset %s -o %s/hf --gguf %s", preset, dir, gguf);
+        return test_run_cli(args, out, sizeof out) == 0 ? 0 : -1;
+    }
+    snprintf(args, sizeof args, "gen --preset %s -o %s/hf", preset, dir);
+    if (test_run_cli(args, out, sizeof out) != 0)
+        return -1;
+    char hf[512];
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    return write_gguf(hf, gguf, dmg);
+}
+
+/* ------------------------------------------------------------------ */
+/* Real runs                                                            */
+
+/* kvdiff's reference and llama.cpp on the same prompt; returns the
+ * compare exit status with out holding its JSON. */
+static int record_and_compare(const char *preset, const char *dir, const char *rec_opts,
+                              const char *atol)
+{
+    char args[2048], gguf[512];
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    ck_assert_msg(make_gguf(preset, dir, gguf, NULL) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
+             "%s --dump %s/llama.h5", gguf, dir, dir, rec_opts, dir);
+    ck_assert_msg(run_rec(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "validate %s/llama.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "conforms"), "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --atol %s --json", dir, dir, atol);
+    return test_run_cli(args, out, sizeof out);
+}
+
+static void check_preset(const char *preset, const char *rec_opts, const char *atol)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    int rc = record_and_compare(preset, dir, rec_opts, atol);
+    ck_assert_msg(rc == 0, "%s: exit %d\n%s", preset, rc, out);
+    /* Every stage llama.cpp exposes is in the dump, at every position. */
+    char path[128];
+    snprintf(path, sizeof path, "%s/llama.h5", dir);
+    kv_err e;
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f, "%s", e.msg);
+    ck_assert(dump_is_complete(f));
+    ck_assert_str_eq(dump_attr(f, "engine"), "llama.cpp");
+    ck_assert_ptr_nonnull(strstr(dump_attr(f, "engine_settings"), "\"llama_cpp_release\""));
+    static const kv_stage stages[] = {STAGE_X_IN, STAGE_ATTN_NORM, STAGE_Q, STAGE_K, STAGE_V,
+                                      STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
+                                      STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT};
+    for (int l = 0; l < dump_n_layers(f); l++)
+        for (size_t s = 0; s < sizeof stages / sizeof stages[0]; s++) {
+            dump_dataset_info di = dump_stage_info(f, l, stages[s]);
+            ck_assert_msg(di.present && di.first_position == 0 && di.rows == 45,
+                          "%s layer %d %s: present %d rows %lld", preset, l,
+                          stage_name(stages[s]), di.present, (long long)di.rows);
+        }
+    dump_dataset_info em = dump_stage_info(f, -1, STAGE_EMBED);
+    ck_assert(em.present && em.rows == 45);
+    ck_assert_int_eq(dump_n_tokens(f), 46);
+    dump_file_close(f);
+    test_rmtree(dir);
+}
+
+/* Tolerances: with an f32 KV cache llama.cpp differs from kvdiff's
+ * reference by its own rounding only (measured max abs 4.1e-6 on
+ * tiny-llama, 4.2e-6 on tiny-qwen2); Gemma 3 adds llama.cpp's table GELU
+ * (f16 lookup) and an f16 cache its rounding of every key and value. A
+ * layout slip (q/k rows left permuted, Gemma's q scale left folded) is
+ * off by the size of the values themselves. */
+START_TEST(test_llama_tiny_llama) { check_preset("tiny-llama", "--cache-type f32 --threads 1", "2e-5"); }
+END_TEST
+START_TEST(test_llama_tiny_llama_f16_fa)
+{
+    check_preset("tiny-llama", "--cache-type f16 --flash-attn on --ubatch 7 --threads 2", "1e-2");
+}
+END_TEST
+START_TEST(test_llama_tiny_qwen2) { check_preset("tiny-qwen2", "--ubatch 7 --cache-type f32 --threads 1", "2e-5"); }
+END_TEST
+START_TEST(test_llama_tiny_gemma3)
+{
+    check_preset("tiny-gemma3", "--ubatch 16 --cache-type f32 --threads 1", "2e-2");
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* Bad input                                                            */
+
+static void one_line_exit2(const char *args, const char *expect, const char *dump)
+{
+    int rc = run_rec(args, out, sizeof out);
+    ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, expect), "expected '%s' in: %s", expect, out);
+    size_t len = strlen(out);
+    ck_assert_msg(len > 0 && strchr(out, '\n') == out + len - 1, "not one line: %s", out);
+    if (dump) {
+        kv_err e;
+        dump_file *f = dump_open(dump, &e);
+        if (f) {
+            ck_assert_msg(!dump_is_complete(f), "%s is marked complete", dump);
+            dump_file_close(f);
+        }
+    }
+}
+
+START_TEST(test_llama_bad_input)
+{
+    char dir[64], gguf[256], args[1024], dump[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(dump, sizeof dump, "%s/x.h5", dir);
+
+    gguf_damage arch = {"gpt2", NULL};
+    snprintf(gguf, sizeof gguf, "%s/gpt2.gguf", dir);
+    ck_assert(make_gguf("tiny-llama", dir, gguf, &arch) == 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", gguf, dump);
+    one_line_exit2(args, "unsupported architecture 'gpt2'", dump);
+
+    gguf_damage missing = {NULL, "blk.1.attn_k.weight"};
+    snprintf(gguf, sizeof gguf, "%s/missing.gguf", dir);
+    ck_assert(make_gguf("tiny-llama", dir, gguf, &missing) == 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", gguf, dump);
+    one_line_exit2(args, "blk.1.attn_k.weight", dump);
+
+    snprintf(gguf, sizeof gguf, "%s/good.gguf", dir);
+    ck_assert(make_gguf("tiny-llama", dir, gguf, NULL) == 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,256,3 --threads 1 --dump %s", gguf, dump);
+    one_line_exit2(args, "out of range", dump);
+
+    struct stat sb;
+    ck_assert(stat(gguf, &sb) == 0);
+    char cut[256];
+    snprintf(cut, sizeof cut, "%s/cut.gguf", dir);
+    snprintf(args, sizeof args, "head -c %lld %s > %s", (long long)sb.st_size * 2 / 3, gguf, cut);
+    ck_assert(system(args) == 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", cut, dump);
+    one_line_exit2(args, "cut.gguf", dump);
+    snprintf(args, sizeof args, "head -c 100 %s > %s", gguf, cut);
+    ck_assert(system(args) == 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", cut, dump);
+    one_line_exit2(args, "not a readable GGUF", dump);
+    test_rmtree(dir);
+}
+END_TEST
+
+Suite *llamacpp_suite(void)
+{
+    Suite *s = suite_create("llamacpp");
+    TCase *tc = tcase_create("llamacpp");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_llama_tiny_llama);
+    tcase_add_test(tc, test_llama_tiny_llama_f16_fa);
+    tcase_add_test(tc, test_llama_tiny_qwen2);
+    tcase_add_test(tc, test_llama_tiny_gemma3);
+    tcase_add_test(tc, test_llama_bad_input);
+    suite_add_tcase(s, tc);
+    return s;
+}
