@@ -10,6 +10,7 @@
  * Hugging Face folder (write_gguf below: F32, llama.cpp's converter's
  * conventions), which also makes the damaged files of the bad-input cases. */
 #include <check.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -350,6 +351,44 @@ START_TEST(test_llama_tiny_gemma3)
 }
 END_TEST
 
+/* A GGUF kvdiff exported says what it folded into Gemma 3's q_norm
+ * (kvdiff.query_pre_attn_scalar): without --hf, q still comes back in the
+ * model's own scale (tiny-gemma3 folds sqrt(32/24)), as exact as the rest. */
+START_TEST(test_llama_gemma3_fold_from_gguf)
+{
+    char dir[64], args[2048], gguf[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    ck_assert_msg(make_gguf("tiny-gemma3", dir, gguf, NULL) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 2 --ignore-eos "
+             "--cache-type f32 --threads 1 --dump %s/llama.h5", gguf, dir, dir);
+    ck_assert_msg(run_rec(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json --stages --rtol 1 "
+             "> %s/c.json", dir, dir, dir);
+    test_run_cli(args, out, sizeof out);
+    snprintf(args, sizeof args, "%s/c.json", dir);
+    json_t *j = json_load_file(args, 0, NULL);
+    ck_assert_msg(j != NULL, "%.300s", out);
+    size_t i;
+    json_t *st;
+    bool seen = false;
+    json_array_foreach(json_object_get(j, "stages"), i, st) {
+        if (json_integer_value(json_object_get(st, "layer")) != 0 ||
+            strcmp(json_string_value(json_object_get(st, "stage")), "q"))
+            continue;
+        double rel = json_real_value(json_object_get(json_object_get(st, "all"), "max_rel"));
+        ck_assert_msg(rel < 1e-5, "q of layer 0 off by %g (the folded scale left in?)", rel);
+        seen = true;
+    }
+    ck_assert_msg(seen, "no q of layer 0 compared");
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* Bad input                                                            */
 
@@ -418,6 +457,7 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_tiny_llama_f16_fa);
     tcase_add_test(tc, test_llama_tiny_qwen2);
     tcase_add_test(tc, test_llama_tiny_gemma3);
+    tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
     tcase_add_test(tc, test_llama_bad_input);
     suite_add_tcase(s, tc);
     return s;

@@ -49,7 +49,7 @@ typedef struct {
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: " TOOL " MODEL.gguf (--prompt-tokens L | --prompt-file F | --prompt-from DUMP)\n"
+        "usage: " TOOL " MODEL.gguf (--prompt-tokens L | --prompt-ids-file F | --prompt-from DUMP)\n"
         "                    --dump FILE [options]\n"
         "\n"
         "Runs the prompt through llama.cpp, then greedy-decodes --max-new tokens, and\n"
@@ -57,7 +57,7 @@ static void usage(FILE *f)
         "\n"
         "prompt (one of):\n"
         "  --prompt-tokens L  ids, e.g. 5,17,42\n"
-        "  --prompt-file F    file of ids separated by spaces, commas or newlines\n"
+        "  --prompt-ids-file F  file of ids separated by spaces, commas or newlines\n"
         "  --prompt-from D    the prompt of a kvdiff dump (its first prompt_length tokens)\n"
         "generation:\n"
         "  --max-new N        tokens to generate, greedy (default 16)\n"
@@ -122,7 +122,7 @@ static int parse_args(int argc, char **argv, rec_opts *o)
         } else if (!strcmp(a, "--prompt-tokens")) {
             NEED_VALUE;
             o->prompt_tokens = v;
-        } else if (!strcmp(a, "--prompt-file")) {
+        } else if (!strcmp(a, "--prompt-ids-file")) {
             NEED_VALUE;
             o->prompt_file = v;
         } else if (!strcmp(a, "--prompt-from")) {
@@ -208,7 +208,7 @@ static int parse_args(int argc, char **argv, rec_opts *o)
     }
     if (!!o->prompt_tokens + !!o->prompt_file + !!o->prompt_from != 1) {
         fprintf(stderr, TOOL ": give the prompt with exactly one of --prompt-tokens, "
-                        "--prompt-file, --prompt-from\n");
+                        "--prompt-ids-file, --prompt-from\n");
         return -1;
     }
     if (!o->out && !o->list_tensors && !o->no_record) {
@@ -385,13 +385,21 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         if (c->n_layers == 62)
             *llama_scale = 1.0 / sqrt((double)(c->hidden / c->n_heads));
         c->query_pre_attn_scalar = 1.0 / (*llama_scale * *llama_scale);
+        /* A GGUF kvdiff exported says what it folded into q_norm (the
+         * ratio of the two scales): take the model's own scalar back. */
+        bool f_qpas;
+        const double qpas = meta_num(&m, "=kvdiff.query_pre_attn_scalar", 0, &f_qpas);
+        if (f_qpas && qpas > 0 && isfinite(qpas))
+            c->query_pre_attn_scalar = qpas;
     } else {
         bool f_scale;
         double s = meta_num(&m, "attention.scale", 0, &f_scale);
         if (f_scale && s != 0)
             *llama_scale = s;
     }
-    c->attn_scale = *llama_scale;
+    /* Gemma 3: the model's scale (the recorder divides q by what llama.cpp
+     * folded beyond its own); every other model: llama.cpp's. */
+    c->attn_scale = c->arch == ARCH_GEMMA3 ? 1.0 / sqrt(c->query_pre_attn_scalar) : *llama_scale;
     bool f_rs;
     double rs = meta_num(&m, "rope.scaling.factor", 0, &f_rs);
     int64_t kt = meta_key(&m, "rope.scaling.type");
