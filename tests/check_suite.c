@@ -439,6 +439,32 @@ START_TEST(test_progress_line)
 }
 END_TEST
 
+/* The phase before the bar, elapsed time and an estimate after the count;
+ * a fraction of an item (a batch part-way through its layers) moves the
+ * bar and the estimate. */
+START_TEST(test_progress_phase_and_times)
+{
+    char buf[128];
+    progress_render_full(buf, sizeof buf, "2/4 test fingerprints", "positions", 10, 40, 12,
+                         NULL);
+    ck_assert_str_eq(buf, "2/4 test fingerprints [#####...............] 10/40 positions 0:12 "
+                          "eta 0:36");
+    progress_render_full(buf, sizeof buf, NULL, "cases", 0, 3, 5, "a");
+    ck_assert_str_eq(buf, "[....................] 0/3 cases 0:05 eta -:--  a");
+    progress_render_full(buf, sizeof buf, "", "positions", 6.5, 13, 3725, NULL);
+    ck_assert_str_eq(buf, "[##########..........] 6/13 positions 1:02:05 eta 1:02:05");
+    char clk[16];
+    progress_clock(clk, sizeof clk, 59.6);
+    ck_assert_str_eq(clk, "1:00");
+    progress_clock(clk, sizeof clk, -1);
+    ck_assert_str_eq(clk, "-:--");
+    /* Layer 1 of 6 done with a batch of 40 rows from position 0: 40 x 2/6. */
+    ck_assert(progress_batch_done(0, 40, 1, 6) > 13.3 && progress_batch_done(0, 40, 1, 6) < 13.4);
+    ck_assert(progress_batch_done(40, 1, 5, 6) == 41);
+    ck_assert(progress_batch_done(7, 3, 0, 0) == 10);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* The binary                                                           */
 
@@ -742,6 +768,7 @@ Suite *suite_suite(void)
     tcase_add_test(tc, test_select);
     tcase_add_test(tc, test_junit_escapes);
     tcase_add_test(tc, test_progress_line);
+    tcase_add_test(tc, test_progress_phase_and_times);
     suite_add_tcase(s, tc);
     tc = tcase_create("binary");
     tcase_add_test(tc, test_cli_runs_cases);
