@@ -31,6 +31,8 @@ static void report_usage(FILE *f)
             "                     the first divergence's stage, the others x_out)\n"
             "  --layers L,L,...   layers of the along-positions plot (at most 16; default:\n"
             "                     the divergence layer, the first and the last)\n"
+            "  --note TEXT        a line shown under the verdict (kvdiff suite gives what\n"
+            "                     the case expected)\n"
             "comparison (dumps only), as in kvdiff compare:\n"
             "  --exact, --atol X, --rtol X, --ulp N, --noise-floor F.h5, --force\n");
 }
@@ -66,7 +68,8 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         {"layers", required_argument, 0, 0}, {"exact", no_argument, 0, 0},
         {"atol", required_argument, 0, 0}, {"rtol", required_argument, 0, 0},
         {"ulp", required_argument, 0, 0}, {"noise-floor", required_argument, 0, 0},
-        {"force", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"force", no_argument, 0, 0}, {"note", required_argument, 0, 0},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
     const char *exact_with = NULL;
     optind = 0;
@@ -94,6 +97,7 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
         else if (!strcmp(n, "noise-floor")) a->noise = optarg;
         else if (!strcmp(n, "force")) a->co.force = true;
+        else if (!strcmp(n, "note")) a->ro.note = optarg;
         if (rc == 0)
             rc = cli_tolerance_conflict(n, &exact_with, e);
         if (rc < 0)

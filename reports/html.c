@@ -27,6 +27,8 @@ static const char css[] =
     ".verdict{font-size:1.15em;font-weight:600;padding:.6em .8em;border-radius:4px}\n"
     ".identical,.within_tolerance{background:#e6f4ea;border-left:6px solid #2e7d32}\n"
     ".diverged{background:#fdecea;border-left:6px solid #c62828}\n"
+    ".note{font-weight:600;padding:.4em .8em;border-left:6px solid #1565c0;"
+    "background:#e3f2fd}\n"
     ".warn{background:#fff4e5;border-left:6px solid #ef6c00;padding:.5em .8em}\n"
     "pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;font-size:.85em}\n"
     "table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;"
@@ -253,6 +255,11 @@ void rep_html_write(const rep_ctx *c, FILE *f)
     char verdict[1024];
     report_verdict_line(c->r, verdict, sizeof verdict);
     head(c, f, verdict);
+    if (c->o->note && *c->o->note) {
+        fputs("<p class=\"note\">", f);
+        esc(f, c->o->note);
+        fputs("</p>\n", f);
+    }
     inputs(c, f);
     const cmp_result *r = c->r;
     if (r->first.found)
