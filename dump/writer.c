@@ -817,63 +817,53 @@ static int tokens_create(dump_writer *w, kv_err *e)
 
 /* What the columns of a stage's datasets mean, as a "columns" string
  * attribute on each (and "units" where there are any), so a person reading
- * a dump with h5dump or h5py needs no doc. Optional for readers: dumps
+ * a dump with h5dump or h5py needs no doc for the common questions. Optional for readers: dumps
  * written before these attributes lack them (docs/dump-format.md). */
 static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv_stage st)
 {
     const kv_config *c = &w->cfg;
-    char cols[256];
+    char cols[96];
     const char *units = NULL;
     switch (st) {
     case STAGE_ATTN_NORM_STATS:
     case STAGE_FFN_NORM_STATS:
-        snprintf(cols, sizeof cols, "mean,rms,absmax of the norm's input row (E = %d values)",
-                 c->hidden);
+        snprintf(cols, sizeof cols, "mean,rms,absmax of the norm's input");
         break;
     case STAGE_Q:
     case STAGE_ATTN_OUT:
-        snprintf(cols, sizeof cols, "%s: H = %d query heads x D = %d, head-major (head h at "
-                 "columns h*D .. h*D+D-1)", st == STAGE_Q ? "query after bias, q_norm, RoPE"
-                 : "softmax(scores) V per query head", c->n_heads, c->head_dim);
+        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads, c->head_dim,
+                 st == STAGE_Q ? "; after RoPE" : "");
         break;
     case STAGE_K:
     case STAGE_V:
-        snprintf(cols, sizeof cols, "%s as written to the cache: KV = %d heads x D = %d, "
-                 "head-major (head h at columns h*D .. h*D+D-1)", st == STAGE_K ? "key" : "value",
-                 c->n_kv_heads, c->head_dim);
+        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", c->n_kv_heads,
+                 c->head_dim, st == STAGE_K ? "; after RoPE" : "");
         break;
     case STAGE_ATTN_LSE:
-        snprintf(cols, sizeof cols, "log-sum-exp of the scaled scores, one per query head "
-                 "(H = %d)", c->n_heads);
-        units = "natural log";
+        snprintf(cols, sizeof cols, "one per head");
+        units = "nats (natural log)";
         break;
     case STAGE_ATTN_NKEYS:
-        snprintf(cols, sizeof cols, "keys attended, one per query head (H = %d)", c->n_heads);
-        units = "keys (whole numbers stored as float32)";
+        snprintf(cols, sizeof cols, "one per head");
+        units = "keys attended";
         break;
     case STAGE_LOGITS:
-        snprintf(cols, sizeof cols, "logits, column = token id (V = %d)", c->vocab);
+        snprintf(cols, sizeof cols, "one per token id");
         break;
     default:
-        snprintf(cols, sizeof cols, "hidden state, E = %d values", c->hidden);
+        snprintf(cols, sizeof cols, "%d hidden dims", c->hidden);
         break;
     }
-    const char *rows = "row r is absolute position first_position + r";
+    /* Short texts: every dataset carries them, and a small model's dump is
+     * mostly metadata. (Rows are positions from first_position on.) */
     hid_t full = w->o.fingerprint ? H5I_INVALID_HID : s->rows.dset;
     hid_t hash = w->o.fingerprint ? s->rows.dset : s->hash.dset;
     if (full >= 0 && (write_str_attr(full, "columns", cols) < 0 ||
-                      write_str_attr(full, "rows", rows) < 0 ||
                       (units && write_str_attr(full, "units", units) < 0)))
         return -1;
-    if (hash >= 0 &&
-        (write_str_attr(hash, "columns", "XXH3-64 (seed 0) of the row's float32 bytes, "
-                                         "little-endian, columns in order") < 0 ||
-         write_str_attr(hash, "rows", rows) < 0))
+    if (hash >= 0 && write_str_attr(hash, "columns", "XXH3-64 of the row's float32 bytes") < 0)
         return -1;
-    if (s->stats.dset >= 0 &&
-        (write_str_attr(s->stats.dset, "columns", "l2,absmax of the row (l2 = sqrt of the sum "
-                                                  "of squares)") < 0 ||
-         write_str_attr(s->stats.dset, "rows", rows) < 0))
+    if (s->stats.dset >= 0 && write_str_attr(s->stats.dset, "columns", "l2,absmax") < 0)
         return -1;
     return 0;
 }
