@@ -815,6 +815,59 @@ static int tokens_create(dump_writer *w, kv_err *e)
     return 0;
 }
 
+/* What the columns of a stage's datasets mean, as a "columns" string
+ * attribute on each (and "units" where there are any), so a person reading
+ * a dump with h5dump or h5py needs no doc for the common questions. Optional for readers: dumps
+ * written before these attributes lack them (docs/dump-format.md). */
+static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv_stage st)
+{
+    const kv_config *c = &w->cfg;
+    char cols[96];
+    const char *units = NULL;
+    switch (st) {
+    case STAGE_ATTN_NORM_STATS:
+    case STAGE_FFN_NORM_STATS:
+        snprintf(cols, sizeof cols, "mean,rms,absmax of the norm's input");
+        break;
+    case STAGE_Q:
+    case STAGE_ATTN_OUT:
+        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads, c->head_dim,
+                 st == STAGE_Q ? "; after RoPE" : "");
+        break;
+    case STAGE_K:
+    case STAGE_V:
+        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", c->n_kv_heads,
+                 c->head_dim, st == STAGE_K ? "; after RoPE" : "");
+        break;
+    case STAGE_ATTN_LSE:
+        snprintf(cols, sizeof cols, "one per head");
+        units = "nats (natural log)";
+        break;
+    case STAGE_ATTN_NKEYS:
+        snprintf(cols, sizeof cols, "one per head");
+        units = "keys attended";
+        break;
+    case STAGE_LOGITS:
+        snprintf(cols, sizeof cols, "one per token id");
+        break;
+    default:
+        snprintf(cols, sizeof cols, "%d hidden dims", c->hidden);
+        break;
+    }
+    /* Short texts: every dataset carries them, and a small model's dump is
+     * mostly metadata. (Rows are positions from first_position on.) */
+    hid_t full = w->o.fingerprint ? H5I_INVALID_HID : s->rows.dset;
+    hid_t hash = w->o.fingerprint ? s->rows.dset : s->hash.dset;
+    if (full >= 0 && (write_str_attr(full, "columns", cols) < 0 ||
+                      (units && write_str_attr(full, "units", units) < 0)))
+        return -1;
+    if (hash >= 0 && write_str_attr(hash, "columns", "XXH3-64 of the row's float32 bytes") < 0)
+        return -1;
+    if (s->stats.dset >= 0 && write_str_attr(s->stats.dset, "columns", "l2,absmax") < 0)
+        return -1;
+    return 0;
+}
+
 static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, const char *gpath,
                        kv_err *e)
 {
@@ -832,7 +885,9 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
                    s->cols, w->first, e) < 0)
         return -1;
     if (!w->o.fingerprint && !w->o.row_hashes)
-        return 0;
+        return describe_stage_datasets(w, s, st) < 0
+                   ? h5err(w, e, "cannot describe the datasets of %s/%s", gpath, stage_name(st))
+                   : 0;
     if (!(s->digest = XXH3_createState()) || XXH3_128bits_reset(s->digest) != XXH_OK)
         return kv_errf(e, "%s: out of memory", w->path);
     s->finite = true;
@@ -841,8 +896,12 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
                    H5T_NATIVE_UINT64, 0, w->first, e) < 0)
         return -1;
     snprintf(name, sizeof name, "%s.stats", stage_name(st));
-    return app_create(w, &s->stats, group, gpath, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2,
-                      w->first, e);
+    if (app_create(w, &s->stats, group, gpath, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2,
+                   w->first, e) < 0)
+        return -1;
+    if (describe_stage_datasets(w, s, st) < 0)
+        return h5err(w, e, "cannot describe the datasets of %s/%s", gpath, stage_name(st));
+    return 0;
 }
 
 static int layer_attrs(dump_writer *w, hid_t g, int l, const char *gpath, kv_err *e)

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "../model/pcg32.h"
 #include "../model/tokens.h"
 
@@ -112,11 +113,29 @@ int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_er
     return 1;
 }
 
+void cli_model_progress(void *ctx, int64_t done, int64_t total, const char *tensor)
+{
+    progress *p = ctx;
+    /* Millions of weights for real models, thousands for tiny ones (whose
+     * bar flashes by, but should not read "0/1"). */
+    double unit = total >= 10000000 ? 1e6 : 1e3;
+    snprintf(p->label, sizeof p->label, "%s", unit == 1e6 ? "M weights" : "k weights");
+    p->total = lround((double)total / unit);   /* known once the catalogue is */
+    progress_stepf(p, (double)done / unit, tensor);
+}
+
 int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e)
 {
-    model_opts mo = {.wtype = o->wtype};
+    /* A large preset's weights take seconds to draw (a checkpoint's to
+     * load): a terminal sees which tensor is being made. */
+    progress bar;
+    progress_start(&bar, stderr, "weights", 0);
+    progress_phase(&bar, "weights");
+    model_opts mo = {.wtype = o->wtype, .progress = cli_model_progress, .progress_ctx = &bar};
     memset(kc, 0, sizeof *kc);
-    if (model_open(o->model, o->weights_seed, &mo, m, e) < 0)
+    int rc = model_open(o->model, o->weights_seed, &mo, m, e);
+    progress_end(&bar);
+    if (rc < 0)
         return -1;
     kc->isa = o->isa;
     kc->pool = o->threads > 1 ? pool_create(o->threads) : NULL;

@@ -40,7 +40,12 @@ void cli_model_defaults(cli_model_opts *o);
  * the option was one of these, 0 if not, -1 on a bad value. */
 int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_err *e);
 
-/* Opens the model and the kernel context (pool) the options name. */
+/* A model_progress_fn drawing on the progress bar ctx (a progress *), in
+ * millions of weights (thousands for a model under ten million). */
+void cli_model_progress(void *ctx, int64_t done, int64_t total, const char *tensor);
+
+/* Opens the model and the kernel context (pool) the options name; on a
+ * terminal, stderr shows a bar over the tensors meanwhile. */
 int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e);
 void cli_close_model(kv_model *m, kern_ctx *kc);
 

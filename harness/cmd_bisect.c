@@ -34,15 +34,68 @@ static void bisect_usage(FILE *f)
             "See kvdiff run --help for the model, prompt and engine options.\n");
 }
 
-/* Records one engine's run at path with selection d. */
+/* Stops a run once it has computed every position a selection records:
+ * the engine is asked to stop at the first event of a later forward step
+ * (a step is never cut part-way, so every layer of the last one is kept). */
+typedef struct {
+    kv_observer obs;
+    kv_observer *inner;
+    int64_t last_pos;            /* last position recorded */
+    bool stopped;
+} bisect_stop;
+
+static int bs_wants(kv_observer *self, kv_stage st, int layer)
+{
+    bisect_stop *b = (bisect_stop *)self;
+    return !b->inner->wants || b->inner->wants(b->inner, st, layer);
+}
+
+static int bs_token(kv_observer *self, int64_t pos, int32_t id, int is_prompt)
+{
+    bisect_stop *b = (bisect_stop *)self;
+    return b->inner->token ? b->inner->token(b->inner, pos, id, is_prompt) : 0;
+}
+
+static int bs_emit(kv_observer *self, const kv_event *ev)
+{
+    bisect_stop *b = (bisect_stop *)self;
+    if (ev->pos0 > b->last_pos) {
+        b->stopped = true;
+        return 1;
+    }
+    return b->inner->emit(b->inner, ev);
+}
+
+static kv_observer *bisect_stop_init(bisect_stop *b, kv_observer *inner, int64_t last_pos)
+{
+    memset(b, 0, sizeof *b);
+    b->inner = inner;
+    b->last_pos = last_pos;
+    b->obs.emit = bs_emit;
+    b->obs.token = bs_token;
+    b->obs.wants = bs_wants;
+    b->obs.all_logits = inner->all_logits;
+    return &b->obs;
+}
+
+/* Records one engine's run at path with selection d; the bar shows phase.
+ * A selection that ends before the context (d->pos_hi) stops the engine
+ * past it: nothing later would be recorded. */
 static int record(const run_opts *o, const dump_opts *d, const char *path, const kv_model *m,
-                  const kern_ctx *kc, long ctx, const int32_t *prompt, int n_prompt, kv_err *e)
+                  const kern_ctx *kc, long ctx, const int32_t *prompt, int n_prompt,
+                  const char *phase, kv_err *e)
 {
     dump_writer *w = run_open_dump(o, path, d, m, kc, ctx, n_prompt, e);
     if (!w)
         return -1;
+    bool cut = d->pos_hi >= 0 && d->pos_hi < ctx - 1;
+    bisect_stop stop;
+    kv_observer *obs = dump_observer(w);
+    if (cut)
+        obs = bisect_stop_init(&stop, obs, d->pos_hi);
     run_progress bar;
-    kv_observer *obs = run_progress_attach(&bar, dump_observer(w), &m->cfg, ctx, "positions");
+    obs = run_progress_attach(&bar, obs, &m->cfg, cut ? d->pos_hi + 1 : ctx, "positions");
+    progress_phase(&bar.bar, phase);
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
         run_progress_end(&bar);
@@ -54,8 +107,12 @@ static int record(const run_opts *o, const dump_opts *d, const char *path, const
     run_progress_end(&bar);
     gen_result_free(&res);
     engine_free(eng);
+    bool ours = cut && stop.stopped && rc != 0 && !run_stop_signal;
+    char why[128];
+    snprintf(why, sizeof why, "stopped after position %lld (the bisect neighbourhood)",
+             (long long)d->pos_hi);
     kv_err ge = *e;
-    return run_close_dump(w, path, rc, &ge, NULL, e);
+    return run_close_dump(w, path, ours ? 0 : rc, &ge, ours ? why : NULL, e);
 }
 
 /* Compares two dump files (exact). Returns cmp_compare's code. */
@@ -143,8 +200,8 @@ static int bisect(run_opts *o, const kv_model *m, const kern_ctx *kc, const int3
     dump_opts_default(&fp);
     fp.fingerprint = true;
     double t0 = run_now();
-    if (record(&ro, &fp, ref_fp, m, kc, ctx, prompt, n_prompt, e) < 0 ||
-        record(o, &fp, test_fp, m, kc, ctx, prompt, n_prompt, e) < 0)
+    if (record(&ro, &fp, ref_fp, m, kc, ctx, prompt, n_prompt, "1/4 ref fingerprints", e) < 0 ||
+        record(o, &fp, test_fp, m, kc, ctx, prompt, n_prompt, "2/4 test fingerprints", e) < 0)
         return EXIT_USAGE;
     cmp_result r;
     int rc = compare_files(ref_fp, test_fp, &r, e);
@@ -168,6 +225,10 @@ static int bisect(run_opts *o, const kv_model *m, const kern_ctx *kc, const int3
         return code;
     }
     cmp_divergence first = r.first;
+    /* The neighbourhood runs stop past its last position, before most
+     * tokens are generated: the token verdict is the fingerprint runs',
+     * which went to the end. */
+    cmp_tokens whole_run_tokens = r.tokens;
     cmp_result_free(&r);
     fprintf(info, "; the first divergent row is at %s\n", where(&first, w1, sizeof w1));
 
@@ -175,8 +236,8 @@ static int bisect(run_opts *o, const kv_model *m, const kern_ctx *kc, const int3
     neighbourhood(&m->cfg, &first, ctx, &full);
     fprintf(info, "bisect    full rows of layers %d..%d, positions %lld..%lld\n", full.layer_lo,
             full.layer_hi, (long long)full.pos_lo, (long long)full.pos_hi);
-    if (record(&ro, &full, ref_full, m, kc, ctx, prompt, n_prompt, e) < 0 ||
-        record(o, &full, test_full, m, kc, ctx, prompt, n_prompt, e) < 0)
+    if (record(&ro, &full, ref_full, m, kc, ctx, prompt, n_prompt, "3/4 ref rows", e) < 0 ||
+        record(o, &full, test_full, m, kc, ctx, prompt, n_prompt, "4/4 test rows", e) < 0)
         return EXIT_USAGE;
     rc = compare_files(ref_full, test_full, &r, e);
     double t2 = run_now();
@@ -184,6 +245,7 @@ static int bisect(run_opts *o, const kv_model *m, const kern_ctx *kc, const int3
         cmp_result_free(&r);
         return EXIT_USAGE;
     }
+    r.tokens = whole_run_tokens;
     char *text = o->json ? cmp_render_json(&r, o->render_flags) : cmp_render_text(&r, o->render_flags);
     if (text)
         printf("%s%s", text, text[0] && text[strlen(text) - 1] != '\n' ? "\n" : "");

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 
 #include "cli.h"
+#include "progress.h"
 #include "verbs.h"
 #include "../model/gguf.h"
 
@@ -133,7 +134,13 @@ int cmd_gen(int argc, char **argv)
         }
     }
     if (out) {
-        if (model_gen_folder(preset, seed, gt == GGUF_OUT_BF16, out, &e) < 0)
+        progress bar;
+        progress_start(&bar, stderr, "weights", 0);
+        progress_phase(&bar, "writing");
+        int rc = model_gen_folder_progress(preset, seed, gt == GGUF_OUT_BF16, out,
+                                           cli_model_progress, &bar, &e);
+        progress_end(&bar);
+        if (rc < 0)
             goto usage_error;
         printf("wrote %s/config.json and %s/model.safetensors (preset %s, seed %llu, %s)\n",
                out, out, preset, (unsigned long long)seed, dtype);

@@ -31,6 +31,8 @@ static void report_usage(FILE *f)
             "                     the first divergence's stage, the others x_out)\n"
             "  --layers L,L,...   layers of the along-positions plot (at most 16; default:\n"
             "                     the divergence layer, the first and the last)\n"
+            "  --note TEXT        a line shown under the verdict (kvdiff suite gives what\n"
+            "                     the case expected)\n"
             "comparison (dumps only), as in kvdiff compare:\n"
             "  --exact, --atol X, --rtol X, --ulp N, --noise-floor F.h5, --force\n");
 }
@@ -66,7 +68,8 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         {"layers", required_argument, 0, 0}, {"exact", no_argument, 0, 0},
         {"atol", required_argument, 0, 0}, {"rtol", required_argument, 0, 0},
         {"ulp", required_argument, 0, 0}, {"noise-floor", required_argument, 0, 0},
-        {"force", no_argument, 0, 0}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+        {"force", no_argument, 0, 0}, {"note", required_argument, 0, 0},
+        {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
     const char *exact_with = NULL;
     optind = 0;
@@ -94,6 +97,7 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
         else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
         else if (!strcmp(n, "noise-floor")) a->noise = optarg;
         else if (!strcmp(n, "force")) a->co.force = true;
+        else if (!strcmp(n, "note")) a->ro.note = optarg;
         if (rc == 0)
             rc = cli_tolerance_conflict(n, &exact_with, e);
         if (rc < 0)
@@ -170,6 +174,39 @@ static int from_dumps(report_args *a, const char *refp, const char *testp)
     return code;
 }
 
+/* A saved result without the per-stage table (compare --json without
+ * --stages), whose dumps are at hand: the table is computed again from
+ * them with the result's own tolerances, and kept only when that
+ * comparison agrees with the saved one (verdict and first divergence), so
+ * the page never mixes two different comparisons. True when r got it. */
+static bool stages_from_dumps(cmp_result *r, const cmp_source *ref, const cmp_source *test)
+{
+    if (r->noise)   /* the noise-floor recording is not named in the JSON */
+        return false;
+    cmp_opts co;
+    cmp_opts_default(&co);
+    co.atol = r->exact ? 0 : r->atol;
+    co.rtol = r->exact ? 0 : r->rtol;
+    co.ulp = r->exact ? 0 : r->ulp;
+    cmp_result fresh;
+    kv_err e = {{0}};
+    bool ok = cmp_compare(ref, test, &co, &fresh, &e) == 0 && fresh.verdict == r->verdict &&
+              fresh.first.found == r->first.found &&
+              (!r->first.found || (fresh.first.pos == r->first.pos &&
+                                   fresh.first.layer == r->first.layer &&
+                                   fresh.first.stage == r->first.stage));
+    if (ok) {
+        cmp_stage_result *st = r->stages;
+        int n = r->n_stages;
+        r->stages = fresh.stages;
+        r->n_stages = fresh.n_stages;
+        fresh.stages = st;   /* freed with fresh */
+        fresh.n_stages = n;
+    }
+    cmp_result_free(&fresh);
+    return ok;
+}
+
 /* A dump the JSON names: as written, else relative to the JSON's folder. */
 static const char *locate(const char *p, const char *json, char *buf, size_t n)
 {
@@ -218,7 +255,7 @@ static int from_json(report_args *a, const char *path)
     }
     a->ro.ref_path = j.ref_path;
     a->ro.test_path = j.test_path;
-    a->ro.has_stages = j.has_stages;
+    a->ro.has_stages = j.has_stages || (dt && stages_from_dumps(&j.r, &ref, &test));
     int code = finish(a->outdir, &j.r, dt ? &ref : NULL, dt ? &test : NULL, &a->ro);
     cmp_dump_source_close(dt);
     cmp_dump_source_close(dr);

@@ -98,12 +98,29 @@ static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
 /* ------------------------------------------------------------------ */
 /* Output                                                               */
 
+typedef struct {
+    progress bar;                /* stderr, on a terminal */
+    bool stream;                 /* stdout is no terminal: a line per finished case */
+} case_feed;
+
+/* One finished case as a line, for logs that are read while the suite
+ * runs (CI): "[3/12] FAIL  window-bug-g3  1.84s  layer 0 position 4 ...". */
+static void print_case_line(int done, int total, const suite_case *c, const suite_result *r)
+{
+    char name[512], where[512];
+    printf("[%d/%d] %-7s %s  %.2fs  %s\n", done, total, suite_outcome_name(r->outcome),
+           cli_escape(name, sizeof name, c->name, false), r->seconds,
+           cli_escape(where, sizeof where, r->where, false));
+    fflush(stdout);
+}
+
 static void on_case_done(void *ctx, int done, int total, const suite_case *c,
                          const suite_result *r)
 {
-    (void)total;
-    (void)r;
-    progress_step(ctx, done, c->name);
+    case_feed *feed = ctx;
+    if (feed->stream)
+        print_case_line(done, total, c, r);
+    progress_step(&feed->bar, done, c->name);
 }
 
 static int name_width(const suite *s, const int *sel, int n)
@@ -263,19 +280,24 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
     suite_result *res = calloc((size_t)n + 1, sizeof *res);
     if (!res)
         return kv_errf(e, "out of memory");
-    progress bar;
-    progress_start(&bar, stderr, "cases", n);
+    /* On a terminal the bar shows progress and the table comes at the end;
+     * piped (CI), nothing would show for minutes: each case's line is
+     * printed as it finishes, and the table still closes the run. */
+    case_feed feed = {.stream = !isatty(fileno(stdout))};
+    progress_start(&feed.bar, stderr, "cases", n);
     suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs, .step_timeout = a->timeout,
                          .report = suite_has_verb(bin, "report"), .on_done = on_case_done,
-                         .ctx = &bar, .stop = &stop_signal};
+                         .ctx = &feed, .stop = &stop_signal};
     catch_stop(true);
     int rc = suite_run(s, sel, n, &ro, res, e);
     catch_stop(false);
-    progress_end(&bar);
+    progress_end(&feed.bar);
     if (rc < 0) {
         free(res);
         return -1;
     }
+    if (feed.stream)
+        putchar('\n');
     print_table(s, sel, n, res);
     int bad = print_failures(s, sel, n, res);
     print_summary(n, res, a->jobs);

@@ -75,8 +75,9 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
 int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *gen_err,
                    const char *stopped, kv_err *e);
 
-/* A progress bar over positions on a terminal (stderr): it watches the
- * last layer's x_out, which engines compute anyway. */
+/* A progress bar over positions on a terminal (stderr): it watches every
+ * layer's x_out, which engines compute anyway, so a batch of many rows
+ * moves the bar layer by layer. */
 typedef struct {
     kv_observer obs;
     progress bar;

@@ -391,15 +391,21 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
 
 static int rp_wants(kv_observer *self, kv_stage st, int layer)
 {
-    run_progress *p = (run_progress *)self;
-    return st == STAGE_X_OUT && layer == p->last_layer;
+    (void)self;
+    (void)layer;
+    return st == STAGE_X_OUT;
 }
 
+/* Every layer's x_out moves the bar: a batch of rows (a whole prompt
+ * prefilled at once) is layers x rows of work, so the bar advances by
+ * rows / layers as each layer finishes rather than sitting still until
+ * the last one. The rows are only looked at, never changed. */
 static int rp_emit(kv_observer *self, const kv_event *ev)
 {
     run_progress *p = (run_progress *)self;
-    if (ev->stage == STAGE_X_OUT && ev->layer == p->last_layer)
-        progress_step(&p->bar, (long)(ev->pos0 + ev->nrows), NULL);
+    if (ev->stage == STAGE_X_OUT && ev->layer >= 0)
+        progress_stepf(&p->bar, progress_batch_done((double)ev->pos0, ev->nrows, ev->layer,
+                                                    p->last_layer + 1), NULL);
     return 0;
 }
 

@@ -95,6 +95,15 @@ static int64_t spec_cols(const tensor_spec *s) { return s->ndim == 2 ? s->shape[
 /* ------------------------------------------------------------------ */
 /* Synthetic weights                                                    */
 
+/* Weights (elements) of n tensors: the unit model_progress_fn counts. */
+static int64_t tensors_weights(const tensor_spec *specs, int n)
+{
+    int64_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += spec_rows(&specs[i]) * spec_cols(&specs[i]);
+    return total;
+}
+
 static uint64_t name_hash(const char *s)
 {
     return XXH3_64bits(s, strlen(s));
@@ -278,7 +287,7 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     return load_vector(src, s, dst, h, e);
 }
 
-static int load_all(const row_source *src, kv_model *m, kv_err *e)
+static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_err *e)
 {
     const kv_config *c = &m->cfg;
     int n = tensors_list(c, NULL, 0);
@@ -292,6 +301,7 @@ static int load_all(const row_source *src, kv_model *m, kv_err *e)
     }
     tensors_list(c, specs, n);
     XXH3_64bits_reset(h);
+    int64_t total = tensors_weights(specs, n), done = 0;
     for (int i = 0; i < n; i++)
         if (source_check(src, &specs[i], e) < 0)
             goto done;
@@ -308,6 +318,9 @@ static int load_all(const row_source *src, kv_model *m, kv_err *e)
             r = load_linear(src, s, m->wtype, false, &m->lm_head, h, e);
         if (r < 0)
             goto done;
+        done += spec_rows(s) * spec_cols(s);
+        if (o && o->progress)
+            o->progress(o->progress_ctx, done, total, s->name);
     }
     m->fingerprint = XXH3_64bits_digest(h);
     rc = 0;
@@ -330,7 +343,7 @@ int model_from_preset(const char *preset, uint64_t seed, const model_opts *o,
     snprintf(m->source, sizeof m->source, "preset %s seed %llu", preset,
              (unsigned long long)seed);
     row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = preset};
-    if (load_all(&src, m, e) < 0) {
+    if (load_all(&src, o, m, e) < 0) {
         model_free(m);
         return -1;
     }
@@ -376,7 +389,7 @@ int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
         m->wtype = (emb && emb->dtype == ST_BF16) ? KERN_BF16 : KERN_F32;
     snprintf(m->source, sizeof m->source, "%s", dir);
     row_source src = {.cfg = &m->cfg, .st = st, .seed = 0, .dir = dir};
-    int rc = load_all(&src, m, e);
+    int rc = load_all(&src, o, m, e);
     st_close(st);
     if (rc < 0)
         model_free(m);
@@ -437,6 +450,12 @@ static int ensure_dir(const char *dir, kv_err *e)
 
 int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e)
 {
+    return model_gen_folder_progress(preset, seed, bf16, dir, NULL, NULL, e);
+}
+
+int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
+                              model_progress_fn progress, void *ctx, kv_err *e)
+{
     kv_config c;
     char path[4096], seedtxt[32];
     if (config_preset(preset, &c, e) < 0 || ensure_dir(dir, e) < 0)
@@ -450,6 +469,7 @@ int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *di
         return kv_errf(e, "out of memory");
     }
     tensors_list(&c, specs, n);
+    int64_t total = tensors_weights(specs, n), done = 0;
     for (int i = 0; i < n; i++) {
         decls[i].name = specs[i].name;
         decls[i].dtype = bf16 ? ST_BF16 : ST_F32;
@@ -473,6 +493,9 @@ int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *di
         synth_tensor(&c, &specs[i], seed, buf);
         rc = st_writer_put_f32(w, buf, e);
         free(buf);
+        done += (int64_t)cnt;
+        if (rc == 0 && progress)
+            progress(ctx, done, total, specs[i].name);
     }
     if (rc == 0) {
         rc = st_writer_finish(w, e);

@@ -62,8 +62,17 @@ typedef struct {
     char source[512];               /* "preset tiny-gemma3 seed 0" or the folder path */
 } kv_model;
 
+/* Called after each tensor is made or loaded, in catalogue order, with its
+ * name and the weights (elements) done so far of the total: building a
+ * large preset takes seconds, and the caller may want to say so (counted
+ * in weights, not tensors, since the embedding alone can be a third of
+ * the work). Library code prints nothing itself. */
+typedef void (*model_progress_fn)(void *ctx, int64_t done, int64_t total, const char *tensor);
+
 typedef struct {
     int wtype;                      /* -1: from the file (BF16 files stay bf16, others f32); else kern_wtype */
+    model_progress_fn progress;     /* optional (NULL: none) */
+    void *progress_ctx;
 } model_opts;
 
 /* Loads a Hugging Face folder. Errors name the file and tensor. */
@@ -83,5 +92,9 @@ const kern_linear *model_lm_head(const kv_model *m);
 /* Writes a synthetic preset as a Hugging Face folder (config.json and
  * model.safetensors with dtype F32 or BF16). Creates dir if needed. */
 int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e);
+
+/* The same, calling progress (may be NULL) after each tensor written. */
+int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
+                              model_progress_fn progress, void *ctx, kv_err *e);
 
 #endif

@@ -27,16 +27,24 @@ static const char css[] =
     ".verdict{font-size:1.15em;font-weight:600;padding:.6em .8em;border-radius:4px}\n"
     ".identical,.within_tolerance{background:#e6f4ea;border-left:6px solid #2e7d32}\n"
     ".diverged{background:#fdecea;border-left:6px solid #c62828}\n"
+    ".note{font-weight:600;padding:.4em .8em;border-left:6px solid #1565c0;"
+    "background:#e3f2fd}\n"
     ".warn{background:#fff4e5;border-left:6px solid #ef6c00;padding:.5em .8em}\n"
-    "pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;font-size:.85em}\n"
-    "table{border-collapse:collapse;font-size:.85em}td,th{border:1px solid #ddd;"
+    "pre{background:#f6f8fa;padding:.8em;white-space:pre-wrap;overflow-wrap:anywhere;"
+    "font-size:.85em}\n"
+    /* A narrow window (a phone, a split screen) must not scroll sideways:
+     * the wide metrics table scrolls inside itself, images shrink, and
+     * long paths and settings wrap. */
+    "table{border-collapse:collapse;font-size:.85em;display:block;max-width:100%;"
+    "overflow-x:auto}td,th{border:1px solid #ddd;"
     "padding:.2em .5em;text-align:right}th{background:#f0f0f0}td.l,th.l{text-align:left}\n"
     "tr.same td{color:#777}tr.first td{background:#fdecea;font-weight:600}\n"
-    "dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}dt{font-weight:600}"
-    "dd{margin:0}\n"
-    "figure{margin:1em 0}img{max-width:100%;border:1px solid #ddd}"
+    "dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:.2em 1em}"
+    "dt{font-weight:600}dd{margin:0;min-width:0;overflow-wrap:anywhere}\n"
+    "figure{margin:1em 0}img{max-width:100%;height:auto;border:1px solid #ddd}"
     "figcaption{font-size:.9em;color:#444}\n"
-    ".muted{color:#777}code{font-size:.9em;overflow-wrap:anywhere}\n";
+    ".muted{color:#777}code{font-size:.9em;overflow-wrap:anywhere}\n"
+    "p,h1,h2,h3,figcaption{overflow-wrap:anywhere}\n";
 
 static void head(const rep_ctx *c, FILE *f, const char *verdict)
 {
@@ -189,8 +197,10 @@ static void stage_table(const rep_ctx *c, FILE *f)
     const cmp_result *r = c->r;
     fputs("<h2>Metrics per layer and stage</h2>\n", f);
     if (!c->o->has_stages) {
-        fputs("<p class=\"muted\">Not in the compare result (make it with <code>kvdiff compare "
-              "--stages --json</code>).</p>\n", f);
+        fputs("<p class=\"muted\">The saved compare result has no per-stage table, and its "
+              "dumps could not be opened to compute it. Give <code>kvdiff report</code> the two "
+              "dumps, or save the result with <code>kvdiff compare --stages --json</code>."
+              "</p>\n", f);
         return;
     }
     fputs("<p class=\"muted\">Over every row the walk visited; grey rows are bit-identical, the "
@@ -253,6 +263,11 @@ void rep_html_write(const rep_ctx *c, FILE *f)
     char verdict[1024];
     report_verdict_line(c->r, verdict, sizeof verdict);
     head(c, f, verdict);
+    if (c->o->note && *c->o->note) {
+        fputs("<p class=\"note\">", f);
+        esc(f, c->o->note);
+        fputs("</p>\n", f);
+    }
     inputs(c, f);
     const cmp_result *r = c->r;
     if (r->first.found)

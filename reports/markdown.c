@@ -91,6 +91,11 @@ void rep_markdown_write(const rep_ctx *c, FILE *f)
     fputs("kvdiff: ", f);
     md(f, verdict);
     fputs("\n\n", f);
+    if (c->o->note && *c->o->note) {
+        fputs("**", f);
+        md(f, c->o->note);
+        fputs("**\n\n", f);
+    }
     fputs("- **Reference:** ", f);
     md(f, c->o->ref_path ? c->o->ref_path : c->ref && c->ref->label ? c->ref->label : "?");
     fputs("\n- **Test:** ", f);

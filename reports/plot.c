@@ -130,26 +130,74 @@ static void gp_tail(FILE *f, const char *name, const char *plot)
                "set output '%s.svg'\nreplot\nunset output\n", plot, name);
 }
 
+enum { LINE_WINDOW = 1, LINE_CHUNKS = 2, LINE_TOKENS = 4 };
+
 /* Vertical lines at the sliding-window boundary, the chunk boundaries and
  * the first position whose input token differs, each at the left edge of
- * that position's cell. */
-static void gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi)
+ * that position's cell. Chunk lines take chunk_rgb (white on the heatmap's
+ * colours, grey on a white plot). Returns the LINE_* drawn, so captions
+ * name only what is there. */
+static unsigned gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi,
+                              const char *chunk_rgb)
 {
-    if (g->window > 0 && g->window > lo && g->window <= hi)
+    unsigned drawn = 0;
+    if (g->window > 0 && g->window > lo && g->window <= hi) {
         fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 dt 2 lc rgb '#1f77b4' "
                    "front\nset label 'window %d' at %g, graph 1.02 center tc rgb '#1f77b4'\n",
                 g->window - 0.5, g->window - 0.5, g->window, g->window - 0.5);
+        drawn |= LINE_WINDOW;
+    }
     if (g->chunk > 0 && (hi - lo) / g->chunk <= MAX_LINES)
         for (int64_t p = (lo / g->chunk + 1) * g->chunk; p <= hi && p < g->prompt; p += g->chunk)
-            if (p != g->window)
+            if (p != g->window) {
                 fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 1.5 dt 3 "
-                           "lc rgb '#ffffff' front\n", p - 0.5, p - 0.5);
+                           "lc rgb '%s' front\n", p - 0.5, p - 0.5, chunk_rgb);
+                drawn |= LINE_CHUNKS;
+            }
     const int64_t cut = g->c->r->compared.pos_cut;
-    if (cut > lo && cut <= hi)
+    if (cut > lo && cut <= hi) {
         fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' front\n"
                    "set label 'tokens differ' at %g, graph 1.02 center tc rgb '#000000'\n",
                 cut - 0.5, cut - 0.5, cut - 0.5);
+        drawn |= LINE_TOKENS;
+    }
+    return drawn;
 }
+
+/* The caption's account of the lines gp_boundaries drew (nothing when
+ * none): appended to buf. */
+static void caption_lines(char *buf, size_t n, unsigned drawn, const geometry *g,
+                          const char *chunk_style)
+{
+    size_t used = strlen(buf);
+    if (drawn & LINE_WINDOW)
+        used += (size_t)snprintf(buf + used, used < n ? n - used : 0,
+                                 " Dashed blue line: the sliding-window boundary (window %d).",
+                                 g->window);
+    if ((drawn & LINE_CHUNKS) && used < n)
+        used += (size_t)snprintf(buf + used, n - used,
+                                 " %s lines: the test's prefill chunk boundaries (every %ld "
+                                 "positions of the prompt).", chunk_style, g->chunk);
+    if ((drawn & LINE_TOKENS) && used < n)
+        snprintf(buf + used, n - used,
+                 " Solid black line: the first position whose input token differs; rows "
+                 "from there on have other inputs, are not compared and are left blank.");
+}
+
+/* Rows from the first position whose input token differs on are not
+ * compared (the comparer stops there): plotted as "not compared" (NaN),
+ * never coloured as errors. */
+static void grid_cut(report_grid *g, int64_t cut)
+{
+    if (cut < 0)
+        return;
+    for (int l = 0; l < g->n_layers; l++)
+        for (int64_t p = cut > g->pos_lo ? cut - g->pos_lo : 0; p < g->n_pos; p++)
+            g->err[(size_t)l * (size_t)g->n_pos + (size_t)p] = NAN;
+}
+
+/* Log axes read the same in every plot: 1e-12 ... 1e+02. */
+#define GP_LOG_FORMAT "set format y '%%.0e'\n"   /* inside a printf format */
 
 static const cmp_divergence *main_divergence(const cmp_result *r)
 {
@@ -196,18 +244,24 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     fprintf(s.f, "set xlabel 'position'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
                  "set yrange [%g:%g]\nset ytics 1\nset palette rgbformulae 22,13,-31\n",
             lo - 0.5, hi + 0.5, -0.5, g->n_layers - 0.5);
-    if (g->hashed)
+    if (g->hashed) {
         fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
                      "1 differs)'\nset cbrange [0:1]\nset cbtics ('same' 0, 'differs' 1)\n", sn);
-    else
-        fprintf(s.f, "set title 'stage %s: log10 of the row error max|test - ref| "
-                     "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'log10 row error'\n"
-                     "set cbrange [%g:%s]\n", sn, fl, log10(fl),
-                grid_max(g) > 0 ? "*" : "0");
+    } else {
+        /* The colour scale is log10 of the error; its ticks are whole
+         * decades written as the other plots write them (1e-12). */
+        const double top = grid_max(g) > 0 ? ceil(log10(fmin(grid_max(g), ERR_CEIL))) : 0;
+        const double span = top - log10(fl);
+        fprintf(s.f, "set title 'stage %s: row error max|test - ref| "
+                     "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'row error (log "
+                     "scale)'\nset cbrange [%g:%g]\nset cbtics %g\nset format cb '1e%%+03.0f'\n",
+                sn, fl, log10(fl), top > log10(fl) ? top : log10(fl) + 1,
+                span > 10 ? ceil(span / 10) : 1);
+    }
     if (!g->hashed && grid_max(g) == 0)
         fprintf(s.f, "set label 'every row bit-identical' at graph 0.5, graph 0.5 center "
                      "front boxed\n");
-    gp_boundaries(s.f, geo, lo, hi);
+    const unsigned lines = gp_boundaries(s.f, geo, lo, hi, "#ffffff");
     const cmp_divergence *dv = &c->r->first;
     if (dv->found && dv->layer >= 0)
         fprintf(s.f, "set label 'first divergence (%s)' at %lld, %d point pt 7 ps 1.6 "
@@ -223,10 +277,19 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     snprintf(pl->caption, sizeof pl->caption,
              g->hashed ? "Stage %s, layer by position: which rows' fingerprints differ (the "
                          "recordings hold hashes only, so no magnitudes)."
-                       : "Stage %s, layer by position: log10 of each row's max |test - ref|. "
-                         "Bit-identical rows take the lowest colour. Dashed lines: the "
-                         "sliding-window boundary and chunk boundaries; the marker is the first "
-                         "divergence.", sn);
+                       : "Stage %s, layer by position: each row's max |test - ref| (log "
+                         "scale). Bit-identical rows take the lowest colour; rows not recorded "
+                         "in both are blank.", sn);
+    caption_lines(pl->caption, sizeof pl->caption, lines, geo, "Dotted white");
+    {
+        size_t used = strlen(pl->caption);
+        if (dv->found && dv->layer >= 0 && used < sizeof pl->caption)
+            used += (size_t)snprintf(pl->caption + used, sizeof pl->caption - used,
+                                     " The green dot marks the first divergence.");
+        if (c->r->beyond.found && c->r->beyond.layer >= 0 && used < sizeof pl->caption)
+            snprintf(pl->caption + used, sizeof pl->caption - used,
+                     " The cyan marker: the first difference beyond rounding drift.");
+    }
     pl->data = true;
     return 0;
 }
@@ -295,7 +358,7 @@ static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, 
     } else {
         const double fl = grid_floor(g);
         fprintf(s.f, "set title 'stage %s: row error max|test - ref| per layer (bit-identical "
-                     "drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
+                     "drawn at %g)'\nset ylabel 'row error'\nset logscale y\n" GP_LOG_FORMAT
                      "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl, ERR_CEIL,
                 ERR_CEIL);
         if (grid_max(g) == 0)
@@ -357,7 +420,8 @@ static int write_growth_table(rep_ctx *c, kv_stage st, const char *dir, kv_err *
     gp_head(s.f, "growth", "error growth per layer (from the per-stage metrics)");
     fprintf(s.f, "set title 'stage %s: largest error per layer (from the compare result; "
                  "bit-identical drawn at %g)'\nset xlabel 'layer'\nset ylabel 'error'\n"
-                 "set xtics 1\nset grid\nset key top left\nset logscale y\nfl = %g\n"
+                 "set xtics 1\nset grid\nset key top left\nset logscale y\n" GP_LOG_FORMAT
+                 "fl = %g\n"
                  "clamp(x) = x < fl ? fl : x\n", stage_name(st), fl, fl);
     gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
                            "title 'max |test - ref|', \\\n     'growth.dat' using 1:(clamp($3)) "
@@ -436,13 +500,14 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
         const double fl = grid_floor(g);
         fprintf(s.f, "set title 'stage %s: row error max|test - ref| along positions "
                      "(bit-identical drawn at %g)'\nset ylabel 'row error'\nset logscale y\n"
+                     GP_LOG_FORMAT
                      "fl = %g\nclamp(x) = x < fl ? fl : (x > %g ? %g : x)\n", sn, fl, fl,
                 ERR_CEIL, ERR_CEIL);
         if (grid_max(g) == 0)
             fprintf(s.f, "set yrange [%g:1]\nset label 'every row bit-identical' at graph 0.5, "
                          "graph 0.5 center\n", fl / 10);
     }
-    gp_boundaries(s.f, geo, lo, hi);
+    const unsigned lines = gp_boundaries(s.f, geo, lo, hi, "#7f7f7f");
     char plot[2048];
     size_t used = (size_t)snprintf(plot, sizeof plot, "plot");
     for (int i = 0; i < nl && used < sizeof plot; i++)
@@ -456,10 +521,9 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
     char ls[128] = "";
     for (int i = 0, u = 0; i < nl; i++)
         u += snprintf(ls + u, sizeof ls - (size_t)u, "%s%d", i ? ", " : "", layers[i]);
-    snprintf(pl->caption, sizeof pl->caption,
-             "Stage %s, layers %s: %s along positions. Dashed lines: the sliding-window "
-             "boundary and chunk boundaries.", sn, ls,
+    snprintf(pl->caption, sizeof pl->caption, "Stage %s, layers %s: %s along positions.", sn, ls,
              g->hashed ? "whether each row's fingerprint differs" : "the row error (log scale)");
+    caption_lines(pl->caption, sizeof pl->caption, lines, geo, "Dotted grey");
     pl->data = true;
     return 0;
 }
@@ -511,9 +575,11 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
                  "set key outside right\n", s0 - 0.5, s1 + 0.5, kl_max > 0 ? "*" : "1");
     const cmp_tokens *t = &c->r->tokens;
     if (t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1)
+        /* The label sits inside the plot, right of its line: above the
+         * frame it met the title, and at step 0 a tick label. */
         fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' "
-                     "front\nset label 'tokens differ' at %g, graph 1.02 center "
-                     "tc rgb '#000000'\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
+                     "front\nset label 'tokens differ' at %g, graph 0.96 left offset char 0.5,0 "
+                     "tc rgb '#000000' front\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
     gp_tail(s.f, "steps", "plot 'steps.dat' using 1:3 with boxes fs solid 0.4 lc rgb '#9467bd' "
                           "title 'KL (approx.)' axes x1y1, \\\n     'steps.dat' using 1:4 with "
                           "linespoints lw 2 pt 7 title 'ref margin' axes x1y2, \\\n     "
@@ -524,7 +590,9 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
     snprintf(pl->caption, sizeof pl->caption,
              "Per generated step: KL(ref || test) between the two runs' next-token "
              "distributions, approximated from each run's top-k logits, and each run's logit "
-             "margin (top-1 minus top-2); a small margin is a flip rounding can cause.");
+             "margin (top-1 minus top-2); a small margin is a flip rounding can cause.%s",
+             t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1
+                 ? " Solid black line: the first step whose generated token differs." : "");
     pl->data = true;
     return 0;
 }
@@ -718,6 +786,10 @@ static int from_sources(rep_ctx *c, const char *dir, kv_err *e)
     if (rc == 0 && gs != hs)
         rc = report_grid_build(c->ref, c->test, gs, c->o->block_rows, &grow, e);
     const report_grid *g = gs != hs ? &grow : &heat;
+    if (rc == 0) {
+        grid_cut(&heat, c->r->compared.pos_cut);
+        grid_cut(&grow, c->r->compared.pos_cut);
+    }
     if (rc == 0 && heat.n_pos > 0)
         rc = write_heatmap(c, &geo, &heat, dir, e);
     else if (rc == 0)

@@ -102,6 +102,8 @@ typedef struct {
     bool has_stages;             /* r carries the per-stage table (always true for
                                   * a fresh comparison) */
     int block_rows;              /* positions per read; <= 0: 64 */
+    const char *note;            /* shown under the verdict, e.g. what a suite
+                                  * case expected (NULL: none) */
 } report_opts;
 
 void report_opts_default(report_opts *o);

@@ -143,7 +143,9 @@ typedef struct {
     const char *kvdiff;          /* the binary each step executes */
     const char *workdir;         /* existing folder; case C works in workdir/C/ */
     int jobs;                    /* cases run at once (>= 1), one process each */
-    bool report;                 /* on failure, also `kvdiff report ... -o C/report` */
+    bool report;                 /* on FAIL, also `kvdiff report ... -o C/report
+                                  * --note "...expected: ..."` (not on ERROR: the
+                                  * dumps may be partial or refused) */
     int step_timeout;            /* seconds a step (one kvdiff process) may take;
                                   * then it is killed and the case is an ERROR
                                   * (0: no limit) */

@@ -418,8 +418,8 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     put(rep, sizeof rep, "%s/report", folder);
     argbuf args;
     int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    int js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log_fd < 0 || js_fd < 0) {
+    int js_fd = -1;   /* compare.json: made only when compare runs */
+    if (log_fd < 0) {
         r->outcome = SUITE_ERROR;
         put(r->message, sizeof r->message, "cannot write in %s: %s", folder, strerror(errno));
         goto done;
@@ -455,6 +455,11 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
             arg(&args, args.num[i]);
         }
     }
+    if ((js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "cannot write %s: %s", js, strerror(errno));
+        goto done;
+    }
     code = run_step(args.v, js_fd, log_fd);
     json_error_t jerr;
     json_t *j = code == 0 || code == 2 || code == 1 ? json_load_file(js, 0, &jerr) : NULL;
@@ -482,8 +487,18 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     }
     json_decref(j);
 done:
-    if (r->outcome != SUITE_PASS && report && log_fd >= 0 && access(a, R_OK) == 0 &&
+    /* A report explains a comparison that ran and missed its expectation;
+     * after an ERROR the dumps may be partial or absent, and a report of
+     * them would only mislead. The report says what the case expected. */
+    if (r->outcome == SUITE_FAIL && report && log_fd >= 0 && access(a, R_OK) == 0 &&
         access(b, R_OK) == 0) {
+        char want[256], note[512];
+        suite_expect_describe(&c->expect, want, sizeof want);
+        if (c->expect.kind == SUITE_EXPECT_DETECTS)
+            put(note, sizeof note, "suite case %s expected: %s (diagnosis %s)", c->name, want,
+                suite_injection_diagnosis(c->expect.injection));
+        else
+            put(note, sizeof note, "suite case %s expected: %s", c->name, want);
         args.n = 0;
         arg(&args, bin);
         arg(&args, "report");
@@ -491,12 +506,20 @@ done:
         arg(&args, b);
         arg(&args, "-o");
         arg(&args, rep);
+        arg(&args, "--note");
+        arg(&args, note);
         run_step(args.v, log_fd, log_fd);
     }
     if (log_fd >= 0)
         close(log_fd);
-    if (js_fd >= 0)
+    if (js_fd >= 0) {
+        /* compare that wrote nothing (crashed, killed) leaves no empty
+         * compare.json for a user to open */
+        struct stat st;
+        if (fstat(js_fd, &st) == 0 && st.st_size == 0)
+            unlink(js);
         close(js_fd);
+    }
 }
 
 static void run_case(const suite_case *c, const suite_run_opts *o, suite_result *r)

@@ -179,14 +179,42 @@ START_TEST(test_bisect_matches_dumps)
     same_verdict(out, dumps);
     ck_assert_msg(strstr(out, "the first divergent row is at position"), "%s", out);
     ck_assert_msg(!strstr(out, "warning"), "%s", out);
-    /* The neighbourhood dumps hold fewer layers than the model. */
+    /* The neighbourhood dumps hold fewer layers than the model; the runs
+     * stop once past its last position (whole when it reaches the end). */
     snprintf(args, sizeof args, "inspect %s/b/test.h5", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    ck_assert_msg(strstr(out, "complete"), "%s", out);
+    ck_assert_msg(strstr(out, "status    complete") ||
+                  strstr(out, "(the bisect neighbourhood)"), "%s", out);
     ck_assert_msg(!strstr(out, "layer 5 "), "%s", out);
     snprintf(args, sizeof args, "inspect %s/b/test.fp.h5", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "fingerprint"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* The second pass stops both engines past the neighbourhood (position 12
+ * of 56 here) instead of running them to the end, and the token verdict
+ * still covers the whole runs (from the fingerprint pass): the first
+ * generated token differs. */
+START_TEST(test_bisect_stops_past_neighbourhood)
+{
+    char dir[64], args[900];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "bisect " PROMPT " --engine chunked --chunk 5 --inject window=4 "
+             "-o %s/b", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "positions 0..12"), "%s", out);
+    ck_assert_msg(strstr(out, "TOKENS     first differing generated token at step 0 "
+                              "(position 40)"), "%s", out);
+    static const char *const sides[] = {"ref", "test"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "inspect %s/b/%s.h5", dir, sides[i]);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+        ck_assert_msg(strstr(out, "status    partial: stopped after position 12 (the bisect "
+                                  "neighbourhood)"), "%s", out);
+        ck_assert_msg(strstr(out, "tokens    40 (prompt 40)"), "%s", out);  /* none generated */
+    }
     test_rmtree(dir);
 }
 END_TEST
@@ -228,6 +256,7 @@ Suite *lockstep_suite(void)
     tcase_add_loop_test(tc, test_bisect_matches_dumps, 0,
                         (int)(sizeof bisect_cases / sizeof *bisect_cases));
     tcase_add_test(tc, test_bisect_identical_and_usage);
+    tcase_add_test(tc, test_bisect_stops_past_neighbourhood);
     suite_add_tcase(s, tc);
     return s;
 }

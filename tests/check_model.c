@@ -105,6 +105,59 @@ static int load(const char *dir, kv_model *m, kv_err *e)
     return model_load_dir(dir, &mo, m, e);
 }
 
+/* Building, loading and writing a model report progress tensor by
+ * tensor, in weights, ending at the total: what the CLI's bar shows. */
+typedef struct {
+    int calls;
+    int64_t last, total;
+    bool monotonic;
+    char name[160];
+} progress_log;
+
+static void log_progress(void *ctx, int64_t done, int64_t total, const char *tensor)
+{
+    progress_log *l = ctx;
+    if (done < l->last || (l->calls && total != l->total))
+        l->monotonic = false;
+    l->calls++;
+    l->last = done;
+    l->total = total;
+    snprintf(l->name, sizeof l->name, "%s", tensor);
+}
+
+START_TEST(test_progress_callback)
+{
+    char dir[64], gen[600];
+    kv_err e = {{0}};
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gen, sizeof gen, "%s/gen", dir);
+    kv_config c;
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    int ntensors = tensors_list(&c, NULL, 0);
+    progress_log l = {.monotonic = true};
+    ck_assert_msg(model_gen_folder_progress("tiny-llama", 5, 0, gen, log_progress, &l, &e) == 0,
+                  "%s", e.msg);
+    ck_assert_int_eq(l.calls, ntensors);
+    ck_assert(l.monotonic && l.last == l.total && l.total > 100000);
+    ck_assert_str_eq(l.name, "lm_head.weight");
+    int64_t written = l.total;
+    static const char *const how[] = {"preset", "folder"};
+    for (int i = 0; i < 2; i++) {
+        memset(&l, 0, sizeof l);
+        l.monotonic = true;
+        model_opts mo = {.wtype = -1, .progress = log_progress, .progress_ctx = &l};
+        kv_model m;
+        int rc = i == 0 ? model_from_preset("tiny-llama", 5, &mo, &m, &e)
+                        : model_load_dir(gen, &mo, &m, &e);
+        ck_assert_msg(rc == 0, "%s: %s", how[i], e.msg);
+        ck_assert_int_eq(l.calls, ntensors);
+        ck_assert(l.monotonic && l.last == written && l.total == written);
+        model_free(&m);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_missing_tensor_named)
 {
     char dir[64], gen[512], var[512], path[600];
@@ -257,6 +310,7 @@ Suite *model_suite(void)
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("folders");
     tcase_add_test(tc, test_missing_tensor_named);
+    tcase_add_test(tc, test_progress_callback);
     tcase_add_test(tc, test_shape_mismatch_named);
     tcase_add_test(tc, test_unreadable_dtype_named);
     tcase_add_loop_test(tc, test_gemma3_conditional_generation_prefixes, 0, 2);

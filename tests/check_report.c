@@ -157,6 +157,55 @@ START_TEST(test_identical_report)
     ck_assert_ptr_nonnull(strstr(dat, "\n0 0 -12 0\n"));
     ck_assert_ptr_null(strstr(dat, " 0.")); /* no non-zero error anywhere */
     free(dat);
+    /* No divergence, no marker: the caption does not promise one. */
+    html = slurp(dir, "index.html");
+    const char *cap = strstr(html, "<figcaption>Stage x_out, layer by position");
+    ck_assert_ptr_nonnull(cap);
+    ck_assert_msg(!strstr(cap, "marker") && !strstr(cap, "dot") &&
+                  strstr(cap, "chunk boundaries (every 5 positions"), "%.400s", cap);
+    free(html);
+}
+END_TEST
+
+/* A saved result without --stages still gets the metrics table when its
+ * dumps are at hand: computed again from them (identical pairs too). */
+START_TEST(test_json_without_stages_gets_table)
+{
+    ck_assert_msg(dumps_ok, "recording the dumps failed: %s", out);
+    char args[512], dir[128], json[128];
+    static const char *const pairs[] = {"ok.h5", "bad.h5"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(json, sizeof json, "%s/nostages%d.json", dumps, i);
+        snprintf(args, sizeof args, "compare --json %s/a.h5 %s/%s > %s", dumps, dumps, pairs[i],
+                 json);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), i);
+        snprintf(dir, sizeof dir, "%s/nostages%d", dumps, i);
+        snprintf(args, sizeof args, "%s -o %s", json, dir);
+        report_cli(args, i);
+        char *html = slurp(dir, "index.html");
+        ck_assert_msg(strstr(html, "<th class=\"l\">stage</th>"), "%s", pairs[i]);
+        ck_assert_int_ge(count(html, i ? "<tr class=\"first\">" : "<tr class=\"same\">"), 1);
+        ck_assert_ptr_null(strstr(html, "no per-stage table"));
+        free(html);
+    }
+}
+END_TEST
+
+/* --note: a line under the verdict, escaped, on both pages. */
+START_TEST(test_report_note)
+{
+    ck_assert_msg(dumps_ok, "recording the dumps failed: %s", out);
+    char args[512], dir[128];
+    snprintf(dir, sizeof dir, "%s/note", dumps);
+    snprintf(args, sizeof args, "%s/a.h5 %s/ok.h5 -o %s --note 'expected <identical> *now*'",
+             dumps, dumps, dir);
+    report_cli(args, 0);
+    char *html = slurp(dir, "index.html"), *md = slurp(dir, "summary.md");
+    ck_assert_ptr_nonnull(strstr(html, "<p class=\"note\">expected &lt;identical&gt; *now*</p>"));
+    ck_assert_msg(strstr(md, "**expected <identical> \\*now\\***") ||
+                  strstr(md, "**expected \\<identical\\> \\*now\\***"), "%s", md);
+    free(html);
+    free(md);
 }
 END_TEST
 
@@ -204,7 +253,46 @@ START_TEST(test_divergent_report)
     free(dat);
     char *steps = slurp(plots, "steps.gp");
     ck_assert_ptr_nonnull(strstr(steps, "approximate, from top-k"));
+    /* inside the frame, right of its line: clear of the title and ticks */
+    ck_assert_ptr_nonnull(strstr(steps, "set label 'tokens differ' at -0.5, graph 0.96 left"));
     free(steps);
+    /* From the first position whose input token differs (40) on, rows are
+     * not compared: blank (NaN) in the heatmap, not coloured as errors. */
+    dat = slurp(plots, "heatmap.dat");
+    ck_assert_ptr_nonnull(strstr(dat, "\n39 0 "));
+    ck_assert_ptr_null(strstr(dat, "\n39 0 NaN"));
+    ck_assert_ptr_nonnull(strstr(dat, "\n40 0 NaN NaN\n"));
+    ck_assert_ptr_nonnull(strstr(dat, "\n46 5 NaN NaN\n"));
+    free(dat);
+    /* The positions plot draws the chunk boundaries its caption names, in
+     * a colour that shows on white. */
+    char *pgp = slurp(plots, "positions.gp");
+    ck_assert_ptr_nonnull(strstr(pgp, "set arrow from 4.5, graph 0 to 4.5, graph 1 nohead lw 1.5 "
+                                      "dt 3 lc rgb '#7f7f7f'"));
+    free(pgp);
+    html = slurp(dir, "index.html");
+    const char *cap = strstr(html, "<figcaption>Stage x_out, layers");
+    ck_assert_ptr_nonnull(cap);
+    ck_assert_ptr_nonnull(strstr(cap, "Dotted grey lines: the test&#39;s prefill chunk"));
+    cap = strstr(html, "<figcaption>Stage attn_lse, layer by position");
+    ck_assert_ptr_nonnull(cap);
+    ck_assert_ptr_nonnull(strstr(cap, "The green dot marks the first divergence."));
+    ck_assert_ptr_nonnull(strstr(cap, "are not compared and are left blank"));
+    /* A narrow window does not scroll sideways: the table scrolls inside
+     * itself, images shrink with their height. */
+    ck_assert_ptr_nonnull(strstr(html, "display:block;max-width:100%;overflow-x:auto"));
+    ck_assert_ptr_nonnull(strstr(html, "img{max-width:100%;height:auto"));
+    free(html);
+    /* Log axes are written alike in every plot: 1e-12 ... 1e+02. */
+    static const char *const logplots[] = {"growth.gp", "positions.gp"};
+    for (int i = 0; i < 2; i++) {
+        char *g = slurp(plots, logplots[i]);
+        ck_assert_msg(strstr(g, "set format y '%.0e'"), "%s", logplots[i]);
+        free(g);
+    }
+    gp = slurp(plots, "heatmap.gp");
+    ck_assert_ptr_nonnull(strstr(gp, "set format cb '1e%+03.0f'"));
+    free(gp);
 }
 END_TEST
 
@@ -703,6 +791,8 @@ Suite *report_suite(void)
     tcase_add_test(cli, test_divergent_report);
     tcase_add_test(cli, test_report_options);
     tcase_add_test(cli, test_json_input);
+    tcase_add_test(cli, test_json_without_stages_gets_table);
+    tcase_add_test(cli, test_report_note);
     tcase_add_test(cli, test_no_gnuplot);
     tcase_add_test(cli, test_gnuplot_fails);
     tcase_add_test(cli, test_malformed_json_deep);

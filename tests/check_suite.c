@@ -439,6 +439,32 @@ START_TEST(test_progress_line)
 }
 END_TEST
 
+/* The phase before the bar, elapsed time and an estimate after the count;
+ * a fraction of an item (a batch part-way through its layers) moves the
+ * bar and the estimate. */
+START_TEST(test_progress_phase_and_times)
+{
+    char buf[128];
+    progress_render_full(buf, sizeof buf, "2/4 test fingerprints", "positions", 10, 40, 12,
+                         NULL);
+    ck_assert_str_eq(buf, "2/4 test fingerprints [#####...............] 10/40 positions 0:12 "
+                          "eta 0:36");
+    progress_render_full(buf, sizeof buf, NULL, "cases", 0, 3, 5, "a");
+    ck_assert_str_eq(buf, "[....................] 0/3 cases 0:05 eta -:--  a");
+    progress_render_full(buf, sizeof buf, "", "positions", 6.5, 13, 3725, NULL);
+    ck_assert_str_eq(buf, "[##########..........] 6/13 positions 1:02:05 eta 1:02:05");
+    char clk[16];
+    progress_clock(clk, sizeof clk, 59.6);
+    ck_assert_str_eq(clk, "1:00");
+    progress_clock(clk, sizeof clk, -1);
+    ck_assert_str_eq(clk, "-:--");
+    /* Layer 1 of 6 done with a batch of 40 rows from position 0: 40 x 2/6. */
+    ck_assert(progress_batch_done(0, 40, 1, 6) > 13.3 && progress_batch_done(0, 40, 1, 6) < 13.4);
+    ck_assert(progress_batch_done(40, 1, 5, 6) == 41);
+    ck_assert(progress_batch_done(7, 3, 0, 0) == 10);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* The binary                                                           */
 
@@ -466,8 +492,11 @@ static void table_rows(const char *text, char *rows, size_t n)
 {
     const char *names[] = {"ring-ok ", "window-bug ", "cascade ", "wrong-place "};
     rows[0] = 0;
+    /* the table, after the lines printed as each case finished */
+    const char *table = strstr(text, "  expectation  ");
+    ck_assert_msg(table != NULL, "no table:\n%s", text);
     for (size_t i = 0; i < 4; i++) {
-        const char *line = strstr(text, names[i]);
+        const char *line = strstr(table, names[i]);
         ck_assert_msg(line != NULL, "no row for %s:\n%s", names[i], text);
         const char *eol = strchr(line, '\n');
         const char *o = strstr(line, "  pass  ");
@@ -509,6 +538,20 @@ START_TEST(test_cli_runs_cases)
     }
     snprintf(f, sizeof f, "%s/ring-ok", keep);
     ck_assert_msg(!exists(f), "a passing case's folder %s was kept", f);
+    /* Piped, each case's line came as it finished, before the table. */
+    const char *line = strstr(out, "] FAIL    wrong-place  ");
+    ck_assert_msg(line && line < strstr(out, "  expectation  "), "%s", out);
+    ck_assert_msg(strstr(out, "] pass    ring-ok  "), "%s", out);
+    /* The failure's report says what the case expected. */
+    snprintf(f, sizeof f, "%s/wrong-place/report/index.html", keep);
+    FILE *rf = fopen(f, "r");
+    ck_assert_msg(rf != NULL, "%s missing", f);
+    static char page[1 << 18];
+    size_t plen = fread(page, 1, sizeof page - 1, rf);
+    page[plen] = 0;
+    fclose(rf);
+    ck_assert_msg(strstr(page, "suite case wrong-place expected: detects window at layer 0 "
+                               "position 5 stage attn_lse (diagnosis window)"), "%s", f);
     table_rows(out, rows1, sizeof rows1);
     ck_assert_str_eq(rows1, "ring-ok pass -\n"
                             "window-bug pass layer 0 position 4 attn_lse\n"
@@ -535,6 +578,36 @@ START_TEST(test_cli_runs_cases)
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
     table_rows(out, rows2, sizeof rows2);
     ck_assert_str_eq(rows1, rows2);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A case whose comparison cannot run is an ERROR: its folder keeps the
+ * dumps and the log, but no empty compare.json and no report of dumps the
+ * comparison refused. */
+START_TEST(test_cli_error_case_leaves_no_debris)
+{
+    char dir[64], path[128], args[512], keep[128], f[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/err.suite", dir);
+    write_file(path, "[other-weights]\n"
+                     "model = tiny-gemma3\n"
+                     "prompt = random:12:1\n"
+                     "max_new = 2\n"
+                     "a = --engine reference\n"
+                     "b = --engine reference --dtype bf16\n"
+                     "expect = identical\n");
+    snprintf(keep, sizeof keep, "%s/work", dir);
+    snprintf(args, sizeof args, "suite %s --keep %s", path, keep);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "ERROR other-weights: kvdiff compare exited with 2"), "%s", out);
+    snprintf(f, sizeof f, "%s/other-weights/b.h5", keep);
+    ck_assert_msg(exists(f), "%s missing", f);
+    snprintf(f, sizeof f, "%s/other-weights/compare.json", keep);
+    struct stat st;
+    ck_assert_msg(stat(f, &st) != 0 || st.st_size > 0, "%s is empty", f);
+    snprintf(f, sizeof f, "%s/other-weights/report", keep);
+    ck_assert_msg(!exists(f), "%s made for an ERROR case", f);
     test_rmtree(dir);
 }
 END_TEST
@@ -742,9 +815,11 @@ Suite *suite_suite(void)
     tcase_add_test(tc, test_select);
     tcase_add_test(tc, test_junit_escapes);
     tcase_add_test(tc, test_progress_line);
+    tcase_add_test(tc, test_progress_phase_and_times);
     suite_add_tcase(s, tc);
     tc = tcase_create("binary");
     tcase_add_test(tc, test_cli_runs_cases);
+    tcase_add_test(tc, test_cli_error_case_leaves_no_debris);
     tcase_add_test(tc, test_cli_select_and_list);
     tcase_add_test(tc, test_cli_refuses);
     tcase_add_test(tc, test_cli_case_error);
