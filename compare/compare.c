@@ -205,9 +205,15 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
         snprintf(why, sizeof why, "weight fingerprints %s vs %s", a->weights, b->weights);
     if (why[0]) {
         if (!force)
-            return kv_errf(e, "%s (%s) and %s (%s) are not the same model: %s; refusing to "
-                           "compare (--force to compare anyway)", a->label, what, b->label,
-                           what, why);
+        {
+            /* Name each file once, in the order of "why"'s values. */
+            if (strcmp(what, "model"))
+                return kv_errf(e, "the %s %s is not the same model as %s: %s; refusing "
+                               "to compare (--force to compare anyway)", what, b->label,
+                               a->label, why);
+            return kv_errf(e, "%s and %s are not the same model: %s; refusing to "
+                           "compare (--force to compare anyway)", a->label, b->label, why);
+        }
         cmp_note(r, "compared despite different models (forced): %s", why);
     }
     if (x->sliding_window != y->sliding_window)

@@ -521,6 +521,10 @@ char *cmp_render_text(const cmp_result *r, unsigned flags);
 
 /* The same content as JSON with stable keys (a new reference the caller
  * json_decref's; NULL when out of memory), and as compact text (malloc'd). */
+/* The "schema" member every JSON result starts with; bumped when a member
+ * changes meaning (reports/jsonin.c reads this and results without it). */
+#define CMP_JSON_SCHEMA "kvdiff-compare/1"
+
 json_t *cmp_result_json(const cmp_result *r, unsigned flags);
 char *cmp_render_json(const cmp_result *r, unsigned flags);
 

@@ -454,14 +454,21 @@ static json_t *jcompared(const cmp_result *r)
                      "walked_to", (json_int_t)cv->walked_to, "by_index", cv->by_index);
 }
 
+/* An index that may not apply (no head for a model stage, no column for
+ * a fingerprint): null, never a -1 a reader could take for a number. */
+static json_t *jidx(int i)
+{
+    return i < 0 ? json_null() : json_integer(i);
+}
+
 static json_t *jdiv(const cmp_divergence *d)
 {
     if (!d->found)
         return json_null();
-    json_t *j = json_pack("{sI si ss sb si si si so so so sI sb si so so}", "position",
+    json_t *j = json_pack("{sI si ss sb so so so so so so sI sb si so so}", "position",
                           (json_int_t)d->pos, "layer", d->layer, "stage", stage_name(d->stage),
-                          "fingerprint", d->hashed, "column", d->col, "head", d->head, "dim",
-                          d->dim, "ref", jnum(d->ref), "test", jnum(d->test), "abs",
+                          "fingerprint", d->hashed, "column", jidx(d->col), "head",
+                          jidx(d->head), "dim", jidx(d->dim), "ref", jnum(d->ref), "test", jnum(d->test), "abs",
                           jnum(d->abs_err), "ulp",
                           (json_int_t)(d->ulp > INT64_MAX ? INT64_MAX : d->ulp), "nonfinite",
                           d->nonfinite, "bad_elements", d->n_bad, "row_max_abs",
@@ -601,8 +608,8 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
     json_t *beyond = jdiv(&r->beyond);
     if (json_is_object(beyond))
         json_object_set_new(beyond, "evidence", jevidence(&r->beyond, &r->beyond_ev));
-    json_t *j = json_pack("{ss si so so so so so so so so so}", "verdict",
-                          cmp_verdict_name(r->verdict), "exit_code", cmp_exit_code(0, r), "mode",
+    json_t *j = json_pack("{ss ss si so so so so so so so so so}", "schema", CMP_JSON_SCHEMA,
+                          "verdict", cmp_verdict_name(r->verdict), "exit_code", cmp_exit_code(0, r), "mode",
                           mode, "compared", jcompared(r), "first_divergence", jdiv(&r->first),
                           "evidence", jevidence(&r->first, &r->ev), "beyond_drift", beyond,
                           "diagnosis", diag, "tokens", jtokens(&r->tokens), "logits",

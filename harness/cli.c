@@ -1,6 +1,8 @@
 /* cli.c — option helpers shared by the verbs (cli.h). */
 #include <dirent.h>
 #include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -85,10 +87,21 @@ int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_er
 {
     long v;
     if (!strcmp(name, "model")) {
+        size_t n = strlen(val);
         o->model = val;
+        if (n > 1 && val[n - 1] == '/' && n < sizeof o->model_dir) {
+            /* "dir/" -> "dir" only where model_open still sees a folder;
+             * a missing one is refused in cli_open_model */
+            struct stat sb;
+            cli_dir(o->model_dir, sizeof o->model_dir, val);
+            if (strchr(o->model_dir, '/') ||
+                (stat(o->model_dir, &sb) == 0 && S_ISDIR(sb.st_mode)))
+                o->model = o->model_dir;
+        }
     } else if (!strcmp(name, "weights-seed")) {
         if (cli_u64("--weights-seed", val, &o->weights_seed, e) < 0)
             return -1;
+        o->weights_seed_given = true;
     } else if (!strcmp(name, "dtype")) {
         if (!strcmp(val, "f32"))
             o->wtype = KERN_F32;
@@ -133,6 +146,20 @@ int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e
     progress_phase(&bar, "weights");
     model_opts mo = {.wtype = o->wtype, .progress = cli_model_progress, .progress_ctx = &bar};
     memset(kc, 0, sizeof *kc);
+    struct stat sb;
+    /* model_open's own test of a folder */
+    bool folder = strchr(o->model, '/') || (stat(o->model, &sb) == 0 && S_ISDIR(sb.st_mode));
+    if (folder && stat(o->model, &sb) != 0) {
+        progress_end(&bar);
+        return kv_errf(e, "--model %s: %s (a model is a preset name or a Hugging Face "
+                          "folder)", o->model, strerror(errno));
+    }
+    if (folder && o->weights_seed_given) {
+        progress_end(&bar);
+        return kv_errf(e, "--weights-seed: --model %s is a folder, whose weights are its "
+                          "files; --weights-seed draws a preset's weights (kvdiff gen "
+                          "--help lists the presets)", o->model);
+    }
     int rc = model_open(o->model, o->weights_seed, &mo, m, e);
     progress_end(&bar);
     if (rc < 0)
@@ -283,6 +310,68 @@ void cli_error(const char *verb, const kv_err *e)
     fprintf(stderr, "kvdiff %s: ", verb);
     cli_fputs_escaped(e->msg, stderr, false);
     fputc('\n', stderr);
+}
+
+void cli_usage_error(const char *verb, const kv_err *e)
+{
+    fprintf(stderr, "kvdiff %s: ", verb);
+    cli_fputs_escaped(e->msg, stderr, false);
+    fprintf(stderr, "; see kvdiff %s --help\n", verb);
+}
+
+void cli_json_error(const char *verb, const kv_err *e, int code)
+{
+    json_t *j = json_pack("{ss ss ss si}", "schema", "kvdiff-error/1", "verb", verb, "error",
+                          e->msg, "exit_code", code);
+    /* json_pack refuses a message that is not UTF-8: say so in ASCII */
+    if (!j)
+        j = json_pack("{ss ss ss si}", "schema", "kvdiff-error/1", "verb", verb, "error",
+                      "(the message is not valid UTF-8; see stderr)", "exit_code", code);
+    char *text = j ? json_dumps(j, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
+    if (text)
+        printf("%s\n", text);
+    free(text);
+    json_decref(j);
+}
+
+int cli_getopt_error(int ch, char **argv, kv_err *e)
+{
+    /* A short option names itself in optopt; a long one is the argument
+     * getopt just stepped over. */
+    char name[256];
+    const char *prev = optind > 0 ? argv[optind - 1] : NULL;
+    if (prev && !strncmp(prev, "--", 2))
+        snprintf(name, sizeof name, "%s", prev);
+    else if (optopt)
+        snprintf(name, sizeof name, "-%c", optopt);
+    else
+        snprintf(name, sizeof name, "%s", prev ? prev : "?");
+    char *eq = strchr(name, '=');
+    if (eq && name[0] == '-' && name[1] == '-')
+        *eq = 0;
+    if (ch == ':')
+        return kv_errf(e, "option '%s' needs a value", name);
+    return kv_errf(e, "unknown option '%s'", name);
+}
+
+char *cli_join(char *buf, size_t n, const char *dir, const char *name)
+{
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    while (*name == '/')
+        name++;
+    snprintf(buf, n, "%.*s%s%s", (int)len, dir, len && dir[len - 1] == '/' ? "" : "/", name);
+    return buf;
+}
+
+char *cli_dir(char *buf, size_t n, const char *dir)
+{
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/')
+        len--;
+    snprintf(buf, n, "%.*s", (int)len, dir);
+    return buf;
 }
 
 void cli_print_ids(FILE *f, const int32_t *ids, int n)

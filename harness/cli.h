@@ -29,7 +29,10 @@ int cli_tolerance_conflict(const char *name, const char **state, kv_err *e);
 /* What the model options select. */
 typedef struct {
     const char *model;      /* preset name or folder; default "tiny-gemma3" */
+    char model_dir[4096];   /* a folder given as "dir/": "dir", which model
+                             * points to (so no message prints "dir//x") */
     uint64_t weights_seed;  /* synthetic presets */
+    bool weights_seed_given; /* --weights-seed came: an error with a folder */
     int wtype;              /* -1 from file, else kern_wtype */
     int threads;
     kern_isa isa;
@@ -45,7 +48,9 @@ int cli_model_option(cli_model_opts *o, const char *name, const char *val, kv_er
 void cli_model_progress(void *ctx, int64_t done, int64_t total, const char *tensor);
 
 /* Opens the model and the kernel context (pool) the options name; on a
- * terminal, stderr shows a bar over the tensors meanwhile. */
+ * terminal, stderr shows a bar over the tensors meanwhile. A folder model
+ * with --weights-seed is refused: its weights are its files, and a seed
+ * that changes nothing must not pass for one that took effect. */
 int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e);
 void cli_close_model(kv_model *m, kern_ctx *kc);
 
@@ -76,6 +81,29 @@ int cli_make_prompt(const cli_prompt_opts *p, const cli_model_opts *mo, const kv
 /* Prints "kvdiff VERB: message" to stderr, the message on one line with
  * control bytes escaped (cli_escape). */
 void cli_error(const char *verb, const kv_err *e);
+
+/* cli_error for a mistake in the command line itself: the same line ending
+ * in "; see kvdiff VERB --help" (one line, never the whole usage). */
+void cli_usage_error(const char *verb, const kv_err *e);
+
+/* For --json: the error as a JSON object on stdout, {"schema":
+ * "kvdiff-error/1", "verb": VERB, "error": MESSAGE, "exit_code": CODE}, so a
+ * program reading stdout always gets JSON (cli_error still tells stderr). */
+void cli_json_error(const char *verb, const kv_err *e, int code);
+
+/* The message for getopt_long's answer ch ('?' or ':') once it found a bad
+ * option: "unknown option '--x'" or "option '--x' needs a value". Verbs
+ * parse with opterr = 0 and an optstring starting with ':', so getopt
+ * prints nothing under its own name. Returns -1. */
+int cli_getopt_error(int ch, char **argv, kv_err *e);
+
+/* dir and name joined with exactly one '/' between them (a dir given as
+ * "out/" does not print as "out//x"), into buf of n bytes. Returns buf. */
+char *cli_join(char *buf, size_t n, const char *dir, const char *name);
+
+/* dir without its trailing slashes ("out/" -> "out", "/" stays), into buf
+ * of n bytes, so paths printed under it have no "//". Returns buf. */
+char *cli_dir(char *buf, size_t n, const char *dir);
 
 /* Prints n ids separated by spaces (wrapping is left to the terminal). */
 void cli_print_ids(FILE *f, const int32_t *ids, int n);

@@ -31,7 +31,13 @@ static void bisect_usage(FILE *f)
             "  --json             the final comparison as JSON\n"
             "  --stages           add the per-layer, per-stage metrics table\n"
             "  --verbose          timings on stderr\n"
-            "See kvdiff run --help for the model, prompt and engine options.\n");
+            "See kvdiff run --help for the model, prompt and engine options.\n"
+            "\n"
+            "Examples:\n"
+            "  kvdiff bisect --model tiny-gemma3 --prompt-random 200 --engine chunked --chunk 5 \\\n"
+            "                --inject window=4 -o bisect\n"
+            "  kvdiff bisect --model qwen2.5-0.5b-shape --prompt-random 1024 --engine chunked \\\n"
+            "                --chunk 64 -o bisect --json > bisect.json\n");
 }
 
 /* Stops a run once it has computed every position a selection records:
@@ -138,7 +144,7 @@ static int make_dir(run_opts *o, char *buf, size_t n, kv_err *e)
         struct stat st;
         if (stat(o->out_dir, &st) < 0 || !S_ISDIR(st.st_mode))
             return kv_errf(e, "%s: not a folder", o->out_dir);
-        snprintf(buf, n, "%s", o->out_dir);
+        cli_dir(buf, n, o->out_dir);   /* "out/" prints as out/ref.h5, not out//ref.h5 */
         return 0;
     }
     const char *tmp = getenv("TMPDIR");
@@ -279,12 +285,16 @@ int cmd_bisect(int argc, char **argv)
         return EXIT_OK;
     }
     if (pr < 0) {
-        cli_error("bisect", &e);
+        if (o.json)
+            cli_json_error("bisect", &e, EXIT_USAGE);
+        cli_usage_error("bisect", &e);
         return EXIT_USAGE;
     }
     kv_model m;
     kern_ctx kc;
     if (cli_open_model(&o.mo, &m, &kc, &e) < 0) {
+        if (o.json)
+            cli_json_error("bisect", &e, EXIT_USAGE);
         cli_error("bisect", &e);
         return EXIT_USAGE;
     }
@@ -295,6 +305,8 @@ int cmd_bisect(int argc, char **argv)
         cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) == 0)
         code = bisect(&o, &m, &kc, prompt, n_prompt, &e);
     tok_free(tok);
+    if (code == EXIT_USAGE && o.json)
+        cli_json_error("bisect", &e, code);
     if (code == EXIT_USAGE)
         cli_error("bisect", &e);
     free(prompt);

@@ -10,6 +10,7 @@
 #include "progress.h"
 #include "verbs.h"
 #include "../compare/compare.h"
+#include "../reports/report.h"
 
 static void compare_usage(FILE *f)
 {
@@ -32,13 +33,23 @@ static void compare_usage(FILE *f)
             "  --force            compare despite a model or prompt mismatch\n"
             "  --no-hashes        read every row, even where both dumps' row hashes agree\n"
             "  --stages           add the per-layer, per-stage metrics table\n"
-            "  --json             print the result as JSON\n");
+            "  --json             print the result as JSON (\"schema\": \"" CMP_JSON_SCHEMA "\");\n"
+            "                     an error too, as {\"error\": ..., \"exit_code\": 2}\n"
+            "  -q, --quiet        no progress bar; print only the verdict line\n"
+            "\n"
+            "Examples:\n"
+            "  kvdiff compare ref.h5 chk.h5\n"
+            "  kvdiff compare ref.h5 chk.h5 --json > result.json   # kvdiff report result.json -o out\n"
+            "  kvdiff compare ref.h5 cascade.h5 --rtol 1e-5\n"
+            "  kvdiff compare ref.h5 cascade.h5 --noise-floor cascade-chunk7.h5\n"
+            "  kvdiff compare -q ref.h5 chk.h5 || echo diverged\n");
 }
 
 typedef struct {
     cmp_opts co;
     const char *noise;
     bool json;
+    bool quiet;
     unsigned flags;
 } compare_args;
 
@@ -49,16 +60,25 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         {"rtol", required_argument, 0, 0}, {"ulp", required_argument, 0, 0},
         {"noise-floor", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"stages", no_argument, 0, 0}, {"json", no_argument, 0, 0},
-        {"no-hashes", no_argument, 0, 0},
+        {"no-hashes", no_argument, 0, 0}, {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
     const char *exact_with = NULL;
     optind = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, ":hq", longopts, &idx)) != -1) {
         if (ch == 'h')
             return 1;
-        if (ch != 0)
-            return kv_errf(e, "see kvdiff compare --help");
+        if (ch == 'q') {
+            a->quiet = true;
+            continue;
+        }
+        if (ch != 0) {
+            /* --json may come after the mistake: the error is JSON then too */
+            for (int i = optind; i < argc; i++)
+                a->json = a->json || !strcmp(argv[i], "--json");
+            return cli_getopt_error(ch, argv, e);
+        }
         const char *n = longopts[idx].name;
         int rc = 0;
         if (!strcmp(n, "exact")) a->co.atol = a->co.rtol = 0, a->co.ulp = 0;
@@ -75,6 +95,9 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         if (rc < 0)
             return -1;
     }
+    if (a->json && a->quiet)
+        return kv_errf(e, "-q and --json: -q prints one line, --json the whole result; "
+                          "give one or the other");
     if (argc - optind != 2)
         return kv_errf(e, "give two dumps: kvdiff compare REF.h5 TEST.h5");
     return 0;
@@ -113,7 +136,9 @@ int cmd_compare(int argc, char **argv)
         return EXIT_OK;
     }
     if (pr < 0) {
-        cli_error("compare", &e);
+        if (a.json)
+            cli_json_error("compare", &e, EXIT_USAGE);
+        cli_usage_error("compare", &e);
         return EXIT_USAGE;
     }
     cmp_source ref, test, noise;
@@ -126,7 +151,7 @@ int cmd_compare(int argc, char **argv)
     cmp_result r;
     memset(&r, 0, sizeof r);
     progress bar;
-    progress_start(&bar, stderr, "positions", 0);
+    progress_start(&bar, a.quiet ? NULL : stderr, "positions", 0);
     a.co.progress = compare_progress;
     a.co.progress_ctx = &bar;
     if (dr && dt && (!a.noise || dn))
@@ -134,7 +159,14 @@ int cmd_compare(int argc, char **argv)
     progress_end(&bar);
     int code = cmp_exit_code(rc, &r);
     if (rc < 0) {
+        if (a.json)
+            cli_json_error("compare", &e, code);
         cli_error("compare", &e);
+    } else if (a.quiet) {
+        char verdict[1024];   /* the line kvdiff report opens with */
+        report_verdict_line(&r, verdict, sizeof verdict);
+        cli_fputs_escaped(verdict, stdout, false);
+        putchar('\n');
     } else {
         char *text = a.json ? render_json(&r, a.flags, argv[optind], argv[optind + 1])
                             : cmp_render_text(&r, a.flags);

@@ -14,7 +14,7 @@
 static void gen_usage(FILE *f)
 {
     fprintf(f,
-            "usage: kvdiff gen --preset NAME [--seed N] [--dtype T] [-o DIR] [--gguf FILE]\n"
+            "usage: kvdiff gen --preset NAME [--weights-seed N] [--dtype T] [-o DIR] [--gguf FILE]\n"
             "       kvdiff gen --from DIR --gguf FILE [--dtype T]\n"
             "\n"
             "Writes a synthetic model (weights drawn from PCG32) as a Hugging Face\n"
@@ -35,13 +35,21 @@ static void gen_usage(FILE *f)
     for (const char *const *p = config_preset_names(); *p; p++)
         fprintf(f, " %s", *p);
     fprintf(f, "\n"
-               "  --seed N        weight seed (default 0)\n"
+               "  --weights-seed N  weight seed (default 0), as `kvdiff run --weights-seed`;\n"
+               "                  --seed N is its old name, still accepted with a note\n"
                "  --dtype T       f32 (default) or bf16 tensors; f16 too for --gguf alone\n"
                "                  (GGUF keeps norms and biases f32, as llama.cpp's\n"
                "                  converter does)\n"
                "  -o, --out DIR   output folder (created if missing)\n"
                "  --gguf FILE     output GGUF file (written whole or not at all)\n"
-               "  --from DIR      Hugging Face folder to export (needs --gguf)\n");
+               "  --from DIR      Hugging Face folder to export (needs --gguf)\n"
+               "\n"
+               "Examples:\n"
+               "  kvdiff gen --preset tiny-gemma3 --weights-seed 7 -o tiny-g3\n"
+               "  kvdiff run --model tiny-g3 --prompt-random 40   # = --model tiny-gemma3 --weights-seed 7\n"
+               "  kvdiff gen --preset tiny-llama --dtype bf16 -o tiny-llama-bf16\n"
+               "  kvdiff gen --preset tiny-gemma3 --weights-seed 7 --gguf g3.gguf\n"
+               "  kvdiff gen --from tiny-g3 --gguf g3-from-folder.gguf --dtype f16\n");
 }
 
 /* True when file is dir/config.json or dir/model.safetensors. */
@@ -62,9 +70,10 @@ static int is_folder_output(const char *file, const char *dir)
 
 int cmd_gen(int argc, char **argv)
 {
-    enum { OPT_GGUF = 256, OPT_FROM };
+    enum { OPT_GGUF = 256, OPT_FROM, OPT_OLD_SEED };
     static const struct option longopts[] = {
-        {"preset", required_argument, 0, 'p'}, {"seed", required_argument, 0, 's'},
+        {"preset", required_argument, 0, 'p'}, {"weights-seed", required_argument, 0, 's'},
+        {"seed", required_argument, 0, OPT_OLD_SEED},
         {"dtype", required_argument, 0, 'd'},  {"out", required_argument, 0, 'o'},
         {"gguf", required_argument, 0, OPT_GGUF}, {"from", required_argument, 0, OPT_FROM},
         {"help", no_argument, 0, 'h'},         {0, 0, 0, 0}};
@@ -74,14 +83,21 @@ int cmd_gen(int argc, char **argv)
     int ch, seed_given = 0;
     kv_err e = {{0}};
     optind = 0;
-    while ((ch = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, ":o:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'p': preset = optarg; break;
         case 'o': out = optarg; break;
         case OPT_GGUF: gguf = optarg; break;
         case OPT_FROM: from = optarg; break;
+        case OPT_OLD_SEED:
+            /* `run --seed` is the prompt's seed; gen's old --seed (the
+             * weights) keeps working, under its new name from now on. */
+            fprintf(stderr, "kvdiff gen: note: --seed is the old name of --weights-seed "
+                            "(the weight seed, as in kvdiff run --weights-seed)\n");
+            /* fall through */
         case 's':
-            if (cli_u64("--seed", optarg, &seed, &e) < 0)
+            if (cli_u64(ch == 's' ? "--weights-seed" : "--seed", optarg, &seed, &e) < 0)
                 goto usage_error;
             seed_given = 1;
             break;
@@ -93,30 +109,37 @@ int cmd_gen(int argc, char **argv)
             dtype = optarg;
             break;
         case 'h': gen_usage(stdout); return EXIT_OK;
-        default: gen_usage(stderr); return EXIT_USAGE;
+        default:
+            cli_getopt_error(ch, argv, &e);
+            goto usage_error;
         }
     }
     if (optind < argc) {
         kv_errf(&e, "unexpected argument '%s'", argv[optind]);
         goto usage_error;
     }
+    /* "dir/" is "dir": no path printed below it shows "//" */
+    char from_buf[4096], out_buf[4096];
+    if (from)
+        from = cli_dir(from_buf, sizeof from_buf, from);
+    if (out)
+        out = cli_dir(out_buf, sizeof out_buf, out);
     if (from) {
         if (preset || out || seed_given) {
-            kv_errf(&e, "--from exports a folder: --preset, --seed and -o do not apply");
+            kv_errf(&e, "--from exports a folder: --preset, --weights-seed and -o do not apply");
             goto usage_error;
         }
         if (!gguf) {
-            kv_errf(&e, "--from needs --gguf FILE (see kvdiff gen --help)");
+            kv_errf(&e, "--from needs --gguf FILE");
             goto usage_error;
         }
         if (gguf_export_dir(from, gt, gguf, &e) < 0)
-            goto usage_error;
+            goto input_error;
         printf("wrote %s (from %s, %s)\n", gguf, from, dtype);
         return EXIT_OK;
     }
     if (!preset || (!out && !gguf)) {
-        kv_errf(&e, "--preset and -o are required, or --preset and --gguf "
-                    "(see kvdiff gen --help)");
+        kv_errf(&e, "--preset and -o are required, or --preset and --gguf");
         goto usage_error;
     }
     if (out && gt == GGUF_OUT_F16) {
@@ -130,7 +153,7 @@ int cmd_gen(int argc, char **argv)
             goto usage_error;
         if (gguf_export_check(&c, &e) < 0) {
             kv_err_prefix(&e, preset);
-            goto usage_error;
+            goto input_error;
         }
     }
     if (out) {
@@ -141,23 +164,29 @@ int cmd_gen(int argc, char **argv)
                                            cli_model_progress, &bar, &e);
         progress_end(&bar);
         if (rc < 0)
-            goto usage_error;
-        printf("wrote %s/config.json and %s/model.safetensors (preset %s, seed %llu, %s)\n",
-               out, out, preset, (unsigned long long)seed, dtype);
+            goto input_error;
+        char cfg[4200], st[4200];
+        printf("wrote %s and %s (preset %s, weights seed %llu, %s)\n",
+               cli_join(cfg, sizeof cfg, out, "config.json"),
+               cli_join(st, sizeof st, out, "model.safetensors"), preset,
+               (unsigned long long)seed, dtype);
         if (gguf && is_folder_output(gguf, out)) {
             kv_errf(&e, "%s: is a file of the folder just written; choose another output",
                     gguf);
-            goto usage_error;
+            goto input_error;
         }
     }
     if (gguf) {
         if (gguf_export_preset(preset, seed, gt, gguf, &e) < 0)
-            goto usage_error;
-        printf("wrote %s (preset %s, seed %llu, %s)\n", gguf, preset,
+            goto input_error;
+        printf("wrote %s (preset %s, weights seed %llu, %s)\n", gguf, preset,
                (unsigned long long)seed, dtype);
     }
     return EXIT_OK;
 usage_error:
+    cli_usage_error("gen", &e);
+    return EXIT_USAGE;
+input_error:
     cli_error("gen", &e);
     return EXIT_USAGE;
 }

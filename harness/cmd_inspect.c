@@ -15,6 +15,18 @@ static int wants_help(int argc, char **argv)
     return 0;
 }
 
+/* The verb takes exactly one file and no option: 0, or -1 with e saying
+ * what is wrong (one line; the usage is --help's). */
+static int one_file(int argc, char **argv, kv_err *e)
+{
+    for (int i = 1; i < argc; i++)
+        if (argv[i][0] == '-' && argv[i][1])
+            return kv_errf(e, "unknown option '%s'", argv[i]);
+    if (argc != 2)
+        return kv_errf(e, "give one dump: kvdiff %s FILE.h5 (%d given)", argv[0], argc - 1);
+    return 0;
+}
+
 /* One line per layer: its attention and each stage's position range. */
 static void print_layer(const dump_file *f, int layer)
 {
@@ -65,14 +77,21 @@ static void show(const char *label, const char *value, const char *tail)
 
 int cmd_inspect(int argc, char **argv)
 {
-    if (wants_help(argc, argv) || argc != 2) {
-        fprintf(argc == 2 ? stdout : stderr,
-                "usage: kvdiff inspect FILE.h5\n\n"
-                "Prints what a dump holds: engine and settings, model, status, tokens,\n"
-                "and per layer the recorded stages and positions.\n");
-        return argc == 2 ? EXIT_OK : EXIT_USAGE;
-    }
     kv_err e = {{0}};
+    if (wants_help(argc, argv)) {
+        printf("usage: kvdiff inspect FILE.h5\n\n"
+               "Prints what a dump holds: engine and settings, model, status, tokens,\n"
+               "and per layer the recorded stages and positions.\n"
+               "\n"
+               "Examples:\n"
+               "  kvdiff inspect ref.h5\n"
+               "  kvdiff inspect bisect/ref.fp.h5     # a fingerprint dump\n");
+        return EXIT_OK;
+    }
+    if (one_file(argc, argv, &e) < 0) {
+        cli_usage_error("inspect", &e);
+        return EXIT_USAGE;
+    }
     dump_file *f = dump_open(argv[1], &e);
     if (!f) {
         cli_error("inspect", &e);
@@ -133,15 +152,22 @@ static void print_violation(void *ctx, const char *line)
 
 int cmd_validate(int argc, char **argv)
 {
-    if (wants_help(argc, argv) || argc != 2) {
-        fprintf(argc == 2 ? stdout : stderr,
-                "usage: kvdiff validate FILE.h5\n\n"
-                "Checks a dump (ours or another program's) against the schema in\n"
-                "docs/dump-format.md and names every violation, one per line.\n"
-                "Exit 0 when it conforms, 2 when it does not or cannot be read.\n");
-        return argc == 2 ? EXIT_OK : EXIT_USAGE;
-    }
     kv_err e = {{0}};
+    if (wants_help(argc, argv)) {
+        printf("usage: kvdiff validate FILE.h5\n\n"
+               "Checks a dump (ours or another program's) against the schema in\n"
+               "docs/dump-format.md and names every violation, one per line.\n"
+               "Exit 0 when it conforms, 2 when it does not or cannot be read.\n"
+               "\n"
+               "Examples:\n"
+               "  kvdiff validate theirs.h5      # a dump written by another program\n"
+               "  kvdiff validate ref.h5 && kvdiff compare ref.h5 theirs.h5\n");
+        return EXIT_OK;
+    }
+    if (one_file(argc, argv, &e) < 0) {
+        cli_usage_error("validate", &e);
+        return EXIT_USAGE;
+    }
     int n = dump_validate(argv[1], print_violation, argv[1], &e);
     if (n < 0) {
         cli_error("validate", &e);

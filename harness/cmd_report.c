@@ -26,7 +26,8 @@ static void report_usage(FILE *f)
             "`gnuplot NAME.gp` there redraws it). gnuplot is found on PATH; GNUPLOT names\n"
             "another. Exit 0 same, 1 diverged, 2 error.\n"
             "\n"
-            "  -o, --output DIR   the report folder (created; its parent must exist)\n"
+            "  -o, --out DIR      the report folder (created; its parent must exist);\n"
+            "                     --output DIR is the same\n"
             "  --stage NAME       layer stage of every row plot (default: the heatmap shows\n"
             "                     the first divergence's stage, the others x_out)\n"
             "  --layers L,L,...   layers of the along-positions plot (at most 16; default:\n"
@@ -34,7 +35,12 @@ static void report_usage(FILE *f)
             "  --note TEXT        a line shown under the verdict (kvdiff suite gives what\n"
             "                     the case expected)\n"
             "comparison (dumps only), as in kvdiff compare:\n"
-            "  --exact, --atol X, --rtol X, --ulp N, --noise-floor F.h5, --force\n");
+            "  --exact, --atol X, --rtol X, --ulp N, --noise-floor F.h5, --force\n"
+            "\n"
+            "Examples:\n"
+            "  kvdiff report ref.h5 chk.h5 -o out        # then open out/index.html\n"
+            "  kvdiff compare ref.h5 chk.h5 --json > r.json; kvdiff report r.json -o out\n"
+            "  kvdiff report ref.h5 chk.h5 -o out --stage k --layers 0,3,5\n");
 }
 
 typedef struct {
@@ -64,7 +70,8 @@ static int parse_layers(const char *s, report_opts *o, kv_err *e)
 static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
 {
     static const struct option longopts[] = {
-        {"output", required_argument, 0, 'o'}, {"stage", required_argument, 0, 0},
+        {"out", required_argument, 0, 'o'},   {"output", required_argument, 0, 'o'},
+        {"stage", required_argument, 0, 0},
         {"layers", required_argument, 0, 0}, {"exact", no_argument, 0, 0},
         {"atol", required_argument, 0, 0}, {"rtol", required_argument, 0, 0},
         {"ulp", required_argument, 0, 0}, {"noise-floor", required_argument, 0, 0},
@@ -73,7 +80,8 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
     int ch, idx;
     const char *exact_with = NULL;
     optind = 0;
-    while ((ch = getopt_long(argc, argv, "ho:", longopts, &idx)) != -1) {
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, ":ho:", longopts, &idx)) != -1) {
         if (ch == 'h')
             return 1;
         if (ch == 'o') {
@@ -81,7 +89,7 @@ static int parse_report(int argc, char **argv, report_args *a, kv_err *e)
             continue;
         }
         if (ch != 0)
-            return kv_errf(e, "see kvdiff report --help");
+            return cli_getopt_error(ch, argv, e);
         const char *n = longopts[idx].name;
         int rc = 0;
         if (!strcmp(n, "stage")) {
@@ -276,9 +284,11 @@ int cmd_report(int argc, char **argv)
         return EXIT_OK;
     }
     if (pr < 0) {
-        cli_error("report", &e);
+        cli_usage_error("report", &e);
         return EXIT_USAGE;
     }
+    char outdir[4096];
+    a.outdir = cli_dir(outdir, sizeof outdir, a.outdir);
     if (argc - optind == 1)
         return from_json(&a, argv[optind]);
     return from_dumps(&a, argv[optind], argv[optind + 1]);

@@ -18,7 +18,8 @@ static void run_usage(FILE *f)
             "\n"
             "model:\n"
             "  --model M          preset name or Hugging Face folder (default tiny-gemma3)\n"
-            "  --weights-seed N   weight seed of a preset (default 0; as `gen --seed`)\n"
+            "  --weights-seed N   weight seed of a preset (default 0; as `gen --weights-seed`);\n"
+            "                     an error with a folder, whose weights are its files\n"
             "  --dtype T          weight storage f32 or bf16 (default: as the file; presets f32)\n"
             "prompt (one of):\n"
             "  --prompt-text S    text, encoded with the model folder's tokenizer.json\n"
@@ -38,7 +39,8 @@ static void run_usage(FILE *f)
             "engine:\n"
             "  --engine E         reference (default) or chunked\n"
             "  --prefill P        reference only: all (default), token, or N tokens per step\n"
-            "  --chunk C          chunked: prompt tokens per prefill chunk (default 16)\n"
+            "  --chunk C          chunked: prompt tokens per prefill chunk (default 16); a\n"
+            "                     chunk longer than the run takes the whole prompt at once\n"
             "  --cache S          chunked: dense (default), split, or ring\n"
             "  --attn A           chunked: exact (default, bit-identical) or cascade\n"
             "  --kv-share K       chunked, KV-shared layers: plain (default), padded, owner-read-only\n"
@@ -70,7 +72,16 @@ static void run_usage(FILE *f)
             "  --dump-ref FILE    with --compare: also record the reference run\n"
             "  --exact | --atol X | --rtol X | --ulp N   tolerance (default exact; with a\n"
             "                     tolerance both runs go to the end)\n"
-            "  --json             the result as JSON;  --stages  add the per-stage table\n");
+            "  --json             the result as JSON (errors too, as {\"error\": ...});\n"
+            "  --stages           add the per-stage table\n"
+            "\n"
+            "Examples:\n"
+            "  kvdiff run --model tiny-gemma3 --prompt-random 40 --max-new 8\n"
+            "  kvdiff run --model tiny-g3 --prompt-text \"The capital of France is\"   # a folder with tokenizer.json\n"
+            "  kvdiff run --model tiny-gemma3 --engine chunked --chunk 5 --cache ring --dump chk.h5\n"
+            "  kvdiff run --compare --model tiny-gemma3 --prompt-random 40 --engine chunked \\\n"
+            "             --chunk 5 --inject window=4\n"
+            "  kvdiff run --list-injections\n");
 }
 
 static void list_injections(void)
@@ -204,13 +215,23 @@ int cmd_run(int argc, char **argv)
         list_injections();
         return EXIT_OK;
     }
-    if (pr < 0 || check_outputs(&o, &e) < 0) {
+    if (pr < 0) {
+        if (o.json && o.compare)   /* --json is --compare's */
+            cli_json_error("run", &e, EXIT_USAGE);
+        cli_usage_error("run", &e);
+        return EXIT_USAGE;
+    }
+    if (check_outputs(&o, &e) < 0) {
+        if (o.json && o.compare)   /* --json is --compare's */
+            cli_json_error("run", &e, EXIT_USAGE);
         cli_error("run", &e);
         return EXIT_USAGE;
     }
     kv_model m;
     kern_ctx kc;
     if (cli_open_model(&o.mo, &m, &kc, &e) < 0) {
+        if (o.json && o.compare)   /* --json is --compare's */
+            cli_json_error("run", &e, EXIT_USAGE);
         cli_error("run", &e);
         return EXIT_USAGE;
     }
@@ -236,6 +257,8 @@ int cmd_run(int argc, char **argv)
         return rc;
     } else if (run_generation(&o, &m, &kc, tok, prompt, n_prompt, &e) < 0)
         rc = EXIT_USAGE;
+    if (rc != EXIT_OK && o.json && o.compare)
+        cli_json_error("run", &e, rc);
     if (rc != EXIT_OK)
         cli_error("run", &e);
     tok_free(tok);

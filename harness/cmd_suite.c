@@ -43,7 +43,15 @@ static void suite_usage(FILE *f)
             "                  log.txt, report/); a passing case's files are deleted\n"
             "  --timeout S     seconds one kvdiff process of a case may take before it is\n"
             "                  killed and the case counts as an error (default 600; 0: none)\n"
-            "  --list          print the selected cases and exit\n");
+            "  --list          print the selected cases and exit\n"
+            "  -q, --quiet     no progress bar and no table: the failures and the summary\n"
+            "                  line only\n"
+            "\n"
+            "Examples:\n"
+            "  kvdiff suite suites/release.suite --jobs 2 --junit junit.xml\n"
+            "  kvdiff suite suites/release.suite --list --filter window\n"
+            "  kvdiff suite suites/release.suite --shard 2/4 -q     # CI machine 2 of 4\n"
+            "  kvdiff suite my.suite --keep work/                     # keep every case's files\n");
 }
 
 typedef struct {
@@ -55,6 +63,7 @@ typedef struct {
     const char *junit;
     const char *keep;
     bool list;
+    bool quiet;
 } suite_args;
 
 static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
@@ -63,15 +72,21 @@ static int parse_suite_args(int argc, char **argv, suite_args *a, kv_err *e)
         {"jobs", required_argument, 0, 0},  {"timeout", required_argument, 0, 0},  {"shard", required_argument, 0, 0},
         {"filter", required_argument, 0, 0}, {"junit", required_argument, 0, 0},
         {"keep", required_argument, 0, 0},  {"list", no_argument, 0, 0},
-        {"help", no_argument, 0, 'h'},      {0, 0, 0, 0}};
+        {"quiet", no_argument, 0, 'q'},     {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     int ch, idx;
     long v;
     optind = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, &idx)) != -1) {
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, ":hq", longopts, &idx)) != -1) {
         if (ch == 'h')
             return 1;
+        if (ch == 'q') {
+            a->quiet = true;
+            continue;
+        }
         if (ch != 0)
-            return kv_errf(e, "see kvdiff suite --help");
+            return cli_getopt_error(ch, argv, e);
         const char *n = longopts[idx].name;
         if (!strcmp(n, "jobs")) {
             if (cli_int("--jobs", optarg, 1, 64, &v, e) < 0)
@@ -282,9 +297,10 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
         return kv_errf(e, "out of memory");
     /* On a terminal the bar shows progress and the table comes at the end;
      * piped (CI), nothing would show for minutes: each case's line is
-     * printed as it finishes, and the table still closes the run. */
-    case_feed feed = {.stream = !isatty(fileno(stdout))};
-    progress_start(&feed.bar, stderr, "cases", n);
+     * printed as it finishes, and the table still closes the run. -q: no
+     * bar, no lines, no table. */
+    case_feed feed = {.stream = !a->quiet && !isatty(fileno(stdout))};
+    progress_start(&feed.bar, a->quiet ? NULL : stderr, "cases", n);
     suite_run_opts ro = {.kvdiff = bin, .workdir = dir, .jobs = a->jobs, .step_timeout = a->timeout,
                          .report = suite_has_verb(bin, "report"), .on_done = on_case_done,
                          .ctx = &feed, .stop = &stop_signal};
@@ -298,7 +314,8 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
     }
     if (feed.stream)
         putchar('\n');
-    print_table(s, sel, n, res);
+    if (!a->quiet)
+        print_table(s, sel, n, res);
     int bad = print_failures(s, sel, n, res);
     print_summary(n, res, a->jobs);
     if (bad)
@@ -327,7 +344,7 @@ int cmd_suite(int argc, char **argv)
         return EXIT_OK;
     }
     if (pr < 0) {
-        cli_error("suite", &e);
+        cli_usage_error("suite", &e);
         return EXIT_USAGE;
     }
     /* The JUnit file is written after every case ran: a folder that does

@@ -1,6 +1,7 @@
 /* main.c — the kvdiff command line: dispatches to one verb per file. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,13 +31,20 @@ static const verb verbs[] = {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvdiff VERB [options]   (kvdiff VERB --help for each)\n\n");
+    fprintf(f, "usage: kvdiff VERB [options]   (kvdiff help VERB, or kvdiff VERB --help)\n"
+               "       kvdiff -V | --version\n\n");
     for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++)
         fprintf(f, "  %-8s %s\n", verbs[i].name, verbs[i].what);
     fprintf(f, "\nWith no verb, kvdiff runs its built-in demo into ./kvdiff-demo: the reference\n"
                "and the chunked engine (with an injected window bug) on tiny-gemma3, the\n"
                "comparison and the HTML report.\n"
-               "Exit codes: 0 ok, 1 divergence found, 2 usage or input error.\n");
+               "Exit codes: 0 ok, 1 divergence found, 2 usage or input error.\n"
+               "\n"
+               "Examples:\n"
+               "  kvdiff                                   # the demo, into ./kvdiff-demo\n"
+               "  kvdiff run --model tiny-gemma3 --engine chunked --chunk 5 --dump chk.h5\n"
+               "  kvdiff compare ref.h5 chk.h5\n"
+               "  kvdiff help run\n");
 }
 
 /* Runs a verb with its stdout sent to /dev/null (the demo prints its own
@@ -107,14 +115,22 @@ static int default_job(void)
     return EXIT_OK;
 }
 
+/* The verb running, for on_hdf5_hang's "kvdiff VERB: " prefix. */
+static const char *hang_verb;
+
 /* SIGALRM context: write(2) only. */
 static int on_hdf5_hang(const char *path)
 {
-    static const char a[] = "kvdiff: ",
+    static const char a[] = "kvdiff",
                       b[] = ": the HDF5 library does not return from reading this file's "
                             "metadata (a damaged file: libhdf5 loops on some corrupt "
                             "variable-length strings)\n";
     ssize_t w = write(STDERR_FILENO, a, sizeof a - 1);
+    if (hang_verb) {
+        w += write(STDERR_FILENO, " ", 1);
+        w += write(STDERR_FILENO, hang_verb, strlen(hang_verb));
+    }
+    w += write(STDERR_FILENO, ": ", 2);
     w += write(STDERR_FILENO, path, strlen(path));
     w += write(STDERR_FILENO, b, sizeof b - 1);
     (void)w;
@@ -128,18 +144,33 @@ int main(int argc, char **argv)
     dump_hang_guard(g && atoi(g) > 0 ? (unsigned)atoi(g) : 15, on_hdf5_hang);
     if (argc < 2)
         return default_job();
-    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        (!strcmp(argv[1], "help") && argc == 2)) {
         usage(stdout);
         return EXIT_OK;
     }
-    if (!strcmp(argv[1], "--version")) {
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
         printf("kvdiff %s\n", KVDIFF_VERSION);
         return EXIT_OK;
     }
-    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++)
-        if (!strcmp(argv[1], verbs[i].name))
+    /* `kvdiff help VERB` is `kvdiff VERB --help` */
+    bool help = !strcmp(argv[1], "help");
+    const char *name = help ? argv[2] : argv[1];
+    if (help && argc > 3) {
+        fprintf(stderr, "kvdiff help: give one verb: kvdiff help VERB; see kvdiff --help\n");
+        return EXIT_USAGE;
+    }
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) {
+        if (strcmp(name, verbs[i].name))
+            continue;
+        hang_verb = verbs[i].name;
+        if (!help)
             return verbs[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "kvdiff: unknown verb '%s'\n", argv[1]);
-    usage(stderr);
+        char *args[] = {argv[2], "--help", NULL};
+        return verbs[i].fn(2, args);
+    }
+    fprintf(stderr, "kvdiff%s: unknown verb '", help ? " help" : "");
+    cli_fputs_escaped(name, stderr, false);
+    fprintf(stderr, "'; see kvdiff --help\n");
     return EXIT_USAGE;
 }

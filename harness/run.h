@@ -54,6 +54,10 @@ void run_opts_reference(const run_opts *o, run_opts *ref);
 /* Cache positions the run needs, checked against the model; -1 on error. */
 long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e);
 
+/* The chunk the chunked engine uses for a run of ctx positions: --chunk,
+ * or ctx when --chunk is longer (the whole prompt in one chunk). */
+int run_chunk(const run_opts *o, long ctx);
+
 /* The engine o names, emitting to obs (may be NULL). */
 kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
                       kv_observer *obs, kv_err *e);

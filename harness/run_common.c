@@ -165,7 +165,8 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
     int idx, ch;
     long v;
     optind = 0;
-    while ((ch = getopt_long(argc, argv, "ho:", longopts, &idx)) != -1) {
+    opterr = 0;
+    while ((ch = getopt_long(argc, argv, ":ho:", longopts, &idx)) != -1) {
         if (ch == 'h')
             return 1;
         if (ch == 'o') {
@@ -173,7 +174,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
             continue;
         }
         if (ch != 0)
-            return kv_errf(e, "see kvdiff run --help");
+            return cli_getopt_error(ch, argv, e);
         const char *name = longopts[idx].name;
         int r = cli_model_option(&o->mo, name, optarg, e);
         if (r == 0)
@@ -272,7 +273,7 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
     if (!strcmp(o->engine, "chunked")) {
         char inj[256];
         chk_injections_describe(&o->co.inj, inj, sizeof inj);
-        json_object_set_new(j, "chunk", json_integer(o->co.chunk));
+        json_object_set_new(j, "chunk", json_integer(run_chunk(o, ctx)));
         json_object_set_new(j, "cache", json_string(chk_cache_name(o->co.cache)));
         json_object_set_new(j, "attention", json_string(o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade"));
         json_object_set_new(j, "kv_share", json_string(chk_share_name(o->co.share)));
@@ -297,7 +298,24 @@ long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e)
                           "allows %d and --max-ctx is %ld",
                        n_prompt, o->go.max_new, (long)n_prompt + o->go.max_new,
                        c->max_positions, ctx);
+    /* The selection is the command line's, not the dump file's: say so
+     * before a file is named (or, with --compare, when none is). */
+    const dump_opts *d = &o->dopts;
+    if (d->layer_lo >= c->n_layers)
+        return kv_errf(e, "--dump-layers: layers from %d selected, but the model has %d "
+                          "(0..%d)", d->layer_lo, c->n_layers, c->n_layers - 1);
+    if (d->pos_lo >= ctx)
+        return kv_errf(e, "--dump-positions: positions from %lld selected, but the run has "
+                          "%ld (0..%ld)", (long long)d->pos_lo, ctx, ctx - 1);
     return ctx;
+}
+
+int run_chunk(const run_opts *o, long ctx)
+{
+    /* A chunk longer than the whole run prefills the prompt in one chunk:
+     * what --chunk 64 means to a user with a 40-token prompt, and the
+     * same computation as any chunk of at least the context. */
+    return o->co.chunk > ctx ? (int)ctx : o->co.chunk;
 }
 
 kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
@@ -306,6 +324,7 @@ kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     if (!strcmp(o->engine, "chunked")) {
         chk_opts co = o->co;
         co.max_ctx = (int)ctx;
+        co.chunk = run_chunk(o, ctx);
         return chk_create(m, kc, &co, obs, e);
     }
     ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
@@ -321,6 +340,7 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
     if (!strcmp(o->engine, "chunked")) {
         chk_opts co = o->co;
         co.max_ctx = (int)ctx;
+        co.chunk = run_chunk(o, ctx);
         if (chk_opts_check(&co, &m->cfg, e) < 0)
             return NULL;
     }

@@ -153,7 +153,7 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     return rc == 0 ? 0 : -1;
 }
 
-static void describe_run(const run_opts *o, char *buf, size_t n)
+static void describe_run(const run_opts *o, long ctx, char *buf, size_t n)
 {
     if (!strcmp(o->engine, "reference")) {
         snprintf(buf, n, "reference prefill=%s", o->prefill_step ? "steps" : "all");
@@ -161,7 +161,7 @@ static void describe_run(const run_opts *o, char *buf, size_t n)
     }
     char inj[256];
     chk_injections_describe(&o->co.inj, inj, sizeof inj);
-    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", o->co.chunk,
+    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", run_chunk(o, ctx),
              chk_cache_name(o->co.cache), o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade",
              chk_share_name(o->co.share), strcmp(inj, "none") ? " inject=" : "",
              strcmp(inj, "none") ? inj : "");
@@ -197,8 +197,8 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
     lc.ref = rr;
     lc.stop_early = !o->tolerance_given || (o->cmp.atol == 0 && o->cmp.rtol == 0 && o->cmp.ulp == 0);
     char da[320], db[320];
-    describe_run(&ro, da, sizeof da);
-    describe_run(o, db, sizeof db);
+    describe_run(&ro, ctx, da, sizeof da);
+    describe_run(o, ctx, db, sizeof db);
     double t0 = run_now();
     if (!tr ||
         record_run(&ro, m, kc, ctx, prompt, n_prompt, rr, o->dump_ref_path, NULL, &gref, &e) < 0) {
@@ -249,6 +249,8 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
         fprintf(o->json ? stderr : stdout, "dump      %s (%s%s)\n", o->dump_path, o->engine,
                 lc.stopped ? ", partial: stopped after the first divergence" : "");
 out:
+    if (code == EXIT_USAGE && o->json)
+        cli_json_error("run", &e, code);
     if (code == EXIT_USAGE)
         cli_error("run", &e);
     cmp_result_free(&r);

@@ -1179,7 +1179,7 @@ static void write_tokens(jwriter *w, const kv_config *c)
     }
 }
 
-static void write_common(jwriter *w, const kv_config *c)
+static void write_common(jwriter *w, const kv_config *c, const char *torch_dtype)
 {
     jw_key(w, "architectures");
     fprintf(w->f, "[\"%s\"]", ARCHES[c->arch].architecture);
@@ -1197,7 +1197,7 @@ static void write_common(jwriter *w, const kv_config *c)
     jw_int(w, "max_position_embeddings", c->max_positions);
     jw_bool(w, "tie_word_embeddings", c->tie_embeddings);
     write_tokens(w, c);
-    jw_str(w, "torch_dtype", "float32");
+    jw_str(w, "torch_dtype", torch_dtype);
     jw_str(w, ARCHES[c->arch].act_key, c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
 }
 
@@ -1246,11 +1246,11 @@ static void write_gemma(jwriter *w, const kv_config *c)
         jw_int(w, "num_kv_shared_layers", shared);
 }
 
-static void write_config(FILE *f, const kv_config *c)
+static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
 {
     jwriter w = { f, 0 };
     fputc('{', f);
-    write_common(&w, c);
+    write_common(&w, c, torch_dtype);
     if (c->arch == ARCH_LLAMA) {
         jw_bool(&w, "attention_bias", false);
         jw_bool(&w, "mlp_bias", false);
@@ -1283,6 +1283,12 @@ static int check_expressible(const kv_config *c, kv_err *e)
 
 int config_write_json(const kv_config *c, const char *path, kv_err *e)
 {
+    return config_write_json_dtype(c, path, "float32", e);
+}
+
+int config_write_json_dtype(const kv_config *c, const char *path, const char *torch_dtype,
+                            kv_err *e)
+{
     if (!path)
         return kv_errf(e, "config_write_json: no path");
     if (config_validate(c, e) || check_expressible(c, e))
@@ -1297,7 +1303,7 @@ int config_write_json(const kv_config *c, const char *path, kv_err *e)
     if (!f) {
         rc = kv_errf(e, "%s: cannot create %s: %s", path, tmp, strerror(errno));
     } else {
-        write_config(f, c);
+        write_config(f, c, torch_dtype);
         bool bad = ferror(f) != 0;
         if (fclose(f) != 0 || bad)
             rc = kv_errf(e, "%s: cannot write %s: %s", path, tmp, strerror(errno));

@@ -102,6 +102,11 @@ int config_parse_json(const char *text, size_t len, const char *name,
  * num_kv_shared_layers can say. */
 int config_write_json(const kv_config *c, const char *path, kv_err *e);
 
+/* config_write_json with "torch_dtype" set to torch_dtype ("float32",
+ * "bfloat16"): what the weights beside it are stored as. */
+int config_write_json_dtype(const kv_config *c, const char *path, const char *torch_dtype,
+                            kv_err *e);
+
 /* Built-in presets: "tiny-llama", "tiny-qwen2", "tiny-gemma3",
  * "tiny-gemma3-kvshared", "qwen2.5-0.5b-shape", "gemma3-1b-shape".
  * Returns 0, or -1 with e filled for an unknown name. */

@@ -507,5 +507,5 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
     if (rc < 0)
         return -1;
     snprintf(path, sizeof path, "%s/config.json", dir);
-    return config_write_json(&c, path, e);
+    return config_write_json_dtype(&c, path, bf16 ? "bfloat16" : "float32", e);
 }

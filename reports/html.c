@@ -1,7 +1,9 @@
 /* html.c — index.html: one self-contained page (inline CSS, no script,
- * images beside it in plots/) readable from file://. Every string that
- * comes from the inputs (file names, engine settings, notes) is escaped. */
+ * the plots' PNGs embedded as data: URIs) readable from file://, and still
+ * whole when copied away from its folder. Every string that comes from the
+ * inputs (file names, engine settings, notes) is escaped. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "rep_internal.h"
@@ -223,6 +225,50 @@ static void stage_table(const rep_ctx *c, FILE *f)
     fputs("</table>\n", f);
 }
 
+/* Writes "data:image/png;base64,..." of dir/name.png to f; false (and
+ * nothing written) when the file cannot be read, so the caller links it. */
+static bool png_data_uri(FILE *f, const char *dir, const char *name)
+{
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char path[4300];
+    snprintf(path, sizeof path, "%s/%s.png", dir ? dir : "plots", name);
+    FILE *in = fopen(path, "rb");
+    if (!in)
+        return false;
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, in);
+        if (n < cap || ferror(in))
+            break;
+        unsigned char *more = cap < (64u << 20) ? realloc(buf, cap * 2) : NULL;
+        if (!more) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = more;
+        cap *= 2;
+    }
+    bool ok = buf && !ferror(in) && n > 0;
+    fclose(in);
+    if (!ok) {
+        free(buf);
+        return false;
+    }
+    fputs("data:image/png;base64,", f);
+    for (size_t i = 0; i < n; i += 3) {
+        unsigned v = (unsigned)buf[i] << 16 | (i + 1 < n ? (unsigned)buf[i + 1] << 8 : 0) |
+                     (i + 2 < n ? buf[i + 2] : 0);
+        fputc(b64[v >> 18 & 63], f);
+        fputc(b64[v >> 12 & 63], f);
+        fputc(i + 1 < n ? b64[v >> 6 & 63] : '=', f);
+        fputc(i + 2 < n ? b64[v & 63] : '=', f);
+    }
+    free(buf);
+    return true;
+}
+
 static void plots(const rep_ctx *c, FILE *f)
 {
     fputs("<h2>Plots</h2>\n", f);
@@ -239,8 +285,12 @@ static void plots(const rep_ctx *c, FILE *f)
         const rep_plot *p = &c->plots[i];
         fprintf(f, "<h3>%s</h3>\n", p->heading);
         if (p->drawn) {
-            fprintf(f, "<figure>\n<img src=\"plots/%s.png\" alt=\"%s\">\n<figcaption>", p->name,
-                    p->heading);
+            /* embedded: the page shows its plots wherever it is copied;
+             * the files stay in plots/ for the links below */
+            fputs("<figure>\n<img src=\"", f);
+            if (!png_data_uri(f, c->plots_dir, p->name))
+                fprintf(f, "plots/%s.png", p->name);
+            fprintf(f, "\" alt=\"%s\">\n<figcaption>", p->heading);
             esc(f, p->caption);
             fprintf(f, " <a href=\"plots/%s.svg\">SVG</a> · <a href=\"plots/%s.dat\">data</a> · "
                        "<a href=\"plots/%s.gp\">gnuplot script</a></figcaption>\n</figure>\n",

@@ -173,9 +173,9 @@ static void read_div(jr *c, json_t *d, const char *where, cmp_divergence *o)
     o->layer = (int)integer(c, d, where, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
     o->stage = stage_of(c, d, where, "stage");
     o->hashed = boolean(c, d, where, "fingerprint");
-    o->col = (int)integer(c, d, where, "column", -1, INT32_MAX, INT64_MIN);
-    o->head = (int)integer(c, d, where, "head", -1, INT32_MAX, INT64_MIN);
-    o->dim = (int)integer(c, d, where, "dim", -1, INT32_MAX, INT64_MIN);
+    o->col = (int)integer(c, d, where, "column", -1, INT32_MAX, -1);
+    o->head = (int)integer(c, d, where, "head", -1, INT32_MAX, -1);
+    o->dim = (int)integer(c, d, where, "dim", -1, INT32_MAX, -1);
     o->ref = (float)num(c, d, where, "ref", false);
     o->test = (float)num(c, d, where, "test", false);
     o->abs_err = num(c, d, where, "abs", false);
@@ -576,6 +576,11 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
     jr c = {path, e, 0};
     if (!json_is_object(root))
         bad(&c, "", "(top level)", "is not an object");
+    /* Results saved before the schema member existed have none. */
+    json_t *schema = c.failed ? NULL : json_object_get(root, "schema");
+    if (schema && (!json_is_string(schema) ||
+                   strcmp(json_string_value(schema), CMP_JSON_SCHEMA) != 0))
+        bad(&c, "", "schema", "is not \"" CMP_JSON_SCHEMA "\", the one this kvdiff reads");
     cmp_result *r = &j->r;
     int v = c.failed ? -1 : enum_of(string(&c, root, "", "verdict"), verdict_name,
                                     CMP_DIVERGED + 1);

@@ -27,6 +27,7 @@ typedef struct {
     bool gnuplot_missing;
     char gnuplot_error[1024];
     char partial[512];           /* which recording is partial ("" none) */
+    const char *plots_dir;       /* where the PNGs are, to embed them in the page */
 } rep_ctx;
 
 /* plot.c: writes the .dat and .gp of every plot the inputs support into

@@ -157,6 +157,7 @@ int report_write(const char *outdir, const cmp_result *r, const cmp_source *ref,
     c.ref = ref;
     c.test = test;
     find_partial(&c);
+    c.plots_dir = plots;
     c.text = cmp_render_text(r, 0);
     json_t *j = result_json(&c);
     int rc = c.text && j ? 0 : kv_errf(e, "report: out of memory");

@@ -18,6 +18,7 @@
 #include "suite.h"
 #include "../chunked/chunked.h"
 #include "../model/observer.h"
+#include "../model/config.h"
 #include "../model/tokens.h"
 
 #define SUITE_MAX_FILE (4u << 20)
@@ -747,6 +748,14 @@ static int finish_cases(parser *p)
                 s->c.max_new = 16;
             }
         }
+        /* A folder's weights are its files: a seed there would change
+         * nothing, and must not read as if it did (kvdiff run refuses it). */
+        s->c.weights_seed_given = s->has[K_WEIGHTS_SEED];
+        kv_config preset;
+        if (s->c.weights_seed_given && config_preset(s->c.model, &preset, NULL) < 0)
+            return fail(p, s->key_line[K_WEIGHTS_SEED], "case '%s': weights_seed is the seed "
+                        "of a preset's weights, and model '%s' is not a preset (a folder's "
+                        "weights are its files)", s->c.name, s->c.model), -1;
         const suite_expect *x = &s->c.expect;
         if (x->kind == SUITE_EXPECT_DETECTS &&
             !argv_injects(s->c.a, s->c.na, x->injection) &&

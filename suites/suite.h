@@ -48,6 +48,7 @@ typedef struct {
     int line;                    /* line of its [section] header */
     char *model;                 /* preset name or Hugging Face folder */
     uint64_t weights_seed;
+    bool weights_seed_given;     /* the case (or [defaults]) sets weights_seed */
     suite_prompt prompt;
     long max_new;
     char **a, **b;               /* engine settings split on whitespace, NULL-terminated */

@@ -54,8 +54,12 @@ int suite_parse_shard(const char *text, int *shard_i, int *shard_n, kv_err *e)
     long n = strtol(rest, &end, 10);
     if (errno || end == rest || *end)
         return kv_errf(e, "--shard: '%s' is not I/N (e.g. 1/4)", text);
-    if (n < 1 || n > 100000 || i < 1 || i > n)
-        return kv_errf(e, "--shard: '%s': I must be 1..N (shards are numbered from 1)", text);
+    /* Say what is wrong with the numbers given, not with "I" and "N". */
+    if (n < 1 || n > 100000)
+        return kv_errf(e, "--shard %s: the shard count %ld must be between 1 and 100000", text,
+                       n);
+    if (i < 1 || i > n)
+        return kv_errf(e, "--shard %s: shards are numbered 1..%ld, not %ld", text, n, i);
     *shard_i = (int)i;
     *shard_n = (int)n;
     return 0;
@@ -68,7 +72,8 @@ int suite_select(const suite *s, const char *filter, int shard_i, int shard_n, i
     *sel = NULL;
     *n = 0;
     if (shard_n < 1 || shard_i < 1 || shard_i > shard_n)
-        return kv_errf(e, "--shard: %d/%d: I must be 1..N", shard_i, shard_n);
+        return kv_errf(e, "--shard %d/%d: shards are numbered 1..N with N at least 1",
+                       shard_i, shard_n);
     if (filter) {
         int rc = regcomp(&re, filter, REG_EXTENDED | REG_NOSUB);
         if (rc) {
@@ -290,9 +295,11 @@ static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng
     arg(b, "run");
     arg(b, "--model");
     arg(b, c->model);
-    put(b->num[0], sizeof b->num[0], "%llu", (unsigned long long)c->weights_seed);
-    arg(b, "--weights-seed");
-    arg(b, b->num[0]);
+    if (c->weights_seed_given) {   /* run refuses it for a folder */
+        put(b->num[0], sizeof b->num[0], "%llu", (unsigned long long)c->weights_seed);
+        arg(b, "--weights-seed");
+        arg(b, b->num[0]);
+    }
     if (c->prompt.kind == SUITE_PROMPT_RANDOM) {
         put(b->num[1], sizeof b->num[1], "%ld", c->prompt.random_len);
         put(b->num[2], sizeof b->num[2], "%llu", (unsigned long long)c->prompt.seed);
