@@ -17,7 +17,7 @@
 /* The model's constants (docs/cross-runtime.md measures them). */
 #define XRT_FLOOR_BASE 4e-3   /* kernels' own rounding: llama.cpp's table GELU
                                * alone reaches 1.3e-3 row-relative */
-#define XRT_KV_FACTOR 8.0     /* attention output: times the KV type's unit roundoff */
+#define XRT_KV_FACTOR 16.0    /* attention output: times the KV type's unit roundoff */
 #define XRT_GAIN 8.0          /* times the largest error upstream */
 #define XRT_HISTORY 8.0       /* times the stage's own largest earlier error */
 
@@ -67,8 +67,15 @@ static void kv_precision(const cmp_source *test, cmp_xrt *x)
             cmp_settings_is(test, "kv_dtype", types[i].name)) {
             snprintf(x->kv_precision, sizeof x->kv_precision, "%s", types[i].name);
             x->kv_eps = types[i].eps;
-            return;
+            break;
         }
+    /* llama.cpp's CPU flash attention reads keys and values in f16 whatever
+     * the cache holds: measured, its attn_out errs by 2e-3 to 3e-3 with an
+     * f32 cache (0.5 of the f32 threshold), as with an f16 one. */
+    if (x->kv_eps < 0x1p-11 && cmp_settings_is(test, "flash_attn", "on")) {
+        snprintf(x->kv_precision, sizeof x->kv_precision, "f16 (flash)");
+        x->kv_eps = 0x1p-11;
+    }
 }
 
 /* ------------------------------------------------------------------ */
