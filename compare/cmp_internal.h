@@ -143,4 +143,23 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta);
 
+/* --- crossrt.c --- */
+
+/* Whether the compare of ref and test is judged by the cross-runtime
+ * drift model (cmp_opts.cross_runtime); fills why (n bytes) with the
+ * reason in words when it is. */
+bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
+                    char *why, size_t n);
+
+/* The cross-runtime walk: reads every row of the stages r->stages lists
+ * (filled and clipped by the caller), judges each against the drift
+ * model in dataflow order and fills r->first (the first row above its
+ * threshold, when any), r->ev's earlier-stage bits, every stage's `all`
+ * and `upto` metrics and xrt figures, r->compared.walked_to and r->xrt.
+ * 0, or -1 with e filled. */
+int cmp_xrt_walk(cmp_ctx *c, kv_err *e);
+
+/* Column, head and dim of d's element col, by its stage's layout. */
+void cmp_set_element(cmp_divergence *d, const kv_config *c, int col);
+
 #endif

@@ -1221,7 +1221,7 @@ static void merge_block(walker *w, int64_t b0, int64_t b1, const first_bad *f)
         }
 }
 
-static void set_element(cmp_divergence *d, const kv_config *c, int col)
+void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
 {
     const int D = c->head_dim;
     d->col = col;
@@ -1272,7 +1272,7 @@ static int fill_divergence(walker *w, const first_bad *f, int64_t b0, cmp_diverg
         w->ref->read(w->ref->ctx, sr->layer, sr->stage, f->pos, 1, w->bufb, e) < 0)
         return -1;
     const int col = rec->first_bad;
-    set_element(d, c, col);
+    cmp_set_element(d, c, col);
     d->test = w->bufa[col];
     d->ref = w->bufb[col];
     d->nonfinite = cmp_elem_nonfinite_mismatch(d->test, d->ref);
@@ -1572,6 +1572,12 @@ static int check_options(const cmp_source *ref, const cmp_source *test, const cm
         o->noise_factor < 0 || !isfinite(o->noise_factor))
         return kv_errf(e, "compare: tolerances must be finite and >= 0");
     bool fp = !ref->read || !test->read;
+    if (fp && o->cross_runtime == CMP_XRT_ON)
+        return kv_errf(e, "compare: %s holds fingerprints only: a cross-runtime compare needs "
+                       "rows", !ref->read ? ref->label : test->label);
+    if (o->cross_runtime == CMP_XRT_ON && (o->atol > 0 || o->rtol > 0 || o->ulp > 0 || o->noise))
+        return kv_errf(e, "compare: the cross-runtime model sets its own thresholds: not with "
+                       "a tolerance or noise floor");
     if (fp && (o->atol > 0 || o->rtol > 0 || o->ulp > 0 || o->noise))
         return kv_errf(e, "compare: %s holds fingerprints only: hashes compare exactly, "
                        "without a tolerance or noise floor", !ref->read ? ref->label
@@ -1593,11 +1599,19 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (w->o->noise && noise_floor(w, e) < 0)
         return -1;
     set_tolerances(w);
-    const bool settled = same && settle_by_digest(w);
-    if (!settled)
-        skip_hashes_of_differing(w);
-    if (!settled && walk(w, e) < 0)
-        return -1;
+    /* Another runtime's rows: judged by its drift model (crossrt.c), not
+     * by the element rule, and never settled by hashes or digests. */
+    if (cmp_xrt_wanted(w->ref, w->test, w->o, r->xrt.why, sizeof r->xrt.why)) {
+        r->exact = false;
+        if (cmp_xrt_walk(c, e) < 0)
+            return -1;
+    } else {
+        const bool settled = same && settle_by_digest(w);
+        if (!settled)
+            skip_hashes_of_differing(w);
+        if (!settled && walk(w, e) < 0)
+            return -1;
+    }
     if (cmp_tokens_compare(c, e) < 0 || cmp_logit_stats_compute(c, e) < 0)
         return -1;
     if (r->first.found && cmp_diagnose(c, e) < 0)

@@ -230,11 +230,19 @@ typedef struct {
     int block_rows;              /* positions per read (default 64, at most 4096) */
     bool no_hashes;              /* read every row even where both sides' row
                                   * hashes agree */
+    /* Cross-runtime mode (docs/cross-runtime.md): rows judged by a drift
+     * model of another runtime's rounding instead of the rule above.
+     * AUTO (the default): when both recordings name their engine and the
+     * names differ, and no atol, rtol, ulp or noise source is given; OFF:
+     * never (--exact); ON: always (both sources must hold rows). */
+    int cross_runtime;           /* CMP_XRT_AUTO, CMP_XRT_OFF, CMP_XRT_ON */
     /* Optional: called after each block of positions with the last position
      * walked and the last there is (for a progress bar). */
     void (*progress)(void *ctx, int64_t pos, int64_t last);
     void *progress_ctx;
 } cmp_opts;
+
+enum { CMP_XRT_AUTO = 0, CMP_XRT_OFF = 1, CMP_XRT_ON = 2 };
 
 void cmp_opts_default(cmp_opts *o);
 
@@ -282,6 +290,12 @@ typedef struct {
                                   * rtol + noise_factor * noise_floor */
     cmp_stats upto;              /* rows before the first divergence (dataflow order) */
     cmp_stats all;               /* every row the walk visited (all of them with opts.full) */
+    /* Cross-runtime mode (cmp_xrt; all 0 otherwise), row-relative errors: */
+    double xrt_scale;            /* learned: the largest error of this stage at the
+                                  * positions judged drift (before the step) */
+    double xrt_threshold;        /* the threshold at the last position judged */
+    double xrt_err;              /* the largest error observed, the step's row included */
+    double xrt_ratio;            /* the largest error / threshold over drift rows (< 1) */
 } cmp_stage_result;
 
 typedef struct {
@@ -437,6 +451,30 @@ typedef struct {
     int64_t pos;
 } cmp_hash_check;
 
+/* Which model judged a cross-runtime compare and with what figures
+ * (docs/cross-runtime.md). A row (layer l, stage s, position p) with
+ * row-relative error err is drift while
+ *   err <= threshold = max(floor(s), gain * upstream, history * scale)
+ * upstream: the largest error of any stage before it in dataflow (every
+ * earlier layer, the earlier stages of layer l; positions <= p); scale:
+ * the largest error of (l, s) itself at positions < p; floor: floor_base,
+ * plus kv_factor * kv_eps at attention outputs (the KV cache's rounding). */
+typedef struct {
+    bool on;                     /* the compare was judged this way */
+    char model[24];              /* "drift-step" */
+    char why[200];               /* "engines differ: reference vs llama.cpp" */
+    char kv_precision[16];       /* the test's KV cache type as recorded ("f16"), or
+                                  * "unknown" (then bf16's is assumed) */
+    double kv_eps;               /* its unit roundoff */
+    double floor_base, kv_factor, gain, history;
+    bool step;                   /* a row above its threshold: the bug, at `first` */
+    double step_err, step_threshold;
+    double worst_ratio;          /* the largest err / threshold of any drift row */
+    int64_t worst_pos;           /* where (-1 none) */
+    int worst_layer;
+    kv_stage worst_stage;
+} cmp_xrt;
+
 #define CMP_MAX_NOTES 16
 
 typedef struct {
@@ -472,6 +510,7 @@ typedef struct {
     bool incomplete;
     char incomplete_why[256];
     cmp_hash_check hashcheck;
+    cmp_xrt xrt;                 /* cross-runtime mode (xrt.on) */
 } cmp_result;
 
 /* Compares test against ref. Returns 0 with *r filled (the verdict says

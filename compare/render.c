@@ -90,6 +90,25 @@ static void incomplete_line(FILE *f, const cmp_result *r)
                 "whole runs needs complete dumps (exit 2)\n", r->incomplete_why);
 }
 
+/* Which drift model judged and how close drift came to it. */
+static void xrt_line(FILE *f, const cmp_result *r)
+{
+    const cmp_xrt *x = &r->xrt;
+    if (!x->on)
+        return;
+    fprintf(f, "  drift model %s: KV cache %s; a row is drift while its relative error is at "
+            "most max(%.0e%s, %g x upstream, %g x its stage's earlier rows)", x->model,
+            x->kv_precision, x->floor_base, x->kv_eps > 0x1p-20 ? " + KV rounding at attn_out"
+                                                                 : "", x->gain, x->history);
+    if (x->worst_pos >= 0) {
+        fprintf(f, "; drift came closest at position %lld, ", (long long)x->worst_pos);
+        if (x->worst_layer >= 0)
+            fprintf(f, "layer %d, ", x->worst_layer);
+        fprintf(f, "%s (%.2g of its threshold)", stage_name(x->worst_stage), x->worst_ratio);
+    }
+    fprintf(f, "\n");
+}
+
 static void same_report(FILE *f, const cmp_result *r)
 {
     incomplete_line(f, r);
@@ -125,15 +144,21 @@ static void same_report(FILE *f, const cmp_result *r)
         agg.max_rel = fmax(agg.max_rel, s->max_rel);
         agg.max_ulp = s->max_ulp > agg.max_ulp ? s->max_ulp : agg.max_ulp;
     }
-    fprintf(f, "same within tolerance%s (", r->incomplete ? " over what both hold" : "");
-    tolerance_phrase(f, r);
-    fprintf(f, "): ");
+    if (r->xrt.on) {
+        fprintf(f, "no bug: drift%s (cross-runtime, %s): ", r->incomplete ? " over what both hold"
+                                                                          : "", r->xrt.why);
+    } else {
+        fprintf(f, "same within tolerance%s (", r->incomplete ? " over what both hold" : "");
+        tolerance_phrase(f, r);
+        fprintf(f, "): ");
+    }
     coverage_line(f, r);
     fprintf(f, "; %lld of %lld rows not bit-identical (max abs %.3g, max rel %.3g, max %llu "
             "ulp), ", (long long)(rows - eq), (long long)rows, agg.max_abs, agg.max_rel,
             (unsigned long long)agg.max_ulp);
     tokens_phrase(f, &r->tokens);
     fprintf(f, "\n");
+    xrt_line(f, r);
 }
 
 static void layer_phrase(FILE *f, const cmp_divergence *d)
@@ -342,7 +367,7 @@ static void diverged_report(FILE *f, const cmp_result *r)
     const cmp_divergence *d = &r->first;
     fprintf(f, "compared: ");
     coverage_line(f, r);
-    fprintf(f, ", %s\n", r->exact ? "exact" : "with tolerance");
+    fprintf(f, ", %s\n", r->xrt.on ? "cross-runtime" : r->exact ? "exact" : "with tolerance");
     if (!d->found && r->tokens.self_pos[1] >= 0 && r->tokens.kind != CMP_TOKENS_DIFFER) {
         fprintf(f, "DIVERGED  the test's greedy tokens contradict its own recorded top-k "
                 "(below); no recorded stage differs over positions %lld..%lld\n",
@@ -356,7 +381,11 @@ static void diverged_report(FILE *f, const cmp_result *r)
         fprintf(f, "FIRST DIVERGENCE  none in the recorded stages (positions %lld..%lld)\n",
                 (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
     } else {
-        point_block(f, "FIRST DIVERGENCE", d, &r->ev, false);
+        point_block(f, r->xrt.on ? "FIRST STEP ABOVE DRIFT" : "FIRST DIVERGENCE", d, &r->ev,
+                    false);
+        if (r->xrt.step)
+            fprintf(f, "  a step: relative error %.2g here against a drift threshold of %.2g "
+                    "(%s)\n", r->xrt.step_err, r->xrt.step_threshold, r->xrt.why);
         if (r->beyond.found) {
             drift_line(f, r);
             point_block(f, "BEYOND DRIFT", &r->beyond, &r->beyond_ev, true);
@@ -365,6 +394,7 @@ static void diverged_report(FILE *f, const cmp_result *r)
     if (r->diag.kind != CMP_DIAG_NONE)
         diagnosis_block(f, r);
     tokens_block(f, r);
+    xrt_line(f, r);
 }
 
 static void stages_table(FILE *f, const cmp_result *r)
@@ -570,6 +600,33 @@ static json_t *jlogits(const cmp_logit_stats *l)
                      (json_int_t)l->kl_max_pos);
 }
 
+/* The cross-runtime model and its figures; null when it did not judge. */
+static json_t *jxrt(const cmp_result *r)
+{
+    const cmp_xrt *x = &r->xrt;
+    if (!x->on)
+        return json_null();
+    json_t *st = json_array();
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *s = &r->stages[i];
+        json_array_append_new(st, json_pack("{si ss so so so so}", "layer", s->layer, "stage",
+                                            stage_name(s->stage), "scale", jnum(s->xrt_scale),
+                                            "threshold", jnum(s->xrt_threshold), "error",
+                                            jnum(s->xrt_err), "ratio", jnum(s->xrt_ratio)));
+    }
+    json_t *worst = x->worst_pos < 0 ? json_null()
+        : json_pack("{sI si ss so}", "position", (json_int_t)x->worst_pos, "layer",
+                    x->worst_layer, "stage", stage_name(x->worst_stage), "ratio",
+                    jnum(x->worst_ratio));
+    return json_pack("{ss ss ss so so so so so sb so so so so}", "model", x->model, "why", x->why,
+                     "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
+                     jnum(x->floor_base), "kv_factor", jnum(x->kv_factor), "gain",
+                     jnum(x->gain), "history", jnum(x->history), "step", x->step, "step_error",
+                     x->step ? jnum(x->step_err) : json_null(), "step_threshold",
+                     x->step ? jnum(x->step_threshold) : json_null(), "drift_closest", worst,
+                     "stages", st);
+}
+
 static json_t *jstages(const cmp_result *r)
 {
     json_t *a = json_array();
@@ -600,6 +657,8 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
     json_t *mode = json_pack("{sb so so sI sb so}", "exact", r->exact, "atol", jnum(r->atol),
                              "rtol", jnum(r->rtol), "ulp", (json_int_t)r->ulp, "noise_floor",
                              r->noise, "noise_factor", jnum(r->noise_factor));
+    if (mode)
+        json_object_set_new(mode, "cross_runtime", jxrt(r));
     json_t *diag = r->first.found || r->diag.kind != CMP_DIAG_NONE
         ? json_pack("{ss ss ss ss ss}", "kind", cmp_diag_name(r->diag.kind), "basis",
                     cmp_basis_name(r->diag.basis), "summary", r->diag.summary, "detail",

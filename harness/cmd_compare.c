@@ -22,8 +22,11 @@ static void compare_usage(FILE *f)
             "the element), says what kind of bug it looks like, and checks the\n"
             "generated tokens. Exit 0 same, 1 diverged, 2 error.\n"
             "\n"
-            "  --exact            any differing bit is a divergence (default; not with\n"
-            "                     --atol, --rtol or --ulp)\n"
+            "  --exact            any differing bit is a divergence (default, unless the\n"
+            "                     dumps come from different engines; not with --atol,\n"
+            "                     --rtol or --ulp)\n"
+            "  --cross-runtime    judge by the drift model of another runtime's rounding\n"
+            "                     (default when the engines differ; docs/cross-runtime.md)\n"
             "  --atol X           absolute tolerance\n"
             "  --rtol X           tolerance relative to the row's largest |ref|\n"
             "  --ulp N            tolerance in units in the last place\n"
@@ -61,6 +64,7 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         {"noise-floor", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"stages", no_argument, 0, 0}, {"json", no_argument, 0, 0},
         {"no-hashes", no_argument, 0, 0}, {"quiet", no_argument, 0, 'q'},
+        {"cross-runtime", no_argument, 0, 0},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
     int ch, idx;
     const char *exact_with = NULL;
@@ -81,7 +85,12 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
         }
         const char *n = longopts[idx].name;
         int rc = 0;
-        if (!strcmp(n, "exact")) a->co.atol = a->co.rtol = 0, a->co.ulp = 0;
+        if (!strcmp(n, "exact")) a->co.atol = a->co.rtol = 0, a->co.ulp = 0,
+                                 a->co.cross_runtime = CMP_XRT_OFF;
+        else if (!strcmp(n, "cross-runtime") && exact_with)
+            rc = kv_errf(e, "--cross-runtime and --%s: the drift model sets its own "
+                         "thresholds; give one or the other", exact_with);
+        else if (!strcmp(n, "cross-runtime")) a->co.cross_runtime = CMP_XRT_ON;
         else if (!strcmp(n, "atol")) rc = cli_double("--atol", optarg, 0, 1e30, &a->co.atol, e);
         else if (!strcmp(n, "rtol")) rc = cli_double("--rtol", optarg, 0, 1e30, &a->co.rtol, e);
         else if (!strcmp(n, "ulp")) rc = cli_u64("--ulp", optarg, &a->co.ulp, e);
@@ -98,6 +107,9 @@ static int parse_compare(int argc, char **argv, compare_args *a, kv_err *e)
     if (a->json && a->quiet)
         return kv_errf(e, "-q and --json: -q prints one line, --json the whole result; "
                           "give one or the other");
+    if (exact_with && a->co.cross_runtime == CMP_XRT_ON)
+        return kv_errf(e, "--cross-runtime and --%s: the drift model sets its own thresholds; "
+                       "give one or the other", exact_with);
     if (argc - optind != 2)
         return kv_errf(e, "give two dumps: kvdiff compare REF.h5 TEST.h5");
     return 0;

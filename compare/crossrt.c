@@ -1,0 +1,292 @@
+/* crossrt.c — cross-runtime verdicts. When the test recording comes from
+ * another runtime (llama.cpp, PyTorch), its rounding differs from ours in
+ * every row, so the first differing bit says nothing. Each row is judged
+ * instead against a drift model (compare.h, cmp_xrt): a correct runtime's
+ * error is born small at known places (the KV cache's storage type at the
+ * attention output, the runtime's own kernels everywhere at about 1e-3)
+ * and grows smoothly from there along positions and layers; a bug is a
+ * step, a row whose error is many times what flowed into it and what the
+ * same stage showed at the positions before. docs/cross-runtime.md gives
+ * the measurements behind the constants. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmp_internal.h"
+
+/* The model's constants (docs/cross-runtime.md measures them). */
+#define XRT_FLOOR_BASE 4e-3   /* kernels' own rounding: llama.cpp's table GELU
+                               * alone reaches 1.3e-3 row-relative */
+#define XRT_KV_FACTOR 16.0    /* attention output: times the KV type's unit roundoff */
+#define XRT_GAIN 8.0          /* times the largest error upstream */
+#define XRT_HISTORY 8.0       /* times the stage's own largest earlier error */
+
+/* ------------------------------------------------------------------ */
+/* Mode and precision                                                   */
+
+/* kvdiff's own engines, bit-identical by design: between them the first
+ * differing bit is the bug, whatever their names. */
+static bool ours(const char *engine)
+{
+    return !strcmp(engine, "reference") || !strcmp(engine, "chunked");
+}
+
+bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
+                    char *why, size_t n)
+{
+    if (o->cross_runtime == CMP_XRT_OFF || !ref->read || !test->read)
+        return false;
+    if (o->cross_runtime == CMP_XRT_ON) {
+        snprintf(why, n, "asked for (--cross-runtime)");
+        return true;
+    }
+    if (o->atol > 0 || o->rtol > 0 || o->ulp > 0 || o->noise)
+        return false;
+    if (!ref->engine || !test->engine || !ref->engine[0] || !test->engine[0] ||
+        !strcmp(ref->engine, test->engine) || (ours(ref->engine) && ours(test->engine)))
+        return false;
+    snprintf(why, n, "engines differ: %s vs %s", ref->engine, test->engine);
+    return true;
+}
+
+/* The test's KV cache type from its settings ("cache_type", as
+ * kvdiff-llama writes it, or "kv_dtype"), and its unit roundoff. An
+ * unknown type is taken as the coarsest common one (bf16, q8_0). */
+static void kv_precision(const cmp_source *test, cmp_xrt *x)
+{
+    static const struct {
+        const char *name;
+        double eps;
+    } types[] = {{"f32", 0x1p-24}, {"float32", 0x1p-24}, {"f16", 0x1p-11},
+                 {"float16", 0x1p-11}, {"bf16", 0x1p-8}, {"bfloat16", 0x1p-8},
+                 {"q8_0", 0x1p-8}};
+    snprintf(x->kv_precision, sizeof x->kv_precision, "unknown");
+    x->kv_eps = 0x1p-8;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (cmp_settings_is(test, "cache_type", types[i].name) ||
+            cmp_settings_is(test, "kv_dtype", types[i].name)) {
+            snprintf(x->kv_precision, sizeof x->kv_precision, "%s", types[i].name);
+            x->kv_eps = types[i].eps;
+            break;
+        }
+    /* llama.cpp's CPU flash attention reads keys and values in f16 whatever
+     * the cache holds: measured, its attn_out errs by 2e-3 to 3e-3 with an
+     * f32 cache (0.5 of the f32 threshold), as with an f16 one. */
+    if (x->kv_eps < 0x1p-11 && cmp_settings_is(test, "flash_attn", "on")) {
+        snprintf(x->kv_precision, sizeof x->kv_precision, "f16 (flash)");
+        x->kv_eps = 0x1p-11;
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Reading: one record and one error per (stage, position)              */
+
+typedef struct {
+    cmp_ctx *c;
+    int n;                       /* stages */
+    int64_t base, P;             /* positions base .. base + P - 1 */
+    cmp_rowrec *recs;            /* (n, P) */
+    double *err;                 /* (n, P): row-relative error, +inf for NaN/Inf */
+} xrt_walk;
+
+static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_err *e)
+{
+    const cmp_stage_result *sr = &x->c->r->stages[i];
+    const cmp_tol exact = {.exact = true};
+    for (int64_t p = sr->pos_lo; p <= sr->pos_hi; p += cap) {
+        const int64_t m = sr->pos_hi - p + 1 < cap ? sr->pos_hi - p + 1 : cap;
+        if (x->c->test->read(x->c->test->ctx, sr->layer, sr->stage, p, m, ta, e) < 0 ||
+            x->c->ref->read(x->c->ref->ctx, sr->layer, sr->stage, p, m, rb, e) < 0)
+            return -1;
+        for (int64_t k = 0; k < m; k++) {
+            const size_t at = (size_t)i * (size_t)x->P + (size_t)(p + k - x->base);
+            cmp_rowrec *rec = &x->recs[at];
+            cmp_row_compare(ta + k * sr->cols, rb + k * sr->cols, sr->cols, &exact, rec);
+            x->err[at] = rec->nonfinite ? INFINITY : cmp_rowrec_rel(rec);
+        }
+    }
+    return 0;
+}
+
+static int read_all(xrt_walk *x, kv_err *e)
+{
+    int maxc = 1;
+    for (int i = 0; i < x->n; i++)
+        maxc = x->c->r->stages[i].cols > maxc ? x->c->r->stages[i].cols : maxc;
+    int64_t cap = CMP_ROW_BUDGET / maxc;
+    cap = cap < 1 ? 1 : cap > x->P ? x->P : cap;
+    float *ta = malloc((size_t)cap * (size_t)maxc * sizeof *ta);
+    float *rb = malloc((size_t)cap * (size_t)maxc * sizeof *rb);
+    int rc = ta && rb ? 0 : kv_errf(e, "compare: out of memory");
+    for (int i = 0; rc == 0 && i < x->n; i++)
+        rc = read_stage(x, i, ta, rb, cap, e);
+    free(ta);
+    free(rb);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Judging                                                              */
+
+static double floor_of(const cmp_xrt *m, kv_stage st)
+{
+    if (st == STAGE_ATTN_OUT || st == STAGE_ATTN_LSE)
+        return m->floor_base + m->kv_factor * m->kv_eps;
+    return m->floor_base;
+}
+
+/* Threshold of stage i at a position: upstream is the largest error of
+ * every earlier stage in dataflow order so far, own its largest earlier
+ * error. Key counts are integers: any difference is a step. */
+static double threshold(const cmp_xrt *m, const cmp_stage_result *sr, double upstream,
+                        double own)
+{
+    if (sr->stage == STAGE_ATTN_NKEYS)
+        return 0;
+    double t = floor_of(m, sr->stage);
+    t = m->gain * upstream > t ? m->gain * upstream : t;
+    return m->history * own > t ? m->history * own : t;
+}
+
+/* The step's row, read again: the lowest column above the threshold. */
+static int fill_step(xrt_walk *x, int i, int64_t p, double thr, kv_err *e)
+{
+    cmp_ctx *c = x->c;
+    const cmp_stage_result *sr = &c->r->stages[i];
+    const cmp_rowrec *rec = &x->recs[(size_t)i * (size_t)x->P + (size_t)(p - x->base)];
+    cmp_divergence *d = &c->r->first;
+    memset(d, 0, sizeof *d);
+    d->found = true;
+    d->pos = p;
+    d->layer = sr->layer;
+    d->stage = sr->stage;
+    d->row_max_abs = rec->max_abs;
+    d->row_rel = x->err[(size_t)i * (size_t)x->P + (size_t)(p - x->base)];
+    if (sr->layer >= 0) {
+        d->layer_window = config_layer_window(c->cfg, sr->layer);
+        d->layer_sliding = d->layer_window > 0;
+        d->kv_owner = c->cfg->kv_owner[sr->layer];
+    }
+    float *t = malloc((size_t)sr->cols * 2 * sizeof *t);
+    if (!t)
+        return kv_errf(e, "compare: out of memory");
+    float *r = t + sr->cols;
+    if (c->test->read(c->test->ctx, sr->layer, sr->stage, p, 1, t, e) < 0 ||
+        c->ref->read(c->ref->ctx, sr->layer, sr->stage, p, 1, r, e) < 0) {
+        free(t);
+        return -1;
+    }
+    const double lim = thr * rec->ref_absmax;
+    int col = -1;
+    for (int k = 0; k < sr->cols; k++) {
+        const bool nf = cmp_elem_nonfinite_mismatch(t[k], r[k]);
+        d->nonfinite |= nf;
+        if (nf || fabs((double)t[k] - (double)r[k]) > lim) {
+            d->n_bad++;
+            col = col < 0 ? k : col;
+        }
+    }
+    col = col < 0 ? 0 : col;
+    cmp_set_element(d, c->cfg, col);
+    d->test = t[col];
+    d->ref = r[col];
+    const bool nf = cmp_elem_nonfinite_mismatch(d->test, d->ref);
+    d->abs_err = nf ? NAN : fabs((double)d->test - (double)d->ref);
+    d->ulp = nf ? 0 : cmp_ulp_distance(d->test, d->ref);
+    free(t);
+    /* Earlier stages of the layer at this position: compared, bit-identical. */
+    for (int j = 0; j < i; j++) {
+        const cmp_stage_result *sj = &c->r->stages[j];
+        if (sj->layer != sr->layer || p < sj->pos_lo || p > sj->pos_hi)
+            continue;
+        c->r->ev.earlier_compared |= 1u << sj->stage;
+        if (x->recs[(size_t)j * (size_t)x->P + (size_t)(p - x->base)].bitequal)
+            c->r->ev.earlier_identical |= 1u << sj->stage;
+    }
+    return 0;
+}
+
+/* Positions ascending, at each the stages in dataflow order: the first
+ * row above its threshold is the step. Rows before it are drift and teach
+ * each stage its scale. */
+static int judge(xrt_walk *x, kv_err *e)
+{
+    cmp_result *r = x->c->r;
+    cmp_xrt *m = &r->xrt;
+    double *own = calloc((size_t)x->n, sizeof *own);
+    if (!own)
+        return kv_errf(e, "compare: out of memory");
+    int64_t stop = -1;
+    int stop_i = -1;
+    double stop_thr = 0;
+    for (int64_t p = x->base; p < x->base + x->P && stop < 0; p++) {
+        double upstream = 0;
+        for (int i = 0; i < x->n; i++) {
+            cmp_stage_result *sr = &r->stages[i];
+            if (p >= sr->pos_lo && p <= sr->pos_hi) {
+                const size_t at = (size_t)i * (size_t)x->P + (size_t)(p - x->base);
+                const double err = x->err[at], thr = threshold(m, sr, upstream, own[i]);
+                cmp_rowrec *rec = &x->recs[at];
+                rec->bad = !(err <= thr);
+                sr->xrt_threshold = thr;
+                sr->xrt_err = err > sr->xrt_err || isnan(err) ? err : sr->xrt_err;
+                cmp_stats_add(&sr->all, rec, p);
+                if (rec->bad) {
+                    stop = p;
+                    stop_i = i;
+                    stop_thr = thr;
+                    break;
+                }
+                cmp_stats_add(&sr->upto, rec, p);
+                const double ratio = thr > 0 ? err / thr : 0;
+                if (ratio > sr->xrt_ratio)
+                    sr->xrt_ratio = ratio;
+                if (ratio > m->worst_ratio) {
+                    m->worst_ratio = ratio;
+                    m->worst_pos = p;
+                    m->worst_layer = sr->layer;
+                    m->worst_stage = sr->stage;
+                }
+                own[i] = err > own[i] ? err : own[i];
+                sr->xrt_scale = own[i];
+            }
+            upstream = own[i] > upstream ? own[i] : upstream;
+        }
+        r->compared.walked_to = p;
+    }
+    free(own);
+    if (stop < 0)
+        return 0;
+    m->step = true;
+    m->step_err = x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
+    m->step_threshold = stop_thr;
+    return fill_step(x, stop_i, stop, stop_thr, e);
+}
+
+int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
+{
+    cmp_result *r = c->r;
+    cmp_xrt *m = &r->xrt;
+    m->on = true;
+    snprintf(m->model, sizeof m->model, "drift-step");
+    m->floor_base = XRT_FLOOR_BASE;
+    m->kv_factor = XRT_KV_FACTOR;
+    m->gain = XRT_GAIN;
+    m->history = XRT_HISTORY;
+    m->worst_pos = -1;
+    m->worst_layer = -1;
+    kv_precision(c->test, m);
+    r->compared.walked_to = -1;
+    xrt_walk x = {.c = c, .n = r->n_stages, .base = r->compared.pos_lo};
+    x.P = r->compared.pos_hi - r->compared.pos_lo + 1;
+    if (x.n == 0 || x.P <= 0)
+        return 0;
+    x.recs = calloc((size_t)x.n * (size_t)x.P, sizeof *x.recs);
+    x.err = calloc((size_t)x.n * (size_t)x.P, sizeof *x.err);
+    int rc = x.recs && x.err ? read_all(&x, e) : kv_errf(e, "compare: out of memory");
+    if (rc == 0)
+        rc = judge(&x, e);
+    free(x.recs);
+    free(x.err);
+    return rc;
+}
