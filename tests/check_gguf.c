@@ -287,7 +287,7 @@ END_TEST
  * global, base 10000) would not reproduce. */
 static const struct {
     const char *preset;
-    const char *edits[10];
+    const char *edits[12];   /* pairs (from, to), then NULL */
 } hf_cases[] = {
     {"tiny-llama",
      {"\"rope_scaling\": null",
