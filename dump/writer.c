@@ -16,7 +16,15 @@
  * in the middle of a compressed dump).
  *
  * Object timestamps are off and every chunk has a defined fill value, so
- * two identical runs give identical files, byte for byte. */
+ * two identical runs give identical files, byte for byte.
+ *
+ * Two writers of one path would corrupt each other: libhdf5 drops its own
+ * file lock when SWMR writing starts, so a second H5Fcreate truncates a
+ * file still being written. The writer therefore takes a lock of its own
+ * (an open-file-description lock on the file, which does not meet
+ * libhdf5's flock()) before anything touches the path, and holds it until
+ * the final status is written; a second writer fails at once. */
+#define _GNU_SOURCE   /* F_OFD_SETLK: a lock owned by our descriptor, not the process */
 #include "dump_internal.h"
 #include "../model/pool.h"
 
@@ -88,6 +96,9 @@ struct dump_writer {
     float *fp_stats;      /* of the event being appended */
     int fp_cap;
     volatile sig_atomic_t *flag;
+    int lock_fd;          /* open on path, holding the write lock; -1 none */
+    dev_t dev;            /* the file the lock is on */
+    ino_t ino;
     appender **cached;    /* (capacity: every appender) those with cached set */
     int ncached;
     size_t cached_bytes;  /* bytes written to them since */
@@ -927,6 +938,71 @@ static int output_create(dump_writer *w, kv_err *e)
     return rc;
 }
 
+/* The lock: a write lock on the whole file, owned by the open file
+ * description (F_OFD_SETLK), so that neither libhdf5 opening and closing
+ * the file in this process nor its flock() releases or meets it; where
+ * OFD locks do not exist, a process lock (released early if libhdf5
+ * closes a descriptor of the file, still enough against a second run
+ * starting). The path is opened without truncating: a file another run is
+ * writing is left as it is. *created says whether the open made it. */
+static int lock_target(dump_writer *w, bool *created, kv_err *e)
+{
+    *created = false;
+    int fd = open(w->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0)
+        *created = true;
+    else if (errno == EEXIST)
+        fd = open(w->path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
+    w->lock_fd = fd;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0)
+        return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
+    w->dev = sb.st_dev;
+    w->ino = sb.st_ino;
+    if (!S_ISREG(sb.st_mode))
+        return 0;   /* not a file: H5Fcreate says what is wrong */
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;   /* start 0, length 0: the whole file, however long */
+#ifdef F_OFD_SETLK
+    int rc = fcntl(fd, F_OFD_SETLK, &fl);
+#else
+    int rc = fcntl(fd, F_SETLK, &fl);
+#endif
+    if (rc == 0)
+        return 0;
+    if (errno == EAGAIN || errno == EACCES)
+        return kv_errf(e, "%s: another kvdiff is writing this file; two runs cannot record "
+                          "to one dump (choose another path, or wait for that run to end)",
+                       w->path);
+    if (errno == ENOLCK || errno == EINVAL || errno == EOPNOTSUPP)
+        return 0;   /* a file system without locks: write unguarded, as before */
+    return kv_errf(e, "%s: cannot lock the dump: %s", w->path, strerror(errno));
+}
+
+/* Is the path still the file this writer locked and wrote? Not when
+ * something replaced or removed it meanwhile: its status is then not
+ * ours to set. */
+static bool still_ours(dump_writer *w)
+{
+    struct stat sb;
+    if (w->lock_fd < 0)
+        return true;
+    if (stat(w->path, &sb) < 0) {
+        fail(w, "%s: the dump was removed while this run wrote it", w->path);
+        return false;
+    }
+    if (sb.st_dev != w->dev || sb.st_ino != w->ino) {
+        fail(w, "%s: the dump was replaced by another file while this run wrote it; that file "
+                "is left as it is", w->path);
+        return false;
+    }
+    return true;
+}
+
 static int create_file(dump_writer *w, const dump_meta *m, kv_err *e)
 {
     /* The root group takes its timestamp setting from the file creation
@@ -1025,6 +1101,8 @@ static void writer_free(dump_writer *w)
     free(w->fp_stats);
     free(w->cached);
     free(w->path);
+    if (w->lock_fd >= 0)
+        close(w->lock_fd);   /* releases the lock: last, after the final status */
     free(w);
 }
 
@@ -1037,6 +1115,7 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     if (!w)
         return kv_errf(e, "%s: out of memory", path), NULL;
     w->file = H5I_INVALID_HID;
+    w->lock_fd = -1;
     app_init(&w->tokens);
     app_init(&w->lse);
     app_init(&w->topk_ids);
@@ -1063,12 +1142,20 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
         writer_free(w);
         return NULL;
     }
-    if (create_file(w, meta, e) < 0) {
-        bool created = w->file >= 0;
-        abandon_file(w);
-        writer_free(w);
+    bool created = false;
+    if (lock_target(w, &created, e) < 0) {
         if (created)
-            unlink(path);  /* half made, and nobody has seen it yet */
+            unlink(path);
+        writer_free(w);
+        return NULL;
+    }
+    if (create_file(w, meta, e) < 0) {
+        abandon_file(w);
+        /* Half made, and nobody has seen it yet; removed while still
+         * locked, so no other run's new file is removed instead. */
+        if (created || w->file >= 0)
+            unlink(path);
+        writer_free(w);
         return NULL;
     }
     w->obs.emit = writer_emit;
@@ -1273,7 +1360,7 @@ int dump_close(dump_writer *w, const char *why, kv_err *e)
     close_file(w);
     /* After an I/O error (disk full, size limit) the file is not touched
      * again: it keeps "partial: running". */
-    if (!w->io_failed) {
+    if (!w->io_failed && still_ours(w)) {
         char status[1200];
         if (why)
             snprintf(status, sizeof status, "partial: %s", why);
