@@ -4,8 +4,9 @@
  * hands out and know nothing of HDF5. Rows are buffered per dataset and
  * appended in blocks of block_rows to chunked, extendible datasets; the
  * file is written in SWMR mode and flushed after every forward batch (and
- * every 64 MiB within one), so a crash leaves a coherent file marked
- * `partial: running` holding every block written before the batch that was
+ * every 64 MiB within one), rows of a block not yet full included, so a
+ * crash leaves a coherent file marked `partial: running` holding every row
+ * of every batch (prefill chunk, decode step) before the one that was
  * running. dump_close sets the final status.
  *
  * The reader opens any schema-v1 file (ours or another program's, SWMR-
