@@ -82,6 +82,13 @@ typedef struct {
 
 typedef struct dump_writer dump_writer;
 
+/* Bytes of float rows one position adds to a recording of c with
+ * selection o: the selected stages of the selected layers (no K/V on
+ * KV-shared followers), the model-level ones, full logits when selected.
+ * Not /output, hashes, statistics or HDF5's overhead: what an in-memory
+ * recording of the same selection holds per position. */
+size_t dump_position_bytes(const kv_config *c, const dump_opts *o);
+
 /* Creates path (truncating) with every group and dataset the selection
  * implies, status "partial: running", then switches to SWMR. Errors name
  * the path (unwritable, exists as a folder, ...). */

@@ -1164,6 +1164,25 @@ static int check_args(const char *path, const dump_meta *m, const dump_opts *o, 
     return 0;
 }
 
+size_t dump_position_bytes(const kv_config *c, const dump_opts *o)
+{
+    size_t floats = 0;
+    const int hi = o->layer_hi < c->n_layers - 1 ? o->layer_hi : c->n_layers - 1;
+    for (int l = o->layer_lo < 0 ? 0 : o->layer_lo; l <= hi; l++)
+        for (int st = 0; st < STAGE_LAYER_COUNT; st++) {
+            bool follower_kv = (st == STAGE_K || st == STAGE_V) && c->kv_owner[l] != l;
+            if (o->stages[st] && !follower_kv)
+                floats += (size_t)dump_stage_cols(c, (kv_stage)st);
+        }
+    if (o->stages[STAGE_EMBED])
+        floats += (size_t)dump_stage_cols(c, STAGE_EMBED);
+    if (o->stages[STAGE_FINAL_NORM])
+        floats += (size_t)dump_stage_cols(c, STAGE_FINAL_NORM);
+    if (o->full_logits || o->stages[STAGE_LOGITS])
+        floats += (size_t)c->vocab;
+    return floats * sizeof(float);
+}
+
 /* ------------------------------------------------------------------ */
 /* Lifetime                                                             */
 

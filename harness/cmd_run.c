@@ -66,7 +66,12 @@ static void run_usage(FILE *f)
             "  --dump-ref FILE    with --compare: also record the reference run\n"
             "  --exact | --atol X | --rtol X | --ulp N   tolerance (default exact; with a\n"
             "                     tolerance both runs go to the end)\n"
-            "  --json             the result as JSON;  --stages  add the per-stage table\n");
+            "  --json             the result as JSON;  --stages  add the per-stage table\n"
+            "  --compare-memory S both runs are held in memory (about 2.4 MB a position on\n"
+            "                     qwen2.5-0.5b-shape); estimated first: above S (default half\n"
+            "                     this machine's memory) the run is refused, above S/2 a warning.\n"
+            "                     S in bytes or with K, M, G, T\n"
+            "  --force            run even above --compare-memory (with a warning)\n");
 }
 
 static void list_injections(void)

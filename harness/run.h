@@ -34,6 +34,8 @@ typedef struct {
     bool json;
     unsigned render_flags;
     bool tolerance_given;
+    double compare_memory;       /* --compare-memory bytes; 0: half the machine's memory */
+    bool force;                  /* --force: run past that bound */
     /* bisect */
     bool bisect;                 /* parsing bisect's options */
     const char *out_dir;
