@@ -423,14 +423,26 @@ static int app_write(dump_writer *w, appender *a, const void *src, int n, bool p
     return app_write_rows(w, a, src, n, padded);
 }
 
+static int write_tail(dump_writer *w, appender *a);
+
 /* Writes the buffered rows: a whole block, or a short one when the run
  * ends. A short block of an uncompressed dataset (not /tokens, written at
  * any row) goes out as a whole chunk too, zero-padded: the bytes a fill
- * value of 0 gives, without a cached chunk left to flush. */
+ * value of 0 gives, without a cached chunk left to flush. When the first
+ * rows of an uncompressed block are in the file already (step_out), its
+ * chunk is too: only the rest go out, not the whole chunk again. */
 static int app_write_buffered(dump_writer *w, appender *a)
 {
     if (a->nbuf == 0)
         return 0;
+    if (a->pending > 0 && !w->o.compress) {
+        if (tokens_out(w) < 0 || write_tail(w, a) < 0)
+            return -1;
+        a->written += a->nbuf;
+        a->nbuf = 0;
+        a->pending = 0;
+        return 0;
+    }
     const int block = w->o.block_rows, n = a->nbuf;
     bool padded = n < block && a != &w->tokens;
     if (padded)
@@ -455,14 +467,17 @@ static void mark_dirty(dump_writer *w, appender *a)
     }
 }
 
-/* No flush per dataset here: that walks libhdf5's whole metadata cache
- * each time; the file flush that ends the batch (settle) writes them. */
-static int app_write_pending(dump_writer *w, appender *a)
+/* Rows [pending, nbuf) of the buffer to their place in the file, the
+ * dataset extended over them. No flush per dataset here: that walks
+ * libhdf5's whole metadata cache each time; the file flush that ends the
+ * batch (settle) writes them. */
+static int write_tail(dump_writer *w, appender *a)
 {
-    a->dirty = false;
     const int n = a->nbuf - a->pending;
     if (n <= 0)
         return 0;
+    if (w->io_failed)
+        return -1;
     hsize_t extent[2] = {(hsize_t)(a->written + a->nbuf), (hsize_t)a->cols};
     if (H5Dset_extent(a->dset, extent) < 0 ||
         write_selection(a, a->written + a->pending, a->buf + (size_t)a->pending * a->row_bytes,
@@ -471,6 +486,12 @@ static int app_write_pending(dump_writer *w, appender *a)
     a->pending = a->nbuf;
     w->unflushed += (size_t)n * a->row_bytes;
     return 0;
+}
+
+static int app_write_pending(dump_writer *w, appender *a)
+{
+    a->dirty = false;
+    return write_tail(w, a);
 }
 
 /* Every row emitted so far into the file: tokens first (tokens_out
