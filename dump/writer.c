@@ -457,8 +457,9 @@ static int app_write_buffered(dump_writer *w, appender *a)
 /* Buffered rows wait for their block to fill (64 decode steps, by
  * default); a crash must not lose them. So at the end of each forward
  * batch the rows the file lacks are written where they belong, the
- * dataset extended over them, and kept in the buffer: the block still
- * goes out whole, over them, once full. */
+ * dataset extended over them, and kept in the buffer: once the block is
+ * full the rest follow (app_write_buffered; a compressed block goes out
+ * whole again). */
 static void mark_dirty(dump_writer *w, appender *a)
 {
     if (a->nbuf > a->pending && !a->dirty) {
