@@ -4,8 +4,9 @@
  * hands out and know nothing of HDF5. Rows are buffered per dataset and
  * appended in blocks of block_rows to chunked, extendible datasets; the
  * file is written in SWMR mode and flushed after every forward batch (and
- * every 64 MiB within one), so a crash leaves a coherent file marked
- * `partial: running` holding every block written before the batch that was
+ * every 64 MiB within one), rows of a block not yet full included, so a
+ * crash leaves a coherent file marked `partial: running` holding every row
+ * of every batch (prefill chunk, decode step) before the one that was
  * running. dump_close sets the final status.
  *
  * The reader opens any schema-v1 file (ours or another program's, SWMR-
@@ -80,6 +81,13 @@ typedef struct {
 } dump_meta;
 
 typedef struct dump_writer dump_writer;
+
+/* Bytes of float rows one position adds to a recording of c with
+ * selection o: the selected stages of the selected layers (no K/V on
+ * KV-shared followers), the model-level ones, full logits when selected.
+ * Not /output, hashes, statistics or HDF5's overhead: what an in-memory
+ * recording of the same selection holds per position. */
+size_t dump_position_bytes(const kv_config *c, const dump_opts *o);
 
 /* Creates path (truncating) with every group and dataset the selection
  * implies, status "partial: running", then switches to SWMR. Errors name

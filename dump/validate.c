@@ -902,7 +902,8 @@ static void check_index_row(vstate *v, const uint64_t *r, int64_t i)
             violation(v, "%s row %lld: the digest of %s does not match its hashes (they changed "
                       "after the index was written; compare reads the hashes instead).",
                       DUMP_INDEX, (long long)i, hp);
-        else if (fh.rows != fs.rows || sum != isum || flags != r[8])
+        else if (fh.rows != fs.rows || !(sum == isum || (isnan(sum) && isnan(isum))) ||
+                 flags != r[8])
             violation(v, "%s row %lld: the sum of squares or flags of %s do not match %s.",
                       DUMP_INDEX, (long long)i, base, sp);
     }

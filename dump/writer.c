@@ -5,9 +5,11 @@
  * data is appended, which SWMR allows. Rows are buffered per dataset and
  * go out a block (a chunk) at a time, whole blocks straight from the
  * engine's memory; the file is flushed at the end of every forward batch
- * and every FLUSH_BYTES within one, so a crash (kill -9 included) leaves a
- * coherent file holding the rows of every batch before the last, its
- * status still "partial: running". Attributes cannot change under SWMR,
+ * and every FLUSH_BYTES within one; at the end of a batch the rows still
+ * waiting for their block to fill (a decode step's) are written where they
+ * belong too. So a crash (kill -9 included) leaves a coherent file holding
+ * every row of every batch before the last, its status still "partial:
+ * running". Attributes cannot change under SWMR,
  * so dump_close closes the file, reopens it normally and rewrites status
  * and /tokens' prompt_length.
  *
@@ -16,7 +18,15 @@
  * in the middle of a compressed dump).
  *
  * Object timestamps are off and every chunk has a defined fill value, so
- * two identical runs give identical files, byte for byte. */
+ * two identical runs give identical files, byte for byte.
+ *
+ * Two writers of one path would corrupt each other: libhdf5 drops its own
+ * file lock when SWMR writing starts, so a second H5Fcreate truncates a
+ * file still being written. The writer therefore takes a lock of its own
+ * (an open-file-description lock on the file, which does not meet
+ * libhdf5's flock()) before anything touches the path, and holds it until
+ * the final status is written; a second writer fails at once. */
+#define _GNU_SOURCE   /* F_OFD_SETLK: a lock owned by our descriptor, not the process */
 #include "dump_internal.h"
 #include "../model/pool.h"
 
@@ -49,7 +59,9 @@ typedef struct {
     int64_t first;        /* position of row 0: the first_position attribute */
     int64_t written;      /* rows in the file */
     bool cached;          /* written through HDF5's chunk cache since the last flush */
+    bool dirty;           /* buffered rows not yet in the file (nbuf > pending) */
     int nbuf;             /* rows buffered */
+    int pending;          /* of them, those already in the file (step_out) */
     unsigned char *buf;   /* (block_rows, row_bytes), allocated at the first row */
     char *name;           /* "/layers/3/q", for messages */
 } appender;
@@ -88,8 +100,13 @@ struct dump_writer {
     float *fp_stats;      /* of the event being appended */
     int fp_cap;
     volatile sig_atomic_t *flag;
+    int lock_fd;          /* open on path, holding the write lock; -1 none */
+    dev_t dev;            /* the file the lock is on */
+    ino_t ino;
     appender **cached;    /* (capacity: every appender) those with cached set */
     int ncached;
+    appender **dirty;     /* (same capacity) those with dirty set */
+    int ndirty;
     size_t cached_bytes;  /* bytes written to them since */
     size_t unflushed;     /* bytes appended since the last file flush */
     int64_t batch_pos0;   /* first position of the forward batch being emitted */
@@ -203,6 +220,20 @@ static hid_t make_dcpl(const dump_writer *w, int rank, const hsize_t *chunk, hid
     return p;
 }
 
+/* Uncompressed datasets get no chunk cache: rows written through a
+ * selection (each decode step's, a short block's) then go straight to
+ * their place in the file, a row's bytes, not a whole chunk rewritten at
+ * every flush. Compressed chunks must pass through the cache. */
+static hid_t make_dapl(const dump_writer *w)
+{
+    hid_t p = H5Pcreate(H5P_DATASET_ACCESS);
+    if (p >= 0 && !w->o.compress && H5Pset_chunk_cache(p, 0, 0, 1.0) < 0) {
+        dump_h5_close(p);
+        return H5I_INVALID_HID;
+    }
+    return p;
+}
+
 /* Creates an empty extendible dataset group/name of `cols` columns (0:
  * 1-D) with its first_position attribute. */
 static int app_create(dump_writer *w, appender *a, hid_t group, const char *gpath,
@@ -212,7 +243,7 @@ static int app_create(dump_writer *w, appender *a, hid_t group, const char *gpat
     const int rank = cols > 0 ? 2 : 1;
     hsize_t dims[2] = {0, (hsize_t)cols}, maxd[2] = {H5S_UNLIMITED, (hsize_t)cols};
     hsize_t chunk[2] = {(hsize_t)w->o.block_rows, (hsize_t)cols};
-    hid_t space = H5I_INVALID_HID, dcpl = H5I_INVALID_HID;
+    hid_t space = H5I_INVALID_HID, dcpl = H5I_INVALID_HID, dapl = H5I_INVALID_HID;
     a->mtype = mtype;
     a->cols = cols;
     a->row_bytes = H5Tget_size(mtype) * (size_t)(cols > 0 ? cols : 1);
@@ -223,9 +254,11 @@ static int app_create(dump_writer *w, appender *a, hid_t group, const char *gpat
     snprintf(a->name, n, "%s/%s", gpath, name);
     int rc = (space = H5Screate_simple(rank, dims, maxd)) >= 0 &&
                      (dcpl = make_dcpl(w, rank, chunk, mtype)) >= 0 &&
+                     (dapl = make_dapl(w)) >= 0 &&
                      (a->dset = H5Dcreate2(group, name, ftype, space, H5P_DEFAULT, dcpl,
-                                           H5P_DEFAULT)) >= 0 &&
+                                           dapl)) >= 0 &&
                      write_i64_attr(a->dset, "first_position", first) >= 0 ? 0 : -1;
+    dump_h5_close(dapl);
     dump_h5_close(dcpl);
     dump_h5_close(space);
     return rc < 0 ? h5err(w, e, "cannot create %s", a->name) : 0;
@@ -279,10 +312,10 @@ static int write_chunks(dump_writer *w, appender *a, const unsigned char *src, i
 
 /* Rows anywhere (tokens, a last short block, compressed data): through a
  * selection and HDF5's chunk cache; flush_cached writes them out. */
-static int write_selection(appender *a, const void *src, int n)
+static int write_selection(appender *a, int64_t row0, const void *src, int n)
 {
     const int rank = a->cols > 0 ? 2 : 1;
-    hsize_t start[2] = {(hsize_t)a->written, 0}, count[2] = {(hsize_t)n, (hsize_t)a->cols};
+    hsize_t start[2] = {(hsize_t)row0, 0}, count[2] = {(hsize_t)n, (hsize_t)a->cols};
     hid_t fspace = H5I_INVALID_HID, mspace = H5I_INVALID_HID;
     int rc = (fspace = H5Dget_space(a->dset)) >= 0 &&
                      H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start, NULL, count, NULL) >= 0 &&
@@ -308,7 +341,7 @@ static int app_write_rows(dump_writer *w, appender *a, const void *src, int n, b
         return fail_h5(w, "cannot append to", a->name);
     if (whole && write_chunks(w, a, src, n) < 0)
         return -1;
-    if (!whole && write_selection(a, src, n) < 0)
+    if (!whole && write_selection(a, a->written, src, n) < 0)
         return fail_h5(w, "cannot append to", a->name);
     a->written += n;
     w->unflushed += (size_t)n * a->row_bytes;
@@ -390,14 +423,26 @@ static int app_write(dump_writer *w, appender *a, const void *src, int n, bool p
     return app_write_rows(w, a, src, n, padded);
 }
 
+static int write_tail(dump_writer *w, appender *a);
+
 /* Writes the buffered rows: a whole block, or a short one when the run
  * ends. A short block of an uncompressed dataset (not /tokens, written at
  * any row) goes out as a whole chunk too, zero-padded: the bytes a fill
- * value of 0 gives, without a cached chunk left to flush. */
+ * value of 0 gives, without a cached chunk left to flush. When the first
+ * rows of an uncompressed block are in the file already (step_out), its
+ * chunk is too: only the rest go out, not the whole chunk again. */
 static int app_write_buffered(dump_writer *w, appender *a)
 {
     if (a->nbuf == 0)
         return 0;
+    if (a->pending > 0 && !w->o.compress) {
+        if (tokens_out(w) < 0 || write_tail(w, a) < 0)
+            return -1;
+        a->written += a->nbuf;
+        a->nbuf = 0;
+        a->pending = 0;
+        return 0;
+    }
     const int block = w->o.block_rows, n = a->nbuf;
     bool padded = n < block && a != &w->tokens;
     if (padded)
@@ -405,20 +450,90 @@ static int app_write_buffered(dump_writer *w, appender *a)
     if (app_write(w, a, a->buf, n, padded) < 0)
         return -1;
     a->nbuf = 0;
+    a->pending = 0;
     return 0;
+}
+
+/* Buffered rows wait for their block to fill (64 decode steps, by
+ * default); a crash must not lose them. So at the end of each forward
+ * batch the rows the file lacks are written where they belong, the
+ * dataset extended over them, and kept in the buffer: once the block is
+ * full the rest follow (app_write_buffered; a compressed block goes out
+ * whole again). */
+static void mark_dirty(dump_writer *w, appender *a)
+{
+    if (a->nbuf > a->pending && !a->dirty) {
+        a->dirty = true;
+        w->dirty[w->ndirty++] = a;
+    }
+}
+
+/* Rows [pending, nbuf) of the buffer to their place in the file, the
+ * dataset extended over them. No flush per dataset here: that walks
+ * libhdf5's whole metadata cache each time; the file flush that ends the
+ * batch (settle) writes them. */
+static int write_tail(dump_writer *w, appender *a)
+{
+    const int n = a->nbuf - a->pending;
+    if (n <= 0)
+        return 0;
+    if (w->io_failed)
+        return -1;
+    hsize_t extent[2] = {(hsize_t)(a->written + a->nbuf), (hsize_t)a->cols};
+    if (H5Dset_extent(a->dset, extent) < 0 ||
+        write_selection(a, a->written + a->pending, a->buf + (size_t)a->pending * a->row_bytes,
+                        n) < 0)
+        return fail_h5(w, "cannot append to", a->name);
+    a->pending = a->nbuf;
+    w->unflushed += (size_t)n * a->row_bytes;
+    return 0;
+}
+
+static int app_write_pending(dump_writer *w, appender *a)
+{
+    a->dirty = false;
+    return write_tail(w, a);
+}
+
+/* Every row emitted so far into the file: tokens first (tokens_out
+ * empties their buffer, so they are never pending), then the rest, with
+ * disk space reserved first for what they may allocate (a whole chunk
+ * for a block's first rows: reserve_space says why). */
+static int step_out(dump_writer *w)
+{
+    int rc = w->ndirty > 0 ? tokens_out(w) : 0;
+    size_t need = 0;
+    for (int i = 0; i < w->ndirty && rc == 0; i++) {
+        const appender *a = w->dirty[i];
+        if (a->nbuf > a->pending)
+            need += a->pending > 0 ? (size_t)(a->nbuf - a->pending) * a->row_bytes
+                                   : (size_t)w->o.block_rows * a->row_bytes;
+    }
+    if (rc == 0 && need > 0)
+        rc = reserve_space(w, need);
+    for (int i = 0; i < w->ndirty; i++)
+        if (rc == 0)
+            rc = app_write_pending(w, w->dirty[i]);
+        else
+            w->dirty[i]->dirty = false;
+    w->ndirty = 0;
+    return rc;
 }
 
 /* Called at the end of every observer call. Rows written through the
  * chunk cache are flushed at once; the file as a whole (the metadata
  * saying which rows exist) at the end of each forward batch (step_end: a
- * token, logits, or the first event of the next batch came) and within a
- * batch every FLUSH_BYTES appended. So every row of a batch is on disk
- * when the next one starts, at one file flush per batch: each flush walks
- * HDF5's whole metadata cache, and a flush per dataset per block of 64
- * rows was most of what fingerprint recording cost. */
+ * token, logits, or the first event of the next batch came), rows still
+ * buffered included, and within a batch every FLUSH_BYTES appended. So
+ * every row of a batch is on disk when the next one starts, at one file
+ * flush per batch: each flush walks HDF5's whole metadata cache, and a
+ * flush per dataset per block of 64 rows was most of what fingerprint
+ * recording cost. */
 static int settle(dump_writer *w, bool step_end)
 {
     if (w->io_failed)
+        return -1;
+    if (step_end && step_out(w) < 0)
         return -1;
     if (flush_cached(w) < 0)
         return -1;
@@ -454,8 +569,10 @@ static int app_append(dump_writer *w, appender *a, int64_t pos, const void *rows
         a->nbuf += take;
         src += (size_t)take * a->row_bytes;
         n -= take;
-        if (a->nbuf < block)
+        if (a->nbuf < block) {
+            mark_dirty(w, a);
             return 0;  /* all taken, the block still open */
+        }
         if (app_write_buffered(w, a) < 0)
             return -1;
     }
@@ -466,6 +583,8 @@ static int app_append(dump_writer *w, appender *a, int64_t pos, const void *rows
     n -= whole;
     memcpy(a->buf, src, (size_t)n * a->row_bytes);
     a->nbuf = n;
+    a->pending = 0;
+    mark_dirty(w, a);
     return 0;
 }
 
@@ -986,13 +1105,82 @@ static int output_create(dump_writer *w, kv_err *e)
     return rc;
 }
 
+/* The lock: a write lock on the whole file, owned by the open file
+ * description (F_OFD_SETLK), so that neither libhdf5 opening and closing
+ * the file in this process nor its flock() releases or meets it; where
+ * OFD locks do not exist, a process lock (released early if libhdf5
+ * closes a descriptor of the file, still enough against a second run
+ * starting). The path is opened without truncating: a file another run is
+ * writing is left as it is. *created says whether the open made it. */
+static int lock_target(dump_writer *w, bool *created, kv_err *e)
+{
+    *created = false;
+    int fd = open(w->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0)
+        *created = true;
+    else if (errno == EEXIST)
+        fd = open(w->path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
+    w->lock_fd = fd;
+    struct stat sb;
+    if (fstat(fd, &sb) < 0)
+        return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
+    w->dev = sb.st_dev;
+    w->ino = sb.st_ino;
+    if (!S_ISREG(sb.st_mode))
+        return 0;   /* not a file: H5Fcreate says what is wrong */
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;   /* start 0, length 0: the whole file, however long */
+#ifdef F_OFD_SETLK
+    int rc = fcntl(fd, F_OFD_SETLK, &fl);
+#else
+    int rc = fcntl(fd, F_SETLK, &fl);
+#endif
+    if (rc == 0)
+        return 0;
+    if (errno == EAGAIN || errno == EACCES)
+        return kv_errf(e, "%s: another kvdiff is writing this file; two runs cannot record "
+                          "to one dump (choose another path, or wait for that run to end)",
+                       w->path);
+    if (errno == ENOLCK || errno == EINVAL || errno == EOPNOTSUPP)
+        return 0;   /* a file system without locks: write unguarded, as before */
+    return kv_errf(e, "%s: cannot lock the dump: %s", w->path, strerror(errno));
+}
+
+/* Is the path still the file this writer locked and wrote? Not when
+ * something replaced or removed it meanwhile: its status is then not
+ * ours to set. */
+static bool still_ours(dump_writer *w)
+{
+    struct stat sb;
+    if (w->lock_fd < 0)
+        return true;
+    if (stat(w->path, &sb) < 0) {
+        fail(w, "%s: the dump was removed while this run wrote it", w->path);
+        return false;
+    }
+    if (sb.st_dev != w->dev || sb.st_ino != w->ino) {
+        fail(w, "%s: the dump was replaced by another file while this run wrote it; that file "
+                "is left as it is", w->path);
+        return false;
+    }
+    return true;
+}
+
 static int create_file(dump_writer *w, const dump_meta *m, kv_err *e)
 {
     /* The root group takes its timestamp setting from the file creation
      * properties: off there too, or it records the second it was made. */
+    /* No sieve buffer: a decode step's row written straight into its
+     * chunk would otherwise cost a read and a write of the 64 KiB around
+     * it, per dataset, per step. */
     hid_t fapl = H5Pcreate(H5P_FILE_ACCESS), fcpl = H5Pcreate(H5P_FILE_CREATE);
     if (fapl >= 0 && fcpl >= 0 && H5Pset_obj_track_times(fcpl, 0) >= 0 &&
-        H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0)
+        H5Pset_libver_bounds(fapl, H5F_LIBVER_LATEST, H5F_LIBVER_LATEST) >= 0 &&
+        H5Pset_sieve_buf_size(fapl, 0) >= 0)
         w->file = H5Fcreate(w->path, H5F_ACC_TRUNC, fcpl, fapl);
     dump_h5_close(fcpl);
     dump_h5_close(fapl);
@@ -1057,6 +1245,25 @@ static int check_args(const char *path, const dump_meta *m, const dump_opts *o, 
     return 0;
 }
 
+size_t dump_position_bytes(const kv_config *c, const dump_opts *o)
+{
+    size_t floats = 0;
+    const int hi = o->layer_hi < c->n_layers - 1 ? o->layer_hi : c->n_layers - 1;
+    for (int l = o->layer_lo < 0 ? 0 : o->layer_lo; l <= hi; l++)
+        for (int st = 0; st < STAGE_LAYER_COUNT; st++) {
+            bool follower_kv = (st == STAGE_K || st == STAGE_V) && c->kv_owner[l] != l;
+            if (o->stages[st] && !follower_kv)
+                floats += (size_t)dump_stage_cols(c, (kv_stage)st);
+        }
+    if (o->stages[STAGE_EMBED])
+        floats += (size_t)dump_stage_cols(c, STAGE_EMBED);
+    if (o->stages[STAGE_FINAL_NORM])
+        floats += (size_t)dump_stage_cols(c, STAGE_FINAL_NORM);
+    if (o->full_logits || o->stages[STAGE_LOGITS])
+        floats += (size_t)c->vocab;
+    return floats * sizeof(float);
+}
+
 /* ------------------------------------------------------------------ */
 /* Lifetime                                                             */
 
@@ -1083,7 +1290,10 @@ static void writer_free(dump_writer *w)
     free(w->fp_hash);
     free(w->fp_stats);
     free(w->cached);
+    free(w->dirty);
     free(w->path);
+    if (w->lock_fd >= 0)
+        close(w->lock_fd);   /* releases the lock: last, after the final status */
     free(w);
 }
 
@@ -1096,6 +1306,7 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     if (!w)
         return kv_errf(e, "%s: out of memory", path), NULL;
     w->file = H5I_INVALID_HID;
+    w->lock_fd = -1;
     app_init(&w->tokens);
     app_init(&w->lse);
     app_init(&w->topk_ids);
@@ -1115,19 +1326,29 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     w->path = strdup(path);
     w->top_ids = malloc((size_t)o->topk * sizeof *w->top_ids);
     w->top_vals = malloc((size_t)o->topk * sizeof *w->top_vals);
-    /* tokens, lse, topk_ids, topk_values, and two per stage sink */
-    w->cached = malloc(((size_t)4 + 2 * STAGE_COUNT * (KV_MAX_LAYERS + 1)) * sizeof *w->cached);
-    if (!w->path || !w->top_ids || !w->top_vals || !w->cached) {
+    /* tokens, lse, topk_ids, topk_values, and three per stage sink */
+    const size_t appenders = (size_t)4 + 3 * STAGE_COUNT * (KV_MAX_LAYERS + 1);
+    w->cached = malloc(appenders * sizeof *w->cached);
+    w->dirty = malloc(appenders * sizeof *w->dirty);
+    if (!w->path || !w->top_ids || !w->top_vals || !w->cached || !w->dirty) {
         kv_errf(e, "%s: out of memory", path);
         writer_free(w);
         return NULL;
     }
-    if (create_file(w, meta, e) < 0) {
-        bool created = w->file >= 0;
-        abandon_file(w);
-        writer_free(w);
+    bool created = false;
+    if (lock_target(w, &created, e) < 0) {
         if (created)
-            unlink(path);  /* half made, and nobody has seen it yet */
+            unlink(path);
+        writer_free(w);
+        return NULL;
+    }
+    if (create_file(w, meta, e) < 0) {
+        abandon_file(w);
+        /* Half made, and nobody has seen it yet; removed while still
+         * locked, so no other run's new file is removed instead. */
+        if (created || w->file >= 0)
+            unlink(path);
+        writer_free(w);
         return NULL;
     }
     w->obs.emit = writer_emit;
@@ -1332,7 +1553,7 @@ int dump_close(dump_writer *w, const char *why, kv_err *e)
     close_file(w);
     /* After an I/O error (disk full, size limit) the file is not touched
      * again: it keeps "partial: running". */
-    if (!w->io_failed) {
+    if (!w->io_failed && still_ours(w)) {
         char status[1200];
         if (why)
             snprintf(status, sizeof status, "partial: %s", why);

@@ -164,6 +164,15 @@ int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e
     progress_end(&bar);
     if (rc < 0)
         return -1;
+    /* Not an error (the run reproduces what the checkpoint computes), but
+     * no one should read its NaN rows without knowing where they come from. */
+    if (m->nonfinite_tensors > 1)
+        fprintf(stderr, "kvdiff: warning: %s, and %d more tensors hold some; rows computed "
+                        "from them can be NaN or infinite\n", m->nonfinite_first,
+                m->nonfinite_tensors - 1);
+    else if (m->nonfinite_tensors == 1)
+        fprintf(stderr, "kvdiff: warning: %s; rows computed from it can be NaN or infinite\n",
+                m->nonfinite_first);
     kc->isa = o->isa;
     kc->pool = o->threads > 1 ? pool_create(o->threads) : NULL;
     if (o->threads > 1 && !kc->pool) {

@@ -36,6 +36,8 @@ typedef struct {
     unsigned render_flags;
     bool tolerance_given;
     const char *exact_with;      /* --exact and this tolerance option both given */
+    double compare_memory;       /* --compare-memory bytes; 0: half the machine's memory */
+    bool force;                  /* --force: run past that bound */
     /* bisect */
     bool bisect;                 /* parsing bisect's options */
     const char *out_dir;

@@ -46,6 +46,27 @@ void run_opts_reference(const run_opts *o, run_opts *ref)
     ref->chunk_given = false;
 }
 
+/* "512M", "4G", "1.5T", "1000000" (bytes; K, M, G, T are powers of 1024). */
+static int parse_size(const char *opt, const char *s, double *out, kv_err *e)
+{
+    static const char units[] = "KMGT";
+    char *end;
+    double v = strtod(s, &end);
+    double scale = 1;
+    if (end != s && *end) {
+        const char *u = strchr(units, *end);
+        if (u && end[1] == 0)
+            for (const char *p = units; p <= u; p++)
+                scale *= 1024;
+        else
+            end = (char *)s;   /* not a size */
+    }
+    if (end == s || !(v > 0) || v * scale > 1e18)
+        return kv_errf(e, "%s: '%s' is not a size (bytes, or a number with K, M, G or T)", opt, s);
+    *out = v * scale;
+    return 0;
+}
+
 /* Options of `run --compare`; returns 1 if handled, 0 if not, -1 bad. */
 static int compare_option(run_opts *o, const char *name, const char *val, kv_err *e)
 {
@@ -61,6 +82,8 @@ static int compare_option(run_opts *o, const char *name, const char *val, kv_err
     } else if (!strcmp(name, "atol")) rc = cli_double("--atol", val, 0, 1e30, &o->cmp.atol, e);
     else if (!strcmp(name, "rtol")) rc = cli_double("--rtol", val, 0, 1e30, &o->cmp.rtol, e);
     else if (!strcmp(name, "ulp")) rc = cli_u64("--ulp", val, &o->cmp.ulp, e);
+    else if (!strcmp(name, "compare-memory")) rc = parse_size("--compare-memory", val, &o->compare_memory, e);
+    else if (!strcmp(name, "force")) o->force = true;
     else
         return 0;
     if (!strcmp(name, "atol") || !strcmp(name, "rtol") || !strcmp(name, "ulp"))
@@ -160,6 +183,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         {"exact", no_argument, 0, 0},             {"atol", required_argument, 0, 0},
         {"rtol", required_argument, 0, 0},        {"ulp", required_argument, 0, 0},
         {"json", no_argument, 0, 0},              {"stages", no_argument, 0, 0},
+        {"compare-memory", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"out", required_argument, 0, 'o'},       {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int idx, ch;
@@ -241,7 +265,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
                           "reference engine (the chunked one prefills by --chunk)");
     if (o->bisect) {
         if (o->compare || o->dump_path || o->dump_ref_path || o->dump_opts_given ||
-            o->tolerance_given)
+            o->tolerance_given || o->compare_memory > 0 || o->force)
             return kv_errf(e, "bisect records and compares by itself (exactly): --compare, "
                               "--dump*, --fingerprint and tolerances do not apply");
         return 0;
@@ -250,9 +274,10 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         return kv_errf(e, "-o/--out is an option of kvdiff bisect");
     if (o->dump_opts_given && !o->dump_path && !o->compare && !o->dump_ref_path)
         return kv_errf(e, "--fingerprint and --dump-* need --dump FILE");
-    if (!o->compare && (o->dump_ref_path || o->json || o->render_flags || o->tolerance_given))
-        return kv_errf(e, "--dump-ref, --exact, --atol, --rtol, --ulp, --json and --stages "
-                          "need --compare");
+    if (!o->compare && (o->dump_ref_path || o->json || o->render_flags || o->tolerance_given ||
+                        o->compare_memory > 0 || o->force))
+        return kv_errf(e, "--dump-ref, --exact, --atol, --rtol, --ulp, --json, --stages, "
+                          "--compare-memory and --force need --compare");
     if (o->compare && o->dopts.fingerprint)
         return kv_errf(e, "--compare checks every row as it is computed; --fingerprint does "
                           "not apply (kvdiff bisect compares fingerprints)");

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "run.h"
 
@@ -153,6 +154,58 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     return rc == 0 ? 0 : -1;
 }
 
+/* "2.4 GiB" */
+static void format_bytes(double b, char *buf, size_t n)
+{
+    static const char *const unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) {
+        b /= 1024;
+        u++;
+    }
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+}
+
+/* Both runs are recorded in memory, every selected row of every position:
+ * about 2.4 MB a position on qwen2.5-0.5b-shape. The estimate is made
+ * before anything runs. Above half the bound (default: half the machine's
+ * memory) it is a warning; above the bound an error, unless --force.
+ * Returns 0 to go on, -1 with e filled to stop. */
+static int check_memory(const run_opts *o, const kv_config *c, long ctx, kv_err *e)
+{
+    const dump_opts *d = &o->dopts;
+    int64_t hi = d->pos_hi < ctx - 1 ? d->pos_hi : ctx - 1;
+    int64_t positions = hi >= d->pos_lo ? hi - d->pos_lo + 1 : 0;
+    /* rows, and /output's log-sum-exp and top-k of each position */
+    double per = (double)dump_position_bytes(c, d) + (1.0 + 2.0 * d->topk) * 4.0;
+    double total = 2.0 * per * (double)positions;
+    double bound = o->compare_memory;
+    const char *which = "the bound set by --compare-memory";
+    if (bound <= 0) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        if (pages <= 0 || page <= 0)
+            return 0;   /* unknown memory: nothing to compare with */
+        bound = (double)pages * (double)page / 2.0;
+        which = "half this machine's memory";
+    }
+    if (total <= bound / 2)
+        return 0;
+    char tb[32], pb[32], bb[32];
+    format_bytes(total, tb, sizeof tb);
+    format_bytes(2.0 * per, pb, sizeof pb);
+    format_bytes(bound, bb, sizeof bb);
+    const char *how = "fewer rows with --dump-stages, --dump-layers or --dump-positions, or two "
+                      "dumps (run --dump, then kvdiff compare) instead";
+    if (total > bound && !o->force)
+        return kv_errf(e, "--compare would hold about %s in memory (%s per position x %lld "
+                          "positions, both runs), more than %s (%s); keep %s, or pass --force",
+                       tb, pb, (long long)positions, which, bb, how);
+    fprintf(stderr, "kvdiff run: warning: --compare will hold about %s in memory (%s per "
+                    "position x %lld positions, both runs; %s is %s); to hold less keep %s\n",
+            tb, pb, (long long)positions, which, bb, how);
+    return 0;
+}
+
 static void describe_run(const run_opts *o, long ctx, char *buf, size_t n)
 {
     if (!strcmp(o->engine, "reference")) {
@@ -175,6 +228,10 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
     run_opts_reference(o, &ro);
     long ctx = run_context(o, &m->cfg, n_prompt, &e);
     if (ctx < 0) {
+        cli_error("run", &e);
+        return EXIT_USAGE;
+    }
+    if (check_memory(o, &m->cfg, ctx, &e) < 0) {
         cli_error("run", &e);
         return EXIT_USAGE;
     }

@@ -160,6 +160,7 @@ typedef struct {
     st_file *st;            /* NULL: synthetic */
     uint64_t seed;
     const char *dir;
+    uint64_t *nonfinite;    /* NaN and infinite values read so far (counted here) */
 } row_source;
 
 static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
@@ -199,10 +200,14 @@ static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0
         return 0;
     }
     const st_tensor *t = st_find(src->st, s->name);
-    int64_t cols = spec_cols(s);
-    if (s->ndim == 1)
-        return st_read_f32(t, (uint64_t)row0, (uint64_t)nrows, out, e);
-    return st_read_f32(t, (uint64_t)(row0 * cols), (uint64_t)(nrows * cols), out, e);
+    const uint64_t n = (uint64_t)(nrows * spec_cols(s));
+    if (st_read_f32(t, (uint64_t)(row0 * spec_cols(s)), n, out, e) < 0)
+        return -1;
+    uint64_t bad = 0;
+    for (uint64_t i = 0; i < n; i++)
+        bad += !isfinite(out[i]);
+    *src->nonfinite += bad;
+    return 0;
 }
 
 static int load_vector(const row_source *src, const tensor_spec *s, float **dst,
@@ -287,6 +292,22 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     return load_vector(src, s, dst, h, e);
 }
 
+/* A tensor holding NaN or Inf makes every row computed from it NaN: the
+ * run still goes (the numbers are the checkpoint's), and the caller is
+ * told which tensor, so it can say so before anyone reads the output. */
+static void note_nonfinite(const row_source *src, const tensor_spec *s, uint64_t bad,
+                           kv_model *m)
+{
+    if (bad == 0)
+        return;
+    if (m->nonfinite_tensors++ == 0) {
+        const st_tensor *t = src->st ? st_find(src->st, s->name) : NULL;
+        snprintf(m->nonfinite_first, sizeof m->nonfinite_first, "%s: tensor '%s' holds %llu "
+                 "NaN or infinite value%s", t ? t->file : src->dir, s->name,
+                 (unsigned long long)bad, bad == 1 ? "" : "s");
+    }
+}
+
 static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_err *e)
 {
     const kv_config *c = &m->cfg;
@@ -308,6 +329,7 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     for (int i = 0; i < n; i++) {
         const tensor_spec *s = &specs[i];
         int r;
+        *src->nonfinite = 0;
         if (s->layer >= 0)
             r = load_layer_tensor(src, s, m, h, e);
         else if (s->kind == TENSOR_NORM)
@@ -321,6 +343,7 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
         done += spec_rows(s) * spec_cols(s);
         if (o && o->progress)
             o->progress(o->progress_ctx, done, total, s->name);
+        note_nonfinite(src, s, *src->nonfinite, m);
     }
     m->fingerprint = XXH3_64bits_digest(h);
     rc = 0;
@@ -342,7 +365,9 @@ int model_from_preset(const char *preset, uint64_t seed, const model_opts *o,
     m->wtype = (o && o->wtype >= 0) ? (kern_wtype)o->wtype : KERN_F32;
     snprintf(m->source, sizeof m->source, "preset %s seed %llu", preset,
              (unsigned long long)seed);
-    row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = preset};
+    uint64_t nonfinite = 0;
+    row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = preset,
+                      .nonfinite = &nonfinite};
     if (load_all(&src, o, m, e) < 0) {
         model_free(m);
         return -1;
@@ -388,7 +413,8 @@ int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
     else
         m->wtype = (emb && emb->dtype == ST_BF16) ? KERN_BF16 : KERN_F32;
     snprintf(m->source, sizeof m->source, "%s", dir);
-    row_source src = {.cfg = &m->cfg, .st = st, .seed = 0, .dir = dir};
+    uint64_t nonfinite = 0;
+    row_source src = {.cfg = &m->cfg, .st = st, .seed = 0, .dir = dir, .nonfinite = &nonfinite};
     int rc = load_all(&src, o, m, e);
     st_close(st);
     if (rc < 0)

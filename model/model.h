@@ -60,6 +60,11 @@ typedef struct {
     model_layer *layers;            /* (L) */
     uint64_t fingerprint;           /* xxh3-64 of every packed weight, in catalogue order */
     char source[512];               /* "preset tiny-gemma3 seed 0" or the folder path */
+    /* Tensors holding NaN or Inf (counted at load; 0: none) and the
+     * first of them in catalogue order, as "<file>: tensor '<name>' holds
+     * N NaN or infinite values". Rows computed from them are NaN. */
+    int nonfinite_tensors;
+    char nonfinite_first[512];
 } kv_model;
 
 /* Called after each tensor is made or loaded, in catalogue order, with its

@@ -466,6 +466,55 @@ static int check_metadata(const char *path, const json_t *meta, kv_err *e)
     return 0;
 }
 
+/* Tensors sharing bytes would alias each other's data: a writer's bug,
+ * or a file made to look like more weights than it holds. */
+typedef struct {
+    uint64_t begin, end;
+    const char *name;
+} st_span;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const st_span *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+static int check_overlaps(const st_file *f, const unsigned char *data, kv_err *e)
+{
+    st_span *s = malloc((f->count ? f->count : 1) * sizeof *s);
+    if (!s)
+        return st_errf(e, "%s: out of memory", f->path);
+    size_t n = 0;
+    for (size_t i = 0; i < f->count; i++) {
+        const st_tensor *t = &f->tensors[i];
+        if (t->nbytes == 0)
+            continue;   /* holds no byte: overlaps nothing */
+        uint64_t begin = (uint64_t)((const unsigned char *)t->data - data);
+        s[n++] = (st_span){begin, begin + t->nbytes, t->name};
+    }
+    qsort(s, n, sizeof *s, span_cmp);
+    int rc = 0;
+    /* Sorted by start: a tensor overlapping any earlier one overlaps the
+     * one of them that reaches furthest. */
+    size_t far = 0;
+    for (size_t i = 1; i < n && rc == 0; i++) {
+        if (s[i].begin < s[far].end)
+            rc = st_errf(e, "%s: tensors '%s' (data_offsets [%llu, %llu]) and '%s' "
+                            "(data_offsets [%llu, %llu]) overlap", f->path, s[far].name,
+                         (unsigned long long)s[far].begin, (unsigned long long)s[far].end,
+                         s[i].name, (unsigned long long)s[i].begin,
+                         (unsigned long long)s[i].end);
+        else if (s[i].end > s[far].end)
+            far = i;
+    }
+    free(s);
+    return rc;
+}
+
 static int parse_entries(st_file *f, const unsigned char *data, uint64_t data_len, kv_err *e)
 {
     size_t n = json_object_size(f->header);
@@ -488,7 +537,7 @@ static int parse_entries(st_file *f, const unsigned char *data, uint64_t data_le
             return -1;
         f->count++;
     }
-    return 0;
+    return check_overlaps(f, data, e);
 }
 
 static int parse_header(st_file *f, const unsigned char *buf, size_t len, kv_err *e)

@@ -1042,8 +1042,9 @@ static tripwire tripwire_on(kv_observer *inner, int64_t at)
 }
 
 /* Killed when token 44 is announced: positions 0..43 were forwarded, and
- * with blocks of 8 rows the 40 prompt rows of each dataset (5 blocks) and
- * their 40 tokens had been flushed; decode rows 40..43 were in memory. */
+ * every row of each, and tokens 0..43, had been flushed: the 40 prompt
+ * rows of each dataset as 5 blocks of 8, the decode rows 40..43 of the
+ * unfinished sixth block one step at a time. */
 START_TEST(test_swmr_crash)
 {
     char dir[64], path[128];
@@ -1078,9 +1079,9 @@ START_TEST(test_swmr_crash)
     dump_file *f = open_ok(path);
     ck_assert_str_eq(dump_attr(f, "status"), "partial: running");
     ck_assert(!dump_is_complete(f));
-    check_tokens(f, c, P, 0);  /* prompt_length is only set by dump_close */
-    ck_assert_int_eq(compare_full(f, c, 0, P), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
-    check_output(f, c, m.cfg.vocab, 0, P);
+    check_tokens(f, c, 44, 0);  /* prompt_length is only set by dump_close */
+    ck_assert_int_eq(compare_full(f, c, 0, 44), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    check_output(f, c, m.cfg.vocab, 0, 44);
     dump_file_close(f);
     assert_valid(path);
     capture_free(c);

@@ -579,6 +579,15 @@ static const bad_case bad_cases[] = {
     {"{\"__metadata__\":[\"x\"]}", 0, NULL, 0, "__metadata__ is a JSON array, not an object"},
     {"{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
      "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, NULL, 0, "duplicate object key"},
+    /* Tensors sharing bytes: in part, wholly, one inside a longer one. */
+    {"{\"b\":{" F32_4 ",\"data_offsets\":[8,24]},\"a\":{" F32_4 ",\"data_offsets\":[0,16]}}", 24,
+     NULL, 0, "tensors 'a' (data_offsets [0, 16]) and 'b' (data_offsets [8, 24]) overlap"},
+    {"{\"y\":{" F32_4 ",\"data_offsets\":[0,16]},\"x\":{" F32_4 ",\"data_offsets\":[0,16]}}", 16,
+     NULL, 0, "tensors 'x' (data_offsets [0, 16]) and 'y' (data_offsets [0, 16]) overlap"},
+    {"{\"long\":{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,32]},"
+     "\"mid\":{" F32_4 ",\"data_offsets\":[32,48]},"
+     "\"in\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[20,24]}}", 48,
+     NULL, 0, "tensors 'long' (data_offsets [0, 32]) and 'in' (data_offsets [20, 24]) overlap"},
 };
 
 #undef T

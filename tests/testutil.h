@@ -34,8 +34,9 @@ int test_run_cli(const char *args, char *out, size_t n);
 
 /* Records dir/ref.h5, a whole reference run of tiny-gemma3 on a 200-token
  * prompt, and dir/part.h5, the chunked engine on the same prompt cut short
- * by a 3 MB file size limit (the run is 6 MB; its first 64-row blocks reach
- * the file). Returns 0, or -1 when a run did not go that way. */
+ * by a 3 MB file size limit (the run is 6 MB; its first 12 prefill chunks
+ * of 5, positions 0..59, reach the file). Returns 0, or -1 when a run did
+ * not go that way. */
 int test_record_cut_short(const char *dir);
 
 /* max |a - b| / max |b| over n values. */
