@@ -103,10 +103,12 @@ static int self_check(const cmp_source *s, int64_t *at, int32_t *token, int32_t 
             const int32_t *ir = ids + r * k;
             const float *vr = vals + r * k;
             const int32_t tok = s->tokens[q + r + 1];
-            bool tied = false;
-            for (int i = 0; i < k && vr[i] == vr[0]; i++)
-                tied |= ir[i] == tok;
-            if (!tied) {
+            /* the top-1 itself, or a token tied with it; a non-finite top
+             * value ranks nothing (NaN logits), so says nothing either */
+            bool agrees = ir[0] == tok || !isfinite(vr[0]);
+            for (int i = 1; i < k && !agrees && vr[i] == vr[0]; i++)
+                agrees = ir[i] == tok;
+            if (!agrees) {
                 *at = q + r;
                 *token = tok;
                 *top1 = ir[0];
