@@ -68,6 +68,21 @@ static int is_folder_output(const char *file, const char *dir)
     return 0;
 }
 
+/* A GGUF export (of a preset, or of the folder `from`), with a bar over
+ * the weights written on a terminal: a big model takes seconds. */
+static int export_with_bar(const char *preset, uint64_t seed, const char *from, gguf_out_type gt,
+                           const char *gguf, kv_err *e)
+{
+    progress bar;
+    progress_start(&bar, stderr, "weights", 0);
+    progress_phase(&bar, "GGUF");
+    gguf_progress p = {.fn = cli_model_progress, .ctx = &bar};
+    int rc = from ? gguf_export_dir_progress(from, gt, gguf, &p, e)
+                  : gguf_export_preset_progress(preset, seed, gt, gguf, &p, e);
+    progress_end(&bar);
+    return rc;
+}
+
 int cmd_gen(int argc, char **argv)
 {
     enum { OPT_GGUF = 256, OPT_FROM, OPT_OLD_SEED };
@@ -133,7 +148,7 @@ int cmd_gen(int argc, char **argv)
             kv_errf(&e, "--from needs --gguf FILE");
             goto usage_error;
         }
-        if (gguf_export_dir(from, gt, gguf, &e) < 0)
+        if (export_with_bar(NULL, 0, from, gt, gguf, &e) < 0)
             goto input_error;
         printf("wrote %s (from %s, %s)\n", gguf, from, dtype);
         return EXIT_OK;
@@ -177,7 +192,7 @@ int cmd_gen(int argc, char **argv)
         }
     }
     if (gguf) {
-        if (gguf_export_preset(preset, seed, gt, gguf, &e) < 0)
+        if (export_with_bar(preset, seed, NULL, gt, gguf, &e) < 0)
             goto input_error;
         printf("wrote %s (preset %s, weights seed %llu, %s)\n", gguf, preset,
                (unsigned long long)seed, dtype);

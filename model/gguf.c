@@ -300,6 +300,7 @@ typedef struct {
     uint64_t seed;
     st_file *st;          /* NULL: synthetic */
     const char *dir;
+    const gguf_progress *progress;   /* may be NULL */
 } wsource;
 
 static int src_read(const wsource *src, const tensor_spec *s, float *out, kv_err *e)
@@ -780,9 +781,16 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
     if (of_write(&o, head, sizeof head, e) < 0 || of_write(&o, k.kv.p, k.kv.n, e) < 0 ||
         of_write(&o, info.p, info.n, e) < 0 || of_pad(&o, e) < 0)
         goto done;
+    int64_t total = 0, done_w = 0;
     for (int i = 0; i < n; i++)
+        total += (int64_t)(ts[i].ne[0] * ts[i].ne[1]);
+    for (int i = 0; i < n; i++) {
         if (write_tensor(&o, src, &ts[i], rope_freqs, e) < 0)
             goto done;
+        done_w += (int64_t)(ts[i].ne[0] * ts[i].ne[1]);
+        if (src->progress && src->progress->fn)
+            src->progress->fn(src->progress->ctx, done_w, total, ts[i].name);
+    }
     rc = of_finish(&o, e);
 done:
     if (rc < 0)
@@ -798,12 +806,18 @@ done:
 int gguf_export_preset(const char *preset, uint64_t seed, gguf_out_type t, const char *path,
                        kv_err *e)
 {
+    return gguf_export_preset_progress(preset, seed, t, path, NULL, e);
+}
+
+int gguf_export_preset_progress(const char *preset, uint64_t seed, gguf_out_type t,
+                                const char *path, const gguf_progress *p, kv_err *e)
+{
     kv_config c;
     char name[128];
     if (config_preset(preset, &c, e) < 0)
         return -1;
     snprintf(name, sizeof name, "kvdiff %s seed %llu", preset, (unsigned long long)seed);
-    wsource src = {.cfg = &c, .seed = seed, .st = NULL, .dir = preset};
+    wsource src = {.cfg = &c, .seed = seed, .st = NULL, .dir = preset, .progress = p};
     vocab_out v = {0};
     return export_model(&src, &v, t, name, path, e);
 }
@@ -836,6 +850,12 @@ static void resolve_prefix(kv_config *c, const st_file *st)
 
 int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e)
 {
+    return gguf_export_dir_progress(dir, t, path, NULL, e);
+}
+
+int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
+                             const gguf_progress *p, kv_err *e)
+{
     kv_config c;
     char cfg_path[4096], tok_path[4096];
     snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
@@ -862,7 +882,7 @@ int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *
     resolve_prefix(&c, st);
     if (vocab_from_dir(dir, c.vocab, &v, e) < 0)
         goto done;
-    wsource src = {.cfg = &c, .seed = 0, .st = st, .dir = dir};
+    wsource src = {.cfg = &c, .seed = 0, .st = st, .dir = dir, .progress = p};
     rc = export_model(&src, &v, t, dir, path, e);
 done:
     vocab_free(&v);

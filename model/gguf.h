@@ -19,6 +19,7 @@
 #include <stdint.h>
 #include "config.h"
 #include "err.h"
+#include "model.h"
 
 typedef enum { GGUF_OUT_F32, GGUF_OUT_F16, GGUF_OUT_BF16 } gguf_out_type;
 
@@ -40,10 +41,24 @@ int gguf_export_check(const kv_config *c, kv_err *e);
 int gguf_export_preset(const char *preset, uint64_t seed, gguf_out_type t,
                        const char *path, kv_err *e);
 
+/* Progress of the exports below: called after each tensor is written with
+ * the weights written so far and in all (model.h's model_progress_fn).
+ * NULL: none. The library prints nothing itself. */
+typedef struct {
+    model_progress_fn fn;
+    void *ctx;
+} gguf_progress;
+
+/* gguf_export_preset, reporting progress to p (may be NULL). */
+int gguf_export_preset_progress(const char *preset, uint64_t seed, gguf_out_type t,
+                                const char *path, const gguf_progress *p, kv_err *e);
+
 /* Writes the Hugging Face folder dir (config.json, safetensors, and
  * tokenizer.json when present: its tokens, types and merges as llama.cpp's
  * "gpt2" BPE vocabulary) to path, as gguf_export_preset does. Refuses a
  * path that is one of the folder's input files. */
 int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e);
+int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
+                             const gguf_progress *p, kv_err *e);
 
 #endif

@@ -116,6 +116,15 @@ START_TEST(test_weights_bar)
     ck_assert_msg(rc == 0, "%d: %s", rc, out);
     ck_assert_msg(strstr(out, "weights [") && strstr(out, "k weights") &&
                       strstr(out, "model.layers.3."), "%s", out);
+    /* a GGUF export of a preset, and of a folder, too (GGUF tensor names) */
+    snprintf(args, sizeof args, "gen --preset tiny-llama --gguf %s/p.gguf", dir);
+    rc = run_on_tty(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "%d: %s", rc, out);
+    ck_assert_msg(strstr(out, "GGUF [") && strstr(out, "k weights") && strstr(out, "blk.3."),
+                  "%s", out);
+    snprintf(args, sizeof args, "gen --from %s/m --gguf %s/f.gguf", dir, dir);
+    rc = run_on_tty(args, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "GGUF [") && strstr(out, "blk.3."), "%d: %s", rc, out);
     test_rmtree(dir);
 }
 END_TEST
