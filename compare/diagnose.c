@@ -395,7 +395,7 @@ static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     const int64_t p = c->d->pos;
     const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
     int n = 0;
-    if (nt == nr + 1 && nr >= 0 && hyp_of(a, CMP_DIAG_EXTRA_KEY, p, 0, &hs[n]))
+    if ((nt < 0 || (nt == nr + 1 && nr >= 0)) && hyp_of(a, CMP_DIAG_EXTRA_KEY, p, 0, &hs[n]))
         n++;
     if (a->C > 0 && chunk_start(p, a) > a->lo_ref &&
         hyp_of(a, CMP_DIAG_CHUNK_ISOLATED, p, 0, &hs[n]))
@@ -406,6 +406,12 @@ static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     const bool window_first = (nt < a->W && p == nt) || (nt > a->W && p == a->W);
     if (a->W > 0 && nt > 0 && nt != nr && nt <= p + 1 && window_first &&
         hyp_of(a, CMP_DIAG_WINDOW, p, nt, &hs[n]))
+        n++;
+    /* The test's count unrecorded (another runtime): the windows that
+     * diverge first here, N = p keys below the config's, or all p + 1
+     * keys at p = W (a window larger than the config's). */
+    if (a->W > 0 && nt < 0 && p > 0 && (p < a->W || p == a->W) &&
+        hyp_of(a, CMP_DIAG_WINDOW, p, p < a->W ? p : p + 1, &hs[n]))
         n++;
     return n;
 }
@@ -447,7 +453,7 @@ typedef struct {
 } diag_match;
 
 /* Tests every candidate at p; keeps in ms the best match of each kind
- * (error <= CMP_MATCH_TOL), most accurate first, and fills ev->recompute.
+ * (error <= c->attn_tol), most accurate first, and fills ev->recompute.
  * Returns the number of matches, or -1 on error. */
 static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, diag_match *ms,
                           kv_err *e)
@@ -457,7 +463,7 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
     int nm = 0;
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
         return -1;
-    if (!(ev->ref_check_err <= CMP_MATCH_TOL))
+    if (!(ev->ref_check_err <= c->attn_tol))
         return 0;   /* our attention does not reproduce the reference: no basis */
     ev->recompute = 0;
     for (int i = 0; i < n; i++) {
@@ -466,7 +472,7 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
             continue;
         if (hyp_err(c, a, &hs[i], false, &err, e) < 0)
             return -1;
-        if (!(err <= CMP_MATCH_TOL))
+        if (!(err <= c->attn_tol))
             continue;
         int j = 0;
         while (j < nm && ms[j].h.kind != hs[i].kind)
@@ -567,7 +573,7 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
                 return 0;
             }
             ms[i].later_err = err;
-            fits[i] = err <= CMP_MATCH_TOL;
+            fits[i] = err <= c->attn_tol;
             tried++;
             fit += fits[i];
         }
@@ -604,7 +610,7 @@ static void rule_nonfinite(cmp_ctx *c)
 
 /* Per-head L2 norms equal: what a rotation (RoPE at another position)
  * preserves and most other bugs do not. */
-static bool head_norms_equal(const float *a, const float *b, int nh, int D)
+static bool head_norms_equal(const float *a, const float *b, int nh, int D, double tol)
 {
     for (int h = 0; h < nh; h++) {
         double na = 0, nb = 0;
@@ -613,7 +619,7 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D)
             nb += (double)b[h * D + i] * b[h * D + i];
         }
         na = sqrt(na), nb = sqrt(nb);
-        if (fabs(na - nb) > CMP_NORM_TOL * fmax(na, 1e-30))
+        if (fabs(na - nb) > tol * fmax(na, 1e-30))
             return false;
     }
     return true;
@@ -637,10 +643,10 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
         free(b);
         return rc;
     }
-    ev->norms_equal = head_norms_equal(a, b, nh, D);
+    ev->norms_equal = head_norms_equal(a, b, nh, D, c->r->xrt.on ? c->row_tol : CMP_NORM_TOL);
     if (ev->norms_equal) {
         ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
-        ev->rope_found = ev->rope_err <= CMP_MATCH_TOL;
+        ev->rope_found = ev->rope_err <= c->row_tol;
     }
     free(a);
     free(b);
@@ -763,9 +769,9 @@ static int drift_consistent(cmp_ctx *c, attn_case *a, char *how, size_t n, kv_er
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0 ||
         hyp_err(c, a, &ref, false, &err_t, e) < 0)
         return -2;
-    if (!(ev->ref_check_err <= CMP_MATCH_TOL) || !isfinite(err_t))
+    if (!(ev->ref_check_err <= c->attn_tol) || !isfinite(err_t))
         return 0;
-    if (err_t > CMP_MATCH_TOL)
+    if (err_t > c->attn_tol)
         return -1;
     ev->recompute = 1;
     ev->hyp_err = err_t;
@@ -883,10 +889,11 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
     return CMP_DIAG_KEY_SET;
 }
 
-static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
+static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k, int64_t n_hyp)
 {
     const int64_t p = c->d->pos;
-    const int nt = c->ev->nkeys_test;
+    /* Unrecorded, the count of the key set that reproduced the test. */
+    const int nt = c->ev->nkeys_test >= 0 ? c->ev->nkeys_test : (int)n_hyp;
     char *s = c->g->summary, *t = c->g->detail, keys[64];
     const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail;
     counts_phrase(c, keys, sizeof keys);
@@ -1056,14 +1063,27 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
                        memcmp(ev->lse_ref, ev->lse_test, (size_t)ev->n_heads * sizeof(float));
     bool nkeys_differ = ev->nkeys_ref >= 0 && ev->nkeys_test >= 0 &&
                         ev->nkeys_ref != ev->nkeys_test;
-    if (!lse_differs && !nkeys_differ)
+    /* A runtime that records neither (llama.cpp): attn_out alone, and
+     * only recomputation can say the key set is what differs. */
+    const bool counts_unknown = !ev->lse_test && ev->nkeys_test < 0;
+    if (!lse_differs && !nkeys_differ && !counts_unknown)
         return 0;
+    double cfg_err = NAN;
+    if (counts_unknown) {
+        cmp_hyp ref = hyp_ref(d, a);
+        if (hyp_err(c, a, &ref, false, &cfg_err, e) < 0)
+            return -1;
+        if (!(cfg_err > c->attn_tol))
+            return 0;   /* the config's keys reproduce the test (or cannot be tried) */
+    }
     cmp_hyp hs[8];
     diag_match ms[8];
     const int n = build_hyps(c, a, hs);
     const int nm = recompute_hyps(c, a, hs, n, ms, e);
     if (nm < 0)
         return -1;
+    if (counts_unknown && nm == 0)
+        return 0;   /* no key set explains it: leave it to the rules after this one */
     int64_t last = d->pos;
     sep_outcome why = SEP_DECIDED;
     if (nm > 1 && separate(c, a, ms, nm, &last, &why, e) < 0)
@@ -1079,13 +1099,20 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             m++;
         ev->hyp_err = m->err;
         say(ev->hypothesis, sizeof ev->hypothesis, "%s", m->h.what);
-        keyset_text(c, a, m->h.kind);
+        keyset_text(c, a, m->h.kind, cmp_hyp_nkeys(&m->h));
         c->g->basis = CMP_BASIS_RECOMPUTED;
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
-            "q, k, v%s over %s reproduces the test's attn_lse and attn_out (error %.2g); the "
-            "config's key set reproduces the reference (%.2g)",
+            "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
+            "reproduces the reference (%.2g)",
             a->ref_rows_used ? " (the reference's: the test did not record them)" : "",
-            ev->hypothesis, ev->hyp_err, ev->ref_check_err);
+            ev->hypothesis, ev->lse_test ? "attn_lse and attn_out" : "attn_out", ev->hyp_err,
+            ev->ref_check_err);
+        if (counts_unknown)
+            append(c->g->evidence, sizeof c->g->evidence, " and not the test's (%.2g)", cfg_err);
+        if (c->r->xrt.on)
+            append(c->g->evidence, sizeof c->g->evidence, "; errors up to %.2g count as "
+                   "reproducing: the drift model's floor at attn_out (KV cache %s)", c->attn_tol,
+                   c->r->xrt.kv_precision);
         for (int i = 0; i < nm; i++)
             if (!ms[i].alive)
                 append(c->g->evidence, sizeof c->g->evidence, "; %s (%s) reproduces position "
@@ -1099,7 +1126,7 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
         return 1;
     }
     if (ev->recompute == 0) {
-        keyset_text(c, a, CMP_DIAG_KEY_SET);
+        keyset_text(c, a, CMP_DIAG_KEY_SET, -1);
         c->g->basis = CMP_BASIS_HEURISTIC;
         say(c->g->evidence, sizeof c->g->evidence, "none of the %d key sets tried "
             "reproduces the test's attention%s%s", n,
@@ -1107,11 +1134,11 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             guess != CMP_DIAG_KEY_SET ? cmp_diag_name(guess) : "");
         return 1;
     }
-    keyset_text(c, a, guess);
+    keyset_text(c, a, guess, -1);
     c->g->basis = CMP_BASIS_HEURISTIC;
     say(c->g->evidence, sizeof c->g->evidence, "from positions and key counts only: "
         "attention could not be recomputed from the recordings (%s)",
-        ev->ref_check_err > CMP_MATCH_TOL && isfinite(ev->ref_check_err)
+        ev->ref_check_err > c->attn_tol && isfinite(ev->ref_check_err)
             ? "our recomputation does not reproduce the reference"
             : "q, k or v not recorded");
     return 1;
@@ -1220,7 +1247,7 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
              "attention read only the new token's key at the first decode step: chunks attend "
              "only to themselves, or decode steps read only the decode cache of a split "
              "prefill/decode cache");
-    if (isfinite(nx->err_blind) && nx->err_blind <= CMP_MATCH_TOL && nx->err_iso <= CMP_MATCH_TOL)
+    if (isfinite(nx->err_blind) && nx->err_blind <= c->attn_tol && nx->err_iso <= c->attn_tol)
         say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
             "prompt length; at %lld key %lld alone (isolated chunks) and keys %lld..%lld (a "
             "decode-blind split cache) both reproduce the test: key %lld weighs nothing there)",
@@ -1284,10 +1311,10 @@ static int rule_decode_blind(cmp_ctx *c, attn_case *a, kv_err *e)
     double own_err = INFINITY;
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
         return -1;
-    const bool trusted = ev->ref_check_err <= CMP_MATCH_TOL;
+    const bool trusted = ev->ref_check_err <= c->attn_tol;
     if (trusted && hyp_err(c, a, &own, false, &own_err, e) < 0)
         return -1;
-    const bool own_shown = own_err <= CMP_MATCH_TOL;
+    const bool own_shown = own_err <= c->attn_tol;
     if (isfinite(own_err) ? !own_shown : ev->nkeys_test != 1)
         return 0;   /* the test read more than its own key */
     blind_next nx;
@@ -1295,9 +1322,9 @@ static int rule_decode_blind(cmp_ctx *c, attn_case *a, kv_err *e)
         return -1;
     const bool rec = isfinite(nx.err_blind) && isfinite(nx.err_iso);
     const bool blind = (nx.nkeys < 0 || nx.nkeys == 2) &&
-                       (rec ? nx.err_blind <= CMP_MATCH_TOL : nx.nkeys == 2);
+                       (rec ? nx.err_blind <= c->attn_tol : nx.nkeys == 2);
     const bool iso = (nx.nkeys < 0 || nx.nkeys == 1) &&
-                     (rec ? nx.err_iso <= CMP_MATCH_TOL : nx.nkeys == 1);
+                     (rec ? nx.err_iso <= c->attn_tol : nx.nkeys == 1);
     const bool neither = !blind && !iso && (rec || nx.nkeys >= 0);
     /* Where P + 1 says nothing, a cache the settings name as not split has
      * no decode cache to be blind with. */
@@ -1443,6 +1470,11 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->ev = &r->ev;
     c->g = &r->diag;
     c->beyond = false;
+    c->attn_tol = c->row_tol = CMP_MATCH_TOL;
+    if (r->xrt.on) {
+        c->attn_tol = cmp_xrt_attn_floor(&r->xrt);
+        c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
+    }
     int rc = diagnose_point(c, e);
     if (rc != 2) {
         r->beyond.found = false;   /* not drift first: nothing is "beyond" it */
