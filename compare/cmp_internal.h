@@ -152,6 +152,23 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta);
 
+/* A RoPE convention other than the config's for one layer: base theta,
+ * scaling (type ROPE_SCALE_NONE: none) and pair layout (interleaved:
+ * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)). */
+typedef struct {
+    double theta;
+    kv_rope_scaling scaling;
+    bool interleaved;
+    char what[120];              /* in words, for the evidence */
+} cmp_rope_conv;
+
+/* Row-relative error (max |diff| / max |test|) of the reference's rotated
+ * rows ref (nheads x D, at position pos, under the config's convention
+ * for the layer) rotated instead under cv, against test. +inf on a bad
+ * shape. */
+double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
+                         const float *ref, const float *test, int nheads);
+
 /* --- crossrt.c --- */
 
 /* Whether the compare of ref and test is judged by the cross-runtime

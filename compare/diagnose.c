@@ -24,6 +24,19 @@ static void say(char *buf, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Appends printf-style text to buf (size n), truncating. */
+static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
 static void set_diag(cmp_ctx *c, cmp_diag_kind k, cmp_basis b, const char *summary)
 {
     c->g->kind = k;
@@ -625,6 +638,187 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D, doub
     return true;
 }
 
+/* ------------------------------------------------------------------ */
+/* Another RoPE convention                                              */
+
+/* Bases common in released models (Gemma's local 1e4 and global 1e6,
+ * Llama 3's 5e5, ...): a runtime that drops the config's often falls back
+ * to one of these. */
+static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
+
+#define MAX_CONVS 16
+
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, const char *fmt, ...)
+{
+    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
+        if (cv[i].theta == theta && cv[i].interleaved == interleaved &&
+            !memcmp(&cv[i].scaling, sc, sizeof *sc))
+            return n;
+    if (n >= MAX_CONVS || !(theta > 0))
+        return n;
+    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
+    va_end(ap);
+    return n + 1;
+}
+
+static const char *scale_name(kv_rope_scale t)
+{
+    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3" : "none";
+}
+
+/* The conventions a runtime may use instead of the config's on layer l:
+ * the other layer type's base, common bases, scaling missing, of the
+ * other type or applied where it does not belong, and the interleaved
+ * layout. The config's own is never among them. */
+static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
+{
+    const bool sliding = config_layer_window(cfg, layer) > 0;
+    const bool two_bases = cfg->rope_local_theta > 0 && cfg->rope_local_theta != cfg->rope_theta;
+    const double theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
+                                                              : cfg->rope_theta;
+    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
+    const kv_rope_scaling *gs = &cfg->rope_scaling, *own = sliding ? &none : gs;
+    const char *type = sliding ? "sliding" : two_bases ? "global" : "";
+    int n = 0;
+    /* The config's own: added first so that nothing equal to it follows. */
+    n = add_conv(cv, n, theta, own, false, "the config's");
+    if (two_bases && sliding)
+        n = add_conv(cv, n, cfg->rope_theta, own, false, "theta %g, the global layers' base, on "
+                     "a sliding layer; the config says %g", cfg->rope_theta, theta);
+    if (two_bases && !sliding)
+        n = add_conv(cv, n, cfg->rope_local_theta, own, false, "theta %g, the sliding layers' "
+                     "base, on a global layer; the config says %g", cfg->rope_local_theta, theta);
+    for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
+        n = add_conv(cv, n, common_bases[i], own, false, "theta %g on a%s%s layer; the config "
+                     "says %g", common_bases[i], type[0] ? " " : "", type[0] ? type : "", theta);
+    if (own->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, &none, false, "no RoPE scaling; the config says %s scaling "
+                     "by %g", scale_name(own->type), own->factor);
+        if (own->type == ROPE_SCALE_LLAMA3) {
+            const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
+            n = add_conv(cv, n, theta, &lin, false, "linear RoPE scaling by %g; the config says "
+                         "llama3 scaling", own->factor);
+        }
+    } else if (gs->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, gs, false, "the global layers' %s RoPE scaling by %g on a "
+                     "sliding layer, where the config has none", scale_name(gs->type),
+                     gs->factor);
+    }
+    n = add_conv(cv, n, theta, own, true, "interleaved RoPE pairs (2i, 2i + 1) where the config "
+                 "rotates halves (i, i + %d)", cfg->head_dim / 2);
+    /* Drop the config's own. */
+    memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
+    return n - 1;
+}
+
+/* Conventions that reproduce the test at pos (and at pos2 when >= 0). */
+typedef struct {
+    cmp_rope_conv cv;
+    double err, err2;
+} conv_fit;
+
+/* The rows of (layer, stage) at p on both sides; 0 with both set, 1 when
+ * either is missing, -1 on error. */
+static int row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float **b,
+                    kv_err *e)
+{
+    int rc = 0;
+    *a = row_of(c, c->ref, layer, st, p, &rc, e);
+    *b = row_of(c, c->test, layer, st, p, &rc, e);
+    if (*a && *b)
+        return 0;
+    free(*a);
+    free(*b);
+    *a = *b = NULL;
+    return rc < 0 ? -1 : 1;
+}
+
+/* Tries every other convention at the step's position and at the last
+ * compared position of the row (where bases far apart at p part). Fills
+ * fits (MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
+ * fit, -1 on error. */
+static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, conv_fit *fits,
+                          int64_t *p2, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_rope_conv cv[MAX_CONVS];
+    const int n = rope_convs(c->cfg, d->layer, cv);
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    *p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
+        *p2 = c->pos_limit - 1;
+    float *a2 = NULL, *b2 = NULL;
+    if (*p2 > d->pos) {
+        const int rc = row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
+        if (rc < 0)
+            return -1;
+        if (rc)
+            *p2 = -1;
+    } else {
+        *p2 = -1;
+    }
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
+        if (!(err <= c->row_tol))
+            continue;
+        const double err2 = *p2 < 0 ? NAN
+                                    : cmp_rope_conv_err(c->cfg, d->layer, &cv[i], *p2, a2, b2, nh);
+        if (*p2 >= 0 && !(err2 <= c->row_tol))
+            continue;
+        fits[nf++] = (conv_fit){.cv = cv[i], .err = err, .err2 = err2};
+    }
+    free(a2);
+    free(b2);
+    return nf;
+}
+
+/* The rotation-like step explained by another convention. */
+static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
+{
+    const cmp_divergence *d = c->d;
+    cmp_diagnosis *g = c->g;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    g->kind = CMP_DIAG_ROPE_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (nf == 1) {
+        say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match %s", what,
+            fits[0].cv.what);
+        c->ev->rope_err = fits[0].err;
+    } else {
+        say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match any of %d "
+            "conventions other than the config's, and nothing recorded tells them apart", what,
+            nf);
+    }
+    if (nf > 1)
+        say(g->detail, sizeof g->detail, "(");
+    say(g->evidence, sizeof g->evidence, "rotating the reference's %s under ", what);
+    for (int i = 0; i < nf; i++) {
+        if (nf > 1)
+            append(g->detail, sizeof g->detail, "%s%s", i ? "; " : "", fits[i].cv.what);
+        append(g->evidence, sizeof g->evidence, "%s%s", i ? (i == nf - 1 ? " or " : ", ") : "",
+               nf > 1 ? fits[i].cv.what : "it");
+    }
+    if (nf == 1)
+        say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
+            "equal within drift)", (long long)d->pos);
+    else
+        append(g->detail, sizeof g->detail, ")");
+    append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "
+           "%.2g)", (long long)d->pos, fits[0].err);
+    if (p2 >= 0)
+        append(g->evidence, sizeof g->evidence, " and at position %lld (%.2g)", (long long)p2,
+               fits[0].err2);
+    append(g->evidence, sizeof g->evidence, "; errors up to %.2g count as reproducing (%s)",
+           c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
+}
+
 /* q (or k) rotated for another position: norms equal, an integer offset
  * maps the reference row onto the test row. */
 static int rule_rope(cmp_ctx *c, kv_err *e)
@@ -645,6 +839,16 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     }
     ev->norms_equal = head_norms_equal(a, b, nh, D, c->r->xrt.on ? c->row_tol : CMP_NORM_TOL);
     if (ev->norms_equal) {
+        conv_fit fits[MAX_CONVS];
+        int64_t p2 = -1;
+        const int nf = rope_conv_fits(c, a, b, nh, fits, &p2, e);
+        if (nf != 0) {
+            free(a);
+            free(b);
+            if (nf > 0)
+                rope_conv_text(c, fits, nf, p2);
+            return nf < 0 ? -1 : 1;
+        }
         ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
         ev->rope_found = ev->rope_err <= c->row_tol;
     }
@@ -989,19 +1193,6 @@ static const char *kind_phrase(cmp_diag_kind k)
     case CMP_DIAG_STALE_CACHE: return "a sliding cache read from an earlier state";
     default: return "another key set";
     }
-}
-
-/* Appends printf-style text to buf (size n), truncating. */
-static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char *buf, size_t n, const char *fmt, ...)
-{
-    size_t used = strlen(buf);
-    if (used + 1 >= n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, n - used, fmt, ap);
-    va_end(ap);
 }
 
 /* Several candidates reproduce the test and nothing recorded tells them

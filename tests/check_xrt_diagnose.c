@@ -111,12 +111,58 @@ START_TEST(xrt_diag_window_smaller)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* RoPE conventions                                                     */
+
+/* key patched to v: the first step at (1, layer, q) (position 0 is not
+ * rotated), diagnosed as that convention in words. */
+static void rope_case(const char *key, double v, int layer, const char *words)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    make_bad(dir, key, v);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 1, layer, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", words,
+                    "reproduces the test's at position 1", "and at position 100", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+/* The case: the local base set to the global one. */
+START_TEST(xrt_diag_rope_local_is_global)
+{
+    rope_case("gemma3.rope.freq_base_swa", 1e6, 0, "the test's queries match theta 1e+06, the "
+              "global layers' base, on a sliding layer; the config says 10000");
+}
+END_TEST
+
+START_TEST(xrt_diag_rope_global_is_local)
+{
+    rope_case("gemma3.rope.freq_base", 1e4, 5, "the test's queries match theta 10000, the "
+              "sliding layers' base, on a global layer; the config says 1e+06");
+}
+END_TEST
+
+/* A common base other than either of the config's (Llama 3's). */
+START_TEST(xrt_diag_rope_common_base)
+{
+    rope_case("gemma3.rope.freq_base_swa", 5e5, 0, "the test's queries match theta 500000 on a "
+              "sliding layer; the config says 10000");
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
     TCase *tc = tcase_create("llama");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, xrt_diag_window_smaller);
+    tcase_add_test(tc, xrt_diag_rope_local_is_global);
+    tcase_add_test(tc, xrt_diag_rope_global_is_local);
+    tcase_add_test(tc, xrt_diag_rope_common_base);
     suite_add_tcase(s, tc);
     return s;
 }
