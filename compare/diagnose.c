@@ -885,6 +885,77 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
+/* ------------------------------------------------------------------ */
+/* A query or key scaled as a whole                                     */
+
+/* q (or k) equal to the reference's times one factor, within the match
+ * tolerance: a scale folded into q, or a norm weight scaled, where the
+ * config says otherwise. With Gemma's query_pre_attn_scalar, a factor of
+ * sqrt(query_pre_attn_scalar / head_dim) is the attention scale
+ * 1/sqrt(head_dim) used in place of the config's (recorders map a
+ * runtime's q back to the config's scale). */
+static int rule_scaled(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    float *a, *b;
+    int rc = row_pair(c, d->layer, d->stage, d->pos, &a, &b, e);
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    double ab = 0, aa = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+    }
+    const double f = aa > 0 ? ab / aa : NAN;
+    double worst = 0, bmax = 0;
+    for (int i = 0; i < n && isfinite(f); i++) {
+        worst = fmax(worst, fabs(f * a[i] - b[i]));
+        bmax = fmax(bmax, fabs((double)b[i]));
+    }
+    free(a);
+    free(b);
+    const double err = bmax > 0 ? worst / bmax : INFINITY;
+    if (!isfinite(f) || !(err <= c->row_tol) || fabs(f - 1) <= c->row_tol || f <= 0)
+        return 0;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    /* The config's score scale, and the factor that turns it into
+     * 1/sqrt(head_dim) on q (1 when they agree). */
+    const double D = c->cfg->head_dim;
+    const double cfg_scale = c->cfg->attn_scale > 0 ? c->cfg->attn_scale
+                             : c->cfg->query_pre_attn_scalar > 0
+                                 ? 1.0 / sqrt(c->cfg->query_pre_attn_scalar)
+                                 : 1.0 / sqrt(D);
+    const double qpas = 1.0 / (cfg_scale * cfg_scale);
+    const double to_plain = 1.0 / (sqrt(D) * cfg_scale);
+    const double gemma = fabs(to_plain - 1) > 1e-6 ? to_plain : NAN;
+    cmp_diagnosis *g = c->g;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (d->stage == STAGE_Q && isfinite(gemma) && fabs(f / gemma - 1) <= c->row_tol) {
+        g->kind = CMP_DIAG_ATTN_SCALE;
+        say(g->summary, sizeof g->summary, "attention scale: the test scales scores by "
+            "1/sqrt(head_dim) = 1/sqrt(%g), the config by %.6g = 1/sqrt(%.6g) "
+            "(query_pre_attn_scalar)", D, cfg_scale, qpas);
+        say(g->detail, sizeof g->detail, "(its queries are the reference's times %.6g = "
+            "sqrt(%.6g/%g), which scores them by 1/sqrt(%g): the ratio of the two scales is not "
+            "folded into q (a converter's q_norm weights), or the runtime ignores "
+            "query_pre_attn_scalar)", f, qpas, D, D);
+    } else {
+        g->kind = CMP_DIAG_UNCLASSIFIED;
+        say(g->summary, sizeof g->summary, "the test's %s are the reference's times %.6g: a "
+            "scale or norm weight applied where the config has none (or missing)", what, f);
+        say(g->detail, sizeof g->detail, "(the same factor on every element: a scaled "
+            "projection or %s-norm weight, or an attention scale folded into %s)",
+            d->stage == STAGE_Q ? "q" : "k", d->stage == STAGE_Q ? "q" : "k");
+    }
+    say(g->evidence, sizeof g->evidence, "the reference's %s at position %lld times %.6g "
+        "reproduce the test's (error %.2g; errors up to %.2g count as reproducing)", what,
+        (long long)d->pos, f, err, c->row_tol);
+    return 1;
+}
+
 /* lse = log(n) on every head: n keys all scoring 0. */
 static bool lse_is_log_n(const float *lse, int H, int n)
 {
@@ -1606,6 +1677,8 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
         return 0;
     }
     if (d->layer >= 0 && (rc = rule_rope(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = rule_scaled(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
         return rc < 0 ? -1 : 0;

@@ -6,6 +6,7 @@
  * model: the diagnosis must name the bug, with the figures that prove it. */
 #include <check.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,6 +155,36 @@ START_TEST(xrt_diag_rope_common_base)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Attention scale                                                      */
+
+/* An exporter that does not fold query_pre_attn_scalar (24) into the
+ * q_norm weights where llama.cpp scales by 1/sqrt(head_dim) (32), and
+ * says so (kvdiff.q_scale_folded 1): llama.cpp's scores are scaled by
+ * 1/sqrt(32). The recorder maps q to the config's scale, so q is the
+ * reference's times sqrt(24/32) from position 0 of layer 0. */
+START_TEST(xrt_diag_attn_scale)
+{
+    char dir[64], gguf[512], tmp[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/unfolded.gguf", dir);
+    ck_assert_int_eq(gguf_scale_tensors(gguf, tmp, "attn_q_norm.weight", sqrt(24.0 / 32.0)), 6);
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_patch(tmp, bad, "kvdiff.q_scale_folded", 1), 0);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, "q", &j);
+        expect_diag(g, kv_types[i], "attn_scale", "recomputed", "scales scores by "
+                    "1/sqrt(head_dim) = 1/sqrt(32)", "1/sqrt(24) (query_pre_attn_scalar)",
+                    "times 0.866025", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
@@ -163,6 +194,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_local_is_global);
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);
+    tcase_add_test(tc, xrt_diag_attn_scale);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -111,3 +111,102 @@ int gguf_patch(const char *in, const char *outp, const char *key, double v)
     return rc == 0 && done ? 0 : -1;
 }
 
+
+/* ------------------------------------------------------------------ */
+/* F32 tensors scaled                                                   */
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = len > 0 ? malloc((size_t)len) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
+{
+    size_t n = 0;
+    unsigned char *b = slurp(in, &n);
+    if (!b || n < 24 || memcmp(b, "GGUF", 4)) {
+        free(b);
+        return -1;
+    }
+    uint64_t nt, nkv, align = 32;
+    memcpy(&nt, b + 8, 8);
+    memcpy(&nkv, b + 16, 8);
+    size_t off = 24;
+    for (uint64_t i = 0; i < nkv && off && off + 12 <= n; i++) {
+        uint64_t klen;
+        uint32_t t;
+        memcpy(&klen, b + off, 8);
+        const bool al = klen == 17 && !memcmp(b + off + 8, "general.alignment", 17);
+        off += 8 + (size_t)klen;
+        memcpy(&t, b + off, 4);
+        off += 4;
+        if (al && t == G_U32) {
+            uint32_t a;
+            memcpy(&a, b + off, 4);
+            align = a;
+        }
+        off = gguf_skip(b, n, off, t);
+    }
+    /* Tensor infos: name, dims, type, offset into the aligned data. */
+    struct { size_t name, nlen; uint64_t count, at; uint32_t type; } *ti =
+        calloc((size_t)nt + 1, sizeof *ti);
+    for (uint64_t i = 0; ti && i < nt && off && off + 8 <= n; i++) {
+        memcpy(&ti[i].nlen, b + off, 8);
+        ti[i].name = off + 8;
+        off += 8 + ti[i].nlen;
+        uint32_t nd;
+        memcpy(&nd, b + off, 4);
+        off += 4;
+        ti[i].count = 1;
+        for (uint32_t k = 0; k < nd; k++, off += 8) {
+            uint64_t dim;
+            memcpy(&dim, b + off, 8);
+            ti[i].count *= dim;
+        }
+        memcpy(&ti[i].type, b + off, 4);
+        memcpy(&ti[i].at, b + off + 4, 8);
+        off += 12;
+    }
+    const size_t data = (off + align - 1) / align * align;
+    int changed = ti && off ? 0 : -1;
+    for (uint64_t i = 0; changed >= 0 && i < nt; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)ti[i].nlen, (const char *)b + ti[i].name);
+        if (!strstr(name, part) || ti[i].type != 0)
+            continue;
+        if (data + ti[i].at + ti[i].count * 4 > n) {
+            changed = -1;
+            break;
+        }
+        for (uint64_t k = 0; k < ti[i].count; k++) {
+            float x;
+            memcpy(&x, b + data + ti[i].at + 4 * k, 4);
+            x = (float)(x * mul);
+            memcpy(b + data + ti[i].at + 4 * k, &x, 4);
+        }
+        changed++;
+    }
+    if (changed >= 0) {
+        FILE *o = fopen(outp, "wb");
+        if (!o || fwrite(b, 1, n, o) != n)
+            changed = -1;
+        if (o && fclose(o) != 0)
+            changed = -1;
+    }
+    free(ti);
+    free(b);
+    return changed;
+}

@@ -10,6 +10,11 @@
  * replaced by v. Returns 0, -1 when the key is absent or the file bad. */
 int gguf_patch(const char *in, const char *out, const char *key, double v);
 
+/* Copies the GGUF `in` to `out` with every F32 tensor whose name holds
+ * `part` multiplied by mul (a weight the exporter got wrong). Returns
+ * the number of tensors changed, -1 when the file is bad. */
+int gguf_scale_tensors(const char *in, const char *out, const char *part, double mul);
+
 /* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
  * string); stdout and stderr into buf (NUL-terminated, truncated to n).
  * Returns the exit code. */
