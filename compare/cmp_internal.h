@@ -84,6 +84,15 @@ typedef struct {
     cmp_evidence *ev;
     cmp_diagnosis *g;
     bool beyond;                 /* after drift: its size alone says nothing */
+    /* What counts as reproducing the test (diagnose.c sets them): between
+     * our engines CMP_MATCH_TOL and CMP_NORM_TOL; against another runtime
+     * (xrt.on) its drift, since its rows are never ours to the bit.
+     * attn_tol: attention recomputed from the test's own q, k, v against
+     * its attn_out (only its attention kernel's rounding: the drift
+     * model's floor there); row_tol: a reference row transformed (rotated
+     * under another RoPE convention) against the test's (the step's
+     * threshold, drift upstream included). */
+    double attn_tol, row_tol;
 } cmp_ctx;
 
 /* Evidence and diagnosis at r->first (diagnose.c). */
@@ -143,6 +152,23 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta);
 
+/* A RoPE convention other than the config's for one layer: base theta,
+ * scaling (type ROPE_SCALE_NONE: none) and pair layout (interleaved:
+ * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)). */
+typedef struct {
+    double theta;
+    kv_rope_scaling scaling;
+    bool interleaved;
+    char what[120];              /* in words, for the evidence */
+} cmp_rope_conv;
+
+/* Row-relative error (max |diff| / max |test|) of the reference's rotated
+ * rows ref (nheads x D, at position pos, under the config's convention
+ * for the layer) rotated instead under cv, against test. +inf on a bad
+ * shape. */
+double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
+                         const float *ref, const float *test, int nheads);
+
 /* --- crossrt.c --- */
 
 /* Whether the compare of ref and test is judged by the cross-runtime
@@ -158,6 +184,10 @@ bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opt
  * and `upto` metrics and xrt figures, r->compared.walked_to and r->xrt.
  * 0, or -1 with e filled. */
 int cmp_xrt_walk(cmp_ctx *c, kv_err *e);
+
+/* The drift model's floor at the attention output: what the test's own
+ * attention kernel and KV cache type alone may leave. */
+double cmp_xrt_attn_floor(const cmp_xrt *m);
 
 /* Column, head and dim of d's element col, by its stage's layout. */
 void cmp_set_element(cmp_divergence *d, const kv_config *c, int col);

@@ -55,6 +55,8 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_NONFINITE] = "nonfinite",
         [CMP_DIAG_UNCLASSIFIED] = "unclassified",
         [CMP_DIAG_DECODE_BLIND] = "split_decode_blind",
+        [CMP_DIAG_ROPE_CONVENTION] = "rope_convention",
+        [CMP_DIAG_ATTN_SCALE] = "attn_scale",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

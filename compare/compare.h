@@ -334,6 +334,8 @@ typedef enum {
     CMP_DIAG_NONFINITE,          /* NaN / Inf on one side */
     CMP_DIAG_UNCLASSIFIED,
     CMP_DIAG_DECODE_BLIND,       /* split cache: decode steps read only the decode cache */
+    CMP_DIAG_ROPE_CONVENTION,    /* q/k rotated with another RoPE base, scaling or layout */
+    CMP_DIAG_ATTN_SCALE,         /* attention scores scaled by another factor */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

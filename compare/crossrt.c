@@ -135,6 +135,11 @@ static double floor_of(const cmp_xrt *m, kv_stage st)
     return m->floor_base;
 }
 
+double cmp_xrt_attn_floor(const cmp_xrt *m)
+{
+    return floor_of(m, STAGE_ATTN_OUT);
+}
+
 /* Threshold of stage i at a position: upstream is the largest error of
  * every earlier stage in dataflow order so far, own its largest earlier
  * error. Key counts are integers: any difference is a step. */

@@ -24,6 +24,19 @@ static void say(char *buf, size_t n, const char *fmt, ...)
     va_end(ap);
 }
 
+/* Appends printf-style text to buf (size n), truncating. */
+static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t n, const char *fmt, ...)
+{
+    size_t used = strlen(buf);
+    if (used + 1 >= n)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + used, n - used, fmt, ap);
+    va_end(ap);
+}
+
 static void set_diag(cmp_ctx *c, cmp_diag_kind k, cmp_basis b, const char *summary)
 {
     c->g->kind = k;
@@ -395,7 +408,7 @@ static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     const int64_t p = c->d->pos;
     const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
     int n = 0;
-    if (nt == nr + 1 && nr >= 0 && hyp_of(a, CMP_DIAG_EXTRA_KEY, p, 0, &hs[n]))
+    if ((nt < 0 || (nt == nr + 1 && nr >= 0)) && hyp_of(a, CMP_DIAG_EXTRA_KEY, p, 0, &hs[n]))
         n++;
     if (a->C > 0 && chunk_start(p, a) > a->lo_ref &&
         hyp_of(a, CMP_DIAG_CHUNK_ISOLATED, p, 0, &hs[n]))
@@ -406,6 +419,12 @@ static int count_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     const bool window_first = (nt < a->W && p == nt) || (nt > a->W && p == a->W);
     if (a->W > 0 && nt > 0 && nt != nr && nt <= p + 1 && window_first &&
         hyp_of(a, CMP_DIAG_WINDOW, p, nt, &hs[n]))
+        n++;
+    /* The test's count unrecorded (another runtime): the windows that
+     * diverge first here, N = p keys below the config's, or all p + 1
+     * keys at p = W (a window larger than the config's). */
+    if (a->W > 0 && nt < 0 && p > 0 && (p < a->W || p == a->W) &&
+        hyp_of(a, CMP_DIAG_WINDOW, p, p < a->W ? p : p + 1, &hs[n]))
         n++;
     return n;
 }
@@ -447,7 +466,7 @@ typedef struct {
 } diag_match;
 
 /* Tests every candidate at p; keeps in ms the best match of each kind
- * (error <= CMP_MATCH_TOL), most accurate first, and fills ev->recompute.
+ * (error <= c->attn_tol), most accurate first, and fills ev->recompute.
  * Returns the number of matches, or -1 on error. */
 static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, diag_match *ms,
                           kv_err *e)
@@ -457,7 +476,7 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
     int nm = 0;
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
         return -1;
-    if (!(ev->ref_check_err <= CMP_MATCH_TOL))
+    if (!(ev->ref_check_err <= c->attn_tol))
         return 0;   /* our attention does not reproduce the reference: no basis */
     ev->recompute = 0;
     for (int i = 0; i < n; i++) {
@@ -466,7 +485,7 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
             continue;
         if (hyp_err(c, a, &hs[i], false, &err, e) < 0)
             return -1;
-        if (!(err <= CMP_MATCH_TOL))
+        if (!(err <= c->attn_tol))
             continue;
         int j = 0;
         while (j < nm && ms[j].h.kind != hs[i].kind)
@@ -567,7 +586,7 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
                 return 0;
             }
             ms[i].later_err = err;
-            fits[i] = err <= CMP_MATCH_TOL;
+            fits[i] = err <= c->attn_tol;
             tried++;
             fit += fits[i];
         }
@@ -604,7 +623,7 @@ static void rule_nonfinite(cmp_ctx *c)
 
 /* Per-head L2 norms equal: what a rotation (RoPE at another position)
  * preserves and most other bugs do not. */
-static bool head_norms_equal(const float *a, const float *b, int nh, int D)
+static bool head_norms_equal(const float *a, const float *b, int nh, int D, double tol)
 {
     for (int h = 0; h < nh; h++) {
         double na = 0, nb = 0;
@@ -613,10 +632,191 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D)
             nb += (double)b[h * D + i] * b[h * D + i];
         }
         na = sqrt(na), nb = sqrt(nb);
-        if (fabs(na - nb) > CMP_NORM_TOL * fmax(na, 1e-30))
+        if (fabs(na - nb) > tol * fmax(na, 1e-30))
             return false;
     }
     return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Another RoPE convention                                              */
+
+/* Bases common in released models (Gemma's local 1e4 and global 1e6,
+ * Llama 3's 5e5, ...): a runtime that drops the config's often falls back
+ * to one of these. */
+static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
+
+#define MAX_CONVS 16
+
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, const char *fmt, ...)
+{
+    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
+        if (cv[i].theta == theta && cv[i].interleaved == interleaved &&
+            !memcmp(&cv[i].scaling, sc, sizeof *sc))
+            return n;
+    if (n >= MAX_CONVS || !(theta > 0))
+        return n;
+    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
+    va_end(ap);
+    return n + 1;
+}
+
+static const char *scale_name(kv_rope_scale t)
+{
+    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3" : "none";
+}
+
+/* The conventions a runtime may use instead of the config's on layer l:
+ * the other layer type's base, common bases, scaling missing, of the
+ * other type or applied where it does not belong, and the interleaved
+ * layout. The config's own is never among them. */
+static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
+{
+    const bool sliding = config_layer_window(cfg, layer) > 0;
+    const bool two_bases = cfg->rope_local_theta > 0 && cfg->rope_local_theta != cfg->rope_theta;
+    const double theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
+                                                              : cfg->rope_theta;
+    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
+    const kv_rope_scaling *gs = &cfg->rope_scaling, *own = sliding ? &none : gs;
+    const char *type = sliding ? "sliding" : two_bases ? "global" : "";
+    int n = 0;
+    /* The config's own: added first so that nothing equal to it follows. */
+    n = add_conv(cv, n, theta, own, false, "the config's");
+    if (two_bases && sliding)
+        n = add_conv(cv, n, cfg->rope_theta, own, false, "theta %g, the global layers' base, on "
+                     "a sliding layer; the config says %g", cfg->rope_theta, theta);
+    if (two_bases && !sliding)
+        n = add_conv(cv, n, cfg->rope_local_theta, own, false, "theta %g, the sliding layers' "
+                     "base, on a global layer; the config says %g", cfg->rope_local_theta, theta);
+    for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
+        n = add_conv(cv, n, common_bases[i], own, false, "theta %g on a%s%s layer; the config "
+                     "says %g", common_bases[i], type[0] ? " " : "", type[0] ? type : "", theta);
+    if (own->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, &none, false, "no RoPE scaling; the config says %s scaling "
+                     "by %g", scale_name(own->type), own->factor);
+        if (own->type == ROPE_SCALE_LLAMA3) {
+            const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
+            n = add_conv(cv, n, theta, &lin, false, "linear RoPE scaling by %g; the config says "
+                         "llama3 scaling", own->factor);
+        }
+    } else if (gs->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, gs, false, "the global layers' %s RoPE scaling by %g on a "
+                     "sliding layer, where the config has none", scale_name(gs->type),
+                     gs->factor);
+    }
+    n = add_conv(cv, n, theta, own, true, "interleaved RoPE pairs (2i, 2i + 1) where the config "
+                 "rotates halves (i, i + %d)", cfg->head_dim / 2);
+    /* Drop the config's own. */
+    memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
+    return n - 1;
+}
+
+/* Conventions that reproduce the test at pos (and at pos2 when >= 0). */
+typedef struct {
+    cmp_rope_conv cv;
+    double err, err2;
+} conv_fit;
+
+/* The rows of (layer, stage) at p on both sides; 0 with both set, 1 when
+ * either is missing, -1 on error. */
+static int row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float **b,
+                    kv_err *e)
+{
+    int rc = 0;
+    *a = row_of(c, c->ref, layer, st, p, &rc, e);
+    *b = row_of(c, c->test, layer, st, p, &rc, e);
+    if (*a && *b)
+        return 0;
+    free(*a);
+    free(*b);
+    *a = *b = NULL;
+    return rc < 0 ? -1 : 1;
+}
+
+/* Tries every other convention at the step's position and at the last
+ * compared position of the row (where bases far apart at p part). Fills
+ * fits (MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
+ * fit, -1 on error. */
+static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, conv_fit *fits,
+                          int64_t *p2, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_rope_conv cv[MAX_CONVS];
+    const int n = rope_convs(c->cfg, d->layer, cv);
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    *p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
+        *p2 = c->pos_limit - 1;
+    float *a2 = NULL, *b2 = NULL;
+    if (*p2 > d->pos) {
+        const int rc = row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
+        if (rc < 0)
+            return -1;
+        if (rc)
+            *p2 = -1;
+    } else {
+        *p2 = -1;
+    }
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
+        if (!(err <= c->row_tol))
+            continue;
+        const double err2 = *p2 < 0 ? NAN
+                                    : cmp_rope_conv_err(c->cfg, d->layer, &cv[i], *p2, a2, b2, nh);
+        if (*p2 >= 0 && !(err2 <= c->row_tol))
+            continue;
+        fits[nf++] = (conv_fit){.cv = cv[i], .err = err, .err2 = err2};
+    }
+    free(a2);
+    free(b2);
+    return nf;
+}
+
+/* The rotation-like step explained by another convention. */
+static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
+{
+    const cmp_divergence *d = c->d;
+    cmp_diagnosis *g = c->g;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    g->kind = CMP_DIAG_ROPE_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (nf == 1) {
+        say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match %s", what,
+            fits[0].cv.what);
+        c->ev->rope_err = fits[0].err;
+    } else {
+        say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match any of %d "
+            "conventions other than the config's, and nothing recorded tells them apart", what,
+            nf);
+    }
+    if (nf > 1)
+        say(g->detail, sizeof g->detail, "(");
+    say(g->evidence, sizeof g->evidence, "rotating the reference's %s under ", what);
+    for (int i = 0; i < nf; i++) {
+        if (nf > 1)
+            append(g->detail, sizeof g->detail, "%s%s", i ? "; " : "", fits[i].cv.what);
+        append(g->evidence, sizeof g->evidence, "%s%s", i ? (i == nf - 1 ? " or " : ", ") : "",
+               nf > 1 ? fits[i].cv.what : "it");
+    }
+    if (nf == 1)
+        say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
+            "equal within drift)", (long long)d->pos);
+    else
+        append(g->detail, sizeof g->detail, ")");
+    append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "
+           "%.2g)", (long long)d->pos, fits[0].err);
+    if (p2 >= 0)
+        append(g->evidence, sizeof g->evidence, " and at position %lld (%.2g)", (long long)p2,
+               fits[0].err2);
+    append(g->evidence, sizeof g->evidence, "; errors up to %.2g count as reproducing (%s)",
+           c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
 }
 
 /* q (or k) rotated for another position: norms equal, an integer offset
@@ -637,10 +837,20 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
         free(b);
         return rc;
     }
-    ev->norms_equal = head_norms_equal(a, b, nh, D);
+    ev->norms_equal = head_norms_equal(a, b, nh, D, c->r->xrt.on ? c->row_tol : CMP_NORM_TOL);
     if (ev->norms_equal) {
+        conv_fit fits[MAX_CONVS];
+        int64_t p2 = -1;
+        const int nf = rope_conv_fits(c, a, b, nh, fits, &p2, e);
+        if (nf != 0) {
+            free(a);
+            free(b);
+            if (nf > 0)
+                rope_conv_text(c, fits, nf, p2);
+            return nf < 0 ? -1 : 1;
+        }
         ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
-        ev->rope_found = ev->rope_err <= CMP_MATCH_TOL;
+        ev->rope_found = ev->rope_err <= c->row_tol;
     }
     free(a);
     free(b);
@@ -672,6 +882,77 @@ static int rule_rope(cmp_ctx *c, kv_err *e)
     say(c->g->evidence, sizeof c->g->evidence, "rotating the reference's %s by %+lld "
         "positions reproduces the test's (error %.2g); per-head norms equal", what,
         (long long)ev->rope_delta, ev->rope_err);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A query or key scaled as a whole                                     */
+
+/* q (or k) equal to the reference's times one factor, within the match
+ * tolerance: a scale folded into q, or a norm weight scaled, where the
+ * config says otherwise. With Gemma's query_pre_attn_scalar, a factor of
+ * sqrt(query_pre_attn_scalar / head_dim) is the attention scale
+ * 1/sqrt(head_dim) used in place of the config's (recorders map a
+ * runtime's q back to the config's scale). */
+static int rule_scaled(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    float *a, *b;
+    int rc = row_pair(c, d->layer, d->stage, d->pos, &a, &b, e);
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    double ab = 0, aa = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+    }
+    const double f = aa > 0 ? ab / aa : NAN;
+    double worst = 0, bmax = 0;
+    for (int i = 0; i < n && isfinite(f); i++) {
+        worst = fmax(worst, fabs(f * a[i] - b[i]));
+        bmax = fmax(bmax, fabs((double)b[i]));
+    }
+    free(a);
+    free(b);
+    const double err = bmax > 0 ? worst / bmax : INFINITY;
+    if (!isfinite(f) || !(err <= c->row_tol) || fabs(f - 1) <= c->row_tol || f <= 0)
+        return 0;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    /* The config's score scale, and the factor that turns it into
+     * 1/sqrt(head_dim) on q (1 when they agree). */
+    const double D = c->cfg->head_dim;
+    const double cfg_scale = c->cfg->attn_scale > 0 ? c->cfg->attn_scale
+                             : c->cfg->query_pre_attn_scalar > 0
+                                 ? 1.0 / sqrt(c->cfg->query_pre_attn_scalar)
+                                 : 1.0 / sqrt(D);
+    const double qpas = 1.0 / (cfg_scale * cfg_scale);
+    const double to_plain = 1.0 / (sqrt(D) * cfg_scale);
+    const double gemma = fabs(to_plain - 1) > 1e-6 ? to_plain : NAN;
+    cmp_diagnosis *g = c->g;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (d->stage == STAGE_Q && isfinite(gemma) && fabs(f / gemma - 1) <= c->row_tol) {
+        g->kind = CMP_DIAG_ATTN_SCALE;
+        say(g->summary, sizeof g->summary, "attention scale: the test scales scores by "
+            "1/sqrt(head_dim) = 1/sqrt(%g), the config by %.6g = 1/sqrt(%.6g) "
+            "(query_pre_attn_scalar)", D, cfg_scale, qpas);
+        say(g->detail, sizeof g->detail, "(its queries are the reference's times %.6g = "
+            "sqrt(%.6g/%g), which scores them by 1/sqrt(%g): the ratio of the two scales is not "
+            "folded into q (a converter's q_norm weights), or the runtime ignores "
+            "query_pre_attn_scalar)", f, qpas, D, D);
+    } else {
+        g->kind = CMP_DIAG_UNCLASSIFIED;
+        say(g->summary, sizeof g->summary, "the test's %s are the reference's times %.6g: a "
+            "scale or norm weight applied where the config has none (or missing)", what, f);
+        say(g->detail, sizeof g->detail, "(the same factor on every element: a scaled "
+            "projection or %s-norm weight, or an attention scale folded into %s)",
+            d->stage == STAGE_Q ? "q" : "k", d->stage == STAGE_Q ? "q" : "k");
+    }
+    say(g->evidence, sizeof g->evidence, "the reference's %s at position %lld times %.6g "
+        "reproduce the test's (error %.2g; errors up to %.2g count as reproducing)", what,
+        (long long)d->pos, f, err, c->row_tol);
     return 1;
 }
 
@@ -763,9 +1044,9 @@ static int drift_consistent(cmp_ctx *c, attn_case *a, char *how, size_t n, kv_er
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0 ||
         hyp_err(c, a, &ref, false, &err_t, e) < 0)
         return -2;
-    if (!(ev->ref_check_err <= CMP_MATCH_TOL) || !isfinite(err_t))
+    if (!(ev->ref_check_err <= c->attn_tol) || !isfinite(err_t))
         return 0;
-    if (err_t > CMP_MATCH_TOL)
+    if (err_t > c->attn_tol)
         return -1;
     ev->recompute = 1;
     ev->hyp_err = err_t;
@@ -883,10 +1164,11 @@ static cmp_diag_kind keyset_heuristic(const cmp_ctx *c, const attn_case *a)
     return CMP_DIAG_KEY_SET;
 }
 
-static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k)
+static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k, int64_t n_hyp)
 {
     const int64_t p = c->d->pos;
-    const int nt = c->ev->nkeys_test;
+    /* Unrecorded, the count of the key set that reproduced the test. */
+    const int nt = c->ev->nkeys_test >= 0 ? c->ev->nkeys_test : (int)n_hyp;
     char *s = c->g->summary, *t = c->g->detail, keys[64];
     const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail;
     counts_phrase(c, keys, sizeof keys);
@@ -984,19 +1266,6 @@ static const char *kind_phrase(cmp_diag_kind k)
     }
 }
 
-/* Appends printf-style text to buf (size n), truncating. */
-static void append(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void append(char *buf, size_t n, const char *fmt, ...)
-{
-    size_t used = strlen(buf);
-    if (used + 1 >= n)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf + used, n - used, fmt, ap);
-    va_end(ap);
-}
-
 /* Several candidates reproduce the test and nothing recorded tells them
  * apart: name them all, claim none. */
 static void ambiguous_text(cmp_ctx *c, const diag_match *ms, int nm, int64_t last,
@@ -1056,14 +1325,27 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
                        memcmp(ev->lse_ref, ev->lse_test, (size_t)ev->n_heads * sizeof(float));
     bool nkeys_differ = ev->nkeys_ref >= 0 && ev->nkeys_test >= 0 &&
                         ev->nkeys_ref != ev->nkeys_test;
-    if (!lse_differs && !nkeys_differ)
+    /* A runtime that records neither (llama.cpp): attn_out alone, and
+     * only recomputation can say the key set is what differs. */
+    const bool counts_unknown = !ev->lse_test && ev->nkeys_test < 0;
+    if (!lse_differs && !nkeys_differ && !counts_unknown)
         return 0;
+    double cfg_err = NAN;
+    if (counts_unknown) {
+        cmp_hyp ref = hyp_ref(d, a);
+        if (hyp_err(c, a, &ref, false, &cfg_err, e) < 0)
+            return -1;
+        if (!(cfg_err > c->attn_tol))
+            return 0;   /* the config's keys reproduce the test (or cannot be tried) */
+    }
     cmp_hyp hs[8];
     diag_match ms[8];
     const int n = build_hyps(c, a, hs);
     const int nm = recompute_hyps(c, a, hs, n, ms, e);
     if (nm < 0)
         return -1;
+    if (counts_unknown && nm == 0)
+        return 0;   /* no key set explains it: leave it to the rules after this one */
     int64_t last = d->pos;
     sep_outcome why = SEP_DECIDED;
     if (nm > 1 && separate(c, a, ms, nm, &last, &why, e) < 0)
@@ -1079,13 +1361,20 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             m++;
         ev->hyp_err = m->err;
         say(ev->hypothesis, sizeof ev->hypothesis, "%s", m->h.what);
-        keyset_text(c, a, m->h.kind);
+        keyset_text(c, a, m->h.kind, cmp_hyp_nkeys(&m->h));
         c->g->basis = CMP_BASIS_RECOMPUTED;
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
-            "q, k, v%s over %s reproduces the test's attn_lse and attn_out (error %.2g); the "
-            "config's key set reproduces the reference (%.2g)",
+            "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
+            "reproduces the reference (%.2g)",
             a->ref_rows_used ? " (the reference's: the test did not record them)" : "",
-            ev->hypothesis, ev->hyp_err, ev->ref_check_err);
+            ev->hypothesis, ev->lse_test ? "attn_lse and attn_out" : "attn_out", ev->hyp_err,
+            ev->ref_check_err);
+        if (counts_unknown)
+            append(c->g->evidence, sizeof c->g->evidence, " and not the test's (%.2g)", cfg_err);
+        if (c->r->xrt.on)
+            append(c->g->evidence, sizeof c->g->evidence, "; errors up to %.2g count as "
+                   "reproducing: the drift model's floor at attn_out (KV cache %s)", c->attn_tol,
+                   c->r->xrt.kv_precision);
         for (int i = 0; i < nm; i++)
             if (!ms[i].alive)
                 append(c->g->evidence, sizeof c->g->evidence, "; %s (%s) reproduces position "
@@ -1099,7 +1388,7 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
         return 1;
     }
     if (ev->recompute == 0) {
-        keyset_text(c, a, CMP_DIAG_KEY_SET);
+        keyset_text(c, a, CMP_DIAG_KEY_SET, -1);
         c->g->basis = CMP_BASIS_HEURISTIC;
         say(c->g->evidence, sizeof c->g->evidence, "none of the %d key sets tried "
             "reproduces the test's attention%s%s", n,
@@ -1107,11 +1396,11 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             guess != CMP_DIAG_KEY_SET ? cmp_diag_name(guess) : "");
         return 1;
     }
-    keyset_text(c, a, guess);
+    keyset_text(c, a, guess, -1);
     c->g->basis = CMP_BASIS_HEURISTIC;
     say(c->g->evidence, sizeof c->g->evidence, "from positions and key counts only: "
         "attention could not be recomputed from the recordings (%s)",
-        ev->ref_check_err > CMP_MATCH_TOL && isfinite(ev->ref_check_err)
+        ev->ref_check_err > c->attn_tol && isfinite(ev->ref_check_err)
             ? "our recomputation does not reproduce the reference"
             : "q, k or v not recorded");
     return 1;
@@ -1220,7 +1509,7 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
              "attention read only the new token's key at the first decode step: chunks attend "
              "only to themselves, or decode steps read only the decode cache of a split "
              "prefill/decode cache");
-    if (isfinite(nx->err_blind) && nx->err_blind <= CMP_MATCH_TOL && nx->err_iso <= CMP_MATCH_TOL)
+    if (isfinite(nx->err_blind) && nx->err_blind <= c->attn_tol && nx->err_iso <= c->attn_tol)
         say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
             "prompt length; at %lld key %lld alone (isolated chunks) and keys %lld..%lld (a "
             "decode-blind split cache) both reproduce the test: key %lld weighs nothing there)",
@@ -1284,10 +1573,10 @@ static int rule_decode_blind(cmp_ctx *c, attn_case *a, kv_err *e)
     double own_err = INFINITY;
     if (hyp_err(c, a, &ref, true, &ev->ref_check_err, e) < 0)
         return -1;
-    const bool trusted = ev->ref_check_err <= CMP_MATCH_TOL;
+    const bool trusted = ev->ref_check_err <= c->attn_tol;
     if (trusted && hyp_err(c, a, &own, false, &own_err, e) < 0)
         return -1;
-    const bool own_shown = own_err <= CMP_MATCH_TOL;
+    const bool own_shown = own_err <= c->attn_tol;
     if (isfinite(own_err) ? !own_shown : ev->nkeys_test != 1)
         return 0;   /* the test read more than its own key */
     blind_next nx;
@@ -1295,9 +1584,9 @@ static int rule_decode_blind(cmp_ctx *c, attn_case *a, kv_err *e)
         return -1;
     const bool rec = isfinite(nx.err_blind) && isfinite(nx.err_iso);
     const bool blind = (nx.nkeys < 0 || nx.nkeys == 2) &&
-                       (rec ? nx.err_blind <= CMP_MATCH_TOL : nx.nkeys == 2);
+                       (rec ? nx.err_blind <= c->attn_tol : nx.nkeys == 2);
     const bool iso = (nx.nkeys < 0 || nx.nkeys == 1) &&
-                     (rec ? nx.err_iso <= CMP_MATCH_TOL : nx.nkeys == 1);
+                     (rec ? nx.err_iso <= c->attn_tol : nx.nkeys == 1);
     const bool neither = !blind && !iso && (rec || nx.nkeys >= 0);
     /* Where P + 1 says nothing, a cache the settings name as not split has
      * no decode cache to be blind with. */
@@ -1389,6 +1678,8 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
     }
     if (d->layer >= 0 && (rc = rule_rope(c, e)) != 0)
         return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = rule_scaled(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if ((rc = rule_drift(c, d->layer >= 0 ? a : NULL, e)) != 0)
@@ -1443,6 +1734,11 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->ev = &r->ev;
     c->g = &r->diag;
     c->beyond = false;
+    c->attn_tol = c->row_tol = CMP_MATCH_TOL;
+    if (r->xrt.on) {
+        c->attn_tol = cmp_xrt_attn_floor(&r->xrt);
+        c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
+    }
     int rc = diagnose_point(c, e);
     if (rc != 2) {
         r->beyond.found = false;   /* not drift first: nothing is "beyond" it */

@@ -345,3 +345,49 @@ done:
     free(order);
     return best;
 }
+
+/* ------------------------------------------------------------------ */
+/* Another RoPE convention                                              */
+
+double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
+                         const float *ref, const float *test, int nheads)
+{
+    const int D = cfg->head_dim, half = D / 2;
+    if (D < 2 || D % 2)
+        return INFINITY;
+    double *inv = malloc((size_t)half * 2 * sizeof(double));
+    double *x = malloc((size_t)D * sizeof(double));
+    if (!inv || !x) {
+        free(inv);
+        free(x);
+        return INFINITY;
+    }
+    double *inv_cv = inv + half;
+    layer_inv_freq(cfg, layer, inv);
+    kern_rope_inv_freq(cv->theta, D, inv_cv);
+    const kv_rope_scaling *rs = &cv->scaling;
+    if (rs->type != ROPE_SCALE_NONE)
+        kern_rope_scale_inv_freq(inv_cv, half, (int)rs->type, rs->factor, rs->low_freq_factor,
+                                 rs->high_freq_factor, rs->original_max_position);
+    double worst = 0, test_max = 0;
+    for (int h = 0; h < nheads; h++) {
+        const float *a = ref + (size_t)h * D, *y = test + (size_t)h * D;
+        /* Undo the config's rotation (angles in double, as the engines). */
+        for (int d = 0; d < half; d++) {
+            const double ang = (double)pos * inv[d], cs = cos(ang), sn = sin(ang);
+            x[d] = a[d] * cs + a[d + half] * sn;
+            x[d + half] = a[d + half] * cs - a[d] * sn;
+        }
+        for (int d = 0; d < half; d++) {
+            const double ang = (double)pos * inv_cv[d], cs = cos(ang), sn = sin(ang);
+            const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + half;
+            const double r0 = x[i0] * cs - x[i1] * sn, r1 = x[i1] * cs + x[i0] * sn;
+            worst = fmax(worst, fmax(fabs(r0 - y[i0]), fabs(r1 - y[i1])));
+        }
+        for (int d = 0; d < D; d++)
+            test_max = fmax(test_max, fabs((double)y[d]));
+    }
+    free(inv);
+    free(x);
+    return test_max > 0 ? worst / test_max : (worst > 0 ? INFINITY : 0);
+}

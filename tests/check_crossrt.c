@@ -13,111 +13,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "gguf_patch.h"
 #include "testutil.h"
 
 static char out[1 << 16];
-
-/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args; output into buf. */
-static int run_rec(const char *args, char *buf, size_t n)
-{
-    const char *bin = getenv("KVDIFF_LLAMA_BIN");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff-llama", args);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return -1;
-    size_t len = fread(buf, 1, n - 1, p);
-    buf[len] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
-
-/* ------------------------------------------------------------------ */
-/* One GGUF metadata value rewritten in place                           */
-
-enum { G_U32 = 4, G_F32 = 6, G_STR = 8, G_ARR = 9 };
-
-static size_t gguf_scalar_size(uint32_t t)
-{
-    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
-    return t < sizeof sz / sizeof sz[0] ? sz[t] : 0;
-}
-
-/* Offset just past the value of type t at off, or 0 when malformed. */
-static size_t gguf_skip(const unsigned char *b, size_t n, size_t off, uint32_t t)
-{
-    if (t == G_STR) {
-        uint64_t len;
-        if (off + 8 > n)
-            return 0;
-        memcpy(&len, b + off, 8);
-        return off + 8 + len <= n ? off + 8 + (size_t)len : 0;
-    }
-    if (t == G_ARR) {
-        uint32_t at;
-        uint64_t cnt;
-        if (off + 12 > n)
-            return 0;
-        memcpy(&at, b + off, 4);
-        memcpy(&cnt, b + off + 4, 8);
-        off += 12;
-        for (uint64_t i = 0; i < cnt && off; i++)
-            off = gguf_skip(b, n, off, at);
-        return off;
-    }
-    size_t sz = gguf_scalar_size(t);
-    return sz && off + sz <= n ? off + sz : 0;
-}
-
-/* Copies the GGUF `in` to `out` with the value of `key` (a u32 or f32)
- * replaced by v. Returns 0, -1 when the key is absent or the file bad. */
-static int gguf_patch(const char *in, const char *outp, const char *key, double v)
-{
-    FILE *f = fopen(in, "rb");
-    if (!f)
-        return -1;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc((size_t)n);
-    int rc = b && fread(b, 1, (size_t)n, f) == (size_t)n ? 0 : -1;
-    fclose(f);
-    uint64_t nkv = 0;
-    if (rc == 0 && n >= 24 && !memcmp(b, "GGUF", 4))
-        memcpy(&nkv, b + 16, 8);
-    size_t off = 24;
-    bool done = false;
-    for (uint64_t i = 0; rc == 0 && i < nkv && off && !done; i++) {
-        uint64_t klen;
-        uint32_t t;
-        memcpy(&klen, b + off, 8);
-        const bool hit = klen == strlen(key) && !memcmp(b + off + 8, key, klen);
-        off += 8 + (size_t)klen;
-        memcpy(&t, b + off, 4);
-        off += 4;
-        if (hit && t == G_U32) {
-            uint32_t u = (uint32_t)v;
-            memcpy(b + off, &u, 4);
-            done = true;
-        } else if (hit && t == G_F32) {
-            float x = (float)v;
-            memcpy(b + off, &x, 4);
-            done = true;
-        }
-        off = gguf_skip(b, (size_t)n, off, t);
-    }
-    if (rc == 0 && done) {
-        FILE *o = fopen(outp, "wb");
-        rc = o && fwrite(b, 1, (size_t)n, o) == (size_t)n ? 0 : -1;
-        if (o && fclose(o) != 0)
-            rc = -1;
-    }
-    free(b);
-    return rc == 0 && done ? 0 : -1;
-}
 
 /* ------------------------------------------------------------------ */
 /* Runs                                                                 */
@@ -142,7 +41,7 @@ static int record_compare(const char *dir, const char *gguf, const char *rec_opt
     char args[2048];
     snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 2 --ignore-eos "
              "--threads 1 %s --dump %s/llama.h5", gguf, dir, dir, rec_opts, dir);
-    ck_assert_msg(run_rec(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json %s", dir, dir, cmp_opts);
     int rc = test_run_cli(args, out, sizeof out);
     json_error_t je;

@@ -1,0 +1,200 @@
+/* check_xrt_diagnose.c — diagnoses from what another runtime can give (q,
+ * k, v, attn_out, x_out; no attn_lse, no attn_nkeys), under its drift.
+ * Each bug is made inside the real llama.cpp through a wrong value the
+ * exporter could have written into the GGUF, recorded with an f32 and an
+ * f16 KV cache, and compared with kvdiff's reference on the correct
+ * model: the diagnosis must name the bug, with the figures that prove it. */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf_patch.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+/* tiny-gemma3 (window 12, local RoPE base 1e4, global 1e6) exported as
+ * GGUF, and the reference on a 100-token prompt past the window. */
+static void setup_model(const char *dir)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+/* dir/m.gguf with key set to v, as dir/bad.gguf. */
+static void make_bad(const char *dir, const char *key, double v)
+{
+    char gguf[512], bad[512];
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_patch(gguf, bad, key, v), 0);
+}
+
+/* Records dir/bad.gguf with llama.cpp (config from the HF folder) and
+ * compares it with the reference in cross-runtime mode: a step, exit 1,
+ * at (pos, layer, stage). Returns the JSON's diagnosis (owned by *j). */
+static json_t *diagnose(const char *dir, const char *rec_opts, long pos, int layer,
+                        const char *stage, json_t **j)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s/bad.gguf --hf %s/hf --prompt-from %s/ref.h5 --max-new 2 "
+             "--ignore-eos --threads 1 %s --dump %s/llama.h5", dir, dir, dir, rec_opts, dir);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json", dir, dir);
+    const int rc = test_run_cli(args, out, sizeof out);
+    json_error_t je;
+    *j = json_loads(out, 0, &je);
+    ck_assert_msg(*j, "%s\n%s", je.text, out);
+    ck_assert_msg(rc == 1, "%s: exit %d\n%.3000s", rec_opts, rc, out);
+    json_t *d = json_object_get(*j, "first_divergence");
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == pos &&
+                  json_integer_value(json_object_get(d, "layer")) == layer &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), stage),
+                  "%s: expected position %ld layer %d %s\n%.3000s", rec_opts, pos, layer, stage,
+                  out);
+    return json_object_get(*j, "diagnosis");
+}
+
+static const char *field(json_t *g, const char *k)
+{
+    const char *s = json_string_value(json_object_get(g, k));
+    return s ? s : "";
+}
+
+/* The diagnosis is of kind `kind`, by recomputation, and its texts hold
+ * each of the NULL-terminated phrases. */
+static void expect_diag(json_t *g, const char *rec_opts, const char *kind, const char *basis,
+                        ...)
+{
+    char all[8192];
+    snprintf(all, sizeof all, "%s %s %s", field(g, "summary"), field(g, "detail"),
+             field(g, "evidence"));
+    ck_assert_msg(!strcmp(field(g, "kind"), kind) && !strcmp(field(g, "basis"), basis),
+                  "%s: expected %s (%s), got %s (%s): %s", rec_opts, kind, basis,
+                  field(g, "kind"), field(g, "basis"), all);
+    va_list ap;
+    va_start(ap, basis);
+    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
+        ck_assert_msg(strstr(all, s), "%s: '%s' not in: %s", rec_opts, s, all);
+    va_end(ap);
+}
+
+static const char *const kv_types[] = {"--cache-type f32", "--cache-type f16 --ubatch 7"};
+
+/* ------------------------------------------------------------------ */
+/* Key sets                                                             */
+
+/* The GGUF says window 4 where config.json says 12: attention recomputed
+ * from llama.cpp's own q, k, v over the last 4 keys reproduces its
+ * attn_out within drift, the config's 5 keys do not. */
+START_TEST(xrt_diag_window_smaller)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    make_bad(dir, "gemma3.attention.sliding_window", 4);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 4, 0, "attn_out", &j);
+        expect_diag(g, kv_types[i], "window", "recomputed", "window in test appears to be 4, "
+                    "config says 12", "window of 4 keys (1..4)", "and not the test's",
+                    "drift model's floor", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* RoPE conventions                                                     */
+
+/* key patched to v: the first step at (1, layer, q) (position 0 is not
+ * rotated), diagnosed as that convention in words. */
+static void rope_case(const char *key, double v, int layer, const char *words)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    make_bad(dir, key, v);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 1, layer, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", words,
+                    "reproduces the test's at position 1", "and at position 100", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+/* The case: the local base set to the global one. */
+START_TEST(xrt_diag_rope_local_is_global)
+{
+    rope_case("gemma3.rope.freq_base_swa", 1e6, 0, "the test's queries match theta 1e+06, the "
+              "global layers' base, on a sliding layer; the config says 10000");
+}
+END_TEST
+
+START_TEST(xrt_diag_rope_global_is_local)
+{
+    rope_case("gemma3.rope.freq_base", 1e4, 5, "the test's queries match theta 10000, the "
+              "sliding layers' base, on a global layer; the config says 1e+06");
+}
+END_TEST
+
+/* A common base other than either of the config's (Llama 3's). */
+START_TEST(xrt_diag_rope_common_base)
+{
+    rope_case("gemma3.rope.freq_base_swa", 5e5, 0, "the test's queries match theta 500000 on a "
+              "sliding layer; the config says 10000");
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* Attention scale                                                      */
+
+/* An exporter that does not fold query_pre_attn_scalar (24) into the
+ * q_norm weights where llama.cpp scales by 1/sqrt(head_dim) (32), and
+ * says so (kvdiff.q_scale_folded 1): llama.cpp's scores are scaled by
+ * 1/sqrt(32). The recorder maps q to the config's scale, so q is the
+ * reference's times sqrt(24/32) from position 0 of layer 0. */
+START_TEST(xrt_diag_attn_scale)
+{
+    char dir[64], gguf[512], tmp[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/unfolded.gguf", dir);
+    ck_assert_int_eq(gguf_scale_tensors(gguf, tmp, "attn_q_norm.weight", sqrt(24.0 / 32.0)), 6);
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_patch(tmp, bad, "kvdiff.q_scale_folded", 1), 0);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, "q", &j);
+        expect_diag(g, kv_types[i], "attn_scale", "recomputed", "scales scores by "
+                    "1/sqrt(head_dim) = 1/sqrt(32)", "1/sqrt(24) (query_pre_attn_scalar)",
+                    "times 0.866025", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+Suite *xrt_diagnose_suite(void)
+{
+    Suite *s = suite_create("xrt_diagnose");
+    TCase *tc = tcase_create("llama");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, xrt_diag_window_smaller);
+    tcase_add_test(tc, xrt_diag_rope_local_is_global);
+    tcase_add_test(tc, xrt_diag_rope_global_is_local);
+    tcase_add_test(tc, xrt_diag_rope_common_base);
+    tcase_add_test(tc, xrt_diag_attn_scale);
+    suite_add_tcase(s, tc);
+    return s;
+}

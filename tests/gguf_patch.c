@@ -1,0 +1,212 @@
+/* gguf_patch.c — a GGUF copy with one metadata value rewritten, and the
+ * llama.cpp recorder run from the tests (gguf_patch.h). */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "gguf_patch.h"
+
+/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args; output into buf. */
+int test_run_recorder(const char *args, char *buf, size_t n)
+{
+    const char *bin = getenv("KVDIFF_LLAMA_BIN");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff-llama", args);
+    FILE *p = popen(cmd, "r");
+    if (!p)
+        return -1;
+    size_t len = fread(buf, 1, n - 1, p);
+    buf[len] = 0;
+    char sink[4096];
+    while (fread(sink, 1, sizeof sink, p) > 0) {
+    }
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* ------------------------------------------------------------------ */
+/* One GGUF metadata value rewritten in place                           */
+
+enum { G_U32 = 4, G_F32 = 6, G_STR = 8, G_ARR = 9 };
+
+static size_t gguf_scalar_size(uint32_t t)
+{
+    static const size_t sz[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    return t < sizeof sz / sizeof sz[0] ? sz[t] : 0;
+}
+
+/* Offset just past the value of type t at off, or 0 when malformed. */
+static size_t gguf_skip(const unsigned char *b, size_t n, size_t off, uint32_t t)
+{
+    if (t == G_STR) {
+        uint64_t len;
+        if (off + 8 > n)
+            return 0;
+        memcpy(&len, b + off, 8);
+        return off + 8 + len <= n ? off + 8 + (size_t)len : 0;
+    }
+    if (t == G_ARR) {
+        uint32_t at;
+        uint64_t cnt;
+        if (off + 12 > n)
+            return 0;
+        memcpy(&at, b + off, 4);
+        memcpy(&cnt, b + off + 4, 8);
+        off += 12;
+        for (uint64_t i = 0; i < cnt && off; i++)
+            off = gguf_skip(b, n, off, at);
+        return off;
+    }
+    size_t sz = gguf_scalar_size(t);
+    return sz && off + sz <= n ? off + sz : 0;
+}
+
+/* Copies the GGUF `in` to `out` with the value of `key` (a u32 or f32)
+ * replaced by v. Returns 0, -1 when the key is absent or the file bad. */
+int gguf_patch(const char *in, const char *outp, const char *key, double v)
+{
+    FILE *f = fopen(in, "rb");
+    if (!f)
+        return -1;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n);
+    int rc = b && fread(b, 1, (size_t)n, f) == (size_t)n ? 0 : -1;
+    fclose(f);
+    uint64_t nkv = 0;
+    if (rc == 0 && n >= 24 && !memcmp(b, "GGUF", 4))
+        memcpy(&nkv, b + 16, 8);
+    size_t off = 24;
+    bool done = false;
+    for (uint64_t i = 0; rc == 0 && i < nkv && off && !done; i++) {
+        uint64_t klen;
+        uint32_t t;
+        memcpy(&klen, b + off, 8);
+        const bool hit = klen == strlen(key) && !memcmp(b + off + 8, key, klen);
+        off += 8 + (size_t)klen;
+        memcpy(&t, b + off, 4);
+        off += 4;
+        if (hit && t == G_U32) {
+            uint32_t u = (uint32_t)v;
+            memcpy(b + off, &u, 4);
+            done = true;
+        } else if (hit && t == G_F32) {
+            float x = (float)v;
+            memcpy(b + off, &x, 4);
+            done = true;
+        }
+        off = gguf_skip(b, (size_t)n, off, t);
+    }
+    if (rc == 0 && done) {
+        FILE *o = fopen(outp, "wb");
+        rc = o && fwrite(b, 1, (size_t)n, o) == (size_t)n ? 0 : -1;
+        if (o && fclose(o) != 0)
+            rc = -1;
+    }
+    free(b);
+    return rc == 0 && done ? 0 : -1;
+}
+
+
+/* ------------------------------------------------------------------ */
+/* F32 tensors scaled                                                   */
+
+static unsigned char *slurp(const char *path, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = len > 0 ? malloc((size_t)len) : NULL;
+    if (b && fread(b, 1, (size_t)len, f) != (size_t)len) {
+        free(b);
+        b = NULL;
+    }
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
+{
+    size_t n = 0;
+    unsigned char *b = slurp(in, &n);
+    if (!b || n < 24 || memcmp(b, "GGUF", 4)) {
+        free(b);
+        return -1;
+    }
+    uint64_t nt, nkv, align = 32;
+    memcpy(&nt, b + 8, 8);
+    memcpy(&nkv, b + 16, 8);
+    size_t off = 24;
+    for (uint64_t i = 0; i < nkv && off && off + 12 <= n; i++) {
+        uint64_t klen;
+        uint32_t t;
+        memcpy(&klen, b + off, 8);
+        const bool al = klen == 17 && !memcmp(b + off + 8, "general.alignment", 17);
+        off += 8 + (size_t)klen;
+        memcpy(&t, b + off, 4);
+        off += 4;
+        if (al && t == G_U32) {
+            uint32_t a;
+            memcpy(&a, b + off, 4);
+            align = a;
+        }
+        off = gguf_skip(b, n, off, t);
+    }
+    /* Tensor infos: name, dims, type, offset into the aligned data. */
+    struct { size_t name, nlen; uint64_t count, at; uint32_t type; } *ti =
+        calloc((size_t)nt + 1, sizeof *ti);
+    for (uint64_t i = 0; ti && i < nt && off && off + 8 <= n; i++) {
+        memcpy(&ti[i].nlen, b + off, 8);
+        ti[i].name = off + 8;
+        off += 8 + ti[i].nlen;
+        uint32_t nd;
+        memcpy(&nd, b + off, 4);
+        off += 4;
+        ti[i].count = 1;
+        for (uint32_t k = 0; k < nd; k++, off += 8) {
+            uint64_t dim;
+            memcpy(&dim, b + off, 8);
+            ti[i].count *= dim;
+        }
+        memcpy(&ti[i].type, b + off, 4);
+        memcpy(&ti[i].at, b + off + 4, 8);
+        off += 12;
+    }
+    const size_t data = (off + align - 1) / align * align;
+    int changed = ti && off ? 0 : -1;
+    for (uint64_t i = 0; changed >= 0 && i < nt; i++) {
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)ti[i].nlen, (const char *)b + ti[i].name);
+        if (!strstr(name, part) || ti[i].type != 0)
+            continue;
+        if (data + ti[i].at + ti[i].count * 4 > n) {
+            changed = -1;
+            break;
+        }
+        for (uint64_t k = 0; k < ti[i].count; k++) {
+            float x;
+            memcpy(&x, b + data + ti[i].at + 4 * k, 4);
+            x = (float)(x * mul);
+            memcpy(b + data + ti[i].at + 4 * k, &x, 4);
+        }
+        changed++;
+    }
+    if (changed >= 0) {
+        FILE *o = fopen(outp, "wb");
+        if (!o || fwrite(b, 1, n, o) != n)
+            changed = -1;
+        if (o && fclose(o) != 0)
+            changed = -1;
+    }
+    free(ti);
+    free(b);
+    return changed;
+}

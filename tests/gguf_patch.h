@@ -1,0 +1,23 @@
+/* gguf_patch.h — test helpers for bugs made inside real llama.cpp: a GGUF
+ * copy with one metadata value rewritten (the exporter writing a wrong
+ * value), and running the llama.cpp recorder. */
+#ifndef KV_TEST_GGUF_PATCH_H
+#define KV_TEST_GGUF_PATCH_H
+
+#include <stddef.h>
+
+/* Copies the GGUF `in` to `out` with the value of `key` (a u32 or f32)
+ * replaced by v. Returns 0, -1 when the key is absent or the file bad. */
+int gguf_patch(const char *in, const char *out, const char *key, double v);
+
+/* Copies the GGUF `in` to `out` with every F32 tensor whose name holds
+ * `part` multiplied by mul (a weight the exporter got wrong). Returns
+ * the number of tensors changed, -1 when the file is bad. */
+int gguf_scale_tensors(const char *in, const char *out, const char *part, double mul);
+
+/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
+ * string); stdout and stderr into buf (NUL-terminated, truncated to n).
+ * Returns the exit code. */
+int test_run_recorder(const char *args, char *buf, size_t n);
+
+#endif
