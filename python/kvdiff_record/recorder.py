@@ -321,7 +321,10 @@ class Recorder:
                 t.attrs.create("first_position", 0, dtype="<i8")
                 t.attrs.create("prompt_length", self._prompt_length, dtype="<i8")
             problems += self._write_output()
-            if not problems and self.hashes:
+            if not problems and self.hashes and all(
+                    math.isfinite(s.sum_sq) for s in self._sinks.values()):
+                # The index is optional, and kvdiff's reader refuses a row
+                # whose sum of squares is not finite (a NaN row): none then.
                 self._write_index()
             text = "complete" if not problems else "partial: " + "; ".join(problems)
             self._f.attrs.create("status", text[:1000], dtype=h5py.string_dtype())
