@@ -130,12 +130,17 @@ $(LLAMA_FORWARD): tests/llama/llama_forward.c | $(LLAMA_STAMP)
 tokdata:
 	@sh scripts/fetch-tokenizers >/dev/null
 
+# The Python recorder's tests (tests/check_python.c) run under Debian's
+# interpreter, where python3-numpy, -h5py, -xxhash and -torch install; a
+# python3 earlier on PATH (a virtualenv, pyenv) may lack them.
+PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
+
 # The closing line is Check's summary.
 # deps first (a no-op once installed), so it works on a fresh machine too.
 test: deps tokdata
 	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD) recorders
 	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
-	  LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
+	  LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) KVDIFF_PYTHON=$(PYTHON) \
 	  ./$(BUILD)/check_kvdiff
 
 demo: deps
@@ -148,7 +153,7 @@ check-asan: tokdata
 	@$(MAKE) -s $(LLAMA_FORWARD) recorders
 	@ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 CK_FORK=no \
 	  KVDIFF_BIN=$(abspath build-asan/kvdiff) LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) \
-	  KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
+	  KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) KVDIFF_PYTHON=$(PYTHON) \
 	  ./build-asan/check_kvdiff
 
 # A report from two real dumps (reference vs chunked with a hard-coded

@@ -1,0 +1,157 @@
+"""model_config_from_hf: the model_config object of a dump, from a Hugging
+Face folder's config.json, with the defaults kvdiff applies (model/config.c)
+so a recording of the same model states the same config kvdiff's does."""
+
+import json
+import math
+import os
+
+from .recorder import RecorderError
+
+# model/config.c ARCHES: per model_type the default heads, KV heads, head_dim
+# and RoPE base when config.json leaves them out.
+_ARCH = {
+    "llama": {"heads": None, "kv": None, "head_dim": None, "theta": 10000.0},
+    "qwen2": {"heads": None, "kv": None, "head_dim": None, "theta": 10000.0},
+    "gemma3_text": {"heads": 8, "kv": 4, "head_dim": 256, "theta": 1000000.0},
+}
+_GEMMA_QPAS, _GEMMA_WINDOW, _GEMMA_PATTERN, _GEMMA_LOCAL_THETA = 256.0, 4096, 6, 10000.0
+_GEMMA_VOCAB = 262208
+
+
+def model_config_from_hf(folder_or_config):
+    """The model_config dict (docs/dump-format.md) for a Hugging Face model
+    folder, a config.json path, or an already-parsed config dict.
+    Gemma 3 multimodal configs (model_type "gemma3") are read from their
+    text_config. Layer types come from layer_types, else Gemma 3's
+    sliding_window_pattern (layer i slides iff (i+1) % pattern != 0,
+    default 6); kv_owner from num_kv_shared_layers (a shared layer reads the
+    last non-shared layer of its type). Raises RecorderError naming the key
+    on what kvdiff would refuse too."""
+    cfg, name = _load(folder_or_config)
+    mt = cfg.get("model_type")
+    if mt == "gemma3":
+        tc = cfg.get("text_config")
+        if not isinstance(tc, dict):
+            raise RecorderError(f"{name}: text_config is missing (model_type gemma3 nests the "
+                                f"text model there)")
+        cfg, mt = tc, "gemma3_text"
+    if mt not in _ARCH:
+        raise RecorderError(f"{name}: model_type {mt!r} is not supported (kvdiff reads llama, "
+                            f"qwen2, gemma3_text, gemma3)")
+    gemma = mt == "gemma3_text"
+    a = _ARCH[mt]
+
+    def need(key, default=None):
+        v = cfg.get(key)
+        if v is None:
+            if default is None:
+                raise RecorderError(f"{name}: {key} is missing")
+            return default
+        return v
+
+    hidden = need("hidden_size")
+    layers = need("num_hidden_layers")
+    heads = need("num_attention_heads", a["heads"])
+    kv = cfg.get("num_key_value_heads") or (a["kv"] if gemma else heads)
+    if heads % kv:
+        raise RecorderError(f"{name}: num_key_value_heads is {kv}, which does not divide "
+                            f"num_attention_heads {heads}")
+    head_dim = cfg.get("head_dim") or (a["head_dim"] if gemma else None)
+    if head_dim is None:
+        if hidden % heads:
+            raise RecorderError(f"{name}: head_dim is missing and hidden_size {hidden} is not "
+                                f"a multiple of num_attention_heads {heads}")
+        head_dim = hidden // heads
+    vocab = need("vocab_size", _GEMMA_VOCAB if gemma else None)
+
+    theta, local = _rope(cfg, name, gemma, a["theta"])
+    types = _layer_types(cfg, name, mt, layers)
+    window = 0
+    if gemma and "sliding_attention" in types:
+        w = cfg.get("sliding_window", _GEMMA_WINDOW)
+        if w is None:
+            raise RecorderError(f"{name}: sliding_window is null but layer "
+                                f"{types.index('sliding_attention')} is a sliding_attention layer")
+        window = int(w)
+    owners = _kv_owner(cfg, name, gemma, types)
+    scale = 1.0 / math.sqrt(float(cfg.get("query_pre_attn_scalar") or _GEMMA_QPAS)
+                            if gemma else float(head_dim))
+    return {"model_type": mt, "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+            "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
+            "sliding_window": window, "layer_types": types, "kv_owner": owners,
+            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
+            "rope_local_base_freq": local, "attn_scale": scale}
+
+
+def _load(src):
+    if isinstance(src, dict):
+        return src, "config"
+    path = os.fspath(src)
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise RecorderError(f"{path}: cannot read the config: {exc}") from exc
+    if not isinstance(cfg, dict):
+        raise RecorderError(f"{path}: top level is not an object")
+    return cfg, path
+
+
+def _rope(cfg, name, gemma, default_theta):
+    theta = float(cfg.get("rope_theta") or default_theta)
+    local = float(cfg.get("rope_local_base_freq") or _GEMMA_LOCAL_THETA) if gemma else theta
+    rp = cfg.get("rope_parameters")   # transformers 5
+    if isinstance(rp, dict):
+        full, slide = rp.get("full_attention"), rp.get("sliding_attention")
+        if gemma and (full or slide):
+            theta = float((full or {}).get("rope_theta", theta))
+            local = float((slide or {}).get("rope_theta", local))
+        elif not gemma:
+            theta = float(rp.get("rope_theta", theta))
+    return theta, (local if gemma else theta)
+
+
+def _layer_types(cfg, name, mt, layers):
+    lt = cfg.get("layer_types")
+    if mt == "gemma3_text" and lt is None:
+        pattern = int(cfg.get("sliding_window_pattern") or _GEMMA_PATTERN)
+        return ["sliding_attention" if (i + 1) % pattern else "full_attention"
+                for i in range(layers)]
+    if lt is None or mt == "llama":   # LlamaConfig has no layer_types
+        return ["full_attention"] * layers
+    if not isinstance(lt, list) or len(lt) != layers:
+        raise RecorderError(f"{name}: layer_types must list {layers} layers "
+                            f"(num_hidden_layers)")
+    for i, t in enumerate(lt):
+        if t not in ("sliding_attention", "full_attention") or \
+                (t == "sliding_attention" and mt != "gemma3_text"):
+            raise RecorderError(f"{name}: layer_types[{i}] is {t!r}; kvdiff reads "
+                                f"full_attention (and sliding_attention for gemma3_text)")
+    return list(lt)
+
+
+def _kv_owner(cfg, name, gemma, types):
+    n = len(types)
+    shared = int(cfg.get("num_kv_shared_layers") or 0)
+    if shared and not gemma:
+        raise RecorderError(f"{name}: num_kv_shared_layers is {shared}; KV sharing is read for "
+                            f"gemma3_text only")
+    if shared >= n and shared:
+        raise RecorderError(f"{name}: num_kv_shared_layers is {shared} but the model has {n} "
+                            f"layers")
+    first_shared = n - shared
+    owners = []
+    for i in range(n):
+        if i < first_shared:
+            owners.append(i)
+            continue
+        owner = next((j for j in range(first_shared - 1, -1, -1) if types[j] == types[i]), -1)
+        if owner < 0:
+            raise RecorderError(f"{name}: num_kv_shared_layers is {shared}: layer {i} has no "
+                                f"earlier non-shared {types[i]} layer to read K/V from")
+        owners.append(owner)
+    return owners

@@ -1,0 +1,509 @@
+"""The Recorder: rows handed in by (layer, stage, absolute position), in any
+order, written as a kvdiff dump (docs/dump-format.md, schema v1).
+
+Why it holds rows back: a stage dataset covers contiguous positions from
+its first_position, so a row that arrives ahead of a gap (a ring cache read
+back out of order, decode rows before the prefill's) waits in memory until
+the gap is filled, then goes out. Rows in order go straight to the file.
+
+Status is "partial: running" from creation, "complete" only after every
+row and the hash index are written, "partial: <exception>" when the with
+block ends by an exception: a recording never looks whole when it is not.
+"""
+
+import json
+import math
+
+import h5py
+import numpy as np
+
+try:  # Debian's python3-xxhash; without it the dump has no row hashes
+    import xxhash
+except ImportError:  # pragma: no cover - depends on the machine
+    xxhash = None
+
+LAYER_STAGES = ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse",
+                "attn_nkeys", "attn_out", "attn_proj", "h_mid", "ffn_norm_stats",
+                "ffn_norm", "ffn_out", "x_out")
+MODEL_STAGES = ("embed", "final_norm", "logits")
+# /row_hash_index stage ids: layer stages 0..14, then embed, final_norm, logits.
+_STAGE_ID = {s: i for i, s in enumerate(LAYER_STAGES + MODEL_STAGES)}
+_REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
+             "sliding_window", "layer_types", "kv_owner", "rms_norm_eps", "rope_theta",
+             "rope_local_base_freq")
+_CHUNK_ROWS = 64   # kvdiff's own chunk height
+_HASH_COLUMNS = "XXH3-64 of the row's float32 bytes"
+
+
+class RecorderError(ValueError):
+    """Bad input to the recorder (shape, position, dtype, config) or a file
+    that cannot be written. The message names the layer, stage and positions."""
+
+
+def stage_width(config, stage):
+    """Floats per row of `stage` for the model_config dict `config`."""
+    e, h = config["hidden_size"], config["num_attention_heads"]
+    kv, d = config["num_key_value_heads"], config["head_dim"]
+    widths = {"attn_norm_stats": 3, "ffn_norm_stats": 3, "q": h * d, "k": kv * d,
+              "v": kv * d, "attn_lse": h, "attn_nkeys": h, "attn_out": h * d,
+              "logits": config["vocab_size"]}
+    if stage not in _STAGE_ID:
+        raise RecorderError(f"unknown stage {stage!r}; layer stages are "
+                            f"{', '.join(LAYER_STAGES)}; model stages {', '.join(MODEL_STAGES)}")
+    return widths.get(stage, e)
+
+
+def _width_words(config, stage):
+    h, kv, d = (config["num_attention_heads"], config["num_key_value_heads"],
+                config["head_dim"])
+    return {"q": f"{h} heads x {d}", "attn_out": f"{h} heads x {d}",
+            "k": f"{kv} KV heads x {d}", "v": f"{kv} KV heads x {d}",
+            "attn_lse": f"{h} heads", "attn_nkeys": f"{h} heads",
+            "attn_norm_stats": "mean, rms, absmax", "ffn_norm_stats": "mean, rms, absmax",
+            "logits": "vocab_size"}.get(stage, "hidden_size")
+
+
+def _columns_attr(config, stage):
+    """The descriptive "columns" attribute kvdiff writes (words for people)."""
+    h, kv, d = (config["num_attention_heads"], config["num_key_value_heads"],
+                config["head_dim"])
+    if stage.endswith("_stats"):
+        return "mean,rms,absmax of the norm's input"
+    if stage in ("q", "k"):
+        n = h if stage == "q" else kv
+        return f"{n} {'heads' if stage == 'q' else 'KV heads'} x {d}, head-major; after RoPE"
+    if stage == "v":
+        return f"{kv} KV heads x {d}, head-major"
+    if stage == "attn_out":
+        return f"{h} heads x {d}, head-major"
+    if stage in ("attn_lse", "attn_nkeys"):
+        return "one per head"
+    if stage == "logits":
+        return "one per token id"
+    return f"{config['hidden_size']} hidden dims"
+
+
+def to_float32_rows(array, what="rows"):
+    """float32 [n, cols] from a numpy array, a torch tensor (any device,
+    bfloat16 included), a JAX array or anything numpy.asarray takes.
+    float16/bfloat16/float32/float64 and integers convert exactly or by
+    rounding to nearest; bool, complex and objects are refused."""
+    if hasattr(array, "detach") and hasattr(array, "cpu"):   # torch.Tensor
+        t = array.detach().cpu()
+        if not (t.is_floating_point() or str(t.dtype).startswith("torch.int")):
+            raise RecorderError(f"{what}: tensor dtype {t.dtype} is not a number type")
+        array = t.float().numpy()
+    try:
+        a = np.asarray(array)
+    except Exception as exc:  # noqa: BLE001 - name what could not be read
+        raise RecorderError(f"{what}: numpy.asarray cannot read a {type(array).__name__}: "
+                            f"{exc}") from exc
+    if a.dtype.name == "bfloat16" or a.dtype.kind in "fiu":   # ml_dtypes' bfloat16 (JAX)
+        return np.ascontiguousarray(a.astype(np.float32, copy=False)).astype("<f4", copy=False)
+    raise RecorderError(f"{what}: dtype {a.dtype} cannot be recorded (float16, bfloat16, "
+                        f"float32, float64 or integers)")
+
+
+def row_stats(rows):
+    """(L2 norm, max |x|) per row as kvdiff computes them (dump/writer.c
+    row_stats): eight double lanes, lane k summing elements k, k+8, ...,
+    added pairwise in a fixed order, so the statistics are the same bits
+    kvdiff's would be. NaN makes the norm NaN and never wins the max."""
+    n, cols = rows.shape
+    pad = (-cols) % 8
+    x = np.pad(rows, ((0, 0), (0, pad))).astype(np.float64).reshape(n, -1, 8)
+    sq = x * x
+    ss = np.zeros((n, 8))
+    for i in range(sq.shape[1]):   # sequential, as the C loop: not numpy's pairwise sum
+        ss += sq[:, i, :]
+    total = ((ss[:, 0] + ss[:, 4]) + (ss[:, 2] + ss[:, 6])) + \
+            ((ss[:, 1] + ss[:, 5]) + (ss[:, 3] + ss[:, 7]))
+    absmax = np.fmax.reduce(np.abs(rows), axis=1, initial=np.float32(0)) if cols else \
+        np.zeros(n, np.float32)
+    return np.stack([np.sqrt(total).astype(np.float32), absmax.astype(np.float32)], axis=1)
+
+
+class _Sink:
+    """One stage dataset (with its .hash and .stats) being filled in order."""
+
+    def __init__(self, group, name, cols, start):
+        self.group, self.name, self.cols = group, name, cols
+        self.start = self.next = start     # rows [start, next) are in the file
+        self.pending = {}                  # first position -> rows, waiting for a gap
+        self.dsets = None
+        self.digest = xxhash.xxh3_128() if xxhash else None
+        self.sum_sq = 0.0
+        self.finite = True
+
+    def overlap(self, first, n):
+        """The positions of [first, first+n) already given, or None."""
+        ranges = [(self.start, self.next)] + [(p, p + len(r)) for p, r in self.pending.items()]
+        for lo, hi in ranges:
+            a, b = max(lo, first), min(hi, first + n)
+            if a < b:
+                return a, b - 1
+        return None
+
+    def missing(self):
+        """The first gap that holds pending rows back, as (lo, hi), or None."""
+        if not self.pending:
+            return None
+        return self.next, min(self.pending) - 1
+
+
+class Recorder:
+    """Writes one kvdiff dump. Use as a context manager (or call close()).
+
+    path: the HDF5 file to create (replaced if it exists).
+    model_config: the model_config dict of docs/dump-format.md
+        (model_config_from_hf(folder) builds it from a Hugging Face folder).
+    engine: who computed the rows ("pytorch", "jax", "coreml", ...); kvdiff
+        compares an engine other than its own with its cross-runtime model.
+    settings: engine_settings, a dict (stored as JSON): give "chunk",
+        "cache" ("dense", "split", "ring") and "max_ctx" when you know them,
+        and "cache_type" ("f32", "f16", "bf16") for the KV storage type.
+    start_position: first absolute position every stage records (rows
+        before it are refused); 0 unless you record only a later part.
+    topk: K of /output's top-k (kvdiff's default 8).
+    row_hashes: write <stage>.hash/.stats and /row_hash_index (default:
+        when the xxhash module is there).
+    Raises RecorderError when the config is malformed or the file cannot be
+    created; the error names the path."""
+
+    def __init__(self, path, model_config, engine="python", settings=None, *, seed=0,
+                 weight_fingerprint="", start_position=0, topk=8, row_hashes=None,
+                 tool_version=None):
+        from . import __version__
+        self.path = str(path)
+        self.config = _check_config(model_config)
+        if row_hashes and xxhash is None:
+            raise RecorderError("row_hashes=True needs the xxhash module "
+                                "(Debian: apt-get install python3-xxhash)")
+        self.hashes = xxhash is not None if row_hashes is None else bool(row_hashes)
+        if int(start_position) < 0:
+            raise RecorderError(f"start_position is {start_position}; it must be >= 0")
+        self.start = int(start_position)
+        self.topk = int(topk)
+        self._sinks = {}          # (layer or -1, stage) -> _Sink
+        self._tokens = None
+        self._prompt_length = None
+        self._output = {}         # position -> (lse, ids, values)
+        self._closed = False
+        try:
+            self._f = h5py.File(self.path, "w", track_order=False)
+        except (OSError, ValueError) as exc:
+            raise RecorderError(f"{self.path}: cannot create the dump: {exc}") from exc
+        fp = str(weight_fingerprint or "")
+        if fp and (len(fp) != 16 or any(c not in "0123456789abcdef" for c in fp)):
+            self._f.close()
+            raise RecorderError(f"weight_fingerprint {fp!r}: expected 16 lowercase hex digits "
+                                f"or \"\"")
+        a = self._f.attrs
+        a.create("format", "kvdiff-dump", dtype=h5py.string_dtype())
+        a.create("format_version", 1, dtype="<i8")
+        a.create("mode", "full", dtype=h5py.string_dtype())
+        a.create("row_hashes", 1 if self.hashes else 0, dtype="<i8")
+        a.create("engine", str(engine), dtype=h5py.string_dtype())
+        a.create("engine_settings", json.dumps(dict(settings or {})),
+                 dtype=h5py.string_dtype())
+        a.create("model_config", json.dumps(self.config), dtype=h5py.string_dtype())
+        a.create("weight_fingerprint", fp, dtype=h5py.string_dtype())
+        a.create("seed", int(seed), dtype="<u8")
+        a.create("status", "partial: running", dtype=h5py.string_dtype())
+        a.create("tool_version", tool_version or f"kvdiff_record {__version__} (python)",
+                 dtype=h5py.string_dtype())
+        self._f.flush()
+
+    # -------------------------------------------------------------- inputs
+
+    def tokens(self, ids, prompt_length):
+        """The prompt then the generated tokens (element p: the token at
+        position p). May be called again as generation goes on; the last
+        call wins."""
+        t = np.asarray(ids)
+        if t.ndim != 1 or (t.size and t.dtype.kind not in "iu"):
+            raise RecorderError(f"tokens: expected a 1-D list of integer ids, got shape "
+                                f"{t.shape} dtype {t.dtype}")
+        vocab = self.config["vocab_size"]
+        if t.size and (t.min() < 0 or t.max() >= vocab):
+            raise RecorderError(f"tokens: ids must be in 0..{vocab - 1} (vocab_size)")
+        pl = int(prompt_length)
+        if not 0 < pl <= t.size:
+            raise RecorderError(f"tokens: prompt_length {pl} must be 1..{t.size} "
+                                f"(the number of tokens)")
+        self._tokens, self._prompt_length = t.astype(np.int32), pl
+
+    def rows(self, layer, stage, first_position, array):
+        """Rows of `stage` of `layer` for positions first_position,
+        first_position+1, ...: array [n, width] (a single row [width] is one
+        row). Calls may come in any order (prefill chunks, decode steps,
+        a ring cache by absolute position); a position may be given once.
+        NaN and infinities are recorded as they are."""
+        n_layers = self.config["num_hidden_layers"]
+        if not isinstance(layer, (int, np.integer)) or not 0 <= layer < n_layers:
+            raise RecorderError(f"layer {layer!r}: the model has layers 0..{n_layers - 1}")
+        if stage not in LAYER_STAGES:
+            raise RecorderError(f"layer {layer}: {stage!r} is not a layer stage ("
+                                f"{', '.join(LAYER_STAGES)}); model stages go to model_rows()")
+        owner = self.config["kv_owner"][layer]
+        if stage in ("k", "v") and owner != layer:
+            raise RecorderError(f"layer {layer} {stage}: layer {layer} reads layer {owner}'s "
+                                f"KV cache (kv_owner) and writes none; record {stage} on "
+                                f"layer {owner}")
+        self._add(int(layer), stage, first_position, array)
+
+    def model_rows(self, stage, first_position, array):
+        """Model-level rows: "embed" (Gemma 3: scaled by sqrt(hidden_size)),
+        "final_norm" or "logits" [n, vocab_size]."""
+        if stage not in MODEL_STAGES:
+            raise RecorderError(f"{stage!r} is not a model stage ({', '.join(MODEL_STAGES)})")
+        self._add(-1, stage, first_position, array)
+
+    def output(self, first_position, logits=None, *, lse=None, topk_ids=None,
+               topk_values=None):
+        """/output for positions first_position, ...: either the logits
+        [n, vocab_size] (lse and top-k computed here: log-sum-exp in double,
+        top-k descending, ties by lower id) or lse [n] with topk_ids and
+        topk_values [n, K]."""
+        pos = self._position(first_position, "output")
+        if logits is not None:
+            lg = to_float32_rows(logits, "output logits")
+            lg = lg.reshape(1, -1) if lg.ndim == 1 else lg
+            if lg.ndim != 2 or lg.shape[1] != self.config["vocab_size"]:
+                raise RecorderError(f"output: logits of shape {lg.shape}; expected "
+                                    f"[positions, {self.config['vocab_size']}] (vocab_size)")
+            k = min(self.topk, lg.shape[1])
+            d = lg.astype(np.float64)
+            m = np.max(d, axis=1, keepdims=True)
+            with np.errstate(invalid="ignore", over="ignore"):
+                lse = (m[:, 0] + np.log(np.sum(np.exp(d - m), axis=1))).astype(np.float32)
+            order = np.argsort(-d, axis=1, kind="stable")[:, :k]
+            topk_ids = order.astype(np.int32)
+            topk_values = np.take_along_axis(lg, order, axis=1)
+        elif lse is None or topk_ids is None or topk_values is None:
+            raise RecorderError("output: give the logits, or lse, topk_ids and topk_values")
+        lse = np.asarray(to_float32_rows(lse, "output lse")).reshape(-1)
+        ids = np.asarray(topk_ids).reshape(len(lse), -1).astype(np.int32)
+        vals = to_float32_rows(topk_values, "output topk_values").reshape(len(lse), -1)
+        if ids.shape[1] != self.topk or vals.shape != ids.shape:
+            raise RecorderError(f"output: topk_ids {ids.shape} and topk_values {vals.shape} "
+                                f"must both be [{len(lse)}, {self.topk}] (topk)")
+        for i in range(len(lse)):
+            if pos + i in self._output:
+                raise RecorderError(f"output: position {pos + i} was already given")
+        for i in range(len(lse)):
+            self._output[pos + i] = (lse[i], ids[i], vals[i])
+
+    # ------------------------------------------------------------- closing
+
+    def close(self, status=None):
+        """Writes what waits, the tokens, /output, the hash index and the
+        status; "complete" unless `status` (a reason) says otherwise or rows
+        are missing (a gap before rows that were given). Raises
+        RecorderError after writing when the dump could not be complete."""
+        if self._closed:
+            return
+        self._closed = True
+        problems = [] if status is None else [status]
+        try:
+            for (layer, stage), s in self._sinks.items():
+                gap = s.missing()
+                if gap:
+                    where = f"layer {layer}" if layer >= 0 else "model"
+                    held = sum(len(r) for r in s.pending.values())
+                    problems.append(f"{where} {stage}: positions {gap[0]}..{gap[1]} never "
+                                    f"given ({held} later rows not written)")
+            if self._tokens is None:
+                problems.append("no tokens given (call tokens())")
+            else:
+                t = self._f.create_dataset("tokens", data=self._tokens, track_times=False)
+                t.attrs.create("first_position", 0, dtype="<i8")
+                t.attrs.create("prompt_length", self._prompt_length, dtype="<i8")
+            problems += self._write_output()
+            if not problems and self.hashes and all(
+                    math.isfinite(s.sum_sq) for s in self._sinks.values()):
+                # The index is optional, and kvdiff's reader refuses a row
+                # whose sum of squares is not finite (a NaN row): none then.
+                self._write_index()
+            text = "complete" if not problems else "partial: " + "; ".join(problems)
+            self._f.attrs.create("status", text[:1000], dtype=h5py.string_dtype())
+        finally:
+            self._f.close()
+        if problems and status is None:
+            raise RecorderError(f"{self.path}: written as partial: {'; '.join(problems)}")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+            return False
+        why = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+        try:
+            self.close(status=why)
+        except Exception:  # noqa: BLE001 - the user's exception is the one to see
+            pass
+        return False
+
+    # ------------------------------------------------------------- helpers
+
+    def _position(self, first_position, what):
+        if not isinstance(first_position, (int, np.integer)) or first_position < self.start:
+            raise RecorderError(f"{what}: first_position {first_position!r} must be an integer "
+                                f">= {self.start} (start_position)")
+        return int(first_position)
+
+    def _add(self, layer, stage, first_position, array):
+        if self._closed:
+            raise RecorderError(f"{self.path}: the recorder is closed")
+        where = f"layer {layer} {stage}" if layer >= 0 else f"model {stage}"
+        pos = self._position(first_position, where)
+        rows = to_float32_rows(array, where)
+        width = stage_width(self.config, stage)
+        if rows.ndim == 1 and rows.size == width:
+            rows = rows.reshape(1, width)
+        if rows.ndim != 2 or rows.shape[1] != width:
+            raise RecorderError(
+                f"{where}: rows of shape {tuple(rows.shape)}; expected [positions, {width}] "
+                f"({stage} is {_width_words(self.config, stage)} wide). A [heads, T, D] array "
+                f"needs heads_first(), a padded head_dim unpad_head_dim()")
+        if rows.shape[0] == 0:
+            return
+        s = self._sink(layer, stage, width)
+        clash = s.overlap(pos, rows.shape[0])
+        if clash:
+            raise RecorderError(f"{where}: positions {clash[0]}..{clash[1]} were already given "
+                                f"(rows {pos}..{pos + rows.shape[0] - 1} overlap them)")
+        s.pending[pos] = rows
+        while s.next in s.pending:
+            r = s.pending.pop(s.next)
+            self._append(s, r)
+
+    def _sink(self, layer, stage, width):
+        key = (layer, stage)
+        if key not in self._sinks:
+            if layer >= 0:
+                gname = f"layers/{layer}"
+                if gname not in self._f:
+                    g = self._f.create_group(gname, track_order=False)
+                    c = self.config
+                    sliding = c["layer_types"][layer] == "sliding_attention"
+                    g.attrs.create("attention", "sliding" if sliding else "global",
+                                   dtype=h5py.string_dtype())
+                    g.attrs.create("window", c["sliding_window"] if sliding else 0, dtype="<i8")
+                    g.attrs.create("rope_theta", float(c["rope_local_base_freq"] if sliding
+                                                       else c["rope_theta"]), dtype="<f8")
+                    g.attrs.create("kv_owner", c["kv_owner"][layer], dtype="<i8")
+            else:
+                gname = "model"
+                if gname not in self._f:
+                    self._f.create_group(gname)
+            self._sinks[key] = _Sink(self._f[gname], stage, width, self.start)
+        return self._sinks[key]
+
+    def _create(self, s):
+        def make(name, cols, dtype, columns):
+            shape = (0, cols) if cols else (0,)
+            d = s.group.create_dataset(name, shape=shape, maxshape=(None,) + shape[1:],
+                                       chunks=(_CHUNK_ROWS,) + shape[1:], dtype=dtype,
+                                       track_times=False, fillvalue=0)
+            d.attrs.create("first_position", s.start, dtype="<i8")
+            d.attrs.create("columns", columns, dtype=h5py.string_dtype())
+            return d
+        rows = make(s.name, s.cols, "<f4", _columns_attr(self.config, s.name))
+        if s.name in ("attn_lse", "attn_nkeys"):
+            rows.attrs.create("units", "nats (natural log)" if s.name == "attn_lse"
+                              else "keys attended", dtype=h5py.string_dtype())
+        s.dsets = [rows]
+        if self.hashes:
+            s.dsets += [make(s.name + ".hash", 0, "<u8", _HASH_COLUMNS),
+                        make(s.name + ".stats", 2, "<f4", "l2,absmax")]
+
+    def _append(self, s, rows):
+        if s.dsets is None:
+            self._create(s)
+        n = rows.shape[0]
+        old = s.next - s.start
+        parts = [rows]
+        if self.hashes:
+            hashes = np.array([xxhash.xxh3_64_intdigest(r.tobytes()) for r in rows],
+                              dtype="<u8")
+            stats = row_stats(rows)
+            s.digest.update(hashes.tobytes())
+            for l2 in stats[:, 0].astype(np.float64):
+                s.sum_sq += l2 * l2
+            s.finite &= bool(np.all(np.isfinite(stats)))
+            parts += [hashes, stats]
+        for d, data in zip(s.dsets, parts):
+            d.resize(old + n, axis=0)
+            d[old:old + n] = data
+        s.next += n
+
+    def _write_output(self):
+        if not self._output:
+            return []
+        first = min(self._output)
+        last = max(self._output)
+        missing = [p for p in range(first, last + 1) if p not in self._output]
+        problems = []
+        if missing:
+            problems.append(f"output: positions {missing[0]}.. never given (from {first} to "
+                            f"{last}); only {first}..{missing[0] - 1} written")
+            last = missing[0] - 1
+        rows = [self._output[p] for p in range(first, last + 1)]
+        g = self._f.create_group("output")
+        g.attrs.create("k", self.topk, dtype="<i8")
+        for name, data in (("lse", np.array([r[0] for r in rows], "<f4")),
+                           ("topk_ids", np.stack([r[1] for r in rows]).astype("<i4")),
+                           ("topk_values", np.stack([r[2] for r in rows]).astype("<f4"))):
+            d = g.create_dataset(name, data=data, track_times=False)
+            d.attrs.create("first_position", first, dtype="<i8")
+        return problems
+
+    def _write_index(self):
+        table = []
+        for layer_plus in range(self.config["num_hidden_layers"] + 1):
+            for stage in LAYER_STAGES + MODEL_STAGES:
+                s = self._sinks.get((layer_plus - 1, stage))
+                if s is None or s.dsets is None:
+                    continue
+                d = s.digest.intdigest()
+                table.append([layer_plus, _STAGE_ID[stage], s.start, s.next - s.start, s.cols,
+                              d & (2**64 - 1), d >> 64,
+                              int(np.float64(s.sum_sq).view(np.uint64)),
+                              int(s.finite) | 2])
+        if table:
+            self._f.create_dataset("row_hash_index", data=np.array(table, dtype="<u8"),
+                                   track_times=False)
+
+
+def _check_config(config):
+    if not isinstance(config, dict):
+        raise RecorderError(f"model_config: expected a dict, got {type(config).__name__}")
+    missing = [k for k in _REQUIRED if k not in config]
+    if missing:
+        raise RecorderError(f"model_config: missing {', '.join(missing)} "
+                            f"(model_config_from_hf(folder) fills them)")
+    c = dict(config)
+    n = c["num_hidden_layers"]
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"):
+        if not isinstance(c[key], int) or c[key] < 1:
+            raise RecorderError(f"model_config: {key} is {c[key]!r}; expected a positive "
+                                f"integer")
+    for key in ("layer_types", "kv_owner"):
+        if not isinstance(c[key], (list, tuple)) or len(c[key]) != n:
+            raise RecorderError(f"model_config: {key} must list {n} layers "
+                                f"(num_hidden_layers)")
+    c["layer_types"], c["kv_owner"] = list(c["layer_types"]), [int(o) for o in c["kv_owner"]]
+    for i, (t, o) in enumerate(zip(c["layer_types"], c["kv_owner"])):
+        if t not in ("sliding_attention", "full_attention"):
+            raise RecorderError(f"model_config: layer_types[{i}] is {t!r}")
+        if not 0 <= o <= i:
+            raise RecorderError(f"model_config: kv_owner[{i}] is {o}; expected 0..{i}")
+    for key in ("rms_norm_eps", "rope_theta", "rope_local_base_freq"):
+        if not isinstance(c[key], (int, float)) or not math.isfinite(c[key]):
+            raise RecorderError(f"model_config: {key} is {c[key]!r}; expected a number")
+    return c

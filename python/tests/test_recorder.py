@@ -1,0 +1,344 @@
+"""Tests of kvdiff_record: every dump it writes is checked by `kvdiff
+validate` and compared by `kvdiff compare` against kvdiff's reference.
+KVDIFF_BIN names the kvdiff binary (default: build/kvdiff)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
+
+from kvdiff_record import (LAYER_STAGES, Recorder, RecorderError,  # noqa: E402
+                           from_interleaved_rope, heads_first, model_config_from_hf,
+                           ring_rows, unpad_head_dim)
+
+KVDIFF = os.environ.get("KVDIFF_BIN", os.path.join(ROOT, "build", "kvdiff"))
+
+
+def kvdiff(*args):
+    p = subprocess.run([KVDIFF, *args], capture_output=True, text=True, timeout=120)
+    return p.returncode, p.stdout + p.stderr
+
+
+class Base(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
+        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared"):
+            rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
+            assert rc == 0, out
+        cls.ref = os.path.join(cls.dir, "ref.h5")
+        rc, out = kvdiff("run", "--model", os.path.join(cls.dir, "tiny-llama"),
+                         "--prompt-random", "12", "--max-new", "4", "--dump", cls.ref)
+        assert rc == 0, out
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir, ignore_errors=True)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def assert_valid(self, path):
+        rc, out = kvdiff("validate", path)
+        self.assertEqual(rc, 0, out)
+        return out
+
+    def copy_header(self, rec, ref):
+        rec.tokens(ref["tokens"][:], int(ref["tokens"].attrs["prompt_length"]))
+        o = ref["output"]
+        rec.output(int(o["lse"].attrs["first_position"]), lse=o["lse"][:],
+                   topk_ids=o["topk_ids"][:], topk_values=o["topk_values"][:])
+
+
+class TestRecorder(Base):
+    def test_config_matches_kvdiff(self):
+        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared"):
+            dump = self.path(f"cfg-{preset}.h5")
+            rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
+                             "--max-new", "1", "--dump", dump)
+            self.assertEqual(rc, 0, out)
+            with h5py.File(dump, "r") as f:
+                theirs = json.loads(f.attrs["model_config"])
+            self.assertEqual(model_config_from_hf(self.path(preset)), theirs, preset)
+
+    def test_config_gemma3_nested_and_pattern(self):
+        with open(self.path("tiny-gemma3/config.json")) as f:
+            text = json.load(f)
+        flat = model_config_from_hf(text)
+        del text["layer_types"]
+        text["sliding_window_pattern"] = 3
+        nested = model_config_from_hf({"model_type": "gemma3", "text_config": text})
+        self.assertEqual(nested["model_type"], "gemma3_text")
+        self.assertEqual(nested["layer_types"], ["sliding_attention", "sliding_attention",
+                                                 "full_attention"] * 2)
+        self.assertEqual({k: v for k, v in nested.items() if k != "layer_types"},
+                         {k: v for k, v in flat.items() if k != "layer_types"})
+
+    def test_rows_any_order_identical_to_kvdiff(self):
+        """Rows given out of order (later positions first) make the very
+        dump kvdiff wrote: same rows, hashes, statistics and hash index."""
+        out = self.path("copy.h5")
+        with h5py.File(self.ref, "r") as ref:
+            cfg = json.loads(ref.attrs["model_config"])
+            with Recorder(out, cfg, engine="pytorch",
+                          settings={"chunk": 12, "cache": "dense"}) as rec:
+                self.copy_header(rec, ref)
+                for layer in reversed(range(4)):
+                    for st in LAYER_STAGES:
+                        rows = ref[f"layers/{layer}/{st}"][:]
+                        rec.rows(layer, st, 12, rows[12:])
+                        rec.rows(layer, st, 5, rows[5:12].astype(np.float64))
+                        rec.rows(layer, st, 0, rows[:5])
+                rec.model_rows("embed", 0, ref["model/embed"][:])
+            with h5py.File(out, "r") as got:
+                self.assertEqual(got.attrs["status"], "complete")
+                for layer in range(4):
+                    for st in LAYER_STAGES:
+                        for suffix in ("", ".hash", ".stats"):
+                            name = f"layers/{layer}/{st}{suffix}"
+                            np.testing.assert_array_equal(got[name][:], ref[name][:], name)
+                np.testing.assert_array_equal(got["row_hash_index"][:],
+                                              ref["row_hash_index"][:])
+        self.assert_valid(out)
+        rc, text = kvdiff("compare", self.ref, out)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("identical", text)
+
+    def test_dtypes(self):
+        """float16, bfloat16 (torch), float64 and integers become float32 rows."""
+        import torch
+        cfg = model_config_from_hf(self.path("tiny-llama"))
+        out = self.path("dtypes.h5")
+        x = np.linspace(-2, 2, 64, dtype=np.float32).reshape(1, 64)
+        with Recorder(out, cfg) as rec:
+            rec.tokens([1, 2, 3, 4], 4)
+            rec.rows(0, "x_in", 0, x.astype(np.float16))
+            rec.rows(0, "x_in", 1, torch.from_numpy(x).to(torch.bfloat16))
+            rec.rows(0, "x_in", 2, x.astype(np.float64))
+            rec.rows(0, "x_in", 3, np.arange(64).reshape(1, 64))
+        with h5py.File(out, "r") as f:
+            got = f["layers/0/x_in"][:]
+        self.assertEqual(got.dtype, np.float32)
+        np.testing.assert_array_equal(got[0], x[0].astype(np.float16).astype(np.float32))
+        np.testing.assert_array_equal(got[1], torch.from_numpy(x).to(torch.bfloat16).float()
+                                      .numpy()[0])
+        np.testing.assert_array_equal(got[2], x[0])
+        np.testing.assert_array_equal(got[3], np.arange(64, dtype=np.float32))
+        self.assert_valid(out)
+        with self.assertRaisesRegex(RecorderError, "dtype complex"):
+            with Recorder(self.path("complex.h5"), cfg) as rec:
+                rec.rows(0, "x_in", 0, x.astype(np.complex64))
+
+    def test_partial_on_exception(self):
+        """An exception mid-way leaves a readable dump, status
+        "partial: <exception>", that validate accepts and compare compares."""
+        out = self.path("partial.h5")
+        with h5py.File(self.ref, "r") as ref:
+            cfg = json.loads(ref.attrs["model_config"])
+            with self.assertRaisesRegex(RuntimeError, "device lost"):
+                with Recorder(out, cfg, engine="pytorch",
+                              settings={"chunk": 12, "cache": "dense"}) as rec:
+                    self.copy_header(rec, ref)
+                    with h5py.File(out, "r") as during:
+                        self.assertEqual(during.attrs["status"], "partial: running")
+                    for layer in range(4):
+                        for st in LAYER_STAGES:
+                            rec.rows(layer, st, 0, ref[f"layers/{layer}/{st}"][:8])
+                    raise RuntimeError("device lost")
+        with h5py.File(out, "r") as f:
+            self.assertEqual(f.attrs["status"], "partial: RuntimeError: device lost")
+            self.assertEqual(f["layers/3/x_out"].shape, (8, 64))
+        self.assert_valid(out)
+        rc, text = kvdiff("compare", self.ref, out)
+        self.assertEqual(rc, 2, text)   # kvdiff: no verdict on a partial run
+        self.assertIn("INCOMPLETE: no divergence over what both hold", text)
+        self.assertIn("is partial: RuntimeError: device lost", text)
+
+    def test_gap_is_partial_and_raises(self):
+        cfg = model_config_from_hf(self.path("tiny-llama"))
+        out = self.path("gap.h5")
+        with self.assertRaisesRegex(RecorderError, r"layer 1 k: positions 0\.\.2 never given"):
+            with Recorder(out, cfg) as rec:
+                rec.tokens(list(range(6)), 6)
+                rec.rows(1, "k", 3, np.zeros((3, 32)))
+        with h5py.File(out, "r") as f:
+            self.assertTrue(f.attrs["status"].startswith("partial: layer 1 k"))
+        self.assert_valid(out)
+
+
+class TestBadInput(Base):
+    def setUp(self):
+        self.cfg = model_config_from_hf(self.path("tiny-llama"))
+
+    def test_wrong_width(self):
+        with Recorder(self.path("width.h5"), self.cfg) as rec:
+            rec.tokens([1, 2], 2)
+            with self.assertRaisesRegex(RecorderError, r"layer 2 k: rows of shape \(2, 48\); "
+                                        r"expected \[positions, 32\] \(k is 2 KV heads x 16"):
+                rec.rows(2, "k", 0, np.zeros((2, 48)))
+            with self.assertRaisesRegex(RecorderError, "needs heads_first"):
+                rec.rows(2, "k", 0, np.zeros((2, 2, 16)))
+            with self.assertRaisesRegex(RecorderError, "the model has layers 0..3"):
+                rec.rows(4, "x_in", 0, np.zeros((1, 64)))
+            with self.assertRaisesRegex(RecorderError, "'kq' is not a layer stage"):
+                rec.rows(0, "kq", 0, np.zeros((1, 64)))
+            rec.rows(2, "k", 0, np.zeros((2, 32)))
+        self.assert_valid(self.path("width.h5"))
+
+    def test_overlapping_positions(self):
+        with Recorder(self.path("overlap.h5"), self.cfg) as rec:
+            rec.tokens(list(range(10)), 10)
+            rec.rows(0, "v", 0, np.ones((4, 32)))
+            rec.rows(0, "v", 6, np.ones((2, 32)))
+            with self.assertRaisesRegex(RecorderError, r"layer 0 v: positions 2\.\.3 were "
+                                        r"already given \(rows 2\.\.4 overlap them\)"):
+                rec.rows(0, "v", 2, np.ones((3, 32)))
+            with self.assertRaisesRegex(RecorderError, r"positions 6\.\.6 were already given"):
+                rec.rows(0, "v", 5, np.ones((2, 32)))
+            rec.rows(0, "v", 4, np.ones((2, 32)))
+        with h5py.File(self.path("overlap.h5"), "r") as f:
+            self.assertEqual(f["layers/0/v"].shape, (8, 32))
+            self.assertEqual(f.attrs["status"], "complete")
+
+    def test_nan_recorded_as_is(self):
+        out = self.path("nan.h5")
+        row = np.ones((1, 64), np.float32)
+        row[0, 5], row[0, 9] = np.nan, np.inf
+        with Recorder(out, self.cfg) as rec:
+            rec.tokens([1], 1)
+            rec.rows(0, "x_out", 0, row)
+        with h5py.File(out, "r") as f:
+            got = f["layers/0/x_out"][0]
+            self.assertTrue(np.isnan(got[5]) and np.isinf(got[9]))
+            self.assertTrue(np.isnan(f["layers/0/x_out.stats"][0, 0]))
+            self.assertNotIn("row_hash_index", f)   # optional; a NaN sum is refused
+        text = self.assert_valid(out)
+        self.assertIn("NaN", text)
+
+    def test_unwritable_path(self):
+        bad = os.path.join(self.dir, "no-such-dir", "x.h5")
+        with self.assertRaisesRegex(RecorderError, "no-such-dir/x.h5: cannot create the dump"):
+            Recorder(bad, self.cfg)
+
+    def test_bad_config(self):
+        with self.assertRaisesRegex(RecorderError, "model_config: missing kv_owner"):
+            Recorder(self.path("c.h5"), {k: v for k, v in self.cfg.items() if k != "kv_owner"})
+        with self.assertRaisesRegex(RecorderError, "model_type 'gpt2' is not supported"):
+            model_config_from_hf({"model_type": "gpt2"})
+
+    def test_kv_shared_layer_has_no_kv(self):
+        cfg = model_config_from_hf(self.path("tiny-gemma3-kvshared"))
+        shared = next(i for i, o in enumerate(cfg["kv_owner"]) if o != i)
+        with Recorder(self.path("shared.h5"), cfg) as rec:
+            rec.tokens([1], 1)
+            with self.assertRaisesRegex(RecorderError, f"layer {shared} k: layer {shared} reads"):
+                rec.rows(shared, "k", 0, np.zeros((1, cfg["num_key_value_heads"] *
+                                                   cfg["head_dim"])))
+
+
+class TestLayouts(Base):
+    """Each helper undoes its layout: the reference's k rows put into it,
+    taken out by the helper, recorded, compare bit-identical."""
+
+    def record_k(self, name, transform):
+        out = self.path(name)
+        with h5py.File(self.ref, "r") as ref:
+            cfg = json.loads(ref.attrs["model_config"])
+            with Recorder(out, cfg, engine="jax", settings={"chunk": 12, "cache": "dense"}) as rec:
+                self.copy_header(rec, ref)
+                for layer in range(4):
+                    transform(rec, layer, ref[f"layers/{layer}/k"][:])
+        self.assert_valid(out)
+        rc, text = kvdiff("compare", self.ref, out)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("identical", text)
+
+    def test_heads_first(self):
+        def t(rec, layer, k):       # [T, KV*D] -> [1, KV, T, D]
+            rec.rows(layer, "k", 0, heads_first(k.reshape(-1, 2, 16).transpose(1, 0, 2)[None]))
+        self.record_k("heads_first.h5", t)
+
+    def test_interleaved_rope(self):
+        def t(rec, layer, k):       # rotate-half -> interleaved pairs
+            inter = k.reshape(-1, 2, 2, 8).transpose(0, 1, 3, 2).reshape(-1, 32)
+            self.assertFalse(np.array_equal(inter, k))
+            rec.rows(layer, "k", 0, from_interleaved_rope(inter, 16))
+        self.record_k("interleaved.h5", t)
+
+    def test_padded_head_dim(self):
+        def t(rec, layer, k):       # heads padded 16 -> 24 with garbage
+            padded = np.concatenate([k.reshape(-1, 2, 16), np.full((k.shape[0], 2, 8), 7.0)], 2)
+            rec.rows(layer, "k", 0, unpad_head_dim(padded.reshape(-1, 48), 2, 16))
+        self.record_k("padded.h5", t)
+
+    def test_ring(self):
+        """A ring of 8 slots read back after the prefill (positions 4..11 of
+        12) and after each decode step: slot = position % 8, -1 empty."""
+        def t(rec, layer, k):
+            rec.rows(layer, "k", 0, k[:4])   # what the ring overwrote, recorded before
+            recorded = 4
+            for upto in range(12, k.shape[0] + 1):
+                slots, where = np.zeros((8, 32)), np.full(8, -1)
+                for p in range(max(0, upto - 8), upto):
+                    slots[p % 8], where[p % 8] = k[p], p
+                for first, rows in ring_rows(slots, where, since=recorded):
+                    rec.rows(layer, "k", first, rows)
+                    recorded = first + len(rows)
+        self.record_k("ring.h5", t)
+        with self.assertRaisesRegex(RecorderError, "two slots hold position 3"):
+            ring_rows(np.zeros((2, 4)), [3, 3])
+
+
+class TestTorch(Base):
+    """The recorder's PyTorch hooks on a small torch model that loads a
+    kvdiff-generated folder: identical within drift to kvdiff's reference."""
+
+    def check_model(self, preset):
+        from tiny_torch import generate_and_record
+        ref = self.path(f"ref-{preset}.h5")
+        rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "14",
+                         "--max-new", "5", "--dump", ref)
+        self.assertEqual(rc, 0, out)
+        with h5py.File(ref, "r") as f:
+            prompt = [int(t) for t in f["tokens"][:f["tokens"].attrs["prompt_length"]]]
+            want = [int(t) for t in f["tokens"][len(prompt):]]
+        dump = self.path(f"torch-{preset}.h5")
+        self.assertEqual(generate_and_record(self.path(preset), prompt, 5, dump), want)
+        self.assert_valid(dump)
+        rc, text = kvdiff("compare", ref, dump)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("no bug: drift (cross-runtime", text)
+        with h5py.File(dump, "r") as f:
+            self.assertEqual(f.attrs["status"], "complete")
+            self.assertIn("k", f["layers/0"])
+            self.assertIn("attn_norm_stats", f["layers/0"])
+
+    def test_torch_llama(self):
+        self.check_model("tiny-llama")
+
+    def test_torch_gemma3(self):
+        self.check_model("tiny-gemma3")
+
+    def test_torch_hooks_bad_name(self):
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.torch_hooks import TorchHooks
+        model = TinyCausalLM(self.path("tiny-llama"))
+        with Recorder(self.path("hooks.h5"), model.config) as rec:
+            rec.tokens([1], 1)
+            with self.assertRaisesRegex(RecorderError, "no module 'model.layers.0.attn'"):
+                TorchHooks(rec, model, {"x_in": ("model.layers.{i}.attn", "in")})
+
+
+if __name__ == "__main__":
+    unittest.main()
