@@ -829,24 +829,6 @@ static int same_file(const struct stat *out, const char *path)
     return stat(path, &sb) == 0 && sb.st_dev == out->st_dev && sb.st_ino == out->st_ino;
 }
 
-/* Gemma3ForConditionalGeneration checkpoints put the decoder under one of
- * several prefixes (the same list model_load_dir tries). */
-static void resolve_prefix(kv_config *c, const st_file *st)
-{
-    static const char *const alternatives[] = {
-        "model.", "language_model.model.", "model.language_model.", ""};
-    char name[160];
-    snprintf(name, sizeof name, "%sembed_tokens.weight", c->tensor_prefix);
-    if (st_find(st, name))
-        return;
-    for (size_t i = 0; i < sizeof alternatives / sizeof *alternatives; i++) {
-        snprintf(name, sizeof name, "%sembed_tokens.weight", alternatives[i]);
-        if (st_find(st, name)) {
-            snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "%s", alternatives[i]);
-            return;
-        }
-    }
-}
 
 int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e)
 {
@@ -879,7 +861,7 @@ int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
             goto done;
         }
     }
-    resolve_prefix(&c, st);
+    model_resolve_prefix(&c, st);
     if (vocab_from_dir(dir, c.vocab, &v, e) < 0)
         goto done;
     wsource src = {.cfg = &c, .seed = 0, .st = st, .dir = dir, .progress = p};

@@ -375,9 +375,7 @@ int model_from_preset(const char *preset, uint64_t seed, const model_opts *o,
     return 0;
 }
 
-/* Gemma3ForConditionalGeneration checkpoints put the decoder under one of
- * two prefixes depending on the transformers version that saved them. */
-static void resolve_prefix(kv_config *c, const st_file *st)
+void model_resolve_prefix(kv_config *c, const st_file *st)
 {
     static const char *const alternatives[] = {
         "model.", "language_model.model.", "model.language_model.", ""};
@@ -404,7 +402,7 @@ int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
     st_file *st = st_open_dir(dir, e);
     if (!st)
         return -1;
-    resolve_prefix(&m->cfg, st);
+    model_resolve_prefix(&m->cfg, st);
     char embed_name[160];
     snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", m->cfg.tensor_prefix);
     const st_tensor *emb = st_find(st, embed_name);

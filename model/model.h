@@ -83,6 +83,13 @@ typedef struct {
 /* Loads a Hugging Face folder. Errors name the file and tensor. */
 int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e);
 
+/* Gemma3ForConditionalGeneration checkpoints put the decoder under one of
+ * several prefixes, depending on the transformers version that saved them:
+ * sets c->tensor_prefix to the one whose embedding st holds (unchanged
+ * when c's own prefix is there, or none is). */
+struct st_file;
+void model_resolve_prefix(kv_config *c, const struct st_file *st);
+
 /* Builds a preset with synthetic weights. */
 int model_from_preset(const char *preset, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e);
 

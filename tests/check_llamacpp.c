@@ -22,27 +22,12 @@
 #include "dump/dump.h"
 #include "model/config.h"
 #include "model/safetensors.h"
+#include "gguf_patch.h"
 #include "testutil.h"
 
 static char out[1 << 16];
 
 /* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args; output into buf. */
-static int run_rec(const char *args, char *buf, size_t n)
-{
-    const char *bin = getenv("KVDIFF_LLAMA_BIN");
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff-llama", args);
-    FILE *p = popen(cmd, "r");
-    if (!p)
-        return -1;
-    size_t len = fread(buf, 1, n - 1, p);
-    buf[len] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
 
 /* ------------------------------------------------------------------ */
 /* A GGUF from a Hugging Face folder, as llama.cpp's converter writes it */
@@ -290,7 +275,7 @@ static int record_and_compare(const char *preset, const char *dir, const char *r
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
              "%s --dump %s/llama.h5", gguf, dir, dir, rec_opts, dir);
-    ck_assert_msg(run_rec(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "validate %s/llama.h5", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "conforms"), "%s", out);
@@ -365,7 +350,7 @@ START_TEST(test_llama_gemma3_fold_from_gguf)
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 2 --ignore-eos "
              "--cache-type f32 --threads 1 --dump %s/llama.h5", gguf, dir, dir);
-    ck_assert_msg(run_rec(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json --stages --rtol 1 "
              "> %s/c.json", dir, dir, dir);
     test_run_cli(args, out, sizeof out);
@@ -394,7 +379,7 @@ END_TEST
 
 static void one_line_exit2(const char *args, const char *expect, const char *dump)
 {
-    int rc = run_rec(args, out, sizeof out);
+    int rc = test_run_recorder(args, out, sizeof out);
     ck_assert_msg(rc == 2, "exit %d: %s", rc, out);
     ck_assert_msg(strstr(out, expect), "expected '%s' in: %s", expect, out);
     size_t len = strlen(out);
