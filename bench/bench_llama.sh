@@ -17,9 +17,9 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 seq 0 $((n - 1)) | awk '{ printf "%d ", 10 + $1 % 200 }' > "$tmp/prompt.txt"
 best() { sort -n | head -n 1; }
 base=$(for i in 1 2 3; do
-    "$rec" "$gguf" --prompt-file "$tmp/prompt.txt" --max-new 16 --ignore-eos \
+    "$rec" "$gguf" --prompt-ids-file "$tmp/prompt.txt" --max-new 16 --ignore-eos \
         --threads "$threads" --no-record --time; done | best)
 recd=$(for i in 1 2 3; do
-    "$rec" "$gguf" --prompt-file "$tmp/prompt.txt" --max-new 16 --ignore-eos \
+    "$rec" "$gguf" --prompt-ids-file "$tmp/prompt.txt" --max-new 16 --ignore-eos \
         --threads "$threads" --time --dump "$tmp/d.h5"; rm -f "$tmp/d.h5"; done | best)
 echo "llama.cpp alone: ${base}s  recording every stage: ${recd}s  ratio: $(echo "$recd $base" | awk '{printf "%.2f", $1 / $2}')x"
