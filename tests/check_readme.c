@@ -48,12 +48,19 @@ static int find_root(readme_run *r)
     return access(path, R_OK) == 0 ? 0 : -1;
 }
 
-/* Appends src to dst (cap bytes) with every "./kvdiff" as the binary. */
+/* Appends src to dst (cap bytes) with every "./kvdiff-llama" as the
+ * recorder (KVDIFF_LLAMA_BIN, else the one beside the README) and every
+ * other "./kvdiff" as the binary. */
 static void substitute(char *dst, size_t cap, const char *src, const char *bin)
 {
     size_t used = strlen(dst);
+    const char *rec = getenv("KVDIFF_LLAMA_BIN");
     for (const char *p = src; *p && used + 1 < cap;) {
-        if (!strncmp(p, "./kvdiff", 8)) {
+        if (!strncmp(p, "./kvdiff-llama", 14) && rec && *rec) {
+            int w = snprintf(dst + used, cap - used, "%s", rec);
+            used += w > 0 ? (size_t)w : 0;
+            p += 14;
+        } else if (!strncmp(p, "./kvdiff", 8)) {
             int w = snprintf(dst + used, cap - used, "%s", bin);
             used += w > 0 ? (size_t)w : 0;
             p += 8;
