@@ -1337,8 +1337,9 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     }
     bool created = false;
     if (lock_target(w, &created, e) < 0) {
-        if (created)
-            unlink(path);
+        /* Not unlinked even when this call created it: between the create
+         * and the lock another run may have opened it and taken the lock,
+         * and the file is now that run's. */
         writer_free(w);
         return NULL;
     }

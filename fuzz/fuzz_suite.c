@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/tokens.c chunked/injections.c dump/observer.c suites/suite.c
+// fuzz-sources: model/err.c model/tokens.c chunked/injections.c model/observer.c suites/suite.c model/config.c model/infile.c
 // fuzz-pkgs: inih
 /* fuzz_suite.c — the suite file parser on arbitrary bytes: it must never
  * crash, refuse with one line "t.suite:LINE: ..." or nothing but a file
