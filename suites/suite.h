@@ -3,10 +3,11 @@
  * every case as kvdiff child processes and checks its expectation
  * (suite_run.c).
  *
- * A case runs engine A and engine B on the same model and prompt, records
- * both (`kvdiff run --dump`), compares them (`kvdiff compare --json`) and
+ * A case runs side A and side B on the same model and prompt, records
+ * both (`kvdiff run --dump`, the llama.cpp recorder, any program, or a
+ * recording made elsewhere), compares them (`kvdiff compare --json`) and
  * checks the verdict against what the suite file expects: identical, within
- * a tolerance, or a given injected bug located at an exact (layer,
+ * a tolerance, drift only across runtimes (no-bug), or a given injected bug located at an exact (layer,
  * position, stage) with its diagnosis. Nothing here prints: the caller
  * renders results. */
 #ifndef KV_SUITE_H
@@ -99,7 +100,7 @@ void suite_free(suite *s);   /* accepts NULL and an emptied suite; leaves it emp
 
 /* The pieces, for tests and the fuzz target. Messages carry no file:line. */
 
-/* "identical" | "within atol=X rtol=Y ulp=N" (any non-empty subset, each at
+/* "identical" | "no-bug" | "within atol=X rtol=Y ulp=N" (any non-empty subset, each at
  * most once) | "detects INJ at layer L position P stage S" (the three
  * "key value" pairs in any order, each once; INJ an injection name as
  * `--inject` takes it, without its =VALUE). */
