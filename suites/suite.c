@@ -221,16 +221,20 @@ int suite_parse_expect(const char *text, suite_expect *x, kv_err *e)
     if (split_words(text, &w, &n, e) < 0)
         return -1;
     if (n == 0)
-        rc = kv_errf(e, "empty expectation (identical, within ..., detects ...)");
+        rc = kv_errf(e, "empty expectation (identical, no-bug, within ..., detects ...)");
     else if (!strcmp(w[0], "identical"))
         rc = n == 1 ? (x->kind = SUITE_EXPECT_IDENTICAL, 0)
                     : kv_errf(e, "'identical' takes nothing after it");
+    else if (!strcmp(w[0], "no-bug"))
+        rc = n == 1 ? (x->kind = SUITE_EXPECT_NO_BUG, 0)
+                    : kv_errf(e, "'no-bug' takes nothing after it");
     else if (!strcmp(w[0], "within"))
         rc = parse_within(w, n, x, e);
     else if (!strcmp(w[0], "detects"))
         rc = parse_detects(w, n, x, e);
     else
-        rc = kv_errf(e, "'%s' is not an expectation (identical, within ..., detects ...)", w[0]);
+        rc = kv_errf(e, "'%s' is not an expectation (identical, no-bug, within ..., detects ...)",
+                     w[0]);
     suite_argv_free(w);
     return rc;
 }
@@ -239,6 +243,8 @@ void suite_expect_describe(const suite_expect *x, char *buf, size_t n)
 {
     if (x->kind == SUITE_EXPECT_IDENTICAL) {
         snprintf(buf, n, "identical");
+    } else if (x->kind == SUITE_EXPECT_NO_BUG) {
+        snprintf(buf, n, "no-bug");
     } else if (x->kind == SUITE_EXPECT_WITHIN) {
         char a[40] = "", r[40] = "", u[40] = "";
         if (x->atol > 0)
@@ -441,11 +447,171 @@ int suite_parse_engine(const char *text, char ***argv, int *argc, kv_err *e)
 }
 
 /* ------------------------------------------------------------------ */
+/* Outside sides: llama.cpp:, exec:, dump:                               */
+
+const char *suite_side_name(suite_side_kind k)
+{
+    return k == SUITE_SIDE_LLAMA ? "llama.cpp" : k == SUITE_SIDE_EXEC ? "exec"
+         : k == SUITE_SIDE_DUMP ? "dump" : "kvdiff";
+}
+
+static const char *const placeholders[] = {"{model}", "{tokens}", "{max_new}", "{dump}", NULL};
+
+/* Every {...} in word must be a known placeholder. */
+static int check_placeholders(const char *word, kv_err *e)
+{
+    for (const char *o = strchr(word, '{'); o; o = strchr(o + 1, '{')) {
+        const char *c = strchr(o, '}');
+        if (!c)
+            return kv_errf(e, "'%s': '{' without '}' (placeholders: {model}, {tokens}, "
+                           "{max_new}, {dump})", word);
+        bool known = false;
+        for (int i = 0; placeholders[i]; i++)
+            known |= strlen(placeholders[i]) == (size_t)(c - o + 1) &&
+                     !strncmp(o, placeholders[i], (size_t)(c - o + 1));
+        if (!known)
+            return kv_errf(e, "unknown placeholder '%.*s' (placeholders: {model}, {tokens}, "
+                           "{max_new}, {dump})", (int)(c - o + 1), o);
+    }
+    return 0;
+}
+
+int suite_split_command(const char *text, char ***argv, int *argc, kv_err *e)
+{
+    size_t len = strlen(text);
+    char **out = calloc(len / 2 + 2, sizeof *out);
+    char *word = malloc(len + 1);
+    int n = 0;
+    if (!out || !word) {
+        free(out);
+        free(word);
+        return kv_errf(e, "out of memory");
+    }
+    size_t i = 0;
+    for (;;) {
+        while (i < len && (text[i] == ' ' || text[i] == '\t'))
+            i++;
+        if (i >= len)
+            break;
+        size_t w = 0;
+        while (i < len && text[i] != ' ' && text[i] != '\t') {
+            char q = text[i];
+            if (q != '\'' && q != '"') {
+                word[w++] = text[i++];
+                continue;
+            }
+            const char *close = memchr(text + i + 1, q, len - i - 1);
+            if (!close) {
+                free(word);
+                suite_argv_free(out);
+                return kv_errf(e, "unterminated %s quote", q == '\'' ? "single" : "double");
+            }
+            size_t k = (size_t)(close - text) - i - 1;
+            memcpy(word + w, text + i + 1, k);
+            w += k;
+            i = (size_t)(close - text) + 1;
+        }
+        word[w] = 0;
+        if (check_placeholders(word, e) < 0 || !(out[n] = dup_str(word))) {
+            if (!e->msg[0])
+                kv_errf(e, "out of memory");
+            free(word);
+            suite_argv_free(out);
+            return -1;
+        }
+        n++;
+    }
+    free(word);
+    *argv = out;
+    *argc = n;
+    return 0;
+}
+
+/* llama.cpp recorder options the runner sets itself. */
+static int check_llama_words(char **w, int n, kv_err *e)
+{
+    static const char *const runner_owned[] = {"--dump", "-o", "--prompt-tokens",
+                                               "--prompt-ids-file", "--prompt-from",
+                                               "--max-new", NULL};
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; runner_owned[k]; k++)
+            if (!strcmp(w[i], runner_owned[k]))
+                return kv_errf(e, "%s is set by the suite runner (the case's prompt, "
+                               "max_new and dump)", w[i]);
+    }
+    return 0;
+}
+
+int suite_parse_side(const char *text, const char *base_dir, suite_side_kind *kind,
+                     char ***argv, int *argc, kv_err *e)
+{
+    static const struct { const char *prefix; suite_side_kind k; } kinds[] = {
+        {"llama.cpp:", SUITE_SIDE_LLAMA}, {"exec:", SUITE_SIDE_EXEC}, {"dump:", SUITE_SIDE_DUMP}};
+    while (*text == ' ' || *text == '\t')
+        text++;
+    *kind = SUITE_SIDE_KVDIFF;
+    if (!strncmp(text, "--", 2) || !*text)
+        return suite_parse_engine(text, argv, argc, e);
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        size_t pl = strlen(kinds[i].prefix);
+        if (strncmp(text, kinds[i].prefix, pl))
+            continue;
+        const char *rest = text + pl;
+        while (*rest == ' ' || *rest == '\t')
+            rest++;
+        *kind = kinds[i].k;
+        if (kinds[i].k == SUITE_SIDE_LLAMA) {
+            if (split_words(rest, argv, argc, e) < 0)
+                return -1;
+            if (check_llama_words(*argv, *argc, e) < 0) {
+                suite_argv_free(*argv);
+                *argv = NULL;
+                return -1;
+            }
+            return 0;
+        }
+        if (kinds[i].k == SUITE_SIDE_EXEC) {
+            if (suite_split_command(rest, argv, argc, e) < 0)
+                return -1;
+            if (*argc == 0) {
+                suite_argv_free(*argv);
+                *argv = NULL;
+                return kv_errf(e, "'exec:' needs a command");
+            }
+            return 0;
+        }
+        if (!*rest)
+            return kv_errf(e, "'dump:' needs a path");
+        char **out = calloc(2, sizeof *out);
+        size_t need = strlen(rest) + (base_dir ? strlen(base_dir) : 0) + 2;
+        char *path = malloc(need);
+        if (!out || !path) {
+            free(out);
+            free(path);
+            return kv_errf(e, "out of memory");
+        }
+        if (rest[0] == '/' || !base_dir || !*base_dir)
+            snprintf(path, need, "%s", rest);
+        else
+            snprintf(path, need, "%s/%s", base_dir, rest);
+        out[0] = path;
+        *argv = out;
+        *argc = 1;
+        return 0;
+    }
+    size_t wl = strcspn(text, " \t");
+    if (wl > 0 && text[wl - 1] == ':')
+        return kv_errf(e, "'%.*s' is not a kind of side (llama.cpp:, exec:, dump:, or kvdiff "
+                       "run options)", (int)wl, text);
+    return suite_parse_engine(text, argv, argc, e);
+}
+
+/* ------------------------------------------------------------------ */
 /* The INI pass                                                         */
 
-enum { K_MODEL, K_WEIGHTS_SEED, K_PROMPT, K_MAX_NEW, K_A, K_B, K_EXPECT, K_COUNT };
+enum { K_MODEL, K_WEIGHTS_SEED, K_PROMPT, K_MAX_NEW, K_A, K_B, K_EXPECT, K_GGUF, K_COUNT };
 static const char *const key_names[K_COUNT] = {"model", "weights_seed", "prompt", "max_new",
-                                               "a", "b", "expect"};
+                                               "a", "b", "expect", "gguf"};
 
 typedef struct {
     suite_case c;                /* what the section gave */
@@ -475,6 +641,7 @@ static void free_case(suite_case *c)
     suite_argv_free(c->a);
     suite_argv_free(c->b);
     free(c->expect_text);
+    free(c->gguf);
     memset(c, 0, sizeof *c);
 }
 
@@ -632,11 +799,21 @@ static int set_key(parser *p, section *s, int k, const char *value)
         c->max_new = v;
         break;
     case K_A:
-        rc = suite_parse_engine(value, &c->a, &c->na, &e);
+        rc = suite_parse_side(value, p->base_dir, &c->ka, &c->a, &c->na, &e);
         break;
     case K_B:
-        rc = suite_parse_engine(value, &c->b, &c->nb, &e);
+        rc = suite_parse_side(value, p->base_dir, &c->kb, &c->b, &c->nb, &e);
         break;
+    case K_GGUF: {
+        size_t need = strlen(value) + strlen(p->base_dir) + 2;
+        if ((c->gguf = malloc(need)) == NULL)
+            rc = kv_errf(&e, "out of memory");
+        else if (value[0] == '/')
+            snprintf(c->gguf, need, "%s", value);
+        else
+            snprintf(c->gguf, need, "%s/%s", p->base_dir, value);
+        break;
+    }
     default:
         rc = suite_parse_expect(value, &c->expect, &e);
         if (rc == 0 && !(c->expect_text = dup_str(value)))
@@ -667,7 +844,7 @@ static int on_key(void *user, const char *sec, const char *name, const char *val
         k++;
     if (k == K_COUNT)
         return fail(p, p->line, "unknown key '%s' (model, weights_seed, prompt, max_new, a, b, "
-                    "expect)", name);
+                    "expect, gguf)", name);
     if (s->has[k])
         return fail(p, p->line, "'%s' is given twice in [%s] (first on line %d; a line "
                     "indented under a key continues it)", name, s->c.name, s->key_line[k]);
@@ -703,8 +880,9 @@ static int inherit(section *s, const section *d, int k)
         c->prompt.text = NULL;
         return dc->prompt.text && !(c->prompt.text = dup_str(dc->prompt.text)) ? -1 : 0;
     case K_MAX_NEW: c->max_new = dc->max_new; return 0;
-    case K_A: c->na = dc->na; return (c->a = copy_argv(dc->a, dc->na)) ? 0 : -1;
-    case K_B: c->nb = dc->nb; return (c->b = copy_argv(dc->b, dc->nb)) ? 0 : -1;
+    case K_A: c->na = dc->na; c->ka = dc->ka; return (c->a = copy_argv(dc->a, dc->na)) ? 0 : -1;
+    case K_B: c->nb = dc->nb; c->kb = dc->kb; return (c->b = copy_argv(dc->b, dc->nb)) ? 0 : -1;
+    case K_GGUF: return (c->gguf = dup_str(dc->gguf)) ? 0 : -1;
     default:
         c->expect = dc->expect;
         return (c->expect_text = dup_str(dc->expect_text)) ? 0 : -1;
@@ -756,10 +934,14 @@ static int finish_cases(parser *p)
             return fail(p, s->key_line[K_WEIGHTS_SEED], "case '%s': weights_seed is the seed "
                         "of a preset's weights, and model '%s' is not a preset (a folder's "
                         "weights are its files)", s->c.name, s->c.model), -1;
+        /* A GGUF no side reads would look as if it were tested. */
+        if (s->c.gguf && s->c.ka != SUITE_SIDE_LLAMA && s->c.kb != SUITE_SIDE_LLAMA)
+            return fail(p, s->key_line[K_GGUF], "case '%s': 'gguf' is read by a llama.cpp: "
+                        "side only, and neither a nor b is one", s->c.name), -1;
         const suite_expect *x = &s->c.expect;
         if (x->kind == SUITE_EXPECT_DETECTS &&
-            !argv_injects(s->c.a, s->c.na, x->injection) &&
-            !argv_injects(s->c.b, s->c.nb, x->injection))
+            !(s->c.ka == SUITE_SIDE_KVDIFF && argv_injects(s->c.a, s->c.na, x->injection)) &&
+            !(s->c.kb == SUITE_SIDE_KVDIFF && argv_injects(s->c.b, s->c.nb, x->injection)))
             return fail(p, s->key_line[K_EXPECT], "case '%s' expects %s to be detected but "
                         "neither a nor b has --inject %s", s->c.name,
                         chk_injection_name((chk_injection)x->injection),

@@ -3,10 +3,11 @@
  * every case as kvdiff child processes and checks its expectation
  * (suite_run.c).
  *
- * A case runs engine A and engine B on the same model and prompt, records
- * both (`kvdiff run --dump`), compares them (`kvdiff compare --json`) and
+ * A case runs side A and side B on the same model and prompt, records
+ * both (`kvdiff run --dump`, the llama.cpp recorder, any program, or a
+ * recording made elsewhere), compares them (`kvdiff compare --json`) and
  * checks the verdict against what the suite file expects: identical, within
- * a tolerance, or a given injected bug located at an exact (layer,
+ * a tolerance, drift only across runtimes (no-bug), or a given injected bug located at an exact (layer,
  * position, stage) with its diagnosis. Nothing here prints: the caller
  * renders results. */
 #ifndef KV_SUITE_H
@@ -21,7 +22,14 @@
 /* ------------------------------------------------------------------ */
 /* Parsed form                                                          */
 
-typedef enum { SUITE_EXPECT_IDENTICAL, SUITE_EXPECT_WITHIN, SUITE_EXPECT_DETECTS } suite_expect_kind;
+/* no-bug: the cross-runtime verdict (docs/cross-runtime.md) says drift
+ * only: compare exits 0 having judged the pair by the drift model. */
+typedef enum {
+    SUITE_EXPECT_IDENTICAL,
+    SUITE_EXPECT_WITHIN,
+    SUITE_EXPECT_DETECTS,
+    SUITE_EXPECT_NO_BUG
+} suite_expect_kind;
 
 typedef struct {
     suite_expect_kind kind;
@@ -43,6 +51,14 @@ typedef struct {
                                   * against the suite file's folder (owned) */
 } suite_prompt;
 
+/* What records one side of a case (docs/suite-format.md, "Sides"):
+ * KVDIFF: kvdiff's engines, argv = `kvdiff run` options;
+ * LLAMA: the llama.cpp recorder (kvdiff-llama), argv = its options;
+ * EXEC: any program, argv = the command, placeholders still in it;
+ * DUMP: a recording made elsewhere, argv[0] = its path, resolved against
+ * the suite file's folder. */
+typedef enum { SUITE_SIDE_KVDIFF, SUITE_SIDE_LLAMA, SUITE_SIDE_EXEC, SUITE_SIDE_DUMP } suite_side_kind;
+
 typedef struct {
     char *name;                  /* the section name: also the case's folder name */
     int line;                    /* line of its [section] header */
@@ -51,8 +67,11 @@ typedef struct {
     bool weights_seed_given;     /* the case (or [defaults]) sets weights_seed */
     suite_prompt prompt;
     long max_new;
-    char **a, **b;               /* engine settings split on whitespace, NULL-terminated */
+    char **a, **b;               /* side settings split into words, NULL-terminated */
     int na, nb;
+    suite_side_kind ka, kb;      /* what a and b are */
+    char *gguf;                  /* llama.cpp sides: the GGUF to run, resolved against
+                                  * the suite file's folder; NULL: exported from model */
     char *expect_text;           /* the expectation as written */
     suite_expect expect;
 } suite_case;
@@ -81,7 +100,7 @@ void suite_free(suite *s);   /* accepts NULL and an emptied suite; leaves it emp
 
 /* The pieces, for tests and the fuzz target. Messages carry no file:line. */
 
-/* "identical" | "within atol=X rtol=Y ulp=N" (any non-empty subset, each at
+/* "identical" | "no-bug" | "within atol=X rtol=Y ulp=N" (any non-empty subset, each at
  * most once) | "detects INJ at layer L position P stage S" (the three
  * "key value" pairs in any order, each once; INJ an injection name as
  * `--inject` takes it, without its =VALUE). */
@@ -92,6 +111,24 @@ int suite_parse_expect(const char *text, suite_expect *x, kv_err *e);
  * p->text is malloc'd (suite_prompt_free). */
 int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, kv_err *e);
 void suite_prompt_free(suite_prompt *p);
+
+/* One side (`a` or `b`): kvdiff run options (suite_parse_engine),
+ * "llama.cpp: OPTIONS" (split on blanks; --dump, --prompt-*, -o and a
+ * model are the runner's and refused), "exec: COMMAND" (suite_split_command,
+ * placeholders checked) or "dump: PATH" (PATH relative to base_dir unless
+ * absolute). Fills *kind and a NULL-terminated argv. */
+int suite_parse_side(const char *text, const char *base_dir, suite_side_kind *kind,
+                     char ***argv, int *argc, kv_err *e);
+
+/* Splits an exec: command into words: blanks separate words; '...' and
+ * "..." group blanks into a word and are removed (no escapes inside;
+ * quotes may sit inside a word: --x='a b'); an unterminated quote is an
+ * error. Every {NAME} must be one of {model}, {tokens}, {max_new}, {dump};
+ * a '{' without a closing '}' is an error. */
+int suite_split_command(const char *text, char ***argv, int *argc, kv_err *e);
+
+/* "llama.cpp", "exec", "dump" or "kvdiff". */
+const char *suite_side_name(suite_side_kind k);
 
 /* Splits engine settings on whitespace into a NULL-terminated argv (caller
  * frees with suite_argv_free) after checking them: only the whitelisted

@@ -26,7 +26,10 @@
 #include <unistd.h>
 
 #include "suite.h"
+#include "../model/config.h"
 #include "../model/observer.h"
+#include "../model/pcg32.h"
+#include "../model/tokens.h"
 #include "../model/outfile.h"
 
 /* snprintf that cuts silently: messages and paths here are bounded on
@@ -163,6 +166,9 @@ static double now_s(void)
 /* Seconds a step may take (suite_run_opts.step_timeout; 0: no limit). */
 static int step_timeout;
 
+/* The kvdiff binary: the log shows it as "kvdiff", other programs by name. */
+static const char *step_kvdiff;
+
 #define STEP_TIMED_OUT 1000
 
 /* The end of the last step's stderr, kept in memory as well as in the
@@ -214,7 +220,7 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
 {
     step_tail_len = 0;
     step_tail[0] = 0;
-    dprintf(err_fd, "$ kvdiff");
+    dprintf(err_fd, "$ %s", step_kvdiff && !strcmp(argv[0], step_kvdiff) ? "kvdiff" : argv[0]);
     for (int i = 1; argv[i]; i++)
         dprintf(err_fd, " %s", argv[i]);
     dprintf(err_fd, "\n");
@@ -237,7 +243,8 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
         dup2(errp[1], 2);
         close(errp[0]);
         close(errp[1]);
-        execv(argv[0], argv);
+        /* PATH is searched for an exec: side's bare program name */
+        execvp(argv[0], argv);
         dprintf(2, "cannot execute %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
@@ -334,7 +341,7 @@ static const char *jstr(json_t *o, const char *key)
     return s ? s : "";
 }
 
-static void judge(const suite_case *c, json_t *j, suite_result *r)
+static void judge(const suite_case *c, json_t *j, int code, suite_result *r)
 {
     const suite_expect *x = &c->expect;
     const char *verdict = jstr(j, "verdict");
@@ -365,6 +372,12 @@ static void judge(const suite_case *c, json_t *j, suite_result *r)
         else
             put(r->got + used, sizeof r->got - used, ", tokens %s", jstr(tok, "verdict"));
     }
+    json_t *xrt = json_object_get(json_object_get(j, "mode"), "cross_runtime");
+    if (x->kind == SUITE_EXPECT_NO_BUG && !json_is_object(xrt)) {
+        size_t used = strlen(r->got);
+        put(r->got + used, sizeof r->got - used, " (not judged by the cross-runtime drift "
+            "model: the dumps come from one runtime)");
+    }
     bool pass;
     if (json_is_true(json_object_get(j, "incomplete")))
         pass = false;   /* over part of a run only (compare exits 2 for it) */
@@ -373,6 +386,12 @@ static void judge(const suite_case *c, json_t *j, suite_result *r)
     else if (x->kind == SUITE_EXPECT_WITHIN)
         pass = (!strcmp(verdict, "identical") || !strcmp(verdict, "within_tolerance")) &&
                tokens_same;
+    else if (x->kind == SUITE_EXPECT_NO_BUG)
+        /* compare's exit 0 already weighs tokens and partial dumps across
+         * runtimes (docs/cross-runtime.md); no-bug asks that the drift
+         * model, not the bitwise compare, said so */
+        pass = code == 0 && json_is_object(xrt) &&
+               (!strcmp(verdict, "identical") || !strcmp(verdict, "within_tolerance"));
     else
         pass = !strcmp(verdict, "diverged") && pos == x->pos && layer == x->layer &&
                !strcmp(stage, stage_name((kv_stage)x->stage)) &&
@@ -413,17 +432,321 @@ static void step_error(suite_result *r, const char *log, const char *step, int c
     put(r->where, sizeof r->where, "-");
 }
 
+/* ------------------------------------------------------------------ */
+/* Outside sides                                                        */
+
+/* Writes the case's prompt ids to path, one line separated by blanks,
+ * drawn exactly as `kvdiff run` draws --prompt-random (the prompt's PCG32
+ * stream, bounded by the model's vocabulary). */
+static int write_prompt(const suite_case *c, const char *path, kv_err *e)
+{
+    int32_t *ids = NULL;
+    int n = 0;
+    if (c->prompt.kind == SUITE_PROMPT_TOKENS) {
+        if (tokens_parse(c->prompt.text, strlen(c->prompt.text), "prompt", 0, &ids, &n, e) < 0)
+            return -1;
+    } else if (c->prompt.kind == SUITE_PROMPT_FILE) {
+        if (tokens_load(c->prompt.text, 0, &ids, &n, e) < 0)
+            return -1;
+    } else {
+        kv_config cfg;
+        char cj[1100];
+        put(cj, sizeof cj, "%s/config.json", c->model);
+        if (config_preset(c->model, &cfg, NULL) < 0 && config_load_json(cj, &cfg, e) < 0)
+            return kv_err_prefix(e, "the vocabulary for the random prompt");
+        n = (int)c->prompt.random_len;
+        if (!(ids = malloc((size_t)n * sizeof *ids)))
+            return kv_errf(e, "out of memory");
+        pcg32 rng;
+        pcg32_seed(&rng, c->prompt.seed, 0x70);   /* as cli_make_prompt */
+        for (int i = 0; i < n; i++)
+            ids[i] = (int32_t)pcg32_bounded(&rng, (uint32_t)cfg.vocab);
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        free(ids);
+        return kv_errf(e, "%s: %s", path, strerror(errno));
+    }
+    for (int i = 0; i < n; i++)
+        fprintf(f, i ? " %d" : "%d", ids[i]);
+    fputc('\n', f);
+    free(ids);
+    if (fclose(f) != 0)
+        return kv_errf(e, "%s: %s", path, strerror(errno));
+    return 0;
+}
+
+/* What a case's outside sides share, made once when first needed. */
+typedef struct {
+    const suite_case *c;
+    const char *bin, *folder;
+    int log_fd;
+    const char *log;
+    char tokens[1100];           /* prompt ids file ("" until written) */
+    char model[1100];            /* model folder ("" until known) */
+    char gguf[1100];             /* GGUF file ("" until known) */
+} side_ctx;
+
+static void side_fail(suite_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void side_fail(suite_result *r, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->message, sizeof r->message, fmt, ap);
+    va_end(ap);
+    r->outcome = SUITE_ERROR;
+    put(r->got, sizeof r->got, "error");
+    put(r->where, sizeof r->where, "-");
+}
+
+static int need_tokens(side_ctx *x, suite_result *r)
+{
+    kv_err e = {{0}};
+    if (x->tokens[0])
+        return 0;
+    put(x->tokens, sizeof x->tokens, "%s/prompt.txt", x->folder);
+    if (write_prompt(x->c, x->tokens, &e) < 0) {
+        side_fail(r, "cannot write the prompt's ids: %s", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int need_model(side_ctx *x, suite_result *r)
+{
+    kv_config cfg;
+    if (x->model[0])
+        return 0;
+    if (config_preset(x->c->model, &cfg, NULL) < 0) {
+        put(x->model, sizeof x->model, "%s", x->c->model);   /* a folder already */
+        return 0;
+    }
+    put(x->model, sizeof x->model, "%s/model", x->folder);
+    argbuf b = {.n = 0};
+    arg(&b, x->bin);
+    arg(&b, "gen");
+    arg(&b, "--preset");
+    arg(&b, x->c->model);
+    put(b.num[0], sizeof b.num[0], "%llu", (unsigned long long)x->c->weights_seed);
+    arg(&b, "--weights-seed");
+    arg(&b, b.num[0]);
+    arg(&b, "-o");
+    arg(&b, x->model);
+    int code = run_step(b.v, x->log_fd, x->log_fd);
+    if (code != 0) {
+        step_error(r, x->log, "exporting the model folder (kvdiff gen)", code);
+        return -1;
+    }
+    return 0;
+}
+
+static int need_gguf(side_ctx *x, suite_result *r)
+{
+    kv_config cfg;
+    if (x->gguf[0])
+        return 0;
+    if (x->c->gguf) {
+        put(x->gguf, sizeof x->gguf, "%s", x->c->gguf);
+        return 0;
+    }
+    put(x->gguf, sizeof x->gguf, "%s/model.gguf", x->folder);
+    argbuf b = {.n = 0};
+    arg(&b, x->bin);
+    arg(&b, "gen");
+    if (config_preset(x->c->model, &cfg, NULL) == 0) {
+        put(b.num[0], sizeof b.num[0], "%llu", (unsigned long long)x->c->weights_seed);
+        arg(&b, "--preset");
+        arg(&b, x->c->model);
+        arg(&b, "--weights-seed");
+        arg(&b, b.num[0]);
+    } else {
+        arg(&b, "--from");
+        arg(&b, x->c->model);
+    }
+    arg(&b, "--gguf");
+    arg(&b, x->gguf);
+    int code = run_step(b.v, x->log_fd, x->log_fd);
+    if (code != 0) {
+        step_error(r, x->log, "exporting the GGUF (kvdiff gen --gguf)", code);
+        return -1;
+    }
+    return 0;
+}
+
+/* The llama.cpp recorder: KVDIFF_LLAMA_BIN, else kvdiff-llama next to the
+ * kvdiff binary the suite runs ("" when neither is there). */
+static void llama_bin(const char *kvdiff, char *out, size_t n)
+{
+    const char *env = getenv("KVDIFF_LLAMA_BIN");
+    if (env && *env) {
+        put(out, n, "%s", env);
+        return;
+    }
+    const char *slash = strrchr(kvdiff, '/');
+    if (slash)
+        put(out, n, "%.*s/kvdiff-llama", (int)(slash - kvdiff), kvdiff);
+    else
+        put(out, n, "kvdiff-llama");
+}
+
+/* word with every placeholder replaced (malloc'd). */
+static char *substitute(const char *word, const side_ctx *x, const char *dump, const char *maxn)
+{
+    const char *names[4] = {"{model}", "{tokens}", "{max_new}", "{dump}"};
+    const char *vals[4] = {x->model, x->tokens, maxn, dump};
+    size_t cap = strlen(word) + 1;
+    for (int k = 0; k < 4; k++)
+        for (const char *p = strstr(word, names[k]); p; p = strstr(p + 1, names[k]))
+            cap += strlen(vals[k]);
+    char *out = malloc(cap), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = word; *p;) {
+        int k = 0;
+        while (k < 4 && strncmp(p, names[k], strlen(names[k])))
+            k++;
+        if (k < 4) {
+            o += sprintf(o, "%s", vals[k]);
+            p += strlen(names[k]);
+        } else {
+            *o++ = *p++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
+/* Checks an outside side's dump with `kvdiff validate`. */
+static int validate_side(side_ctx *x, const char *step, const char *dump, suite_result *r)
+{
+    if (access(dump, R_OK) != 0) {
+        side_fail(r, "%s wrote no dump at %s", step, dump);
+        return -1;
+    }
+    argbuf b = {.n = 0};
+    arg(&b, x->bin);
+    arg(&b, "validate");
+    arg(&b, dump);
+    int code = run_step(b.v, x->log_fd, x->log_fd);
+    if (code != 0) {
+        char what[200];
+        put(what, sizeof what, "its dump: kvdiff validate");
+        step_error(r, x->log, what, code);
+        char msg[sizeof r->message];
+        put(msg, sizeof msg, "%s: %s is not a valid kvdiff dump (%s)", step, dump, r->message);
+        put(r->message, sizeof r->message, "%s", msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Records one side into dump (or checks the recording a dump: side names).
+ * 0, or -1 with r an ERROR naming the step. */
+static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char **argv, int argc,
+                    const char *dump, suite_result *r)
+{
+    char step[160];
+    const suite_case *c = x->c;
+    put(step, sizeof step, "%s (%s)", label,
+        kind == SUITE_SIDE_KVDIFF ? "kvdiff run" : kind == SUITE_SIDE_LLAMA ? "llama.cpp"
+        : kind == SUITE_SIDE_EXEC ? "exec" : "dump");
+    if (kind == SUITE_SIDE_KVDIFF) {
+        argbuf b;
+        run_args(&b, x->bin, c, argv, argc, dump);
+        int code = run_step(b.v, x->log_fd, x->log_fd);
+        if (code != 0) {
+            step_error(r, x->log, step, code);
+            return -1;
+        }
+        return 0;
+    }
+    if (kind == SUITE_SIDE_DUMP) {
+        if (access(dump, R_OK) != 0) {
+            side_fail(r, "%s: cannot read %s: %s", step, dump, strerror(errno));
+            return -1;
+        }
+        return validate_side(x, step, dump, r);
+    }
+    if (need_tokens(x, r) < 0)
+        return -1;
+    char maxn[32];
+    put(maxn, sizeof maxn, "%ld", c->max_new);
+    unlink(dump);
+    if (kind == SUITE_SIDE_LLAMA) {
+        char rec[1100];
+        llama_bin(x->bin, rec, sizeof rec);
+        if (access(rec, X_OK) != 0) {
+            side_fail(r, "%s: no llama.cpp recorder at %s (build it with `make recorders`, "
+                      "or set KVDIFF_LLAMA_BIN)", step, rec);
+            return -1;
+        }
+        if (need_gguf(x, r) < 0)
+            return -1;
+        argbuf b = {.n = 0};
+        arg(&b, rec);
+        arg(&b, x->gguf);
+        arg(&b, "--max-new");
+        arg(&b, maxn);
+        arg(&b, "--ignore-eos");
+        /* one thread unless the options say more: cases run side by side,
+         * and llama.cpp's spinning threads starve each other on few cores */
+        arg(&b, "--threads");
+        arg(&b, "1");
+        for (int i = 0; i < argc; i++)
+            arg(&b, argv[i]);
+        arg(&b, "--prompt-ids-file");
+        arg(&b, x->tokens);
+        arg(&b, "--dump");
+        arg(&b, dump);
+        int code = run_step(b.v, x->log_fd, x->log_fd);
+        if (code != 0) {
+            step_error(r, x->log, step, code);
+            return -1;
+        }
+        return validate_side(x, step, dump, r);
+    }
+    bool wants_model = false;
+    for (int i = 0; i < argc; i++)
+        wants_model |= strstr(argv[i], "{model}") != NULL;
+    if (wants_model && need_model(x, r) < 0)
+        return -1;
+    char **v = calloc((size_t)argc + 1, sizeof *v);
+    bool ok = v != NULL;
+    for (int i = 0; ok && i < argc; i++)
+        ok = (v[i] = substitute(argv[i], x, dump, maxn)) != NULL;
+    if (!ok) {
+        suite_argv_free(v);
+        side_fail(r, "%s: out of memory", step);
+        return -1;
+    }
+    int code = run_step(v, x->log_fd, x->log_fd);
+    suite_argv_free(v);
+    if (code != 0) {
+        step_error(r, x->log, step, code);
+        if (code == 127 && r->last_line[0])
+            put(r->message + strlen(r->message), sizeof r->message - strlen(r->message),
+                " (%s)", r->last_line);
+        return -1;
+    }
+    return validate_side(x, step, dump, r);
+}
+
 /* Runs the steps of c in folder (existing, empty); fills r but for time. */
 static void run_steps(const suite_case *c, const char *bin, const char *folder, bool report,
                       suite_result *r)
 {
     char log[1100], a[1100], b[1100], js[1100], rep[1100];
     put(log, sizeof log, "%s/log.txt", folder);
-    put(a, sizeof a, "%s/a.h5", folder);
-    put(b, sizeof b, "%s/b.h5", folder);
+    put(a, sizeof a, "%s", c->ka == SUITE_SIDE_DUMP ? c->a[0] : "");
+    if (!a[0])
+        put(a, sizeof a, "%s/a.h5", folder);
+    put(b, sizeof b, "%s", c->kb == SUITE_SIDE_DUMP ? c->b[0] : "");
+    if (!b[0])
+        put(b, sizeof b, "%s/b.h5", folder);
     put(js, sizeof js, "%s/compare.json", folder);
     put(rep, sizeof rep, "%s/report", folder);
     argbuf args;
+    int code;
     int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
     int js_fd = -1;   /* compare.json: made only when compare runs */
     if (log_fd < 0) {
@@ -431,17 +754,11 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
         put(r->message, sizeof r->message, "cannot write in %s: %s", folder, strerror(errno));
         goto done;
     }
-    run_args(&args, bin, c, c->a, c->na, a);
-    int code = run_step(args.v, log_fd, log_fd);
-    if (code != 0) {
-        step_error(r, log, "engine A (kvdiff run)", code);
+    side_ctx sx = {.c = c, .bin = bin, .folder = folder, .log_fd = log_fd, .log = log};
+    step_kvdiff = bin;
+    if (run_side(&sx, "engine A", c->ka, c->a, c->na, a, r) < 0 ||
+        run_side(&sx, "engine B", c->kb, c->b, c->nb, b, r) < 0)
         goto done;
-    }
-    run_args(&args, bin, c, c->b, c->nb, b);
-    if ((code = run_step(args.v, log_fd, log_fd)) != 0) {
-        step_error(r, log, "engine B (kvdiff run)", code);
-        goto done;
-    }
     args.n = 0;
     arg(&args, bin);
     arg(&args, "compare");
@@ -490,7 +807,7 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
         put(r->message, sizeof r->message, "%s: not the JSON of kvdiff compare: %s", js,
                  jerr.text);
     } else {
-        judge(c, j, r);
+        judge(c, j, code, r);
     }
     json_decref(j);
 done:
