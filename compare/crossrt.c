@@ -19,7 +19,11 @@
                                * alone reaches 1.3e-3 row-relative */
 #define XRT_KV_FACTOR 16.0    /* attention output: times the KV type's unit roundoff */
 #define XRT_GAIN 8.0          /* times the largest error upstream */
-#define XRT_HISTORY 8.0       /* times the stage's own largest earlier error */
+#define XRT_HISTORY 8.0       /* times the stage's own largest recent error */
+#define XRT_WINDOW 16         /* positions that "recent" covers: a row judged drift
+                               * teaches the positions right after it, not every
+                               * later one (one early outlier below the floor
+                               * must not open the gate for a bug far away) */
 
 /* ------------------------------------------------------------------ */
 /* Mode and precision                                                   */
@@ -141,8 +145,9 @@ double cmp_xrt_attn_floor(const cmp_xrt *m)
 }
 
 /* Threshold of stage i at a position: upstream is the largest error of
- * every earlier stage in dataflow order so far, own its largest earlier
- * error. Key counts are integers: any difference is a step. */
+ * the stages before it at this same position (earlier layers, earlier
+ * stages of its layer), own its largest error over the XRT_WINDOW
+ * positions before. Key counts are integers: any difference is a step. */
 static double threshold(const cmp_xrt *m, const cmp_stage_result *sr, double upstream,
                         double own)
 {
@@ -211,6 +216,21 @@ static int fill_step(xrt_walk *x, int i, int64_t p, double thr, kv_err *e)
     return 0;
 }
 
+/* The largest error of stage i over the XRT_WINDOW positions before p
+ * (all of them judged drift: the walk stops at the first step). */
+static double recent(const xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p)
+{
+    int64_t lo = p - XRT_WINDOW;
+    lo = lo > sr->pos_lo ? lo : sr->pos_lo;
+    lo = lo > x->base ? lo : x->base;
+    double m = 0;
+    for (int64_t q = lo; q < p && q <= sr->pos_hi; q++) {
+        const double err = x->err[(size_t)i * (size_t)x->P + (size_t)(q - x->base)];
+        m = err > m ? err : m;
+    }
+    return m;
+}
+
 /* Positions ascending, at each the stages in dataflow order: the first
  * row above its threshold is the step. Rows before it are drift and teach
  * each stage its scale. */
@@ -221,6 +241,8 @@ static int judge(xrt_walk *x, kv_err *e)
     double *own = calloc((size_t)x->n, sizeof *own);
     if (!own)
         return kv_errf(e, "compare: out of memory");
+    /* own[i]: stage i's largest drift over the window before p; rows judged
+     * drift only (the step's row teaches nothing) */
     int64_t stop = -1;
     int stop_i = -1;
     double stop_thr = 0;
@@ -228,6 +250,7 @@ static int judge(xrt_walk *x, kv_err *e)
         double upstream = 0;
         for (int i = 0; i < x->n; i++) {
             cmp_stage_result *sr = &r->stages[i];
+            own[i] = recent(x, sr, i, p);
             if (p >= sr->pos_lo && p <= sr->pos_hi) {
                 const size_t at = (size_t)i * (size_t)x->P + (size_t)(p - x->base);
                 const double err = x->err[at], thr = threshold(m, sr, upstream, own[i]);
@@ -252,10 +275,9 @@ static int judge(xrt_walk *x, kv_err *e)
                     m->worst_layer = sr->layer;
                     m->worst_stage = sr->stage;
                 }
-                own[i] = err > own[i] ? err : own[i];
-                sr->xrt_scale = own[i];
+                sr->xrt_scale = own[i] > err ? own[i] : err;
+                upstream = err > upstream ? err : upstream;
             }
-            upstream = own[i] > upstream ? own[i] : upstream;
         }
         r->compared.walked_to = p;
     }
