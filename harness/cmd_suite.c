@@ -264,6 +264,7 @@ static void catch_stop(bool on)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);   /* a closed terminal: workers are in groups of their own */
 }
 
 static void print_summary(int n, const suite_result *res, int jobs)
@@ -282,7 +283,7 @@ static void print_summary(int n, const suite_result *res, int jobs)
         printf(", %d error%s", err, err == 1 ? "" : "s");
     if (skip)
         printf(", %d skipped (interrupted by %s)", skip,
-               stop_signal == SIGTERM ? "SIGTERM" : "SIGINT");
+               stop_signal == SIGTERM ? "SIGTERM" : stop_signal == SIGHUP ? "SIGHUP" : "SIGINT");
     printf(" (%.1f s of case time, %d job%s)\n", total, jobs, jobs == 1 ? "" : "s");
 }
 

@@ -742,7 +742,7 @@ END_TEST
  * is killed and its folder removed, and the exit code says which signal. */
 START_TEST(test_cli_interrupted)
 {
-    static const int sigs[2] = {SIGINT, SIGTERM};
+    static const int sigs[3] = {SIGINT, SIGTERM, SIGHUP};
     const int sig = sigs[_i];
     char dir[64], path[128], junit[128], keep[128], folder[192];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
@@ -787,7 +787,8 @@ START_TEST(test_cli_interrupted)
     ck_assert_msg(strstr(out, "quick") && strstr(out, "pass"), "%s", out);
     ck_assert_msg(strstr(out, "3 cases: 1 passed, 0 failed, 2 skipped (interrupted by "), "%s",
                   out);
-    ck_assert_msg(strstr(out, sig == SIGINT ? "SIGINT" : "SIGTERM"), "%s", out);
+    ck_assert_msg(strstr(out, sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "SIGHUP"),
+                  "%s", out);
     ck_assert_msg(!exists(folder), "the interrupted case's folder is still there");
     FILE *f = fopen(junit, "r");
     ck_assert_ptr_nonnull(f);
@@ -824,7 +825,7 @@ Suite *suite_suite(void)
     tcase_add_test(tc, test_cli_refuses);
     tcase_add_test(tc, test_cli_case_error);
     tcase_add_test(tc, test_cli_step_timeout);
-    tcase_add_loop_test(tc, test_cli_interrupted, 0, 2);
+    tcase_add_loop_test(tc, test_cli_interrupted, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }
