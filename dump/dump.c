@@ -817,3 +817,14 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     *out = c;
     return p.n;
 }
+
+int dump_layer_index(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 6 || (n > 1 && name[0] == '0'))
+        return -1;
+    for (size_t i = 0; i < n; i++)
+        if (name[i] < '0' || name[i] > '9')
+            return -1;
+    return atoi(name);
+}

@@ -142,4 +142,8 @@ int dump_stage_cols(const kv_config *c, kv_stage st);
 typedef void (*dump_problem_fn)(void *ctx, const char *msg);
 int dump_config_parse(const char *text, kv_config *out, dump_problem_fn problem, void *ctx);
 
+/* A layer group's name as its index: a canonical non-negative decimal
+ * ("3", not "03" or "+3"); -1 otherwise. Reader and validator alike. */
+int dump_layer_index(const char *name);
+
 #endif

@@ -855,17 +855,6 @@ int dump_check_stage(const dump_file *f, int layer, kv_stage st, kv_err *e)
     return 0;
 }
 
-/* A canonical non-negative decimal ("3", not "03" or "+3"); -1 otherwise. */
-static int layer_index(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n > 6 || (n > 1 && name[0] == '0'))
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        if (name[i] < '0' || name[i] > '9')
-            return -1;
-    return atoi(name);
-}
 
 /* Is the link name of loc a group (opened through no external link)? */
 static bool is_group(hid_t loc, const char *name)
@@ -895,7 +884,7 @@ static int check_layer_groups(const dump_file *f, kv_err *e)
     if (g < 0 || dump_h5_list(g, &links, &n) < 0)
         rc = kv_errf(e, "%s: the members of /layers cannot be listed", f->path);
     for (size_t i = 0; rc == 0 && i < n; i++) {
-        const int l = layer_index(links[i].name);
+        const int l = dump_layer_index(links[i].name);
         if (l < 0)
             rc = kv_errf(e, "%s: /layers/%s: the group name is not a layer index (a "
                          "non-negative integer)", f->path, links[i].name);

@@ -655,17 +655,6 @@ static void check_stage_group(vstate *v, hid_t gid, const char *gpath, int layer
     free(g);
 }
 
-/* A canonical non-negative decimal ("3", not "03" or "+3"); -1 otherwise. */
-static int layer_index(const char *name)
-{
-    size_t n = strlen(name);
-    if (n == 0 || n > 6 || (n > 1 && name[0] == '0'))
-        return -1;
-    for (size_t i = 0; i < n; i++)
-        if (name[i] < '0' || name[i] > '9')
-            return -1;
-    return atoi(name);
-}
 
 static void check_layer_attrs(vstate *v, hid_t g, const char *gpath, int l)
 {
@@ -700,7 +689,7 @@ static herr_t check_layer(hid_t layers, const char *name, const H5L_info_t *info
     vstate *v = data;
     char gpath[300];
     snprintf(gpath, sizeof gpath, "/layers/%s", name);
-    int l = layer_index(name);
+    int l = dump_layer_index(name);
     if (l < 0) {
         violation(v, "%s: the group name is not a layer index (a non-negative integer).", gpath);
         return 0;

@@ -433,6 +433,18 @@ void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines)
 /* ------------------------------------------------------------------ */
 /* Outputs that must not be inputs                                     */
 
+/* The folder of path, whose last '/' is slash (NULL: none): ".", "/" or
+ * the part before it. */
+static void parent_dir(const char *path, const char *slash, char *dir, size_t n)
+{
+    if (!slash)
+        snprintf(dir, n, ".");
+    else if (slash == path)
+        snprintf(dir, n, "/");
+    else
+        snprintf(dir, n, "%.*s", (int)(slash - path), path);
+}
+
 /* path with its folder resolved: realpath(folder) + "/" + name. A path
  * whose folder does not exist resolves to itself. */
 static void resolve(const char *path, char *out, size_t n)
@@ -440,12 +452,7 @@ static void resolve(const char *path, char *out, size_t n)
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX], real[PATH_MAX];
     const char *name = slash ? slash + 1 : path;
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    parent_dir(path, slash, dir, sizeof dir);
     if (!realpath(dir, real)) {
         snprintf(out, n, "%s", path);
         return;
@@ -509,12 +516,7 @@ int cli_output_writable(const char *opt, const char *path, kv_err *e)
         return kv_errf(e, "%s %s: is a folder, not a file", opt, path);
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX];
-    if (!slash)
-        snprintf(dir, sizeof dir, ".");
-    else if (slash == path)
-        snprintf(dir, sizeof dir, "/");
-    else
-        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    parent_dir(path, slash, dir, sizeof dir);
     if (slash && !slash[1])
         return kv_errf(e, "%s %s: names a folder, not a file", opt, path);
     if (stat(dir, &sb) != 0)

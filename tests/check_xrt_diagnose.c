@@ -17,16 +17,10 @@
 
 static char out[1 << 16];
 
-/* tiny-gemma3 (window 12, local RoPE base 1e4, global 1e6) exported as
- * GGUF, and the reference on a 100-token prompt past the window. */
+/* The model, its GGUF and the reference run (gguf_patch.h). */
 static void setup_model(const char *dir)
 {
-    char args[1024];
-    snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s/hf --gguf %s/m.gguf", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
-             "--ignore-eos --dump %s/ref.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(test_gemma3_gguf(dir, out, sizeof out) == 0, "%s", out);
 }
 
 /* dir/m.gguf with key set to v, as dir/bad.gguf. */

@@ -8,23 +8,24 @@
 #include <sys/wait.h>
 
 #include "gguf_patch.h"
+#include "testutil.h"
 
 /* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args; output into buf. */
 int test_run_recorder(const char *args, char *buf, size_t n)
 {
     const char *bin = getenv("KVDIFF_LLAMA_BIN");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff-llama", args);
-    FILE *p = popen(cmd, "r");
-    if (!p)
+    return test_run_program(bin ? bin : "./kvdiff-llama", args, buf, n);
+}
+
+int test_gemma3_gguf(const char *dir, char *out, size_t n)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s/hf --gguf %s/m.gguf", dir, dir);
+    if (test_run_cli(args, out, n) != 0)
         return -1;
-    size_t len = fread(buf, 1, n - 1, p);
-    buf[len] = 0;
-    char sink[4096];
-    while (fread(sink, 1, sizeof sink, p) > 0) {
-    }
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    return test_run_cli(args, out, n) == 0 ? 0 : -1;
 }
 
 /* ------------------------------------------------------------------ */

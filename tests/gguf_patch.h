@@ -20,4 +20,9 @@ int gguf_scale_tensors(const char *in, const char *out, const char *part, double
  * Returns the exit code. */
 int test_run_recorder(const char *args, char *buf, size_t n);
 
+/* tiny-gemma3 (window 12, local RoPE base 1e4, global 1e6) as dir/hf and
+ * exported as dir/m.gguf, and the reference on a 100-token prompt past
+ * the window as dir/ref.h5. 0, or -1 with the failing step's output in out. */
+int test_gemma3_gguf(const char *dir, char *out, size_t n);
+
 #endif

@@ -85,8 +85,13 @@ void test_rmtree(const char *dir)
 int test_run_cli(const char *args, char *out, size_t n)
 {
     const char *bin = getenv("KVDIFF_BIN");
+    return test_run_program(bin ? bin : "./kvdiff", args, out, n);
+}
+
+int test_run_program(const char *bin, const char *args, char *out, size_t n)
+{
     char cmd[8192];
-    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "./kvdiff", args);
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin, args);
     FILE *p = popen(cmd, "r");
     if (!p)
         return -1;

@@ -31,6 +31,8 @@ void test_rmtree(const char *dir);
  * arguments (a shell-quoted string); captures stdout+stderr into out
  * (NUL-terminated, truncated to n) and returns the exit code. */
 int test_run_cli(const char *args, char *out, size_t n);
+/* The same for any program bin (a path). */
+int test_run_program(const char *bin, const char *args, char *out, size_t n);
 
 /* Records dir/ref.h5, a whole reference run of tiny-gemma3 on a 200-token
  * prompt, and dir/part.h5, the chunked engine on the same prompt cut short
