@@ -1,5 +1,5 @@
-// fuzz-sources: model/err.c model/tokens.c chunked/injections.c model/observer.c suites/suite.c model/config.c model/infile.c
-// fuzz-pkgs: inih
+// fuzz-sources: model/err.c model/tokens.c chunked/injections.c model/observer.c suites/suite.c model/config.c model/infile.c model/tokenizer.c model/bpe.c
+// fuzz-pkgs: inih libxxhash libpcre2-8 libutf8proc
 /* fuzz_suite.c — the suite file parser on arbitrary bytes: it must never
  * crash, refuse with one line "t.suite:LINE: ..." or nothing but a file
  * name, and on success hand back only complete cases (a name, a model, an
@@ -28,7 +28,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         const suite_case *c = &s.cases[i];
         if (!c->name || !*c->name || !c->model || !*c->model || !c->expect_text || c->line < 1)
             abort();
-        if (!c->a || c->a[c->na] || !c->b || c->b[c->nb] || c->na % 2 || c->nb % 2)
+        if (!c->a || c->a[c->na] || !c->b || c->b[c->nb])
+            abort();
+        /* kvdiff's own sides are option/value pairs; outside sides are a
+         * command or a path */
+        if ((c->ka == SUITE_SIDE_KVDIFF && c->na % 2) || (c->kb == SUITE_SIDE_KVDIFF && c->nb % 2))
             abort();
         char buf[256];
         suite_expect x;

@@ -209,38 +209,6 @@ int cli_open_tokenizer(const char *verb, const cli_model_opts *mo, const kv_mode
     return 0;
 }
 
-/* The whole file, byte for byte (a final newline is part of the text). */
-static int read_text(const char *path, char **text, size_t *len, kv_err *e)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    size_t cap = 1 << 12, n = 0;
-    char *p = malloc(cap);
-    while (p) {
-        n += fread(p + n, 1, cap - n, f);
-        if (n < cap || ferror(f))
-            break;
-        char *q = cap < (1u << 26) ? realloc(p, cap * 2) : NULL;
-        if (!q) {
-            free(p);
-            fclose(f);
-            return kv_errf(e, "%s: larger than 64 MiB", path);
-        }
-        p = q;
-        cap *= 2;
-    }
-    int bad = !p || ferror(f);
-    fclose(f);
-    if (bad) {
-        free(p);
-        return kv_errf(e, "%s: cannot read: %s", path, p ? strerror(errno) : "out of memory");
-    }
-    *text = p;
-    *len = n;
-    return 0;
-}
-
 static int encode_prompt(const char *opt, const char *text, size_t len,
                          const cli_model_opts *mo, const kv_model *m, const kv_tokenizer *tok,
                          int32_t **ids, int *n, kv_err *e)
@@ -252,24 +220,8 @@ static int encode_prompt(const char *opt, const char *text, size_t len,
     if (!tok)
         return kv_errf(e, "%s: text needs a tokenizer.json and %s has none; give ids with "
                        "--prompt-tokens or --prompt-ids-file", opt, mo->model);
-    if (tok_encode(tok, text, len, 1, ids, n, e) < 0)
+    if (tok_encode_prompt(tok, text, len, m->cfg.vocab, ids, n, e) < 0)
         return kv_err_prefix(e, opt);
-    for (int i = 0; i < *n; i++) {
-        if ((*ids)[i] >= m->cfg.vocab) {
-            char piece[64] = "";
-            tok_decode(tok, (*ids)[i], piece, sizeof piece);
-            kv_errf(e, "%s: the text holds token %d \"%s\", past the model's %d ids", opt,
-                    (*ids)[i], piece, m->cfg.vocab);
-            free(*ids);
-            *ids = NULL;
-            return -1;
-        }
-    }
-    if (*n == 0) {
-        free(*ids);
-        *ids = NULL;
-        return kv_errf(e, "%s: the text makes no tokens; a prompt needs at least one", opt);
-    }
     return 0;
 }
 
@@ -291,7 +243,7 @@ int cli_make_prompt(const cli_prompt_opts *p, const cli_model_opts *mo, const kv
     if (p->text_file) {
         char *text = NULL;
         size_t len = 0;
-        if (read_text(p->text_file, &text, &len, e) < 0)
+        if (tok_read_text(p->text_file, &text, &len, e) < 0)
             return -1;
         char opt[600];
         snprintf(opt, sizeof opt, "--prompt-file %s", p->text_file);

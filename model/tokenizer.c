@@ -587,3 +587,61 @@ int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t n
              n_added > 1 ? "s" : "", n_added > 1 ? "them" : "it");
     return 0;
 }
+
+int tok_encode_prompt(const kv_tokenizer *t, const char *text, size_t len, int model_vocab,
+                      int32_t **ids, int *n, kv_err *e)
+{
+    *ids = NULL;
+    *n = 0;
+    if (tok_encode(t, text, len, 1, ids, n, e) < 0)
+        return -1;
+    for (int i = 0; i < *n; i++) {
+        if ((*ids)[i] >= model_vocab) {
+            char piece[64] = "";
+            tok_decode(t, (*ids)[i], piece, sizeof piece);
+            kv_errf(e, "the text holds token %d \"%s\", past the model's %d ids", (*ids)[i],
+                    piece, model_vocab);
+            free(*ids);
+            *ids = NULL;
+            *n = 0;
+            return -1;
+        }
+    }
+    if (*n == 0) {
+        free(*ids);
+        *ids = NULL;
+        return kv_errf(e, "the text makes no tokens; a prompt needs at least one");
+    }
+    return 0;
+}
+
+int tok_read_text(const char *path, char **text, size_t *len, kv_err *e)
+{
+    *text = NULL;
+    *len = 0;
+    /* Through infile_open: a FIFO or a device given as a prompt file must
+     * not hang or fill memory. */
+    FILE *f = infile_open(path, TOK_TEXT_MAX, e);
+    if (!f)
+        return -1;
+    char *p = malloc(TOK_TEXT_MAX + 1);
+    if (!p) {
+        fclose(f);
+        return kv_errf(e, "%s: out of memory", path);
+    }
+    size_t n = fread(p, 1, TOK_TEXT_MAX + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > TOK_TEXT_MAX) {
+        free(p);
+        return bad ? kv_errf(e, "%s: cannot read: %s", path, strerror(errno))
+                   : kv_errf(e, "%s: larger than %d MiB", path, TOK_TEXT_MAX >> 20);
+    }
+    char *q = realloc(p, n + 1);
+    if (q)
+        p = q;
+    p[n] = '\0';
+    *text = p;
+    *len = n;
+    return 0;
+}

@@ -61,6 +61,23 @@ int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_spec
 int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t note_n,
                     kv_err *e);
 
+/* A prompt's text into ids, as `kvdiff run --prompt-text` and a suite's
+ * `text:` prompts encode it: tok_encode with the special tokens, then
+ * refused (-1, e without a prefix: the caller names the option or file) when
+ * an id lies past the model's model_vocab ids (an added token such as
+ * Gemma 3's image placeholder) or when the text makes no tokens. */
+int tok_encode_prompt(const kv_tokenizer *t, const char *text, size_t len, int model_vocab,
+                      int32_t **ids, int *n, kv_err *e);
+
+/* The largest prompt text file tok_read_text reads. */
+#define TOK_TEXT_MAX (64 << 20)
+
+/* Reads a prompt text file whole, byte for byte (a final newline is part of
+ * the text), into *text (malloc'd, NUL-terminated; *len excludes the NUL).
+ * A FIFO, a device or a file over TOK_TEXT_MAX bytes is refused: -1 with e
+ * naming path. */
+int tok_read_text(const char *path, char **text, size_t *len, kv_err *e);
+
 /* Frees t (NULL is fine). */
 void tok_free(kv_tokenizer *t);
 

@@ -9,6 +9,7 @@
  * and every case must be complete. */
 #include <errno.h>
 #include <ini.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include "../chunked/chunked.h"
 #include "../model/observer.h"
 #include "../model/config.h"
+#include "../model/tokenizer.h"
 #include "../model/tokens.h"
 
 #define SUITE_MAX_FILE (4u << 20)
@@ -272,6 +274,54 @@ void suite_prompt_free(suite_prompt *p)
     }
 }
 
+/* p->text = f, or base_dir/f when f is relative. */
+static int resolve_prompt_path(const char *f, const char *what, const char *base_dir,
+                               suite_prompt *p, kv_err *e)
+{
+    if (!*f)
+        return kv_errf(e, "'%s' needs a path", what);
+    size_t need = strlen(f) + (base_dir ? strlen(base_dir) : 0) + 2;
+    p->text = malloc(need);
+    if (!p->text)
+        return kv_errf(e, "out of memory");
+    if (f[0] == '/' || !base_dir || !*base_dir)
+        snprintf(p->text, need, "%s", f);
+    else
+        snprintf(p->text, need, "%s/%s", base_dir, f);
+    return 0;
+}
+
+/* text:... is the rest of the value as written, or, when it starts with a
+ * double quote, one JSON string: the way to write blanks at either end, a
+ * newline (\n) or a " ;" that the suite reader would take for a comment
+ * (\u003b). */
+static int parse_text_prompt(const char *v, suite_prompt *p, kv_err *e)
+{
+    p->kind = SUITE_PROMPT_TEXT;
+    if (*v != '"') {
+        if (!*v)
+            return kv_errf(e, "'text:' needs the prompt's text");
+        p->text = dup_str(v);
+        return p->text ? 0 : kv_errf(e, "out of memory");
+    }
+    json_error_t je;
+    json_t *j = json_loads(v, JSON_DECODE_ANY, &je);
+    if (!j || !json_is_string(j)) {
+        json_decref(j);
+        return kv_errf(e, "text:\"...\" is not one JSON string (%s)",
+                       j ? "another JSON value" : je.text);
+    }
+    size_t len = json_string_length(j);
+    const char *s = json_string_value(j);
+    if (len == 0 || memchr(s, '\0', len)) {
+        json_decref(j);
+        return kv_errf(e, "text:\"...\" %s", len ? "holds a NUL character" : "is empty");
+    }
+    p->text = dup_str(s);
+    json_decref(j);
+    return p->text ? 0 : kv_errf(e, "out of memory");
+}
+
 int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, kv_err *e)
 {
     memset(p, 0, sizeof *p);
@@ -290,20 +340,26 @@ int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, 
             return -1;
         return 0;
     }
+    if (!strncmp(text, "text:", 5))
+        return parse_text_prompt(text + 5, p, e);
+    if (!strncmp(text, "text-file:", 10)) {
+        if (resolve_prompt_path(text + 10, "text-file:", base_dir, p, e) < 0)
+            return -1;
+        p->kind = SUITE_PROMPT_TEXT_FILE;
+        char *body = NULL;
+        size_t len = 0;
+        if (tok_read_text(p->text, &body, &len, e) < 0) {
+            suite_prompt_free(p);
+            return kv_err_prefix(e, "prompt text file");
+        }
+        free(body);
+        return 0;
+    }
     int32_t *ids = NULL;
     int n = 0;
     if (!strncmp(text, "file:", 5)) {
-        const char *f = text + 5;
-        if (!*f)
-            return kv_errf(e, "'file:' needs a path");
-        size_t need = strlen(f) + (base_dir ? strlen(base_dir) : 0) + 2;
-        p->text = malloc(need);
-        if (!p->text)
-            return kv_errf(e, "out of memory");
-        if (f[0] == '/' || !base_dir || !*base_dir)
-            snprintf(p->text, need, "%s", f);
-        else
-            snprintf(p->text, need, "%s/%s", base_dir, f);
+        if (resolve_prompt_path(text + 5, "file:", base_dir, p, e) < 0)
+            return -1;
         p->kind = SUITE_PROMPT_FILE;
         if (tokens_load(p->text, 0, &ids, &n, e) < 0) {
             suite_prompt_free(p);
@@ -313,7 +369,8 @@ int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, 
         return 0;
     }
     if (tokens_parse(text, strlen(text), "prompt", 0, &ids, &n, e) < 0)
-        return kv_err_prefix(e, "not random:N[:SEED], file:PATH or a token list");
+        return kv_err_prefix(e, "not random:N[:SEED], file:PATH, text:TEXT, text-file:PATH "
+                                "or a token list");
     free(ids);
     p->kind = SUITE_PROMPT_TOKENS;
     p->text = dup_str(text);
@@ -934,6 +991,14 @@ static int finish_cases(parser *p)
             return fail(p, s->key_line[K_WEIGHTS_SEED], "case '%s': weights_seed is the seed "
                         "of a preset's weights, and model '%s' is not a preset (a folder's "
                         "weights are its files)", s->c.name, s->c.model), -1;
+        /* Presets have no tokenizer: a text prompt would fail in every run. */
+        if ((s->c.prompt.kind == SUITE_PROMPT_TEXT ||
+             s->c.prompt.kind == SUITE_PROMPT_TEXT_FILE) &&
+            config_preset(s->c.model, &preset, NULL) == 0)
+            return fail(p, s->key_line[K_PROMPT], "case '%s': a text prompt is encoded by the "
+                        "model folder's tokenizer.json, and model '%s' is a preset, which "
+                        "has none; give ids (a token list, file: or random:)", s->c.name,
+                        s->c.model), -1;
         /* A GGUF no side reads would look as if it were tested. */
         if (s->c.gguf && s->c.ka != SUITE_SIDE_LLAMA && s->c.kb != SUITE_SIDE_LLAMA)
             return fail(p, s->key_line[K_GGUF], "case '%s': 'gguf' is read by a llama.cpp: "

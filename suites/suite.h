@@ -41,14 +41,21 @@ typedef struct {
     int stage;                   /* detects: a kv_stage */
 } suite_expect;
 
-typedef enum { SUITE_PROMPT_RANDOM, SUITE_PROMPT_TOKENS, SUITE_PROMPT_FILE } suite_prompt_kind;
+typedef enum {
+    SUITE_PROMPT_RANDOM,
+    SUITE_PROMPT_TOKENS,
+    SUITE_PROMPT_FILE,
+    SUITE_PROMPT_TEXT,           /* text:..., encoded by the model folder's tokenizer */
+    SUITE_PROMPT_TEXT_FILE       /* text-file:PATH, the same for a file's bytes */
+} suite_prompt_kind;
 
 typedef struct {
     suite_prompt_kind kind;
     long random_len;             /* random: that many ids ... */
     uint64_t seed;               /* ... drawn with this seed */
-    char *text;                  /* tokens: the id list; file: the path resolved
-                                  * against the suite file's folder (owned) */
+    char *text;                  /* tokens: the id list; text: the text itself;
+                                  * file and text-file: the path resolved against
+                                  * the suite file's folder (owned) */
 } suite_prompt;
 
 /* What records one side of a case (docs/suite-format.md, "Sides"):
@@ -89,7 +96,10 @@ typedef struct {
 /* Reads and parses a suite file. Returns 0 with *s filled (at least one
  * case, every case complete) or -1 with e = "PATH:LINE: problem" (LINE
  * omitted when the file cannot be read) and *s empty. `file:` prompts are
- * resolved against the file's folder and must be readable token lists. */
+ * resolved against the file's folder and must be readable token lists;
+ * `text-file:` prompts likewise, readable text files; a text prompt on a
+ * preset (no tokenizer) is refused. The text is encoded when the case
+ * runs, by the model folder's tokenizer.json. */
 int suite_load(const char *path, suite *s, kv_err *e);
 
 /* The same on text already in memory (len bytes, NUL bytes refused); path

@@ -29,6 +29,7 @@
 #include "../model/config.h"
 #include "../model/observer.h"
 #include "../model/pcg32.h"
+#include "../model/tokenizer.h"
 #include "../model/tokens.h"
 #include "../model/outfile.h"
 
@@ -315,7 +316,10 @@ static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng
         arg(b, "--seed");
         arg(b, b->num[2]);
     } else {
-        arg(b, c->prompt.kind == SUITE_PROMPT_TOKENS ? "--prompt-tokens" : "--prompt-ids-file");
+        static const char *const opt[] = {
+            [SUITE_PROMPT_TOKENS] = "--prompt-tokens", [SUITE_PROMPT_FILE] = "--prompt-ids-file",
+            [SUITE_PROMPT_TEXT] = "--prompt-text", [SUITE_PROMPT_TEXT_FILE] = "--prompt-file"};
+        arg(b, opt[c->prompt.kind]);
         arg(b, c->prompt.text);
     }
     put(b->num[3], sizeof b->num[3], "%ld", c->max_new);
@@ -435,6 +439,37 @@ static void step_error(suite_result *r, const char *log, const char *step, int c
 /* ------------------------------------------------------------------ */
 /* Outside sides                                                        */
 
+/* A text prompt's ids, encoded as `kvdiff run --prompt-text/--prompt-file`
+ * encodes them for kvdiff's side (tok_encode_prompt with the folder's
+ * tokenizer.json), so both sides get the same ids. */
+static int encode_text_prompt(const suite_case *c, int32_t **ids, int *n, kv_err *e)
+{
+    bool file = c->prompt.kind == SUITE_PROMPT_TEXT_FILE;
+    const char *what = file ? "the text-file prompt" : "the text prompt";
+    kv_config cfg;
+    char cj[1100];
+    put(cj, sizeof cj, "%s/config.json", c->model);
+    if (config_load_json(cj, &cfg, e) < 0)
+        return kv_err_prefix(e, what);
+    kv_tokenizer *tok = NULL;
+    if (tok_load(c->model, &tok, e) < 0)
+        return kv_err_prefix(e, what);
+    if (!tok)
+        return kv_errf(e, "%s needs %s/tokenizer.json, and there is none", what, c->model);
+    char note[1024];
+    char *text = c->prompt.text;
+    size_t len = strlen(text);
+    int rc = tok_check_vocab(tok, cfg.vocab, note, sizeof note, e);
+    if (rc == 0 && file)
+        rc = tok_read_text(c->prompt.text, &text, &len, e);
+    if (rc == 0)
+        rc = tok_encode_prompt(tok, text, len, cfg.vocab, ids, n, e);
+    if (file && text != c->prompt.text)
+        free(text);
+    tok_free(tok);
+    return rc < 0 ? kv_err_prefix(e, what) : 0;
+}
+
 /* Writes the case's prompt ids to path, one line separated by blanks,
  * drawn exactly as `kvdiff run` draws --prompt-random (the prompt's PCG32
  * stream, bounded by the model's vocabulary). */
@@ -447,6 +482,9 @@ static int write_prompt(const suite_case *c, const char *path, kv_err *e)
             return -1;
     } else if (c->prompt.kind == SUITE_PROMPT_FILE) {
         if (tokens_load(c->prompt.text, 0, &ids, &n, e) < 0)
+            return -1;
+    } else if (c->prompt.kind == SUITE_PROMPT_TEXT || c->prompt.kind == SUITE_PROMPT_TEXT_FILE) {
+        if (encode_text_prompt(c, &ids, &n, e) < 0)
             return -1;
     } else {
         kv_config cfg;

@@ -372,6 +372,84 @@ START_TEST(run_prompt_text)
 }
 END_TEST
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *fp = fopen(path, "w");
+    ck_assert_ptr_nonnull(fp);
+    fputs(text, fp);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+/* A suite's text: and text-file: prompts: kvdiff's side encodes them as
+ * `run --prompt-text` does, and an outside side gets the same ids in
+ * {tokens}; a recording of those ids is identical to kvdiff's side. */
+START_TEST(suite_text_prompts)
+{
+    folder f;
+    char args[1024], path[256], text[2048];
+    write_tok(&f, RUN_TOK);
+    snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s", f.dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    snprintf(args, sizeof args, "run --model %s --prompt-tokens 2,6,7 --max-new 2 "
+             "--ignore-eos --dump %s/ref3.h5", f.dir, f.dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s --prompt-tokens 2,6,7,7 --max-new 2 "
+             "--ignore-eos --dump %s/ref4.h5", f.dir, f.dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(path, sizeof path, "%s/p.txt", f.dir);
+    write_text(path, "hi hi hi");
+    snprintf(path, sizeof path, "%s/t.suite", f.dir);
+    snprintf(text, sizeof text,
+             "[defaults]\nmodel = %s\nmax_new = 2\na = --engine reference\n"
+             "expect = identical\n"
+             "[plain]\nprompt = text:hi hi\n"
+             "b = exec: sh -c 'test \"$(cat {tokens})\" = \"2 6 7\" && cp %s/ref3.h5 {dump}'\n"
+             "[quoted]\nprompt = text:\"hi\\u0020hi\"\n"
+             "b = exec: sh -c 'test \"$(cat {tokens})\" = \"2 6 7\" && cp %s/ref3.h5 {dump}'\n"
+             "[file]\nprompt = text-file:p.txt\n"
+             "b = exec: sh -c 'test \"$(cat {tokens})\" = \"2 6 7 7\" && cp %s/ref4.h5 {dump}'\n"
+             "[chunked]\nprompt = text-file:p.txt\nb = --engine chunked --chunk 2\n",
+             f.dir, f.dir, f.dir, f.dir);
+    write_text(path, text);
+    snprintf(args, sizeof args, "suite %s --keep %s/work", path, f.dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "4 cases: 4 passed"), "%s", out);
+    /* a token past the model's ids: the case is an ERROR saying so */
+    snprintf(text, sizeof text, "[img]\nmodel = %s\nprompt = text:hi<image>\na = "
+             "--engine reference\nb = exec: true\nexpect = no-bug\n", f.dir);
+    write_text(path, text);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "the text holds token 256 \"<image>\", past the model's 256 ids"),
+                  "%s", out);
+    /* refused when the file is read, with its line: a preset has no
+     * tokenizer, a quoted text must be one JSON string, a text file must be
+     * there */
+    static const char *const bad[][2] = {
+        {"model = tiny-llama\nprompt = text:hi", "t.suite:3: case 'c': a text prompt is "
+         "encoded by the model folder's tokenizer.json, and model 'tiny-llama' is a preset"},
+        {"model = M\nprompt = text:\"hi", "t.suite:3: prompt: text:\"...\" is not one JSON "
+         "string"},
+        {"model = M\nprompt = text:", "t.suite:3: prompt: 'text:' needs the prompt's text"},
+        {"model = M\nprompt = text-file:nowhere.txt", "t.suite:3: prompt: prompt text file: "},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char body[512];
+        snprintf(body, sizeof body, "%s", bad[i][0]);
+        char *m = strstr(body, "model = M");
+        if (m) {
+            memmove(m + 8 + strlen(f.dir), m + 9, strlen(m + 9) + 1);
+            memcpy(m + 8, f.dir, strlen(f.dir));
+        }
+        snprintf(text, sizeof text, "[c]\n%s\na = --engine reference\nb = --engine chunked\n"
+                 "expect = identical\n", body);
+        write_text(path, text);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+        ck_assert_msg(strstr(out, bad[i][1]), "case %zu: %s", i, out);
+    }
+    test_rmtree(f.dir);
+}
+END_TEST
+
 START_TEST(run_prompt_text_needs_a_tokenizer)
 {
     ck_assert_int_eq(test_run_cli("run --prompt-text hello", out, sizeof out), 2);
@@ -435,6 +513,7 @@ Suite *encode_suite(void)
     tcase_add_test(tc, run_prompt_text);
     tcase_add_test(tc, run_prompt_text_needs_a_tokenizer);
     tcase_add_test(tc, run_refuses_a_foreign_tokenizer);
+    tcase_add_test(tc, suite_text_prompts);
     suite_add_tcase(s, tc);
     return s;
 }
