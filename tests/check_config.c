@@ -371,6 +371,35 @@ START_TEST(qwen2_defaults)
 }
 END_TEST
 
+START_TEST(conformance_qwen3)
+{
+    kv_config c = load_ok("tests/data/conformance/qwen3/config.json");
+    ck_assert_int_eq(c.arch, ARCH_QWEN3);
+    ck_assert(c.hidden == 64 && c.n_layers == 4 && c.n_heads == 4 && c.n_kv_heads == 2);
+    ck_assert(c.head_dim == 32 && c.intermediate == 96 && c.vocab == 256);
+    ck_assert(c.rms_eps == 1e-6 && c.rope_theta == 1e6 && c.tie_embeddings);
+    ck_assert(c.qk_norm && !c.norm_plus_one && !c.qkv_bias && !c.o_bias && !c.sandwich_norms);
+    ck_assert(c.attn_scale == 1.0 / sqrt(32.0));
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    assert_all_global(&c);
+    assert_owners_are_self(&c);
+}
+END_TEST
+
+START_TEST(conformance_llama3_bias)
+{
+    kv_config c = load_ok("tests/data/conformance/llama3-bias/config.json");
+    ck_assert_int_eq(c.arch, ARCH_LLAMA);
+    ck_assert(c.hidden == 64 && c.n_layers == 2 && c.head_dim == 16 && c.vocab == 128);
+    ck_assert(c.qkv_bias && c.o_bias && !c.qk_norm && c.tie_embeddings);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LLAMA3);
+    ck_assert(c.rope_scaling.factor == 8.0 && c.rope_scaling.low_freq_factor == 1.0);
+    ck_assert(c.rope_scaling.high_freq_factor == 4.0);
+    ck_assert_int_eq(c.rope_scaling.original_max_position, 64);
+    ck_assert(c.rope_theta == 500000.0 && c.rms_eps == 1e-5);
+}
+END_TEST
+
 /* LlamaAttention with attention_bias: q, k, v and o_proj all biased. */
 START_TEST(llama_attention_bias)
 {
@@ -892,6 +921,8 @@ Suite *config_suite(void)
     tcase_add_test(t, conformance_llama);
     tcase_add_test(t, conformance_qwen2);
     tcase_add_test(t, conformance_gemma3);
+    tcase_add_test(t, conformance_qwen3);
+    tcase_add_test(t, conformance_llama3_bias);
     tcase_add_test(t, gemma3_nested_defaults);
     tcase_add_test(t, gemma3_pattern_without_layer_types);
     tcase_add_test(t, gemma3_no_sliding_layers);
