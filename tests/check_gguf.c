@@ -188,6 +188,7 @@ static void assert_agrees(const kv_model *m, const capture *cap, const llama_run
     bool llama = c->arch == ARCH_LLAMA, gemma = c->arch == ARCH_GEMMA3;
     float q_fold = gemma ? (float)(c->attn_scale * sqrt((double)c->head_dim)) : 1.0f;
     char name[64];
+    double worst = 0;
     for (int l = 0; l < c->n_layers; l++) {
         /* Layer 0's attention sees no GELU; later layers do through x_in. */
         double t = l == 0 ? tol : tol_after_ffn;
@@ -205,11 +206,14 @@ static void assert_agrees(const kv_model *m, const capture *cap, const llama_run
                                        stages[s].perm);
             ck_assert_msg(err <= lim, "%s: %s differs from kvdiff's %s by %.3g relative "
                           "(limit %.1g)", what, name, stage_name(stages[s].st), err, lim);
+            worst = fmax(worst, err);
         }
     }
     double err = compare_stage(m, cap, lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
     ck_assert_msg(err <= tol_after_ffn, "%s: logits differ by %.3g relative (limit %.1g)",
                   what, err, tol_after_ffn);
+    if (getenv("KVDIFF_TEST_VERBOSE"))
+        fprintf(stderr, "gguf %s: worst %.2e relative\n", what, fmax(worst, err));
 }
 
 #define PREFIXES "Qcur,Kcur,Vcur,sa_out,ffn_inp,l_out"
