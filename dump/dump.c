@@ -764,10 +764,42 @@ static void arch_of(kv_config *c)
 {
     if (!strcmp(c->model_type, "qwen2"))
         c->arch = ARCH_QWEN2;
+    else if (!strcmp(c->model_type, "qwen3"))
+        c->arch = ARCH_QWEN3;
     else if (!strcmp(c->model_type, "gemma3_text") || !strcmp(c->model_type, "gemma3"))
         c->arch = ARCH_GEMMA3;
     else
         c->arch = ARCH_LLAMA;
+}
+
+/* Optional rope_scaling: {"rope_type": "linear", "factor"} or llama3's
+ * five keys, as config.json has them; absent or null: none. */
+static void scaling_field(const json_t *o, kv_rope_scaling *s, problems *p)
+{
+    const json_t *v = json_object_get(o, "rope_scaling");
+    memset(s, 0, sizeof *s);
+    if (!v || json_is_null(v))
+        return;
+    const char *type = json_string_value(json_object_get(v, "rope_type"));
+    bool l3 = type && !strcmp(type, "llama3");
+    if (!json_is_object(v) || !type || (!l3 && strcmp(type, "linear"))) {
+        problem(p, "model_config field \"rope_scaling\" must be null or an object with "
+                   "rope_type \"linear\" or \"llama3\".");
+        return;
+    }
+    s->type = l3 ? ROPE_SCALE_LLAMA3 : ROPE_SCALE_LINEAR;
+    s->factor = num_field(v, "factor", p);
+    bool bad = !(s->factor > 0);
+    if (l3) {
+        s->low_freq_factor = num_field(v, "low_freq_factor", p);
+        s->high_freq_factor = num_field(v, "high_freq_factor", p);
+        s->original_max_position =
+            int_field(v, "original_max_position_embeddings", 1, 1 << 24, false, p);
+        bad |= !(s->low_freq_factor > 0) || !(s->high_freq_factor > s->low_freq_factor);
+    }
+    if (bad)
+        problem(p, "model_config rope_scaling needs factor > 0 (llama3: high_freq_factor > "
+                   "low_freq_factor > 0).");
 }
 
 int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void *ctx)
@@ -813,6 +845,7 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         c.attn_scale = 1.0 / sqrt((double)c.head_dim);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
+    scaling_field(o, &c.rope_scaling, &p);
     json_decref(o);
     *out = c;
     return p.n;

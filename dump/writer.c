@@ -883,6 +883,24 @@ static char *config_json(const kv_config *c)
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
     json_object_set_new(o, "attn_scale", json_real(c->attn_scale));
+    /* RoPE scaling of the global layers, as config.json writes it; absent
+     * when there is none. The comparer's RoPE checks need it. */
+    const kv_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type == ROPE_SCALE_LINEAR || rs->type == ROPE_SCALE_LLAMA3) {
+        json_t *s = json_object();
+        if (s) {
+            bool l3 = rs->type == ROPE_SCALE_LLAMA3;
+            json_object_set_new(s, "rope_type", json_string(l3 ? "llama3" : "linear"));
+            json_object_set_new(s, "factor", json_real(rs->factor));
+            if (l3) {
+                json_object_set_new(s, "low_freq_factor", json_real(rs->low_freq_factor));
+                json_object_set_new(s, "high_freq_factor", json_real(rs->high_freq_factor));
+                json_object_set_new(s, "original_max_position_embeddings",
+                                    json_integer(rs->original_max_position));
+            }
+            json_object_set_new(o, "rope_scaling", s);
+        }
+    }
     text = json_dumps(o, JSON_COMPACT);
 done:
     json_decref(types);

@@ -27,7 +27,7 @@ static void gen_usage(FILE *f)
             "row order, Gemma's (1 + w) norms, the attention scale, sliding window,\n"
             "layer pattern and RoPE settings as llama.cpp's own converter writes\n"
             "them (docs/gguf-export.md). With --from DIR it exports that Hugging\n"
-            "Face folder (llama, qwen2, gemma3) instead of a preset, with the\n"
+            "Face folder (llama, qwen2, qwen3, gemma3) instead of a preset, with the\n"
             "tokens of its tokenizer.json. Models llama.cpp cannot run as kvdiff\n"
             "does (KV-shared layers: tiny-gemma3-kvshared) are refused.\n"
             "\n"

@@ -1,11 +1,11 @@
 /* config.c — kv_config: reading and writing Hugging Face config.json
- * (llama, qwen2, gemma3_text, gemma3), validation, built-in presets and the
+ * (llama, qwen2, qwen3, gemma3_text, gemma3), validation, built-in presets and the
  * one-line description.
  *
  * Defaults are the transformers library's own (LlamaConfig, Qwen2Config,
- * Gemma3TextConfig), except that the size fields whose library defaults
- * describe some 7B model (hidden_size, num_hidden_layers,
- * intermediate_size, and for llama/qwen2 also num_attention_heads and
+ * Qwen3Config, Gemma3TextConfig), except that the size fields whose library
+ * defaults describe some 7B model (hidden_size, num_hidden_layers,
+ * intermediate_size, and for llama/qwen2/qwen3 also num_attention_heads and
  * vocab_size) are required: a config.json without them is a mistake, not a
  * request for a 7B model. Features the engines do not implement are refused
  * with a message naming the field, never ignored. */
@@ -58,6 +58,9 @@ static const arch_info ARCHES[] = {
                      0, 0, 0, 0, 32768, 10000.0, false, -1, -1 },
     [ARCH_GEMMA3] = { "gemma3_text", "Gemma3ForCausalLM", "hidden_activation", false,
                       8, 4, 256, 262208, 131072, 1000000.0, true, 2, 1 },
+    /* Qwen3Config: head_dim defaults to 128 (not hidden/heads). */
+    [ARCH_QWEN3] = { "qwen3", "Qwen3ForCausalLM", "hidden_act", true,
+                     0, 0, 128, 0, 32768, 10000.0, false, -1, -1 },
 };
 
 #define GEMMA_DEF_QPAS         256.0
@@ -67,7 +70,7 @@ static const arch_info ARCHES[] = {
 
 static bool arch_known(kv_arch a)
 {
-    return a == ARCH_LLAMA || a == ARCH_QWEN2 || a == ARCH_GEMMA3;
+    return a == ARCH_LLAMA || a == ARCH_QWEN2 || a == ARCH_GEMMA3 || a == ARCH_QWEN3;
 }
 
 /* ---- derived fields, shared by the parser and the presets --------------- */
@@ -85,16 +88,18 @@ static float gemma_embed_scale(int hidden)
     return sqrtf((float)hidden);
 }
 
-/* Everything that follows from the family alone. */
+/* Everything that follows from the family alone (Llama's and Qwen3's
+ * attention biases follow attention_bias; they start off). */
 static void set_family(kv_config *c, kv_arch arch)
 {
     bool gemma = arch == ARCH_GEMMA3;
     c->arch = arch;
     snprintf(c->model_type, sizeof c->model_type, "%s", ARCHES[arch].model_type);
     c->norm_plus_one = gemma;
-    c->qk_norm = gemma;
+    c->qk_norm = gemma || arch == ARCH_QWEN3;
     c->sandwich_norms = gemma;
     c->qkv_bias = arch == ARCH_QWEN2;
+    c->o_bias = false;
     c->act = gemma ? ACT_GELU_TANH : ACT_SILU;
     snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.");
     snprintf(c->lm_head_name, sizeof c->lm_head_name, "lm_head.weight");
@@ -344,12 +349,14 @@ static int parse_heads(const jctx *cx, const json_t *obj, kv_config *c)
 static int parse_head_dim(const jctx *cx, const json_t *obj, kv_config *c)
 {
     const json_t *hd = json_object_get(obj, "head_dim");
-    bool gemma = c->arch == ARCH_GEMMA3;
-    if (present(hd) || (hd && gemma)) {
+    /* Gemma3TextConfig and Qwen3Config give head_dim a default of its own
+     * (a null there is an error); LlamaConfig and Qwen2Config derive it. */
+    bool own_default = c->arch == ARCH_GEMMA3 || c->arch == ARCH_QWEN3;
+    if (present(hd) || (hd && own_default)) {
         if (want_int(cx, "head_dim", hd, 1, MAX_HEAD_DIM, &c->head_dim))
             return -1;
-    } else if (gemma) {
-        c->head_dim = ARCHES[ARCH_GEMMA3].def_head_dim;
+    } else if (own_default) {
+        c->head_dim = ARCHES[c->arch].def_head_dim;
     } else if (c->hidden % c->n_heads != 0) {
         return failf(cx, "head_dim", "is missing and hidden_size %d is not a multiple "
                      "of num_attention_heads %d", c->hidden, c->n_heads);
@@ -392,17 +399,31 @@ static int parse_act(const jctx *cx, const json_t *obj, kv_config *c)
     return 0;
 }
 
-static int parse_family_switches(const jctx *cx, const json_t *obj, const kv_config *c)
+/* attention_bias (LlamaAttention, Qwen3Attention): q, k, v and o_proj
+ * all get a bias. */
+static int parse_attention_bias(const jctx *cx, const json_t *obj, kv_config *c)
+{
+    bool on = false;
+    if (get_bool(cx, obj, "attention_bias", false, &on))
+        return -1;
+    c->qkv_bias = c->o_bias = on;
+    return 0;
+}
+
+static int parse_family_switches(const jctx *cx, const json_t *obj, kv_config *c)
 {
     switch (c->arch) {
     case ARCH_LLAMA:
-        return refuse_true(cx, obj, "attention_bias", "biased attention projections are "
-                           "not supported for llama")
+        return parse_attention_bias(cx, obj, c)
             || refuse_true(cx, obj, "mlp_bias", "biased MLP projections are not "
                            "supported for llama");
     case ARCH_QWEN2:
         return refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
                            "not supported for qwen2 (kvdiff runs every layer global)");
+    case ARCH_QWEN3:
+        return parse_attention_bias(cx, obj, c)
+            || refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
+                           "not supported for qwen3 (kvdiff runs every layer global)");
     case ARCH_GEMMA3: {
         char d[64];
         const json_t *cap = json_object_get(obj, "attn_logit_softcapping");
@@ -827,7 +848,7 @@ static int parse_root(const json_t *root, const char *file, kv_config *c, kv_err
         if (!strcmp(mt, ARCHES[a].model_type))
             return parse_text(&cx, root, NULL, (kv_arch)a, c);
     return kv_errf(e, "%s: model_type '%.40s' is not supported (kvdiff reads llama, "
-                   "qwen2, gemma3_text, gemma3)", file, mt);
+                   "qwen2, qwen3, gemma3_text, gemma3)", file, mt);
 }
 
 int config_parse_json(const char *text, size_t len, const char *name,
@@ -917,7 +938,7 @@ static bool has_nul(const char *s, size_t n)
 static int check_family(const kv_config *c, kv_err *e)
 {
     if (!arch_known(c->arch))
-        return kv_errf(e, "arch %d is not one of llama, qwen2, gemma3", (int)c->arch);
+        return kv_errf(e, "arch %d is not one of llama, qwen2, qwen3, gemma3", (int)c->arch);
     kv_config want;
     memset(&want, 0, sizeof want);
     set_family(&want, c->arch);
@@ -926,10 +947,16 @@ static int check_family(const kv_config *c, kv_err *e)
         return kv_errf(e, "model_type '%.*s' does not match the arch (expected '%s')",
                        (int)sizeof c->model_type, c->model_type, want.model_type);
     if (c->norm_plus_one != want.norm_plus_one || c->qk_norm != want.qk_norm
-        || c->sandwich_norms != want.sandwich_norms || c->qkv_bias != want.qkv_bias
-        || c->act != want.act)
-        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/qkv_bias/act do not "
-                       "match the %s family", want.model_type);
+        || c->sandwich_norms != want.sandwich_norms || c->act != want.act)
+        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/act do not match the %s "
+                       "family", want.model_type);
+    /* Llama and Qwen3 have one switch (attention_bias) for all four biases;
+     * the others fix them. */
+    bool switchable = c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3;
+    if (switchable ? c->qkv_bias != c->o_bias
+                   : c->qkv_bias != want.qkv_bias || c->o_bias != want.o_bias)
+        return kv_errf(e, "qkv_bias %d / o_bias %d do not match the %s family", c->qkv_bias,
+                       c->o_bias, want.model_type);
     return 0;
 }
 
@@ -1252,9 +1279,11 @@ static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
     fputc('{', f);
     write_common(&w, c, torch_dtype);
     if (c->arch == ARCH_LLAMA) {
-        jw_bool(&w, "attention_bias", false);
+        jw_bool(&w, "attention_bias", c->qkv_bias);
         jw_bool(&w, "mlp_bias", false);
-    } else if (c->arch == ARCH_QWEN2) {
+    } else if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
+        if (c->arch == ARCH_QWEN3)
+            jw_bool(&w, "attention_bias", c->qkv_bias);
         jw_bool(&w, "use_sliding_window", false);
         jw_raw(&w, "sliding_window", "null");
         jw_int(&w, "max_window_layers", c->n_layers);
@@ -1327,24 +1356,39 @@ typedef struct {
     bool tie;
     int window, pattern, kv_shared;
     int bos, n_eos, eos[2];
+    kv_rope_scaling scaling;
 } preset_spec;
 
+#define NO_SCALING { ROPE_SCALE_NONE, 0, 0, 0, 0 }
+
 /* The tiny models are small enough to dump whole; the -shape presets have
- * the published configs' dimensions (Qwen/Qwen2.5-0.5B, google/gemma-3-1b-it)
- * with synthetic weights. */
+ * the published configs' dimensions (Qwen/Qwen2.5-0.5B, Qwen/Qwen3-0.6B,
+ * google/gemma-3-1b-it) with synthetic weights. tiny-llama3 is tiny-llama
+ * with Llama 3.1/3.2's rope_scaling (factor 32, low 1, high 4), its
+ * original_max_position_embeddings scaled down from 8192 to 64 so that, at
+ * head_dim 16, some frequencies are kept, one is blended and the rest are
+ * slowed: every branch of the rule is exercised. */
 static const preset_spec PRESETS[] = {
     { "tiny-llama", ARCH_LLAMA, 64, 4, 4, 2, 16, 128, 256, 4096,
-      1e-5, 500000.0, 0, 0, false, 0, 0, 0, 1, 1, { 2 } },
+      1e-5, 500000.0, 0, 0, false, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
+    { "tiny-llama3", ARCH_LLAMA, 64, 4, 4, 2, 16, 128, 256, 4096,
+      1e-5, 500000.0, 0, 0, true, 0, 0, 0, 1, 1, { 2 },
+      { ROPE_SCALE_LLAMA3, 32.0, 1.0, 4.0, 64 } },
     { "tiny-qwen2", ARCH_QWEN2, 64, 4, 4, 2, 16, 128, 256, 4096,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 } },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
+    /* head_dim 32 differs from hidden/heads = 16, as in every Qwen3. */
+    { "tiny-qwen3", ARCH_QWEN3, 64, 4, 4, 2, 32, 128, 256, 4096,
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
     { "tiny-gemma3", ARCH_GEMMA3, 64, 6, 4, 2, 32, 128, 256, 4096,
-      1e-6, 1e6, 10000.0, 24, true, 12, 6, 0, 1, 1, { 2 } },
+      1e-6, 1e6, 10000.0, 24, true, 12, 6, 0, 1, 1, { 2 }, NO_SCALING },
     { "tiny-gemma3-kvshared", ARCH_GEMMA3, 64, 12, 4, 2, 32, 128, 256, 4096,
-      1e-6, 1e6, 10000.0, 24, true, 12, 6, 4, 1, 1, { 2 } },
+      1e-6, 1e6, 10000.0, 24, true, 12, 6, 4, 1, 1, { 2 }, NO_SCALING },
     { "qwen2.5-0.5b-shape", ARCH_QWEN2, 896, 24, 14, 2, 64, 4864, 151936, 32768,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151643 } },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151643 }, NO_SCALING },
+    { "qwen3-0.6b-shape", ARCH_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 40960,
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151645 }, NO_SCALING },
     { "gemma3-1b-shape", ARCH_GEMMA3, 1152, 26, 4, 1, 256, 6912, 262144, 32768,
-      1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 } },
+      1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 }, NO_SCALING },
 };
 
 #define N_PRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
@@ -1366,6 +1410,7 @@ static void build_preset(const preset_spec *p, kv_config *c)
     c->rope_theta = p->theta;
     c->rope_local_theta = p->arch == ARCH_GEMMA3 ? p->local_theta : p->theta;
     c->query_pre_attn_scalar = p->qpas;
+    c->rope_scaling = p->scaling;
     set_scales(c);
     if (p->pattern > 0)
         layers_from_pattern(c, p->pattern);
@@ -1378,23 +1423,28 @@ static void build_preset(const preset_spec *p, kv_config *c)
 
 int config_preset(const char *name, kv_config *out, kv_err *e)
 {
+    char list[512] = "";
     for (int i = 0; name && out && i < N_PRESETS; i++) {
         if (strcmp(name, PRESETS[i].name) == 0) {
             build_preset(&PRESETS[i], out);
             return 0;
         }
     }
-    return kv_errf(e, "unknown preset '%s' (presets: tiny-llama, tiny-qwen2, tiny-gemma3, "
-                   "tiny-gemma3-kvshared, qwen2.5-0.5b-shape, gemma3-1b-shape)",
-                   name ? name : "(null)");
+    for (int i = 0; i < N_PRESETS; i++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
+                 PRESETS[i].name);
+    return kv_errf(e, "unknown preset '%s' (presets: %s)", name ? name : "(null)", list);
 }
 
 const char *const *config_preset_names(void)
 {
     static const char *const names[] = {
-        "tiny-llama", "tiny-qwen2", "tiny-gemma3", "tiny-gemma3-kvshared",
-        "qwen2.5-0.5b-shape", "gemma3-1b-shape", NULL,
+        "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3",
+        "tiny-gemma3-kvshared", "qwen2.5-0.5b-shape", "qwen3-0.6b-shape", "gemma3-1b-shape",
+        NULL,
     };
+    _Static_assert(sizeof names / sizeof *names == N_PRESETS + 1,
+                   "every preset is listed once");
     return names;
 }
 
@@ -1425,6 +1475,8 @@ void config_describe(const kv_config *c, char *buf, size_t n)
         snprintf(extra, sizeof extra, " rope %s x%g",
                  c->rope_scaling.type == ROPE_SCALE_LINEAR ? "linear" : "llama3",
                  c->rope_scaling.factor);
+    if (c->o_bias)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " attention_bias");
     snprintf(buf, n, "%s: %d layers (%s), E=%d H=%d/KV=%d D=%d I=%d V=%d%s",
              c->model_type, c->n_layers, layers, c->hidden, c->n_heads, c->n_kv_heads,
              c->head_dim, c->intermediate, c->vocab, extra);

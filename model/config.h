@@ -1,8 +1,8 @@
 /* config.h — the model configuration both engines share.
  *
  * A kv_config is plain data (no pointers): it comes from a built-in preset,
- * or from a Hugging Face config.json (model_type llama, qwen2, gemma3_text,
- * gemma3), and can be written back as a config.json that Hugging Face
+ * or from a Hugging Face config.json (model_type llama, qwen2, qwen3,
+ * gemma3_text, gemma3), and can be written back as a config.json that Hugging Face
  * transformers reads. Everything an engine needs is resolved here, so
  * engines never look at model_type strings: per-layer attention type,
  * window, RoPE base and the layer whose KV cache each layer reads. */
@@ -16,7 +16,7 @@
 #define KV_MAX_LAYERS 256
 #define KV_MAX_EOS 8
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3 } kv_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3 } kv_arch;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
 typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;
 typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3 } kv_rope_scale;
@@ -31,7 +31,8 @@ typedef struct {
 
 typedef struct {
     kv_arch arch;
-    char model_type[32];         /* as written to config.json: "llama", "qwen2", "gemma3_text" */
+    char model_type[32];         /* as written to config.json: "llama", "qwen2", "qwen3",
+                                    "gemma3_text" */
 
     int hidden;                  /* E: hidden_size */
     int n_layers;                /* L: num_hidden_layers */
@@ -45,8 +46,12 @@ typedef struct {
     double rms_eps;
     bool norm_plus_one;          /* Gemma: x * (1 + w); others x * w */
     kv_act act;
-    bool qkv_bias;               /* Qwen2: q/k/v projections have biases */
-    bool qk_norm;                /* Gemma 3: RMSNorm over D on q and k before RoPE */
+    bool qkv_bias;               /* q/k/v projections have biases: Qwen2 always; Llama and
+                                    Qwen3 when attention_bias is true */
+    bool o_bias;                 /* o_proj has a bias: Llama and Qwen3 with attention_bias
+                                    (Qwen2 never); equals qkv_bias for those two */
+    bool qk_norm;                /* Gemma 3, Qwen3: RMSNorm over D on each q and k head before
+                                    RoPE (multiplier 1 + w on Gemma, w on Qwen3) */
     bool sandwich_norms;         /* Gemma 3: post-attention / pre- and post-feedforward norms */
     bool tie_embeddings;         /* lm_head is embed_tokens */
     float embed_scale;           /* Gemma: sqrt(hidden) as float32; others 1 */
@@ -96,7 +101,7 @@ int config_parse_json(const char *text, size_t len, const char *name,
                       kv_config *out, kv_err *e);
 
 /* Writes c as a Hugging Face config.json to path (temp file + rename), as
- * model_type llama, qwen2 or gemma3_text; reading it back gives c again,
+ * model_type llama, qwen2, qwen3 or gemma3_text; reading it back gives c again,
  * except tensor_prefix and lm_head_name, which config.json does not hold.
  * Refuses (-1, "<path>: ...") an invalid c and KV owners other than
  * num_kv_shared_layers can say. */
@@ -107,8 +112,9 @@ int config_write_json(const kv_config *c, const char *path, kv_err *e);
 int config_write_json_dtype(const kv_config *c, const char *path, const char *torch_dtype,
                             kv_err *e);
 
-/* Built-in presets: "tiny-llama", "tiny-qwen2", "tiny-gemma3",
- * "tiny-gemma3-kvshared", "qwen2.5-0.5b-shape", "gemma3-1b-shape".
+/* Built-in presets: "tiny-llama", "tiny-llama3" (llama3 RoPE scaling),
+ * "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-gemma3-kvshared",
+ * "qwen2.5-0.5b-shape", "qwen3-0.6b-shape", "gemma3-1b-shape".
  * Returns 0, or -1 with e filled for an unknown name. */
 int config_preset(const char *name, kv_config *out, kv_err *e);
 

@@ -162,13 +162,19 @@ static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
 
 static const char *arch_name(kv_arch a)
 {
-    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : "gemma3";
+    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
+                                                                                : "gemma3";
 }
 
 int gguf_export_check(const kv_config *c, kv_err *e)
 {
-    if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3)
+    if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3 &&
+        c->arch != ARCH_QWEN3)
         return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
+    /* llama_model_qwen3::load_arch_tensors creates no attn_output.bias. */
+    if (c->arch == ARCH_QWEN3 && (c->qkv_bias || c->o_bias))
+        return kv_errf(e, "attention_bias on qwen3: llama.cpp's qwen3 loads no "
+                       "attn_output.bias, so it cannot run this model");
     for (int i = 0; i < c->n_layers; i++) {
         if (c->kv_owner[i] != i)
             return kv_errf(e, "layer %d reads layer %d's KV cache; llama.cpp's %s "
@@ -233,6 +239,7 @@ static const char *gguf_layer_name(const kv_config *c, const char *sx)
         {"self_attn.v_proj.weight", "attn_v.weight"},
         {"self_attn.v_proj.bias", "attn_v.bias"},
         {"self_attn.o_proj.weight", "attn_output.weight"},
+        {"self_attn.o_proj.bias", "attn_output.bias"},
         {"self_attn.q_norm.weight", "attn_q_norm.weight"},
         {"self_attn.k_norm.weight", "attn_k_norm.weight"},
         {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
@@ -265,10 +272,14 @@ static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
             return kv_errf(e, "internal: no GGUF name for tensor '%s'", s->name);
         snprintf(t->name, sizeof t->name, "blk.%d.%s", s->layer, g);
         /* llama.cpp's llama architecture rotates adjacent pairs (RoPE type
-         * NORM); HF rotates halves. LlamaModel.permute reorders rows. */
-        if (c->arch == ARCH_LLAMA && !strcmp(sx, "self_attn.q_proj.weight"))
+         * NORM); HF rotates halves. LlamaModel.permute reorders rows, of
+         * the q/k biases too (LlamaModel.modify_tensors). Qwen2/Qwen3 use
+         * NEOX RoPE (halves) and are written as they are. */
+        if (c->arch == ARCH_LLAMA && (!strcmp(sx, "self_attn.q_proj.weight") ||
+                                      !strcmp(sx, "self_attn.q_proj.bias")))
             t->permute_heads = c->n_heads;
-        if (c->arch == ARCH_LLAMA && !strcmp(sx, "self_attn.k_proj.weight"))
+        if (c->arch == ARCH_LLAMA && (!strcmp(sx, "self_attn.k_proj.weight") ||
+                                      !strcmp(sx, "self_attn.k_proj.bias")))
             t->permute_heads = c->n_kv_heads;
         if (c->arch == ARCH_GEMMA3 && !strcmp(sx, "self_attn.q_norm.weight"))
             t->mul = (float)(c->attn_scale / llama_gemma3_scale(c));
@@ -445,7 +456,9 @@ static int write_tensor(outfile *o, const wsource *src, const out_tensor *t,
     else if (src_read(src, t->spec, buf, e) < 0)
         goto done;
     if (t->permute_heads) {
-        permute_rows(buf, tmp, (int)t->ne[1], (int)t->ne[0], t->permute_heads);
+        /* A bias (1-D) is one value a row. */
+        int rows = t->ndim == 1 ? (int)t->ne[0] : (int)t->ne[1];
+        permute_rows(buf, tmp, rows, t->ndim == 1 ? 1 : (int)t->ne[0], t->permute_heads);
         float *sw = buf;
         buf = tmp;
         tmp = sw;

@@ -5,7 +5,10 @@
  * (convert_hf_to_gguf.py, release v0.5.0) writes them, so that llama.cpp
  * computes the same function as kvdiff's reference:
  *   - tensor names token_embd, blk.N.attn_q, ..., output_norm, output;
- *   - Llama: q/k rows permuted to llama.cpp's interleaved RoPE layout;
+ *   - Llama: q/k rows (and q/k biases, with attention_bias) permuted to
+ *     llama.cpp's interleaved RoPE layout; o_proj's bias as attn_output.bias;
+ *   - Qwen3: arch "qwen3", q_norm/k_norm as attn_q_norm/attn_k_norm, rows as
+ *     they are (NEOX RoPE rotates halves, as Hugging Face does);
  *   - Gemma 3: every RMSNorm weight stored as 1 + w; when llama.cpp's fixed
  *     attention scale (1/sqrt(head_dim), or 1/sqrt(hidden/heads) for a
  *     62-layer model) differs from query_pre_attn_scalar^-0.5, the ratio

@@ -67,6 +67,8 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
                 LAYER_T("self_attn.v_proj.bias", TENSOR_BIAS, KD, 0);
         }
         LAYER_T("self_attn.o_proj.weight", TENSOR_LINEAR, E, QD);
+        if (c->o_bias)
+            LAYER_T("self_attn.o_proj.bias", TENSOR_BIAS, E, 0);
         if (c->qk_norm) {
             LAYER_T("self_attn.q_norm.weight", TENSOR_NORM, c->head_dim, 0);
             if (owns)
@@ -268,12 +270,13 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     if (!strcmp(sx, "self_attn.q_proj.weight")) return load_linear(src, s, wt, qb, &ly->wq, h, e);
     if (!strcmp(sx, "self_attn.k_proj.weight")) return load_linear(src, s, wt, qb, &ly->wk, h, e);
     if (!strcmp(sx, "self_attn.v_proj.weight")) return load_linear(src, s, wt, qb, &ly->wv, h, e);
-    if (!strcmp(sx, "self_attn.o_proj.weight")) return load_linear(src, s, wt, false, &ly->wo, h, e);
+    if (!strcmp(sx, "self_attn.o_proj.weight")) return load_linear(src, s, wt, m->cfg.o_bias, &ly->wo, h, e);
     if (!strcmp(sx, "mlp.gate_proj.weight")) return load_linear(src, s, wt, false, &ly->w_gate, h, e);
     if (!strcmp(sx, "mlp.up_proj.weight")) return load_linear(src, s, wt, false, &ly->w_up, h, e);
     if (!strcmp(sx, "mlp.down_proj.weight")) return load_linear(src, s, wt, false, &ly->w_down, h, e);
     if (s->kind == TENSOR_BIAS) {
-        kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk : &ly->wv;
+        kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk
+                       : strstr(sx, "v_proj") ? &ly->wv : &ly->wo;
         if (source_rows(src, s, 0, s->shape[0], L->bias, e) < 0)
             return -1;
         XXH3_64bits_update(h, L->bias, (size_t)s->shape[0] * sizeof(float));
@@ -359,14 +362,26 @@ done:
 int model_from_preset(const char *preset, uint64_t seed, const model_opts *o,
                       kv_model *m, kv_err *e)
 {
+    kv_config c;
+    char label[96];
     memset(m, 0, sizeof *m);
-    if (config_preset(preset, &m->cfg, e) < 0)
+    if (config_preset(preset, &c, e) < 0)
         return -1;
+    snprintf(label, sizeof label, "preset %s", preset);
+    return model_from_config(&c, label, seed, o, m, e);
+}
+
+int model_from_config(const kv_config *c, const char *label, uint64_t seed,
+                      const model_opts *o, kv_model *m, kv_err *e)
+{
+    memset(m, 0, sizeof *m);
+    if (config_validate(c, e) < 0)
+        return kv_err_prefix(e, label);
+    m->cfg = *c;
     m->wtype = (o && o->wtype >= 0) ? (kern_wtype)o->wtype : KERN_F32;
-    snprintf(m->source, sizeof m->source, "preset %s seed %llu", preset,
-             (unsigned long long)seed);
+    snprintf(m->source, sizeof m->source, "%s seed %llu", label, (unsigned long long)seed);
     uint64_t nonfinite = 0;
-    row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = preset,
+    row_source src = {.cfg = &m->cfg, .st = NULL, .seed = seed, .dir = label,
                       .nonfinite = &nonfinite};
     if (load_all(&src, o, m, e) < 0) {
         model_free(m);
@@ -472,6 +487,9 @@ static int ensure_dir(const char *dir, kv_err *e)
     return 0;
 }
 
+static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, int bf16,
+                      const char *dir, model_progress_fn progress, void *ctx, kv_err *e);
+
 int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e)
 {
     return model_gen_folder_progress(preset, seed, bf16, dir, NULL, NULL, e);
@@ -481,8 +499,25 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
                               model_progress_fn progress, void *ctx, kv_err *e)
 {
     kv_config c;
+    if (config_preset(preset, &c, e) < 0)
+        return -1;
+    return gen_folder(&c, preset, seed, bf16, dir, progress, ctx, e);
+}
+
+int model_gen_folder_config(const kv_config *c, uint64_t seed, int bf16, const char *dir,
+                            kv_err *e)
+{
+    if (config_validate(c, e) < 0)
+        return kv_err_prefix(e, dir);
+    return gen_folder(c, "", seed, bf16, dir, NULL, NULL, e);
+}
+
+static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, int bf16,
+                      const char *dir, model_progress_fn progress, void *ctx, kv_err *e)
+{
+    const kv_config c = *cfg;
     char path[4096], seedtxt[32];
-    if (config_preset(preset, &c, e) < 0 || ensure_dir(dir, e) < 0)
+    if (ensure_dir(dir, e) < 0)
         return -1;
     int n = tensors_list(&c, NULL, 0);
     tensor_spec *specs = calloc((size_t)n, sizeof *specs);
@@ -502,8 +537,9 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
         decls[i].shape[1] = specs[i].shape[1];
     }
     snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);
-    const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "preset", preset,
-                          "seed", seedtxt, NULL};
+    /* A config that is no preset's has no "preset" entry. */
+    const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "seed", seedtxt,
+                          preset[0] ? "preset" : NULL, preset, NULL};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     st_writer *w = st_writer_open(path, decls, (size_t)n, meta, e);
     int rc = w ? 0 : -1;

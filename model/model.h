@@ -48,7 +48,7 @@ typedef struct {
                                        pre_feedforward_layernorm (Gemma 3) */
     float *post_attn_norm;          /* (E) Gemma 3 only */
     float *post_ffn_norm;           /* (E) Gemma 3 only */
-    float *q_norm, *k_norm;         /* (D) Gemma 3 only; k_norm NULL on followers */
+    float *q_norm, *k_norm;         /* (D) Gemma 3 and Qwen3; k_norm NULL on followers */
 } model_layer;
 
 typedef struct {
@@ -93,6 +93,13 @@ void model_resolve_prefix(kv_config *c, const struct st_file *st);
 /* Builds a preset with synthetic weights. */
 int model_from_preset(const char *preset, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e);
 
+/* Builds a model of config c (checked with config_validate) with synthetic
+ * weights drawn from seed, exactly as model_from_preset does for a
+ * preset's config (same config and seed: same weights). label names the
+ * model in m->source and in messages ("preset tiny-llama"). */
+int model_from_config(const kv_config *c, const char *label, uint64_t seed,
+                      const model_opts *o, kv_model *m, kv_err *e);
+
 /* A folder path (contains '/' or exists as a directory) or a preset name. */
 int model_open(const char *spec, uint64_t seed, const model_opts *o, kv_model *m, kv_err *e);
 
@@ -108,5 +115,10 @@ int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *di
 /* The same, calling progress (may be NULL) after each tensor written. */
 int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
                               model_progress_fn progress, void *ctx, kv_err *e);
+
+/* model_gen_folder for any valid config c (a preset's with a feature
+ * switched, say): the weights model_from_config(c, ..., seed) builds. */
+int model_gen_folder_config(const kv_config *c, uint64_t seed, int bf16, const char *dir,
+                            kv_err *e);
 
 #endif

@@ -7,6 +7,7 @@
  * divergence to exactly where docs/injections.md predicts, and changes
  * nothing where it cannot matter. The ring keeps its memory flat. */
 #include <check.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,18 +21,33 @@
 #define W 12      /* tiny-gemma3's window */
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                      "tiny-gemma3-kvshared"};
+                                      "tiny-gemma3-kvshared", "tiny-llama3", "tiny-qwen3",
+                                      "tiny-llama+attention_bias"};
+#define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 typedef struct {
     gen_result res;
     capture *cap;
 } run_out;
 
+/* A preset, or "PRESET+attention_bias": the preset with its q/k/v/o
+ * biases switched on (as attention_bias in config.json does). */
 static void open_model(const char *name, kv_model *m)
 {
     kv_err e = {{0}};
     model_opts mo = {.wtype = -1};
-    ck_assert_msg(model_from_preset(name, 0, &mo, m, &e) == 0, "%s", e.msg);
+    const char *plus = strchr(name, '+');
+    if (!plus) {
+        ck_assert_msg(model_from_preset(name, 0, &mo, m, &e) == 0, "%s", e.msg);
+        return;
+    }
+    char base[64];
+    kv_config c;
+    snprintf(base, sizeof base, "%.*s", (int)(plus - name), name);
+    ck_assert_str_eq(plus + 1, "attention_bias");
+    ck_assert_msg(config_preset(base, &c, &e) == 0, "%s", e.msg);
+    c.qkv_bias = c.o_bias = true;
+    ck_assert_msg(model_from_config(&c, name, 0, &mo, m, &e) == 0, "%s", e.msg);
 }
 
 /* Runs `engine` ("reference" or chunked with o) on a fixed prompt. */
@@ -405,10 +421,10 @@ Suite *chunked_suite(void)
 {
     Suite *s = suite_create("chunked");
     TCase *tc = tcase_create("engine");
-    tcase_add_loop_test(tc, test_sweep_bit_identical, 0, 4);
+    tcase_add_loop_test(tc, test_sweep_bit_identical, 0, N_PRESETS);
     tcase_add_test(tc, test_kv_share_variants_bit_identical);
-    tcase_add_loop_test(tc, test_every_stage_bit_identical, 0, 4);
-    tcase_add_loop_test(tc, test_cascade_within_tolerance, 0, 4);
+    tcase_add_loop_test(tc, test_every_stage_bit_identical, 0, N_PRESETS);
+    tcase_add_loop_test(tc, test_cascade_within_tolerance, 0, N_PRESETS);
     tcase_add_loop_test(tc, test_injection_lands_where_predicted, 0,
                         (int)(sizeof inj_cases / sizeof *inj_cases));
     tcase_add_test(tc, test_ring_memory_flat);

@@ -97,6 +97,7 @@ static void assert_same_config(const kv_config *a, const kv_config *b)
     ck_assert(a->rms_eps == b->rms_eps);
     ck_assert(a->norm_plus_one == b->norm_plus_one && a->act == b->act);
     ck_assert(a->qkv_bias == b->qkv_bias && a->qk_norm == b->qk_norm);
+    ck_assert(a->o_bias == b->o_bias);
     ck_assert(a->sandwich_norms == b->sandwich_norms);
     ck_assert(a->tie_embeddings == b->tie_embeddings);
     ck_assert(a->embed_scale == b->embed_scale);
@@ -370,6 +371,102 @@ START_TEST(qwen2_defaults)
 }
 END_TEST
 
+START_TEST(conformance_qwen3)
+{
+    kv_config c = load_ok("tests/data/conformance/qwen3/config.json");
+    ck_assert_int_eq(c.arch, ARCH_QWEN3);
+    ck_assert(c.hidden == 64 && c.n_layers == 4 && c.n_heads == 4 && c.n_kv_heads == 2);
+    ck_assert(c.head_dim == 32 && c.intermediate == 96 && c.vocab == 256);
+    ck_assert(c.rms_eps == 1e-6 && c.rope_theta == 1e6 && c.tie_embeddings);
+    ck_assert(c.qk_norm && !c.norm_plus_one && !c.qkv_bias && !c.o_bias && !c.sandwich_norms);
+    ck_assert(c.attn_scale == 1.0 / sqrt(32.0));
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_NONE);
+    assert_all_global(&c);
+    assert_owners_are_self(&c);
+}
+END_TEST
+
+START_TEST(conformance_llama3_bias)
+{
+    kv_config c = load_ok("tests/data/conformance/llama3-bias/config.json");
+    ck_assert_int_eq(c.arch, ARCH_LLAMA);
+    ck_assert(c.hidden == 64 && c.n_layers == 2 && c.head_dim == 16 && c.vocab == 128);
+    ck_assert(c.qkv_bias && c.o_bias && !c.qk_norm && c.tie_embeddings);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_LLAMA3);
+    ck_assert(c.rope_scaling.factor == 8.0 && c.rope_scaling.low_freq_factor == 1.0);
+    ck_assert(c.rope_scaling.high_freq_factor == 4.0);
+    ck_assert_int_eq(c.rope_scaling.original_max_position, 64);
+    ck_assert(c.rope_theta == 500000.0 && c.rms_eps == 1e-5);
+}
+END_TEST
+
+/* LlamaAttention with attention_bias: q, k, v and o_proj all biased. */
+START_TEST(llama_attention_bias)
+{
+    kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                           " \"attention_bias\": true, \"mlp_bias\": false}");
+    ck_assert(c.qkv_bias && c.o_bias);
+    ck_assert(!c.qk_norm && !c.norm_plus_one);
+    assert_round_trip(&c);
+    c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
+                 " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 4, \"vocab_size\": 100,"
+                 " \"attention_bias\": false}");
+    ck_assert(!c.qkv_bias && !c.o_bias);
+}
+END_TEST
+
+/* Qwen3Config's defaults: head_dim 128 whatever hidden/heads is, KV heads
+ * = heads, rope_theta 10000, untied, no token ids; q/k norms with plain w,
+ * no biases unless attention_bias. */
+START_TEST(qwen3_defaults)
+{
+    kv_config c = parse_ok("{\"model_type\": \"qwen3\", \"hidden_size\": 64,"
+                           " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                           " \"num_attention_heads\": 4, \"vocab_size\": 100}");
+    ck_assert_int_eq(c.arch, ARCH_QWEN3);
+    ck_assert_str_eq(c.model_type, "qwen3");
+    ck_assert_int_eq(c.head_dim, 128);
+    ck_assert_int_eq(c.n_kv_heads, 4);
+    ck_assert(c.rope_theta == 10000.0 && c.rms_eps == 1e-6 && !c.tie_embeddings);
+    ck_assert_int_eq(c.max_positions, 32768);
+    ck_assert_int_eq(c.bos_id, -1);
+    ck_assert_int_eq(c.n_eos, 0);
+    ck_assert(c.qk_norm && !c.norm_plus_one && !c.sandwich_norms);
+    ck_assert(!c.qkv_bias && !c.o_bias);
+    ck_assert_int_eq(c.act, ACT_SILU);
+    ck_assert(c.attn_scale == 1.0 / sqrt(128.0));
+    ck_assert(c.embed_scale == 1.0f && c.query_pre_attn_scalar == 0.0);
+    assert_all_global(&c);
+    assert_round_trip(&c);
+    /* Qwen3-0.6B's own config.json (trimmed of keys kvdiff ignores). */
+    c = parse_ok("{\"architectures\": [\"Qwen3ForCausalLM\"], \"attention_bias\": false,"
+                 " \"attention_dropout\": 0.0, \"bos_token_id\": 151643,"
+                 " \"eos_token_id\": 151645, \"head_dim\": 128, \"hidden_act\": \"silu\","
+                 " \"hidden_size\": 1024, \"intermediate_size\": 3072,"
+                 " \"max_position_embeddings\": 40960, \"max_window_layers\": 28,"
+                 " \"model_type\": \"qwen3\", \"num_attention_heads\": 16,"
+                 " \"num_hidden_layers\": 28, \"num_key_value_heads\": 8,"
+                 " \"rms_norm_eps\": 1e-06, \"rope_scaling\": null, \"rope_theta\": 1000000,"
+                 " \"sliding_window\": null, \"tie_word_embeddings\": true,"
+                 " \"torch_dtype\": \"bfloat16\", \"use_cache\": true,"
+                 " \"use_sliding_window\": false, \"vocab_size\": 151936}");
+    kv_config p;
+    kv_err e;
+    ck_assert_int_eq(config_preset("qwen3-0.6b-shape", &p, &e), 0);
+    assert_same_config(&c, &p);
+    /* attention_bias: q, k, v and o_proj, as Qwen3Attention builds them. */
+    c = parse_ok("{\"model_type\": \"qwen3\", \"hidden_size\": 64,"
+                 " \"intermediate_size\": 96, \"num_hidden_layers\": 2,"
+                 " \"num_attention_heads\": 4, \"vocab_size\": 100, \"head_dim\": 16,"
+                 " \"attention_bias\": true}");
+    ck_assert(c.qkv_bias && c.o_bias && c.head_dim == 16);
+    assert_round_trip(&c);
+}
+END_TEST
+
 START_TEST(llama3_rope_scaling)
 {
     kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
@@ -462,7 +559,7 @@ START_TEST(presets_validate_and_round_trip)
         ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
         assert_round_trip(&c);
     }
-    ck_assert_int_eq(n, 6);
+    ck_assert_int_eq(n, 9);
 }
 END_TEST
 
@@ -474,8 +571,22 @@ START_TEST(preset_values)
     ck_assert(c.arch == ARCH_LLAMA && c.hidden == 64 && c.n_layers == 4 && c.head_dim == 16);
     ck_assert(c.rope_theta == 500000.0 && c.rms_eps == 1e-5 && !c.tie_embeddings);
     ck_assert(c.bos_id == 1 && c.n_eos == 1 && c.eos_ids[0] == 2);
+    ck_assert(!c.qkv_bias && !c.o_bias && c.rope_scaling.type == ROPE_SCALE_NONE);
+    ck_assert_int_eq(config_preset("tiny-llama3", &c, &e), 0);
+    ck_assert(c.arch == ARCH_LLAMA && c.head_dim == 16 && c.tie_embeddings);
+    ck_assert(c.rope_scaling.type == ROPE_SCALE_LLAMA3 && c.rope_scaling.factor == 32.0);
+    ck_assert(c.rope_scaling.low_freq_factor == 1.0 && c.rope_scaling.high_freq_factor == 4.0);
+    ck_assert_int_eq(c.rope_scaling.original_max_position, 64);
     ck_assert_int_eq(config_preset("tiny-qwen2", &c, &e), 0);
-    ck_assert(c.qkv_bias && c.tie_embeddings && c.rope_theta == 1e6);
+    ck_assert(c.qkv_bias && !c.o_bias && c.tie_embeddings && c.rope_theta == 1e6);
+    ck_assert_int_eq(config_preset("tiny-qwen3", &c, &e), 0);
+    ck_assert(c.arch == ARCH_QWEN3 && c.qk_norm && !c.norm_plus_one && !c.qkv_bias);
+    ck_assert(c.head_dim == 32 && c.hidden / c.n_heads == 16 && c.tie_embeddings);
+    ck_assert(c.attn_scale == 1.0 / sqrt(32.0));
+    ck_assert_int_eq(config_preset("qwen3-0.6b-shape", &c, &e), 0);
+    ck_assert(c.hidden == 1024 && c.n_layers == 28 && c.n_heads == 16 && c.n_kv_heads == 8);
+    ck_assert(c.head_dim == 128 && c.intermediate == 3072 && c.vocab == 151936);
+    ck_assert(c.max_positions == 40960 && c.bos_id == 151643 && c.eos_ids[0] == 151645);
     ck_assert_int_eq(config_preset("tiny-gemma3", &c, &e), 0);
     ck_assert(c.head_dim == 32 && c.sliding_window == 12 && c.query_pre_attn_scalar == 24.0);
     for (int i = 0; i < 6; i++)
@@ -529,6 +640,12 @@ START_TEST(describe_line)
     ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &c, &e), 0);
     config_describe(&c, buf, sizeof buf);
     ck_assert_ptr_nonnull(strstr(buf, "(10 sliding W=12, 2 global, 4 KV-shared)"));
+    ck_assert_int_eq(config_preset("tiny-qwen3", &c, &e), 0);
+    c.qkv_bias = c.o_bias = true;
+    config_describe(&c, buf, sizeof buf);
+    ck_assert_str_eq(buf, "qwen3: 4 layers (4 global), E=64 H=4/KV=2 D=32 I=128 V=256 "
+                          "attention_bias");
+    ck_assert_int_eq(config_preset("tiny-gemma3-kvshared", &c, &e), 0);
     config_describe(&c, buf, 8);
     ck_assert_str_eq(buf, "gemma3_");
 }
@@ -557,6 +674,28 @@ START_TEST(validate_rejects)
     c = base; c.embed_scale = 1.0f;
     ck_assert_int_eq(config_validate(&c, &e), -1);
     c = base; c.sliding_window = 0;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    /* Biases: Llama and Qwen3 bias all four projections or none; Qwen2
+     * q/k/v only; Gemma none. Qwen3 has its q/k norms, with plain w. */
+    static const struct { const char *preset; bool qkv, o; } biases[] = {
+        {"tiny-llama", true, false}, {"tiny-llama", false, true}, {"tiny-qwen3", true, false},
+        {"tiny-qwen2", true, true}, {"tiny-qwen2", false, false}, {"tiny-gemma3", true, true},
+    };
+    for (size_t i = 0; i < sizeof biases / sizeof *biases; i++) {
+        ck_assert_int_eq(config_preset(biases[i].preset, &c, &e), 0);
+        c.qkv_bias = biases[i].qkv;
+        c.o_bias = biases[i].o;
+        ck_assert_msg(config_validate(&c, &e) == -1, "%s qkv %d o %d accepted",
+                      biases[i].preset, biases[i].qkv, biases[i].o);
+        ck_assert_ptr_nonnull(strstr(e.msg, "o_bias"));
+    }
+    ck_assert_int_eq(config_preset("tiny-qwen3", &c, &e), 0);
+    c.qkv_bias = c.o_bias = true;
+    ck_assert_msg(config_validate(&c, &e) == 0, "%s", e.msg);
+    c.qk_norm = false;
+    ck_assert_int_eq(config_validate(&c, &e), -1);
+    ck_assert_int_eq(config_preset("tiny-qwen3", &c, &e), 0);
+    c.norm_plus_one = true;
     ck_assert_int_eq(config_validate(&c, &e), -1);
     c = base; c.head_dim = 31;
     ck_assert_int_eq(config_validate(&c, &e), -1);
@@ -635,6 +774,8 @@ END_TEST
                    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
 #define QWEN2_HEAD "{\"model_type\": \"qwen2\", \"hidden_size\": 64, \"intermediate_size\": 96," \
                    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
+#define QWEN3_HEAD "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96," \
+                   " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
 #define GEMMA_HEAD "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64," \
                    " \"intermediate_size\": 96, \"num_hidden_layers\": 6," \
                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256"
@@ -650,7 +791,8 @@ static const bad_case BAD[] = {
     { "{\"hidden_size\": 64}", "model_type is missing" },
     { "{\"model_type\": 5}", "model_type is 5; expected a string" },
     { "{\"model_type\": \"mistral\", \"hidden_size\": 64}",
-      "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, gemma3_text, gemma3)" },
+      "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, qwen3, gemma3_text, "
+      "gemma3)" },
     { "{\"model_type\": \"llama\", \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
       " \"num_attention_heads\": 4, \"vocab_size\": 256}", "hidden_size is missing" },
     { "{\"model_type\": \"llama\", \"hidden_size\": -5}", "hidden_size is -5; expected 1..1048576" },
@@ -684,7 +826,8 @@ static const bad_case BAD[] = {
     { LLAMA_HEAD ", \"partial_rotary_factor\": 0.5}", "partial_rotary_factor is 0.5" },
     { LLAMA_HEAD ", \"rope_theta\": -1}", "rope_theta is -1" },
     { LLAMA_HEAD ", \"rms_norm_eps\": 0}", "rms_norm_eps is 0" },
-    { LLAMA_HEAD ", \"attention_bias\": true}", "attention_bias is true" },
+    { LLAMA_HEAD ", \"attention_bias\": \"yes\"}", "attention_bias is the string \"yes\"" },
+    { LLAMA_HEAD ", \"attention_bias\": 1}", "attention_bias is 1; expected true or false" },
     { LLAMA_HEAD ", \"mlp_bias\": true}", "mlp_bias is true" },
     { LLAMA_HEAD ", \"hidden_act\": \"gelu\"}", "hidden_act 'gelu' is not supported for llama" },
     { LLAMA_HEAD ", \"tie_word_embeddings\": \"yes\"}", "tie_word_embeddings is the string" },
@@ -700,6 +843,20 @@ static const bad_case BAD[] = {
     { LLAMA_HEAD ", \"num_kv_shared_layers\": 2}", "num_kv_shared_layers is 2; KV sharing" },
     { LLAMA_HEAD ", \"hidden_size\": 32}", "not valid JSON: duplicate object key" },
     { QWEN2_HEAD ", \"use_sliding_window\": true}", "use_sliding_window is true" },
+    { QWEN3_HEAD ", \"use_sliding_window\": true}",
+      "use_sliding_window is true; sliding-window attention is not supported for qwen3" },
+    { QWEN3_HEAD ", \"layer_types\": [\"full_attention\", \"full_attention\","
+      " \"sliding_attention\", \"full_attention\"]}", "layer_types[2] is 'sliding_attention'" },
+    { QWEN3_HEAD ", \"head_dim\": null}", "head_dim is null" },
+    { QWEN3_HEAD ", \"head_dim\": 31}", "head_dim is 31; RoPE needs an even head_dim" },
+    { QWEN3_HEAD ", \"attention_bias\": null}", "attention_bias is null; expected true or false" },
+    { QWEN3_HEAD ", \"hidden_act\": \"gelu_pytorch_tanh\"}",
+      "hidden_act 'gelu_pytorch_tanh' is not supported for qwen3" },
+    { QWEN3_HEAD ", \"num_kv_shared_layers\": 1}", "num_kv_shared_layers is 1; KV sharing" },
+    { "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+      " \"num_hidden_layers\": 4, \"vocab_size\": 256}", "num_attention_heads is missing" },
+    { "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96,"
+      " \"num_hidden_layers\": 4, \"num_attention_heads\": 4}", "vocab_size is missing" },
     { QWEN2_HEAD ", \"layer_types\": [\"full_attention\", \"sliding_attention\","
       " \"full_attention\", \"full_attention\"]}", "layer_types[1] is 'sliding_attention'" },
     { GEMMA_HEAD ", \"layer_types\": [\"sliding_attention\", \"full_attention\"]}",
@@ -764,11 +921,15 @@ Suite *config_suite(void)
     tcase_add_test(t, conformance_llama);
     tcase_add_test(t, conformance_qwen2);
     tcase_add_test(t, conformance_gemma3);
+    tcase_add_test(t, conformance_qwen3);
+    tcase_add_test(t, conformance_llama3_bias);
     tcase_add_test(t, gemma3_nested_defaults);
     tcase_add_test(t, gemma3_pattern_without_layer_types);
     tcase_add_test(t, gemma3_no_sliding_layers);
     tcase_add_test(t, llama_defaults);
     tcase_add_test(t, qwen2_defaults);
+    tcase_add_test(t, llama_attention_bias);
+    tcase_add_test(t, qwen3_defaults);
     tcase_add_test(t, llama3_rope_scaling);
     tcase_add_test(t, rope_type_synonyms);
     tcase_add_test(t, rope_parameters_v5);

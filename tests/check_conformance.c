@@ -1,9 +1,11 @@
 /* check_conformance.c — the reference engine against the outside world.
  *
- * tests/data/conformance/ holds three tiny Hugging Face folders (Llama,
- * Qwen2, Gemma 3 with sliding and global layers), a 40-token prompt each,
- * and golden tensors from an independent float64 implementation of the
- * transformers definitions (llama.cpp agrees to 1e-6). Each folder is loaded
+ * tests/data/conformance/ holds tiny Hugging Face folders (Llama, Qwen2,
+ * Gemma 3 with sliding and global layers; Qwen3, and Llama with
+ * attention_bias and llama3 RoPE scaling, from make_case.py there), a
+ * 40-token prompt each, and golden tensors from independent float64
+ * implementations of the transformers definitions (llama.cpp agrees to
+ * 1e-6). Each folder is loaded
  * with the real loader and every golden tensor must match within 1e-5
  * relative (max |engine - golden| / max |golden|). RMSNorm eps moves results
  * too little for that tolerance to see, so it gets its own check: the
@@ -91,6 +93,8 @@ static void check_case(const char *name)
 {
     char worst_name[64] = "";
     double worst = run_case(name, 1.0, worst_name, sizeof worst_name);
+    if (getenv("KVDIFF_TEST_VERBOSE"))
+        fprintf(stderr, "conformance %s: worst %.2e (%s)\n", name, worst, worst_name);
     ck_assert_msg(worst <= CONF_TOL, "%s: %s is off by %.3g relative (tolerance %.0e)", name,
                   worst_name, worst, CONF_TOL);
     /* eps: the configured value must fit best. */
@@ -108,6 +112,10 @@ START_TEST(test_qwen2) { check_case("qwen2"); }
 END_TEST
 START_TEST(test_gemma3) { check_case("gemma3"); }
 END_TEST
+START_TEST(test_qwen3) { check_case("qwen3"); }
+END_TEST
+START_TEST(test_llama3_bias) { check_case("llama3-bias"); }
+END_TEST
 
 Suite *conformance_suite(void)
 {
@@ -116,6 +124,8 @@ Suite *conformance_suite(void)
     tcase_add_test(tc, test_llama);
     tcase_add_test(tc, test_qwen2);
     tcase_add_test(tc, test_gemma3);
+    tcase_add_test(tc, test_qwen3);
+    tcase_add_test(tc, test_llama3_bias);
     suite_add_tcase(s, tc);
     return s;
 }

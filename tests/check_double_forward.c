@@ -1,14 +1,17 @@
 /* check_double_forward.c — an independent double-precision forward pass.
  *
  * A deliberately plain transformer forward, written here from the Hugging
- * Face definitions of Llama, Qwen2 and Gemma 3 (see the conformance
+ * Face definitions of Llama, Qwen2, Qwen3 and Gemma 3 (see the conformance
  * README), sharing no kernel with the engines: weights come straight from
  * the tensor catalogue and the synthetic generator, every sum is a plain
- * double loop. For every tiny preset and a prompt longer than the sliding
+ * double loop. For every tiny preset (and Llama/Qwen3 with attention_bias,
+ * Llama with linear RoPE scaling) and a prompt longer than the sliding
  * window, the reference engine's q, k, attention output and residual of
  * every layer, its final norm and its logits must agree with this forward
  * within 1e-5 relative (max |diff| / max |ours| over the whole tensor).
- * A negative control shows the comparison does catch a wrong window. */
+ * Negative controls show the comparison does catch a wrong window, llama3
+ * RoPE scaling left out, Qwen3's q/k norms read as Gemma's 1 + w, and a
+ * missing o_proj bias. */
 #include <check.h>
 #include <math.h>
 #include <stdbool.h>
@@ -21,8 +24,8 @@
 #include "reference/reference.h"
 #include "testutil.h"
 
-static const char *const tiny_presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                           "tiny-gemma3-kvshared"};
+static const char *const tiny_presets[] = {"tiny-llama", "tiny-llama3", "tiny-qwen2",
+                                           "tiny-qwen3", "tiny-gemma3", "tiny-gemma3-kvshared"};
 #define N_TINY (int)(sizeof tiny_presets / sizeof *tiny_presets)
 #define PROMPT_LEN 40        /* longer than every tiny preset's window */
 #define TOLERANCE 1e-5       /* the conformance README's float32 engine bound */
@@ -39,9 +42,10 @@ typedef struct {
                                 or pre_feedforward_layernorm (Gemma 3) */
     double *post_attn_norm;  /* (E) Gemma 3: on the o_proj output */
     double *post_mlp_norm;   /* (E) Gemma 3: on the MLP output */
-    double *q_norm, *k_norm; /* (D) Gemma 3 */
+    double *q_norm, *k_norm; /* (D) Gemma 3 (1 + w), Qwen3 (w) */
     double *wq, *wk, *wv, *wo;
-    double *bq, *bk, *bv;    /* Qwen2 */
+    double *bq, *bk, *bv;    /* Qwen2; Llama and Qwen3 with attention_bias */
+    double *bo;              /* Llama and Qwen3 with attention_bias */
     double *w_gate, *w_up, *w_down;
 } dlayer;
 
@@ -74,6 +78,7 @@ static double **layer_slot(dlayer *ly, const char *role, bool sandwich)
         {"self_attn.q_proj.bias", offsetof(dlayer, bq)},
         {"self_attn.k_proj.bias", offsetof(dlayer, bk)},
         {"self_attn.v_proj.bias", offsetof(dlayer, bv)},
+        {"self_attn.o_proj.bias", offsetof(dlayer, bo)},
         {"mlp.gate_proj.weight", offsetof(dlayer, w_gate)},
         {"mlp.up_proj.weight", offsetof(dlayer, w_up)},
         {"mlp.down_proj.weight", offsetof(dlayer, w_down)},
@@ -111,13 +116,12 @@ static double **tensor_slot(dmodel *dm, const tensor_spec *s)
     return layer_slot(&dm->layers[s->layer], s->name + n, c->sandwich_norms);
 }
 
-/* Draws every tensor of preset `name` with seed 0 (the weights
- * model_from_preset(name, 0, ...) builds) and widens them to double. */
-static void dmodel_build(const char *name, dmodel *dm)
+/* Draws every tensor of config cfg with seed 0 (the weights
+ * model_from_config(cfg, ..., 0, ...) builds) and widens them to double. */
+static void dmodel_build_config(const char *name, const kv_config *cfg, dmodel *dm)
 {
-    kv_err e = {{0}};
     memset(dm, 0, sizeof *dm);
-    ck_assert_msg(config_preset(name, &dm->cfg, &e) == 0, "%s", e.msg);
+    dm->cfg = *cfg;
     const kv_config *c = &dm->cfg;
     int n = tensors_list(c, NULL, 0);
     ck_assert_int_gt(n, 0);
@@ -145,6 +149,15 @@ static void dmodel_build(const char *name, dmodel *dm)
         *slot = d;
     }
     free(specs);
+}
+
+/* The same for preset `name` (model_from_preset(name, 0, ...)). */
+static void dmodel_build(const char *name, dmodel *dm)
+{
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_msg(config_preset(name, &c, &e) == 0, "%s", e.msg);
+    dmodel_build_config(name, &c, dm);
 }
 
 static void dmodel_free(dmodel *dm)
@@ -246,9 +259,31 @@ static bool layer_slides(const kv_config *c, int l, bool window_off)
     return !window_off && c->layer_type[l] == ATTN_SLIDING;
 }
 
+/* transformers' modeling_rope_utils._compute_llama3_parameters, written
+ * out: wavelengths longer than original_max / low_freq_factor are slowed
+ * by factor, shorter than original_max / high_freq_factor kept, and in
+ * between blended with smooth = (original_max / wavelen - low) / (high -
+ * low). Its attention factor is 1 (cos/sin unscaled). */
+static void llama3_scale(const kv_rope_scaling *s, int half, double *inv_freq)
+{
+    const double old_len = s->original_max_position;
+    const double low_wavelen = old_len / s->low_freq_factor;
+    const double high_wavelen = old_len / s->high_freq_factor;
+    for (int d = 0; d < half; d++) {
+        double wavelen = 2.0 * M_PI / inv_freq[d];
+        double slowed = wavelen > low_wavelen ? inv_freq[d] / s->factor : inv_freq[d];
+        double smooth = (old_len / wavelen - s->low_freq_factor) /
+                        (s->high_freq_factor - s->low_freq_factor);
+        double blended = (1 - smooth) * slowed / s->factor + smooth * slowed;
+        bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        inv_freq[d] = medium ? blended : slowed;
+    }
+}
+
 /* inv_freq[d] = theta^(-2d/D): local base on sliding layers, global base
- * (with linear scaling, if any) on full-attention layers. The base follows
- * the layer's type in the config even when the window is switched off. */
+ * (with linear or llama3 scaling, if any) on full-attention layers. The
+ * base follows the layer's type in the config even when the window is
+ * switched off. */
 static void layer_inv_freq(const kv_config *c, int l, double *inv_freq)
 {
     bool sliding = c->layer_type[l] == ATTN_SLIDING;
@@ -259,6 +294,8 @@ static void layer_inv_freq(const kv_config *c, int l, double *inv_freq)
         if (!sliding && c->rope_scaling.type == ROPE_SCALE_LINEAR)
             inv_freq[d] /= c->rope_scaling.factor;
     }
+    if (!sliding && c->rope_scaling.type == ROPE_SCALE_LLAMA3)
+        llama3_scale(&c->rope_scaling, D / 2, inv_freq);
 }
 
 /* Causal softmax attention of every position over keys k/v (T, KV*D),
@@ -352,7 +389,7 @@ static void decoder_layer(const dmodel *dm, int l, const double *x, bool window_
     for (int t = 0; t < T; t++) {
         const double *xt = x + (size_t)t * E;
         double *out = r->x_out[l] + (size_t)t * E;
-        linear(ly->wo, NULL, r->attn[l] + (size_t)t * QD, E, QD, proj);
+        linear(ly->wo, ly->bo, r->attn[l] + (size_t)t * QD, E, QD, proj);
         if (c->sandwich_norms)
             rmsnorm(proj, ly->post_attn_norm, E, c->rms_eps, plus1, proj);
         for (int i = 0; i < E; i++)
@@ -488,10 +525,16 @@ static void check_config_semantics(const char *preset, const kv_config *c, int T
     float want_embed = gemma ? (float)sqrt((double)c->hidden) : 1.0f;
     ck_assert_msg(c->embed_scale == want_embed, "%s: embed_scale %.9g, HF gives %.9g", preset,
                   (double)c->embed_scale, (double)want_embed);
-    ck_assert_msg(c->rope_scaling.type == ROPE_SCALE_NONE ||
-                  c->rope_scaling.type == ROPE_SCALE_LINEAR,
-                  "%s: llama3 RoPE scaling is not modelled here", preset);
     ck_assert_int_eq(c->n_heads % c->n_kv_heads, 0);
+    /* Gemma3RMSNorm is x (1 + w), Qwen3RMSNorm (on q/k too) and LlamaRMSNorm x w;
+     * LlamaAttention and Qwen3Attention bias all four projections or none. */
+    ck_assert_msg(c->norm_plus_one == gemma, "%s: norm multiplier", preset);
+    ck_assert_msg(c->qk_norm == (gemma || c->arch == ARCH_QWEN3), "%s: q/k norms", preset);
+    if (c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3)
+        ck_assert_msg(c->qkv_bias == c->o_bias, "%s: attention_bias", preset);
+    else
+        ck_assert_msg(c->qkv_bias == (c->arch == ARCH_QWEN2) && !c->o_bias, "%s: biases",
+                      preset);
     bool any_sliding = false;
     for (int l = 0; l < c->n_layers; l++)
         any_sliding |= c->layer_type[l] == ATTN_SLIDING;
@@ -504,24 +547,25 @@ static void check_config_semantics(const char *preset, const kv_config *c, int T
 /* ------------------------------------------------------------------ */
 /* Tests                                                                */
 
-START_TEST(test_engine_matches_double_forward)
+/* Runs cfg's synthetic model (seed 0) through the reference engine and dm
+ * through the double forward on the same prompt; returns the worst
+ * relative error over q, k, v, attn_out, x_out of every layer, final norm
+ * and logits, failing the test where one exceeds tol. */
+static double engine_vs_double(const char *label, const kv_config *cfg, const dmodel *dm,
+                               double tol)
 {
-    const char *preset = tiny_presets[_i];
     const int T = PROMPT_LEN;
-    dmodel dm;
-    dmodel_build(preset, &dm);
-    const kv_config *c = &dm.cfg;
-    check_config_semantics(preset, c, T);
+    const kv_config *c = &dm->cfg;
     int32_t ids[PROMPT_LEN];
     prompt_ids(c, ids, T);
 
     dresult r;
-    double_forward(&dm, ids, T, false, &r);
+    double_forward(dm, ids, T, false, &r);
 
     kv_model m;
     kv_err e = {{0}};
-    ck_assert_msg(model_from_preset(preset, 0, &(model_opts){.wtype = -1}, &m, &e) == 0, "%s",
-                  e.msg);
+    ck_assert_msg(model_from_config(cfg, label, 0, &(model_opts){.wtype = -1}, &m, &e) == 0,
+                  "%s", e.msg);
     capture *cap = capture_new(T);
     ck_assert_ptr_nonnull(cap);
     run_engine(&m, ids, T, cap);
@@ -531,29 +575,127 @@ START_TEST(test_engine_matches_double_forward)
      * layers owning a cache (followers write none). */
     double worst[5] = {0};
     for (int l = 0; l < c->n_layers; l++) {
-        worst[0] = fmax(worst[0], compare_stage(preset, cap, STAGE_Q, l, r.q[l], T, QD, TOLERANCE));
+        worst[0] = fmax(worst[0], compare_stage(label, cap, STAGE_Q, l, r.q[l], T, QD, tol));
         if (c->kv_owner[l] == l) {
-            worst[1] = fmax(worst[1],
-                            compare_stage(preset, cap, STAGE_K, l, r.k[l], T, KD, TOLERANCE));
-            worst[2] = fmax(worst[2],
-                            compare_stage(preset, cap, STAGE_V, l, r.v[l], T, KD, TOLERANCE));
+            worst[1] = fmax(worst[1], compare_stage(label, cap, STAGE_K, l, r.k[l], T, KD, tol));
+            worst[2] = fmax(worst[2], compare_stage(label, cap, STAGE_V, l, r.v[l], T, KD, tol));
         }
-        worst[3] = fmax(worst[3], compare_stage(preset, cap, STAGE_ATTN_OUT, l, r.attn[l], T,
-                                                QD, TOLERANCE));
-        worst[4] = fmax(worst[4], compare_stage(preset, cap, STAGE_X_OUT, l, r.x_out[l], T, E,
-                                                TOLERANCE));
+        worst[3] = fmax(worst[3], compare_stage(label, cap, STAGE_ATTN_OUT, l, r.attn[l], T,
+                                                QD, tol));
+        worst[4] = fmax(worst[4], compare_stage(label, cap, STAGE_X_OUT, l, r.x_out[l], T, E,
+                                                tol));
     }
-    double fn = compare_stage(preset, cap, STAGE_FINAL_NORM, -1, r.final_norm, T, E, TOLERANCE);
-    double lg = compare_stage(preset, cap, STAGE_LOGITS, -1, r.logits, T, c->vocab, TOLERANCE);
+    double fn = compare_stage(label, cap, STAGE_FINAL_NORM, -1, r.final_norm, T, E, tol);
+    double lg = compare_stage(label, cap, STAGE_LOGITS, -1, r.logits, T, c->vocab, tol);
     if (getenv("KVDIFF_TEST_VERBOSE"))
         fprintf(stderr,
                 "double_forward %s: q %.2e k %.2e v %.2e attn_out %.2e x_out %.2e "
                 "final_norm %.2e logits %.2e\n",
-                preset, worst[0], worst[1], worst[2], worst[3], worst[4], fn, lg);
+                label, worst[0], worst[1], worst[2], worst[3], worst[4], fn, lg);
 
     capture_free(cap);
     model_free(&m);
     dresult_free(&r);
+    double all = fmax(fn, lg);
+    for (int i = 0; i < 5; i++)
+        all = fmax(all, worst[i]);
+    return all;
+}
+
+START_TEST(test_engine_matches_double_forward)
+{
+    const char *preset = tiny_presets[_i];
+    dmodel dm;
+    dmodel_build(preset, &dm);
+    check_config_semantics(preset, &dm.cfg, PROMPT_LEN);
+    engine_vs_double(preset, &dm.cfg, &dm, TOLERANCE);
+    dmodel_free(&dm);
+}
+END_TEST
+
+/* Presets with one feature switched, as a config.json can ask. */
+typedef enum { VAR_ATTENTION_BIAS, VAR_LINEAR_ROPE } variant_kind;
+
+static const struct {
+    const char *label, *preset;
+    variant_kind kind;
+} variants[] = {
+    {"tiny-llama attention_bias", "tiny-llama", VAR_ATTENTION_BIAS},
+    {"tiny-qwen3 attention_bias", "tiny-qwen3", VAR_ATTENTION_BIAS},
+    {"tiny-llama linear rope x4", "tiny-llama", VAR_LINEAR_ROPE},
+};
+
+static kv_config variant_config(int i)
+{
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_msg(config_preset(variants[i].preset, &c, &e) == 0, "%s", e.msg);
+    if (variants[i].kind == VAR_ATTENTION_BIAS)
+        c.qkv_bias = c.o_bias = true;
+    else
+        c.rope_scaling = (kv_rope_scaling){.type = ROPE_SCALE_LINEAR, .factor = 4.0};
+    ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", variants[i].label, e.msg);
+    return c;
+}
+
+START_TEST(test_variant_matches_double_forward)
+{
+    kv_config c = variant_config(_i);
+    dmodel dm;
+    dmodel_build_config(variants[_i].label, &c, &dm);
+    check_config_semantics(variants[_i].label, &dm.cfg, PROMPT_LEN);
+    engine_vs_double(variants[_i].label, &c, &dm, TOLERANCE);
+    dmodel_free(&dm);
+}
+END_TEST
+
+/* Negative controls for what the additions to the forward compute: each
+ * reads the model the wrong way a port plausibly would, and the engine
+ * must then disagree far beyond the tolerance (so the agreement above is
+ * not an accident of features that change nothing). */
+typedef enum { CTL_NO_LLAMA3, CTL_QK_NORM_PLUS_ONE, CTL_NO_O_BIAS } control_kind;
+
+static const struct {
+    const char *label;
+    const char *preset;
+    control_kind kind;
+} controls[] = {
+    {"tiny-llama3 read without its rope_scaling", "tiny-llama3", CTL_NO_LLAMA3},
+    {"tiny-qwen3 q/k norms read as 1 + w", "tiny-qwen3", CTL_QK_NORM_PLUS_ONE},
+    {"tiny-llama attention_bias without o_proj's bias", "tiny-llama", CTL_NO_O_BIAS},
+};
+
+START_TEST(test_wrong_reading_is_caught)
+{
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_msg(config_preset(controls[_i].preset, &c, &e) == 0, "%s", e.msg);
+    if (controls[_i].kind == CTL_NO_O_BIAS)
+        c.qkv_bias = c.o_bias = true;
+    dmodel dm;
+    dmodel_build_config(controls[_i].label, &c, &dm);
+    switch (controls[_i].kind) {
+    case CTL_NO_LLAMA3:
+        ck_assert_int_eq(dm.cfg.rope_scaling.type, ROPE_SCALE_LLAMA3);
+        dm.cfg.rope_scaling.type = ROPE_SCALE_NONE;
+        break;
+    case CTL_QK_NORM_PLUS_ONE:
+        for (int l = 0; l < c.n_layers; l++)
+            for (int d = 0; d < c.head_dim; d++) {
+                dm.layers[l].q_norm[d] += 1.0;
+                dm.layers[l].k_norm[d] += 1.0;
+            }
+        break;
+    case CTL_NO_O_BIAS:
+        for (int l = 0; l < c.n_layers; l++) {
+            ck_assert_ptr_nonnull(dm.layers[l].bo);
+            dm.layers[l].bo = NULL;
+        }
+        break;
+    }
+    double worst = engine_vs_double(controls[_i].label, &c, &dm, INFINITY);
+    ck_assert_msg(worst > CONTROL_MIN_ERR, "%s: worst rel err %.3e should exceed %.0e",
+                  controls[_i].label, worst, CONTROL_MIN_ERR);
     dmodel_free(&dm);
 }
 END_TEST
@@ -611,7 +753,11 @@ Suite *double_forward_suite(void)
     Suite *s = suite_create("double_forward");
     TCase *tc = tcase_create("presets");
     tcase_add_loop_test(tc, test_engine_matches_double_forward, 0, N_TINY);
+    tcase_add_loop_test(tc, test_variant_matches_double_forward, 0,
+                        (int)(sizeof variants / sizeof *variants));
     tcase_add_test(tc, test_window_off_is_caught);
+    tcase_add_loop_test(tc, test_wrong_reading_is_caught, 0,
+                        (int)(sizeof controls / sizeof *controls));
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1696,6 +1696,62 @@ END_TEST
 /* ------------------------------------------------------------------ */
 /* Selection parsing                                                    */
 
+/* RoPE scaling travels in model_config (the comparer's RoPE checks need
+ * it): a llama3-scaled model's RoPE offset is diagnosed from the dumps
+ * alone, with the offset; bad rope_scaling objects are named. */
+static void count_problem(void *ctx, const char *msg)
+{
+    (void)msg;
+    ++*(int *)ctx;
+}
+
+START_TEST(test_rope_scaling_in_model_config)
+{
+    char dir[64], args[1024], out[8192], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-llama3 --prompt-random 40 --max-new 4 "
+             "--dump %s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model tiny-llama3 --prompt-random 40 --max-new 4 "
+             "--engine chunked --chunk 16 --inject rope-offset=3 --dump %s/bug.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(path, sizeof path, "%s/ref.h5", dir);
+    kv_err e = {{0}};
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f != NULL, "%s", e.msg);
+    kv_config cfg, want;
+    ck_assert_msg(dump_model_config(f, &cfg, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(config_preset("tiny-llama3", &want, &e), 0);
+    ck_assert_int_eq(cfg.rope_scaling.type, ROPE_SCALE_LLAMA3);
+    ck_assert(memcmp(&cfg.rope_scaling, &want.rope_scaling, sizeof want.rope_scaling) == 0);
+    dump_file_close(f);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/bug.h5", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "RoPE position offset of +3"), "%s", out);
+
+    static const char *const bad[] = {
+        "{\"rope_type\": \"yarn\", \"factor\": 4}", "7",
+        "{\"rope_type\": \"linear\"}", "{\"rope_type\": \"linear\", \"factor\": -1}",
+        "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4,"
+        " \"high_freq_factor\": 1, \"original_max_position_embeddings\": 64}",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "{\"model_type\": \"llama\", \"hidden_size\": 64, "
+                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                 "\"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 8, "
+                 "\"vocab_size\": 8, \"sliding_window\": 0, \"layer_types\": "
+                 "[\"full_attention\"], \"kv_owner\": [0], \"rms_norm_eps\": 1e-5, "
+                 "\"rope_theta\": 1e4, \"rope_local_base_freq\": 1e4, \"rope_scaling\": %s}",
+                 bad[i]);
+        int n = 0;
+        ck_assert_msg(dump_config_parse(text, &cfg, count_problem, &n) > 0 && n > 0,
+                      "rope_scaling %s accepted", bad[i]);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_parse_selection)
 {
     dump_opts o;
@@ -1753,6 +1809,7 @@ Suite *dump_suite(void)
     Suite *s = suite_create("dump");
     TCase *tc = tcase_create("dump");
     tcase_add_test(tc, test_parse_selection);
+    tcase_add_test(tc, test_rope_scaling_in_model_config);
     tcase_add_test(tc, test_round_trip_full);
     tcase_add_test(tc, test_kv_shared_and_logits);
     tcase_add_test(tc, test_fingerprint);

@@ -188,6 +188,7 @@ static void assert_agrees(const kv_model *m, const capture *cap, const llama_run
     bool llama = c->arch == ARCH_LLAMA, gemma = c->arch == ARCH_GEMMA3;
     float q_fold = gemma ? (float)(c->attn_scale * sqrt((double)c->head_dim)) : 1.0f;
     char name[64];
+    double worst = 0;
     for (int l = 0; l < c->n_layers; l++) {
         /* Layer 0's attention sees no GELU; later layers do through x_in. */
         double t = l == 0 ? tol : tol_after_ffn;
@@ -205,11 +206,14 @@ static void assert_agrees(const kv_model *m, const capture *cap, const llama_run
                                        stages[s].perm);
             ck_assert_msg(err <= lim, "%s: %s differs from kvdiff's %s by %.3g relative "
                           "(limit %.1g)", what, name, stage_name(stages[s].st), err, lim);
+            worst = fmax(worst, err);
         }
     }
     double err = compare_stage(m, cap, lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
     ck_assert_msg(err <= tol_after_ffn, "%s: logits differ by %.3g relative (limit %.1g)",
                   what, err, tol_after_ffn);
+    if (getenv("KVDIFF_TEST_VERBOSE"))
+        fprintf(stderr, "gguf %s: worst %.2e relative\n", what, fmax(worst, err));
 }
 
 #define PREFIXES "Qcur,Kcur,Vcur,sa_out,ffn_inp,l_out"
@@ -217,7 +221,8 @@ static void assert_agrees(const kv_model *m, const capture *cap, const llama_run
 /* ------------------------------------------------------------------ */
 /* Tests                                                                */
 
-static const char *const runnable[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3"};
+static const char *const runnable[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3", "tiny-llama3",
+                                       "tiny-qwen3"};
 
 START_TEST(test_llama_cpp_runs_export_as_reference)
 {
@@ -377,6 +382,50 @@ START_TEST(test_hf_folder_export)
 }
 END_TEST
 
+/* Llama with attention_bias (q/k biases permuted like their rows, o_proj's
+ * bias as attn_output.bias), alone and with linear RoPE scaling: a folder
+ * model_gen_folder_config writes, exported with --from. */
+static const struct {
+    const char *label;
+    kv_rope_scaling scaling;
+} biased_llama[] = {
+    {"tiny-llama attention_bias", {ROPE_SCALE_NONE, 0, 0, 0, 0}},
+    {"tiny-llama attention_bias, linear rope x4", {ROPE_SCALE_LINEAR, 4.0, 0, 0, 0}},
+};
+
+START_TEST(test_biased_llama_export)
+{
+    char dir[256], hf[512], path[512], args[2048], out[4096], csv[4096];
+    int32_t ids[PROMPT_LEN];
+    kv_config c;
+    kv_err e = {{0}};
+    test_tmpdir(dir, sizeof dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    ck_assert_int_eq(config_preset("tiny-llama", &c, &e), 0);
+    c.qkv_bias = c.o_bias = true;
+    c.rope_scaling = biased_llama[_i].scaling;
+    ck_assert_msg(model_gen_folder_config(&c, 5, 0, hf, &e) == 0, "%s", e.msg);
+    snprintf(args, sizeof args, "gen --from '%s' --gguf '%s'", hf, path);
+    int rc = test_run_cli(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    kv_model m;
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_load_dir(hf, &mo, &m, &e) == 0, "%s", e.msg);
+    ck_assert(m.cfg.qkv_bias && m.cfg.o_bias && m.layers[0].wo.bias != NULL);
+    prompt_ids(m.cfg.vocab, ids, csv, sizeof csv);
+    llama_run lr;
+    rc = run_llama(path, dir, PREFIXES, csv, &lr);
+    ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
+    capture *cap = run_reference(&m, ids);
+    assert_agrees(&m, cap, &lr, TOL_F32, TOL_F32, biased_llama[_i].label);
+    capture_free(cap);
+    llama_run_free(&lr);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Files in dir other than the ones named (NULL-terminated). */
 static int stray_files(const char *dir, const char *const *expected)
 {
@@ -488,6 +537,19 @@ START_TEST(test_bad_paths_and_folders)
     ck_assert_msg(strstr(out, "mistral") && count_lines(out) == 1, "%s", out);
     static const char *const only_hf[] = {"hf", NULL};
     ck_assert_int_eq(stray_files(dir, only_hf), 0);
+    /* Qwen3 with attention_bias: llama.cpp's qwen3 has no o_proj bias. */
+    kv_config q3;
+    kv_err e = {{0}};
+    ck_assert_int_eq(config_preset("tiny-qwen3", &q3, &e), 0);
+    q3.qkv_bias = q3.o_bias = true;
+    snprintf(path, sizeof path, "%s/q3", dir);
+    ck_assert_msg(model_gen_folder_config(&q3, 0, 0, path, &e) == 0, "%s", e.msg);
+    snprintf(args, sizeof args, "gen --from '%s/q3' --gguf '%s/x.gguf'", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "attention_bias on qwen3") && strstr(out, "attn_output.bias") &&
+                  count_lines(out) == 1, "%s", out);
+    static const char *const hf_q3[] = {"hf", "q3", NULL};
+    ck_assert_int_eq(stray_files(dir, hf_q3), 0);
     test_rmtree(dir);
 }
 END_TEST
@@ -503,6 +565,8 @@ Suite *gguf_suite(void)
                         (int)(sizeof runnable / sizeof *runnable));
     tcase_add_loop_test(tc, test_hf_folder_export, 0,
                         (int)(sizeof hf_cases / sizeof *hf_cases));
+    tcase_add_loop_test(tc, test_biased_llama_export, 0,
+                        (int)(sizeof biased_llama / sizeof *biased_llama));
     suite_add_tcase(s, tc);
     TCase *bad = tcase_create("bad input");
     tcase_set_timeout(bad, 60);

@@ -21,6 +21,7 @@
 
 #include "dump/dump.h"
 #include "model/config.h"
+#include "model/model.h"
 #include "model/safetensors.h"
 #include "gguf_patch.h"
 #include "testutil.h"
@@ -259,6 +260,30 @@ static int make_gguf(const char *preset, const char *dir, const char *gguf,
     return write_gguf(hf, gguf, dmg);
 }
 
+/* "PRESET+attention_bias": the preset with q/k/v/o biases, written as a
+ * folder by model_gen_folder_config and exported with `kvdiff gen --from`;
+ * a plain preset goes through make_gguf. */
+static int make_model_gguf(const char *preset, const char *dir, const char *gguf)
+{
+    const char *plus = strchr(preset, '+');
+    if (!plus)
+        return make_gguf(preset, dir, gguf, NULL);
+    char base[64], args[1024];
+    kv_config c;
+    kv_err e = {{0}};
+    snprintf(base, sizeof base, "%.*s", (int)(plus - preset), preset);
+    if (strcmp(plus + 1, "attention_bias") || config_preset(base, &c, &e) < 0)
+        return -1;
+    c.qkv_bias = c.o_bias = true;
+    snprintf(args, sizeof args, "%s/hf", dir);
+    if (model_gen_folder_config(&c, 0, 0, args, &e) < 0) {
+        snprintf(out, sizeof out, "%s", e.msg);
+        return -1;
+    }
+    snprintf(args, sizeof args, "gen --from %s/hf --gguf %s", dir, gguf);
+    return test_run_cli(args, out, sizeof out) == 0 ? 0 : -1;
+}
+
 /* ------------------------------------------------------------------ */
 /* Real runs                                                            */
 
@@ -269,7 +294,7 @@ static int record_and_compare(const char *preset, const char *dir, const char *r
 {
     char args[2048], gguf[512];
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
-    ck_assert_msg(make_gguf(preset, dir, gguf, NULL) == 0, "%s", out);
+    ck_assert_msg(make_model_gguf(preset, dir, gguf) == 0, "%s", out);
     snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
              "--ignore-eos --dump %s/ref.h5", dir, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
@@ -330,6 +355,20 @@ START_TEST(test_llama_tiny_llama_f16_fa)
 END_TEST
 START_TEST(test_llama_tiny_qwen2) { check_preset("tiny-qwen2", "--ubatch 7 --cache-type f32 --threads 1", "2e-5"); }
 END_TEST
+/* The newer families: Llama 3.x's llama3 RoPE scaling (a rope_freqs
+ * tensor), Llama with attention_bias (permuted q/k biases, attn_output.bias)
+ * and Qwen3 (arch qwen3, q/k norms); all exact up to rounding, like the
+ * presets above. */
+START_TEST(test_llama_tiny_llama3) { check_preset("tiny-llama3", "--cache-type f32 --threads 1", "2e-5"); }
+END_TEST
+START_TEST(test_llama_biased_llama)
+{
+    check_preset("tiny-llama+attention_bias", "--ubatch 7 --cache-type f32 --threads 1", "2e-5");
+}
+END_TEST
+START_TEST(test_llama_tiny_qwen3) { check_preset("tiny-qwen3", "--ubatch 7 --cache-type f32 --threads 1", "2e-5"); }
+END_TEST
+
 START_TEST(test_llama_tiny_gemma3)
 {
     check_preset("tiny-gemma3", "--ubatch 16 --cache-type f32 --threads 1", "2e-2");
@@ -442,6 +481,9 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_tiny_llama_f16_fa);
     tcase_add_test(tc, test_llama_tiny_qwen2);
     tcase_add_test(tc, test_llama_tiny_gemma3);
+    tcase_add_test(tc, test_llama_tiny_llama3);
+    tcase_add_test(tc, test_llama_biased_llama);
+    tcase_add_test(tc, test_llama_tiny_qwen3);
     tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
     tcase_add_test(tc, test_llama_bad_input);
     suite_add_tcase(s, tc);

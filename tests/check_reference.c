@@ -11,7 +11,8 @@
 #include "testutil.h"
 
 static const char *const tiny_presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                           "tiny-gemma3-kvshared"};
+                                           "tiny-gemma3-kvshared", "tiny-llama3",
+                                           "tiny-qwen3"};
 #define N_TINY (int)(sizeof tiny_presets / sizeof *tiny_presets)
 #define PROMPT_LEN 40   /* longer than every tiny preset's window */
 #define NEW_TOKENS 12

@@ -9,10 +9,11 @@ import os
 from .recorder import RecorderError
 
 # model/config.c ARCHES: per model_type the default heads, KV heads, head_dim
-# and RoPE base when config.json leaves them out.
+# and RoPE base when config.json leaves them out (head_dim None: hidden/heads).
 _ARCH = {
     "llama": {"heads": None, "kv": None, "head_dim": None, "theta": 10000.0},
     "qwen2": {"heads": None, "kv": None, "head_dim": None, "theta": 10000.0},
+    "qwen3": {"heads": None, "kv": None, "head_dim": 128, "theta": 10000.0},
     "gemma3_text": {"heads": 8, "kv": 4, "head_dim": 256, "theta": 1000000.0},
 }
 _GEMMA_QPAS, _GEMMA_WINDOW, _GEMMA_PATTERN, _GEMMA_LOCAL_THETA = 256.0, 4096, 6, 10000.0
@@ -38,7 +39,7 @@ def model_config_from_hf(folder_or_config):
         cfg, mt = tc, "gemma3_text"
     if mt not in _ARCH:
         raise RecorderError(f"{name}: model_type {mt!r} is not supported (kvdiff reads llama, "
-                            f"qwen2, gemma3_text, gemma3)")
+                            f"qwen2, qwen3, gemma3_text, gemma3)")
     gemma = mt == "gemma3_text"
     a = _ARCH[mt]
 
@@ -57,7 +58,7 @@ def model_config_from_hf(folder_or_config):
     if heads % kv:
         raise RecorderError(f"{name}: num_key_value_heads is {kv}, which does not divide "
                             f"num_attention_heads {heads}")
-    head_dim = cfg.get("head_dim") or (a["head_dim"] if gemma else None)
+    head_dim = cfg.get("head_dim") or a["head_dim"]
     if head_dim is None:
         if hidden % heads:
             raise RecorderError(f"{name}: head_dim is missing and hidden_size {hidden} is not "
@@ -77,12 +78,16 @@ def model_config_from_hf(folder_or_config):
     owners = _kv_owner(cfg, name, gemma, types)
     scale = 1.0 / math.sqrt(float(cfg.get("query_pre_attn_scalar") or _GEMMA_QPAS)
                             if gemma else float(head_dim))
-    return {"model_type": mt, "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-            "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
-            "sliding_window": window, "layer_types": types, "kv_owner": owners,
-            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
-            "rope_local_base_freq": local, "attn_scale": scale}
+    out = {"model_type": mt, "hidden_size": hidden, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+           "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
+           "sliding_window": window, "layer_types": types, "kv_owner": owners,
+           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
+           "rope_local_base_freq": local, "attn_scale": scale}
+    scaling = _rope_scaling(cfg, name, gemma)
+    if scaling:
+        out["rope_scaling"] = scaling
+    return out
 
 
 def _load(src):
@@ -113,6 +118,29 @@ def _rope(cfg, name, gemma, default_theta):
         elif not gemma:
             theta = float(rp.get("rope_theta", theta))
     return theta, (local if gemma else theta)
+
+
+def _rope_scaling(cfg, name, gemma):
+    """The global layers' RoPE scaling as model_config states it (linear or
+    llama3, as config.json writes it), or None."""
+    rs = cfg.get("rope_scaling")
+    rp = cfg.get("rope_parameters")   # transformers 5
+    if rs is None and isinstance(rp, dict):
+        rs = rp.get("full_attention") if gemma else rp
+    if not isinstance(rs, dict):
+        return None
+    kind = rs.get("rope_type") or rs.get("type")
+    if kind in (None, "default"):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(rs["factor"])}
+    if kind == "llama3":
+        return {"rope_type": "llama3", "factor": float(rs["factor"]),
+                "low_freq_factor": float(rs["low_freq_factor"]),
+                "high_freq_factor": float(rs["high_freq_factor"]),
+                "original_max_position_embeddings": int(rs["original_max_position_embeddings"])}
+    raise RecorderError(f"{name}: rope_scaling type {kind!r} is not supported (kvdiff supports "
+                        f"linear and llama3)")
 
 
 def _layer_types(cfg, name, mt, layers):

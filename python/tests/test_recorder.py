@@ -34,7 +34,8 @@ class Base(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
-        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared"):
+        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
+                       "tiny-llama3"):
             rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
             assert rc == 0, out
         cls.ref = os.path.join(cls.dir, "ref.h5")
@@ -63,7 +64,8 @@ class Base(unittest.TestCase):
 
 class TestRecorder(Base):
     def test_config_matches_kvdiff(self):
-        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared"):
+        for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
+                       "tiny-llama3"):
             dump = self.path(f"cfg-{preset}.h5")
             rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
                              "--max-new", "1", "--dump", dump)
@@ -71,6 +73,15 @@ class TestRecorder(Base):
             with h5py.File(dump, "r") as f:
                 theirs = json.loads(f.attrs["model_config"])
             self.assertEqual(model_config_from_hf(self.path(preset)), theirs, preset)
+
+    def test_config_qwen3_head_dim_default(self):
+        # Qwen3Config: head_dim 128 when absent, not hidden / heads (16 here).
+        with open(self.path("tiny-qwen3/config.json")) as f:
+            text = json.load(f)
+        del text["head_dim"]
+        cfg = model_config_from_hf(text)
+        self.assertEqual(cfg["head_dim"], 128)
+        self.assertAlmostEqual(cfg["attn_scale"], 128 ** -0.5)
 
     def test_config_gemma3_nested_and_pattern(self):
         with open(self.path("tiny-gemma3/config.json")) as f:

@@ -334,15 +334,23 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         snprintf(c->model_type, sizeof c->model_type, "qwen2");
         c->act = ACT_SILU;
         c->qkv_bias = true;
+    } else if (!strcmp(m.arch, "qwen3")) {
+        c->arch = ARCH_QWEN3;
+        snprintf(c->model_type, sizeof c->model_type, "qwen3");
+        c->act = ACT_SILU;
+        c->qk_norm = true;
     } else if (!strcmp(m.arch, "gemma3")) {
         c->arch = ARCH_GEMMA3;
         snprintf(c->model_type, sizeof c->model_type, "gemma3_text");
         c->act = ACT_GELU_TANH;
         c->norm_plus_one = c->qk_norm = c->sandwich_norms = true;
     } else {
-        return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2 "
-                          "and gemma3)", path, m.arch);
+        return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2, "
+                          "qwen3 and gemma3)", path, m.arch);
     }
+    /* Llama's attention_bias: llama.cpp loads the biases when present. */
+    if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
+        c->qkv_bias = c->o_bias = true;
     bool f_e, f_l, f_h;
     c->hidden = (int)meta_num(&m, "embedding_length", 0, &f_e);
     c->n_layers = (int)meta_num(&m, "block_count", 0, &f_l);

@@ -1,0 +1,285 @@
+#!/usr/bin/python3
+"""make_case.py: writes a conformance case (config.json, model.safetensors,
+prompt.txt, golden.safetensors) from a float64 forward written here with
+numpy alone, from the Hugging Face transformers definitions:
+
+  qwen3        Qwen3ForCausalLM: per-head q/k RMSNorm (multiplier w) before
+               RoPE, head_dim 32 unlike hidden/heads = 16, no biases, tied
+               embeddings (modeling_qwen3.Qwen3Attention).
+  llama3-bias  LlamaForCausalLM with attention_bias (q, k, v and o_proj
+               biased, modeling_llama.LlamaAttention) and rope_scaling llama3
+               (modeling_rope_utils._compute_llama3_parameters), tied.
+
+It shares no code with kvdiff: run it with Debian's python3 (numpy) from
+the repository root,
+
+    /usr/bin/python3 tests/data/conformance/make_case.py qwen3 llama3-bias
+
+and it rewrites tests/data/conformance/<case>/. The output is a function of
+the fixed seeds below, so a second run writes the same bytes. README.md
+beside this file describes the layout of golden.safetensors.
+"""
+
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+T = 40  # prompt length
+
+CASES = {
+    "qwen3": {
+        "seed": 1603,
+        "config": {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": 4,
+            "vocab_size": 256,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+    "llama3-bias": {
+        "seed": 1604,
+        "config": {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 500000.0,
+            # Llama 3.1's rule with original_max_position_embeddings scaled
+            # down so that at head_dim 16 one frequency is kept, one
+            # blended and six slowed.
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+            "attention_bias": True,
+            "mlp_bias": False,
+            "vocab_size": 128,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+}
+
+
+# ---- weights -------------------------------------------------------------
+
+def make_weights(cfg, rng):
+    """Hugging Face names -> float32 arrays. Linear layers N(0, 1/fan_in),
+    RMSNorm multipliers 1 + 0.1 N(0, 1), biases 0.3 N(0, 1), embeddings
+    N(0, 1)."""
+    E, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    qwen3 = cfg["model_type"] == "qwen3"
+    bias = cfg.get("attention_bias", False)
+    w = {}
+
+    def linear(name, n_out, n_in):
+        w[name] = rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)
+
+    def norm(name, n):
+        w[name] = 1.0 + 0.1 * rng.standard_normal(n)
+
+    def vec(name, n):
+        w[name] = 0.3 * rng.standard_normal(n)
+
+    w["model.embed_tokens.weight"] = rng.standard_normal((V, E))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        norm(p + "input_layernorm.weight", E)
+        linear(p + "self_attn.q_proj.weight", H * D, E)
+        if bias:
+            vec(p + "self_attn.q_proj.bias", H * D)
+        linear(p + "self_attn.k_proj.weight", KV * D, E)
+        if bias:
+            vec(p + "self_attn.k_proj.bias", KV * D)
+        linear(p + "self_attn.v_proj.weight", KV * D, E)
+        if bias:
+            vec(p + "self_attn.v_proj.bias", KV * D)
+        linear(p + "self_attn.o_proj.weight", E, H * D)
+        if bias:
+            vec(p + "self_attn.o_proj.bias", E)
+        if qwen3:
+            norm(p + "self_attn.q_norm.weight", D)
+            norm(p + "self_attn.k_norm.weight", D)
+        norm(p + "post_attention_layernorm.weight", E)
+        linear(p + "mlp.gate_proj.weight", I, E)
+        linear(p + "mlp.up_proj.weight", I, E)
+        linear(p + "mlp.down_proj.weight", E, I)
+    norm("model.norm.weight", E)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = rng.standard_normal((V, E)) / math.sqrt(E)
+    # The file holds float32; the forward computes on exactly those values.
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+# ---- the forward, float64 ------------------------------------------------
+
+def rms_norm(x, w, eps):
+    """LlamaRMSNorm / Qwen3RMSNorm: x / sqrt(mean(x^2) + eps) * w."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def inv_freq(cfg):
+    D = cfg["head_dim"]
+    f = 1.0 / (cfg["rope_theta"] ** (np.arange(0, D, 2, dtype=np.float64) / D))
+    rs = cfg.get("rope_scaling")
+    if not rs:
+        return f
+    assert rs["rope_type"] == "llama3"
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * math.pi / f
+    scaled = np.where(wavelen > low_wavelen, f / factor, f)
+    smooth = (old / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, blended, scaled)
+
+
+def rope(x, pos, freqs):
+    """rotate_half RoPE on x (T, heads, D) at positions pos (T,)."""
+    ang = pos[:, None] * freqs[None, :]            # (T, D/2), float64
+    cos = np.concatenate([np.cos(ang)] * 2, axis=-1)[:, None, :]
+    sin = np.concatenate([np.sin(ang)] * 2, axis=-1)[:, None, :]
+    half = x.shape[-1] // 2
+    rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rot * sin
+
+
+def forward(cfg, w, ids):
+    E, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps = cfg["rms_norm_eps"]
+    qwen3 = cfg["model_type"] == "qwen3"
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def lin(x, name, bias_name=None):
+        y = x @ W[name].T
+        return y + W[bias_name] if bias_name in W else y
+
+    pos = np.arange(T, dtype=np.float64)
+    freqs = inv_freq(cfg)
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    out = {}
+    x = W["model.embed_tokens.weight"][ids]
+    out["embed"] = x
+    for i in range(L):
+        p = f"model.layers.{i}."
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = lin(xn, p + "self_attn.q_proj.weight", p + "self_attn.q_proj.bias").reshape(T, H, D)
+        k = lin(xn, p + "self_attn.k_proj.weight", p + "self_attn.k_proj.bias").reshape(T, KV, D)
+        v = lin(xn, p + "self_attn.v_proj.weight", p + "self_attn.v_proj.bias").reshape(T, KV, D)
+        if qwen3:
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q, k = rope(q, pos, freqs), rope(k, pos, freqs)
+        att = np.empty((T, H, D))
+        for h in range(H):
+            kh = h // (H // KV)
+            s = (q[:, h, :] @ k[:, kh, :].T) / math.sqrt(D)
+            s = np.where(mask, s, -np.inf)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            att[:, h, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
+        att = att.reshape(T, H * D)
+        h_mid = x + lin(att, p + "self_attn.o_proj.weight", p + "self_attn.o_proj.bias")
+        hn = rms_norm(h_mid, W[p + "post_attention_layernorm.weight"], eps)
+        g = lin(hn, p + "mlp.gate_proj.weight")
+        u = lin(hn, p + "mlp.up_proj.weight")
+        x = h_mid + lin(g / (1 + np.exp(-g)) * u, p + "mlp.down_proj.weight")
+        out[f"layers.{i}.q"] = q
+        out[f"layers.{i}.k"] = k
+        out[f"layers.{i}.v"] = v
+        out[f"layers.{i}.attn_out"] = att
+        out[f"layers.{i}.x_out"] = x
+    fn = rms_norm(x, W["model.norm.weight"], eps)
+    out["final_norm"] = fn
+    head = W.get("lm_head.weight", W["model.embed_tokens.weight"])
+    out["logits"] = fn @ head.T
+    assert out["logits"].shape == (T, V)
+    return out
+
+
+# ---- files ---------------------------------------------------------------
+
+def write_safetensors(path, tensors, metadata):
+    """Plain safetensors: u64 header length, JSON header padded with spaces
+    to a multiple of 8, F32 little-endian data in the order given."""
+    header, offset, blobs = {"__metadata__": metadata}, 0, []
+    for name, arr in tensors.items():
+        data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
+        blobs.append(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def make_case(name, root):
+    spec = CASES[name]
+    cfg = spec["config"]
+    rng = np.random.default_rng(spec["seed"])
+    weights = make_weights(cfg, rng)
+    ids = rng.integers(0, cfg["vocab_size"], size=T)
+    golden = forward(cfg, weights, ids)
+    folder = os.path.join(root, name)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(folder, "prompt.txt"), "w") as f:
+        f.write(" ".join(str(int(t)) for t in ids) + "\n")
+    write_safetensors(os.path.join(folder, "model.safetensors"), weights, {"format": "pt"})
+    tokens = " ".join(str(int(t)) for t in ids)
+    write_safetensors(os.path.join(folder, "golden.safetensors"),
+                      {k: v.astype(np.float32) for k, v in golden.items()},
+                      {"case": name, "tokens": tokens})
+    print(f"{folder}: {len(weights)} weights, {len(golden)} golden tensors")
+
+
+def main(argv):
+    names = argv[1:] or sorted(CASES)
+    root = os.path.dirname(os.path.abspath(__file__))
+    for n in names:
+        if n not in CASES:
+            sys.exit(f"make_case.py: unknown case {n!r} (cases: {', '.join(sorted(CASES))})")
+        make_case(n, root)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
