@@ -956,6 +956,171 @@ static int rule_scaled(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
+/* ------------------------------------------------------------------ */
+/* A norm weight applied as w where (1 + w) is due                      */
+
+/* Gemma's RMSNorm multiplies the normalised input n = x / rms(x) by
+ * (1 + w); llama.cpp multiplies by the stored weight, so a converter must
+ * store 1 + w. Stored as w, the test computes n * w where the reference
+ * computes n * (1 + w): the reference minus the test is n itself, a
+ * vector of RMS 1 (per head for the q/k norms), whatever w is. The
+ * other way round (a runtime adding 1 where the config has w) the test
+ * minus the reference is n. */
+
+/* The family's norms: a dump's model_config names the model type, from
+ * which the reader sets arch only, not the flags that follow from it. */
+static bool cfg_gemma(const kv_config *cfg)
+{
+    return cfg->arch == ARCH_GEMMA3;
+}
+
+/* The norm whose output stage st is, by its Hugging Face name; NULL when
+ * the stage is no norm's output in this config. */
+static const char *norm_of_stage(const kv_config *cfg, kv_stage st)
+{
+    const bool qk = cfg->qk_norm || cfg_gemma(cfg);
+    const bool sandwich = cfg->sandwich_norms || cfg_gemma(cfg);
+    switch (st) {
+    case STAGE_ATTN_NORM: return "input_layernorm";
+    case STAGE_Q: return qk ? "q_norm" : NULL;
+    case STAGE_K: return qk ? "k_norm" : NULL;
+    case STAGE_ATTN_PROJ: return sandwich ? "post_attention_layernorm" : NULL;
+    case STAGE_FFN_NORM:
+        return sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+    case STAGE_FFN_OUT: return sandwich ? "post_feedforward_layernorm" : NULL;
+    case STAGE_FINAL_NORM: return "norm";
+    default: return NULL;
+    }
+}
+
+/* The recorded input of the norm whose output is st, where one is. */
+static bool norm_input(const kv_config *cfg, kv_stage st, int layer, int *in_layer,
+                       kv_stage *in)
+{
+    *in_layer = layer;
+    switch (st) {
+    case STAGE_ATTN_NORM: *in = STAGE_X_IN; return true;
+    case STAGE_FFN_NORM: *in = STAGE_H_MID; return true;
+    case STAGE_FINAL_NORM: *in = STAGE_X_OUT, *in_layer = cfg->n_layers - 1; return true;
+    default: return false;
+    }
+}
+
+/* How far the difference diff = sign * (ref - test) at one position is
+ * from a normalised vector, relative to max |ref|: with the norm's input
+ * x recorded, max |diff - x / rms(x)|; else, per group of g columns (a
+ * head), | rms(diff) - 1 |, the largest. */
+static double unit_norm_err(const float *ref, const float *test, const float *x, int n, int g,
+                            double sign, double eps)
+{
+    double rmax = 0, worst = 0, ms = 0;
+    for (int i = 0; i < n; i++)
+        rmax = fmax(rmax, fabs((double)ref[i]));
+    if (!(rmax > 0))
+        return INFINITY;
+    if (x) {
+        for (int i = 0; i < n; i++)
+            ms += (double)x[i] * x[i];
+        const double inv = 1.0 / sqrt(ms / n + eps);
+        for (int i = 0; i < n; i++)
+            worst = fmax(worst, fabs(sign * ((double)ref[i] - test[i]) - x[i] * inv));
+        return worst / rmax;
+    }
+    for (int h = 0; h < n / g; h++) {
+        double s = 0;
+        for (int i = h * g; i < (h + 1) * g; i++) {
+            const double d = (double)ref[i] - test[i];
+            s += d * d;
+        }
+        worst = fmax(worst, fabs(sqrt(s / g) - 1));
+    }
+    return worst / rmax;
+}
+
+/* unit_norm_err of (layer, stage) at p; +inf when a row is missing. */
+static int norm_err_at(cmp_ctx *c, int64_t p, double sign, double *err, bool *with_input,
+                       kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    const int n = cmp_stage_cols(cfg, d->layer, d->stage);
+    const int g = d->stage == STAGE_Q || d->stage == STAGE_K ? cfg->head_dim : n;
+    float *a, *b, *x = NULL;
+    *err = INFINITY;
+    int rc = row_pair(c, d->layer, d->stage, p, &a, &b, e);
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    int il;
+    kv_stage in;
+    if (norm_input(cfg, d->stage, d->layer, &il, &in) && cmp_stage_cols(cfg, il, in) == n)
+        x = row_of(c, c->ref, il, in, p, &rc, e);
+    *with_input = x != NULL;
+    if (rc == 0)
+        *err = unit_norm_err(a, b, x, n, g, sign, cfg->rms_eps);
+    free(a);
+    free(b);
+    free(x);
+    return rc < 0 ? -1 : 0;
+}
+
+static int rule_norm_convention(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const char *norm = norm_of_stage(c->cfg, d->stage);
+    if (!norm || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    /* The config's convention says which way the test erred. */
+    const bool plus_one = c->cfg->norm_plus_one || cfg_gemma(c->cfg);
+    const double sign = plus_one ? 1.0 : -1.0;
+    double err = INFINITY, err2 = NAN;
+    bool with_input = false, with_input2 = false;
+    if (norm_err_at(c, d->pos, sign, &err, &with_input, e) < 0)
+        return -1;
+    if (!(err <= c->row_tol))
+        return 0;
+    /* And at the row's last compared position: a second, independent
+     * normalised vector (the norm's input there is another). */
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    int64_t p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+        p2 = c->pos_limit - 1;
+    if (p2 > d->pos) {
+        if (norm_err_at(c, p2, sign, &err2, &with_input2, e) < 0)
+            return -1;
+        if (!(err2 <= c->row_tol))
+            return 0;
+    }
+    cmp_diagnosis *g = c->g;
+    g->kind = CMP_DIAG_NORM_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    const bool qk = d->stage == STAGE_Q || d->stage == STAGE_K;
+    if (plus_one)
+        say(g->summary, sizeof g->summary, "norm convention: the test's %s multiplies by w in "
+            "place of (1 + w) (Gemma's RMSNorm weight stored without its + 1)", norm);
+    else
+        say(g->summary, sizeof g->summary, "norm convention: the test's %s multiplies by "
+            "(1 + w) where the config multiplies by w (a + 1 added that the model does not "
+            "have)", norm);
+    say(g->detail, sizeof g->detail, "(%s of layer %d%s: the %s's weight, at every position; "
+        "a converter that %s, or a runtime that %s)", stage_name(d->stage), d->layer,
+        qk ? ", after RoPE" : "", norm,
+        plus_one ? "did not add 1 to the norm weights" : "added 1 to the norm weights",
+        plus_one ? "does not apply Gemma's (1 + w)" : "applies Gemma's (1 + w) to this model");
+    say(g->evidence, sizeof g->evidence, "the %s's %s minus the %s's is the normalised input "
+        "%s (error %.2g at position %lld", plus_one ? "reference" : "test", stage_name(d->stage),
+        plus_one ? "test" : "reference",
+        with_input ? "x / rms(x) recomputed from the recorded input"
+                   : qk ? "(RMS 1 in every head)" : "(RMS 1)",
+        err, (long long)d->pos);
+    if (p2 > d->pos)
+        append(g->evidence, sizeof g->evidence, " and %.2g at position %lld", err2,
+               (long long)p2);
+    append(g->evidence, sizeof g->evidence, ", relative to the row's largest value): n * w "
+           "against n * (1 + w), whatever w is; errors up to %.2g count as reproducing (%s)",
+           c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
+    return 1;
+}
+
 /* lse = log(n) on every head: n keys all scoring 0. */
 static bool lse_is_log_n(const float *lse, int H, int n)
 {
@@ -1679,6 +1844,8 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
     if (d->layer >= 0 && (rc = rule_rope(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_scaled(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if ((rc = rule_norm_convention(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
         return rc < 0 ? -1 : 0;

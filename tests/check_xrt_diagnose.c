@@ -179,6 +179,49 @@ START_TEST(xrt_diag_attn_scale)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Gemma's (1 + w) norm weights stored as w                             */
+
+/* An exporter that writes Gemma's norm weights as w where llama.cpp
+ * multiplies by the stored weight (the converter stores 1 + w): every
+ * tensor named `part` shifted by add (-1, or minus the q scale folded
+ * into q_norm). The step is at (0, layer 0, stage), and the diagnosis
+ * names that norm and the convention. */
+static void norm_case(const char *part, double add, const char *stage, const char *words)
+{
+    char dir[64], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_affine_tensors(gguf, bad, part, 1.0, add), 6);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, stage, &j);
+        expect_diag(g, kv_types[i], "norm_convention", "recomputed", words,
+                    "w in place of (1 + w)", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+START_TEST(xrt_diag_norm_input)
+{
+    norm_case("attn_norm.weight", -1.0, "attn_norm", "input_layernorm");
+}
+END_TEST
+
+START_TEST(xrt_diag_norm_q)
+{
+    norm_case("attn_q_norm.weight", -sqrt(32.0 / 24.0), "q", "q_norm");
+}
+END_TEST
+
+START_TEST(xrt_diag_norm_post_ffw)
+{
+    norm_case("post_ffw_norm.weight", -1.0, "ffn_out", "post_feedforward_layernorm");
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
@@ -189,6 +232,9 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);
     tcase_add_test(tc, xrt_diag_attn_scale);
+    tcase_add_test(tc, xrt_diag_norm_input);
+    tcase_add_test(tc, xrt_diag_norm_q);
+    tcase_add_test(tc, xrt_diag_norm_post_ffw);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -114,7 +114,7 @@ int gguf_patch(const char *in, const char *outp, const char *key, double v)
 
 
 /* ------------------------------------------------------------------ */
-/* F32 tensors scaled                                                   */
+/* F32 tensors scaled and shifted                                       */
 
 static unsigned char *slurp(const char *path, size_t *n)
 {
@@ -135,6 +135,12 @@ static unsigned char *slurp(const char *path, size_t *n)
 }
 
 int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
+{
+    return gguf_affine_tensors(in, outp, part, mul, 0.0);
+}
+
+int gguf_affine_tensors(const char *in, const char *outp, const char *part, double mul,
+                        double add)
 {
     size_t n = 0;
     unsigned char *b = slurp(in, &n);
@@ -195,7 +201,7 @@ int gguf_scale_tensors(const char *in, const char *outp, const char *part, doubl
         for (uint64_t k = 0; k < ti[i].count; k++) {
             float x;
             memcpy(&x, b + data + ti[i].at + 4 * k, 4);
-            x = (float)(x * mul);
+            x = (float)(x * mul + add);
             memcpy(b + data + ti[i].at + 4 * k, &x, 4);
         }
         changed++;

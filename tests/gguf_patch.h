@@ -15,6 +15,11 @@ int gguf_patch(const char *in, const char *out, const char *key, double v);
  * the number of tensors changed, -1 when the file is bad. */
 int gguf_scale_tensors(const char *in, const char *out, const char *part, double mul);
 
+/* As gguf_scale_tensors, each value x written as x * mul + add (an
+ * exporter that drops Gemma's + 1 from a norm weight: mul 1, add -1). */
+int gguf_affine_tensors(const char *in, const char *out, const char *part, double mul,
+                        double add);
+
 /* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
  * string); stdout and stderr into buf (NUL-terminated, truncated to n).
  * Returns the exit code. */
