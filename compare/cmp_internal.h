@@ -152,14 +152,29 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta);
 
+/* How the rows of each head reach the rotation, against the config's
+ * layout. A runtime that rotates adjacent pairs (2i, 2i + 1) needs q/k
+ * weights whose rows were reordered for it (Llama's permutation); its
+ * recorder reorders them back. Rows that missed the reordering come
+ * back, to the recorder's reader, as the unrotated row with row 2m + s
+ * moved to s*D/2 + m, then rotated as the config rotates (UNPERMUTED);
+ * rows reordered once too often, the other way (PERMUTED). */
+typedef enum {
+    CMP_ROWS_SAME,
+    CMP_ROWS_UNPERMUTED,         /* y[s*D/2 + m] = x[2m + s] */
+    CMP_ROWS_PERMUTED            /* y[2m + s] = x[s*D/2 + m] */
+} cmp_rope_rows;
+
 /* A RoPE convention other than the config's for one layer: base theta,
- * scaling (type ROPE_SCALE_NONE: none) and pair layout (interleaved:
- * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)). */
+ * scaling (type ROPE_SCALE_NONE: none), pair layout (interleaved:
+ * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)) and the
+ * rows' order before the rotation. */
 typedef struct {
     double theta;
     kv_rope_scaling scaling;
     bool interleaved;
-    char what[120];              /* in words, for the evidence */
+    cmp_rope_rows rows;
+    char what[200];              /* in words, for the evidence */
 } cmp_rope_conv;
 
 /* Row-relative error (max |diff| / max |test|) of the reference's rotated

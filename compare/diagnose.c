@@ -646,26 +646,31 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D, doub
  * to one of these. */
 static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
 
-#define MAX_CONVS 16
+#define MAX_CONVS 24
 
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, const char *fmt, ...)
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
 {
     for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
-        if (cv[i].theta == theta && cv[i].interleaved == interleaved &&
+        if (cv[i].theta == theta && cv[i].interleaved == interleaved && cv[i].rows == rows &&
             !memcmp(&cv[i].scaling, sc, sizeof *sc))
             return n;
     if (n >= MAX_CONVS || !(theta > 0))
         return n;
-    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved};
+    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved,
+                            .rows = rows};
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
     va_end(ap);
     return n + 1;
 }
+
+/* Linear factors a wrong or stray scaling setting often has. */
+static const double common_linear[] = {2, 4, 8};
 
 static const char *scale_name(kv_rope_scale t)
 {
@@ -687,31 +692,56 @@ static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
     const char *type = sliding ? "sliding" : two_bases ? "global" : "";
     int n = 0;
     /* The config's own: added first so that nothing equal to it follows. */
-    n = add_conv(cv, n, theta, own, false, "the config's");
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_SAME, "the config's");
     if (two_bases && sliding)
-        n = add_conv(cv, n, cfg->rope_theta, own, false, "theta %g, the global layers' base, on "
-                     "a sliding layer; the config says %g", cfg->rope_theta, theta);
+        n = add_conv(cv, n, cfg->rope_theta, own, false, CMP_ROWS_SAME, "theta %g, the global "
+                     "layers' base, on a sliding layer; the config says %g", cfg->rope_theta,
+                     theta);
     if (two_bases && !sliding)
-        n = add_conv(cv, n, cfg->rope_local_theta, own, false, "theta %g, the sliding layers' "
-                     "base, on a global layer; the config says %g", cfg->rope_local_theta, theta);
+        n = add_conv(cv, n, cfg->rope_local_theta, own, false, CMP_ROWS_SAME, "theta %g, the "
+                     "sliding layers' base, on a global layer; the config says %g",
+                     cfg->rope_local_theta, theta);
     for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
-        n = add_conv(cv, n, common_bases[i], own, false, "theta %g on a%s%s layer; the config "
-                     "says %g", common_bases[i], type[0] ? " " : "", type[0] ? type : "", theta);
+        n = add_conv(cv, n, common_bases[i], own, false, CMP_ROWS_SAME, "theta %g on a%s%s "
+                     "layer; the config says %g", common_bases[i], type[0] ? " " : "",
+                     type[0] ? type : "", theta);
     if (own->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, &none, false, "no RoPE scaling; the config says %s scaling "
-                     "by %g", scale_name(own->type), own->factor);
+        n = add_conv(cv, n, theta, &none, false, CMP_ROWS_SAME, "no RoPE scaling; the config "
+                     "says %s scaling by %g", scale_name(own->type), own->factor);
         if (own->type == ROPE_SCALE_LLAMA3) {
             const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
-            n = add_conv(cv, n, theta, &lin, false, "linear RoPE scaling by %g; the config says "
-                         "llama3 scaling", own->factor);
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says llama3 scaling", own->factor);
         }
     } else if (gs->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, gs, false, "the global layers' %s RoPE scaling by %g on a "
-                     "sliding layer, where the config has none", scale_name(gs->type),
-                     gs->factor);
+        n = add_conv(cv, n, theta, gs, false, CMP_ROWS_SAME, "the global layers' %s RoPE "
+                     "scaling by %g on a sliding layer, where the config has none",
+                     scale_name(gs->type), gs->factor);
     }
-    n = add_conv(cv, n, theta, own, true, "interleaved RoPE pairs (2i, 2i + 1) where the config "
-                 "rotates halves (i, i + %d)", cfg->head_dim / 2);
+    n = add_conv(cv, n, theta, own, true, CMP_ROWS_SAME, "interleaved RoPE pairs (2i, 2i + 1) "
+                 "where the config rotates halves (i, i + %d)", cfg->head_dim / 2);
+    /* The same mix-up seen through a recorder that maps an interleaved
+     * runtime's rows back to halves (kvdiff-llama on llama.cpp's Llama). */
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_UNPERMUTED, "interleaved RoPE pairs (2i, 2i + "
+                 "1) rotated on rows laid out for halves (i, i + %d): q/k weights without the "
+                 "row permutation an interleaved runtime needs (a converter that skipped "
+                 "Llama's permute)", cfg->head_dim / 2);
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_PERMUTED, "halves (i, i + %d) rotated on "
+                 "rows laid out for interleaved pairs (2i, 2i + 1): q/k weights permuted for "
+                 "an interleaved runtime where this one rotates halves, or permuted twice",
+                 cfg->head_dim / 2);
+    for (size_t i = 0; i < sizeof common_linear / sizeof common_linear[0]; i++) {
+        const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = common_linear[i]};
+        if (own->type == ROPE_SCALE_LINEAR && own->factor == lin.factor)
+            continue;
+        if (own->type == ROPE_SCALE_NONE)
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g "
+                         "where the config has none", lin.factor);
+        else
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says %s scaling by %g", lin.factor, scale_name(own->type),
+                         own->factor);
+    }
     /* Drop the config's own. */
     memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
     return n - 1;
@@ -805,9 +835,14 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
         append(g->evidence, sizeof g->evidence, "%s%s", i ? (i == nf - 1 ? " or " : ", ") : "",
                nf > 1 ? fits[i].cv.what : "it");
     }
-    if (nf == 1)
+    if (nf == 1 && fits[0].cv.rows != CMP_ROWS_SAME)
+        say(g->detail, sizeof g->detail, "(the rows of each head are rotated in another order "
+            "from position %lld on, where RoPE %s; per-head norms equal within %s)",
+            (long long)d->pos, d->pos == 0 ? "turns nothing yet" : "first shows it",
+            c->r->xrt.on ? "drift" : "1e-5");
+    else if (nf == 1)
         say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
-            "equal within drift)", (long long)d->pos);
+            "equal within %s)", (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5");
     else
         append(g->detail, sizeof g->detail, ")");
     append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "

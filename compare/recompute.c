@@ -356,12 +356,13 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     if (D < 2 || D % 2)
         return INFINITY;
     double *inv = malloc((size_t)half * 2 * sizeof(double));
-    double *x = malloc((size_t)D * sizeof(double));
+    double *x = malloc((size_t)D * 2 * sizeof(double));
     if (!inv || !x) {
         free(inv);
         free(x);
         return INFINITY;
     }
+    double *xr = x + D;
     double *inv_cv = inv + half;
     layer_inv_freq(cfg, layer, inv);
     kern_rope_inv_freq(cv->theta, D, inv_cv);
@@ -378,6 +379,18 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
             x[d] = a[d] * cs + a[d + half] * sn;
             x[d + half] = a[d + half] * cs - a[d] * sn;
         }
+        /* The rows in the order the runtime rotated them. */
+        for (int m = 0; m < half; m++)
+            for (int t = 0; t < 2; t++) {
+                const int hf = t * half + m, il = 2 * m + t;
+                if (cv->rows == CMP_ROWS_UNPERMUTED)
+                    xr[hf] = x[il];
+                else if (cv->rows == CMP_ROWS_PERMUTED)
+                    xr[il] = x[hf];
+                else
+                    xr[hf] = x[hf];
+            }
+        memcpy(x, xr, (size_t)D * sizeof(double));
         for (int d = 0; d < half; d++) {
             const double ang = (double)pos * inv_cv[d], cs = cos(ang), sn = sin(ang);
             const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + half;

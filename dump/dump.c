@@ -760,6 +760,35 @@ static void layer_fields(const json_t *o, kv_config *c, problems *p)
                     c->kv_owner[i]);
 }
 
+/* Optional rope_scaling: null, absent, or {"rope_type": "linear" |
+ * "llama3", "factor", and for llama3 low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}, as config.json has it. */
+static void rope_scaling_field(const json_t *o, kv_config *c, problems *p)
+{
+    const json_t *sc = json_object_get(o, "rope_scaling");
+    if (!sc || json_is_null(sc))
+        return;
+    const char *t = json_string_value(json_object_get(sc, "rope_type"));
+    if (!json_is_object(sc) || !t || (strcmp(t, "linear") && strcmp(t, "llama3"))) {
+        problem(p, "model_config field \"rope_scaling\" must be null or an object whose "
+                   "rope_type is \"linear\" or \"llama3\".");
+        return;
+    }
+    kv_rope_scaling *rs = &c->rope_scaling;
+    rs->type = !strcmp(t, "linear") ? ROPE_SCALE_LINEAR : ROPE_SCALE_LLAMA3;
+    rs->factor = num_field(sc, "factor", p);
+    if (rs->type == ROPE_SCALE_LLAMA3) {
+        rs->low_freq_factor = num_field(sc, "low_freq_factor", p);
+        rs->high_freq_factor = num_field(sc, "high_freq_factor", p);
+        rs->original_max_position =
+            int_field(sc, "original_max_position_embeddings", 1, INT32_MAX, false, p);
+    }
+    if (!(rs->factor > 0) || (rs->type == ROPE_SCALE_LLAMA3 &&
+                              !(rs->high_freq_factor > rs->low_freq_factor)))
+        problem(p, "model_config rope_scaling: factor must be > 0 (and high_freq_factor > "
+                   "low_freq_factor for llama3).");
+}
+
 static void arch_of(kv_config *c)
 {
     if (!strcmp(c->model_type, "qwen2"))
@@ -811,6 +840,7 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         c.attn_scale = json_number_value(scale);
     else if (c.head_dim > 0)
         c.attn_scale = 1.0 / sqrt((double)c.head_dim);
+    rope_scaling_field(o, &c, &p);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
     json_decref(o);

@@ -883,6 +883,24 @@ static char *config_json(const kv_config *c)
     json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
     json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
     json_object_set_new(o, "attn_scale", json_real(c->attn_scale));
+    /* The global layers' RoPE scaling, as config.json writes it: the
+     * comparer rotates rows with it (RoPE diagnoses). */
+    const kv_rope_scaling *rs = &c->rope_scaling;
+    if (rs->type != ROPE_SCALE_NONE) {
+        json_t *sc = json_object();
+        if (!sc)
+            goto done;
+        json_object_set_new(sc, "rope_type",
+                            json_string(rs->type == ROPE_SCALE_LINEAR ? "linear" : "llama3"));
+        json_object_set_new(sc, "factor", json_real(rs->factor));
+        if (rs->type == ROPE_SCALE_LLAMA3) {
+            json_object_set_new(sc, "low_freq_factor", json_real(rs->low_freq_factor));
+            json_object_set_new(sc, "high_freq_factor", json_real(rs->high_freq_factor));
+            json_object_set_new(sc, "original_max_position_embeddings",
+                                json_integer(rs->original_max_position));
+        }
+        json_object_set_new(o, "rope_scaling", sc);
+    }
     text = json_dumps(o, JSON_COMPACT);
 done:
     json_decref(types);

@@ -1608,6 +1608,46 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
     }
 }
 
+/* RoPE scaling travels in model_config (the comparer rotates rows with
+ * it); a rope_scaling of an unknown type is a problem, not ignored. */
+START_TEST(test_config_rope_scaling)
+{
+    char dir[64], path[128];
+    kv_config cfg, back;
+    kv_err e = {{0}};
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "scaled.h5");
+    ck_assert(config_preset("tiny-llama", &cfg, &e) == 0);
+    cfg.rope_scaling = (kv_rope_scaling){.type = ROPE_SCALE_LLAMA3, .factor = 8,
+                                         .low_freq_factor = 1, .high_freq_factor = 4,
+                                         .original_max_position = 8192};
+    dump_opts o;
+    dump_opts_default(&o);
+    dump_meta meta = {.engine = "test", .cfg = &cfg, .max_positions = 4};
+    dump_writer *w = dump_create(path, &meta, &o, &e);
+    ck_assert_msg(w != NULL, "%s", e.msg);
+    ck_assert_int_eq(dump_close(w, "test", &e), 0);
+    dump_file *f = open_ok(path);
+    ck_assert_msg(dump_model_config(f, &back, &e) == 0, "%s", e.msg);
+    ck_assert(!memcmp(&back.rope_scaling, &cfg.rope_scaling, sizeof cfg.rope_scaling));
+    dump_file_close(f);
+    char *text = NULL;
+    hid_t h = open_rw(path);
+    ck_assert_int_eq(dump_h5_attr_str(h, "model_config", &text), 0);
+    char *at = strstr(text, "llama3");
+    ck_assert_ptr_nonnull(at);
+    memcpy(at, "yarn!!", 6);
+    set_str_attr(h, "model_config", text);
+    free(text);
+    H5Fclose(h);
+    f = dump_open(path, &e);
+    ck_assert(f == NULL || dump_model_config(f, &back, &e) < 0);
+    ck_assert_msg(strstr(e.msg, "rope_scaling"), "%s", e.msg);
+    dump_file_close(f);
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_broken_dumps)
 {
     char dir[64], base[128], path[128];
@@ -1767,6 +1807,7 @@ Suite *dump_suite(void)
     tcase_add_loop_test(tc, test_swmr_crash, 0, 2);
     tcase_add_test(tc, test_interrupted);
     tcase_add_test(tc, test_observer_contract);
+    tcase_add_test(tc, test_config_rope_scaling);
     tcase_add_test(tc, test_unwritable);
     tcase_add_test(tc, test_file_size_limit);
     tcase_add_test(tc, test_not_dumps);

@@ -149,6 +149,95 @@ START_TEST(xrt_diag_rope_common_base)
 }
 END_TEST
 
+/* tiny-llama as dir/hf (its config.json's rope_scaling replaced by
+ * `scaling` when not NULL), exported as dir/m.gguf, and the reference on
+ * a 100-token prompt as dir/ref.h5. */
+static void setup_llama(const char *dir, const char *scaling)
+{
+    char args[1024], path[512];
+    snprintf(args, sizeof args, "gen --preset tiny-llama -o %s/hf", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    if (scaling) {
+        snprintf(path, sizeof path, "%s/hf/config.json", dir);
+        FILE *f = fopen(path, "rb");
+        ck_assert_ptr_nonnull(f);
+        static char cfg[8192];
+        const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
+        fclose(f);
+        cfg[n] = '\0';
+        char *at = strstr(cfg, "\"rope_scaling\": null");
+        ck_assert_ptr_nonnull(at);
+        f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%.*s\"rope_scaling\": %s%s", (int)(at - cfg), cfg, scaling,
+                at + strlen("\"rope_scaling\": null"));
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+/* A Llama GGUF exported without the q/k row permutation: llama.cpp
+ * rotates adjacent pairs (2i, 2i + 1) of rows laid out for halves. The
+ * recorder maps its rows back as for a correct GGUF, so the test's q is
+ * the reference's with each head's rows in another order from position
+ * 0 (where nothing is rotated yet) on. */
+START_TEST(xrt_diag_rope_unpermuted)
+{
+    char dir[64], gguf[512], tmp[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_llama(dir, NULL);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/q.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_unpermute_rows(gguf, tmp, "attn_q.weight", 16), 4);
+    ck_assert_int_eq(gguf_unpermute_rows(tmp, bad, "attn_k.weight", 16), 4);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", "interleaved RoPE pairs "
+                    "(2i, 2i + 1) rotated on rows laid out for halves (i, i + 8)",
+                    "without the row permutation", "reproduces the test's at position 0",
+                    "and at position 99", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Linear RoPE scaling by 4 in config.json; the GGUF's factor dropped to
+ * 1 (no scaling), or wrong (2). */
+static void scaling_case(double factor, const char *words)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_llama(dir, "{\"rope_type\": \"linear\", \"factor\": 4.0}");
+    make_bad(dir, "llama.rope.scaling.factor", factor);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 1, 0, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", words,
+                    "reproduces the test's at position 1", "and at position 99", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+START_TEST(xrt_diag_rope_scaling_dropped)
+{
+    scaling_case(1, "the test's queries match no RoPE scaling; the config says linear scaling "
+                 "by 4");
+}
+END_TEST
+
+START_TEST(xrt_diag_rope_scaling_wrong)
+{
+    scaling_case(2, "the test's queries match linear RoPE scaling by 2; the config says linear "
+                 "scaling by 4");
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* Attention scale                                                      */
 
@@ -231,6 +320,9 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_local_is_global);
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);
+    tcase_add_test(tc, xrt_diag_rope_unpermuted);
+    tcase_add_test(tc, xrt_diag_rope_scaling_dropped);
+    tcase_add_test(tc, xrt_diag_rope_scaling_wrong);
     tcase_add_test(tc, xrt_diag_attn_scale);
     tcase_add_test(tc, xrt_diag_norm_input);
     tcase_add_test(tc, xrt_diag_norm_q);
