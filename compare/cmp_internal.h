@@ -121,6 +121,8 @@ typedef struct {
     int64_t from[2], to[2];
     int extra_zero;
     bool all_zero;
+    bool skip_one, dup_one;      /* the key at skip_pos not read; the one at dup_pos read twice */
+    int64_t skip_pos, dup_pos;
     cmp_diag_kind kind;          /* what it would mean */
     char what[160];              /* in words, for the evidence */
 } cmp_hyp;
@@ -133,6 +135,17 @@ int64_t cmp_hyp_nkeys(const cmp_hyp *h);
 int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
                             const float *q, const cmp_hyp *h, double *lse, double *out,
                             kv_err *e);
+
+/* For the query row q of layer `layer` over keys lo..hi (read from src),
+ * the one key whose absence (*skip) and the one whose reading twice
+ * (*dup) come closest to the recorded attention (lse_rec may be NULL),
+ * with those errors (+inf when none could be tried). A scan to choose a
+ * candidate, which cmp_recompute_attention then verifies. Returns 0, 1
+ * when a needed row is not recorded (or the range is too long to hold),
+ * -1 on error. */
+int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
+                    int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
+                    int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e);
 
 /* Error of a recomputed (lse, out) against recorded rows: the larger of
  * max_h |dlse| / max(1, |lse|) and max |dout| / max |out|. */

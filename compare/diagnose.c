@@ -315,8 +315,9 @@ static int64_t prev_chunk_start(int64_t s, const attn_case *a)
 /* The key set a bug of kind k makes attention read at position q >= p of
  * the divergent layer: the candidate at p itself, and what the same bug
  * predicts at later positions (which is what tells apart two bugs that
- * read the same keys at p). n_window: the keys a WINDOW candidate reads.
- * Returns false where the kind predicts nothing at q. */
+ * read the same keys at p). n_window: the keys a WINDOW candidate reads;
+ * for MISSING_KEY and DUP_KEY, the position of the key left out or read
+ * twice. Returns false where the kind predicts nothing at q. */
 static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_window, cmp_hyp *h)
 {
     memset(h, 0, sizeof *h);
@@ -376,6 +377,20 @@ static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_win
             (long long)(q - R));
         return true;
     }
+    case CMP_DIAG_MISSING_KEY:
+    case CMP_DIAG_DUP_KEY:
+        /* The key at position at (n_window carries it) while the window
+         * still holds it. */
+        if (n_window < h->lo || n_window > q || (k == CMP_DIAG_MISSING_KEY && n_window == q))
+            return false;
+        if (k == CMP_DIAG_MISSING_KEY)
+            h->skip_one = true, h->skip_pos = n_window;
+        else
+            h->dup_one = true, h->dup_pos = n_window;
+        say(h->what, nw, "the config's keys %lld..%lld with key %lld %s", (long long)h->lo,
+            (long long)q, (long long)n_window, k == CMP_DIAG_MISSING_KEY ? "left out"
+                                                                          : "read twice");
+        return true;
     case CMP_DIAG_STALE_CACHE:
         if (a->W <= 0 || a->C <= 0)
             return false;
@@ -454,6 +469,37 @@ static int build_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     if (nr < 0 || nt < 0 || nr == nt)
         n += slot_hyps(c, a, hs + n);
     return n;
+}
+
+/* One key too few or one too many: every key of the config's set is a
+ * candidate to leave out or to read twice; a scan over them picks the
+ * closest of each (recompute_hyps then verifies it as any other). Only
+ * where the count is unknown or says one key off. Appends to hs (room
+ * for 8 in all). Returns 0, -1 on error. */
+static int scan_hyps(cmp_ctx *c, attn_case *a, cmp_hyp *hs, int *n, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    const int64_t nref = d->pos - a->lo_ref + 1;
+    const bool fewer = nt < 0 || nt == (nr >= 0 ? nr : nref) - 1;
+    const bool more = nt < 0 || nt == (nr >= 0 ? nr : nref) + 1;
+    const float *q = a->q_test ? a->q_test : a->q_ref;
+    const cmp_source *src = a->q_test ? c->test : c->ref;
+    if ((!fewer && !more) || !q || *n > 6)
+        return 0;
+    int64_t skip, dup;
+    double skip_err, dup_err;
+    int rc = cmp_keyset_scan(src, c->cfg, d->layer, q, a->lo_ref, d->pos, c->ev->lse_test,
+                             a->out_test, &skip, &skip_err, &dup, &dup_err, e);
+    if (rc < 0)
+        return -1;
+    if (rc == 0 && fewer && skip >= 0 && skip_err <= c->attn_tol &&
+        hyp_of(a, CMP_DIAG_MISSING_KEY, d->pos, skip, &hs[*n]))
+        (*n)++;
+    if (rc == 0 && more && dup >= 0 && dup_err <= c->attn_tol &&
+        hyp_of(a, CMP_DIAG_DUP_KEY, d->pos, dup, &hs[*n]))
+        (*n)++;
+    return 0;
 }
 
 /* A candidate that reproduces the test at p. */
@@ -574,7 +620,9 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
         for (int i = 0; i < nm; i++) {
             fits[i] = ms[i].alive;
             cmp_hyp h;
-            const int64_t nwin = ms[i].h.hi - ms[i].h.lo + 1;
+            const int64_t nwin = ms[i].h.kind == CMP_DIAG_MISSING_KEY ? ms[i].h.skip_pos
+                                 : ms[i].h.kind == CMP_DIAG_DUP_KEY   ? ms[i].h.dup_pos
+                                                                      : ms[i].h.hi - ms[i].h.lo + 1;
             if (!ms[i].alive || !hyp_of(a, ms[i].h.kind, q, nwin, &h))
                 continue;   /* predicts nothing there: it stays */
             double err;
@@ -1406,6 +1454,17 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k, int64_t
             say(t, nd, "(%s at position %lld)", keys, (long long)p);
         }
         break;
+    case CMP_DIAG_MISSING_KEY:
+    case CMP_DIAG_DUP_KEY: {
+        const bool miss = k == CMP_DIAG_MISSING_KEY;
+        const long long j = (long long)n_hyp;
+        say(s, ns, "attention read one key %s: the key at position %lld %s", miss ? "too few"
+            : "too many", j, miss ? "is not read (removed from the cache, or masked out)"
+            : "is read twice (written to the cache twice, or a stray cell of the sequence)");
+        say(t, nd, "(%s at position %lld; the config's key set is %lld..%lld)", keys,
+            (long long)p, (long long)a->lo_ref, (long long)p);
+        break;
+    }
     case CMP_DIAG_DECODE_STUCK:   /* only ever at P + 1 (slot_hyps, keyset_heuristic) */
         say(s, ns, "at the second decode step: the new key overwrote the previous one (decode "
             "index not advancing)");
@@ -1462,6 +1521,8 @@ static const char *kind_phrase(cmp_diag_kind k)
     case CMP_DIAG_DECODE_STUCK: return "a decode index not advancing";
     case CMP_DIAG_RING_NO_WRAP: return "a ring buffer not wrapping";
     case CMP_DIAG_STALE_CACHE: return "a sliding cache read from an earlier state";
+    case CMP_DIAG_MISSING_KEY: return "one key left out";
+    case CMP_DIAG_DUP_KEY: return "one key read twice";
     default: return "another key set";
     }
 }
@@ -1540,7 +1601,9 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
     }
     cmp_hyp hs[8];
     diag_match ms[8];
-    const int n = build_hyps(c, a, hs);
+    int n = build_hyps(c, a, hs);
+    if (scan_hyps(c, a, hs, &n, e) < 0)
+        return -1;
     const int nm = recompute_hyps(c, a, hs, n, ms, e);
     if (nm < 0)
         return -1;
@@ -1561,7 +1624,9 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             m++;
         ev->hyp_err = m->err;
         say(ev->hypothesis, sizeof ev->hypothesis, "%s", m->h.what);
-        keyset_text(c, a, m->h.kind, cmp_hyp_nkeys(&m->h));
+        keyset_text(c, a, m->h.kind, m->h.kind == CMP_DIAG_MISSING_KEY ? m->h.skip_pos
+                                     : m->h.kind == CMP_DIAG_DUP_KEY   ? m->h.dup_pos
+                                                                       : cmp_hyp_nkeys(&m->h));
         c->g->basis = CMP_BASIS_RECOMPUTED;
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
             "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
@@ -1672,25 +1737,34 @@ static int blind_next_read(cmp_ctx *c, const attn_case *a, bool trusted, blind_n
 }
 
 /* The decode-blind diagnosis proper: P + 1 read the decode cache so far. */
+/* The test's attention rows a recomputation is matched against. */
+static const char *recorded_attn(const cmp_ctx *c)
+{
+    return c->ev->lse_test ? "attn_lse and attn_out" : "attn_out";
+}
+
 static void blind_text(cmp_ctx *c, const attn_case *a, const blind_next *nx, bool recomputed,
                        double own_err)
 {
     const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     set_diag(c, CMP_DIAG_DECODE_BLIND, recomputed ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "split prefill/decode cache: decode steps attend only to the decode cache, "
              "never to the prefill cache");
-    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
+    say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = prompt "
         "length; at %lld the test read positions %lld..%lld, the decode cache so far, not %lld "
         "alone as isolated chunks would; the prefill cache's %lld keys (positions 0..%lld) are "
-        "not read)", ev->nkeys_ref, ev->nkeys_test, P, p1, P, p1, p1, P, P - 1);
+        "not read)", keys, P, p1, P, p1, p1, P, P - 1);
     if (recomputed)
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the test's q, "
-            "k, v%s reproduces its attn_lse and attn_out over key %lld alone at position %lld "
+            "k, v%s reproduces its %s over key %lld alone at position %lld "
             "(error %.2g) and over keys %lld..%lld at %lld (error %.2g), where key %lld alone "
             "does not (error %.2g); the config's key set reproduces the reference (%.2g)",
             a->ref_rows_used ? " (at the first decode step the reference's: the test did not "
-                               "record them)" : "",
+                               "record them)" : "", rows,
             P, P, own_err, P, p1, p1, nx->err_blind, p1, nx->err_iso, ev->ref_check_err);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read %d key "
@@ -1705,25 +1779,28 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
 {
     const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     set_diag(c, CMP_DIAG_KEY_SET, own_shown ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "attention read only the new token's key at the first decode step: chunks attend "
              "only to themselves, or decode steps read only the decode cache of a split "
              "prefill/decode cache");
     if (isfinite(nx->err_blind) && nx->err_blind <= c->attn_tol && nx->err_iso <= c->attn_tol)
-        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+        say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = "
             "prompt length; at %lld key %lld alone (isolated chunks) and keys %lld..%lld (a "
             "decode-blind split cache) both reproduce the test: key %lld weighs nothing there)",
-            ev->nkeys_ref, ev->nkeys_test, P, p1, p1, P, p1, P);
+            keys, P, p1, p1, P, p1, P);
     else
-        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+        say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = "
             "prompt length; position %lld would tell them apart, isolated chunks reading 1 key "
             "there and a decode-blind split cache 2, but the test has no attention row there: run "
-            "or record at least one more decode step)", ev->nkeys_ref, ev->nkeys_test, P, p1);
+            "or record at least one more decode step)", keys, P, p1);
     if (own_shown)
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
-            "q, k, v%s over key %lld alone reproduces the test's attn_lse and attn_out (error "
+            "q, k, v%s over key %lld alone reproduces the test's %s (error "
             "%.2g); the config's key set reproduces the reference (%.2g)",
-            a->ref_rows_used ? " (the reference's: the test did not record them)" : "", P,
+            a->ref_rows_used ? " (the reference's: the test did not record them)" : "", P, rows,
             own_err, ev->ref_check_err);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read 1 key "
@@ -1733,20 +1810,25 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
 /* Only the new token's key at P, and at P + 1 neither pattern. */
 static void blind_neither_text(cmp_ctx *c, const attn_case *a, const blind_next *nx)
 {
-    const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     const bool rec = isfinite(nx->err_blind);
     set_diag(c, CMP_DIAG_KEY_SET, rec ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "attention read a different key set: only the new token's key at the first "
              "decode step, and at the next a set that neither isolated chunks nor a "
              "decode-blind split cache explains");
-    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
-        "length; %d at %lld, where isolated chunks read key %lld alone and a decode-blind split "
-        "cache keys %lld..%lld)", ev->nkeys_ref, ev->nkeys_test, P, nx->nkeys, p1, p1, P, p1);
+    char next[32] = "unknown";
+    if (nx->nkeys >= 0)
+        say(next, sizeof next, "%d", nx->nkeys);
+    say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = prompt "
+        "length; %s at %lld, where isolated chunks read key %lld alone and a decode-blind split "
+        "cache keys %lld..%lld)", keys, P, next, p1, p1, P, p1);
     if (rec)
         say(c->g->evidence, sizeof c->g->evidence, "at position %lld, attention recomputed from "
-            "the test's q, k, v misses its attn_lse and attn_out over key %lld alone (error "
-            "%.2g) and over keys %lld..%lld (error %.2g)", p1, p1, nx->err_iso, P, p1,
+            "the test's q, k, v misses its %s over key %lld alone (error "
+            "%.2g) and over keys %lld..%lld (error %.2g)", p1, rows, p1, nx->err_iso, P, p1,
             nx->err_blind);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only (attention could not "

@@ -74,6 +74,8 @@ static void expect_diag(json_t *g, const char *rec_opts, const char *kind, const
     ck_assert_msg(!strcmp(field(g, "kind"), kind) && !strcmp(field(g, "basis"), basis),
                   "%s: expected %s (%s), got %s (%s): %s", rec_opts, kind, basis,
                   field(g, "kind"), field(g, "basis"), all);
+    /* A count the runtime did not record is never printed as one. */
+    ck_assert_msg(!strstr(all, "vs -1") && !strstr(all, " -1 key"), "%s: %s", rec_opts, all);
     va_list ap;
     va_start(ap, basis);
     for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
@@ -103,6 +105,73 @@ START_TEST(xrt_diag_window_smaller)
         json_decref(j);
     }
     test_rmtree(dir);
+}
+END_TEST
+
+/* Key-set bugs planted inside llama.cpp through its memory API (the
+ * recorder's test-only --fault), on the correct GGUF, with 4 decode steps
+ * so that the position after the first decode step is recorded too. The
+ * f32 run takes the prompt in one ubatch, the f16 run in ubatches of 7:
+ * pos[i] is where the step is for kv_types[i]. */
+static void fault_case(const char *fault, const long pos[2], const char *kind,
+                       const char *words, const char *words2)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    char gguf[512], bad[512];
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(rename(gguf, bad), 0);
+    for (int i = 0; i < 2; i++) {
+        char opts[256];
+        snprintf(opts, sizeof opts, "%s --max-new 4 --fault %s", kv_types[i], fault);
+        json_t *j, *g = diagnose(dir, opts, pos[i], 0, "attn_out", &j);
+        expect_diag(g, opts, kind, "recomputed", words, words2, NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+/* Each ubatch (and decode step) sees only its own keys. In one ubatch
+ * the prompt is fine and the first decode step reads its own key alone,
+ * which a decode-blind split cache does too: the next step tells. */
+START_TEST(xrt_diag_isolate_ubatch)
+{
+    static const long pos[2] = {100, 7};
+    fault_case("isolate-ubatch", pos, "chunk_isolated", "chunks attend only to themselves",
+               "only its own chunk's keys");
+}
+END_TEST
+
+/* Position 95 removed from the cache once its ubatch ran: the next
+ * ubatch's first query (the first decode step, or 98) reads 11 of the 12
+ * keys of its window. */
+START_TEST(xrt_diag_drop_key)
+{
+    static const long pos[2] = {100, 98};
+    fault_case("drop-key=95", pos, "missing_key", "one key too few: the key at position 95 is "
+               "not read", "with key 95 left out reproduces the test's attn_out");
+}
+END_TEST
+
+/* The prompt's keys removed before decoding: decode steps read the
+ * decode tokens' keys only. */
+START_TEST(xrt_diag_decode_blind)
+{
+    static const long pos[2] = {100, 100};
+    fault_case("decode-blind", pos, "split_decode_blind", "decode steps attend only to the "
+               "decode cache", "reproduces its attn_out over key 100 alone");
+}
+END_TEST
+
+/* Position 95 decoded again as a second cell of the sequence before
+ * decoding: its first layer's key is read twice. */
+START_TEST(xrt_diag_dup_key)
+{
+    static const long pos[2] = {100, 100};
+    fault_case("dup-key=95", pos, "duplicate_key", "one key too many: the key at position 95 "
+               "is read twice", "with key 95 read twice reproduces the test's attn_out");
 }
 END_TEST
 
@@ -317,6 +386,10 @@ Suite *xrt_diagnose_suite(void)
     TCase *tc = tcase_create("llama");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, xrt_diag_window_smaller);
+    tcase_add_test(tc, xrt_diag_isolate_ubatch);
+    tcase_add_test(tc, xrt_diag_drop_key);
+    tcase_add_test(tc, xrt_diag_decode_blind);
+    tcase_add_test(tc, xrt_diag_dup_key);
     tcase_add_test(tc, xrt_diag_rope_local_is_global);
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);
