@@ -197,6 +197,11 @@ typedef struct {
 double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
                          const float *ref, const float *test, int nheads);
 
+/* The rows (nheads x D) of layer `layer` at position pos rotated back
+ * under the config's RoPE convention, into out (nheads x D doubles). */
+void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,
+                       double *out);
+
 /* --- crossrt.c --- */
 
 /* Whether the compare of ref and test is judged by the cross-runtime

@@ -1204,6 +1204,127 @@ static int rule_norm_convention(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
+/* ------------------------------------------------------------------ */
+/* A q/k norm not applied                                               */
+
+/* Gemma 3 and Qwen3 normalise each head of q and k (RMSNorm over D, one
+ * weight per dim) before RoPE. A runtime that skips it (a converter that
+ * exports the model as an architecture without q/k norms) hands RoPE the
+ * raw projection r_h: unrotated, the reference's head is n_h * w with
+ * n_h = r_h / rms(r_h), the test's is r_h. So the test's heads, each
+ * divided by its own RMS, times ONE weight vector w (fitted) must give
+ * the reference's, at every head and position, while the heads' RMS
+ * differ (not a norm applied without its weight). */
+
+/* Unrotated (ref, test) rows of (layer, stage) at p, appended to ra, ta
+ * (nh x D doubles each). 0, 1 when missing, -1 on error. */
+static int unrotated_pair(cmp_ctx *c, int64_t p, int nh, double *ra, double *ta, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    float *a, *b;
+    int rc = row_pair(c, d->layer, d->stage, p, &a, &b, e);
+    if (rc)
+        return rc;
+    cmp_rope_unrotate(c->cfg, d->layer, p, a, nh, ra);
+    cmp_rope_unrotate(c->cfg, d->layer, p, b, nh, ta);
+    free(a);
+    free(b);
+    return 0;
+}
+
+static int rule_qk_norm_missing(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL ||
+        !(cfg->qk_norm || cfg_gemma(cfg)))
+        return 0;
+    const int D = cfg->head_dim, nh = d->stage == STAGE_Q ? cfg->n_heads : cfg->n_kv_heads;
+    const size_t n = (size_t)nh * D;
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    int64_t p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+        p2 = c->pos_limit - 1;
+    double *ra = malloc(2 * n * sizeof(double)), *ta = malloc(2 * n * sizeof(double));
+    double *w = calloc((size_t)D, sizeof(double)), *den = calloc((size_t)D, sizeof(double));
+    double *rms = malloc(2 * (size_t)nh * sizeof(double));
+    int rc = (!ra || !ta || !w || !den || !rms) ? kv_errf(e, "compare: out of memory") : 0;
+    int npos = 0;
+    if (rc == 0) {
+        rc = unrotated_pair(c, d->pos, nh, ra, ta, e);
+        npos = rc == 0;
+    }
+    if (rc == 0 && p2 > d->pos) {
+        rc = unrotated_pair(c, p2, nh, ra + n, ta + n, e);
+        npos += rc == 0;
+        rc = rc < 0 ? -1 : 0;
+    }
+    double err = INFINITY, rms_lo = INFINITY, rms_hi = 0;
+    if (rc == 0 && npos > 0) {
+        /* Each test head over its own RMS: the normalised input n_h. */
+        for (int g = 0; g < npos * nh; g++) {
+            double s = 0;
+            for (int i = 0; i < D; i++)
+                s += ta[(size_t)g * D + i] * ta[(size_t)g * D + i];
+            rms[g] = sqrt(s / D + cfg->rms_eps);
+            rms_lo = fmin(rms_lo, rms[g]);
+            rms_hi = fmax(rms_hi, rms[g]);
+            for (int i = 0; i < D; i++) {
+                const double nn = ta[(size_t)g * D + i] / rms[g];
+                w[i] += ra[(size_t)g * D + i] * nn;
+                den[i] += nn * nn;
+            }
+        }
+        /* One weight per dim, least squares over every head and position. */
+        for (int i = 0; i < D; i++)
+            w[i] = den[i] > 0 ? w[i] / den[i] : 0;
+        double worst = 0, rmax = 0;
+        for (int g = 0; g < npos * nh; g++)
+            for (int i = 0; i < D; i++) {
+                const double r = ra[(size_t)g * D + i];
+                worst = fmax(worst, fabs(w[i] * ta[(size_t)g * D + i] / rms[g] - r));
+                rmax = fmax(rmax, fabs(r));
+            }
+        err = rmax > 0 ? worst / rmax : INFINITY;
+    }
+    free(ra);
+    free(ta);
+    free(w);
+    free(den);
+    free(rms);
+    /* Fewer than two heads' worth of rows fit any w: no evidence. */
+    if (rc < 0 || npos * nh < 2 || !(err <= c->row_tol))
+        return rc < 0 ? -1 : 0;
+    const char *norm = d->stage == STAGE_Q ? "q_norm" : "k_norm";
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    cmp_diagnosis *g = c->g;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    /* Heads of RMS 1 everywhere were normalised: only the weight is off. */
+    const bool unit = fabs(rms_lo - 1) <= c->row_tol && fabs(rms_hi - 1) <= c->row_tol;
+    if (unit) {
+        g->kind = CMP_DIAG_UNCLASSIFIED;
+        say(g->summary, sizeof g->summary, "the test's %s are normalised per head but not "
+            "multiplied by %s's weight", what, norm);
+        say(g->detail, sizeof g->detail, "(%s of layer %d: every head has RMS 1 before RoPE; "
+            "the weight is missing or all ones)", stage_name(d->stage), d->layer);
+    } else {
+        g->kind = CMP_DIAG_QK_NORM_MISSING;
+        say(g->summary, sizeof g->summary, "%s missing: the test's %s are not normalised per "
+            "head (RMSNorm over head_dim) before RoPE", norm, what);
+        say(g->detail, sizeof g->detail, "(%s of layer %d: each head is the raw projection, of "
+            "RMS %.3g to %.3g, where the config normalises it and multiplies by %s's weight: a "
+            "runtime, or a converter's architecture, without q/k norms, e.g. Qwen3 or Gemma 3 "
+            "run as Qwen2 or Llama)", stage_name(d->stage), d->layer, rms_lo, rms_hi, norm);
+    }
+    say(g->evidence, sizeof g->evidence, "rotated back, each head of the test's %s divided by "
+        "its own RMS and multiplied by one weight vector (fitted over %d heads at position "
+        "%lld%s) reproduces the reference's (error %.2g; errors up to %.2g count as "
+        "reproducing, %s)", what, nh, (long long)d->pos, npos > 1 ? " and at the last compared "
+        "position" : "", err, c->row_tol, c->r->xrt.on ? "the step's drift threshold"
+                                                      : "exact mode");
+    return 1;
+}
+
 /* lse = log(n) on every head: n keys all scoring 0. */
 static bool lse_is_log_n(const float *lse, int H, int n)
 {
@@ -1963,6 +2084,8 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
     if (d->layer >= 0 && (rc = rule_scaled(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if ((rc = rule_norm_convention(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = rule_qk_norm_missing(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
         return rc < 0 ? -1 : 0;

@@ -499,3 +499,27 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     free(x);
     return test_max > 0 ? worst / test_max : (worst > 0 ? INFINITY : 0);
 }
+
+void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,
+                       double *out)
+{
+    const int D = cfg->head_dim, half = D / 2;
+    double *inv = malloc((size_t)(half > 0 ? half : 1) * sizeof(double));
+    if (!inv || D < 2 || D % 2) {
+        for (int i = 0; i < nheads * D; i++)
+            out[i] = row[i];
+        free(inv);
+        return;
+    }
+    layer_inv_freq(cfg, layer, inv);
+    for (int h = 0; h < nheads; h++) {
+        const float *a = row + (size_t)h * D;
+        double *x = out + (size_t)h * D;
+        for (int d = 0; d < half; d++) {
+            const double ang = (double)pos * inv[d], cs = cos(ang), sn = sin(ang);
+            x[d] = a[d] * cs + a[d + half] * sn;
+            x[d + half] = a[d + half] * cs - a[d] * sn;
+        }
+    }
+    free(inv);
+}

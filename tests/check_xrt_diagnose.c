@@ -5,14 +5,19 @@
  * f16 KV cache, and compared with kvdiff's reference on the correct
  * model: the diagnosis must name the bug, with the figures that prove it. */
 #include <check.h>
+#include <hdf5.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "gguf_patch.h"
+#include "model/model.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -380,6 +385,135 @@ START_TEST(xrt_diag_norm_post_ffw)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* A q/k norm not applied (synthetic until a model with q/k norms other  */
+/* than Gemma's, whose q_norm llama.cpp always applies, can be exported  */
+/* as an architecture without them)                                      */
+
+static void set_str_attr(hid_t obj, const char *name, const char *value)
+{
+    if (H5Aexists(obj, name) > 0)
+        H5Adelete(obj, name);
+    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+    H5Tset_size(t, H5T_VARIABLE);
+    hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+}
+
+/* Rotates (sign 1) or rotates back (-1) each head of row at pos, RoPE
+ * rotate-half with base theta (tiny-gemma3's layer 0: 1e4, D = 32). */
+static void rope_row(float *row, int nh, int D, double theta, long pos, int sign)
+{
+    const int half = D / 2;
+    for (int h = 0; h < nh; h++)
+        for (int d = 0; d < half; d++) {
+            const double ang = sign * (double)pos * pow(theta, -2.0 * d / D);
+            float *x = row + h * D;
+            const double a = x[d], b = x[d + half];
+            x[d] = (float)(a * cos(ang) - b * sin(ang));
+            x[d + half] = (float)(b * cos(ang) + a * sin(ang));
+        }
+}
+
+/* dir/test.h5: dir/ref.h5 whose layer 0 q is what a runtime without
+ * q_norm computes: each head rotated back, divided by q_norm's (1 + w),
+ * times a scale of its own (the raw projection's RMS), rotated again.
+ * With engine set, the recording names another engine. */
+static void make_qnorm_missing(const char *dir, const char *engine, bool unit)
+{
+    char ref[512], test[512], cmd[1200];
+    snprintf(ref, sizeof ref, "%s/ref.h5", dir);
+    snprintf(test, sizeof test, "%s/test.h5", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", ref, test);
+    ck_assert_int_eq(system(cmd), 0);
+    kv_model m;
+    kv_err e = {{0}};
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_preset("tiny-gemma3", 0, &mo, &m, &e) == 0, "%s", e.msg);
+    const int nh = m.cfg.n_heads, D = m.cfg.head_dim, n = nh * D;
+    hid_t f = H5Fopen(test, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t dq = f >= 0 ? H5Dopen2(f, "/layers/0/q", H5P_DEFAULT) : -1;
+    hid_t dh = f >= 0 ? H5Dopen2(f, "/layers/0/q.hash", H5P_DEFAULT) : -1;
+    ck_assert(f >= 0 && dq >= 0 && dh >= 0 && n <= 1024);
+    hid_t fs = H5Dget_space(dq), hs = H5Dget_space(dh);
+    hsize_t dims[2];
+    H5Sget_simple_extent_dims(fs, dims, NULL);
+    ck_assert_int_eq(dims[1], n);
+    for (hsize_t p = 0; p < dims[0]; p++) {
+        float row[1024];
+        hsize_t start[2] = {p, 0}, count[2] = {1, (hsize_t)n}, one = 1;
+        hid_t ms = H5Screate_simple(2, count, NULL), ms1 = H5Screate_simple(1, &one, NULL);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        ck_assert(H5Dread(dq, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, row) >= 0);
+        rope_row(row, nh, D, 1e4, (long)p, -1);
+        for (int h = 0; h < nh; h++)
+            for (int d = 0; d < D; d++)
+                row[h * D + d] *= (float)((unit ? 1.0 : 0.4 + 0.3 * h + 0.002 * (double)p) /
+                                          (1.0 + m.layers[0].q_norm[d]));
+        rope_row(row, nh, D, 1e4, (long)p, 1);
+        ck_assert(H5Dwrite(dq, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, row) >= 0);
+        uint64_t hash = XXH3_64bits(row, (size_t)n * sizeof(float));
+        H5Sselect_hyperslab(hs, H5S_SELECT_SET, start, NULL, &one, NULL);
+        ck_assert(H5Dwrite(dh, H5T_NATIVE_UINT64, ms1, hs, H5P_DEFAULT, &hash) >= 0);
+        H5Sclose(ms);
+        H5Sclose(ms1);
+    }
+    H5Sclose(fs);
+    H5Sclose(hs);
+    H5Dclose(dq);
+    H5Dclose(dh);
+    if (H5Lexists(f, "row_hash_index", H5P_DEFAULT) > 0)
+        H5Ldelete(f, "row_hash_index", H5P_DEFAULT);
+    if (engine) {
+        set_str_attr(f, "engine", engine);
+        set_str_attr(f, "engine_settings", "{\"cache_type\":\"f32\"}");
+    }
+    H5Fclose(f);
+    model_free(&m);
+}
+
+/* Layer 0's q without q_norm: the step at (0, 0, q), named, in exact
+ * mode (both recordings kvdiff's) and judged by the drift model. */
+START_TEST(xrt_diag_qk_norm_missing)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    for (int i = 0; i < 2; i++) {
+        make_qnorm_missing(dir, i ? "another-runtime" : NULL, false);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s/test.h5 --json", dir, dir);
+        const int rc = test_run_cli(args, out, sizeof out);
+        json_error_t je;
+        json_t *j = json_loads(out, 0, &je);
+        ck_assert_msg(j && rc == 1, "exit %d: %.3000s", rc, out);
+        json_t *d = json_object_get(j, "first_divergence");
+        ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 0 &&
+                      json_integer_value(json_object_get(d, "layer")) == 0 &&
+                      !strcmp(json_string_value(json_object_get(d, "stage")), "q"), "%.3000s", out);
+        ck_assert(json_is_object(json_object_get(json_object_get(j, "mode"), "cross_runtime")) == i);
+        expect_diag(json_object_get(j, "diagnosis"), i ? "cross-runtime" : "exact",
+                    "qk_norm_missing", "recomputed", "q_norm missing: the test's queries are not "
+                    "normalised per head", "each head is the raw projection",
+                    "and at the last compared position", NULL);
+        json_decref(j);
+    }
+    /* Normalised but not weighted: every head of RMS 1. Not the norm
+     * missing, and said so. */
+    make_qnorm_missing(dir, NULL, true);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/test.h5 --json", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    expect_diag(json_object_get(j, "diagnosis"), "unit", "unclassified", "recomputed",
+                "normalised per head but not multiplied by q_norm's weight", NULL);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
@@ -400,6 +534,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_norm_input);
     tcase_add_test(tc, xrt_diag_norm_q);
     tcase_add_test(tc, xrt_diag_norm_post_ffw);
+    tcase_add_test(tc, xrt_diag_qk_norm_missing);
     suite_add_tcase(s, tc);
     return s;
 }
