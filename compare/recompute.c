@@ -205,7 +205,8 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
         rc = read_kv(&kr, lo + j0, b, kb, vs + (size_t)j0 * kvf, e);
         for (int64_t r = 0; rc == 0 && r < b; r++)
             for (int h = 0; h < H; h++) {
-                const float *qh = q + (size_t)h * D, *kk = kb + (size_t)r * kvf + (size_t)(h / group) * D;
+                const float *qh = q + (size_t)h * D;
+                const float *kk = kb + (size_t)r * kvf + (size_t)(h / group) * D;
                 double s = 0;
                 for (int d = 0; d < D; d++)
                     s += (double)qh[d] * (double)kk[d];

@@ -134,6 +134,12 @@ static void fault_case(const char *fault, const long pos[2], const char *kind,
         json_t *j, *g = diagnose(dir, opts, pos[i], 0, "attn_out", &j);
         expect_diag(g, opts, kind, "recomputed", words, words2, NULL);
         json_decref(j);
+        /* The dump says the bug was planted. */
+        char args[256], want[128];
+        snprintf(args, sizeof args, "inspect %s/llama.h5", dir);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+        snprintf(want, sizeof want, "{\"fault\":\"%s\",", fault);
+        ck_assert_msg(strstr(out, want), "%s", out);
     }
     test_rmtree(dir);
 }
@@ -493,7 +499,8 @@ START_TEST(xrt_diag_qk_norm_missing)
         ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 0 &&
                       json_integer_value(json_object_get(d, "layer")) == 0 &&
                       !strcmp(json_string_value(json_object_get(d, "stage")), "q"), "%.3000s", out);
-        ck_assert(json_is_object(json_object_get(json_object_get(j, "mode"), "cross_runtime")) == i);
+        json_t *mode = json_object_get(j, "mode");
+        ck_assert(json_is_object(json_object_get(mode, "cross_runtime")) == i);
         expect_diag(json_object_get(j, "diagnosis"), i ? "cross-runtime" : "exact",
                     "qk_norm_missing", "recomputed", "q_norm missing: the test's queries are not "
                     "normalised per head", "each head is the raw projection",
