@@ -1,20 +1,61 @@
 #!/bin/sh
-# xrt_sweep.sh — cross-runtime verdicts over legitimate llama.cpp settings
-# and two bugs written into the GGUF metadata (docs/cross-runtime.md,
-# "Measured"). One line per run: exit code, the step found, drift's closest
-# approach to its threshold. Needs python3 (patching and reading JSON).
-#   sh bench/xrt_sweep.sh [TOKENS] [DIR]     (from the repository root,
-#   after `make kvdiff recorders`)
+# xrt_sweep.sh — cross-runtime verdicts on llama.cpp, counted: legitimate
+# settings that must be drift (exit 0), and bugs made inside llama.cpp that
+# must be found at their exact first (position, layer, stage) and named
+# (docs/cross-runtime.md, "Measured"). One line per run, then the counts:
+# false alarms (a legitimate run not judged drift) and missed bugs (a bug
+# not found at its place, or found but named otherwise).
+#
+#   sh bench/xrt_sweep.sh [-n "100 600"] [-t "1 2"] [-p "PRESETS"] [-g full|reduced]
+#                         [-G mini|reduced] [-B] [DIR]
+#
+#   -n  prompt lengths (default "100 600"; tiny-gemma3's window is 12)
+#   -t  llama.cpp threads (default "1 2"); cells with 2 or more threads run
+#       the reduced grid: on a machine with fewer free cores than threads,
+#       ggml's spinning threads make each run 10 to 30 times slower
+#   -p  presets (default the three tiny ones; qwen2.5-0.5b-shape and
+#       gemma3-1b-shape run the -G grid: each run writes some 700 MB at
+#       600 tokens)
+#   -g  the grid of 1-thread cells of tiny presets: full (KV f32, f16, bf16,
+#       q8_0 x flash attention off, on x ubatch 1, 7, 64, the whole prompt;
+#       default) or reduced (KV f32, f16 x flash off, on x ubatch 7, whole)
+#   -G  the grid of the full-size presets: mini (f32 off whole, f16 off 64,
+#       f16 on whole, bf16 on 7; default) or reduced
+#   -B  no bug runs
+#
+# Bugs (1 thread, KV f32, f16, bf16 x flash off, on x ubatch 7, whole), each
+# on the prompt lengths of -n: GGUF values an exporter could get wrong
+# (tiny-gemma3: sliding window 4, local RoPE base 1e6, input norm weights
+# without Gemma's + 1; tiny-llama: q/k rows without the permutation) and
+# cache bugs planted with kvdiff-llama's test-only --fault (isolated
+# ubatches, a key removed, decode blind to the prompt, a key twice).
+#
+# From the repository root, after `make kvdiff recorders`. Needs python3
+# (GGUF patching, reading JSON; no modules beyond the standard library).
 set -u
-N=${1:-120}; D=${2:-/tmp/kvdiff-xrt-sweep}
-K=$PWD/build/kvdiff; L=$PWD/kvdiff-llama
+N_LIST="100 600"; T_LIST="1 2"; PRESETS="tiny-llama tiny-qwen2 tiny-gemma3"; GRID=full; BUGS=1
+BIG_GRID=mini
+while getopts n:t:p:g:G:B o; do
+  case $o in
+    n) N_LIST=$OPTARG;; t) T_LIST=$OPTARG;; p) PRESETS=$OPTARG;; g) GRID=$OPTARG;;
+    G) BIG_GRID=$OPTARG;; B) BUGS=0;; *) exit 2;;
+  esac
+done
+shift $((OPTIND - 1))
+D=${1:-/tmp/kvdiff-xrt-sweep}
+K=$PWD/build/kvdiff; L=$PWD/build/kvdiff-llama
+[ -x "$K" ] && [ -x "$L" ] || { echo "build kvdiff and the recorder first" >&2; exit 2; }
 mkdir -p "$D" && cd "$D" || exit 2
-patch_gguf() { # IN OUT KEY VALUE: one u32 or f32 metadata value rewritten
+: > results.txt
+
+# GGUF edits: one u32/f32 metadata value; F32 tensors named *PART* shifted
+# by ADD; the Llama q/k permutation undone on *PART* (HEAD_DIM rows a head).
+gguf_edit() { # MODE IN OUT ARG1 ARG2
 python3 - "$@" <<'PY'
 import struct,sys
-fn,out,key,val=sys.argv[1:5]
-b=bytearray(open(fn,'rb').read()); o=24
-nkv=struct.unpack_from('<Q',b,16)[0]
+mode,fn,out,a1,a2=sys.argv[1:6]
+b=bytearray(open(fn,'rb').read())
+nt,nkv=struct.unpack_from('<QQ',b,8); o=24; align=32
 size={0:1,1:1,2:2,3:2,4:4,5:4,6:4,7:1,10:8,11:8,12:8}
 def skip(t,o):
     if t==8: return o+8+struct.unpack_from('<Q',b,o)[0]
@@ -26,34 +67,147 @@ def skip(t,o):
 for _ in range(nkv):
     n=struct.unpack_from('<Q',b,o)[0]; k=b[o+8:o+8+n].decode(); o+=8+n
     t=struct.unpack_from('<I',b,o)[0]; o+=4
-    if k==key: struct.pack_into('<I' if t==4 else '<f',b,o,int(val) if t==4 else float(val))
+    if k=='general.alignment': align=struct.unpack_from('<I',b,o)[0]
+    if mode=='meta' and k==a1:
+        struct.pack_into('<I' if t==4 else '<f',b,o,int(float(a2)) if t==4 else float(a2))
     o=skip(t,o)
+tensors=[]
+for _ in range(nt):
+    n=struct.unpack_from('<Q',b,o)[0]; name=b[o+8:o+8+n].decode(); o+=8+n
+    nd=struct.unpack_from('<I',b,o)[0]; o+=4
+    dims=struct.unpack_from('<%dQ'%nd,b,o); o+=8*nd
+    t,off=struct.unpack_from('<IQ',b,o); o+=12
+    tensors.append((name,dims,t,off))
+data=(o+align-1)//align*align
+for name,dims,t,off in tensors:
+    if mode=='meta' or a1 not in name or t!=0: continue
+    ne0=dims[0]; cnt=1
+    for d in dims: cnt*=d
+    at=data+off; x=list(struct.unpack_from('<%df'%cnt,b,at))
+    if mode=='add':
+        x=[v+float(a2) for v in x]
+    else:   # unpermute: row 2j+t of each head back to t*D/2+j
+        D=int(a2); h=D//2; y=x[:]
+        for r0 in range(0,cnt//ne0,D):
+            for j in range(h):
+                for s in range(2):
+                    src=(r0+2*j+s)*ne0; dst=(r0+s*h+j)*ne0
+                    y[dst:dst+ne0]=x[src:src+ne0]
+        x=y
+    struct.pack_into('<%df'%cnt,b,at,*x)
 open(out,'wb').write(b)
 PY
 }
-for p in tiny-llama tiny-qwen2 tiny-gemma3; do
-  [ -f $p.gguf ] || $K gen --preset $p -o $p --gguf $p.gguf >/dev/null
-  [ -f $p-ref$N.h5 ] || $K run --model $p --prompt-random $N --seed 3 --max-new 4 \
-      --ignore-eos --dump $p-ref$N.h5 >/dev/null
-done
-patch_gguf tiny-gemma3.gguf g3-w4.gguf gemma3.attention.sliding_window 4
-patch_gguf tiny-gemma3.gguf g3-rope.gguf gemma3.rope.freq_base_swa 1000000
-for g in tiny-llama tiny-qwen2 tiny-gemma3 g3-w4 g3-rope; do
-  case $g in g3-*) p=tiny-gemma3;; *) p=$g;; esac
-  for kv in f32 f16 bf16 q8_0; do for fa in off on; do for ub in 1 7 64 $((N+4)); do
-    rm -f s.h5
-    if ! $L $g.gguf --hf $p --prompt-from $p-ref$N.h5 --max-new 4 --ignore-eos --threads 1 \
-        --cache-type $kv --flash-attn $fa --ubatch $ub --dump s.h5 >rec.log 2>&1; then
-      echo "$g kv=$kv fa=$fa ub=$ub not-run: $(head -c 100 rec.log)"; continue; fi
-    $K compare $p-ref$N.h5 s.h5 --json > c.json; rc=$?
-    python3 - $g $kv $fa $ub $rc <<'PY'
+
+# Records GGUF with llama.cpp, compares it with REF and prints one line:
+# TAG exit=E step=POS/LAYER/STAGE kind=K closest=RATIO@WHERE.
+run_cell() { # TAG GGUF HF REF THREADS KV FA UB EXTRA...
+  tag=$1 g=$2 hf=$3 ref=$4 t=$5 kv=$6 fa=$7 ub=$8; shift 8
+  rm -f s.h5
+  if ! $L "$g" --hf "$hf" --prompt-from "$ref" --max-new 4 --ignore-eos --threads "$t" \
+      --cache-type "$kv" --flash-attn "$fa" --ubatch "$ub" "$@" --dump s.h5 \
+      </dev/null >rec.log 2>&1; then
+    echo "$tag not-run: $(tr '\n' ' ' < rec.log | head -c 120)" | tee -a results.txt; return; fi
+  $K compare "$ref" s.h5 --json </dev/null > c.json; rc=$?
+  python3 - "$tag" $rc <<'PY' | tee -a results.txt
 import json,sys
-g,kv,fa,ub,rc=sys.argv[1:]
-j=json.load(open('c.json')); x=j['mode']['cross_runtime']; d=j['first_divergence']
-w=x['drift_closest'] or {}
+tag,rc=sys.argv[1:]
+try:
+    j=json.load(open('c.json'))
+except Exception as e:
+    print(f"{tag} exit={rc} step=? kind=? closest=? (no JSON: {e})"); sys.exit()
+x=j['mode']['cross_runtime'] or {}; d=j['first_divergence']; g=j.get('diagnosis') or {}
+w=x.get('drift_closest') or {}
 loc='-' if not d else '%d/%d/%s'%(d['position'],d['layer'],d['stage'])
-print(f"{g} kv={kv} fa={fa} ub={ub} exit={rc} step={loc} closest={w.get('ratio',0):.3g}"
-      f"@{w.get('position')}/{w.get('layer')}/{w.get('stage')}")
+print(f"{tag} exit={rc} step={loc} kind={g.get('kind','-') if d else '-'} "
+      f"closest={w.get('ratio',0):.3g}@{w.get('position')}/{w.get('layer')}/{w.get('stage')}")
 PY
-  done; done; done
-done
+}
+
+cells() { # THREADS PRESET: "kv fa ub" lines of the grid that applies, ub W = whole prompt
+  case "$1:$2:$GRID:$BIG_GRID" in
+    1:tiny-*:full:*)
+      for kv in f32 f16 bf16 q8_0; do for fa in off on; do for ub in 1 7 64 W; do
+        echo "$kv $fa $ub"; done; done; done;;
+    *:tiny-*:*|*:reduced)
+      for kv in f32 f16; do for fa in off on; do for ub in 7 W; do
+        echo "$kv $fa $ub"; done; done; done;;
+    *) printf '%s\n' "f32 off W" "f16 off 64" "f16 on W" "bf16 on 7";;
+  esac
+}
+
+prepare() { # PRESET N: HF folder, GGUF, reference run
+  [ -f "$1.gguf" ] || $K gen --preset "$1" -o "$1" --gguf "$1.gguf" >/dev/null || exit 2
+  [ -f "$1-ref$2.h5" ] || $K run --model "$1" --prompt-random "$2" --seed 3 --max-new 4 \
+      --ignore-eos --dump "$1-ref$2.h5" >/dev/null || exit 2
+}
+
+for p in $PRESETS; do for n in $N_LIST; do
+  prepare "$p" "$n"
+  for t in $T_LIST; do
+    cells "$t" "$p" | while read -r kv fa ub; do
+      [ "$ub" = W ] && ub=$((n + 4))
+      run_cell "legit $p n=$n t=$t kv=$kv fa=$fa ub=$ub" "$p.gguf" "$p" "$p-ref$n.h5" "$t" \
+          "$kv" "$fa" "$ub"
+    done
+  done
+done; done
+
+if [ "$BUGS" = 1 ]; then
+  for p in tiny-gemma3 tiny-llama; do for n in $N_LIST; do prepare "$p" "$n"; done; done
+  gguf_edit meta tiny-gemma3.gguf g3-w4.gguf gemma3.attention.sliding_window 4
+  gguf_edit meta tiny-gemma3.gguf g3-rope.gguf gemma3.rope.freq_base_swa 1000000
+  gguf_edit add tiny-gemma3.gguf g3-norm.gguf attn_norm.weight -1
+  gguf_edit unpermute tiny-llama.gguf ll-q.gguf attn_q.weight 16
+  gguf_edit unpermute ll-q.gguf ll-unperm.gguf attn_k.weight 16
+  for n in $N_LIST; do
+    for bug in g3-w4 g3-rope g3-norm ll-unperm isolate-ubatch drop-key decode-blind dup-key; do
+      for kv in f32 f16 bf16; do for fa in off on; do for ub in 7 $((n + 4)); do
+        p=tiny-gemma3 g=tiny-gemma3.gguf extra=""
+        case $bug in
+          g3-w4) g=g3-w4.gguf want="4/0/attn_out window";;
+          g3-rope) g=g3-rope.gguf want="1/0/q rope_convention";;
+          g3-norm) g=g3-norm.gguf want="0/0/attn_norm norm_convention";;
+          ll-unperm) p=tiny-llama g=ll-unperm.gguf want="0/0/q rope_convention";;
+          isolate-ubatch) extra="--fault isolate-ubatch"
+            want="$(( ub < n ? ub : n ))/0/attn_out chunk_isolated";;
+          drop-key) extra="--fault drop-key=$((n - 5))"
+            s=$(( ((n - 5) / ub + 1) * ub )); want="$(( s < n ? s : n ))/0/attn_out missing_key";;
+          decode-blind) extra="--fault decode-blind" want="$n/0/attn_out split_decode_blind";;
+          dup-key) extra="--fault dup-key=$((n - 5))" want="$n/0/attn_out duplicate_key";;
+        esac
+        # shellcheck disable=SC2086
+        run_cell "bug $bug n=$n t=1 kv=$kv fa=$fa ub=$ub want=${want% *}:${want#* }" "$g" "$p" \
+            "$p-ref$n.h5" 1 "$kv" "$fa" "$ub" $extra
+      done; done; done
+    done
+  done
+fi
+
+# The counts.
+python3 - <<'PY'
+import re
+legit=alarms=bugs=found=named=notrun=0
+bad=[]
+for line in open('results.txt'):
+    if ' not-run:' in line:
+        notrun+=1; continue
+    m=re.search(r'exit=(\d+) step=(\S+) kind=(\S+)',line)
+    if not m: continue
+    rc,step,kind=m.groups()
+    if line.startswith('legit'):
+        legit+=1
+        if rc!='0': alarms+=1; bad.append('FALSE ALARM: '+line.strip())
+    else:
+        bugs+=1
+        w=re.search(r'want=(\S+):(\S+)',line)
+        if rc=='1' and step==w.group(1):
+            found+=1
+            if kind==w.group(2): named+=1
+            else: bad.append('MISNAMED: '+line.strip())
+        else: bad.append('MISSED: '+line.strip())
+print(f"legitimate runs {legit}: false alarms {alarms}; bug runs {bugs}: found at the exact "
+      f"place {found}, missed {bugs-found}, named right {named}; not run (refused by "
+      f"llama.cpp) {notrun}")
+for b in bad: print(b)
+PY

@@ -121,6 +121,8 @@ typedef struct {
     int64_t from[2], to[2];
     int extra_zero;
     bool all_zero;
+    bool skip_one, dup_one;      /* the key at skip_pos not read; the one at dup_pos read twice */
+    int64_t skip_pos, dup_pos;
     cmp_diag_kind kind;          /* what it would mean */
     char what[160];              /* in words, for the evidence */
 } cmp_hyp;
@@ -133,6 +135,17 @@ int64_t cmp_hyp_nkeys(const cmp_hyp *h);
 int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
                             const float *q, const cmp_hyp *h, double *lse, double *out,
                             kv_err *e);
+
+/* For the query row q of layer `layer` over keys lo..hi (read from src),
+ * the one key whose absence (*skip) and the one whose reading twice
+ * (*dup) come closest to the recorded attention (lse_rec may be NULL),
+ * with those errors (+inf when none could be tried). A scan to choose a
+ * candidate, which cmp_recompute_attention then verifies. Returns 0, 1
+ * when a needed row is not recorded (or the range is too long to hold),
+ * -1 on error. */
+int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
+                    int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
+                    int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e);
 
 /* Error of a recomputed (lse, out) against recorded rows: the larger of
  * max_h |dlse| / max(1, |lse|) and max |dout| / max |out|. */
@@ -152,14 +165,29 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta);
 
+/* How the rows of each head reach the rotation, against the config's
+ * layout. A runtime that rotates adjacent pairs (2i, 2i + 1) needs q/k
+ * weights whose rows were reordered for it (Llama's permutation); its
+ * recorder reorders them back. Rows that missed the reordering come
+ * back, to the recorder's reader, as the unrotated row with row 2m + s
+ * moved to s*D/2 + m, then rotated as the config rotates (UNPERMUTED);
+ * rows reordered once too often, the other way (PERMUTED). */
+typedef enum {
+    CMP_ROWS_SAME,
+    CMP_ROWS_UNPERMUTED,         /* y[s*D/2 + m] = x[2m + s] */
+    CMP_ROWS_PERMUTED            /* y[2m + s] = x[s*D/2 + m] */
+} cmp_rope_rows;
+
 /* A RoPE convention other than the config's for one layer: base theta,
- * scaling (type ROPE_SCALE_NONE: none) and pair layout (interleaved:
- * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)). */
+ * scaling (type ROPE_SCALE_NONE: none), pair layout (interleaved:
+ * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)) and the
+ * rows' order before the rotation. */
 typedef struct {
     double theta;
     kv_rope_scaling scaling;
     bool interleaved;
-    char what[120];              /* in words, for the evidence */
+    cmp_rope_rows rows;
+    char what[200];              /* in words, for the evidence */
 } cmp_rope_conv;
 
 /* Row-relative error (max |diff| / max |test|) of the reference's rotated
@@ -168,6 +196,11 @@ typedef struct {
  * shape. */
 double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
                          const float *ref, const float *test, int nheads);
+
+/* The rows (nheads x D) of layer `layer` at position pos rotated back
+ * under the config's RoPE convention, into out (nheads x D doubles). */
+void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,
+                       double *out);
 
 /* --- crossrt.c --- */
 

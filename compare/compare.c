@@ -57,6 +57,10 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_DECODE_BLIND] = "split_decode_blind",
         [CMP_DIAG_ROPE_CONVENTION] = "rope_convention",
         [CMP_DIAG_ATTN_SCALE] = "attn_scale",
+        [CMP_DIAG_NORM_CONVENTION] = "norm_convention",
+        [CMP_DIAG_MISSING_KEY] = "missing_key",
+        [CMP_DIAG_DUP_KEY] = "duplicate_key",
+        [CMP_DIAG_QK_NORM_MISSING] = "qk_norm_missing",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

@@ -336,6 +336,10 @@ typedef enum {
     CMP_DIAG_DECODE_BLIND,       /* split cache: decode steps read only the decode cache */
     CMP_DIAG_ROPE_CONVENTION,    /* q/k rotated with another RoPE base, scaling or layout */
     CMP_DIAG_ATTN_SCALE,         /* attention scores scaled by another factor */
+    CMP_DIAG_NORM_CONVENTION,    /* an RMSNorm weight applied as w where (1 + w) is due, or back */
+    CMP_DIAG_MISSING_KEY,        /* one key of the config's set not read */
+    CMP_DIAG_DUP_KEY,            /* one key of the config's set read twice */
+    CMP_DIAG_QK_NORM_MISSING,    /* q/k per-head RMSNorm not applied */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

@@ -315,8 +315,9 @@ static int64_t prev_chunk_start(int64_t s, const attn_case *a)
 /* The key set a bug of kind k makes attention read at position q >= p of
  * the divergent layer: the candidate at p itself, and what the same bug
  * predicts at later positions (which is what tells apart two bugs that
- * read the same keys at p). n_window: the keys a WINDOW candidate reads.
- * Returns false where the kind predicts nothing at q. */
+ * read the same keys at p). n_window: the keys a WINDOW candidate reads;
+ * for MISSING_KEY and DUP_KEY, the position of the key left out or read
+ * twice. Returns false where the kind predicts nothing at q. */
 static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_window, cmp_hyp *h)
 {
     memset(h, 0, sizeof *h);
@@ -376,6 +377,20 @@ static bool hyp_of(const attn_case *a, cmp_diag_kind k, int64_t q, int64_t n_win
             (long long)(q - R));
         return true;
     }
+    case CMP_DIAG_MISSING_KEY:
+    case CMP_DIAG_DUP_KEY:
+        /* The key at position at (n_window carries it) while the window
+         * still holds it. */
+        if (n_window < h->lo || n_window > q || (k == CMP_DIAG_MISSING_KEY && n_window == q))
+            return false;
+        if (k == CMP_DIAG_MISSING_KEY)
+            h->skip_one = true, h->skip_pos = n_window;
+        else
+            h->dup_one = true, h->dup_pos = n_window;
+        say(h->what, nw, "the config's keys %lld..%lld with key %lld %s", (long long)h->lo,
+            (long long)q, (long long)n_window, k == CMP_DIAG_MISSING_KEY ? "left out"
+                                                                          : "read twice");
+        return true;
     case CMP_DIAG_STALE_CACHE:
         if (a->W <= 0 || a->C <= 0)
             return false;
@@ -454,6 +469,37 @@ static int build_hyps(const cmp_ctx *c, const attn_case *a, cmp_hyp *hs)
     if (nr < 0 || nt < 0 || nr == nt)
         n += slot_hyps(c, a, hs + n);
     return n;
+}
+
+/* One key too few or one too many: every key of the config's set is a
+ * candidate to leave out or to read twice; a scan over them picks the
+ * closest of each (recompute_hyps then verifies it as any other). Only
+ * where the count is unknown or says one key off. Appends to hs (room
+ * for 8 in all). Returns 0, -1 on error. */
+static int scan_hyps(cmp_ctx *c, attn_case *a, cmp_hyp *hs, int *n, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const int nr = c->ev->nkeys_ref, nt = c->ev->nkeys_test;
+    const int64_t nref = d->pos - a->lo_ref + 1;
+    const bool fewer = nt < 0 || nt == (nr >= 0 ? nr : nref) - 1;
+    const bool more = nt < 0 || nt == (nr >= 0 ? nr : nref) + 1;
+    const float *q = a->q_test ? a->q_test : a->q_ref;
+    const cmp_source *src = a->q_test ? c->test : c->ref;
+    if ((!fewer && !more) || !q || *n > 6)
+        return 0;
+    int64_t skip, dup;
+    double skip_err, dup_err;
+    int rc = cmp_keyset_scan(src, c->cfg, d->layer, q, a->lo_ref, d->pos, c->ev->lse_test,
+                             a->out_test, &skip, &skip_err, &dup, &dup_err, e);
+    if (rc < 0)
+        return -1;
+    if (rc == 0 && fewer && skip >= 0 && skip_err <= c->attn_tol &&
+        hyp_of(a, CMP_DIAG_MISSING_KEY, d->pos, skip, &hs[*n]))
+        (*n)++;
+    if (rc == 0 && more && dup >= 0 && dup_err <= c->attn_tol &&
+        hyp_of(a, CMP_DIAG_DUP_KEY, d->pos, dup, &hs[*n]))
+        (*n)++;
+    return 0;
 }
 
 /* A candidate that reproduces the test at p. */
@@ -574,7 +620,9 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
         for (int i = 0; i < nm; i++) {
             fits[i] = ms[i].alive;
             cmp_hyp h;
-            const int64_t nwin = ms[i].h.hi - ms[i].h.lo + 1;
+            const int64_t nwin = ms[i].h.kind == CMP_DIAG_MISSING_KEY ? ms[i].h.skip_pos
+                                 : ms[i].h.kind == CMP_DIAG_DUP_KEY   ? ms[i].h.dup_pos
+                                                                      : ms[i].h.hi - ms[i].h.lo + 1;
             if (!ms[i].alive || !hyp_of(a, ms[i].h.kind, q, nwin, &h))
                 continue;   /* predicts nothing there: it stays */
             double err;
@@ -646,26 +694,31 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D, doub
  * to one of these. */
 static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
 
-#define MAX_CONVS 16
+#define MAX_CONVS 24
 
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, const char *fmt, ...)
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
 {
     for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
-        if (cv[i].theta == theta && cv[i].interleaved == interleaved &&
+        if (cv[i].theta == theta && cv[i].interleaved == interleaved && cv[i].rows == rows &&
             !memcmp(&cv[i].scaling, sc, sizeof *sc))
             return n;
     if (n >= MAX_CONVS || !(theta > 0))
         return n;
-    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved};
+    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved,
+                            .rows = rows};
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
     va_end(ap);
     return n + 1;
 }
+
+/* Linear factors a wrong or stray scaling setting often has. */
+static const double common_linear[] = {2, 4, 8};
 
 static const char *scale_name(kv_rope_scale t)
 {
@@ -687,31 +740,56 @@ static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
     const char *type = sliding ? "sliding" : two_bases ? "global" : "";
     int n = 0;
     /* The config's own: added first so that nothing equal to it follows. */
-    n = add_conv(cv, n, theta, own, false, "the config's");
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_SAME, "the config's");
     if (two_bases && sliding)
-        n = add_conv(cv, n, cfg->rope_theta, own, false, "theta %g, the global layers' base, on "
-                     "a sliding layer; the config says %g", cfg->rope_theta, theta);
+        n = add_conv(cv, n, cfg->rope_theta, own, false, CMP_ROWS_SAME, "theta %g, the global "
+                     "layers' base, on a sliding layer; the config says %g", cfg->rope_theta,
+                     theta);
     if (two_bases && !sliding)
-        n = add_conv(cv, n, cfg->rope_local_theta, own, false, "theta %g, the sliding layers' "
-                     "base, on a global layer; the config says %g", cfg->rope_local_theta, theta);
+        n = add_conv(cv, n, cfg->rope_local_theta, own, false, CMP_ROWS_SAME, "theta %g, the "
+                     "sliding layers' base, on a global layer; the config says %g",
+                     cfg->rope_local_theta, theta);
     for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
-        n = add_conv(cv, n, common_bases[i], own, false, "theta %g on a%s%s layer; the config "
-                     "says %g", common_bases[i], type[0] ? " " : "", type[0] ? type : "", theta);
+        n = add_conv(cv, n, common_bases[i], own, false, CMP_ROWS_SAME, "theta %g on a%s%s "
+                     "layer; the config says %g", common_bases[i], type[0] ? " " : "",
+                     type[0] ? type : "", theta);
     if (own->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, &none, false, "no RoPE scaling; the config says %s scaling "
-                     "by %g", scale_name(own->type), own->factor);
+        n = add_conv(cv, n, theta, &none, false, CMP_ROWS_SAME, "no RoPE scaling; the config "
+                     "says %s scaling by %g", scale_name(own->type), own->factor);
         if (own->type == ROPE_SCALE_LLAMA3) {
             const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
-            n = add_conv(cv, n, theta, &lin, false, "linear RoPE scaling by %g; the config says "
-                         "llama3 scaling", own->factor);
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says llama3 scaling", own->factor);
         }
     } else if (gs->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, gs, false, "the global layers' %s RoPE scaling by %g on a "
-                     "sliding layer, where the config has none", scale_name(gs->type),
-                     gs->factor);
+        n = add_conv(cv, n, theta, gs, false, CMP_ROWS_SAME, "the global layers' %s RoPE "
+                     "scaling by %g on a sliding layer, where the config has none",
+                     scale_name(gs->type), gs->factor);
     }
-    n = add_conv(cv, n, theta, own, true, "interleaved RoPE pairs (2i, 2i + 1) where the config "
-                 "rotates halves (i, i + %d)", cfg->head_dim / 2);
+    n = add_conv(cv, n, theta, own, true, CMP_ROWS_SAME, "interleaved RoPE pairs (2i, 2i + 1) "
+                 "where the config rotates halves (i, i + %d)", cfg->head_dim / 2);
+    /* The same mix-up seen through a recorder that maps an interleaved
+     * runtime's rows back to halves (kvdiff-llama on llama.cpp's Llama). */
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_UNPERMUTED, "interleaved RoPE pairs (2i, 2i + "
+                 "1) rotated on rows laid out for halves (i, i + %d): q/k weights without the "
+                 "row permutation an interleaved runtime needs (a converter that skipped "
+                 "Llama's permute)", cfg->head_dim / 2);
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_PERMUTED, "halves (i, i + %d) rotated on "
+                 "rows laid out for interleaved pairs (2i, 2i + 1): q/k weights permuted for "
+                 "an interleaved runtime where this one rotates halves, or permuted twice",
+                 cfg->head_dim / 2);
+    for (size_t i = 0; i < sizeof common_linear / sizeof common_linear[0]; i++) {
+        const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = common_linear[i]};
+        if (own->type == ROPE_SCALE_LINEAR && own->factor == lin.factor)
+            continue;
+        if (own->type == ROPE_SCALE_NONE)
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g "
+                         "where the config has none", lin.factor);
+        else
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says %s scaling by %g", lin.factor, scale_name(own->type),
+                         own->factor);
+    }
     /* Drop the config's own. */
     memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
     return n - 1;
@@ -805,9 +883,14 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
         append(g->evidence, sizeof g->evidence, "%s%s", i ? (i == nf - 1 ? " or " : ", ") : "",
                nf > 1 ? fits[i].cv.what : "it");
     }
-    if (nf == 1)
+    if (nf == 1 && fits[0].cv.rows != CMP_ROWS_SAME)
+        say(g->detail, sizeof g->detail, "(the rows of each head are rotated in another order "
+            "from position %lld on, where RoPE %s; per-head norms equal within %s)",
+            (long long)d->pos, d->pos == 0 ? "turns nothing yet" : "first shows it",
+            c->r->xrt.on ? "drift" : "1e-5");
+    else if (nf == 1)
         say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
-            "equal within drift)", (long long)d->pos);
+            "equal within %s)", (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5");
     else
         append(g->detail, sizeof g->detail, ")");
     append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "
@@ -953,6 +1036,292 @@ static int rule_scaled(cmp_ctx *c, kv_err *e)
     say(g->evidence, sizeof g->evidence, "the reference's %s at position %lld times %.6g "
         "reproduce the test's (error %.2g; errors up to %.2g count as reproducing)", what,
         (long long)d->pos, f, err, c->row_tol);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A norm weight applied as w where (1 + w) is due                      */
+
+/* Gemma's RMSNorm multiplies the normalised input n = x / rms(x) by
+ * (1 + w); llama.cpp multiplies by the stored weight, so a converter must
+ * store 1 + w. Stored as w, the test computes n * w where the reference
+ * computes n * (1 + w): the reference minus the test is n itself, a
+ * vector of RMS 1 (per head for the q/k norms), whatever w is. The
+ * other way round (a runtime adding 1 where the config has w) the test
+ * minus the reference is n. */
+
+/* The family's norms: a dump's model_config names the model type, from
+ * which the reader sets arch only, not the flags that follow from it. */
+static bool cfg_gemma(const kv_config *cfg)
+{
+    return cfg->arch == ARCH_GEMMA3;
+}
+
+/* The norm whose output stage st is, by its Hugging Face name; NULL when
+ * the stage is no norm's output in this config. */
+static const char *norm_of_stage(const kv_config *cfg, kv_stage st)
+{
+    const bool qk = cfg->qk_norm || cfg_gemma(cfg);
+    const bool sandwich = cfg->sandwich_norms || cfg_gemma(cfg);
+    switch (st) {
+    case STAGE_ATTN_NORM: return "input_layernorm";
+    case STAGE_Q: return qk ? "q_norm" : NULL;
+    case STAGE_K: return qk ? "k_norm" : NULL;
+    case STAGE_ATTN_PROJ: return sandwich ? "post_attention_layernorm" : NULL;
+    case STAGE_FFN_NORM:
+        return sandwich ? "pre_feedforward_layernorm" : "post_attention_layernorm";
+    case STAGE_FFN_OUT: return sandwich ? "post_feedforward_layernorm" : NULL;
+    case STAGE_FINAL_NORM: return "norm";
+    default: return NULL;
+    }
+}
+
+/* The recorded input of the norm whose output is st, where one is. */
+static bool norm_input(const kv_config *cfg, kv_stage st, int layer, int *in_layer,
+                       kv_stage *in)
+{
+    *in_layer = layer;
+    switch (st) {
+    case STAGE_ATTN_NORM: *in = STAGE_X_IN; return true;
+    case STAGE_FFN_NORM: *in = STAGE_H_MID; return true;
+    case STAGE_FINAL_NORM: *in = STAGE_X_OUT, *in_layer = cfg->n_layers - 1; return true;
+    default: return false;
+    }
+}
+
+/* How far the difference diff = sign * (ref - test) at one position is
+ * from a normalised vector, relative to max |ref|: with the norm's input
+ * x recorded, max |diff - x / rms(x)|; else, per group of g columns (a
+ * head), | rms(diff) - 1 |, the largest. */
+static double unit_norm_err(const float *ref, const float *test, const float *x, int n, int g,
+                            double sign, double eps)
+{
+    double rmax = 0, worst = 0, ms = 0;
+    for (int i = 0; i < n; i++)
+        rmax = fmax(rmax, fabs((double)ref[i]));
+    if (!(rmax > 0))
+        return INFINITY;
+    if (x) {
+        for (int i = 0; i < n; i++)
+            ms += (double)x[i] * x[i];
+        const double inv = 1.0 / sqrt(ms / n + eps);
+        for (int i = 0; i < n; i++)
+            worst = fmax(worst, fabs(sign * ((double)ref[i] - test[i]) - x[i] * inv));
+        return worst / rmax;
+    }
+    for (int h = 0; h < n / g; h++) {
+        double s = 0;
+        for (int i = h * g; i < (h + 1) * g; i++) {
+            const double d = (double)ref[i] - test[i];
+            s += d * d;
+        }
+        worst = fmax(worst, fabs(sqrt(s / g) - 1));
+    }
+    return worst / rmax;
+}
+
+/* unit_norm_err of (layer, stage) at p; +inf when a row is missing. */
+static int norm_err_at(cmp_ctx *c, int64_t p, double sign, double *err, bool *with_input,
+                       kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    const int n = cmp_stage_cols(cfg, d->layer, d->stage);
+    const int g = d->stage == STAGE_Q || d->stage == STAGE_K ? cfg->head_dim : n;
+    float *a, *b, *x = NULL;
+    *err = INFINITY;
+    int rc = row_pair(c, d->layer, d->stage, p, &a, &b, e);
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    int il;
+    kv_stage in;
+    if (norm_input(cfg, d->stage, d->layer, &il, &in) && cmp_stage_cols(cfg, il, in) == n)
+        x = row_of(c, c->ref, il, in, p, &rc, e);
+    *with_input = x != NULL;
+    if (rc == 0)
+        *err = unit_norm_err(a, b, x, n, g, sign, cfg->rms_eps);
+    free(a);
+    free(b);
+    free(x);
+    return rc < 0 ? -1 : 0;
+}
+
+static int rule_norm_convention(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const char *norm = norm_of_stage(c->cfg, d->stage);
+    if (!norm || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    /* The config's convention says which way the test erred. */
+    const bool plus_one = c->cfg->norm_plus_one || cfg_gemma(c->cfg);
+    const double sign = plus_one ? 1.0 : -1.0;
+    double err = INFINITY, err2 = NAN;
+    bool with_input = false, with_input2 = false;
+    if (norm_err_at(c, d->pos, sign, &err, &with_input, e) < 0)
+        return -1;
+    if (!(err <= c->row_tol))
+        return 0;
+    /* And at the row's last compared position: a second, independent
+     * normalised vector (the norm's input there is another). */
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    int64_t p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+        p2 = c->pos_limit - 1;
+    if (p2 > d->pos) {
+        if (norm_err_at(c, p2, sign, &err2, &with_input2, e) < 0)
+            return -1;
+        if (!(err2 <= c->row_tol))
+            return 0;
+    }
+    cmp_diagnosis *g = c->g;
+    g->kind = CMP_DIAG_NORM_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    const bool qk = d->stage == STAGE_Q || d->stage == STAGE_K;
+    if (plus_one)
+        say(g->summary, sizeof g->summary, "norm convention: the test's %s multiplies by w in "
+            "place of (1 + w) (Gemma's RMSNorm weight stored without its + 1)", norm);
+    else
+        say(g->summary, sizeof g->summary, "norm convention: the test's %s multiplies by "
+            "(1 + w) where the config multiplies by w (a + 1 added that the model does not "
+            "have)", norm);
+    say(g->detail, sizeof g->detail, "(%s of layer %d%s: the %s's weight, at every position; "
+        "a converter that %s, or a runtime that %s)", stage_name(d->stage), d->layer,
+        qk ? ", after RoPE" : "", norm,
+        plus_one ? "did not add 1 to the norm weights" : "added 1 to the norm weights",
+        plus_one ? "does not apply Gemma's (1 + w)" : "applies Gemma's (1 + w) to this model");
+    say(g->evidence, sizeof g->evidence, "the %s's %s minus the %s's is the normalised input "
+        "%s (error %.2g at position %lld", plus_one ? "reference" : "test", stage_name(d->stage),
+        plus_one ? "test" : "reference",
+        with_input ? "x / rms(x) recomputed from the recorded input"
+                   : qk ? "(RMS 1 in every head)" : "(RMS 1)",
+        err, (long long)d->pos);
+    if (p2 > d->pos)
+        append(g->evidence, sizeof g->evidence, " and %.2g at position %lld", err2,
+               (long long)p2);
+    append(g->evidence, sizeof g->evidence, ", relative to the row's largest value): n * w "
+           "against n * (1 + w), whatever w is; errors up to %.2g count as reproducing (%s)",
+           c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A q/k norm not applied                                               */
+
+/* Gemma 3 and Qwen3 normalise each head of q and k (RMSNorm over D, one
+ * weight per dim) before RoPE. A runtime that skips it (a converter that
+ * exports the model as an architecture without q/k norms) hands RoPE the
+ * raw projection r_h: unrotated, the reference's head is n_h * w with
+ * n_h = r_h / rms(r_h), the test's is r_h. So the test's heads, each
+ * divided by its own RMS, times ONE weight vector w (fitted) must give
+ * the reference's, at every head and position, while the heads' RMS
+ * differ (not a norm applied without its weight). */
+
+/* Unrotated (ref, test) rows of (layer, stage) at p, appended to ra, ta
+ * (nh x D doubles each). 0, 1 when missing, -1 on error. */
+static int unrotated_pair(cmp_ctx *c, int64_t p, int nh, double *ra, double *ta, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    float *a, *b;
+    int rc = row_pair(c, d->layer, d->stage, p, &a, &b, e);
+    if (rc)
+        return rc;
+    cmp_rope_unrotate(c->cfg, d->layer, p, a, nh, ra);
+    cmp_rope_unrotate(c->cfg, d->layer, p, b, nh, ta);
+    free(a);
+    free(b);
+    return 0;
+}
+
+static int rule_qk_norm_missing(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL ||
+        !(cfg->qk_norm || cfg_gemma(cfg)))
+        return 0;
+    const int D = cfg->head_dim, nh = d->stage == STAGE_Q ? cfg->n_heads : cfg->n_kv_heads;
+    const size_t n = (size_t)nh * D;
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    int64_t p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+        p2 = c->pos_limit - 1;
+    double *ra = malloc(2 * n * sizeof(double)), *ta = malloc(2 * n * sizeof(double));
+    double *w = calloc((size_t)D, sizeof(double)), *den = calloc((size_t)D, sizeof(double));
+    double *rms = malloc(2 * (size_t)nh * sizeof(double));
+    int rc = (!ra || !ta || !w || !den || !rms) ? kv_errf(e, "compare: out of memory") : 0;
+    int npos = 0;
+    if (rc == 0) {
+        rc = unrotated_pair(c, d->pos, nh, ra, ta, e);
+        npos = rc == 0;
+    }
+    if (rc == 0 && p2 > d->pos) {
+        rc = unrotated_pair(c, p2, nh, ra + n, ta + n, e);
+        npos += rc == 0;
+        rc = rc < 0 ? -1 : 0;
+    }
+    double err = INFINITY, rms_lo = INFINITY, rms_hi = 0;
+    if (rc == 0 && npos > 0) {
+        /* Each test head over its own RMS: the normalised input n_h. */
+        for (int g = 0; g < npos * nh; g++) {
+            double s = 0;
+            for (int i = 0; i < D; i++)
+                s += ta[(size_t)g * D + i] * ta[(size_t)g * D + i];
+            rms[g] = sqrt(s / D + cfg->rms_eps);
+            rms_lo = fmin(rms_lo, rms[g]);
+            rms_hi = fmax(rms_hi, rms[g]);
+            for (int i = 0; i < D; i++) {
+                const double nn = ta[(size_t)g * D + i] / rms[g];
+                w[i] += ra[(size_t)g * D + i] * nn;
+                den[i] += nn * nn;
+            }
+        }
+        /* One weight per dim, least squares over every head and position. */
+        for (int i = 0; i < D; i++)
+            w[i] = den[i] > 0 ? w[i] / den[i] : 0;
+        double worst = 0, rmax = 0;
+        for (int g = 0; g < npos * nh; g++)
+            for (int i = 0; i < D; i++) {
+                const double r = ra[(size_t)g * D + i];
+                worst = fmax(worst, fabs(w[i] * ta[(size_t)g * D + i] / rms[g] - r));
+                rmax = fmax(rmax, fabs(r));
+            }
+        err = rmax > 0 ? worst / rmax : INFINITY;
+    }
+    free(ra);
+    free(ta);
+    free(w);
+    free(den);
+    free(rms);
+    /* Fewer than two heads' worth of rows fit any w: no evidence. */
+    if (rc < 0 || npos * nh < 2 || !(err <= c->row_tol))
+        return rc < 0 ? -1 : 0;
+    const char *norm = d->stage == STAGE_Q ? "q_norm" : "k_norm";
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    cmp_diagnosis *g = c->g;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    /* Heads of RMS 1 everywhere were normalised: only the weight is off. */
+    const bool unit = fabs(rms_lo - 1) <= c->row_tol && fabs(rms_hi - 1) <= c->row_tol;
+    if (unit) {
+        g->kind = CMP_DIAG_UNCLASSIFIED;
+        say(g->summary, sizeof g->summary, "the test's %s are normalised per head but not "
+            "multiplied by %s's weight", what, norm);
+        say(g->detail, sizeof g->detail, "(%s of layer %d: every head has RMS 1 before RoPE; "
+            "the weight is missing or all ones)", stage_name(d->stage), d->layer);
+    } else {
+        g->kind = CMP_DIAG_QK_NORM_MISSING;
+        say(g->summary, sizeof g->summary, "%s missing: the test's %s are not normalised per "
+            "head (RMSNorm over head_dim) before RoPE", norm, what);
+        say(g->detail, sizeof g->detail, "(%s of layer %d: each head is the raw projection, of "
+            "RMS %.3g to %.3g, where the config normalises it and multiplies by %s's weight: a "
+            "runtime, or a converter's architecture, without q/k norms, e.g. Qwen3 or Gemma 3 "
+            "run as Qwen2 or Llama)", stage_name(d->stage), d->layer, rms_lo, rms_hi, norm);
+    }
+    say(g->evidence, sizeof g->evidence, "rotated back, each head of the test's %s divided by "
+        "its own RMS and multiplied by one weight vector (fitted over %d heads at position "
+        "%lld%s) reproduces the reference's (error %.2g; errors up to %.2g count as "
+        "reproducing, %s)", what, nh, (long long)d->pos, npos > 1 ? " and at the last compared "
+        "position" : "", err, c->row_tol, c->r->xrt.on ? "the step's drift threshold"
+                                                      : "exact mode");
     return 1;
 }
 
@@ -1206,6 +1575,17 @@ static void keyset_text(cmp_ctx *c, const attn_case *a, cmp_diag_kind k, int64_t
             say(t, nd, "(%s at position %lld)", keys, (long long)p);
         }
         break;
+    case CMP_DIAG_MISSING_KEY:
+    case CMP_DIAG_DUP_KEY: {
+        const bool miss = k == CMP_DIAG_MISSING_KEY;
+        const long long j = (long long)n_hyp;
+        say(s, ns, "attention read one key %s: the key at position %lld %s", miss ? "too few"
+            : "too many", j, miss ? "is not read (removed from the cache, or masked out)"
+            : "is read twice (written to the cache twice, or a stray cell of the sequence)");
+        say(t, nd, "(%s at position %lld; the config's key set is %lld..%lld)", keys,
+            (long long)p, (long long)a->lo_ref, (long long)p);
+        break;
+    }
     case CMP_DIAG_DECODE_STUCK:   /* only ever at P + 1 (slot_hyps, keyset_heuristic) */
         say(s, ns, "at the second decode step: the new key overwrote the previous one (decode "
             "index not advancing)");
@@ -1262,6 +1642,8 @@ static const char *kind_phrase(cmp_diag_kind k)
     case CMP_DIAG_DECODE_STUCK: return "a decode index not advancing";
     case CMP_DIAG_RING_NO_WRAP: return "a ring buffer not wrapping";
     case CMP_DIAG_STALE_CACHE: return "a sliding cache read from an earlier state";
+    case CMP_DIAG_MISSING_KEY: return "one key left out";
+    case CMP_DIAG_DUP_KEY: return "one key read twice";
     default: return "another key set";
     }
 }
@@ -1340,7 +1722,9 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
     }
     cmp_hyp hs[8];
     diag_match ms[8];
-    const int n = build_hyps(c, a, hs);
+    int n = build_hyps(c, a, hs);
+    if (scan_hyps(c, a, hs, &n, e) < 0)
+        return -1;
     const int nm = recompute_hyps(c, a, hs, n, ms, e);
     if (nm < 0)
         return -1;
@@ -1361,7 +1745,9 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             m++;
         ev->hyp_err = m->err;
         say(ev->hypothesis, sizeof ev->hypothesis, "%s", m->h.what);
-        keyset_text(c, a, m->h.kind, cmp_hyp_nkeys(&m->h));
+        keyset_text(c, a, m->h.kind, m->h.kind == CMP_DIAG_MISSING_KEY ? m->h.skip_pos
+                                     : m->h.kind == CMP_DIAG_DUP_KEY   ? m->h.dup_pos
+                                                                       : cmp_hyp_nkeys(&m->h));
         c->g->basis = CMP_BASIS_RECOMPUTED;
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
             "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
@@ -1472,25 +1858,34 @@ static int blind_next_read(cmp_ctx *c, const attn_case *a, bool trusted, blind_n
 }
 
 /* The decode-blind diagnosis proper: P + 1 read the decode cache so far. */
+/* The test's attention rows a recomputation is matched against. */
+static const char *recorded_attn(const cmp_ctx *c)
+{
+    return c->ev->lse_test ? "attn_lse and attn_out" : "attn_out";
+}
+
 static void blind_text(cmp_ctx *c, const attn_case *a, const blind_next *nx, bool recomputed,
                        double own_err)
 {
     const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     set_diag(c, CMP_DIAG_DECODE_BLIND, recomputed ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "split prefill/decode cache: decode steps attend only to the decode cache, "
              "never to the prefill cache");
-    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
+    say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = prompt "
         "length; at %lld the test read positions %lld..%lld, the decode cache so far, not %lld "
         "alone as isolated chunks would; the prefill cache's %lld keys (positions 0..%lld) are "
-        "not read)", ev->nkeys_ref, ev->nkeys_test, P, p1, P, p1, p1, P, P - 1);
+        "not read)", keys, P, p1, P, p1, p1, P, P - 1);
     if (recomputed)
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the test's q, "
-            "k, v%s reproduces its attn_lse and attn_out over key %lld alone at position %lld "
+            "k, v%s reproduces its %s over key %lld alone at position %lld "
             "(error %.2g) and over keys %lld..%lld at %lld (error %.2g), where key %lld alone "
             "does not (error %.2g); the config's key set reproduces the reference (%.2g)",
             a->ref_rows_used ? " (at the first decode step the reference's: the test did not "
-                               "record them)" : "",
+                               "record them)" : "", rows,
             P, P, own_err, P, p1, p1, nx->err_blind, p1, nx->err_iso, ev->ref_check_err);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read %d key "
@@ -1505,25 +1900,28 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
 {
     const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     set_diag(c, CMP_DIAG_KEY_SET, own_shown ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "attention read only the new token's key at the first decode step: chunks attend "
              "only to themselves, or decode steps read only the decode cache of a split "
              "prefill/decode cache");
     if (isfinite(nx->err_blind) && nx->err_blind <= c->attn_tol && nx->err_iso <= c->attn_tol)
-        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+        say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = "
             "prompt length; at %lld key %lld alone (isolated chunks) and keys %lld..%lld (a "
             "decode-blind split cache) both reproduce the test: key %lld weighs nothing there)",
-            ev->nkeys_ref, ev->nkeys_test, P, p1, p1, P, p1, P);
+            keys, P, p1, p1, P, p1, P);
     else
-        say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = "
+        say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = "
             "prompt length; position %lld would tell them apart, isolated chunks reading 1 key "
             "there and a decode-blind split cache 2, but the test has no attention row there: run "
-            "or record at least one more decode step)", ev->nkeys_ref, ev->nkeys_test, P, p1);
+            "or record at least one more decode step)", keys, P, p1);
     if (own_shown)
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
-            "q, k, v%s over key %lld alone reproduces the test's attn_lse and attn_out (error "
+            "q, k, v%s over key %lld alone reproduces the test's %s (error "
             "%.2g); the config's key set reproduces the reference (%.2g)",
-            a->ref_rows_used ? " (the reference's: the test did not record them)" : "", P,
+            a->ref_rows_used ? " (the reference's: the test did not record them)" : "", P, rows,
             own_err, ev->ref_check_err);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only: the test read 1 key "
@@ -1533,20 +1931,25 @@ static void blind_both_text(cmp_ctx *c, const attn_case *a, const blind_next *nx
 /* Only the new token's key at P, and at P + 1 neither pattern. */
 static void blind_neither_text(cmp_ctx *c, const attn_case *a, const blind_next *nx)
 {
-    const cmp_evidence *ev = c->ev;
     const long long P = (long long)a->P, p1 = (long long)nx->p1;
+    char keys[64];
+    counts_phrase(c, keys, sizeof keys);
+    const char *rows = recorded_attn(c);
     const bool rec = isfinite(nx->err_blind);
     set_diag(c, CMP_DIAG_KEY_SET, rec ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC,
              "attention read a different key set: only the new token's key at the first "
              "decode step, and at the next a set that neither isolated chunks nor a "
              "decode-blind split cache explains");
-    say(c->g->detail, sizeof c->g->detail, "(keys attended %d vs %d at position %lld = prompt "
-        "length; %d at %lld, where isolated chunks read key %lld alone and a decode-blind split "
-        "cache keys %lld..%lld)", ev->nkeys_ref, ev->nkeys_test, P, nx->nkeys, p1, p1, P, p1);
+    char next[32] = "unknown";
+    if (nx->nkeys >= 0)
+        say(next, sizeof next, "%d", nx->nkeys);
+    say(c->g->detail, sizeof c->g->detail, "(%s at position %lld = prompt "
+        "length; %s at %lld, where isolated chunks read key %lld alone and a decode-blind split "
+        "cache keys %lld..%lld)", keys, P, next, p1, p1, P, p1);
     if (rec)
         say(c->g->evidence, sizeof c->g->evidence, "at position %lld, attention recomputed from "
-            "the test's q, k, v misses its attn_lse and attn_out over key %lld alone (error "
-            "%.2g) and over keys %lld..%lld (error %.2g)", p1, p1, nx->err_iso, P, p1,
+            "the test's q, k, v misses its %s over key %lld alone (error "
+            "%.2g) and over keys %lld..%lld (error %.2g)", p1, rows, p1, nx->err_iso, P, p1,
             nx->err_blind);
     else
         say(c->g->evidence, sizeof c->g->evidence, "from key counts only (attention could not "
@@ -1679,6 +2082,10 @@ static int run_rules(cmp_ctx *c, attn_case *a, kv_err *e)
     if (d->layer >= 0 && (rc = rule_rope(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_scaled(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if ((rc = rule_norm_convention(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = rule_qk_norm_missing(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = rule_zero_kv(c, e)) != 0)
         return rc < 0 ? -1 : 0;

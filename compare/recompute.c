@@ -14,7 +14,9 @@
 
 int64_t cmp_hyp_nkeys(const cmp_hyp *h)
 {
-    return (h->hi >= h->lo ? h->hi - h->lo + 1 : 0) + h->extra_zero;
+    return (h->hi >= h->lo ? h->hi - h->lo + 1 : 0) + h->extra_zero -
+           (h->skip_one && h->skip_pos >= h->lo && h->skip_pos <= h->hi) +
+           (h->dup_one && h->dup_pos >= h->lo && h->dup_pos <= h->hi);
 }
 
 static double attn_scale(const kv_config *c)
@@ -64,9 +66,11 @@ static void add_key(softmax_state *st, const float *k, const float *v)
 }
 
 /* Where the key at reference position j comes from: 0 zero, 1 itself,
- * 2 another position (*from). */
+ * 2 another position (*from), 3 not read at all. */
 static int key_source(const cmp_hyp *h, int64_t j, int64_t *from)
 {
+    if (h->skip_one && j == h->skip_pos)
+        return 3;
     if (h->all_zero)
         return 0;
     if (j >= h->zero_lo && j < h->zero_hi) {
@@ -113,17 +117,21 @@ static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, 
         }
         for (int64_t r = 0; r < n; r++) {
             int64_t from = 0;
-            int how = key_source(h, j0 + r, &from);
-            if (how == 0) {
-                add_key(st, NULL, NULL);
-            } else if (how == 1) {
-                add_key(st, kr->k + (size_t)r * kr->kvf, kr->v + (size_t)r * kr->kvf);
-            } else {
+            const int how = key_source(h, j0 + r, &from);
+            const int times = how == 3 ? 0 : h->dup_one && h->dup_pos == j0 + r ? 2 : 1;
+            const float *k = NULL, *v = NULL;
+            if (how == 1) {
+                k = kr->k + (size_t)r * kr->kvf;
+                v = kr->v + (size_t)r * kr->kvf;
+            } else if (how == 2) {
                 int rc = read_kv(kr, from, 1, kr->k1, kr->v1, e);
                 if (rc)
                     return rc;
-                add_key(st, kr->k1, kr->v1);
+                k = kr->k1;
+                v = kr->v1;
             }
+            for (int t = 0; t < times; t++)
+                add_key(st, k, v);
         }
     }
     return 0;
@@ -164,6 +172,94 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
     free(st.acc);
     free(kr.k);
     free(kr.v);
+    return rc;
+}
+
+/* Keys a scan holds at once ((hi - lo + 1) x (H + KV*D) values). */
+#define SCAN_MAX_KEYS 8192
+
+int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
+                    int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
+                    int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e)
+{
+    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int64_t n = hi - lo + 1;
+    *skip = *dup = -1;
+    *skip_err = *dup_err = INFINITY;
+    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0 || n < 2 || n > SCAN_MAX_KEYS)
+        return 1;
+    const int kvf = KV * D, group = H / KV;
+    const double scale = attn_scale(cfg);
+    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = kvf};
+    float *vs = malloc((size_t)n * kvf * sizeof(float));
+    float *kb = malloc((size_t)KEY_BLOCK * kvf * sizeof(float));
+    double *sc = malloc((size_t)n * H * sizeof(double));
+    double *m = malloc((size_t)H * sizeof(double)), *z = calloc((size_t)H, sizeof(double));
+    double *acc = calloc((size_t)H * D, sizeof(double));
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    int rc = (!vs || !kb || !sc || !m || !z || !acc || !lse || !out)
+                 ? kv_errf(e, "compare: out of memory scanning key sets") : 0;
+    /* Every key's score per head, and its value row. */
+    for (int64_t j0 = 0; rc == 0 && j0 < n; j0 += KEY_BLOCK) {
+        const int64_t b = n - j0 < KEY_BLOCK ? n - j0 : KEY_BLOCK;
+        rc = read_kv(&kr, lo + j0, b, kb, vs + (size_t)j0 * kvf, e);
+        for (int64_t r = 0; rc == 0 && r < b; r++)
+            for (int h = 0; h < H; h++) {
+                const float *qh = q + (size_t)h * D;
+                const float *kk = kb + (size_t)r * kvf + (size_t)(h / group) * D;
+                double s = 0;
+                for (int d = 0; d < D; d++)
+                    s += (double)qh[d] * (double)kk[d];
+                sc[(size_t)(j0 + r) * H + h] = s * scale;
+            }
+    }
+    for (int h = 0; rc == 0 && h < H; h++) {
+        m[h] = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
+            m[h] = fmax(m[h], sc[(size_t)j * H + h]);
+        for (int64_t j = 0; j < n; j++) {
+            const double w = exp(sc[(size_t)j * H + h] - m[h]);
+            const float *v = vs + (size_t)j * kvf + (size_t)(h / group) * D;
+            z[h] += w;
+            for (int d = 0; d < D; d++)
+                acc[(size_t)h * D + d] += w * v[d];
+        }
+    }
+    /* Each key taken out (sign -1) or counted twice (+1). */
+    for (int64_t j = 0; rc == 0 && j < n; j++)
+        for (int sign = -1; sign <= 1; sign += 2) {
+            bool ok = true;
+            for (int h = 0; h < H && ok; h++) {
+                const double w = exp(sc[(size_t)j * H + h] - m[h]);
+                const double zz = z[h] + sign * w;
+                /* Taking out a key that holds nearly all the weight
+                 * cancels: not tried (the direct recomputation is). */
+                if (!(zz > 1e-9 * z[h])) {
+                    ok = false;
+                    break;
+                }
+                const float *v = vs + (size_t)j * kvf + (size_t)(h / group) * D;
+                lse[h] = m[h] + log(zz);
+                for (int d = 0; d < D; d++)
+                    out[(size_t)h * D + d] = (acc[(size_t)h * D + d] + sign * w * v[d]) / zz;
+            }
+            if (!ok)
+                continue;
+            const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+            double *best = sign < 0 ? skip_err : dup_err;
+            if (err < *best) {
+                *best = err;
+                *(sign < 0 ? skip : dup) = lo + j;
+            }
+        }
+    free(vs);
+    free(kb);
+    free(sc);
+    free(m);
+    free(z);
+    free(acc);
+    free(lse);
+    free(out);
     return rc;
 }
 
@@ -356,12 +452,13 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     if (D < 2 || D % 2)
         return INFINITY;
     double *inv = malloc((size_t)half * 2 * sizeof(double));
-    double *x = malloc((size_t)D * sizeof(double));
+    double *x = malloc((size_t)D * 2 * sizeof(double));
     if (!inv || !x) {
         free(inv);
         free(x);
         return INFINITY;
     }
+    double *xr = x + D;
     double *inv_cv = inv + half;
     layer_inv_freq(cfg, layer, inv);
     kern_rope_inv_freq(cv->theta, D, inv_cv);
@@ -378,6 +475,18 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
             x[d] = a[d] * cs + a[d + half] * sn;
             x[d + half] = a[d + half] * cs - a[d] * sn;
         }
+        /* The rows in the order the runtime rotated them. */
+        for (int m = 0; m < half; m++)
+            for (int t = 0; t < 2; t++) {
+                const int hf = t * half + m, il = 2 * m + t;
+                if (cv->rows == CMP_ROWS_UNPERMUTED)
+                    xr[hf] = x[il];
+                else if (cv->rows == CMP_ROWS_PERMUTED)
+                    xr[il] = x[hf];
+                else
+                    xr[hf] = x[hf];
+            }
+        memcpy(x, xr, (size_t)D * sizeof(double));
         for (int d = 0; d < half; d++) {
             const double ang = (double)pos * inv_cv[d], cs = cos(ang), sn = sin(ang);
             const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + half;
@@ -390,4 +499,28 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     free(inv);
     free(x);
     return test_max > 0 ? worst / test_max : (worst > 0 ? INFINITY : 0);
+}
+
+void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,
+                       double *out)
+{
+    const int D = cfg->head_dim, half = D / 2;
+    double *inv = malloc((size_t)(half > 0 ? half : 1) * sizeof(double));
+    if (!inv || D < 2 || D % 2) {
+        for (int i = 0; i < nheads * D; i++)
+            out[i] = row[i];
+        free(inv);
+        return;
+    }
+    layer_inv_freq(cfg, layer, inv);
+    for (int h = 0; h < nheads; h++) {
+        const float *a = row + (size_t)h * D;
+        double *x = out + (size_t)h * D;
+        for (int d = 0; d < half; d++) {
+            const double ang = (double)pos * inv[d], cs = cos(ang), sn = sin(ang);
+            x[d] = a[d] * cs + a[d + half] * sn;
+            x[d + half] = a[d + half] * cs - a[d] * sn;
+        }
+    }
+    free(inv);
 }

@@ -760,6 +760,36 @@ static void layer_fields(const json_t *o, kv_config *c, problems *p)
                     c->kv_owner[i]);
 }
 
+/* Optional rope_scaling: null, absent, or {"rope_type": "linear" |
+ * "llama3", "factor", and for llama3 low_freq_factor, high_freq_factor,
+ * original_max_position_embeddings}, as config.json has it. */
+static void rope_scaling_field(const json_t *o, kv_config *c, problems *p)
+{
+    const json_t *sc = json_object_get(o, "rope_scaling");
+    if (!sc || json_is_null(sc))
+        return;
+    const char *t = json_string_value(json_object_get(sc, "rope_type"));
+    if (!json_is_object(sc) || !t || (strcmp(t, "linear") && strcmp(t, "llama3"))) {
+        problem(p, "model_config field \"rope_scaling\" must be null or an object whose "
+                   "rope_type is \"linear\" or \"llama3\".");
+        return;
+    }
+    kv_rope_scaling *rs = &c->rope_scaling;
+    rs->type = !strcmp(t, "linear") ? ROPE_SCALE_LINEAR : ROPE_SCALE_LLAMA3;
+    rs->factor = num_field(sc, "factor", p);
+    if (rs->type == ROPE_SCALE_LLAMA3) {
+        rs->low_freq_factor = num_field(sc, "low_freq_factor", p);
+        rs->high_freq_factor = num_field(sc, "high_freq_factor", p);
+        rs->original_max_position =
+            int_field(sc, "original_max_position_embeddings", 1, INT32_MAX, false, p);
+    }
+    if (!(rs->factor > 0) || (rs->type == ROPE_SCALE_LLAMA3 &&
+                              !(rs->high_freq_factor > rs->low_freq_factor &&
+                                rs->low_freq_factor > 0)))
+        problem(p, "model_config rope_scaling: factor must be > 0 (and high_freq_factor > "
+                   "low_freq_factor > 0 for llama3).");
+}
+
 static void arch_of(kv_config *c)
 {
     if (!strcmp(c->model_type, "qwen2"))
@@ -770,36 +800,6 @@ static void arch_of(kv_config *c)
         c->arch = ARCH_GEMMA3;
     else
         c->arch = ARCH_LLAMA;
-}
-
-/* Optional rope_scaling: {"rope_type": "linear", "factor"} or llama3's
- * five keys, as config.json has them; absent or null: none. */
-static void scaling_field(const json_t *o, kv_rope_scaling *s, problems *p)
-{
-    const json_t *v = json_object_get(o, "rope_scaling");
-    memset(s, 0, sizeof *s);
-    if (!v || json_is_null(v))
-        return;
-    const char *type = json_string_value(json_object_get(v, "rope_type"));
-    bool l3 = type && !strcmp(type, "llama3");
-    if (!json_is_object(v) || !type || (!l3 && strcmp(type, "linear"))) {
-        problem(p, "model_config field \"rope_scaling\" must be null or an object with "
-                   "rope_type \"linear\" or \"llama3\".");
-        return;
-    }
-    s->type = l3 ? ROPE_SCALE_LLAMA3 : ROPE_SCALE_LINEAR;
-    s->factor = num_field(v, "factor", p);
-    bool bad = !(s->factor > 0);
-    if (l3) {
-        s->low_freq_factor = num_field(v, "low_freq_factor", p);
-        s->high_freq_factor = num_field(v, "high_freq_factor", p);
-        s->original_max_position =
-            int_field(v, "original_max_position_embeddings", 1, 1 << 24, false, p);
-        bad |= !(s->low_freq_factor > 0) || !(s->high_freq_factor > s->low_freq_factor);
-    }
-    if (bad)
-        problem(p, "model_config rope_scaling needs factor > 0 (llama3: high_freq_factor > "
-                   "low_freq_factor > 0).");
 }
 
 int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void *ctx)
@@ -843,9 +843,9 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         c.attn_scale = json_number_value(scale);
     else if (c.head_dim > 0)
         c.attn_scale = 1.0 / sqrt((double)c.head_dim);
+    rope_scaling_field(o, &c, &p);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
-    scaling_field(o, &c.rope_scaling, &p);
     json_decref(o);
     *out = c;
     return p.n;

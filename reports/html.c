@@ -86,7 +86,23 @@ static void inputs(const rep_ctx *c, FILE *f)
     input_row(f, "test", c->o->test_path, c->test);
     const cmp_result *r = c->r;
     fputs("<dt>mode</dt><dd>", f);
-    if (r->exact)
+    if (r->xrt.on) {
+        /* Another runtime's recording: judged by a drift model, not by a
+         * tolerance (docs/cross-runtime.md). */
+        const cmp_xrt *x = &r->xrt;
+        fputs("cross-runtime: drift model ", f);
+        esc(f, x->model);
+        fputs(" (KV cache ", f);
+        esc(f, x->kv_precision);
+        fprintf(f, "; a row is drift while its relative error is at most max(%g + %g &times; "
+                "%.3g at attn_out, %g &times; upstream, %g &times; its stage's earlier rows)); ",
+                x->floor_base, x->kv_factor, x->kv_eps, x->gain, x->history);
+        if (x->step)
+            fprintf(f, "step: error %.3g against a threshold of %.3g", x->step_err,
+                    x->step_threshold);
+        else
+            fputs("no step above drift", f);
+    } else if (r->exact)
         fputs("exact (any differing bit is a divergence)", f);
     else
         fprintf(f, "tolerance: atol %g, rtol %g, %llu ulp%s", r->atol, r->rtol,

@@ -141,6 +141,91 @@ static void read_mode(jr *c, json_t *root, cmp_result *r)
     r->noise_factor = num(c, m, "mode", "noise_factor", false);
 }
 
+/* mode.cross_runtime: which drift model judged and with what figures
+ * (null, or absent in results older than the model, when none did). */
+static void read_xrt(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *m = json_object_get(root, "mode");
+    json_t *x = m && json_object_get(m, "cross_runtime")
+                    ? object(c, m, "mode", "cross_runtime", true) : NULL;
+    if (!x)
+        return;
+    const char *w = "mode.cross_runtime";
+    cmp_xrt *o = &r->xrt;
+    o->on = true;
+    copy(o->model, sizeof o->model, string(c, x, w, "model"));
+    copy(o->why, sizeof o->why, string(c, x, w, "why"));
+    copy(o->kv_precision, sizeof o->kv_precision, string(c, x, w, "kv_precision"));
+    o->kv_eps = num(c, x, w, "kv_eps", false);
+    o->floor_base = num(c, x, w, "floor", false);
+    o->kv_factor = num(c, x, w, "kv_factor", false);
+    o->gain = num(c, x, w, "gain", false);
+    o->history = num(c, x, w, "history", false);
+    o->step = boolean(c, x, w, "step");
+    o->step_err = num(c, x, w, "step_error", true);
+    o->step_threshold = num(c, x, w, "step_threshold", true);
+    if (!c->failed && o->step != (isfinite(o->step_err) && isfinite(o->step_threshold)))
+        bad(c, w, "step_error", "does not agree with step");
+    o->worst_pos = -1;
+    o->worst_layer = -1;
+    json_t *dc = c->failed ? NULL : object(c, x, w, "drift_closest", true);
+    if (dc) {
+        const char *wd = "mode.cross_runtime.drift_closest";
+        o->worst_pos = integer(c, dc, wd, "position", 0, JR_MAX_POS, INT64_MIN);
+        o->worst_layer = (int)integer(c, dc, wd, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+        o->worst_stage = stage_of(c, dc, wd, "stage");
+        o->worst_ratio = num(c, dc, wd, "ratio", false);
+    }
+}
+
+/* mode.cross_runtime.stages: each stage's figures, onto the stage
+ * results (added where the result has no per-stage table). */
+static void read_xrt_stages(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *x = json_object_get(json_object_get(root, "mode"), "cross_runtime");
+    if (!r->xrt.on || !x)
+        return;
+    json_t *st = need(c, x, "mode.cross_runtime", "stages");
+    if (st && !json_is_array(st))
+        bad(c, "mode.cross_runtime", "stages", "is not an array");
+    if (!st || c->failed)
+        return;
+    const size_t n = json_array_size(st);
+    cmp_stage_result *grown = n ? realloc(r->stages, ((size_t)r->n_stages + n) * sizeof *grown)
+                                : r->stages;
+    if (n && !grown) {
+        kv_errf(c->e, "%s: out of memory", c->path);
+        c->failed = 1;
+        return;
+    }
+    r->stages = grown;
+    for (size_t i = 0; i < n && !c->failed; i++) {
+        char w[64];
+        snprintf(w, sizeof w, "mode.cross_runtime.stages[%zu]", i);
+        json_t *s = json_array_get(st, i);
+        if (!json_is_object(s)) {
+            bad(c, "", w, "is not an object");
+            return;
+        }
+        const int layer = (int)integer(c, s, w, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+        const kv_stage stage = stage_of(c, s, w, "stage");
+        cmp_stage_result *o = NULL;
+        for (int k = 0; k < r->n_stages && !o; k++)
+            if (r->stages[k].layer == layer && r->stages[k].stage == stage)
+                o = &r->stages[k];
+        if (!o) {
+            o = &r->stages[r->n_stages++];
+            memset(o, 0, sizeof *o);
+            o->layer = layer;
+            o->stage = stage;
+        }
+        o->xrt_scale = num(c, s, w, "scale", false);
+        o->xrt_threshold = num(c, s, w, "threshold", false);
+        o->xrt_err = num(c, s, w, "error", false);
+        o->xrt_ratio = num(c, s, w, "ratio", false);
+    }
+}
+
 static void read_compared(jr *c, json_t *root, cmp_result *r)
 {
     json_t *m = object(c, root, "", "compared", false);
@@ -589,6 +674,7 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
     r->verdict = v < 0 ? CMP_IDENTICAL : (cmp_verdict)v;
     if (!c.failed) {
         read_mode(&c, root, r);
+        read_xrt(&c, root, r);
         read_compared(&c, root, r);
     }
     json_t *fd = c.failed ? NULL : object(&c, root, "", "first_divergence", true);
@@ -618,6 +704,8 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
         read_hash_check(&c, root, r);
     if (!c.failed)
         read_stages(&c, root, j);
+    if (!c.failed)
+        read_xrt_stages(&c, root, r);
     /* exit_code restates the verdict (compare's exit status); one that
      * disagrees, or is none compare gives, marks a file not to trust. */
     if (!c.failed && json_object_get(root, "exit_code")) {

@@ -1608,6 +1608,7 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
     }
 }
 
+
 START_TEST(test_broken_dumps)
 {
     char dir[64], base[128], path[128];

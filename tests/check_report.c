@@ -785,6 +785,66 @@ START_TEST(test_json_round_trip)
 }
 END_TEST
 
+/* A compare judged by the cross-runtime drift model, saved as JSON and
+ * read back: the report says which model judged, with its figures, as
+ * the fresh result does (text and JSON alike), with and without the
+ * per-stage table. */
+START_TEST(test_json_round_trip_xrt)
+{
+    ck_assert_msg(dumps_ok, "recording the dumps failed: %s", out);
+    static const char *const tests[] = {"bad.h5", "ok.h5"};
+    for (int t = 0; t < 4; t++) {
+        kv_err e = {{0}};
+        char ra[128], rb[128], json[128];
+        snprintf(ra, sizeof ra, "%s/a.h5", dumps);
+        snprintf(rb, sizeof rb, "%s/%s", dumps, tests[t % 2]);
+        snprintf(json, sizeof json, "%s/xrt%d.json", dumps, t);
+        const int flags = t < 2 ? CMP_RENDER_STAGES : 0;
+        cmp_source sa, sb;
+        cmp_dump_source *da = cmp_dump_source_open(ra, &sa, &e);
+        cmp_dump_source *db = cmp_dump_source_open(rb, &sb, &e);
+        ck_assert_msg(da && db, "%s", e.msg);
+        cmp_opts o;
+        cmp_opts_default(&o);
+        o.cross_runtime = CMP_XRT_ON;
+        cmp_result r;
+        ck_assert_msg(cmp_compare(&sa, &sb, &o, &r, &e) == 0, "%s", e.msg);
+        ck_assert(r.xrt.on);
+        json_t *j = cmp_result_json(&r, flags);
+        ck_assert_int_eq(json_dump_file(j, json, 0), 0);
+        json_decref(j);
+        report_json back;
+        ck_assert_msg(report_json_load(json, &back, &e) == 0, "%s", e.msg);
+        ck_assert(back.r.xrt.on);
+        char *t1 = cmp_render_text(&r, flags);
+        char *t2 = cmp_render_text(&back.r, flags);
+        /* (an identical pair has no drift to speak of) */
+        ck_assert_msg(t % 2 || strstr(t2, "drift model drift-step"), "%.1500s", t2);
+        ck_assert_str_eq(t1, t2);
+        free(t1);
+        free(t2);
+        json_t *j1 = cmp_result_json(&r, flags);
+        json_t *j2 = cmp_result_json(&back.r, flags);
+        ck_assert(json_equal(j1, j2));
+        json_decref(j1);
+        json_decref(j2);
+        report_json_free(&back);
+        cmp_result_free(&r);
+        cmp_dump_source_close(db);
+        cmp_dump_source_close(da);
+    }
+    /* The report made from it says so too. */
+    char args[512], dir[128];
+    snprintf(dir, sizeof dir, "%s/fromxrt", dumps);
+    snprintf(args, sizeof args, "%s/xrt0.json -o %s", dumps, dir);
+    report_cli(args, 1);
+    char *html = slurp(dir, "index.html");
+    ck_assert_msg(strstr(html, "cross-runtime: drift model drift-step (KV cache ") &&
+                  strstr(html, "step: error "), "%.2000s", html);
+    free(html);
+}
+END_TEST
+
 Suite *report_suite(void)
 {
     Suite *s = suite_create("report");
@@ -795,6 +855,7 @@ Suite *report_suite(void)
     tcase_add_test(cli, test_divergent_report);
     tcase_add_test(cli, test_report_options);
     tcase_add_test(cli, test_json_input);
+    tcase_add_test(cli, test_json_round_trip_xrt);
     tcase_add_test(cli, test_json_without_stages_gets_table);
     tcase_add_test(cli, test_report_note);
     tcase_add_test(cli, test_no_gnuplot);

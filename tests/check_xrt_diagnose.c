@@ -5,14 +5,19 @@
  * f16 KV cache, and compared with kvdiff's reference on the correct
  * model: the diagnosis must name the bug, with the figures that prove it. */
 #include <check.h>
+#include <hdf5.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "gguf_patch.h"
+#include "model/model.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -74,6 +79,8 @@ static void expect_diag(json_t *g, const char *rec_opts, const char *kind, const
     ck_assert_msg(!strcmp(field(g, "kind"), kind) && !strcmp(field(g, "basis"), basis),
                   "%s: expected %s (%s), got %s (%s): %s", rec_opts, kind, basis,
                   field(g, "kind"), field(g, "basis"), all);
+    /* A count the runtime did not record is never printed as one. */
+    ck_assert_msg(!strstr(all, "vs -1") && !strstr(all, " -1 key"), "%s: %s", rec_opts, all);
     va_list ap;
     va_start(ap, basis);
     for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
@@ -103,6 +110,79 @@ START_TEST(xrt_diag_window_smaller)
         json_decref(j);
     }
     test_rmtree(dir);
+}
+END_TEST
+
+/* Key-set bugs planted inside llama.cpp through its memory API (the
+ * recorder's test-only --fault), on the correct GGUF, with 4 decode steps
+ * so that the position after the first decode step is recorded too. The
+ * f32 run takes the prompt in one ubatch, the f16 run in ubatches of 7:
+ * pos[i] is where the step is for kv_types[i]. */
+static void fault_case(const char *fault, const long pos[2], const char *kind,
+                       const char *words, const char *words2)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    char gguf[512], bad[512];
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(rename(gguf, bad), 0);
+    for (int i = 0; i < 2; i++) {
+        char opts[256];
+        snprintf(opts, sizeof opts, "%s --max-new 4 --fault %s", kv_types[i], fault);
+        json_t *j, *g = diagnose(dir, opts, pos[i], 0, "attn_out", &j);
+        expect_diag(g, opts, kind, "recomputed", words, words2, NULL);
+        json_decref(j);
+        /* The dump says the bug was planted. */
+        char args[256], want[128];
+        snprintf(args, sizeof args, "inspect %s/llama.h5", dir);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+        snprintf(want, sizeof want, "{\"fault\":\"%s\",", fault);
+        ck_assert_msg(strstr(out, want), "%s", out);
+    }
+    test_rmtree(dir);
+}
+
+/* Each ubatch (and decode step) sees only its own keys. In one ubatch
+ * the prompt is fine and the first decode step reads its own key alone,
+ * which a decode-blind split cache does too: the next step tells. */
+START_TEST(xrt_diag_isolate_ubatch)
+{
+    static const long pos[2] = {100, 7};
+    fault_case("isolate-ubatch", pos, "chunk_isolated", "chunks attend only to themselves",
+               "only its own chunk's keys");
+}
+END_TEST
+
+/* Position 95 removed from the cache once its ubatch ran: the next
+ * ubatch's first query (the first decode step, or 98) reads 11 of the 12
+ * keys of its window. */
+START_TEST(xrt_diag_drop_key)
+{
+    static const long pos[2] = {100, 98};
+    fault_case("drop-key=95", pos, "missing_key", "one key too few: the key at position 95 is "
+               "not read", "with key 95 left out reproduces the test's attn_out");
+}
+END_TEST
+
+/* The prompt's keys removed before decoding: decode steps read the
+ * decode tokens' keys only. */
+START_TEST(xrt_diag_decode_blind)
+{
+    static const long pos[2] = {100, 100};
+    fault_case("decode-blind", pos, "split_decode_blind", "decode steps attend only to the "
+               "decode cache", "reproduces its attn_out over key 100 alone");
+}
+END_TEST
+
+/* Position 95 decoded again as a second cell of the sequence before
+ * decoding: its first layer's key is read twice. */
+START_TEST(xrt_diag_dup_key)
+{
+    static const long pos[2] = {100, 100};
+    fault_case("dup-key=95", pos, "duplicate_key", "one key too many: the key at position 95 "
+               "is read twice", "with key 95 read twice reproduces the test's attn_out");
 }
 END_TEST
 
@@ -149,6 +229,95 @@ START_TEST(xrt_diag_rope_common_base)
 }
 END_TEST
 
+/* tiny-llama as dir/hf (its config.json's rope_scaling replaced by
+ * `scaling` when not NULL), exported as dir/m.gguf, and the reference on
+ * a 100-token prompt as dir/ref.h5. */
+static void setup_llama(const char *dir, const char *scaling)
+{
+    char args[1024], path[512];
+    snprintf(args, sizeof args, "gen --preset tiny-llama -o %s/hf", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    if (scaling) {
+        snprintf(path, sizeof path, "%s/hf/config.json", dir);
+        FILE *f = fopen(path, "rb");
+        ck_assert_ptr_nonnull(f);
+        static char cfg[8192];
+        const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
+        fclose(f);
+        cfg[n] = '\0';
+        char *at = strstr(cfg, "\"rope_scaling\": null");
+        ck_assert_ptr_nonnull(at);
+        f = fopen(path, "wb");
+        ck_assert_ptr_nonnull(f);
+        fprintf(f, "%.*s\"rope_scaling\": %s%s", (int)(at - cfg), cfg, scaling,
+                at + strlen("\"rope_scaling\": null"));
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+/* A Llama GGUF exported without the q/k row permutation: llama.cpp
+ * rotates adjacent pairs (2i, 2i + 1) of rows laid out for halves. The
+ * recorder maps its rows back as for a correct GGUF, so the test's q is
+ * the reference's with each head's rows in another order from position
+ * 0 (where nothing is rotated yet) on. */
+START_TEST(xrt_diag_rope_unpermuted)
+{
+    char dir[64], gguf[512], tmp[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_llama(dir, NULL);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/q.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_unpermute_rows(gguf, tmp, "attn_q.weight", 16), 4);
+    ck_assert_int_eq(gguf_unpermute_rows(tmp, bad, "attn_k.weight", 16), 4);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", "interleaved RoPE pairs "
+                    "(2i, 2i + 1) rotated on rows laid out for halves (i, i + 8)",
+                    "without the row permutation", "reproduces the test's at position 0",
+                    "and at position 99", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Linear RoPE scaling by 4 in config.json; the GGUF's factor dropped to
+ * 1 (no scaling), or wrong (2). */
+static void scaling_case(double factor, const char *words)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_llama(dir, "{\"rope_type\": \"linear\", \"factor\": 4.0}");
+    make_bad(dir, "llama.rope.scaling.factor", factor);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 1, 0, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed", words,
+                    "reproduces the test's at position 1", "and at position 99", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+START_TEST(xrt_diag_rope_scaling_dropped)
+{
+    scaling_case(1, "the test's queries match no RoPE scaling; the config says linear scaling "
+                 "by 4");
+}
+END_TEST
+
+START_TEST(xrt_diag_rope_scaling_wrong)
+{
+    scaling_case(2, "the test's queries match linear RoPE scaling by 2; the config says linear "
+                 "scaling by 4");
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* Attention scale                                                      */
 
@@ -179,16 +348,200 @@ START_TEST(xrt_diag_attn_scale)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Gemma's (1 + w) norm weights stored as w                             */
+
+/* An exporter that writes Gemma's norm weights as w where llama.cpp
+ * multiplies by the stored weight (the converter stores 1 + w): every
+ * tensor named `part` shifted by add (-1, or minus the q scale folded
+ * into q_norm). The step is at (0, layer 0, stage), and the diagnosis
+ * names that norm and the convention. */
+static void norm_case(const char *part, double add, const char *stage, const char *words)
+{
+    char dir[64], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_affine_tensors(gguf, bad, part, 1.0, add), 6);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, stage, &j);
+        expect_diag(g, kv_types[i], "norm_convention", "recomputed", words,
+                    "w in place of (1 + w)", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+
+START_TEST(xrt_diag_norm_input)
+{
+    norm_case("attn_norm.weight", -1.0, "attn_norm", "input_layernorm");
+}
+END_TEST
+
+START_TEST(xrt_diag_norm_q)
+{
+    norm_case("attn_q_norm.weight", -sqrt(32.0 / 24.0), "q", "q_norm");
+}
+END_TEST
+
+START_TEST(xrt_diag_norm_post_ffw)
+{
+    norm_case("post_ffw_norm.weight", -1.0, "ffn_out", "post_feedforward_layernorm");
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* A q/k norm not applied (synthetic until a model with q/k norms other  */
+/* than Gemma's, whose q_norm llama.cpp always applies, can be exported  */
+/* as an architecture without them)                                      */
+
+static void set_str_attr(hid_t obj, const char *name, const char *value)
+{
+    if (H5Aexists(obj, name) > 0)
+        H5Adelete(obj, name);
+    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
+    H5Tset_size(t, H5T_VARIABLE);
+    hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
+    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
+    H5Aclose(a);
+    H5Sclose(sp);
+    H5Tclose(t);
+}
+
+/* Rotates (sign 1) or rotates back (-1) each head of row at pos, RoPE
+ * rotate-half with base theta (tiny-gemma3's layer 0: 1e4, D = 32). */
+static void rope_row(float *row, int nh, int D, double theta, long pos, int sign)
+{
+    const int half = D / 2;
+    for (int h = 0; h < nh; h++)
+        for (int d = 0; d < half; d++) {
+            const double ang = sign * (double)pos * pow(theta, -2.0 * d / D);
+            float *x = row + h * D;
+            const double a = x[d], b = x[d + half];
+            x[d] = (float)(a * cos(ang) - b * sin(ang));
+            x[d + half] = (float)(b * cos(ang) + a * sin(ang));
+        }
+}
+
+/* dir/test.h5: dir/ref.h5 whose layer 0 q is what a runtime without
+ * q_norm computes: each head rotated back, divided by q_norm's (1 + w),
+ * times a scale of its own (the raw projection's RMS), rotated again.
+ * With engine set, the recording names another engine. */
+static void make_qnorm_missing(const char *dir, const char *engine, bool unit)
+{
+    char ref[512], test[512], cmd[1200];
+    snprintf(ref, sizeof ref, "%s/ref.h5", dir);
+    snprintf(test, sizeof test, "%s/test.h5", dir);
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", ref, test);
+    ck_assert_int_eq(system(cmd), 0);
+    kv_model m;
+    kv_err e = {{0}};
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_preset("tiny-gemma3", 0, &mo, &m, &e) == 0, "%s", e.msg);
+    const int nh = m.cfg.n_heads, D = m.cfg.head_dim, n = nh * D;
+    hid_t f = H5Fopen(test, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t dq = f >= 0 ? H5Dopen2(f, "/layers/0/q", H5P_DEFAULT) : -1;
+    hid_t dh = f >= 0 ? H5Dopen2(f, "/layers/0/q.hash", H5P_DEFAULT) : -1;
+    ck_assert(f >= 0 && dq >= 0 && dh >= 0 && n <= 1024);
+    hid_t fs = H5Dget_space(dq), hs = H5Dget_space(dh);
+    hsize_t dims[2];
+    H5Sget_simple_extent_dims(fs, dims, NULL);
+    ck_assert_int_eq(dims[1], n);
+    for (hsize_t p = 0; p < dims[0]; p++) {
+        float row[1024];
+        hsize_t start[2] = {p, 0}, count[2] = {1, (hsize_t)n}, one = 1;
+        hid_t ms = H5Screate_simple(2, count, NULL), ms1 = H5Screate_simple(1, &one, NULL);
+        H5Sselect_hyperslab(fs, H5S_SELECT_SET, start, NULL, count, NULL);
+        ck_assert(H5Dread(dq, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, row) >= 0);
+        rope_row(row, nh, D, 1e4, (long)p, -1);
+        for (int h = 0; h < nh; h++)
+            for (int d = 0; d < D; d++)
+                row[h * D + d] *= (float)((unit ? 1.0 : 0.4 + 0.3 * h + 0.002 * (double)p) /
+                                          (1.0 + m.layers[0].q_norm[d]));
+        rope_row(row, nh, D, 1e4, (long)p, 1);
+        ck_assert(H5Dwrite(dq, H5T_NATIVE_FLOAT, ms, fs, H5P_DEFAULT, row) >= 0);
+        uint64_t hash = XXH3_64bits(row, (size_t)n * sizeof(float));
+        H5Sselect_hyperslab(hs, H5S_SELECT_SET, start, NULL, &one, NULL);
+        ck_assert(H5Dwrite(dh, H5T_NATIVE_UINT64, ms1, hs, H5P_DEFAULT, &hash) >= 0);
+        H5Sclose(ms);
+        H5Sclose(ms1);
+    }
+    H5Sclose(fs);
+    H5Sclose(hs);
+    H5Dclose(dq);
+    H5Dclose(dh);
+    if (H5Lexists(f, "row_hash_index", H5P_DEFAULT) > 0)
+        H5Ldelete(f, "row_hash_index", H5P_DEFAULT);
+    if (engine) {
+        set_str_attr(f, "engine", engine);
+        set_str_attr(f, "engine_settings", "{\"cache_type\":\"f32\"}");
+    }
+    H5Fclose(f);
+    model_free(&m);
+}
+
+/* Layer 0's q without q_norm: the step at (0, 0, q), named, in exact
+ * mode (both recordings kvdiff's) and judged by the drift model. */
+START_TEST(xrt_diag_qk_norm_missing)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    for (int i = 0; i < 2; i++) {
+        make_qnorm_missing(dir, i ? "another-runtime" : NULL, false);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s/test.h5 --json", dir, dir);
+        const int rc = test_run_cli(args, out, sizeof out);
+        json_error_t je;
+        json_t *j = json_loads(out, 0, &je);
+        ck_assert_msg(j && rc == 1, "exit %d: %.3000s", rc, out);
+        json_t *d = json_object_get(j, "first_divergence");
+        ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 0 &&
+                      json_integer_value(json_object_get(d, "layer")) == 0 &&
+                      !strcmp(json_string_value(json_object_get(d, "stage")), "q"), "%.3000s", out);
+        json_t *mode = json_object_get(j, "mode");
+        ck_assert(json_is_object(json_object_get(mode, "cross_runtime")) == i);
+        expect_diag(json_object_get(j, "diagnosis"), i ? "cross-runtime" : "exact",
+                    "qk_norm_missing", "recomputed", "q_norm missing: the test's queries are not "
+                    "normalised per head", "each head is the raw projection",
+                    "and at the last compared position", NULL);
+        json_decref(j);
+    }
+    /* Normalised but not weighted: every head of RMS 1. Not the norm
+     * missing, and said so. */
+    make_qnorm_missing(dir, NULL, true);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/test.h5 --json", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    expect_diag(json_object_get(j, "diagnosis"), "unit", "unclassified", "recomputed",
+                "normalised per head but not multiplied by q_norm's weight", NULL);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
     TCase *tc = tcase_create("llama");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, xrt_diag_window_smaller);
+    tcase_add_test(tc, xrt_diag_isolate_ubatch);
+    tcase_add_test(tc, xrt_diag_drop_key);
+    tcase_add_test(tc, xrt_diag_decode_blind);
+    tcase_add_test(tc, xrt_diag_dup_key);
     tcase_add_test(tc, xrt_diag_rope_local_is_global);
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);
+    tcase_add_test(tc, xrt_diag_rope_unpermuted);
+    tcase_add_test(tc, xrt_diag_rope_scaling_dropped);
+    tcase_add_test(tc, xrt_diag_rope_scaling_wrong);
     tcase_add_test(tc, xrt_diag_attn_scale);
+    tcase_add_test(tc, xrt_diag_norm_input);
+    tcase_add_test(tc, xrt_diag_norm_q);
+    tcase_add_test(tc, xrt_diag_norm_post_ffw);
+    tcase_add_test(tc, xrt_diag_qk_norm_missing);
     suite_add_tcase(s, tc);
     return s;
 }

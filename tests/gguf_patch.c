@@ -114,7 +114,7 @@ int gguf_patch(const char *in, const char *outp, const char *key, double v)
 
 
 /* ------------------------------------------------------------------ */
-/* F32 tensors scaled                                                   */
+/* F32 tensors scaled and shifted                                       */
 
 static unsigned char *slurp(const char *path, size_t *n)
 {
@@ -134,7 +134,40 @@ static unsigned char *slurp(const char *path, size_t *n)
     return b;
 }
 
-int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
+/* What to do to one F32 tensor of ne0 x ne1 values (x, row-major). */
+typedef struct {
+    double mul, add;             /* x * mul + add */
+    int unpermute_head_dim;      /* > 0: undo the Llama q/k row permutation */
+} tensor_edit;
+
+static void edit_tensor(float *x, uint64_t ne0, uint64_t ne1, const tensor_edit *ed)
+{
+    if (ed->unpermute_head_dim <= 0) {
+        for (uint64_t k = 0; k < ne0 * ne1; k++)
+            x[k] = (float)(x[k] * ed->mul + ed->add);
+        return;
+    }
+    /* LlamaModel.permute moved row t*(D/2)+j of each head to 2j+t; put
+     * every row back where the Hugging Face layout has it. */
+    const uint64_t D = (uint64_t)ed->unpermute_head_dim, half = D / 2;
+    float *tmp = malloc((size_t)(ne0 * D) * sizeof(float));
+    if (!tmp)
+        return;
+    for (uint64_t h = 0; h + D <= ne1; h += D) {
+        float *head = x + h * ne0;
+        for (uint64_t j = 0; j < half; j++)
+            for (uint64_t t = 0; t < 2; t++)
+                memcpy(tmp + (t * half + j) * ne0, head + (2 * j + t) * ne0,
+                       (size_t)ne0 * sizeof(float));
+        memcpy(head, tmp, (size_t)(ne0 * D) * sizeof(float));
+    }
+    free(tmp);
+}
+
+/* Copies in to outp with every F32 tensor whose name holds part edited.
+ * Returns the number of tensors changed, -1 when the file is bad. */
+static int gguf_edit_tensors(const char *in, const char *outp, const char *part,
+                             const tensor_edit *ed)
 {
     size_t n = 0;
     unsigned char *b = slurp(in, &n);
@@ -162,7 +195,7 @@ int gguf_scale_tensors(const char *in, const char *outp, const char *part, doubl
         off = gguf_skip(b, n, off, t);
     }
     /* Tensor infos: name, dims, type, offset into the aligned data. */
-    struct { size_t name, nlen; uint64_t count, at; uint32_t type; } *ti =
+    struct { size_t name, nlen; uint64_t ne0, ne1, at; uint32_t type; } *ti =
         calloc((size_t)nt + 1, sizeof *ti);
     for (uint64_t i = 0; ti && i < nt && off && off + 8 <= n; i++) {
         memcpy(&ti[i].nlen, b + off, 8);
@@ -171,11 +204,14 @@ int gguf_scale_tensors(const char *in, const char *outp, const char *part, doubl
         uint32_t nd;
         memcpy(&nd, b + off, 4);
         off += 4;
-        ti[i].count = 1;
+        ti[i].ne1 = 1;
         for (uint32_t k = 0; k < nd; k++, off += 8) {
             uint64_t dim;
             memcpy(&dim, b + off, 8);
-            ti[i].count *= dim;
+            if (k == 0)
+                ti[i].ne0 = dim;
+            else
+                ti[i].ne1 *= dim;
         }
         memcpy(&ti[i].type, b + off, 4);
         memcpy(&ti[i].at, b + off + 4, 8);
@@ -188,16 +224,20 @@ int gguf_scale_tensors(const char *in, const char *outp, const char *part, doubl
         snprintf(name, sizeof name, "%.*s", (int)ti[i].nlen, (const char *)b + ti[i].name);
         if (!strstr(name, part) || ti[i].type != 0)
             continue;
-        if (data + ti[i].at + ti[i].count * 4 > n) {
+        const uint64_t count = ti[i].ne0 * ti[i].ne1;
+        if (data + ti[i].at + count * 4 > n || (data + ti[i].at) % 4) {
             changed = -1;
             break;
         }
-        for (uint64_t k = 0; k < ti[i].count; k++) {
-            float x;
-            memcpy(&x, b + data + ti[i].at + 4 * k, 4);
-            x = (float)(x * mul);
-            memcpy(b + data + ti[i].at + 4 * k, &x, 4);
+        float *x = malloc((size_t)count * sizeof(float));
+        if (!x) {
+            changed = -1;
+            break;
         }
+        memcpy(x, b + data + ti[i].at, (size_t)count * 4);
+        edit_tensor(x, ti[i].ne0, ti[i].ne1, ed);
+        memcpy(b + data + ti[i].at, x, (size_t)count * 4);
+        free(x);
         changed++;
     }
     if (changed >= 0) {
@@ -210,4 +250,22 @@ int gguf_scale_tensors(const char *in, const char *outp, const char *part, doubl
     free(ti);
     free(b);
     return changed;
+}
+
+int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
+{
+    return gguf_affine_tensors(in, outp, part, mul, 0.0);
+}
+
+int gguf_affine_tensors(const char *in, const char *outp, const char *part, double mul,
+                        double add)
+{
+    const tensor_edit ed = {.mul = mul, .add = add};
+    return gguf_edit_tensors(in, outp, part, &ed);
+}
+
+int gguf_unpermute_rows(const char *in, const char *outp, const char *part, int head_dim)
+{
+    const tensor_edit ed = {.mul = 1, .unpermute_head_dim = head_dim};
+    return head_dim >= 2 && head_dim % 2 == 0 ? gguf_edit_tensors(in, outp, part, &ed) : -1;
 }

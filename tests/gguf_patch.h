@@ -15,9 +15,21 @@ int gguf_patch(const char *in, const char *out, const char *key, double v);
  * the number of tensors changed, -1 when the file is bad. */
 int gguf_scale_tensors(const char *in, const char *out, const char *part, double mul);
 
+/* As gguf_scale_tensors, each value x written as x * mul + add (an
+ * exporter that drops Gemma's + 1 from a norm weight: mul 1, add -1). */
+int gguf_affine_tensors(const char *in, const char *out, const char *part, double mul,
+                        double add);
+
 /* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
  * string); stdout and stderr into buf (NUL-terminated, truncated to n).
  * Returns the exit code. */
+/* Copies the GGUF `in` to `out` with the rows of every F32 tensor whose
+ * name holds `part` put back in the Hugging Face order, undoing the
+ * Llama q/k permutation the exporter applies (head_dim rows per head):
+ * a Llama GGUF exported without it. Returns the number of tensors
+ * changed, -1 when the file is bad. */
+int gguf_unpermute_rows(const char *in, const char *out, const char *part, int head_dim);
+
 int test_run_recorder(const char *args, char *buf, size_t n);
 
 /* tiny-gemma3 (window 12, local RoPE base 1e4, global 1e6) as dir/hf and

@@ -44,6 +44,7 @@ typedef struct {
     const char *cache_name;
     bool ignore_eos, full_logits, list_tensors, verbose, no_record, timing;
     const char *stages;
+    const char *fault;             /* --fault SPEC (a test aid), NULL none */
 } rec_opts;
 
 static void usage(FILE *f)
@@ -80,7 +81,12 @@ static void usage(FILE *f)
         "  --list-tensors     print each graph tensor name of the first step and exit\n"
         "  --no-record        run without the eval callback and write nothing (a baseline)\n"
         "  --time             print the seconds the prompt and decoding took on stdout\n"
-        "  --verbose          llama.cpp's log on stderr\n");
+        "  --verbose          llama.cpp's log on stderr\n"
+        "test aids (plant a cache bug inside llama.cpp; recorded in engine_settings):\n"
+        "  --fault isolate-ubatch  each ubatch and decode step sees only its own keys\n"
+        "  --fault drop-key=P      position P leaves the cache once its ubatch ran\n"
+        "  --fault decode-blind    decode steps do not see the prompt's keys\n"
+        "  --fault dup-key=P       the prompt's key P is in the cache twice when decoding\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -179,6 +185,9 @@ static int parse_args(int argc, char **argv, rec_opts *o)
             }
             o->cache_type = types[k].t;
             o->cache_name = types[k].name;
+        } else if (!strcmp(a, "--fault")) {
+            NEED_VALUE;
+            o->fault = v;
         } else if (!strcmp(a, "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (!strcmp(a, "--dump-logits")) {
@@ -466,6 +475,7 @@ typedef struct {
     float *buf, *tmp;
     size_t buf_cap;
     bool list;                      /* --list-tensors */
+    bool paused;                    /* a planted fault's own decode: nothing recorded */
     bool failed;
     char err[512];
 } recorder;
@@ -704,6 +714,8 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
     recorder *r = user;
     if (r->failed)
         return !ask ? false : true;
+    if (r->paused)
+        return !ask;
     if (r->list) {
         if (ask)
             printf("%s %s %s [%lld %lld %lld %lld]\n", ggml_get_name(t), ggml_op_desc(t),
@@ -828,6 +840,131 @@ static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, boo
     return s;
 }
 
+/* ------------------------------------------------------------------ */
+/* Test aids: cache bugs planted inside llama.cpp                       */
+
+/* kvdiff's key-set diagnoses must name bugs a runtime really makes, so the
+ * tests make them in real llama.cpp through its public memory API
+ * (docs/recorders.md). None is a llama.cpp setting: a dump recorded with
+ * one says so in engine_settings ("fault"). */
+typedef enum {
+    FAULT_NONE,
+    FAULT_ISOLATE_UBATCH,           /* earlier positions removed before each ubatch */
+    FAULT_DROP_KEY,                 /* position pos removed after its ubatch */
+    FAULT_DECODE_BLIND,             /* the prompt removed before the first decode step */
+    FAULT_DUP_KEY                   /* position pos decoded again as a second cell */
+} fault_kind;
+
+typedef struct {
+    fault_kind kind;
+    int pos;
+} fault;
+
+static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
+{
+    memset(f, 0, sizeof *f);
+    if (!spec)
+        return 0;
+    char *end;
+    if (!strcmp(spec, "isolate-ubatch")) {
+        f->kind = FAULT_ISOLATE_UBATCH;
+    } else if (!strcmp(spec, "decode-blind")) {
+        f->kind = FAULT_DECODE_BLIND;
+    } else if (!strncmp(spec, "drop-key=", 9) || !strncmp(spec, "dup-key=", 8)) {
+        const bool drop = spec[1] == 'r';
+        const char *v = spec + (drop ? 9 : 8);
+        errno = 0;
+        long p = strtol(v, &end, 10);
+        if (errno || end == v || *end || p < 0 || p >= n_prompt)
+            return kv_errf(e, "--fault %s: the position must be a prompt position, 0..%d", spec,
+                           n_prompt - 1);
+        f->kind = drop ? FAULT_DROP_KEY : FAULT_DUP_KEY;
+        f->pos = (int)p;
+    } else {
+        return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind or "
+                          "dup-key=P", spec);
+    }
+    return 0;
+}
+
+/* Tokens per llama_decode call: a fault that acts between ubatches needs
+ * each call to be one ubatch. */
+static int fault_piece(const fault *f, int ubatch, int n_batch)
+{
+    return f->kind == FAULT_ISOLATE_UBATCH || f->kind == FAULT_DROP_KEY ? ubatch : n_batch;
+}
+
+/* The prompt's token at f->pos decoded once more, at the same position,
+ * as sequence 1 (nothing recorded), and its cell then given to sequence
+ * 0: the cache holds that key twice. Its first layer's key is the one
+ * already there (same token, same position, no context before it). */
+static int fault_dup(struct llama_context *ctx, recorder *r, const int32_t *ids, const fault *f)
+{
+    struct llama_batch b = llama_batch_init(1, 0, 1);
+    b.n_tokens = 1;
+    b.token[0] = ids[f->pos];
+    b.pos[0] = f->pos;
+    b.n_seq_id[0] = 1;
+    b.seq_id[0][0] = 1;
+    b.logits[0] = 1;
+    r->paused = true;
+    int rc = llama_decode(ctx, b);
+    r->paused = false;
+    llama_batch_free(b);
+    if (rc != 0)
+        return rc;
+    llama_memory_t mem = llama_get_memory(ctx);
+    llama_memory_seq_cp(mem, 1, 0, -1, -1);
+    return llama_memory_seq_rm(mem, 1, -1, -1) ? 0 : -1;
+}
+
+/* Before the llama_decode call of n tokens at pos0. */
+static int fault_before(struct llama_context *ctx, recorder *r, const fault *f,
+                        const int32_t *ids, int n_prompt, int pos0)
+{
+    llama_memory_t mem = llama_get_memory(ctx);
+    if (f->kind == FAULT_ISOLATE_UBATCH && pos0 > 0)
+        return llama_memory_seq_rm(mem, 0, 0, pos0) ? 0 : -1;
+    if (f->kind == FAULT_DECODE_BLIND && pos0 == n_prompt)
+        return llama_memory_seq_rm(mem, 0, 0, n_prompt) ? 0 : -1;
+    if (f->kind == FAULT_DUP_KEY && pos0 == n_prompt)
+        return fault_dup(ctx, r, ids, f);
+    return 0;
+}
+
+/* After the llama_decode call of n tokens at pos0. */
+static int fault_after(struct llama_context *ctx, const fault *f, int pos0, int n)
+{
+    if (f->kind == FAULT_DROP_KEY && f->pos >= pos0 && f->pos < pos0 + n)
+        return llama_memory_seq_rm(llama_get_memory(ctx), 0, f->pos, f->pos + 1) ? 0 : -1;
+    return 0;
+}
+
+static const char *fault_name(const fault *f, char *buf, size_t n)
+{
+    static const char *const names[] = {"", "isolate-ubatch", "drop-key", "decode-blind",
+                                        "dup-key"};
+    if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY)
+        snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
+    else
+        snprintf(buf, n, "%s", names[f->kind]);
+    return buf;
+}
+
+/* engine_settings with the planted fault added, so that a dump says so. */
+static char *settings_with_fault(char *settings, const fault *f)
+{
+    if (!settings || f->kind == FAULT_NONE)
+        return settings;
+    char name[64];
+    const size_t n = strlen(settings) + 128;
+    char *s = malloc(n);
+    if (s && settings[0] == '{')
+        snprintf(s, n, "{\"fault\":\"%s\",%s", fault_name(f, name, sizeof name), settings + 1);
+    free(settings);
+    return s;
+}
+
 static int argmax(const float *x, int n)
 {
     int best = 0;
@@ -848,14 +985,25 @@ static bool is_eos(const kv_config *c, const struct llama_vocab *vocab, int id, 
     return llama_vocab_is_eog(vocab, id);
 }
 
+/* What decode() needs to plant a test fault (f->kind FAULT_NONE: none). */
+typedef struct {
+    const fault *f;
+    recorder *r;
+    const int32_t *prompt;
+    int n_prompt;
+} fault_ctx;
+
 /* Decodes tokens[0..n) at positions pos0.. in pieces of n_batch, every
  * row asking for logits (so the last layer keeps every row: llama.cpp
- * drops the rows without output there). */
+ * drops the rows without output there). fc: a test fault to plant, or
+ * NULL. */
 static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_t *tokens, int n,
-                  int pos0, int n_batch)
+                  int pos0, int n_batch, const fault_ctx *fc)
 {
     for (int i = 0; i < n; i += n_batch) {
         int k = n - i < n_batch ? n - i : n_batch;
+        if (fc && fault_before(ctx, fc->r, fc->f, fc->prompt, fc->n_prompt, pos0 + i) != 0)
+            return -101;
         b->n_tokens = k;
         for (int j = 0; j < k; j++) {
             b->token[j] = tokens[i + j];
@@ -867,6 +1015,8 @@ static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_
         int rc = llama_decode(ctx, *b);
         if (rc != 0)
             return rc;
+        if (fc && fault_after(ctx, fc->f, pos0 + i, k) != 0)
+            return -101;
         if (g_stop)
             return -100;
     }
@@ -894,6 +1044,7 @@ int main(int argc, char **argv)
     bool have_batch = false;
     recorder *r = calloc(1, sizeof *r);
     kv_config cfg, hf;
+    fault flt = {FAULT_NONE, 0};
     double llama_scale = 0;
     int n_prompt = 0;
     if (!r) {
@@ -929,6 +1080,8 @@ int main(int argc, char **argv)
         kv_errf(&e, "the prompt is empty");
         goto fail;
     }
+    if (parse_fault(o.fault, n_prompt, &flt, &e) < 0)
+        goto fail;
 
     ggml_backend_load_all_from_path(getenv("KVDIFF_LLAMA_BACKENDS") ? getenv("KVDIFF_LLAMA_BACKENDS")
                                                                     : LLAMA_CPP_LIBDIR);
@@ -995,6 +1148,12 @@ int main(int argc, char **argv)
     cp.cb_eval = o.no_record ? NULL : on_tensor;
     cp.cb_eval_user_data = o.no_record ? NULL : r;
     cp.no_perf = true;
+    if (flt.kind == FAULT_DUP_KEY) {
+        /* A second sequence in the same cells, and room for its cell. */
+        cp.n_seq_max = 2;
+        cp.kv_unified = true;
+        cp.n_ctx += 1;
+    }
     ctx = llama_init_from_model(model, cp);
     if (!ctx) {
         kv_errf(&e, "llama.cpp refused the context (ubatch %d, batch %d, cache %s, flash "
@@ -1007,7 +1166,8 @@ int main(int argc, char **argv)
     have_batch = true;
 
     if (o.list_tensors) {
-        int rc = decode(ctx, &batch, ids, n_prompt < o.ubatch ? n_prompt : o.ubatch, 0, n_batch);
+        int rc = decode(ctx, &batch, ids, n_prompt < o.ubatch ? n_prompt : o.ubatch, 0, n_batch,
+                        NULL);
         status = rc == 0 ? 0 : 2;
         if (rc)
             fprintf(stderr, TOOL ": llama_decode failed (%d)\n", rc);
@@ -1019,10 +1179,10 @@ int main(int argc, char **argv)
          * measured against this (bench/bench_llama.sh). */
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
-        int rc = decode(ctx, &batch, ids, n_prompt, 0, n_batch);
+        int rc = decode(ctx, &batch, ids, n_prompt, 0, n_batch, NULL);
         for (int step = 0; rc == 0 && step + 1 < o.max_new; step++) {
             int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
-            rc = decode(ctx, &batch, &next, 1, n_prompt + step, n_batch);
+            rc = decode(ctx, &batch, &next, 1, n_prompt + step, n_batch, NULL);
         }
         clock_gettime(CLOCK_MONOTONIC, &t1);
         if (rc != 0) {
@@ -1034,7 +1194,7 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    settings = settings_json(&o, &cfg, n_ctx, r->attn_out_rotated);
+    settings = settings_with_fault(settings_json(&o, &cfg, n_ctx, r->attn_out_rotated), &flt);
     dump_opts dopts;
     dump_opts_default(&dopts);
     dopts.full_logits = o.full_logits;
@@ -1062,7 +1222,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < n_prompt && !why; i++)
         if (r->obs->token(r->obs, i, ids[i], 1))
             why = "the dump writer stopped the run";
-    int rc = why ? 0 : decode(ctx, &batch, ids, n_prompt, 0, n_batch);
+    const fault_ctx fc = {.f = &flt, .r = r, .prompt = ids, .n_prompt = n_prompt};
+    const fault_ctx *fcp = flt.kind != FAULT_NONE ? &fc : NULL;
+    int rc = why ? 0 : decode(ctx, &batch, ids, n_prompt, 0,
+                              fault_piece(&flt, (int)llama_n_ubatch(ctx), n_batch), fcp);
     int pos = n_prompt;
     for (int step = 0; !why && rc == 0 && step < o.max_new; step++) {
         int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
@@ -1072,7 +1235,7 @@ int main(int argc, char **argv)
         }
         if (step + 1 == o.max_new || (!o.ignore_eos && is_eos(&cfg, vocab, next, o.hf_dir)))
             break;
-        rc = decode(ctx, &batch, &next, 1, pos, n_batch);
+        rc = decode(ctx, &batch, &next, 1, pos, n_batch, fcp);
         pos++;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -1083,6 +1246,9 @@ int main(int argc, char **argv)
         why = whybuf;
     } else if (!why && rc == -100) {
         why = "interrupted";
+    } else if (!why && rc == -101) {
+        snprintf(whybuf, sizeof whybuf, "llama.cpp's memory refused the planted fault");
+        why = whybuf;
     } else if (!why && rc != 0) {
         snprintf(whybuf, sizeof whybuf, "llama_decode failed (%d)%s%s", rc,
                  g_log.last_error[0] ? ": " : "", g_log.last_error);
