@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,9 @@ typedef struct {
     uint64_t seed;
     const char *dir;
     uint64_t *nonfinite;    /* NaN and infinite values read so far (counted here) */
+    kern_pool *pool;        /* NULL: the caller's thread alone */
+    const tensor_spec *specs;   /* the catalogue every tensor_spec * points into */
+    kern_linear *ready;     /* NULL, or by catalogue index: matrices allocated ahead */
 } row_source;
 
 static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
@@ -212,8 +216,30 @@ static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
     return 0;
 }
 
+/* NaN and infinite values have every exponent bit set: a test on blocks
+ * of 16 the compiler vectorises, where isfinite() per value did not. */
+static uint64_t count_nonfinite(const float *v, uint64_t n)
+{
+    uint64_t bad = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        uint32_t b = 0;
+        for (int k = 0; k < 16; k++) {
+            uint32_t u;
+            memcpy(&u, &v[i + (uint64_t)k], sizeof u);
+            b += (u & 0x7f800000u) == 0x7f800000u;
+        }
+        bad += b;
+    }
+    for (; i < n; i++)
+        bad += !isfinite(v[i]);
+    return bad;
+}
+
+/* Rows [row0, row0 + nrows) of s as floats into out; adds the NaN and
+ * infinite values among them to *bad. Safe to call from several threads
+ * at once (it only reads the mapping, or draws rows' own streams). */
 static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0,
-                       int64_t nrows, float *out, kv_err *e)
+                       int64_t nrows, float *out, uint64_t *bad, kv_err *e)
 {
     if (!src->st) {
         synth_rows(src->cfg, s, src->seed, row0, nrows, out);
@@ -223,10 +249,7 @@ static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0
     const uint64_t n = (uint64_t)(nrows * spec_cols(s));
     if (st_read_f32(t, (uint64_t)(row0 * spec_cols(s)), n, out, e) < 0)
         return -1;
-    uint64_t bad = 0;
-    for (uint64_t i = 0; i < n; i++)
-        bad += !isfinite(out[i]);
-    *src->nonfinite += bad;
+    *bad += count_nonfinite(out, n);
     return 0;
 }
 
@@ -237,32 +260,71 @@ static int load_vector(const row_source *src, const tensor_spec *s, float **dst,
     *dst = malloc((size_t)n * sizeof(float));
     if (!*dst)
         return kv_errf(e, "out of memory loading '%s'", s->name);
-    if (source_rows(src, s, 0, n, *dst, e) < 0)
+    if (source_rows(src, s, 0, n, *dst, src->nonfinite, e) < 0)
         return -1;
     XXH3_64bits_update(h, *dst, (size_t)n * sizeof(float));
     return 0;
 }
 
+/* Rows per packing task: whole panels, so no two tasks write into one
+ * panel, and few enough that a task's rows as floats stay in L2. Which
+ * thread packs which rows changes no byte: each weight is converted and
+ * placed on its own. */
+#define PACK_ROWS (2 * KERN_PANEL)
+
+typedef struct {
+    const row_source *src;
+    const tensor_spec *s;
+    kern_linear *L;
+    atomic_ullong bad;          /* NaN and infinite values read */
+    atomic_int failed;          /* the first task to fail sets it and fills err */
+    kv_err err;
+} pack_job;
+
+static void pack_task(void *ctx, int task)
+{
+    pack_job *j = ctx;
+    const int64_t rows = spec_rows(j->s), cols = spec_cols(j->s);
+    const int64_t r0 = (int64_t)task * PACK_ROWS;
+    const int64_t nr = rows - r0 < PACK_ROWS ? rows - r0 : PACK_ROWS;
+    kv_err e = {{0}};
+    uint64_t bad = 0;
+    float *buf = malloc((size_t)(nr * cols) * sizeof(float));
+    int rc = buf ? source_rows(j->src, j->s, r0, nr, buf, &bad, &e)
+                 : kv_errf(&e, "out of memory loading '%s'", j->s->name);
+    if (rc == 0)
+        kern_linear_set_rows(j->L, (int)r0, (int)nr, buf);
+    free(buf);
+    atomic_fetch_add(&j->bad, bad);
+    int none = 0;
+    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
+        j->err = e;
+}
+
+/* Converts and packs the rows of a matrix on the pool's threads (both
+ * cores: the conversion and the scattered writes into panels were most of
+ * a checkpoint's load), then hashes the packed bytes in order. */
 static int load_linear(const row_source *src, const tensor_spec *s, kern_wtype wt,
                        bool bias_slot, kern_linear *L, XXH3_state_t *h, kv_err *e)
 {
     const int64_t rows = spec_rows(s), cols = spec_cols(s);
-    if (kern_linear_init(L, (int)rows, (int)cols, wt, bias_slot) < 0)
+    kern_linear *ready = src->ready ? &src->ready[s - src->specs] : NULL;
+    if (ready && ready->panels && ready->wtype == wt && (ready->bias != NULL) == bias_slot) {
+        *L = *ready;
+        memset(ready, 0, sizeof *ready);
+    } else if (kern_linear_init(L, (int)rows, (int)cols, wt, bias_slot) < 0) {
         return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
                        (long long)rows, (long long)cols);
-    const int64_t block = 256;
-    float *buf = malloc((size_t)(block * cols) * sizeof(float));
-    if (!buf)
-        return kv_errf(e, "out of memory loading '%s'", s->name);
-    for (int64_t r = 0; r < rows; r += block) {
-        int64_t nr = rows - r < block ? rows - r : block;
-        if (source_rows(src, s, r, nr, buf, e) < 0) {
-            free(buf);
-            return -1;
-        }
-        kern_linear_set_rows(L, (int)r, (int)nr, buf);
     }
-    free(buf);
+    pack_job job = {.src = src, .s = s, .L = L};
+    atomic_init(&job.bad, 0);
+    atomic_init(&job.failed, 0);
+    pool_run(src->pool, pack_task, &job, (int)((rows + PACK_ROWS - 1) / PACK_ROWS));
+    if (atomic_load(&job.failed)) {
+        *e = job.err;
+        return -1;
+    }
+    *src->nonfinite += atomic_load(&job.bad);
     size_t esz = wt == KERN_BF16 ? 2 : 4;
     size_t panels = ((size_t)rows + KERN_PANEL - 1) / KERN_PANEL;
     XXH3_64bits_update(h, L->panels, panels * (size_t)cols * KERN_PANEL * esz);
@@ -294,7 +356,7 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     if (!strcmp(sx, "mlp.down_proj.weight")) return load_linear(src, s, wt, false, &ly->w_down, h, e);
     if (s->kind == TENSOR_BIAS) {
         kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk : &ly->wv;
-        if (source_rows(src, s, 0, s->shape[0], L->bias, e) < 0)
+        if (source_rows(src, s, 0, s->shape[0], L->bias, src->nonfinite, e) < 0)
             return -1;
         XXH3_64bits_update(h, L->bias, (size_t)s->shape[0] * sizeof(float));
         return 0;
@@ -328,6 +390,38 @@ static void note_nonfinite(const row_source *src, const tensor_spec *s, uint64_t
     }
 }
 
+/* Is spec b the bias of matrix a ("x.weight" then "x.bias")? */
+static bool bias_of(const tensor_spec *a, const tensor_spec *b)
+{
+    size_t la = strlen(a->name), lb = strlen(b->name);
+    return b->kind == TENSOR_BIAS && la > 7 && lb == la - 2 &&
+           !strcmp(a->name + la - 7, ".weight") && !strncmp(a->name, b->name, la - 7) &&
+           !strcmp(b->name + lb - 5, ".bias");
+}
+
+typedef struct {
+    const row_source *src;
+    int n;
+    kern_wtype wt;
+} alloc_job;
+
+/* A fresh matrix is zeroed page by page by the kernel, a third of a 1B
+ * checkpoint's load when one thread did it for every matrix in turn.
+ * Allocated here, one matrix per task, the zeroing runs on every thread.
+ * A failure leaves the entry empty: load_linear then allocates it again
+ * and names the tensor that did not fit. */
+static void alloc_task(void *ctx, int i)
+{
+    const alloc_job *j = ctx;
+    const tensor_spec *s = &j->src->specs[i];
+    if (s->kind != TENSOR_LINEAR && s->kind != TENSOR_EMBED)
+        return;
+    bool bias = i + 1 < j->n && bias_of(s, &j->src->specs[i + 1]);
+    if (kern_linear_init(&j->src->ready[i], (int)spec_rows(s), (int)spec_cols(s), j->wt,
+                         bias) < 0)
+        memset(&j->src->ready[i], 0, sizeof j->src->ready[i]);
+}
+
 static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_err *e)
 {
     const kv_config *c = &m->cfg;
@@ -335,6 +429,7 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     tensor_spec *specs = calloc((size_t)n, sizeof *specs);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     XXH3_state_t *h = XXH3_createState();
+    kern_linear *ready = NULL;
     int rc = -1;
     if (!specs || !m->layers || !h) {
         kv_errf(e, "out of memory");
@@ -346,6 +441,15 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     for (int i = 0; i < n; i++)
         if (source_check(src, &specs[i], e) < 0)
             goto done;
+    row_source run = *src;
+    run.specs = specs;
+    run.pool = o ? o->pool : NULL;
+    if (pool_threads(run.pool) > 1 && (ready = calloc((size_t)n, sizeof *ready)) != NULL) {
+        run.ready = ready;
+        alloc_job aj = {.src = &run, .n = n, .wt = m->wtype};
+        pool_run(run.pool, alloc_task, &aj, n);
+    }
+    src = &run;
     for (int i = 0; i < n; i++) {
         const tensor_spec *s = &specs[i];
         int r;
@@ -368,6 +472,9 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     m->fingerprint = XXH3_64bits_digest(h);
     rc = 0;
 done:
+    for (int i = 0; ready && i < n; i++)     /* left over when a load failed */
+        kern_linear_free(&ready[i]);
+    free(ready);
     XXH3_freeState(h);
     free(specs);
     return rc;

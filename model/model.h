@@ -78,6 +78,10 @@ typedef struct {
     int wtype;                      /* -1: from the file (BF16 files stay bf16, others f32); else kern_wtype */
     model_progress_fn progress;     /* optional (NULL: none) */
     void *progress_ctx;
+    /* Optional (NULL: the caller's thread alone): weights are converted,
+     * drawn and packed on its threads; the model is the same bytes either
+     * way. Must not be running another job meanwhile. */
+    kern_pool *pool;
 } model_opts;
 
 /* Loads a Hugging Face folder. Errors name the file and tensor. */
