@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -601,11 +602,180 @@ static int ensure_dir(const char *dir, kv_err *e)
 
 int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e)
 {
-    return model_gen_folder_progress(preset, seed, bf16, dir, NULL, NULL, e);
+    return model_gen_folder_pool(preset, seed, bf16, dir, NULL, NULL, NULL, e);
 }
 
 int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
                               model_progress_fn progress, void *ctx, kv_err *e)
+{
+    return model_gen_folder_pool(preset, seed, bf16, dir, NULL, progress, ctx, e);
+}
+
+/* One tensor drawn (and narrowed to bf16) by blocks of rows on the pool:
+ * each row has its own stream, so the bytes are those of one thread. */
+typedef struct {
+    const kv_config *cfg;
+    const tensor_spec *s;
+    uint64_t seed;
+    float *f32;             /* (rows, cols), or NULL when bf16 is the output */
+    uint16_t *bf16;         /* (rows, cols), or NULL when f32 is */
+    atomic_int failed;      /* a task found no memory */
+} gen_job;
+
+static void gen_task(void *ctx, int task)
+{
+    gen_job *j = ctx;
+    const int64_t rows = spec_rows(j->s), cols = spec_cols(j->s);
+    const int64_t r0 = (int64_t)task * PACK_ROWS;
+    const int64_t nr = rows - r0 < PACK_ROWS ? rows - r0 : PACK_ROWS;
+    if (j->f32) {
+        synth_rows(j->cfg, j->s, j->seed, r0, nr, j->f32 + r0 * cols);
+        return;
+    }
+    float *rowbuf = malloc((size_t)(nr * cols) * sizeof(float));
+    if (!rowbuf) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    synth_rows(j->cfg, j->s, j->seed, r0, nr, rowbuf);
+    st_f32_to_bf16_n(rowbuf, (size_t)(nr * cols), j->bf16 + r0 * cols);
+    free(rowbuf);
+}
+
+static int gen_tensor(gen_job *j, kern_pool *pool)
+{
+    if (j->s->ndim == 1) {          /* one stream: one task */
+        float *v = j->f32 ? j->f32 : malloc((size_t)j->s->shape[0] * sizeof(float));
+        if (!v)
+            return -1;
+        synth_tensor(j->cfg, j->s, j->seed, v);
+        if (!j->f32) {
+            st_f32_to_bf16_n(v, (size_t)j->s->shape[0], j->bf16);
+            free(v);
+        }
+        return 0;
+    }
+    atomic_init(&j->failed, 0);
+    pool_run(pool, gen_task, j, (int)((spec_rows(j->s) + PACK_ROWS - 1) / PACK_ROWS));
+    return atomic_load(&j->failed) ? -1 : 0;
+}
+
+/* Writes one tensor at a time into the file, on a thread of its own when
+ * asked: the copy into the page cache is a third of a big preset's time
+ * and overlaps with drawing the next tensor. Without a thread (or when
+ * none can start) bg_writer_post writes at once. The st_writer is used by
+ * one thread at a time: the writer's, between post and wait. */
+typedef struct {
+    st_writer *w;
+    bool threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const void *data;       /* the posted tensor, NULL when idle */
+    size_t nbytes;
+    bool is_f32;
+    bool quit;
+    int rc;                 /* the first failure, with err */
+    kv_err err;
+} bg_writer;
+
+static int bg_write(bg_writer *b, const void *data, size_t nbytes, bool is_f32)
+{
+    /* bf16 values are written as they lie in memory: the file is little
+     * endian, as is the host (st_writer_put_f32 relies on it for F32 too). */
+    return is_f32 ? st_writer_put_f32(b->w, data, &b->err)
+                  : st_writer_put_raw(b->w, data, nbytes, &b->err);
+}
+
+static void *bg_writer_main(void *arg)
+{
+    bg_writer *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->data && !b->quit)
+            pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->data)
+            break;
+        const void *data = b->data;
+        pthread_mutex_unlock(&b->mu);
+        int rc = b->rc == 0 ? bg_write(b, data, b->nbytes, b->is_f32) : 0;
+        pthread_mutex_lock(&b->mu);
+        if (rc < 0)
+            b->rc = -1;
+        b->data = NULL;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static void bg_writer_start(bg_writer *b, st_writer *w, bool threaded)
+{
+    memset(b, 0, sizeof *b);
+    b->w = w;
+    if (!threaded || pthread_mutex_init(&b->mu, NULL) != 0)
+        return;
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        return;
+    }
+    if (pthread_create(&b->thread, NULL, bg_writer_main, b) != 0) {
+        pthread_cond_destroy(&b->cv);
+        pthread_mutex_destroy(&b->mu);
+        return;
+    }
+    b->threaded = true;
+}
+
+/* Hands data (nbytes, the next declared tensor) over; it must stay
+ * untouched until the next bg_writer_wait. */
+static void bg_writer_post(bg_writer *b, const void *data, size_t nbytes, bool is_f32)
+{
+    if (!b->threaded) {
+        if (b->rc == 0 && bg_write(b, data, nbytes, is_f32) < 0)
+            b->rc = -1;
+        return;
+    }
+    pthread_mutex_lock(&b->mu);
+    b->data = data;
+    b->nbytes = nbytes;
+    b->is_f32 = is_f32;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Waits until the posted tensor is written; -1 (with e) once a write failed. */
+static int bg_writer_wait(bg_writer *b, kv_err *e)
+{
+    if (b->threaded) {
+        pthread_mutex_lock(&b->mu);
+        while (b->data)
+            pthread_cond_wait(&b->cv, &b->mu);
+        pthread_mutex_unlock(&b->mu);
+    }
+    if (b->rc < 0) {
+        *e = b->err;
+        return -1;
+    }
+    return 0;
+}
+
+static void bg_writer_stop(bg_writer *b)
+{
+    if (!b->threaded)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->quit = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    b->threaded = false;
+}
+
+int model_gen_folder_pool(const char *preset, uint64_t seed, int bf16, const char *dir,
+                          kern_pool *pool, model_progress_fn progress, void *ctx, kv_err *e)
 {
     kv_config c;
     char path[4096], seedtxt[32];
@@ -620,7 +790,7 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
         return kv_errf(e, "out of memory");
     }
     tensors_list(&c, specs, n);
-    int64_t total = tensors_weights(specs, n), done = 0;
+    int64_t total = tensors_weights(specs, n);
     for (int i = 0; i < n; i++) {
         decls[i].name = specs[i].name;
         decls[i].dtype = bf16 ? ST_BF16 : ST_F32;
@@ -632,22 +802,55 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
     const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "preset", preset,
                           "seed", seedtxt, NULL};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st_writer *w = st_writer_open(path, decls, (size_t)n, meta, e);
-    int rc = w ? 0 : -1;
+    /* Buffers as large as the largest tensor, reused for every tensor: a
+     * fresh one each time had the kernel zero gigabytes of pages. Two
+     * with a pool: the writer thread copies one into the file while the
+     * next tensor is drawn into the other. */
+    size_t most = 0;
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
+        most = cnt > most ? cnt : most;
+    }
+    const size_t esz = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int nbuf = pool_threads(pool) > 1 ? 2 : 1;
+    void *bufs[2] = {malloc(most * esz), nbuf == 2 ? malloc(most * esz) : NULL};
+    int rc = 0;
+    if (!bufs[0] || (nbuf == 2 && !bufs[1]))
+        rc = kv_errf(e, "out of memory generating %s", preset);
+    st_writer *w = rc == 0 ? st_writer_open(path, decls, (size_t)n, meta, e) : NULL;
+    bg_writer bw;
+    if (w)
+        bg_writer_start(&bw, w, nbuf == 2);
+    else
+        rc = -1;
+    int64_t written = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
-        float *buf = malloc(cnt * sizeof(float));
-        if (!buf) {
+        void *buf = bufs[i % nbuf];
+        gen_job job = {.cfg = &c, .s = &specs[i], .seed = seed,
+                       .f32 = bf16 ? NULL : buf, .bf16 = bf16 ? buf : NULL};
+        if (gen_tensor(&job, pool) < 0) {
             rc = kv_errf(e, "out of memory generating '%s'", specs[i].name);
             break;
         }
-        synth_tensor(&c, &specs[i], seed, buf);
-        rc = st_writer_put_f32(w, buf, e);
-        free(buf);
-        done += (int64_t)cnt;
-        if (rc == 0 && progress)
-            progress(ctx, done, total, specs[i].name);
+        if (bg_writer_wait(&bw, e) < 0) {       /* tensor i - 1 is in the file */
+            rc = -1;
+            break;
+        }
+        if (i > 0 && progress)
+            progress(ctx, written, total, specs[i - 1].name);
+        bg_writer_post(&bw, buf, cnt * esz, !bf16);
+        written += (int64_t)cnt;
     }
+    if (w) {
+        if (bg_writer_wait(&bw, e) < 0)
+            rc = -1;
+        else if (rc == 0 && n > 0 && progress)
+            progress(ctx, written, total, specs[n - 1].name);
+        bg_writer_stop(&bw);
+    }
+    free(bufs[0]);
+    free(bufs[1]);
     if (rc == 0) {
         rc = st_writer_finish(w, e);
         w = NULL;

@@ -113,4 +113,10 @@ int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *di
 int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
                               model_progress_fn progress, void *ctx, kv_err *e);
 
+/* The same, drawing each tensor by blocks of rows on pool's threads (NULL:
+ * the caller's alone). Every row has its own PCG32 stream, so the file is
+ * byte for byte the one a single thread writes. */
+int model_gen_folder_pool(const char *preset, uint64_t seed, int bf16, const char *dir,
+                          kern_pool *pool, model_progress_fn progress, void *ctx, kv_err *e);
+
 #endif

@@ -48,19 +48,28 @@ static const struct {
     {"tiny-gemma3-kvshared", 1, 0xe6a8b889f46b1415ull},
 };
 
+/* On one thread, then on a pool of three (rows drawn by blocks on every
+ * thread, the file written by a thread of its own): the same bytes. */
 START_TEST(test_gen_bytes_unchanged)
 {
     char dir[64], out[600], path[700];
     kv_err e = {{0}};
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
-    snprintf(out, sizeof out, "%s/gen", dir);
-    ck_assert_msg(model_gen_folder(golden[_i].preset, 5, golden[_i].bf16, out, &e) == 0, "%s",
-                  e.msg);
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    uint64_t got = file_hash(path);
-    ck_assert_msg(got == golden[_i].hash, "%s bf16=%d: model.safetensors hashes to 0x%016llx, "
-                  "expected 0x%016llx", golden[_i].preset, golden[_i].bf16,
-                  (unsigned long long)got, (unsigned long long)golden[_i].hash);
+    kern_pool *pool = pool_create(3);
+    ck_assert_ptr_nonnull(pool);
+    for (int threaded = 0; threaded < 2; threaded++) {
+        snprintf(out, sizeof out, "%s/gen%d", dir, threaded);
+        ck_assert_msg(model_gen_folder_pool(golden[_i].preset, 5, golden[_i].bf16, out,
+                                            threaded ? pool : NULL, NULL, NULL, &e) == 0,
+                      "%s", e.msg);
+        snprintf(path, sizeof path, "%s/model.safetensors", out);
+        uint64_t got = file_hash(path);
+        ck_assert_msg(got == golden[_i].hash, "%s bf16=%d, %s: model.safetensors hashes to "
+                      "0x%016llx, expected 0x%016llx", golden[_i].preset, golden[_i].bf16,
+                      threaded ? "pool of 3" : "one thread", (unsigned long long)got,
+                      (unsigned long long)golden[_i].hash);
+    }
+    pool_free(pool);
     test_rmtree(dir);
 }
 END_TEST
