@@ -99,6 +99,15 @@ awk -v pp="$pp" -v tg="$tg" -v tsv="$tsv" -v head="$head" -v date="$date" \
           }
       }
     }' "$tmp/all"
+# The runs themselves keep about $threads runnable; more than half a core
+# beyond that over the last minute was someone else's.
+cores=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+busy=$(awk -v t="$threads" '{ print ($1 - t > 0.5) ? 1 : 0 }' /proc/loadavg 2>/dev/null || echo 0)
+if [ -n "$llama" ] && [ "$busy" = 1 ]; then
+    echo "warning: the load average ($(loadavg)) says other programs ran on these $cores cores:"
+    echo "  llama.cpp's threads spin while they wait and lose far more than kvdiff's when a"
+    echo "  core is taken, so these ratios favour kvdiff; rerun on an idle machine"
+fi
 if [ -n "$llama" ]; then
     echo "(best, and the range over rounds in parentheses; ratio = kvdiff / llama.cpp, best to best)"
 else
