@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench fuzz clean deps recorders llama-fetch llama-cpp tokdata
+.PHONY: all test demo check-asan check-report-render bench bench-side fuzz clean deps recorders llama-fetch llama-cpp tokdata
 all: kvdiff
 
 deps:
@@ -190,7 +190,11 @@ check-report-render: kvdiff
 
 # Kernel throughput (printed), then engine prefill/decode speed (printed and
 # appended to bench/results.tsv, one row per figure, to compare commits).
-# Then recording cost, and compare throughput next to h5diff.
+# Then recording cost, and compare throughput next to h5diff. Last, kvdiff
+# and llama.cpp side by side (bench/side_by_side.sh) when the llama.cpp
+# build is there (LLAMA_CPP_DIR, pkg-config llama, or the one
+# scripts/fetch-llama-cpp fetched for the recorder; never fetched here),
+# else kvdiff alone with the reason.
 bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_dump \
        $(BUILD)/bench/bench_compare $(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_kernels
@@ -198,6 +202,24 @@ bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/
 	./$(BUILD)/bench/bench_engine bench/results.tsv
 	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp
 	./$(BUILD)/bench/bench_compare bench/results.tsv ./kvdiff /tmp
+	@$(MAKE) -s bench-side
+
+LLAMA_PRESENT := $(if $(wildcard $(LLAMA_LIBDIR)/libllama.so),yes,)
+bench-side: kvdiff $(BUILD)/bench/bench_pp_tg
+ifneq ($(LLAMA_PRESENT),)
+	@$(MAKE) -s $(BUILD)/bench/bench_llama_pp_tg
+	sh bench/side_by_side.sh bench/results.tsv $(BUILD)/bench/bench_llama_pp_tg
+else
+	LLAMA_SKIP="no libllama.so in $(LLAMA_LIBDIR) (sh scripts/fetch-llama-cpp fetches the pinned build)" \
+	  sh bench/side_by_side.sh bench/results.tsv
+endif
+
+# llama.cpp timed as llama-bench does (the fetched build has no llama-bench).
+$(BUILD)/bench/bench_llama_pp_tg: bench/bench_llama_pp_tg.c
+	@mkdir -p $(dir $@)
+	@echo "  LD $@"
+	@$(CC) $(BASE_CFLAGS) -Wno-pedantic $(LLAMA_CFLAGS) $(CFLAGS) -DLLAMA_LIB_DIR='"$(LLAMA_LIBDIR)"' \
+	  -o $@ $< $(LLAMA_LIBS) -Wl,-rpath,$(LLAMA_LIBDIR)
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

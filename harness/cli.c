@@ -141,29 +141,42 @@ int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e
 {
     /* A large preset's weights take seconds to draw (a checkpoint's to
      * load): a terminal sees which tensor is being made. */
+    memset(kc, 0, sizeof *kc);
+    /* The pool first: loading converts and packs on every thread too. */
+    kc->isa = o->isa;
+    kc->pool = o->threads > 1 ? pool_create(o->threads) : NULL;
+    if (o->threads > 1 && !kc->pool)
+        return kv_errf(e, "cannot start %d threads", o->threads);
     progress bar;
     progress_start(&bar, stderr, "weights", 0);
     progress_phase(&bar, "weights");
-    model_opts mo = {.wtype = o->wtype, .progress = cli_model_progress, .progress_ctx = &bar};
-    memset(kc, 0, sizeof *kc);
+    model_opts mo = {.wtype = o->wtype, .progress = cli_model_progress, .progress_ctx = &bar,
+                     .pool = kc->pool};
     struct stat sb;
     /* model_open's own test of a folder */
     bool folder = strchr(o->model, '/') || (stat(o->model, &sb) == 0 && S_ISDIR(sb.st_mode));
     if (folder && stat(o->model, &sb) != 0) {
         progress_end(&bar);
+        pool_free(kc->pool);
+        kc->pool = NULL;
         return kv_errf(e, "--model %s: %s (a model is a preset name or a Hugging Face "
                           "folder)", o->model, strerror(errno));
     }
     if (folder && o->weights_seed_given) {
         progress_end(&bar);
+        pool_free(kc->pool);
+        kc->pool = NULL;
         return kv_errf(e, "--weights-seed: --model %s is a folder, whose weights are its "
                           "files; --weights-seed draws a preset's weights (kvdiff gen "
                           "--help lists the presets)", o->model);
     }
     int rc = model_open(o->model, o->weights_seed, &mo, m, e);
     progress_end(&bar);
-    if (rc < 0)
+    if (rc < 0) {
+        pool_free(kc->pool);      /* model_open left m empty */
+        kc->pool = NULL;
         return -1;
+    }
     /* Not an error (the run reproduces what the checkpoint computes), but
      * no one should read its NaN rows without knowing where they come from. */
     if (m->nonfinite_tensors > 1)
@@ -173,12 +186,6 @@ int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e
     else if (m->nonfinite_tensors == 1)
         fprintf(stderr, "kvdiff: warning: %s; rows computed from it can be NaN or infinite\n",
                 m->nonfinite_first);
-    kc->isa = o->isa;
-    kc->pool = o->threads > 1 ? pool_create(o->threads) : NULL;
-    if (o->threads > 1 && !kc->pool) {
-        model_free(m);
-        return kv_errf(e, "cannot start %d threads", o->threads);
-    }
     return 0;
 }
 

@@ -4,6 +4,8 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +114,7 @@ static uint64_t name_hash(const char *s)
 }
 
 /* Rows have their own streams (sequence = row index) so blocks of rows can
- * be drawn independently. */
+ * be drawn independently, on any thread. */
 static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
                        int64_t row0, int64_t nrows, float *out)
 {
@@ -137,7 +139,27 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
         }
         return;
     }
-    for (int64_t i = 0; i < nrows; i++) {
+    /* Four rows at a time: each stream is a chain of dependent 64-bit
+     * multiplies, so four independent chains keep the multiplier busy.
+     * Every row still gets exactly its own sequence. */
+    int64_t i = 0;
+    for (; i + 4 <= nrows; i += 4) {
+        pcg32 r0, r1, r2, r3;
+        pcg32_seed(&r0, base, (uint64_t)(row0 + i));
+        pcg32_seed(&r1, base, (uint64_t)(row0 + i + 1));
+        pcg32_seed(&r2, base, (uint64_t)(row0 + i + 2));
+        pcg32_seed(&r3, base, (uint64_t)(row0 + i + 3));
+        float *o0 = out + i * cols, *o1 = o0 + cols, *o2 = o1 + cols, *o3 = o2 + cols;
+        for (int64_t j = 0; j < cols; j++) {
+            float v0 = pcg32_unit_uniform(&r0), v1 = pcg32_unit_uniform(&r1);
+            float v2 = pcg32_unit_uniform(&r2), v3 = pcg32_unit_uniform(&r3);
+            o0[j] = offset + scale * v0;
+            o1[j] = offset + scale * v1;
+            o2[j] = offset + scale * v2;
+            o3[j] = offset + scale * v3;
+        }
+    }
+    for (; i < nrows; i++) {
         pcg32 r;
         pcg32_seed(&r, base, (uint64_t)(row0 + i));
         for (int64_t j = 0; j < cols; j++)
@@ -163,6 +185,9 @@ typedef struct {
     uint64_t seed;
     const char *dir;
     uint64_t *nonfinite;    /* NaN and infinite values read so far (counted here) */
+    kern_pool *pool;        /* NULL: the caller's thread alone */
+    const tensor_spec *specs;   /* the catalogue every tensor_spec * points into */
+    kern_linear *ready;     /* NULL, or by catalogue index: matrices allocated ahead */
 } row_source;
 
 static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
@@ -194,8 +219,30 @@ static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
     return 0;
 }
 
+/* NaN and infinite values have every exponent bit set: a test on blocks
+ * of 16 the compiler vectorises, where isfinite() per value did not. */
+static uint64_t count_nonfinite(const float *v, uint64_t n)
+{
+    uint64_t bad = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        uint32_t b = 0;
+        for (int k = 0; k < 16; k++) {
+            uint32_t u;
+            memcpy(&u, &v[i + (uint64_t)k], sizeof u);
+            b += (u & 0x7f800000u) == 0x7f800000u;
+        }
+        bad += b;
+    }
+    for (; i < n; i++)
+        bad += !isfinite(v[i]);
+    return bad;
+}
+
+/* Rows [row0, row0 + nrows) of s as floats into out; adds the NaN and
+ * infinite values among them to *bad. Safe to call from several threads
+ * at once (it only reads the mapping, or draws rows' own streams). */
 static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0,
-                       int64_t nrows, float *out, kv_err *e)
+                       int64_t nrows, float *out, uint64_t *bad, kv_err *e)
 {
     if (!src->st) {
         synth_rows(src->cfg, s, src->seed, row0, nrows, out);
@@ -205,10 +252,7 @@ static int source_rows(const row_source *src, const tensor_spec *s, int64_t row0
     const uint64_t n = (uint64_t)(nrows * spec_cols(s));
     if (st_read_f32(t, (uint64_t)(row0 * spec_cols(s)), n, out, e) < 0)
         return -1;
-    uint64_t bad = 0;
-    for (uint64_t i = 0; i < n; i++)
-        bad += !isfinite(out[i]);
-    *src->nonfinite += bad;
+    *bad += count_nonfinite(out, n);
     return 0;
 }
 
@@ -219,32 +263,71 @@ static int load_vector(const row_source *src, const tensor_spec *s, float **dst,
     *dst = malloc((size_t)n * sizeof(float));
     if (!*dst)
         return kv_errf(e, "out of memory loading '%s'", s->name);
-    if (source_rows(src, s, 0, n, *dst, e) < 0)
+    if (source_rows(src, s, 0, n, *dst, src->nonfinite, e) < 0)
         return -1;
     XXH3_64bits_update(h, *dst, (size_t)n * sizeof(float));
     return 0;
 }
 
+/* Rows per packing task: whole panels, so no two tasks write into one
+ * panel, and few enough that a task's rows as floats stay in L2. Which
+ * thread packs which rows changes no byte: each weight is converted and
+ * placed on its own. */
+#define PACK_ROWS (2 * KERN_PANEL)
+
+typedef struct {
+    const row_source *src;
+    const tensor_spec *s;
+    kern_linear *L;
+    atomic_ullong bad;          /* NaN and infinite values read */
+    atomic_int failed;          /* the first task to fail sets it and fills err */
+    kv_err err;
+} pack_job;
+
+static void pack_task(void *ctx, int task)
+{
+    pack_job *j = ctx;
+    const int64_t rows = spec_rows(j->s), cols = spec_cols(j->s);
+    const int64_t r0 = (int64_t)task * PACK_ROWS;
+    const int64_t nr = rows - r0 < PACK_ROWS ? rows - r0 : PACK_ROWS;
+    kv_err e = {{0}};
+    uint64_t bad = 0;
+    float *buf = malloc((size_t)(nr * cols) * sizeof(float));
+    int rc = buf ? source_rows(j->src, j->s, r0, nr, buf, &bad, &e)
+                 : kv_errf(&e, "out of memory loading '%s'", j->s->name);
+    if (rc == 0)
+        kern_linear_set_rows(j->L, (int)r0, (int)nr, buf);
+    free(buf);
+    atomic_fetch_add(&j->bad, bad);
+    int none = 0;
+    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
+        j->err = e;
+}
+
+/* Converts and packs the rows of a matrix on the pool's threads (both
+ * cores: the conversion and the scattered writes into panels were most of
+ * a checkpoint's load), then hashes the packed bytes in order. */
 static int load_linear(const row_source *src, const tensor_spec *s, kern_wtype wt,
                        bool bias_slot, kern_linear *L, XXH3_state_t *h, kv_err *e)
 {
     const int64_t rows = spec_rows(s), cols = spec_cols(s);
-    if (kern_linear_init(L, (int)rows, (int)cols, wt, bias_slot) < 0)
+    kern_linear *ready = src->ready ? &src->ready[s - src->specs] : NULL;
+    if (ready && ready->panels && ready->wtype == wt && (ready->bias != NULL) == bias_slot) {
+        *L = *ready;
+        memset(ready, 0, sizeof *ready);
+    } else if (kern_linear_init(L, (int)rows, (int)cols, wt, bias_slot) < 0) {
         return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
                        (long long)rows, (long long)cols);
-    const int64_t block = 256;
-    float *buf = malloc((size_t)(block * cols) * sizeof(float));
-    if (!buf)
-        return kv_errf(e, "out of memory loading '%s'", s->name);
-    for (int64_t r = 0; r < rows; r += block) {
-        int64_t nr = rows - r < block ? rows - r : block;
-        if (source_rows(src, s, r, nr, buf, e) < 0) {
-            free(buf);
-            return -1;
-        }
-        kern_linear_set_rows(L, (int)r, (int)nr, buf);
     }
-    free(buf);
+    pack_job job = {.src = src, .s = s, .L = L};
+    atomic_init(&job.bad, 0);
+    atomic_init(&job.failed, 0);
+    pool_run(src->pool, pack_task, &job, (int)((rows + PACK_ROWS - 1) / PACK_ROWS));
+    if (atomic_load(&job.failed)) {
+        *e = job.err;
+        return -1;
+    }
+    *src->nonfinite += atomic_load(&job.bad);
     size_t esz = wt == KERN_BF16 ? 2 : 4;
     size_t panels = ((size_t)rows + KERN_PANEL - 1) / KERN_PANEL;
     XXH3_64bits_update(h, L->panels, panels * (size_t)cols * KERN_PANEL * esz);
@@ -277,7 +360,7 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     if (s->kind == TENSOR_BIAS) {
         kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk
                        : strstr(sx, "v_proj") ? &ly->wv : &ly->wo;
-        if (source_rows(src, s, 0, s->shape[0], L->bias, e) < 0)
+        if (source_rows(src, s, 0, s->shape[0], L->bias, src->nonfinite, e) < 0)
             return -1;
         XXH3_64bits_update(h, L->bias, (size_t)s->shape[0] * sizeof(float));
         return 0;
@@ -311,6 +394,38 @@ static void note_nonfinite(const row_source *src, const tensor_spec *s, uint64_t
     }
 }
 
+/* Is spec b the bias of matrix a ("x.weight" then "x.bias")? */
+static bool bias_of(const tensor_spec *a, const tensor_spec *b)
+{
+    size_t la = strlen(a->name), lb = strlen(b->name);
+    return b->kind == TENSOR_BIAS && la > 7 && lb == la - 2 &&
+           !strcmp(a->name + la - 7, ".weight") && !strncmp(a->name, b->name, la - 7) &&
+           !strcmp(b->name + lb - 5, ".bias");
+}
+
+typedef struct {
+    const row_source *src;
+    int n;
+    kern_wtype wt;
+} alloc_job;
+
+/* A fresh matrix is zeroed page by page by the kernel, a third of a 1B
+ * checkpoint's load when one thread did it for every matrix in turn.
+ * Allocated here, one matrix per task, the zeroing runs on every thread.
+ * A failure leaves the entry empty: load_linear then allocates it again
+ * and names the tensor that did not fit. */
+static void alloc_task(void *ctx, int i)
+{
+    const alloc_job *j = ctx;
+    const tensor_spec *s = &j->src->specs[i];
+    if (s->kind != TENSOR_LINEAR && s->kind != TENSOR_EMBED)
+        return;
+    bool bias = i + 1 < j->n && bias_of(s, &j->src->specs[i + 1]);
+    if (kern_linear_init(&j->src->ready[i], (int)spec_rows(s), (int)spec_cols(s), j->wt,
+                         bias) < 0)
+        memset(&j->src->ready[i], 0, sizeof j->src->ready[i]);
+}
+
 static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_err *e)
 {
     const kv_config *c = &m->cfg;
@@ -318,6 +433,7 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     tensor_spec *specs = calloc((size_t)n, sizeof *specs);
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     XXH3_state_t *h = XXH3_createState();
+    kern_linear *ready = NULL;
     int rc = -1;
     if (!specs || !m->layers || !h) {
         kv_errf(e, "out of memory");
@@ -329,6 +445,15 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     for (int i = 0; i < n; i++)
         if (source_check(src, &specs[i], e) < 0)
             goto done;
+    row_source run = *src;
+    run.specs = specs;
+    run.pool = o ? o->pool : NULL;
+    if (pool_threads(run.pool) > 1 && (ready = calloc((size_t)n, sizeof *ready)) != NULL) {
+        run.ready = ready;
+        alloc_job aj = {.src = &run, .n = n, .wt = m->wtype};
+        pool_run(run.pool, alloc_task, &aj, n);
+    }
+    src = &run;
     for (int i = 0; i < n; i++) {
         const tensor_spec *s = &specs[i];
         int r;
@@ -351,6 +476,9 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
     m->fingerprint = XXH3_64bits_digest(h);
     rc = 0;
 done:
+    for (int i = 0; ready && i < n; i++)     /* left over when a load failed */
+        kern_linear_free(&ready[i]);
+    free(ready);
     XXH3_freeState(h);
     free(specs);
     return rc;
@@ -488,20 +616,190 @@ static int ensure_dir(const char *dir, kv_err *e)
 }
 
 static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, int bf16,
-                      const char *dir, model_progress_fn progress, void *ctx, kv_err *e);
+                      const char *dir, kern_pool *pool, model_progress_fn progress, void *ctx,
+                      kv_err *e);
 
 int model_gen_folder(const char *preset, uint64_t seed, int bf16, const char *dir, kv_err *e)
 {
-    return model_gen_folder_progress(preset, seed, bf16, dir, NULL, NULL, e);
+    return model_gen_folder_pool(preset, seed, bf16, dir, NULL, NULL, NULL, e);
 }
 
 int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const char *dir,
                               model_progress_fn progress, void *ctx, kv_err *e)
 {
+    return model_gen_folder_pool(preset, seed, bf16, dir, NULL, progress, ctx, e);
+}
+
+/* One tensor drawn (and narrowed to bf16) by blocks of rows on the pool:
+ * each row has its own stream, so the bytes are those of one thread. */
+typedef struct {
+    const kv_config *cfg;
+    const tensor_spec *s;
+    uint64_t seed;
+    float *f32;             /* (rows, cols), or NULL when bf16 is the output */
+    uint16_t *bf16;         /* (rows, cols), or NULL when f32 is */
+    atomic_int failed;      /* a task found no memory */
+} gen_job;
+
+static void gen_task(void *ctx, int task)
+{
+    gen_job *j = ctx;
+    const int64_t rows = spec_rows(j->s), cols = spec_cols(j->s);
+    const int64_t r0 = (int64_t)task * PACK_ROWS;
+    const int64_t nr = rows - r0 < PACK_ROWS ? rows - r0 : PACK_ROWS;
+    if (j->f32) {
+        synth_rows(j->cfg, j->s, j->seed, r0, nr, j->f32 + r0 * cols);
+        return;
+    }
+    float *rowbuf = malloc((size_t)(nr * cols) * sizeof(float));
+    if (!rowbuf) {
+        atomic_store(&j->failed, 1);
+        return;
+    }
+    synth_rows(j->cfg, j->s, j->seed, r0, nr, rowbuf);
+    st_f32_to_bf16_n(rowbuf, (size_t)(nr * cols), j->bf16 + r0 * cols);
+    free(rowbuf);
+}
+
+static int gen_tensor(gen_job *j, kern_pool *pool)
+{
+    if (j->s->ndim == 1) {          /* one stream: one task */
+        float *v = j->f32 ? j->f32 : malloc((size_t)j->s->shape[0] * sizeof(float));
+        if (!v)
+            return -1;
+        synth_tensor(j->cfg, j->s, j->seed, v);
+        if (!j->f32) {
+            st_f32_to_bf16_n(v, (size_t)j->s->shape[0], j->bf16);
+            free(v);
+        }
+        return 0;
+    }
+    atomic_init(&j->failed, 0);
+    pool_run(pool, gen_task, j, (int)((spec_rows(j->s) + PACK_ROWS - 1) / PACK_ROWS));
+    return atomic_load(&j->failed) ? -1 : 0;
+}
+
+/* Writes one tensor at a time into the file, on a thread of its own when
+ * asked: the copy into the page cache is a third of a big preset's time
+ * and overlaps with drawing the next tensor. Without a thread (or when
+ * none can start) bg_writer_post writes at once. The st_writer is used by
+ * one thread at a time: the writer's, between post and wait. */
+typedef struct {
+    st_writer *w;
+    bool threaded;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    const void *data;       /* the posted tensor, NULL when idle */
+    size_t nbytes;
+    bool is_f32;
+    bool quit;
+    int rc;                 /* the first failure, with err */
+    kv_err err;
+} bg_writer;
+
+static int bg_write(bg_writer *b, const void *data, size_t nbytes, bool is_f32)
+{
+    /* bf16 values are written as they lie in memory: the file is little
+     * endian, as is the host (st_writer_put_f32 relies on it for F32 too). */
+    return is_f32 ? st_writer_put_f32(b->w, data, &b->err)
+                  : st_writer_put_raw(b->w, data, nbytes, &b->err);
+}
+
+static void *bg_writer_main(void *arg)
+{
+    bg_writer *b = arg;
+    pthread_mutex_lock(&b->mu);
+    for (;;) {
+        while (!b->data && !b->quit)
+            pthread_cond_wait(&b->cv, &b->mu);
+        if (!b->data)
+            break;
+        const void *data = b->data;
+        pthread_mutex_unlock(&b->mu);
+        int rc = b->rc == 0 ? bg_write(b, data, b->nbytes, b->is_f32) : 0;
+        pthread_mutex_lock(&b->mu);
+        if (rc < 0)
+            b->rc = -1;
+        b->data = NULL;
+        pthread_cond_broadcast(&b->cv);
+    }
+    pthread_mutex_unlock(&b->mu);
+    return NULL;
+}
+
+static void bg_writer_start(bg_writer *b, st_writer *w, bool threaded)
+{
+    memset(b, 0, sizeof *b);
+    b->w = w;
+    if (!threaded || pthread_mutex_init(&b->mu, NULL) != 0)
+        return;
+    if (pthread_cond_init(&b->cv, NULL) != 0) {
+        pthread_mutex_destroy(&b->mu);
+        return;
+    }
+    if (pthread_create(&b->thread, NULL, bg_writer_main, b) != 0) {
+        pthread_cond_destroy(&b->cv);
+        pthread_mutex_destroy(&b->mu);
+        return;
+    }
+    b->threaded = true;
+}
+
+/* Hands data (nbytes, the next declared tensor) over; it must stay
+ * untouched until the next bg_writer_wait. */
+static void bg_writer_post(bg_writer *b, const void *data, size_t nbytes, bool is_f32)
+{
+    if (!b->threaded) {
+        if (b->rc == 0 && bg_write(b, data, nbytes, is_f32) < 0)
+            b->rc = -1;
+        return;
+    }
+    pthread_mutex_lock(&b->mu);
+    b->data = data;
+    b->nbytes = nbytes;
+    b->is_f32 = is_f32;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* Waits until the posted tensor is written; -1 (with e) once a write failed. */
+static int bg_writer_wait(bg_writer *b, kv_err *e)
+{
+    if (b->threaded) {
+        pthread_mutex_lock(&b->mu);
+        while (b->data)
+            pthread_cond_wait(&b->cv, &b->mu);
+        pthread_mutex_unlock(&b->mu);
+    }
+    if (b->rc < 0) {
+        *e = b->err;
+        return -1;
+    }
+    return 0;
+}
+
+static void bg_writer_stop(bg_writer *b)
+{
+    if (!b->threaded)
+        return;
+    pthread_mutex_lock(&b->mu);
+    b->quit = true;
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    pthread_join(b->thread, NULL);
+    pthread_cond_destroy(&b->cv);
+    pthread_mutex_destroy(&b->mu);
+    b->threaded = false;
+}
+
+int model_gen_folder_pool(const char *preset, uint64_t seed, int bf16, const char *dir,
+                          kern_pool *pool, model_progress_fn progress, void *ctx, kv_err *e)
+{
     kv_config c;
     if (config_preset(preset, &c, e) < 0)
         return -1;
-    return gen_folder(&c, preset, seed, bf16, dir, progress, ctx, e);
+    return gen_folder(&c, preset, seed, bf16, dir, pool, progress, ctx, e);
 }
 
 int model_gen_folder_config(const kv_config *c, uint64_t seed, int bf16, const char *dir,
@@ -509,11 +807,12 @@ int model_gen_folder_config(const kv_config *c, uint64_t seed, int bf16, const c
 {
     if (config_validate(c, e) < 0)
         return kv_err_prefix(e, dir);
-    return gen_folder(c, "", seed, bf16, dir, NULL, NULL, e);
+    return gen_folder(c, "", seed, bf16, dir, NULL, NULL, NULL, e);
 }
 
 static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, int bf16,
-                      const char *dir, model_progress_fn progress, void *ctx, kv_err *e)
+                      const char *dir, kern_pool *pool, model_progress_fn progress, void *ctx,
+                      kv_err *e)
 {
     const kv_config c = *cfg;
     char path[4096], seedtxt[32];
@@ -528,7 +827,7 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
         return kv_errf(e, "out of memory");
     }
     tensors_list(&c, specs, n);
-    int64_t total = tensors_weights(specs, n), done = 0;
+    int64_t total = tensors_weights(specs, n);
     for (int i = 0; i < n; i++) {
         decls[i].name = specs[i].name;
         decls[i].dtype = bf16 ? ST_BF16 : ST_F32;
@@ -541,22 +840,55 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
     const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "seed", seedtxt,
                           preset[0] ? "preset" : NULL, preset, NULL};
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    st_writer *w = st_writer_open(path, decls, (size_t)n, meta, e);
-    int rc = w ? 0 : -1;
+    /* Buffers as large as the largest tensor, reused for every tensor: a
+     * fresh one each time had the kernel zero gigabytes of pages. Two
+     * with a pool: the writer thread copies one into the file while the
+     * next tensor is drawn into the other. */
+    size_t most = 0;
+    for (int i = 0; i < n; i++) {
+        size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
+        most = cnt > most ? cnt : most;
+    }
+    const size_t esz = bf16 ? sizeof(uint16_t) : sizeof(float);
+    const int nbuf = pool_threads(pool) > 1 ? 2 : 1;
+    void *bufs[2] = {malloc(most * esz), nbuf == 2 ? malloc(most * esz) : NULL};
+    int rc = 0;
+    if (!bufs[0] || (nbuf == 2 && !bufs[1]))
+        rc = kv_errf(e, "out of memory generating %s", preset);
+    st_writer *w = rc == 0 ? st_writer_open(path, decls, (size_t)n, meta, e) : NULL;
+    bg_writer bw;
+    if (w)
+        bg_writer_start(&bw, w, nbuf == 2);
+    else
+        rc = -1;
+    int64_t written = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
-        float *buf = malloc(cnt * sizeof(float));
-        if (!buf) {
+        void *buf = bufs[i % nbuf];
+        gen_job job = {.cfg = &c, .s = &specs[i], .seed = seed,
+                       .f32 = bf16 ? NULL : buf, .bf16 = bf16 ? buf : NULL};
+        if (gen_tensor(&job, pool) < 0) {
             rc = kv_errf(e, "out of memory generating '%s'", specs[i].name);
             break;
         }
-        synth_tensor(&c, &specs[i], seed, buf);
-        rc = st_writer_put_f32(w, buf, e);
-        free(buf);
-        done += (int64_t)cnt;
-        if (rc == 0 && progress)
-            progress(ctx, done, total, specs[i].name);
+        if (bg_writer_wait(&bw, e) < 0) {       /* tensor i - 1 is in the file */
+            rc = -1;
+            break;
+        }
+        if (i > 0 && progress)
+            progress(ctx, written, total, specs[i - 1].name);
+        bg_writer_post(&bw, buf, cnt * esz, !bf16);
+        written += (int64_t)cnt;
     }
+    if (w) {
+        if (bg_writer_wait(&bw, e) < 0)
+            rc = -1;
+        else if (rc == 0 && n > 0 && progress)
+            progress(ctx, written, total, specs[n - 1].name);
+        bg_writer_stop(&bw);
+    }
+    free(bufs[0]);
+    free(bufs[1]);
     if (rc == 0) {
         rc = st_writer_finish(w, e);
         w = NULL;

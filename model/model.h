@@ -78,6 +78,10 @@ typedef struct {
     int wtype;                      /* -1: from the file (BF16 files stay bf16, others f32); else kern_wtype */
     model_progress_fn progress;     /* optional (NULL: none) */
     void *progress_ctx;
+    /* Optional (NULL: the caller's thread alone): weights are converted,
+     * drawn and packed on its threads; the model is the same bytes either
+     * way. Must not be running another job meanwhile. */
+    kern_pool *pool;
 } model_opts;
 
 /* Loads a Hugging Face folder. Errors name the file and tensor. */
@@ -120,5 +124,11 @@ int model_gen_folder_progress(const char *preset, uint64_t seed, int bf16, const
  * switched, say): the weights model_from_config(c, ..., seed) builds. */
 int model_gen_folder_config(const kv_config *c, uint64_t seed, int bf16, const char *dir,
                             kv_err *e);
+
+/* The same, drawing each tensor by blocks of rows on pool's threads (NULL:
+ * the caller's alone). Every row has its own PCG32 stream, so the file is
+ * byte for byte the one a single thread writes. */
+int model_gen_folder_pool(const char *preset, uint64_t seed, int bf16, const char *dir,
+                          kern_pool *pool, model_progress_fn progress, void *ctx, kv_err *e);
 
 #endif

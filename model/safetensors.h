@@ -100,6 +100,8 @@ void st_writer_abort(st_writer *w);
 float st_bf16_to_f32(uint16_t h);
 uint16_t st_f32_to_bf16(float f);
 float st_f16_to_f32(uint16_t h);
+/* st_f32_to_bf16 over n values (src and dst must not overlap). */
+void st_f32_to_bf16_n(const float *src, size_t n, uint16_t *dst);
 uint16_t st_f32_to_f16(float f);
 
 #endif
