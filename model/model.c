@@ -836,9 +836,13 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
         decls[i].shape[1] = specs[i].shape[1];
     }
     snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);
-    /* A config that is no preset's has no "preset" entry. */
-    const char *meta[] = {"format", "pt", "generator", "kvdiff gen", "seed", seedtxt,
-                          preset[0] ? "preset" : NULL, preset, NULL};
+    /* A config that is no preset's has no "preset" entry; a preset's keeps
+     * the order the files have always had (their bytes are pinned). */
+    const char *meta_preset[] = {"format", "pt", "generator", "kvdiff gen", "preset", preset,
+                                 "seed", seedtxt, NULL};
+    const char *meta_config[] = {"format", "pt", "generator", "kvdiff gen", "seed", seedtxt,
+                                 NULL};
+    const char **meta = preset[0] ? meta_preset : meta_config;
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     /* Buffers as large as the largest tensor, reused for every tensor: a
      * fresh one each time had the kernel zero gigabytes of pages. Two
