@@ -1232,12 +1232,20 @@ static int unrotated_pair(cmp_ctx *c, int64_t p, int nh, double *ra, double *ta,
     return 0;
 }
 
+/* Whether the config normalises q and k per head. From the family too:
+ * a dump's model_config sets arch alone, and Qwen3's qk_norm follows
+ * from it as Gemma 3's does. */
+static bool cfg_qk_norm(const kv_config *cfg)
+{
+    return cfg->qk_norm || cfg_gemma(cfg) || cfg->arch == ARCH_QWEN3;
+}
+
 static int rule_qk_norm_missing(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     const kv_config *cfg = c->cfg;
     if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL ||
-        !(cfg->qk_norm || cfg_gemma(cfg)))
+        !cfg_qk_norm(cfg))
         return 0;
     const int D = cfg->head_dim, nh = d->stage == STAGE_Q ? cfg->n_heads : cfg->n_kv_heads;
     const size_t n = (size_t)nh * D;

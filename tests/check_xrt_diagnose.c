@@ -392,9 +392,72 @@ START_TEST(xrt_diag_norm_post_ffw)
 END_TEST
 
 /* ------------------------------------------------------------------ */
-/* A q/k norm not applied (synthetic until a model with q/k norms other  */
-/* than Gemma's, whose q_norm llama.cpp always applies, can be exported  */
-/* as an architecture without them)                                      */
+/* A q/k norm not applied                                               */
+
+/* Qwen3 exported as a Llama GGUF, as a converter that maps every model
+ * onto llama would: the same weights and hyper-parameters under
+ * "llama.*", q/k rows permuted as llama.cpp's Llama converter does, and
+ * attn_q_norm/attn_k_norm left out, since llama has none. (Not as qwen2:
+ * llama.cpp's qwen2 loader wants q of hidden_size rows, and tiny-qwen3's
+ * 4 heads of 32 are 128 against 64, as in Qwen3-0.6B.) llama.cpp runs it
+ * without q/k norms. What a user does: kvdiff-llama --hf refuses config.json's
+ * qwen3 for a llama GGUF, so record from the GGUF's metadata; compare
+ * refuses two models, and --force compares anyway. The step is at
+ * (0, layer 0, q): position 0 is not rotated, and q comes before k. */
+START_TEST(xrt_diag_qk_norm_missing_llamacpp)
+{
+    char dir[64], args[2048], gguf[512], tmp[512], tmp2[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --preset tiny-qwen3 -o %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/llama.gguf", dir);
+    snprintf(tmp2, sizeof tmp2, "%s/q.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    static const char *const norms[] = {"attn_q_norm", "attn_k_norm", NULL};
+    ck_assert_int_eq(gguf_rearch(gguf, tmp, "llama", norms), 8);
+    ck_assert_int_eq(gguf_permute_rows(tmp, tmp2, "attn_q.weight", 32), 4);
+    ck_assert_int_eq(gguf_permute_rows(tmp2, bad, "attn_k.weight", 32), 4);
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 2 --threads 1 "
+             "--dump %s/llama.h5", bad, dir, dir, dir);
+    ck_assert_int_eq(test_run_recorder(args, out, sizeof out), 2);
+    ck_assert_msg(strstr(out, "config.json's model_type qwen3 is not the GGUF's architecture"),
+                  "%s", out);
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 2 --ignore-eos "
+                 "--threads 1 %s --dump %s/llama.h5", bad, dir, kv_types[i], dir);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5", dir, dir);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
+        ck_assert_msg(strstr(out, "model_type 'qwen3' vs 'llama'"), "%s", out);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --force --json", dir, dir);
+        const int rc = test_run_cli(args, out, sizeof out);
+        json_error_t je;
+        json_t *j = json_loads(out, 0, &je);
+        ck_assert_msg(j, "%s\n%s", je.text, out);
+        ck_assert_msg(rc == 1, "%s: exit %d\n%.3000s", kv_types[i], rc, out);
+        ck_assert(json_is_object(json_object_get(json_object_get(j, "mode"), "cross_runtime")));
+        json_t *d = json_object_get(j, "first_divergence");
+        ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 0 &&
+                      json_integer_value(json_object_get(d, "layer")) == 0 &&
+                      !strcmp(json_string_value(json_object_get(d, "stage")), "q"),
+                      "%s: expected position 0 layer 0 q\n%.3000s", kv_types[i], out);
+        expect_diag(json_object_get(j, "diagnosis"), kv_types[i], "qk_norm_missing",
+                    "recomputed", "q_norm missing: the test's queries are not normalised per "
+                    "head", "each head is the raw projection", "fitted over 4 heads at "
+                    "position 0 and at the last compared position", "drift threshold", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+/* On recordings edited by hand: the rule in exact mode (both kvdiff's),
+ * and its other branch, q normalised per head but not weighted, which
+ * no GGUF makes llama.cpp do. */
 
 static void set_str_attr(hid_t obj, const char *name, const char *value)
 {
@@ -541,6 +604,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_norm_input);
     tcase_add_test(tc, xrt_diag_norm_q);
     tcase_add_test(tc, xrt_diag_norm_post_ffw);
+    tcase_add_test(tc, xrt_diag_qk_norm_missing_llamacpp);
     tcase_add_test(tc, xrt_diag_qk_norm_missing);
     suite_add_tcase(s, tc);
     return s;

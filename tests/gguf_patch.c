@@ -137,19 +137,23 @@ static unsigned char *slurp(const char *path, size_t *n)
 /* What to do to one F32 tensor of ne0 x ne1 values (x, row-major). */
 typedef struct {
     double mul, add;             /* x * mul + add */
-    int unpermute_head_dim;      /* > 0: undo the Llama q/k row permutation */
+    int unpermute_head_dim;      /* > 0: undo the Llama q/k row permutation;
+                                  * < 0: apply it (head_dim -value) */
 } tensor_edit;
 
 static void edit_tensor(float *x, uint64_t ne0, uint64_t ne1, const tensor_edit *ed)
 {
-    if (ed->unpermute_head_dim <= 0) {
+    if (ed->unpermute_head_dim == 0) {
         for (uint64_t k = 0; k < ne0 * ne1; k++)
             x[k] = (float)(x[k] * ed->mul + ed->add);
         return;
     }
     /* LlamaModel.permute moved row t*(D/2)+j of each head to 2j+t; put
-     * every row back where the Hugging Face layout has it. */
-    const uint64_t D = (uint64_t)ed->unpermute_head_dim, half = D / 2;
+     * every row back where the Hugging Face layout has it (or, negative,
+     * move it there as the converter does). */
+    const bool forward = ed->unpermute_head_dim < 0;
+    const uint64_t D = (uint64_t)(forward ? -ed->unpermute_head_dim : ed->unpermute_head_dim),
+                   half = D / 2;
     float *tmp = malloc((size_t)(ne0 * D) * sizeof(float));
     if (!tmp)
         return;
@@ -157,7 +161,8 @@ static void edit_tensor(float *x, uint64_t ne0, uint64_t ne1, const tensor_edit 
         float *head = x + h * ne0;
         for (uint64_t j = 0; j < half; j++)
             for (uint64_t t = 0; t < 2; t++)
-                memcpy(tmp + (t * half + j) * ne0, head + (2 * j + t) * ne0,
+                memcpy(tmp + (forward ? 2 * j + t : t * half + j) * ne0,
+                       head + (forward ? t * half + j : 2 * j + t) * ne0,
                        (size_t)ne0 * sizeof(float));
         memcpy(head, tmp, (size_t)(ne0 * D) * sizeof(float));
     }
@@ -268,4 +273,167 @@ int gguf_unpermute_rows(const char *in, const char *outp, const char *part, int 
 {
     const tensor_edit ed = {.mul = 1, .unpermute_head_dim = head_dim};
     return head_dim >= 2 && head_dim % 2 == 0 ? gguf_edit_tensors(in, outp, part, &ed) : -1;
+}
+
+int gguf_permute_rows(const char *in, const char *outp, const char *part, int head_dim)
+{
+    const tensor_edit ed = {.mul = 1, .unpermute_head_dim = -head_dim};
+    return head_dim >= 2 && head_dim % 2 == 0 ? gguf_edit_tensors(in, outp, part, &ed) : -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* The same weights under another architecture                          */
+
+/* Bytes per element of the tensor types the exporter writes (F32, F16,
+ * BF16); 0 for any other. */
+static size_t tensor_type_size(uint32_t type)
+{
+    return type == 0 ? 4 : type == 1 || type == 30 ? 2 : 0;
+}
+
+static bool put(FILE *o, const void *p, size_t n)
+{
+    return fwrite(p, 1, n, o) == n;
+}
+
+static bool put_str(FILE *o, const char *s, size_t n)
+{
+    const uint64_t len = n;
+    return put(o, &len, 8) && put(o, s, n);
+}
+
+static bool put_pad(FILE *o, uint64_t *at, uint64_t align)
+{
+    static const unsigned char zero[256];
+    const uint64_t pad = (align - *at % align) % align;
+    *at += pad;
+    return pad <= sizeof zero && put(o, zero, (size_t)pad);
+}
+
+int gguf_rearch(const char *in, const char *outp, const char *arch, const char *const *drop)
+{
+    size_t n = 0;
+    unsigned char *b = slurp(in, &n);
+    if (!b || n < 24 || memcmp(b, "GGUF", 4)) {
+        free(b);
+        return -1;
+    }
+    uint64_t nt, nkv, align = 32;
+    memcpy(&nt, b + 8, 8);
+    memcpy(&nkv, b + 16, 8);
+    /* First pass: the old architecture and the alignment. */
+    char old[64] = "";
+    size_t off = 24;
+    for (uint64_t i = 0; i < nkv && off && off + 12 <= n; i++) {
+        uint64_t klen, vlen;
+        uint32_t t;
+        memcpy(&klen, b + off, 8);
+        const char *key = (const char *)b + off + 8;
+        off += 8 + (size_t)klen;
+        memcpy(&t, b + off, 4);
+        off += 4;
+        if (klen == 20 && !memcmp(key, "general.architecture", 20) && t == G_STR) {
+            memcpy(&vlen, b + off, 8);
+            snprintf(old, sizeof old, "%.*s", (int)(vlen < 63 ? vlen : 63),
+                     (const char *)b + off + 8);
+        }
+        if (klen == 17 && !memcmp(key, "general.alignment", 17) && t == G_U32) {
+            uint32_t a;
+            memcpy(&a, b + off, 4);
+            align = a;
+        }
+        off = gguf_skip(b, n, off, t);
+    }
+    FILE *o = off && old[0] && align > 0 && align <= 256 ? fopen(outp, "wb") : NULL;
+    if (!o) {
+        free(b);
+        return -1;
+    }
+    const size_t olen = strlen(old);
+    bool ok = put(o, b, 24);
+    /* Metadata: the architecture's value and every "<old>." key renamed. */
+    off = 24;
+    for (uint64_t i = 0; ok && i < nkv; i++) {
+        uint64_t klen;
+        uint32_t t;
+        memcpy(&klen, b + off, 8);
+        const char *key = (const char *)b + off + 8;
+        const size_t vstart = off + 8 + (size_t)klen + 4;
+        memcpy(&t, b + vstart - 4, 4);
+        const size_t vend = gguf_skip(b, n, vstart, t);
+        ok = vend != 0;
+        if (ok && klen == 20 && !memcmp(key, "general.architecture", 20)) {
+            ok = put(o, b + off, vstart - off) && put_str(o, arch, strlen(arch));
+        } else if (ok && klen > olen && !memcmp(key, old, olen) && key[olen] == '.') {
+            char name[256];
+            snprintf(name, sizeof name, "%s%.*s", arch, (int)(klen - olen), key + olen);
+            ok = put_str(o, name, strlen(name)) && put(o, b + vstart - 4, vend - vstart + 4);
+        } else if (ok) {
+            ok = put(o, b + off, vend - off);
+        }
+        off = vend;
+    }
+    /* Tensor infos: the dropped ones left out, the others' data packed. */
+    struct { size_t info, info_len, src, bytes; bool keep; } *ti =
+        calloc((size_t)nt + 1, sizeof *ti);
+    uint64_t kept = 0, at = 0;
+    ok = ok && ti;
+    for (uint64_t i = 0; ok && i < nt; i++) {
+        uint64_t nlen, count = 1, src;
+        uint32_t nd, type;
+        memcpy(&nlen, b + off, 8);
+        char name[256];
+        snprintf(name, sizeof name, "%.*s", (int)(nlen < 255 ? nlen : 255),
+                 (const char *)b + off + 8);
+        ti[i].info = off;
+        off += 8 + nlen;
+        memcpy(&nd, b + off, 4);
+        off += 4;
+        for (uint32_t k = 0; k < nd; k++, off += 8) {
+            uint64_t dim;
+            memcpy(&dim, b + off, 8);
+            count *= dim;
+        }
+        memcpy(&type, b + off, 4);
+        memcpy(&src, b + off + 4, 8);
+        ti[i].info_len = off + 4 - ti[i].info;
+        off += 12;
+        ti[i].src = (size_t)src;
+        ti[i].bytes = (size_t)(count * tensor_type_size(type));
+        ti[i].keep = true;
+        for (const char *const *d = drop; d && *d; d++)
+            if (strstr(name, *d))
+                ti[i].keep = false;
+        ok = ti[i].bytes > 0 && off <= n;
+        kept += ti[i].keep;
+    }
+    const size_t data = (off + align - 1) / align * align;
+    for (uint64_t i = 0; ok && i < nt; i++)
+        ok = data + ti[i].src + ti[i].bytes <= n;
+    if (ok) {
+        /* The tensor count in the header, then the kept infos. */
+        ok = fseek(o, 8, SEEK_SET) == 0 && put(o, &kept, 8) && fseek(o, 0, SEEK_END) == 0;
+    }
+    for (uint64_t i = 0; ok && i < nt; i++) {
+        if (!ti[i].keep)
+            continue;
+        ok = put(o, b + ti[i].info, ti[i].info_len) && put(o, &at, 8);
+        at += ti[i].bytes;
+        at = (at + align - 1) / align * align;
+    }
+    long pos = ok ? ftell(o) : -1;
+    uint64_t here = pos >= 0 ? (uint64_t)pos : 0;
+    ok = ok && pos >= 0 && put_pad(o, &here, align);
+    for (uint64_t i = 0, rel = 0; ok && i < nt; i++) {
+        if (!ti[i].keep)
+            continue;
+        ok = put(o, b + data + ti[i].src, ti[i].bytes);
+        rel += ti[i].bytes;
+        ok = ok && put_pad(o, &rel, align);
+    }
+    if (fclose(o) != 0)
+        ok = false;
+    free(ti);
+    free(b);
+    return ok ? (int)(nt - kept) : -1;
 }

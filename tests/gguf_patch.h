@@ -20,9 +20,6 @@ int gguf_scale_tensors(const char *in, const char *out, const char *part, double
 int gguf_affine_tensors(const char *in, const char *out, const char *part, double mul,
                         double add);
 
-/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
- * string); stdout and stderr into buf (NUL-terminated, truncated to n).
- * Returns the exit code. */
 /* Copies the GGUF `in` to `out` with the rows of every F32 tensor whose
  * name holds `part` put back in the Hugging Face order, undoing the
  * Llama q/k permutation the exporter applies (head_dim rows per head):
@@ -30,6 +27,22 @@ int gguf_affine_tensors(const char *in, const char *out, const char *part, doubl
  * changed, -1 when the file is bad. */
 int gguf_unpermute_rows(const char *in, const char *out, const char *part, int head_dim);
 
+/* The inverse of gguf_unpermute_rows: Hugging Face rows put in the order
+ * llama.cpp's converter gives a Llama GGUF's q and k. */
+int gguf_permute_rows(const char *in, const char *out, const char *part, int head_dim);
+
+/* Copies the GGUF `in` to `out` as architecture `arch`: general.architecture
+ * set to it, every key under the old architecture's prefix renamed ("qwen3.
+ * rope.freq_base" to "llama.rope.freq_base"), and every tensor whose name
+ * holds one of the NULL-terminated `drop` left out (a converter that
+ * exports a model as an architecture without those weights). Tensors must
+ * be F32, F16 or BF16. Returns the number of tensors dropped, -1 when the
+ * file is bad. */
+int gguf_rearch(const char *in, const char *out, const char *arch, const char *const *drop);
+
+/* Runs KVDIFF_LLAMA_BIN (or ./kvdiff-llama) with args (a shell-quoted
+ * string); stdout and stderr into buf (NUL-terminated, truncated to n).
+ * Returns the exit code. */
 int test_run_recorder(const char *args, char *buf, size_t n);
 
 /* tiny-gemma3 (window 12, local RoPE base 1e4, global 1e6) as dir/hf and
