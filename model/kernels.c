@@ -122,7 +122,7 @@ static size_t wsize(kern_wtype wt)
 int kern_linear_init(kern_linear *L, int n_out, int n_in, kern_wtype wt, bool with_bias)
 {
     memset(L, 0, sizeof *L);
-    if (n_out <= 0 || n_in <= 0)
+    if (n_out <= 0 || n_in <= 0 || n_in > KERN_MAX_IN)
         return -1;
     /* 64-byte alignment: one panel row is one cache line (f32) and SIMD
      * loads never straddle lines; aligned_alloc wants a multiple of 64. */
@@ -193,29 +193,60 @@ void kern_linear_get_row(const kern_linear *L, int r, float *out)
 /* ------------------------------------------------------------------------
  * matmul: scalar definition */
 
-/* y[m][16p + j] for rows [m0, m1), panels [p0, p1): start at +0, fmaf over
- * k ascending, then add the bias. Lanes past n_out are computed (their
- * weights are 0) but never stored. */
+/* One output panel (16 lanes) of one row by the block rule: blocks of
+ * KERN_KBLOCK k's, each summed from +0 by fmaf in ascending k; block sums
+ * merged pairwise as a binary counter (block b merges with the stored sums
+ * of levels 0.. while bit l of b is set, older sum on the left); the
+ * levels left at the end are added from the lowest up. */
+INLINE void panel_scalar(const kern_linear *L, const float *xr, const void *wp, float acc[16])
+{
+    const int K = L->n_in;
+    float lv[KERN_MAX_LEVELS][KERN_PANEL];
+    int nb = 0;
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+        for (int j = 0; j < KERN_PANEL; j++)
+            acc[j] = 0.0f;
+        if (L->wtype == KERN_BF16) {
+            const uint16_t *w = wp;
+            for (int k = k0; k < k1; k++)
+                for (int j = 0; j < KERN_PANEL; j++)
+                    acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
+        } else {
+            const float *w = wp;
+            for (int k = k0; k < k1; k++)
+                for (int j = 0; j < KERN_PANEL; j++)
+                    acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++)
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = lv[l][j] + acc[j];
+        memcpy(lv[l], acc, sizeof lv[l]);
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+        for (int j = 0; j < KERN_PANEL; j++)
+            acc[j] = first ? lv[l][j] : lv[l][j] + acc[j];
+        first = 0;
+    }
+}
+
+/* y[m][16p + j] for rows [m0, m1), panels [p0, p1): the block rule over
+ * all of k, then the bias. Lanes past n_out are computed (their weights
+ * are 0) but never stored. */
 INLINE void tile_scalar_body(const kern_linear *L, const float *x, int m0, int m1, int p0,
                              int p1, float *y)
 {
     const int K = L->n_in, N = L->n_out;
+    const size_t esz = wsize(L->wtype);
     for (int m = m0; m < m1; m++) {
         const float *xr = x + (size_t)m * K;
         for (int p = p0; p < p1; p++) {
-            float acc[KERN_PANEL] = { 0.0f };
-            size_t base = (size_t)p * K * KERN_PANEL;
-            if (L->wtype == KERN_BF16) {
-                const uint16_t *w = (const uint16_t *)L->panels + base;
-                for (int k = 0; k < K; k++)
-                    for (int j = 0; j < KERN_PANEL; j++)
-                        acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
-            } else {
-                const float *w = (const float *)L->panels + base;
-                for (int k = 0; k < K; k++)
-                    for (int j = 0; j < KERN_PANEL; j++)
-                        acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
-            }
+            float acc[KERN_PANEL];
+            panel_scalar(L, xr, (const char *)L->panels + (size_t)p * K * KERN_PANEL * esz, acc);
             int n0 = p * KERN_PANEL;
             int nv = N - n0 < KERN_PANEL ? N - n0 : KERN_PANEL;
             float *yr = y + (size_t)m * N + n0;
@@ -252,10 +283,9 @@ FMA_CLONE static void tile_scalar_fma(const kern_linear *L, const float *x, int 
  *     in decode every weight byte is then read by exactly one thread;
  *   - otherwise (a narrow matrix, many rows) each thread takes a block of
  *     rows and all panels.
- * Inside a task the SIMD path blocks over k, panels and rows for cache
- * reuse (kernels_x86.c); the scalar path walks row by row. x and y must
- * not overlap: y is written (and, between k blocks, re-read) while x is
- * still being read. */
+ * Inside a task the SIMD path blocks over panels and rows for cache reuse
+ * (kernels_x86.c); the scalar path walks row by row. x and y must not
+ * overlap: y is written while x is still being read. */
 
 typedef struct {
     const kern_linear *L;

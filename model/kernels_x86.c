@@ -36,11 +36,13 @@ kern_isa kern_x86_best(void)
  * matmul micro-kernels
  *
  * A micro-kernel computes an MR x NR tile: MR rows of x against NR panels
- * (16 outputs each) over the k range [k0, k0 + kc). Its accumulators live
- * in registers; between k blocks they are parked in y itself (a float
- * store and reload are exact), so k blocking does not change the sequence
- * of fmaf each output sees: start at +0 (first block), fmaf for k
- * ascending, add the bias after the last block.
+ * (16 outputs each) over all of k, by the block rule of kernels.h: the
+ * accumulators (in registers) start at +0 for each block of KERN_KBLOCK
+ * k's; a finished block merges with the level sums its index calls for
+ * (the binary counter of panel_scalar in kernels.c, the older sum on the
+ * left) and is parked in its level; the levels left at the end are added
+ * from the lowest up, then the bias. Levels live in a local array: one
+ * store per block and, on average, one load and add, against 16 FMAs.
  *
  * The kernels are written once as always-inline bodies with MR, NR and the
  * weight type as arguments; each (MR, NR, type) instance below is a
@@ -48,15 +50,14 @@ kern_isa kern_x86_best(void)
  * fold away and only that tile's accumulators remain, in registers. */
 
 typedef struct {
-    const float *x;      /* x at (row m, column k0) */
+    const float *x;      /* x at (row m, column 0) */
     size_t ldx;          /* floats between rows of x */
-    const void *w;       /* panel p at row k0 (float or uint16_t) */
+    const void *w;       /* panel p at row 0 (float or uint16_t) */
     size_t pstride;      /* elements between consecutive panels (n_in * 16) */
-    int kc;              /* k steps in this block */
+    int K;               /* k steps (n_in) */
     float *y;            /* y at (row m, column 16 p) */
     size_t ldy;          /* floats between rows of y */
-    const float *bias;   /* bias at 16 p when this is the last k block, else NULL */
-    int first;           /* accumulators start at +0 (else reload from y) */
+    const float *bias;   /* bias at 16 p, or NULL */
     int lastvalid;       /* lanes of panel NR-1 that exist (16 unless the matrix's last) */
 } mk_args;
 
@@ -66,12 +67,14 @@ typedef void (*mk_fn)(const mk_args *a);
  * array: clang does not turn an array of vectors carried across the k loop
  * into registers, gcc does; named variables work for both. Every use is
  * guarded by a test on the constants MR and NR, so each instance keeps
- * only its own. FOR_TILE(M) expands M(i, j) over the largest tile, 8 x 4. */
+ * only its own. FOR_TILE(M) expands M(i, j) over the largest tile, 8 x 4;
+ * accumulator (i, j) parks its levels at index 4 i + j. */
 #define FOR_ROW(M, i) M(i, 0) M(i, 1) M(i, 2) M(i, 3)
 #define FOR_TILE(M)                                                                    \
     FOR_ROW(M, 0) FOR_ROW(M, 1) FOR_ROW(M, 2) FOR_ROW(M, 3) FOR_ROW(M, 4) FOR_ROW(M, 5) \
     FOR_ROW(M, 6) FOR_ROW(M, 7)
 #define FOR_ROWS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define LV(i, j) ((i) * 4 + (j))
 
 /* --- AVX-512: one zmm = one panel --- */
 
@@ -90,26 +93,26 @@ INLINE ATTR512 void mk512_body(const int MR, const int NR, const int bf16, const
     const __mmask16 lastmask = (__mmask16)((1u << a->lastvalid) - 1u);
     const float *xr = a->x;
     const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
-    const int kc = a->kc;
+    const int K = a->K;
     float *y = a->y;
+    __m512 lv[KERN_MAX_LEVELS][32];
+    int nb = 0;
 #define MASK512(j) ((j) == NR - 1 ? lastmask : (__mmask16)0xFFFF)
 
 #define DECL(i, j) __m512 c##i##j = _mm512_setzero_ps();
     FOR_TILE(DECL)
 #undef DECL
-    if (!a->first) {
-#define LOAD(i, j)                                                              \
-    if (MR > i && NR > j)                                                       \
-        c##i##j = _mm512_maskz_loadu_ps(MASK512(j), y + i * ldy + 16 * j);
-        FOR_TILE(LOAD)
-#undef LOAD
-    }
-    for (int k = 0; k < kc; k++) {
-        const size_t wk = (size_t)k * 16;
-        __m512 w0 = w512(a->w, wk, bf16);
-        __m512 w1 = NR > 1 ? w512(a->w, ps + wk, bf16) : w0;
-        __m512 w2 = NR > 2 ? w512(a->w, 2 * ps + wk, bf16) : w0;
-        __m512 w3 = NR > 3 ? w512(a->w, 3 * ps + wk, bf16) : w0;
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+#define ZERO(i, j) c##i##j = _mm512_setzero_ps();
+        FOR_TILE(ZERO)
+#undef ZERO
+        for (int k = k0; k < k1; k++) {
+            const size_t wk = (size_t)k * 16;
+            __m512 w0 = w512(a->w, wk, bf16);
+            __m512 w1 = NR > 1 ? w512(a->w, ps + wk, bf16) : w0;
+            __m512 w2 = NR > 2 ? w512(a->w, 2 * ps + wk, bf16) : w0;
+            __m512 w3 = NR > 3 ? w512(a->w, 3 * ps + wk, bf16) : w0;
 #define FMA(i, j)                                                               \
     if (NR > j)                                                                 \
         c##i##j = _mm512_fmadd_ps(xb, w##j, c##i##j);
@@ -118,9 +121,34 @@ INLINE ATTR512 void mk512_body(const int MR, const int NR, const int bf16, const
         __m512 xb = _mm512_set1_ps(xr[i * ldx + k]);                            \
         FOR_ROW(FMA, i)                                                         \
     }
-        FOR_ROWS(ROW)
+            FOR_ROWS(ROW)
 #undef ROW
 #undef FMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define MERGE(i, j)                                                             \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = _mm512_add_ps(lv[l][LV(i, j)], c##i##j);
+            FOR_TILE(MERGE)
+#undef MERGE
+        }
+#define PARK(i, j)                                                              \
+    if (MR > i && NR > j)                                                       \
+        lv[l][LV(i, j)] = c##i##j;
+        FOR_TILE(PARK)
+#undef PARK
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define FINAL(i, j)                                                             \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = first ? lv[l][LV(i, j)] : _mm512_add_ps(lv[l][LV(i, j)], c##i##j);
+        FOR_TILE(FINAL)
+#undef FINAL
+        first = 0;
     }
     if (a->bias) {
         const float *b = a->bias;
@@ -166,32 +194,30 @@ INLINE ATTR2 void mk256_body(const int MR, const int NR, const int bf16, const m
     const __m256i lml = lanes_below(a->lastvalid), lmh = lanes_below(a->lastvalid - 8);
     const float *xr = a->x;
     const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
-    const int kc = a->kc;
+    const int K = a->K;
     float *y = a->y;
+    __m256 lv[KERN_MAX_LEVELS][2 * 32];
+    int nb = 0;
 #define MASKL(j) ((j) == NR - 1 ? lml : ones)
 #define MASKH(j) ((j) == NR - 1 ? lmh : ones)
 
 #define DECL(i, j) __m256 c##i##j##l = _mm256_setzero_ps(), c##i##j##h = c##i##j##l;
     FOR_TILE(DECL)
 #undef DECL
-    if (!a->first) {
-#define LOAD(i, j)                                                              \
-    if (MR > i && NR > j) {                                                     \
-        c##i##j##l = _mm256_maskload_ps(y + i * ldy + 16 * j, MASKL(j));        \
-        c##i##j##h = _mm256_maskload_ps(y + i * ldy + 16 * j + 8, MASKH(j));    \
-    }
-        FOR_TILE(LOAD)
-#undef LOAD
-    }
-    for (int k = 0; k < kc; k++) {
-        const size_t wk = (size_t)k * 16;
-        __m256 w0l = w256(a->w, wk, bf16), w0h = w256(a->w, wk + 8, bf16);
-        __m256 w1l = NR > 1 ? w256(a->w, ps + wk, bf16) : w0l;
-        __m256 w1h = NR > 1 ? w256(a->w, ps + wk + 8, bf16) : w0l;
-        __m256 w2l = NR > 2 ? w256(a->w, 2 * ps + wk, bf16) : w0l;
-        __m256 w2h = NR > 2 ? w256(a->w, 2 * ps + wk + 8, bf16) : w0l;
-        __m256 w3l = NR > 3 ? w256(a->w, 3 * ps + wk, bf16) : w0l;
-        __m256 w3h = NR > 3 ? w256(a->w, 3 * ps + wk + 8, bf16) : w0l;
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+#define ZERO(i, j) c##i##j##l = _mm256_setzero_ps(); c##i##j##h = c##i##j##l;
+        FOR_TILE(ZERO)
+#undef ZERO
+        for (int k = k0; k < k1; k++) {
+            const size_t wk = (size_t)k * 16;
+            __m256 w0l = w256(a->w, wk, bf16), w0h = w256(a->w, wk + 8, bf16);
+            __m256 w1l = NR > 1 ? w256(a->w, ps + wk, bf16) : w0l;
+            __m256 w1h = NR > 1 ? w256(a->w, ps + wk + 8, bf16) : w0l;
+            __m256 w2l = NR > 2 ? w256(a->w, 2 * ps + wk, bf16) : w0l;
+            __m256 w2h = NR > 2 ? w256(a->w, 2 * ps + wk + 8, bf16) : w0l;
+            __m256 w3l = NR > 3 ? w256(a->w, 3 * ps + wk, bf16) : w0l;
+            __m256 w3h = NR > 3 ? w256(a->w, 3 * ps + wk + 8, bf16) : w0l;
 #define FMA(i, j)                                                               \
     if (NR > j) {                                                               \
         c##i##j##l = _mm256_fmadd_ps(xb, w##j##l, c##i##j##l);                  \
@@ -202,9 +228,42 @@ INLINE ATTR2 void mk256_body(const int MR, const int NR, const int bf16, const m
         __m256 xb = _mm256_set1_ps(xr[i * ldx + k]);                            \
         FOR_ROW(FMA, i)                                                         \
     }
-        FOR_ROWS(ROW)
+            FOR_ROWS(ROW)
 #undef ROW
 #undef FMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define MERGE(i, j)                                                             \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = _mm256_add_ps(lv[l][2 * LV(i, j)], c##i##j##l);            \
+        c##i##j##h = _mm256_add_ps(lv[l][2 * LV(i, j) + 1], c##i##j##h);        \
+    }
+            FOR_TILE(MERGE)
+#undef MERGE
+        }
+#define PARK(i, j)                                                              \
+    if (MR > i && NR > j) {                                                     \
+        lv[l][2 * LV(i, j)] = c##i##j##l;                                       \
+        lv[l][2 * LV(i, j) + 1] = c##i##j##h;                                   \
+    }
+        FOR_TILE(PARK)
+#undef PARK
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define FINAL(i, j)                                                             \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = first ? lv[l][2 * LV(i, j)]                                \
+                           : _mm256_add_ps(lv[l][2 * LV(i, j)], c##i##j##l);    \
+        c##i##j##h = first ? lv[l][2 * LV(i, j) + 1]                            \
+                           : _mm256_add_ps(lv[l][2 * LV(i, j) + 1], c##i##j##h);\
+    }
+        FOR_TILE(FINAL)
+#undef FINAL
+        first = 0;
     }
     if (a->bias) {
         const float *b = a->bias;
@@ -300,19 +359,19 @@ static const mk_fn mk256_table[2][7][5] = {
 /* ------------------------------------------------------------------------
  * matmul tile: rows [m0, m1) x panels [p0, p1) of y, all of k.
  *
- * Loop nest (outermost first), the usual GEMM cache blocking:
- *   k blocks of KC      — an x row-tile slice (MR x KC) stays in L1
- *   panel blocks of PB  — PB panel slices (PB x KC x 16) stay in L2 and are
+ * Loop nest (outermost first):
+ *   panel blocks of PB  — PB whole panels (PB x K x 16) stay in L2 and are
  *                         reused by every row tile
- *   row tiles of MR     — one x slice reused across the panel block
- *   panel groups of NR  — one micro-kernel call
- * For a few rows (decode) there is nothing to reuse: one k block, one panel
- * block, so the weights stream from memory exactly once, NR panels at a time.
- * None of this changes the per-output fmaf sequence. */
+ *   row tiles of MR     — one x row tile reused across the panel block
+ *   panel groups of NR  — one micro-kernel call, over all of k
+ * k is never split across calls: the block rule's level sums live inside
+ * the micro-kernel. For a few rows (decode) there is nothing to reuse: one
+ * panel block, so the weights stream from memory exactly once, NR panels
+ * at a time. None of this changes the per-output sequence of operations. */
 
 typedef struct {
     int mr, nr;          /* main tile shape */
-    int kc, pb;          /* k block, panels per L2 block */
+    int pb;              /* panels per L2 block */
 } mm_plan;
 
 static mm_plan plan_for(kern_isa isa, const kern_linear *L, int rows)
@@ -326,12 +385,12 @@ static mm_plan plan_for(kern_isa isa, const kern_linear *L, int rows)
         pl.nr = pl.mr == 1 ? 4 : pl.mr == 2 ? 3 : pl.mr == 3 ? 2 : 1;
     }
     if (rows <= 4) {
-        pl.kc = L->n_in;
         pl.pb = 1 << 30;
     } else {
-        pl.kc = 256;
-        /* 16 output lanes x KC x element size per panel slice; ~1 MiB of L2. */
-        pl.pb = (1 << 20) / (KERN_PANEL * pl.kc * (L->wtype == KERN_BF16 ? 2 : 4));
+        /* 16 output lanes x K x element size per panel; ~1 MiB of L2. */
+        pl.pb = (1 << 20) / (KERN_PANEL * L->n_in * (L->wtype == KERN_BF16 ? 2 : 4));
+        if (pl.pb < pl.nr)
+            pl.pb = pl.nr;
     }
     return pl;
 }
@@ -360,33 +419,27 @@ void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, in
     const int nlast = (N + KERN_PANEL - 1) / KERN_PANEL - 1;   /* the only partial panel */
     const mm_plan pl = plan_for(isa, L, m1 - m0);
 
-    for (int k0 = 0; k0 < K; k0 += pl.kc) {
-        int kc = K - k0 < pl.kc ? K - k0 : pl.kc;
-        int first = k0 == 0, last = k0 + kc == K;
-        for (int b0 = p0; b0 < p1; b0 += pl.pb) {
-            int b1 = p1 - b0 < pl.pb ? p1 : b0 + pl.pb;
-            for (int m = m0; m < m1; m += pl.mr) {
-                int mr = m1 - m < pl.mr ? m1 - m : pl.mr;
-                int nr;
-                for (int p = b0; p < b1; p += nr) {
-                    nr = shape_nr(isa, bf16, mr, b1 - p < pl.nr ? b1 - p : pl.nr);
-                    mk_fn fn = isa == KERN_ISA_AVX512 ? mk512_table[bf16][mr][nr]
-                                                      : mk256_table[bf16][mr][nr];
-                    mk_args a = {
-                        .x = x + (size_t)m * K + k0,
-                        .ldx = (size_t)K,
-                        .w = (const char *)L->panels +
-                             ((size_t)p * pstride + (size_t)k0 * KERN_PANEL) * esz,
-                        .pstride = pstride,
-                        .kc = kc,
-                        .y = y + (size_t)m * N + (size_t)p * KERN_PANEL,
-                        .ldy = (size_t)N,
-                        .bias = last && L->bias ? L->bias + (size_t)p * KERN_PANEL : NULL,
-                        .first = first,
-                        .lastvalid = p + nr - 1 == nlast ? N - nlast * KERN_PANEL : KERN_PANEL,
-                    };
-                    fn(&a);
-                }
+    for (int b0 = p0; b0 < p1; b0 += pl.pb) {
+        int b1 = p1 - b0 < pl.pb ? p1 : b0 + pl.pb;
+        for (int m = m0; m < m1; m += pl.mr) {
+            int mr = m1 - m < pl.mr ? m1 - m : pl.mr;
+            int nr;
+            for (int p = b0; p < b1; p += nr) {
+                nr = shape_nr(isa, bf16, mr, b1 - p < pl.nr ? b1 - p : pl.nr);
+                mk_fn fn = isa == KERN_ISA_AVX512 ? mk512_table[bf16][mr][nr]
+                                                  : mk256_table[bf16][mr][nr];
+                mk_args a = {
+                    .x = x + (size_t)m * K,
+                    .ldx = (size_t)K,
+                    .w = (const char *)L->panels + (size_t)p * pstride * esz,
+                    .pstride = pstride,
+                    .K = K,
+                    .y = y + (size_t)m * N + (size_t)p * KERN_PANEL,
+                    .ldy = (size_t)N,
+                    .bias = L->bias ? L->bias + (size_t)p * KERN_PANEL : NULL,
+                    .lastvalid = p + nr - 1 == nlast ? N - nlast * KERN_PANEL : KERN_PANEL,
+                };
+                fn(&a);
             }
         }
     }
