@@ -527,10 +527,13 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
  * [kbeg[m], kend[m]) in the order given:
  *   s_j  = dot(q, k_j) * scale          (8-lane dot, then a float multiply)
  *   mx   = max_j s_j
- *   p_j  = expf(s_j - mx);  l += p_j    (float, key order)
- *   o[d] = fmaf(p_j, v_j[d], o[d])      (key order, o starts at +0)
- *   out  = o / l  (a true division: one rounding, the exact quotient)
- *   lse  = mx + logf(l)
+ *   p_j  = expf(s_j - mx);  l += p_j    (l in double, key order)
+ *   o[d] = sum_j p_j v_j[d]             per chunk of ATTN_CHUNK keys: blocks
+ *                                       of 16 keys (fmaf from +0, key order)
+ *                                       combined pairwise as in the matmul;
+ *                                       chunk sums added in key order
+ *   out  = (float)(o / l)               (in double: one rounding)
+ *   lse  = (float)(mx + log(l))         (in double)
  * Scores are kept in a stack buffer of ATTN_CHUNK; a longer range is done
  * in chunks and its scores computed twice (once for the max, once for the
  * weights): the same values, so the same result, in O(1) memory.
@@ -541,6 +544,10 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
  * task blocks. */
 
 #define ATTN_CHUNK 4096
+/* Levels of the pairwise sum over one chunk: up to 2^8 blocks of 16 keys. */
+#define ATTN_PV_LEVELS 9
+_Static_assert(ATTN_CHUNK / KERN_KBLOCK <= 1 << (ATTN_PV_LEVELS - 1),
+               "ATTN_PV_LEVELS must hold a chunk's block count");
 
 typedef struct {
     int M, H, KV, D;
@@ -571,44 +578,74 @@ static void attn_scores(const attn_job *j, const float *q, const float *const *k
         s[i] = dot_ref(q, krow[i] + off, j->D, j->scalar_fma) * j->scale;
 }
 
+/* The weighted sum of values of one chunk of n <= ATTN_CHUNK keys, by the
+ * block rule of the matmul over keys instead of k: blocks of KERN_KBLOCK
+ * keys, each from +0 by fmaf in key order, combined by the same binary
+ * counter. The chunk's sum is stored into out (first chunk) or added to
+ * it. Columns are independent, so they are walked 16 at a time. */
 INLINE void pv_body(const float *p, const float *const *vrow, size_t off, int n, int D,
-                    float *out)
+                    float *out, int first)
 {
-    for (int i = 0; i < n; i++) {
-        const float *v = vrow[i] + off;
-        for (int d = 0; d < D; d++)
-            out[d] = fmaf(p[i], v[d], out[d]);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        const int w = D - d0 < 16 ? D - d0 : 16;
+        float acc[16], lv[ATTN_PV_LEVELS][16];
+        int nb = 0;
+        for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+            const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+            for (int i = 0; i < w; i++)
+                acc[i] = 0.0f;
+            for (int j = j0; j < j1; j++) {
+                const float *v = vrow[j] + off + d0;
+                for (int i = 0; i < w; i++)
+                    acc[i] = fmaf(p[j], v[i], acc[i]);
+            }
+            int l = 0;
+            for (; nb >> l & 1; l++)
+                for (int i = 0; i < w; i++)
+                    acc[i] = lv[l][i] + acc[i];
+            memcpy(lv[l], acc, (size_t)w * sizeof *acc);
+        }
+        int top = 1;
+        for (int l = 0; l < ATTN_PV_LEVELS; l++) {
+            if (!(nb >> l & 1))
+                continue;
+            for (int i = 0; i < w; i++)
+                acc[i] = top ? lv[l][i] : lv[l][i] + acc[i];
+            top = 0;
+        }
+        for (int i = 0; i < w; i++)
+            out[d0 + i] = first ? acc[i] : out[d0 + i] + acc[i];
     }
 }
 
 static void pv_scalar(const float *p, const float *const *vrow, size_t off, int n, int D,
-                      float *out)
+                      float *out, int first)
 {
-    pv_body(p, vrow, off, n, D, out);
+    pv_body(p, vrow, off, n, D, out, first);
 }
 
 #if KERN_X86
 FMA_CLONE static void pv_scalar_fma(const float *p, const float *const *vrow, size_t off, int n,
-                                    int D, float *out)
+                                    int D, float *out, int first)
 {
-    pv_body(p, vrow, off, n, D, out);
+    pv_body(p, vrow, off, n, D, out, first);
 }
 #endif
 
 static void attn_pv(const attn_job *j, const float *p, const float *const *vrow, size_t off,
-                    int n, float *out)
+                    int n, float *out, int first)
 {
 #if KERN_X86
     if (j->isa != KERN_ISA_SCALAR) {
-        kern_x86_pv(j->isa, p, vrow, off, n, j->D, out);
+        kern_x86_pv(j->isa, p, vrow, off, n, j->D, out, first);
         return;
     }
     if (j->scalar_fma) {
-        pv_scalar_fma(p, vrow, off, n, j->D, out);
+        pv_scalar_fma(p, vrow, off, n, j->D, out, first);
         return;
     }
 #endif
-    pv_scalar(p, vrow, off, n, j->D, out);
+    pv_scalar(p, vrow, off, n, j->D, out, first);
 }
 
 /* The masked form reads exactly the keys the mask keeps, in list order:
@@ -645,8 +682,8 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
     const float *const *krow, *const *vrow;
     const int n = attn_keys(j, m, &krow, &vrow, pick);
 
-    memset(o, 0, (size_t)D * sizeof *o);
     if (n <= 0) {
+        memset(o, 0, (size_t)D * sizeof *o);
         j->lse[(size_t)m * j->H + h] = -INFINITY;
         return;
     }
@@ -658,7 +695,7 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
             if (s[i] > mx)
                 mx = s[i];
     }
-    float l = 0.0f;
+    double l = 0.0;
     for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
         int cn = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
         if (n > ATTN_CHUNK)     /* else s still holds this (the only) chunk */
@@ -667,11 +704,11 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
             s[i] = expf(s[i] - mx);
             l += s[i];
         }
-        attn_pv(j, s, vrow + c0, off, cn, o);
+        attn_pv(j, s, vrow + c0, off, cn, o, c0 == 0);
     }
     for (int d = 0; d < D; d++)
-        o[d] = o[d] / l;
-    j->lse[(size_t)m * j->H + h] = mx + logf(l);
+        o[d] = (float)(o[d] / l);
+    j->lse[(size_t)m * j->H + h] = (float)(mx + log(l));
 }
 
 static void attn_task(void *ctx, int t)

@@ -31,7 +31,13 @@
  *    of 8 (missing elements contribute nothing).
  *  - attention: keys visited in the order given (the caller gives them in
  *    ascending absolute position); two passes: max of scores, then
- *    sum of exp and the weighted sum of values in that same key order.
+ *    p_j = expf(s_j - max) in that same key order. The sum l of the p_j is
+ *    a double, added in key order. The weighted sum of values is the
+ *    matmul's block rule over keys instead of k (blocks of KERN_KBLOCK
+ *    keys, fmaf from +0 in key order, block sums combined by the same
+ *    binary counter) within each chunk of 4096 keys, chunk sums added in
+ *    key order; then out = (float)(o / l) and lse = (float)(max + log l),
+ *    both in double. (kernels.c, "attention", spells out every step.)
  *
  * All kernels take a kern_ctx: the chosen instruction set and the thread
  * pool, passed in, never global. */

@@ -540,38 +540,75 @@ static ATTR2 float dot_avx2(const float *a, const float *b, int n)
     return combine8(lanes);
 }
 
-/* out[d] = fmaf(p[j], v_j[d], out[d]) for j ascending. A chunk of up to
- * 128 outputs (NC zmm, the last one masked) stays in registers across all
- * keys; NC is a constant in each instance, so only o0..o(NC-1) remain,
- * in registers. */
+/* The weighted value sum of one chunk of n keys by the block rule
+ * (pv_body in kernels.c): a chunk of up to 128 columns (NC zmm, the last
+ * one masked) stays in registers across a block of 16 keys; block sums
+ * merge with the parked levels (lv, local) as the binary counter says; the
+ * chunk's sum is stored into out (first) or added to it. NC is a constant
+ * in each instance, so only o0..o(NC-1) remain, in registers. */
+#define PV_LEVELS 9     /* ATTN_PV_LEVELS in kernels.c: 2^8 blocks of a 4096-key chunk */
 INLINE ATTR512 void pv_chunk512(const int NC, const float *p, const float *const *vrow,
-                                size_t off, int n, float *out, __mmask16 lastmask)
+                                size_t off, int n, float *out, __mmask16 lastmask, int first)
 {
+    __m512 lv[PV_LEVELS][8];
+    int nb = 0;
     /* Named accumulators o0..o7, as in the matmul kernels. */
 #define PVMASK(c) ((c) == NC - 1 ? lastmask : (__mmask16)0xFFFF)
-#define PVLOAD(c) __m512 o##c = NC > c ? _mm512_maskz_loadu_ps(PVMASK(c), out + 16 * c) \
-                                       : _mm512_setzero_ps();
-    FOR_ROWS(PVLOAD)
-#undef PVLOAD
-    for (int j = 0; j < n; j++) {
-        const float *v = vrow[j] + off;
-        __m512 pj = _mm512_set1_ps(p[j]);
+#define PVDECL(c) __m512 o##c = _mm512_setzero_ps();
+    FOR_ROWS(PVDECL)
+#undef PVDECL
+    for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+        const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+#define PVZERO(c) o##c = _mm512_setzero_ps();
+        FOR_ROWS(PVZERO)
+#undef PVZERO
+        for (int j = j0; j < j1; j++) {
+            const float *v = vrow[j] + off;
+            __m512 pj = _mm512_set1_ps(p[j]);
 #define PVFMA(c)                                                                \
     if (NC > c)                                                                 \
         o##c = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(PVMASK(c), v + 16 * c), o##c);
-        FOR_ROWS(PVFMA)
+            FOR_ROWS(PVFMA)
 #undef PVFMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define PVMERGE(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = _mm512_add_ps(lv[l][c], o##c);
+            FOR_ROWS(PVMERGE)
+#undef PVMERGE
+        }
+#define PVPARK(c)                                                               \
+    if (NC > c)                                                                 \
+        lv[l][c] = o##c;
+        FOR_ROWS(PVPARK)
+#undef PVPARK
+    }
+    int top = 1;
+    for (int l = 0; l < PV_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define PVFINAL(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = top ? lv[l][c] : _mm512_add_ps(lv[l][c], o##c);
+        FOR_ROWS(PVFINAL)
+#undef PVFINAL
+        top = 0;
     }
 #define PVSTORE(c)                                                              \
-    if (NC > c)                                                                 \
-        _mm512_mask_storeu_ps(out + 16 * c, PVMASK(c), o##c);
+    if (NC > c) {                                                               \
+        if (!first)                                                             \
+            o##c = _mm512_add_ps(_mm512_maskz_loadu_ps(PVMASK(c), out + 16 * c), o##c); \
+        _mm512_mask_storeu_ps(out + 16 * c, PVMASK(c), o##c);                   \
+    }
     FOR_ROWS(PVSTORE)
 #undef PVSTORE
 #undef PVMASK
 }
 
 static ATTR512 void pv_avx512(const float *p, const float *const *vrow, size_t off, int n,
-                              int D, float *out)
+                              int D, float *out, int first)
 {
     for (int d0 = 0; d0 < D; d0 += 128) {
         int w = D - d0 < 128 ? D - d0 : 128;
@@ -580,33 +617,98 @@ static ATTR512 void pv_avx512(const float *p, const float *const *vrow, size_t o
         size_t o2 = off + (size_t)d0;
         float *o = out + d0;
         switch (nc) {
-        case 1: pv_chunk512(1, p, vrow, o2, n, o, lm); break;
-        case 2: pv_chunk512(2, p, vrow, o2, n, o, lm); break;
-        case 3: pv_chunk512(3, p, vrow, o2, n, o, lm); break;
-        case 4: pv_chunk512(4, p, vrow, o2, n, o, lm); break;
-        case 5: pv_chunk512(5, p, vrow, o2, n, o, lm); break;
-        case 6: pv_chunk512(6, p, vrow, o2, n, o, lm); break;
-        case 7: pv_chunk512(7, p, vrow, o2, n, o, lm); break;
-        default: pv_chunk512(8, p, vrow, o2, n, o, lm); break;
+        case 1: pv_chunk512(1, p, vrow, o2, n, o, lm, first); break;
+        case 2: pv_chunk512(2, p, vrow, o2, n, o, lm, first); break;
+        case 3: pv_chunk512(3, p, vrow, o2, n, o, lm, first); break;
+        case 4: pv_chunk512(4, p, vrow, o2, n, o, lm, first); break;
+        case 5: pv_chunk512(5, p, vrow, o2, n, o, lm, first); break;
+        case 6: pv_chunk512(6, p, vrow, o2, n, o, lm, first); break;
+        case 7: pv_chunk512(7, p, vrow, o2, n, o, lm, first); break;
+        default: pv_chunk512(8, p, vrow, o2, n, o, lm, first); break;
         }
     }
 }
 
-static ATTR2 void pv_avx2(const float *p, const float *const *vrow, size_t off, int n,
-                          int D, float *out)
+/* The same with ymm: up to 64 columns (NC ymm, the last one masked) in
+ * registers. Masked-off lanes load as 0 and are never stored. */
+INLINE ATTR2 void pv_chunk256(const int NC, const float *p, const float *const *vrow,
+                              size_t off, int n, float *out, __m256i lastmask, int first)
 {
-    const int Dv = D & ~7;
-    const __m256i tm = lanes_below(D - Dv);
-    for (int j = 0; j < n; j++) {
-        const float *v = vrow[j] + off;
-        __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < Dv; i += 8)
-            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i),
-                                                      _mm256_loadu_ps(out + i)));
-        if (D > Dv) {
-            __m256 t = _mm256_fmadd_ps(pj, _mm256_maskload_ps(v + Dv, tm),
-                                       _mm256_maskload_ps(out + Dv, tm));
-            _mm256_maskstore_ps(out + Dv, tm, t);
+    const __m256i ones = _mm256_set1_epi32(-1);
+    __m256 lv[PV_LEVELS][8];
+    int nb = 0;
+#define PVMASK(c) ((c) == NC - 1 ? lastmask : ones)
+#define PVDECL(c) __m256 o##c = _mm256_setzero_ps();
+    FOR_ROWS(PVDECL)
+#undef PVDECL
+    for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+        const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+#define PVZERO(c) o##c = _mm256_setzero_ps();
+        FOR_ROWS(PVZERO)
+#undef PVZERO
+        for (int j = j0; j < j1; j++) {
+            const float *v = vrow[j] + off;
+            __m256 pj = _mm256_set1_ps(p[j]);
+#define PVFMA(c)                                                                \
+    if (NC > c)                                                                 \
+        o##c = _mm256_fmadd_ps(pj, _mm256_maskload_ps(v + 8 * c, PVMASK(c)), o##c);
+            FOR_ROWS(PVFMA)
+#undef PVFMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define PVMERGE(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = _mm256_add_ps(lv[l][c], o##c);
+            FOR_ROWS(PVMERGE)
+#undef PVMERGE
+        }
+#define PVPARK(c)                                                               \
+    if (NC > c)                                                                 \
+        lv[l][c] = o##c;
+        FOR_ROWS(PVPARK)
+#undef PVPARK
+    }
+    int top = 1;
+    for (int l = 0; l < PV_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define PVFINAL(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = top ? lv[l][c] : _mm256_add_ps(lv[l][c], o##c);
+        FOR_ROWS(PVFINAL)
+#undef PVFINAL
+        top = 0;
+    }
+#define PVSTORE(c)                                                              \
+    if (NC > c) {                                                               \
+        if (!first)                                                             \
+            o##c = _mm256_add_ps(_mm256_maskload_ps(out + 8 * c, PVMASK(c)), o##c); \
+        _mm256_maskstore_ps(out + 8 * c, PVMASK(c), o##c);                      \
+    }
+    FOR_ROWS(PVSTORE)
+#undef PVSTORE
+#undef PVMASK
+}
+
+static ATTR2 void pv_avx2(const float *p, const float *const *vrow, size_t off, int n,
+                          int D, float *out, int first)
+{
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int w = D - d0 < 64 ? D - d0 : 64;
+        int nc = (w + 7) / 8;
+        __m256i lm = lanes_below(w - 8 * (nc - 1));
+        size_t o2 = off + (size_t)d0;
+        float *o = out + d0;
+        switch (nc) {
+        case 1: pv_chunk256(1, p, vrow, o2, n, o, lm, first); break;
+        case 2: pv_chunk256(2, p, vrow, o2, n, o, lm, first); break;
+        case 3: pv_chunk256(3, p, vrow, o2, n, o, lm, first); break;
+        case 4: pv_chunk256(4, p, vrow, o2, n, o, lm, first); break;
+        case 5: pv_chunk256(5, p, vrow, o2, n, o, lm, first); break;
+        case 6: pv_chunk256(6, p, vrow, o2, n, o, lm, first); break;
+        case 7: pv_chunk256(7, p, vrow, o2, n, o, lm, first); break;
+        default: pv_chunk256(8, p, vrow, o2, n, o, lm, first); break;
         }
     }
 }
@@ -619,12 +721,12 @@ void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, siz
 }
 
 void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
-                 int D, float *out)
+                 int D, float *out, int first)
 {
     if (isa == KERN_ISA_AVX512)
-        pv_avx512(p, vrow, off, n, D, out);
+        pv_avx512(p, vrow, off, n, D, out, first);
     else
-        pv_avx2(p, vrow, off, n, D, out);
+        pv_avx2(p, vrow, off, n, D, out, first);
 }
 
 float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n)
