@@ -425,12 +425,13 @@ void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_o
         stats[1] = (float)sqrt(mean_sq);
         stats[2] = absmax;
     }
-    /* One rounding of the scale, then two float multiplies per element in
-     * the order the frameworks use: (x * scale) * weight. */
-    float scale = (float)(1.0 / sqrt(mean_sq + eps));
+    /* x * scale * weight (Gemma: 1 + weight) in double, rounded to float
+     * once: the frameworks round the scale, the product and 1 + weight
+     * each to float, three roundings where one is needed. */
+    double scale = 1.0 / sqrt(mean_sq + eps);
     for (int i = 0; i < n; i++) {
-        float wi = plus_one ? 1.0f + w[i] : w[i];
-        out[i] = (x[i] * scale) * wi;
+        double wi = plus_one ? 1.0 + (double)w[i] : (double)w[i];
+        out[i] = (float)((double)x[i] * scale * wi);
     }
 }
 
@@ -488,24 +489,25 @@ void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, co
     const int half = head_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *xh = x + (size_t)h * head_dim;
+        /* Products of two floats are exact in double: one rounding per
+         * output instead of three. */
         for (int d = 0; d < half; d++) {
-            float x1 = xh[d], x2 = xh[d + half];
-            xh[d] = x1 * cos_t[d] - x2 * sin_t[d];
-            xh[d + half] = x2 * cos_t[d] + x1 * sin_t[d];
+            double x1 = xh[d], x2 = xh[d + half];
+            xh[d] = (float)(x1 * cos_t[d] - x2 * sin_t[d]);
+            xh[d + half] = (float)(x2 * cos_t[d] + x1 * sin_t[d]);
         }
     }
 }
 
 /* ------------------------------------------------------------------------
- * gated activations: the activation in double, rounded once, then one
- * float multiply by up (as the frameworks do act(gate) * up in float). */
+ * gated activations: act(gate) * up in double, rounded to float once (the
+ * frameworks round the activation, then the product). */
 
 void kern_silu_mul(float *gate, const float *up, int n)
 {
     for (int i = 0; i < n; i++) {
         double g = gate[i];
-        float act = (float)(g / (1.0 + exp(-g)));
-        gate[i] = act * up[i];
+        gate[i] = (float)(g / (1.0 + exp(-g)) * (double)up[i]);
     }
 }
 
@@ -515,8 +517,8 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
     const double k = sqrt(2.0 / pi);
     for (int i = 0; i < n; i++) {
         double g = gate[i];
-        float act = (float)(0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g))));
-        gate[i] = act * up[i];
+        double act = 0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g)));
+        gate[i] = (float)(act * (double)up[i]);
     }
 }
 

@@ -95,9 +95,10 @@ void kern_matmul(const kern_ctx *c, const kern_linear *L, const float *x, int M,
 float kern_dot(const float *a, const float *b, int n);
 
 /* RMSNorm of one row: out = x / sqrt(mean(x^2) + eps) * (plus_one ? 1 + w : w).
- * mean(x^2) is accumulated in double in ascending order; the scale is
- * rounded to float once. stats (may be NULL) receives the input's mean,
- * rms and absmax. out may equal x. */
+ * mean(x^2) is accumulated in double in ascending order; the scale, the
+ * products and 1 + w stay in double and each output is rounded to float
+ * once. stats (may be NULL) receives the input's mean, rms and absmax.
+ * out may equal x. */
 void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_one,
                   float *out, float stats[3]);
 
@@ -118,11 +119,13 @@ void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double facto
                               int original_max_position);
 
 /* Rotate-half RoPE in place on n_heads heads of head_dim each:
- * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s. */
+ * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s, formed in
+ * double from the float tables and rounded to float once. */
 void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
 
-/* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i].
- * SiLU: x / (1 + exp(-x)); GELU: exact tanh form computed in double. */
+/* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i],
+ * computed in double and rounded to float once.
+ * SiLU: x / (1 + exp(-x)); GELU: the exact tanh form. */
 void kern_silu_mul(float *gate, const float *up, int n);
 void kern_gelu_tanh_mul(float *gate, const float *up, int n);
 
