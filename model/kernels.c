@@ -194,7 +194,8 @@ void kern_linear_get_row(const kern_linear *L, int r, float *out)
  * matmul: scalar definition */
 
 /* One output panel (16 lanes) of one row by the block rule: blocks of
- * KERN_KBLOCK k's, each summed from +0 by fmaf in ascending k; block sums
+ * KERN_KBLOCK k's, each the float product of its first k, then fmaf over
+ * the rest in ascending k; block sums
  * merged pairwise as a binary counter (block b merges with the stored sums
  * of levels 0.. while bit l of b is set, older sum on the left); the
  * levels left at the end are added from the lowest up. */
@@ -205,16 +206,18 @@ INLINE void panel_scalar(const kern_linear *L, const float *xr, const void *wp, 
     int nb = 0;
     for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
         const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
-        for (int j = 0; j < KERN_PANEL; j++)
-            acc[j] = 0.0f;
         if (L->wtype == KERN_BF16) {
             const uint16_t *w = wp;
-            for (int k = k0; k < k1; k++)
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = xr[k0] * bf16_to_f32(w[(size_t)k0 * KERN_PANEL + j]);
+            for (int k = k0 + 1; k < k1; k++)
                 for (int j = 0; j < KERN_PANEL; j++)
                     acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
         } else {
             const float *w = wp;
-            for (int k = k0; k < k1; k++)
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = xr[k0] * w[(size_t)k0 * KERN_PANEL + j];
+            for (int k = k0 + 1; k < k1; k++)
                 for (int j = 0; j < KERN_PANEL; j++)
                     acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
         }
@@ -531,7 +534,7 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
  *   mx   = max_j s_j
  *   p_j  = expf(s_j - mx);  l += p_j    (l in double, key order)
  *   o[d] = sum_j p_j v_j[d]             per chunk of ATTN_CHUNK keys: blocks
- *                                       of 16 keys (fmaf from +0, key order)
+ *                                       of 16 keys (product, then fmaf)
  *                                       combined pairwise as in the matmul;
  *                                       chunk sums added in key order
  *   out  = (float)(o / l)               (in double: one rounding)
@@ -582,8 +585,8 @@ static void attn_scores(const attn_job *j, const float *q, const float *const *k
 
 /* The weighted sum of values of one chunk of n <= ATTN_CHUNK keys, by the
  * block rule of the matmul over keys instead of k: blocks of KERN_KBLOCK
- * keys, each from +0 by fmaf in key order, combined by the same binary
- * counter. The chunk's sum is stored into out (first chunk) or added to
+ * keys, each the product of its first key then fmaf in key order, combined
+ * by the same binary counter. The chunk's sum is stored into out (first chunk) or added to
  * it. Columns are independent, so they are walked 16 at a time. */
 INLINE void pv_body(const float *p, const float *const *vrow, size_t off, int n, int D,
                     float *out, int first)
@@ -595,8 +598,8 @@ INLINE void pv_body(const float *p, const float *const *vrow, size_t off, int n,
         for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
             const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
             for (int i = 0; i < w; i++)
-                acc[i] = 0.0f;
-            for (int j = j0; j < j1; j++) {
+                acc[i] = p[j0] * vrow[j0][off + (size_t)d0 + (size_t)i];
+            for (int j = j0 + 1; j < j1; j++) {
                 const float *v = vrow[j] + off + d0;
                 for (int i = 0; i < w; i++)
                     acc[i] = fmaf(p[j], v[i], acc[i]);

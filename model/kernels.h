@@ -9,8 +9,10 @@
  *    output columns, K-major: panel p holds W[16p + j][k] at [k][j]. Output
  *    y[m][n] is a pairwise sum of blocks. k = 0..K-1 is cut into blocks of
  *    KERN_KBLOCK (16) consecutive k's, the last one shorter when K is not a
- *    multiple. Block b's sum starts at +0.0f and accumulates
- *    s = fmaf(x[m][k], w[n][k], s) for k ascending within the block. The nb
+ *    multiple. Block b's sum starts as the float product x[m][k] * w[n][k]
+ *    of its first k, then s = fmaf(x[m][k], w[n][k], s) for the rest in
+ *    ascending k (a product, not fmaf onto +0: they differ only in the sign
+ *    of a zero, and the SIMD paths save a zeroing per block). The nb
  *    block sums combine as a binary counter: after block b, while bit l of
  *    b is set (l = 0, 1, ...), s = level[l] + s; then level[l] = s for the
  *    first l whose bit is clear. At the end the levels whose bit is set in
@@ -34,8 +36,8 @@
  *    p_j = expf(s_j - max) in that same key order. The sum l of the p_j is
  *    a double, added in key order. The weighted sum of values is the
  *    matmul's block rule over keys instead of k (blocks of KERN_KBLOCK
- *    keys, fmaf from +0 in key order, block sums combined by the same
- *    binary counter) within each chunk of 4096 keys, chunk sums added in
+ *    keys, the first key's product then fmaf in key order, block sums
+ *    combined by the same binary counter) within each chunk of 4096 keys, chunk sums added in
  *    key order; then out = (float)(o / l) and lse = (float)(max + log l),
  *    both in double. (kernels.c, "attention", spells out every step.)
  *

@@ -215,14 +215,14 @@ static void build_linear(kern_linear *L, const mm_shape *s, uint64_t seed)
 }
 
 /* The ORDER RULE restated, as a tree rather than the kernels' binary
- * counter: k in blocks of KERN_KBLOCK, each summed from +0 by fmaf in
- * ascending k; n block sums combine as tree(n) = pow2(h) + tree(n - h)
- * with h the largest power of two <= n (h = n: pow2 alone), pow2 being a
- * perfect pairwise tree (left half + right half). */
+ * counter: k in blocks of KERN_KBLOCK, each the product of its first k
+ * then fmaf in ascending k; n block sums combine as
+ * tree(n) = pow2(h) + tree(n - h) with h the largest power of two <= n
+ * (h = n: pow2 alone), pow2 being a perfect pairwise tree. */
 static float block_sum(const float *x, const float *w, int k0, int k1)
 {
-    float acc = 0.0f;
-    for (int k = k0; k < k1; k++)
+    float acc = x[k0] * w[k0];
+    for (int k = k0 + 1; k < k1; k++)
         acc = fmaf(x[k], w[k], acc);
     return acc;
 }
@@ -400,6 +400,31 @@ START_TEST(test_matmul_vs_double)
 }
 END_TEST
 
+START_TEST(test_matmul_negative_zero)
+{
+    /* A block starts with its first product, not with +0: when every
+     * product is an exact -0 (x < 0, w = +0) the sum is -0 on every path,
+     * where fmaf onto +0 would give +0. */
+    const int N = 20, K = 37;
+    kern_linear L;
+    ck_assert_int_eq(kern_linear_init(&L, N, K, KERN_F32, false), 0);
+    float x[5 * 37], y[5 * 20];
+    for (int i = 0; i < 5 * K; i++)
+        x[i] = -1.0f - (float)i;
+    kern_isa isas[3];
+    int nisa = available_isas(isas);
+    for (int ii = 0; ii < nisa; ii++)
+        for (int M = 1; M <= 5; M += 4) {
+            kern_ctx c = { isas[ii], NULL };
+            kern_matmul(&c, &L, x, M, y);
+            for (int i = 0; i < M * N; i++)
+                ck_assert_msg(y[i] == 0.0f && signbit(y[i]), "%s M=%d y[%d] = %g",
+                              kern_isa_name(isas[ii]), M, i, (double)y[i]);
+        }
+    kern_linear_free(&L);
+}
+END_TEST
+
 START_TEST(test_matmul_accuracy)
 {
     /* The point of the block rule: a long sum stays close to the exact one.
@@ -531,8 +556,8 @@ static void attn_free(attn_case *a)
 static float pv_tree(const float *p, const float *const *vrow, size_t col, int j0, int n)
 {
     if (n <= KERN_KBLOCK) {
-        float acc = 0.0f;
-        for (int j = j0; j < j0 + n; j++)
+        float acc = p[j0] * vrow[j0][col];
+        for (int j = j0 + 1; j < j0 + n; j++)
             acc = fmaf(p[j], vrow[j][col], acc);
         return acc;
     }
@@ -685,6 +710,27 @@ START_TEST(test_attention_long)
         expect_same(gl, wl, nl, kern_isa_name(isas[ii]));
     }
     pool_free(pool);
+    attn_free(&a);
+}
+END_TEST
+
+START_TEST(test_attention_negative_zero)
+{
+    /* Value blocks start with their first product too: values that are
+     * all -0 give -0 on every path (fmaf onto +0 would give +0). */
+    attn_case a = attn_make(3, 2, 1, 24, 37, 0, 17);
+    for (int i = 0; i < 37 * 24; i++)
+        a.kv_v[i] = -0.0f;
+    float out[3 * 2 * 24], lse[3 * 2];
+    kern_isa isas[3];
+    int nisa = available_isas(isas);
+    for (int ii = 0; ii < nisa; ii++) {
+        kern_ctx c = { isas[ii], NULL };
+        kern_attention(&c, 3, a.q, 2, 1, 24, a.scale, a.krow, a.vrow, a.kbeg, a.kend, out, lse);
+        for (int i = 0; i < 3 * 2 * 24; i++)
+            ck_assert_msg(out[i] == 0.0f && signbit(out[i]), "%s out[%d] = %g",
+                          kern_isa_name(isas[ii]), i, (double)out[i]);
+    }
     attn_free(&a);
 }
 END_TEST
@@ -1000,12 +1046,14 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, test_matmul_large);
     tcase_add_test(tc, test_matmul_vs_double);
     tcase_add_test(tc, test_matmul_accuracy);
+    tcase_add_test(tc, test_matmul_negative_zero);
     tcase_add_test(tc, test_dot);
     tcase_add_loop_test(tc, test_attention_invariance, 0,
                         (int)(sizeof attn_cases / sizeof attn_cases[0]));
     tcase_add_test(tc, test_attention_long);
     tcase_add_test(tc, test_attention_gqa_and_empty);
     tcase_add_test(tc, test_attention_accuracy);
+    tcase_add_test(tc, test_attention_negative_zero);
     tcase_add_test(tc, test_rmsnorm);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_activations);
