@@ -109,6 +109,9 @@ static uint16_t f32_to_bf16(float f)
 /* ------------------------------------------------------------------------
  * packed linear layers */
 
+_Static_assert((1LL << (KERN_MAX_LEVELS - 1)) * KERN_KBLOCK >= 2147483647LL,
+               "KERN_MAX_LEVELS must hold the block count of any int K");
+
 static size_t panel_count(int n_out)
 {
     return ((size_t)n_out + KERN_PANEL - 1) / KERN_PANEL;
@@ -122,7 +125,7 @@ static size_t wsize(kern_wtype wt)
 int kern_linear_init(kern_linear *L, int n_out, int n_in, kern_wtype wt, bool with_bias)
 {
     memset(L, 0, sizeof *L);
-    if (n_out <= 0 || n_in <= 0 || n_in > KERN_MAX_IN)
+    if (n_out <= 0 || n_in <= 0)
         return -1;
     /* 64-byte alignment: one panel row is one cache line (f32) and SIMD
      * loads never straddle lines; aligned_alloc wants a multiple of 64. */

@@ -53,8 +53,7 @@
 
 #define KERN_PANEL 16
 #define KERN_KBLOCK 16       /* k's per block of the matmul order rule */
-#define KERN_MAX_LEVELS 24   /* pairwise levels: up to 2^24 blocks */
-#define KERN_MAX_IN (KERN_KBLOCK * (1 << 20))   /* n_in limit of kern_linear */
+#define KERN_MAX_LEVELS 28   /* pairwise levels: any int K (2^27 blocks of 16) */
 
 typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 } kern_isa;
 typedef enum { KERN_F32 = 0, KERN_BF16 = 1 } kern_wtype;
@@ -78,8 +77,7 @@ typedef struct {
     float *bias;         /* (n_out) or NULL */
 } kern_linear;
 
-/* Allocates an empty (zero) packed matrix. Returns 0, or -1 on allocation
- * failure or a size out of range (n_in above KERN_MAX_IN). */
+/* Allocates an empty (zero) packed matrix. Returns 0, -1 on allocation failure. */
 int kern_linear_init(kern_linear *L, int n_out, int n_in, kern_wtype wt, bool with_bias);
 void kern_linear_free(kern_linear *L);   /* accepts a zeroed struct */
 
