@@ -109,6 +109,9 @@ static uint16_t f32_to_bf16(float f)
 /* ------------------------------------------------------------------------
  * packed linear layers */
 
+_Static_assert((1LL << (KERN_MAX_LEVELS - 1)) * KERN_KBLOCK >= 2147483647LL,
+               "KERN_MAX_LEVELS must hold the block count of any int K");
+
 static size_t panel_count(int n_out)
 {
     return ((size_t)n_out + KERN_PANEL - 1) / KERN_PANEL;
@@ -193,29 +196,63 @@ void kern_linear_get_row(const kern_linear *L, int r, float *out)
 /* ------------------------------------------------------------------------
  * matmul: scalar definition */
 
-/* y[m][16p + j] for rows [m0, m1), panels [p0, p1): start at +0, fmaf over
- * k ascending, then add the bias. Lanes past n_out are computed (their
- * weights are 0) but never stored. */
+/* One output panel (16 lanes) of one row by the block rule: blocks of
+ * KERN_KBLOCK k's, each the float product of its first k, then fmaf over
+ * the rest in ascending k; block sums
+ * merged pairwise as a binary counter (block b merges with the stored sums
+ * of levels 0.. while bit l of b is set, older sum on the left); the
+ * levels left at the end are added from the lowest up. */
+INLINE void panel_scalar(const kern_linear *L, const float *xr, const void *wp, float acc[16])
+{
+    const int K = L->n_in;
+    float lv[KERN_MAX_LEVELS][KERN_PANEL];
+    int nb = 0;
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+        if (L->wtype == KERN_BF16) {
+            const uint16_t *w = wp;
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = xr[k0] * bf16_to_f32(w[(size_t)k0 * KERN_PANEL + j]);
+            for (int k = k0 + 1; k < k1; k++)
+                for (int j = 0; j < KERN_PANEL; j++)
+                    acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
+        } else {
+            const float *w = wp;
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = xr[k0] * w[(size_t)k0 * KERN_PANEL + j];
+            for (int k = k0 + 1; k < k1; k++)
+                for (int j = 0; j < KERN_PANEL; j++)
+                    acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++)
+            for (int j = 0; j < KERN_PANEL; j++)
+                acc[j] = lv[l][j] + acc[j];
+        memcpy(lv[l], acc, sizeof lv[l]);
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+        for (int j = 0; j < KERN_PANEL; j++)
+            acc[j] = first ? lv[l][j] : lv[l][j] + acc[j];
+        first = 0;
+    }
+}
+
+/* y[m][16p + j] for rows [m0, m1), panels [p0, p1): the block rule over
+ * all of k, then the bias. Lanes past n_out are computed (their weights
+ * are 0) but never stored. */
 INLINE void tile_scalar_body(const kern_linear *L, const float *x, int m0, int m1, int p0,
                              int p1, float *y)
 {
     const int K = L->n_in, N = L->n_out;
+    const size_t esz = wsize(L->wtype);
     for (int m = m0; m < m1; m++) {
         const float *xr = x + (size_t)m * K;
         for (int p = p0; p < p1; p++) {
-            float acc[KERN_PANEL] = { 0.0f };
-            size_t base = (size_t)p * K * KERN_PANEL;
-            if (L->wtype == KERN_BF16) {
-                const uint16_t *w = (const uint16_t *)L->panels + base;
-                for (int k = 0; k < K; k++)
-                    for (int j = 0; j < KERN_PANEL; j++)
-                        acc[j] = fmaf(xr[k], bf16_to_f32(w[(size_t)k * KERN_PANEL + j]), acc[j]);
-            } else {
-                const float *w = (const float *)L->panels + base;
-                for (int k = 0; k < K; k++)
-                    for (int j = 0; j < KERN_PANEL; j++)
-                        acc[j] = fmaf(xr[k], w[(size_t)k * KERN_PANEL + j], acc[j]);
-            }
+            float acc[KERN_PANEL];
+            panel_scalar(L, xr, (const char *)L->panels + (size_t)p * K * KERN_PANEL * esz, acc);
             int n0 = p * KERN_PANEL;
             int nv = N - n0 < KERN_PANEL ? N - n0 : KERN_PANEL;
             float *yr = y + (size_t)m * N + n0;
@@ -252,10 +289,9 @@ FMA_CLONE static void tile_scalar_fma(const kern_linear *L, const float *x, int 
  *     in decode every weight byte is then read by exactly one thread;
  *   - otherwise (a narrow matrix, many rows) each thread takes a block of
  *     rows and all panels.
- * Inside a task the SIMD path blocks over k, panels and rows for cache
- * reuse (kernels_x86.c); the scalar path walks row by row. x and y must
- * not overlap: y is written (and, between k blocks, re-read) while x is
- * still being read. */
+ * Inside a task the SIMD path blocks over panels and rows for cache reuse
+ * (kernels_x86.c); the scalar path walks row by row. x and y must not
+ * overlap: y is written while x is still being read. */
 
 typedef struct {
     const kern_linear *L;
@@ -395,12 +431,13 @@ void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_o
         stats[1] = (float)sqrt(mean_sq);
         stats[2] = absmax;
     }
-    /* One rounding of the scale, then two float multiplies per element in
-     * the order the frameworks use: (x * scale) * weight. */
-    float scale = (float)(1.0 / sqrt(mean_sq + eps));
+    /* x * scale * weight (Gemma: 1 + weight) in double, rounded to float
+     * once: the frameworks round the scale, the product and 1 + weight
+     * each to float, three roundings where one is needed. */
+    double scale = 1.0 / sqrt(mean_sq + eps);
     for (int i = 0; i < n; i++) {
-        float wi = plus_one ? 1.0f + w[i] : w[i];
-        out[i] = (x[i] * scale) * wi;
+        double wi = plus_one ? 1.0 + (double)w[i] : (double)w[i];
+        out[i] = (float)((double)x[i] * scale * wi);
     }
 }
 
@@ -458,24 +495,25 @@ void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, co
     const int half = head_dim / 2;
     for (int h = 0; h < n_heads; h++) {
         float *xh = x + (size_t)h * head_dim;
+        /* Products of two floats are exact in double: one rounding per
+         * output instead of three. */
         for (int d = 0; d < half; d++) {
-            float x1 = xh[d], x2 = xh[d + half];
-            xh[d] = x1 * cos_t[d] - x2 * sin_t[d];
-            xh[d + half] = x2 * cos_t[d] + x1 * sin_t[d];
+            double x1 = xh[d], x2 = xh[d + half];
+            xh[d] = (float)(x1 * cos_t[d] - x2 * sin_t[d]);
+            xh[d + half] = (float)(x2 * cos_t[d] + x1 * sin_t[d]);
         }
     }
 }
 
 /* ------------------------------------------------------------------------
- * gated activations: the activation in double, rounded once, then one
- * float multiply by up (as the frameworks do act(gate) * up in float). */
+ * gated activations: act(gate) * up in double, rounded to float once (the
+ * frameworks round the activation, then the product). */
 
 void kern_silu_mul(float *gate, const float *up, int n)
 {
     for (int i = 0; i < n; i++) {
         double g = gate[i];
-        float act = (float)(g / (1.0 + exp(-g)));
-        gate[i] = act * up[i];
+        gate[i] = (float)(g / (1.0 + exp(-g)) * (double)up[i]);
     }
 }
 
@@ -485,8 +523,8 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
     const double k = sqrt(2.0 / pi);
     for (int i = 0; i < n; i++) {
         double g = gate[i];
-        float act = (float)(0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g))));
-        gate[i] = act * up[i];
+        double act = 0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g)));
+        gate[i] = (float)(act * (double)up[i]);
     }
 }
 
@@ -497,10 +535,13 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
  * [kbeg[m], kend[m]) in the order given:
  *   s_j  = dot(q, k_j) * scale          (8-lane dot, then a float multiply)
  *   mx   = max_j s_j
- *   p_j  = expf(s_j - mx);  l += p_j    (float, key order)
- *   o[d] = fmaf(p_j, v_j[d], o[d])      (key order, o starts at +0)
- *   out  = o / l  (a true division: one rounding, the exact quotient)
- *   lse  = mx + logf(l)
+ *   p_j  = expf(s_j - mx);  l += p_j    (l in double, key order)
+ *   o[d] = sum_j p_j v_j[d]             per chunk of ATTN_CHUNK keys: blocks
+ *                                       of 16 keys (product, then fmaf)
+ *                                       combined pairwise as in the matmul;
+ *                                       chunk sums added in key order
+ *   out  = (float)(o / l)               (in double: one rounding)
+ *   lse  = (float)(mx + log(l))         (in double)
  * Scores are kept in a stack buffer of ATTN_CHUNK; a longer range is done
  * in chunks and its scores computed twice (once for the max, once for the
  * weights): the same values, so the same result, in O(1) memory.
@@ -511,6 +552,10 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
  * task blocks. */
 
 #define ATTN_CHUNK 4096
+/* Levels of the pairwise sum over one chunk: up to 2^8 blocks of 16 keys. */
+#define ATTN_PV_LEVELS 9
+_Static_assert(ATTN_CHUNK / KERN_KBLOCK <= 1 << (ATTN_PV_LEVELS - 1),
+               "ATTN_PV_LEVELS must hold a chunk's block count");
 
 typedef struct {
     int M, H, KV, D;
@@ -541,44 +586,74 @@ static void attn_scores(const attn_job *j, const float *q, const float *const *k
         s[i] = dot_ref(q, krow[i] + off, j->D, j->scalar_fma) * j->scale;
 }
 
+/* The weighted sum of values of one chunk of n <= ATTN_CHUNK keys, by the
+ * block rule of the matmul over keys instead of k: blocks of KERN_KBLOCK
+ * keys, each the product of its first key then fmaf in key order, combined
+ * by the same binary counter. The chunk's sum is stored into out (first chunk) or added to
+ * it. Columns are independent, so they are walked 16 at a time. */
 INLINE void pv_body(const float *p, const float *const *vrow, size_t off, int n, int D,
-                    float *out)
+                    float *out, int first)
 {
-    for (int i = 0; i < n; i++) {
-        const float *v = vrow[i] + off;
-        for (int d = 0; d < D; d++)
-            out[d] = fmaf(p[i], v[d], out[d]);
+    for (int d0 = 0; d0 < D; d0 += 16) {
+        const int w = D - d0 < 16 ? D - d0 : 16;
+        float acc[16], lv[ATTN_PV_LEVELS][16];
+        int nb = 0;
+        for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+            const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+            for (int i = 0; i < w; i++)
+                acc[i] = p[j0] * vrow[j0][off + (size_t)d0 + (size_t)i];
+            for (int j = j0 + 1; j < j1; j++) {
+                const float *v = vrow[j] + off + d0;
+                for (int i = 0; i < w; i++)
+                    acc[i] = fmaf(p[j], v[i], acc[i]);
+            }
+            int l = 0;
+            for (; nb >> l & 1; l++)
+                for (int i = 0; i < w; i++)
+                    acc[i] = lv[l][i] + acc[i];
+            memcpy(lv[l], acc, (size_t)w * sizeof *acc);
+        }
+        int top = 1;
+        for (int l = 0; l < ATTN_PV_LEVELS; l++) {
+            if (!(nb >> l & 1))
+                continue;
+            for (int i = 0; i < w; i++)
+                acc[i] = top ? lv[l][i] : lv[l][i] + acc[i];
+            top = 0;
+        }
+        for (int i = 0; i < w; i++)
+            out[d0 + i] = first ? acc[i] : out[d0 + i] + acc[i];
     }
 }
 
 static void pv_scalar(const float *p, const float *const *vrow, size_t off, int n, int D,
-                      float *out)
+                      float *out, int first)
 {
-    pv_body(p, vrow, off, n, D, out);
+    pv_body(p, vrow, off, n, D, out, first);
 }
 
 #if KERN_X86
 FMA_CLONE static void pv_scalar_fma(const float *p, const float *const *vrow, size_t off, int n,
-                                    int D, float *out)
+                                    int D, float *out, int first)
 {
-    pv_body(p, vrow, off, n, D, out);
+    pv_body(p, vrow, off, n, D, out, first);
 }
 #endif
 
 static void attn_pv(const attn_job *j, const float *p, const float *const *vrow, size_t off,
-                    int n, float *out)
+                    int n, float *out, int first)
 {
 #if KERN_X86
     if (j->isa != KERN_ISA_SCALAR) {
-        kern_x86_pv(j->isa, p, vrow, off, n, j->D, out);
+        kern_x86_pv(j->isa, p, vrow, off, n, j->D, out, first);
         return;
     }
     if (j->scalar_fma) {
-        pv_scalar_fma(p, vrow, off, n, j->D, out);
+        pv_scalar_fma(p, vrow, off, n, j->D, out, first);
         return;
     }
 #endif
-    pv_scalar(p, vrow, off, n, j->D, out);
+    pv_scalar(p, vrow, off, n, j->D, out, first);
 }
 
 /* The masked form reads exactly the keys the mask keeps, in list order:
@@ -615,8 +690,8 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
     const float *const *krow, *const *vrow;
     const int n = attn_keys(j, m, &krow, &vrow, pick);
 
-    memset(o, 0, (size_t)D * sizeof *o);
     if (n <= 0) {
+        memset(o, 0, (size_t)D * sizeof *o);
         j->lse[(size_t)m * j->H + h] = -INFINITY;
         return;
     }
@@ -628,7 +703,7 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
             if (s[i] > mx)
                 mx = s[i];
     }
-    float l = 0.0f;
+    double l = 0.0;
     for (int c0 = 0; c0 < n; c0 += ATTN_CHUNK) {
         int cn = n - c0 < ATTN_CHUNK ? n - c0 : ATTN_CHUNK;
         if (n > ATTN_CHUNK)     /* else s still holds this (the only) chunk */
@@ -637,11 +712,11 @@ static void attn_one(const attn_job *j, int m, int h, float *s, const float **pi
             s[i] = expf(s[i] - mx);
             l += s[i];
         }
-        attn_pv(j, s, vrow + c0, off, cn, o);
+        attn_pv(j, s, vrow + c0, off, cn, o, c0 == 0);
     }
     for (int d = 0; d < D; d++)
-        o[d] = o[d] / l;
-    j->lse[(size_t)m * j->H + h] = mx + logf(l);
+        o[d] = (float)(o[d] / l);
+    j->lse[(size_t)m * j->H + h] = (float)(mx + log(l));
 }
 
 static void attn_task(void *ctx, int t)

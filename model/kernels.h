@@ -7,18 +7,39 @@
  *
  *  - matmul: weights are packed at load into panels of KERN_PANEL (16)
  *    output columns, K-major: panel p holds W[16p + j][k] at [k][j]. Output
- *    y[m][n] starts at +0.0f and accumulates acc = fmaf(x[m][k], w[n][k], acc)
- *    for k = 0, 1, ..., K-1, then adds the bias (acc + b[n]) if any. SIMD
- *    paths put the 16 outputs of a panel in lanes; each lane runs exactly
- *    that sequence. Threads and row tiles split rows and panels, never k.
- *    bf16 weights are widened exactly to float before the same fmaf.
+ *    y[m][n] is a pairwise sum of blocks. k = 0..K-1 is cut into blocks of
+ *    KERN_KBLOCK (16) consecutive k's, the last one shorter when K is not a
+ *    multiple. Block b's sum starts as the float product x[m][k] * w[n][k]
+ *    of its first k, then s = fmaf(x[m][k], w[n][k], s) for the rest in
+ *    ascending k (a product, not fmaf onto +0: they differ only in the sign
+ *    of a zero, and the SIMD paths save a zeroing per block). The nb
+ *    block sums combine as a binary counter: after block b, while bit l of
+ *    b is set (l = 0, 1, ...), s = level[l] + s; then level[l] = s for the
+ *    first l whose bit is clear. At the end the levels whose bit is set in
+ *    nb are added from the lowest up: r = level[lowest], then
+ *    r = level[l] + r for each higher one. (For nb a power of two that is
+ *    the perfect pairwise tree; otherwise tree(2^a) + (tree(2^b) + ...) over
+ *    the binary digits of nb, biggest first.) Then the bias: r + b[n].
+ *    The order depends only on K, so M = 1 and M = 512 give the same bits.
+ *    Why: one accumulator over K = 896 lands ~2 units of max|y| 2^-24 off
+ *    (RMS, 5 at K = 4864); this rule ~0.4, better than llama.cpp's 16
+ *    strided lanes (bench/bench_accuracy.c). SIMD paths put the 16 outputs
+ *    of a panel in lanes; each lane runs exactly that sequence. Threads and
+ *    row tiles split rows and panels, never k. bf16 weights are widened
+ *    exactly to float before the same fmaf.
  *  - dot products inside attention and norms: 8 partial sums, lane l taking
  *    elements i with i % 8 == l in ascending i (fmaf), then combined as
  *    ((s0+s4)+(s1+s5)) + ((s2+s6)+(s3+s7)). Lengths need not be multiples
  *    of 8 (missing elements contribute nothing).
  *  - attention: keys visited in the order given (the caller gives them in
  *    ascending absolute position); two passes: max of scores, then
- *    sum of exp and the weighted sum of values in that same key order.
+ *    p_j = expf(s_j - max) in that same key order. The sum l of the p_j is
+ *    a double, added in key order. The weighted sum of values is the
+ *    matmul's block rule over keys instead of k (blocks of KERN_KBLOCK
+ *    keys, the first key's product then fmaf in key order, block sums
+ *    combined by the same binary counter) within each chunk of 4096 keys, chunk sums added in
+ *    key order; then out = (float)(o / l) and lse = (float)(max + log l),
+ *    both in double. (kernels.c, "attention", spells out every step.)
  *
  * All kernels take a kern_ctx: the chosen instruction set and the thread
  * pool, passed in, never global. */
@@ -31,6 +52,8 @@
 #include "pool.h"
 
 #define KERN_PANEL 16
+#define KERN_KBLOCK 16       /* k's per block of the matmul order rule */
+#define KERN_MAX_LEVELS 28   /* pairwise levels: any int K (2^27 blocks of 16) */
 
 typedef enum { KERN_ISA_SCALAR = 0, KERN_ISA_AVX2 = 1, KERN_ISA_AVX512 = 2 } kern_isa;
 typedef enum { KERN_F32 = 0, KERN_BF16 = 1 } kern_wtype;
@@ -72,9 +95,10 @@ void kern_matmul(const kern_ctx *c, const kern_linear *L, const float *x, int M,
 float kern_dot(const float *a, const float *b, int n);
 
 /* RMSNorm of one row: out = x / sqrt(mean(x^2) + eps) * (plus_one ? 1 + w : w).
- * mean(x^2) is accumulated in double in ascending order; the scale is
- * rounded to float once. stats (may be NULL) receives the input's mean,
- * rms and absmax. out may equal x. */
+ * mean(x^2) is accumulated in double in ascending order; the scale, the
+ * products and 1 + w stay in double and each output is rounded to float
+ * once. stats (may be NULL) receives the input's mean, rms and absmax.
+ * out may equal x. */
 void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_one,
                   float *out, float stats[3]);
 
@@ -95,11 +119,13 @@ void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double facto
                               int original_max_position);
 
 /* Rotate-half RoPE in place on n_heads heads of head_dim each:
- * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s. */
+ * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s, formed in
+ * double from the float tables and rounded to float once. */
 void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
 
-/* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i].
- * SiLU: x / (1 + exp(-x)); GELU: exact tanh form computed in double. */
+/* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i],
+ * computed in double and rounded to float once.
+ * SiLU: x / (1 + exp(-x)); GELU: the exact tanh form. */
 void kern_silu_mul(float *gate, const float *up, int n);
 void kern_gelu_tanh_mul(float *gate, const float *up, int n);
 

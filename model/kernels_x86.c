@@ -36,11 +36,14 @@ kern_isa kern_x86_best(void)
  * matmul micro-kernels
  *
  * A micro-kernel computes an MR x NR tile: MR rows of x against NR panels
- * (16 outputs each) over the k range [k0, k0 + kc). Its accumulators live
- * in registers; between k blocks they are parked in y itself (a float
- * store and reload are exact), so k blocking does not change the sequence
- * of fmaf each output sees: start at +0 (first block), fmaf for k
- * ascending, add the bias after the last block.
+ * (16 outputs each) over all of k, by the block rule of kernels.h: the
+ * accumulators (in registers) start each block of KERN_KBLOCK k's with a
+ * multiply (not a zeroing: 24 register moves per block cost ~8% of a
+ * prefill's speed) and FMA the rest; a finished block merges with the level sums its index calls for
+ * (the binary counter of panel_scalar in kernels.c, the older sum on the
+ * left) and is parked in its level; the levels left at the end are added
+ * from the lowest up, then the bias. Levels live in a local array: one
+ * store per block and, on average, one load and add, against 16 FMAs.
  *
  * The kernels are written once as always-inline bodies with MR, NR and the
  * weight type as arguments; each (MR, NR, type) instance below is a
@@ -48,15 +51,14 @@ kern_isa kern_x86_best(void)
  * fold away and only that tile's accumulators remain, in registers. */
 
 typedef struct {
-    const float *x;      /* x at (row m, column k0) */
+    const float *x;      /* x at (row m, column 0) */
     size_t ldx;          /* floats between rows of x */
-    const void *w;       /* panel p at row k0 (float or uint16_t) */
+    const void *w;       /* panel p at row 0 (float or uint16_t) */
     size_t pstride;      /* elements between consecutive panels (n_in * 16) */
-    int kc;              /* k steps in this block */
+    int K;               /* k steps (n_in) */
     float *y;            /* y at (row m, column 16 p) */
     size_t ldy;          /* floats between rows of y */
-    const float *bias;   /* bias at 16 p when this is the last k block, else NULL */
-    int first;           /* accumulators start at +0 (else reload from y) */
+    const float *bias;   /* bias at 16 p, or NULL */
     int lastvalid;       /* lanes of panel NR-1 that exist (16 unless the matrix's last) */
 } mk_args;
 
@@ -66,12 +68,14 @@ typedef void (*mk_fn)(const mk_args *a);
  * array: clang does not turn an array of vectors carried across the k loop
  * into registers, gcc does; named variables work for both. Every use is
  * guarded by a test on the constants MR and NR, so each instance keeps
- * only its own. FOR_TILE(M) expands M(i, j) over the largest tile, 8 x 4. */
+ * only its own. FOR_TILE(M) expands M(i, j) over the largest tile, 8 x 4;
+ * accumulator (i, j) parks its levels at index 4 i + j. */
 #define FOR_ROW(M, i) M(i, 0) M(i, 1) M(i, 2) M(i, 3)
 #define FOR_TILE(M)                                                                    \
     FOR_ROW(M, 0) FOR_ROW(M, 1) FOR_ROW(M, 2) FOR_ROW(M, 3) FOR_ROW(M, 4) FOR_ROW(M, 5) \
     FOR_ROW(M, 6) FOR_ROW(M, 7)
 #define FOR_ROWS(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7)
+#define LV(i, j) ((i) * 4 + (j))
 
 /* --- AVX-512: one zmm = one panel --- */
 
@@ -90,26 +94,42 @@ INLINE ATTR512 void mk512_body(const int MR, const int NR, const int bf16, const
     const __mmask16 lastmask = (__mmask16)((1u << a->lastvalid) - 1u);
     const float *xr = a->x;
     const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
-    const int kc = a->kc;
+    const int K = a->K;
     float *y = a->y;
+    __m512 lv[KERN_MAX_LEVELS][32];
+    int nb = 0;
 #define MASK512(j) ((j) == NR - 1 ? lastmask : (__mmask16)0xFFFF)
 
 #define DECL(i, j) __m512 c##i##j = _mm512_setzero_ps();
     FOR_TILE(DECL)
 #undef DECL
-    if (!a->first) {
-#define LOAD(i, j)                                                              \
-    if (MR > i && NR > j)                                                       \
-        c##i##j = _mm512_maskz_loadu_ps(MASK512(j), y + i * ldy + 16 * j);
-        FOR_TILE(LOAD)
-#undef LOAD
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+        /* The block's first product is a multiply (no zeroing), the rest
+         * FMAs. */
+#define WLOAD(k)                                                                \
+    const size_t wk = (size_t)(k) * 16;                                         \
+    __m512 w0 = w512(a->w, wk, bf16);                                           \
+    __m512 w1 = NR > 1 ? w512(a->w, ps + wk, bf16) : w0;                        \
+    __m512 w2 = NR > 2 ? w512(a->w, 2 * ps + wk, bf16) : w0;                    \
+    __m512 w3 = NR > 3 ? w512(a->w, 3 * ps + wk, bf16) : w0;
+        {
+            const int k = k0;
+            WLOAD(k)
+#define MUL(i, j)                                                               \
+    if (NR > j)                                                                 \
+        c##i##j = _mm512_mul_ps(xb, w##j);
+#define ROW(i)                                                                  \
+    if (MR > i) {                                                               \
+        __m512 xb = _mm512_set1_ps(xr[i * ldx + k]);                            \
+        FOR_ROW(MUL, i)                                                         \
     }
-    for (int k = 0; k < kc; k++) {
-        const size_t wk = (size_t)k * 16;
-        __m512 w0 = w512(a->w, wk, bf16);
-        __m512 w1 = NR > 1 ? w512(a->w, ps + wk, bf16) : w0;
-        __m512 w2 = NR > 2 ? w512(a->w, 2 * ps + wk, bf16) : w0;
-        __m512 w3 = NR > 3 ? w512(a->w, 3 * ps + wk, bf16) : w0;
+            FOR_ROWS(ROW)
+#undef ROW
+#undef MUL
+        }
+        for (int k = k0 + 1; k < k1; k++) {
+            WLOAD(k)
 #define FMA(i, j)                                                               \
     if (NR > j)                                                                 \
         c##i##j = _mm512_fmadd_ps(xb, w##j, c##i##j);
@@ -118,9 +138,35 @@ INLINE ATTR512 void mk512_body(const int MR, const int NR, const int bf16, const
         __m512 xb = _mm512_set1_ps(xr[i * ldx + k]);                            \
         FOR_ROW(FMA, i)                                                         \
     }
-        FOR_ROWS(ROW)
+            FOR_ROWS(ROW)
 #undef ROW
 #undef FMA
+        }
+#undef WLOAD
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define MERGE(i, j)                                                             \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = _mm512_add_ps(lv[l][LV(i, j)], c##i##j);
+            FOR_TILE(MERGE)
+#undef MERGE
+        }
+#define PARK(i, j)                                                              \
+    if (MR > i && NR > j)                                                       \
+        lv[l][LV(i, j)] = c##i##j;
+        FOR_TILE(PARK)
+#undef PARK
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define FINAL(i, j)                                                             \
+    if (MR > i && NR > j)                                                       \
+        c##i##j = first ? lv[l][LV(i, j)] : _mm512_add_ps(lv[l][LV(i, j)], c##i##j);
+        FOR_TILE(FINAL)
+#undef FINAL
+        first = 0;
     }
     if (a->bias) {
         const float *b = a->bias;
@@ -166,45 +212,87 @@ INLINE ATTR2 void mk256_body(const int MR, const int NR, const int bf16, const m
     const __m256i lml = lanes_below(a->lastvalid), lmh = lanes_below(a->lastvalid - 8);
     const float *xr = a->x;
     const size_t ldx = a->ldx, ldy = a->ldy, ps = a->pstride;
-    const int kc = a->kc;
+    const int K = a->K;
     float *y = a->y;
+    __m256 lv[KERN_MAX_LEVELS][2 * 32];
+    int nb = 0;
 #define MASKL(j) ((j) == NR - 1 ? lml : ones)
 #define MASKH(j) ((j) == NR - 1 ? lmh : ones)
 
 #define DECL(i, j) __m256 c##i##j##l = _mm256_setzero_ps(), c##i##j##h = c##i##j##l;
     FOR_TILE(DECL)
 #undef DECL
-    if (!a->first) {
-#define LOAD(i, j)                                                              \
-    if (MR > i && NR > j) {                                                     \
-        c##i##j##l = _mm256_maskload_ps(y + i * ldy + 16 * j, MASKL(j));        \
-        c##i##j##h = _mm256_maskload_ps(y + i * ldy + 16 * j + 8, MASKH(j));    \
+    for (int k0 = 0; k0 < K; k0 += KERN_KBLOCK, nb++) {
+        const int k1 = K - k0 < KERN_KBLOCK ? K : k0 + KERN_KBLOCK;
+#define WLOAD(k)                                                                \
+    const size_t wk = (size_t)(k) * 16;                                         \
+    __m256 w0l = w256(a->w, wk, bf16), w0h = w256(a->w, wk + 8, bf16);         \
+    __m256 w1l = NR > 1 ? w256(a->w, ps + wk, bf16) : w0l;                      \
+    __m256 w1h = NR > 1 ? w256(a->w, ps + wk + 8, bf16) : w0l;                  \
+    __m256 w2l = NR > 2 ? w256(a->w, 2 * ps + wk, bf16) : w0l;                  \
+    __m256 w2h = NR > 2 ? w256(a->w, 2 * ps + wk + 8, bf16) : w0l;              \
+    __m256 w3l = NR > 3 ? w256(a->w, 3 * ps + wk, bf16) : w0l;                  \
+    __m256 w3h = NR > 3 ? w256(a->w, 3 * ps + wk + 8, bf16) : w0l;
+#define ROW(i)                                                                  \
+    if (MR > i) {                                                               \
+        __m256 xb = _mm256_set1_ps(xr[i * ldx + k]);                            \
+        FOR_ROW(OP, i)                                                          \
     }
-        FOR_TILE(LOAD)
-#undef LOAD
+        {   /* the block's first product: a multiply */
+            const int k = k0;
+            WLOAD(k)
+#define OP(i, j)                                                                \
+    if (NR > j) {                                                               \
+        c##i##j##l = _mm256_mul_ps(xb, w##j##l);                                \
+        c##i##j##h = _mm256_mul_ps(xb, w##j##h);                                \
     }
-    for (int k = 0; k < kc; k++) {
-        const size_t wk = (size_t)k * 16;
-        __m256 w0l = w256(a->w, wk, bf16), w0h = w256(a->w, wk + 8, bf16);
-        __m256 w1l = NR > 1 ? w256(a->w, ps + wk, bf16) : w0l;
-        __m256 w1h = NR > 1 ? w256(a->w, ps + wk + 8, bf16) : w0l;
-        __m256 w2l = NR > 2 ? w256(a->w, 2 * ps + wk, bf16) : w0l;
-        __m256 w2h = NR > 2 ? w256(a->w, 2 * ps + wk + 8, bf16) : w0l;
-        __m256 w3l = NR > 3 ? w256(a->w, 3 * ps + wk, bf16) : w0l;
-        __m256 w3h = NR > 3 ? w256(a->w, 3 * ps + wk + 8, bf16) : w0l;
-#define FMA(i, j)                                                               \
+            FOR_ROWS(ROW)
+#undef OP
+        }
+        for (int k = k0 + 1; k < k1; k++) {
+            WLOAD(k)
+#define OP(i, j)                                                                \
     if (NR > j) {                                                               \
         c##i##j##l = _mm256_fmadd_ps(xb, w##j##l, c##i##j##l);                  \
         c##i##j##h = _mm256_fmadd_ps(xb, w##j##h, c##i##j##h);                  \
     }
-#define ROW(i)                                                                  \
-    if (MR > i) {                                                               \
-        __m256 xb = _mm256_set1_ps(xr[i * ldx + k]);                            \
-        FOR_ROW(FMA, i)                                                         \
-    }
-        FOR_ROWS(ROW)
+            FOR_ROWS(ROW)
+#undef OP
+        }
 #undef ROW
-#undef FMA
+#undef WLOAD
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define MERGE(i, j)                                                             \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = _mm256_add_ps(lv[l][2 * LV(i, j)], c##i##j##l);            \
+        c##i##j##h = _mm256_add_ps(lv[l][2 * LV(i, j) + 1], c##i##j##h);        \
+    }
+            FOR_TILE(MERGE)
+#undef MERGE
+        }
+#define PARK(i, j)                                                              \
+    if (MR > i && NR > j) {                                                     \
+        lv[l][2 * LV(i, j)] = c##i##j##l;                                       \
+        lv[l][2 * LV(i, j) + 1] = c##i##j##h;                                   \
+    }
+        FOR_TILE(PARK)
+#undef PARK
+    }
+    int first = 1;
+    for (int l = 0; l < KERN_MAX_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define FINAL(i, j)                                                             \
+    if (MR > i && NR > j) {                                                     \
+        c##i##j##l = first ? lv[l][2 * LV(i, j)]                                \
+                           : _mm256_add_ps(lv[l][2 * LV(i, j)], c##i##j##l);    \
+        c##i##j##h = first ? lv[l][2 * LV(i, j) + 1]                            \
+                           : _mm256_add_ps(lv[l][2 * LV(i, j) + 1], c##i##j##h);\
+    }
+        FOR_TILE(FINAL)
+#undef FINAL
+        first = 0;
     }
     if (a->bias) {
         const float *b = a->bias;
@@ -300,19 +388,19 @@ static const mk_fn mk256_table[2][7][5] = {
 /* ------------------------------------------------------------------------
  * matmul tile: rows [m0, m1) x panels [p0, p1) of y, all of k.
  *
- * Loop nest (outermost first), the usual GEMM cache blocking:
- *   k blocks of KC      — an x row-tile slice (MR x KC) stays in L1
- *   panel blocks of PB  — PB panel slices (PB x KC x 16) stay in L2 and are
+ * Loop nest (outermost first):
+ *   panel blocks of PB  — PB whole panels (PB x K x 16) stay in L2 and are
  *                         reused by every row tile
- *   row tiles of MR     — one x slice reused across the panel block
- *   panel groups of NR  — one micro-kernel call
- * For a few rows (decode) there is nothing to reuse: one k block, one panel
- * block, so the weights stream from memory exactly once, NR panels at a time.
- * None of this changes the per-output fmaf sequence. */
+ *   row tiles of MR     — one x row tile reused across the panel block
+ *   panel groups of NR  — one micro-kernel call, over all of k
+ * k is never split across calls: the block rule's level sums live inside
+ * the micro-kernel. For a few rows (decode) there is nothing to reuse: one
+ * panel block, so the weights stream from memory exactly once, NR panels
+ * at a time. None of this changes the per-output sequence of operations. */
 
 typedef struct {
     int mr, nr;          /* main tile shape */
-    int kc, pb;          /* k block, panels per L2 block */
+    int pb;              /* panels per L2 block */
 } mm_plan;
 
 static mm_plan plan_for(kern_isa isa, const kern_linear *L, int rows)
@@ -326,12 +414,12 @@ static mm_plan plan_for(kern_isa isa, const kern_linear *L, int rows)
         pl.nr = pl.mr == 1 ? 4 : pl.mr == 2 ? 3 : pl.mr == 3 ? 2 : 1;
     }
     if (rows <= 4) {
-        pl.kc = L->n_in;
         pl.pb = 1 << 30;
     } else {
-        pl.kc = 256;
-        /* 16 output lanes x KC x element size per panel slice; ~1 MiB of L2. */
-        pl.pb = (1 << 20) / (KERN_PANEL * pl.kc * (L->wtype == KERN_BF16 ? 2 : 4));
+        /* 16 output lanes x K x element size per panel; ~1 MiB of L2. */
+        pl.pb = (1 << 20) / (KERN_PANEL * L->n_in * (L->wtype == KERN_BF16 ? 2 : 4));
+        if (pl.pb < pl.nr)
+            pl.pb = pl.nr;
     }
     return pl;
 }
@@ -360,33 +448,27 @@ void kern_x86_matmul_tile(kern_isa isa, const kern_linear *L, const float *x, in
     const int nlast = (N + KERN_PANEL - 1) / KERN_PANEL - 1;   /* the only partial panel */
     const mm_plan pl = plan_for(isa, L, m1 - m0);
 
-    for (int k0 = 0; k0 < K; k0 += pl.kc) {
-        int kc = K - k0 < pl.kc ? K - k0 : pl.kc;
-        int first = k0 == 0, last = k0 + kc == K;
-        for (int b0 = p0; b0 < p1; b0 += pl.pb) {
-            int b1 = p1 - b0 < pl.pb ? p1 : b0 + pl.pb;
-            for (int m = m0; m < m1; m += pl.mr) {
-                int mr = m1 - m < pl.mr ? m1 - m : pl.mr;
-                int nr;
-                for (int p = b0; p < b1; p += nr) {
-                    nr = shape_nr(isa, bf16, mr, b1 - p < pl.nr ? b1 - p : pl.nr);
-                    mk_fn fn = isa == KERN_ISA_AVX512 ? mk512_table[bf16][mr][nr]
-                                                      : mk256_table[bf16][mr][nr];
-                    mk_args a = {
-                        .x = x + (size_t)m * K + k0,
-                        .ldx = (size_t)K,
-                        .w = (const char *)L->panels +
-                             ((size_t)p * pstride + (size_t)k0 * KERN_PANEL) * esz,
-                        .pstride = pstride,
-                        .kc = kc,
-                        .y = y + (size_t)m * N + (size_t)p * KERN_PANEL,
-                        .ldy = (size_t)N,
-                        .bias = last && L->bias ? L->bias + (size_t)p * KERN_PANEL : NULL,
-                        .first = first,
-                        .lastvalid = p + nr - 1 == nlast ? N - nlast * KERN_PANEL : KERN_PANEL,
-                    };
-                    fn(&a);
-                }
+    for (int b0 = p0; b0 < p1; b0 += pl.pb) {
+        int b1 = p1 - b0 < pl.pb ? p1 : b0 + pl.pb;
+        for (int m = m0; m < m1; m += pl.mr) {
+            int mr = m1 - m < pl.mr ? m1 - m : pl.mr;
+            int nr;
+            for (int p = b0; p < b1; p += nr) {
+                nr = shape_nr(isa, bf16, mr, b1 - p < pl.nr ? b1 - p : pl.nr);
+                mk_fn fn = isa == KERN_ISA_AVX512 ? mk512_table[bf16][mr][nr]
+                                                  : mk256_table[bf16][mr][nr];
+                mk_args a = {
+                    .x = x + (size_t)m * K,
+                    .ldx = (size_t)K,
+                    .w = (const char *)L->panels + (size_t)p * pstride * esz,
+                    .pstride = pstride,
+                    .K = K,
+                    .y = y + (size_t)m * N + (size_t)p * KERN_PANEL,
+                    .ldy = (size_t)N,
+                    .bias = L->bias ? L->bias + (size_t)p * KERN_PANEL : NULL,
+                    .lastvalid = p + nr - 1 == nlast ? N - nlast * KERN_PANEL : KERN_PANEL,
+                };
+                fn(&a);
             }
         }
     }
@@ -487,38 +569,81 @@ static ATTR2 float dot_avx2(const float *a, const float *b, int n)
     return combine8(lanes);
 }
 
-/* out[d] = fmaf(p[j], v_j[d], out[d]) for j ascending. A chunk of up to
- * 128 outputs (NC zmm, the last one masked) stays in registers across all
- * keys; NC is a constant in each instance, so only o0..o(NC-1) remain,
- * in registers. */
+/* The weighted value sum of one chunk of n keys by the block rule
+ * (pv_body in kernels.c): a chunk of up to 128 columns (NC zmm, the last
+ * one masked) stays in registers across a block of 16 keys; block sums
+ * merge with the parked levels (lv, local) as the binary counter says; the
+ * chunk's sum is stored into out (first) or added to it. NC is a constant
+ * in each instance, so only o0..o(NC-1) remain, in registers. */
+#define PV_LEVELS 9     /* ATTN_PV_LEVELS in kernels.c: 2^8 blocks of a 4096-key chunk */
 INLINE ATTR512 void pv_chunk512(const int NC, const float *p, const float *const *vrow,
-                                size_t off, int n, float *out, __mmask16 lastmask)
+                                size_t off, int n, float *out, __mmask16 lastmask, int first)
 {
+    __m512 lv[PV_LEVELS][8];
+    int nb = 0;
     /* Named accumulators o0..o7, as in the matmul kernels. */
 #define PVMASK(c) ((c) == NC - 1 ? lastmask : (__mmask16)0xFFFF)
-#define PVLOAD(c) __m512 o##c = NC > c ? _mm512_maskz_loadu_ps(PVMASK(c), out + 16 * c) \
-                                       : _mm512_setzero_ps();
-    FOR_ROWS(PVLOAD)
-#undef PVLOAD
-    for (int j = 0; j < n; j++) {
-        const float *v = vrow[j] + off;
-        __m512 pj = _mm512_set1_ps(p[j]);
+#define PVDECL(c) __m512 o##c = _mm512_setzero_ps();
+    FOR_ROWS(PVDECL)
+#undef PVDECL
+    for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+        const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+        {   /* the block's first key: a multiply */
+            const float *v = vrow[j0] + off;
+            __m512 pj = _mm512_set1_ps(p[j0]);
+#define PVMUL(c)                                                                \
+    if (NC > c)                                                                 \
+        o##c = _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(PVMASK(c), v + 16 * c));
+            FOR_ROWS(PVMUL)
+#undef PVMUL
+        }
+        for (int j = j0 + 1; j < j1; j++) {
+            const float *v = vrow[j] + off;
+            __m512 pj = _mm512_set1_ps(p[j]);
 #define PVFMA(c)                                                                \
     if (NC > c)                                                                 \
         o##c = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(PVMASK(c), v + 16 * c), o##c);
-        FOR_ROWS(PVFMA)
+            FOR_ROWS(PVFMA)
 #undef PVFMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define PVMERGE(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = _mm512_add_ps(lv[l][c], o##c);
+            FOR_ROWS(PVMERGE)
+#undef PVMERGE
+        }
+#define PVPARK(c)                                                               \
+    if (NC > c)                                                                 \
+        lv[l][c] = o##c;
+        FOR_ROWS(PVPARK)
+#undef PVPARK
+    }
+    int top = 1;
+    for (int l = 0; l < PV_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define PVFINAL(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = top ? lv[l][c] : _mm512_add_ps(lv[l][c], o##c);
+        FOR_ROWS(PVFINAL)
+#undef PVFINAL
+        top = 0;
     }
 #define PVSTORE(c)                                                              \
-    if (NC > c)                                                                 \
-        _mm512_mask_storeu_ps(out + 16 * c, PVMASK(c), o##c);
+    if (NC > c) {                                                               \
+        if (!first)                                                             \
+            o##c = _mm512_add_ps(_mm512_maskz_loadu_ps(PVMASK(c), out + 16 * c), o##c); \
+        _mm512_mask_storeu_ps(out + 16 * c, PVMASK(c), o##c);                   \
+    }
     FOR_ROWS(PVSTORE)
 #undef PVSTORE
 #undef PVMASK
 }
 
 static ATTR512 void pv_avx512(const float *p, const float *const *vrow, size_t off, int n,
-                              int D, float *out)
+                              int D, float *out, int first)
 {
     for (int d0 = 0; d0 < D; d0 += 128) {
         int w = D - d0 < 128 ? D - d0 : 128;
@@ -527,33 +652,104 @@ static ATTR512 void pv_avx512(const float *p, const float *const *vrow, size_t o
         size_t o2 = off + (size_t)d0;
         float *o = out + d0;
         switch (nc) {
-        case 1: pv_chunk512(1, p, vrow, o2, n, o, lm); break;
-        case 2: pv_chunk512(2, p, vrow, o2, n, o, lm); break;
-        case 3: pv_chunk512(3, p, vrow, o2, n, o, lm); break;
-        case 4: pv_chunk512(4, p, vrow, o2, n, o, lm); break;
-        case 5: pv_chunk512(5, p, vrow, o2, n, o, lm); break;
-        case 6: pv_chunk512(6, p, vrow, o2, n, o, lm); break;
-        case 7: pv_chunk512(7, p, vrow, o2, n, o, lm); break;
-        default: pv_chunk512(8, p, vrow, o2, n, o, lm); break;
+        case 1: pv_chunk512(1, p, vrow, o2, n, o, lm, first); break;
+        case 2: pv_chunk512(2, p, vrow, o2, n, o, lm, first); break;
+        case 3: pv_chunk512(3, p, vrow, o2, n, o, lm, first); break;
+        case 4: pv_chunk512(4, p, vrow, o2, n, o, lm, first); break;
+        case 5: pv_chunk512(5, p, vrow, o2, n, o, lm, first); break;
+        case 6: pv_chunk512(6, p, vrow, o2, n, o, lm, first); break;
+        case 7: pv_chunk512(7, p, vrow, o2, n, o, lm, first); break;
+        default: pv_chunk512(8, p, vrow, o2, n, o, lm, first); break;
         }
     }
 }
 
-static ATTR2 void pv_avx2(const float *p, const float *const *vrow, size_t off, int n,
-                          int D, float *out)
+/* The same with ymm: up to 64 columns (NC ymm, the last one masked) in
+ * registers. Masked-off lanes load as 0 and are never stored. */
+INLINE ATTR2 void pv_chunk256(const int NC, const float *p, const float *const *vrow,
+                              size_t off, int n, float *out, __m256i lastmask, int first)
 {
-    const int Dv = D & ~7;
-    const __m256i tm = lanes_below(D - Dv);
-    for (int j = 0; j < n; j++) {
-        const float *v = vrow[j] + off;
-        __m256 pj = _mm256_set1_ps(p[j]);
-        for (int i = 0; i < Dv; i += 8)
-            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + i),
-                                                      _mm256_loadu_ps(out + i)));
-        if (D > Dv) {
-            __m256 t = _mm256_fmadd_ps(pj, _mm256_maskload_ps(v + Dv, tm),
-                                       _mm256_maskload_ps(out + Dv, tm));
-            _mm256_maskstore_ps(out + Dv, tm, t);
+    const __m256i ones = _mm256_set1_epi32(-1);
+    __m256 lv[PV_LEVELS][8];
+    int nb = 0;
+#define PVMASK(c) ((c) == NC - 1 ? lastmask : ones)
+#define PVDECL(c) __m256 o##c = _mm256_setzero_ps();
+    FOR_ROWS(PVDECL)
+#undef PVDECL
+    for (int j0 = 0; j0 < n; j0 += KERN_KBLOCK, nb++) {
+        const int j1 = n - j0 < KERN_KBLOCK ? n : j0 + KERN_KBLOCK;
+        {   /* the block's first key: a multiply */
+            const float *v = vrow[j0] + off;
+            __m256 pj = _mm256_set1_ps(p[j0]);
+#define PVMUL(c)                                                                \
+    if (NC > c)                                                                 \
+        o##c = _mm256_mul_ps(pj, _mm256_maskload_ps(v + 8 * c, PVMASK(c)));
+            FOR_ROWS(PVMUL)
+#undef PVMUL
+        }
+        for (int j = j0 + 1; j < j1; j++) {
+            const float *v = vrow[j] + off;
+            __m256 pj = _mm256_set1_ps(p[j]);
+#define PVFMA(c)                                                                \
+    if (NC > c)                                                                 \
+        o##c = _mm256_fmadd_ps(pj, _mm256_maskload_ps(v + 8 * c, PVMASK(c)), o##c);
+            FOR_ROWS(PVFMA)
+#undef PVFMA
+        }
+        int l = 0;
+        for (; nb >> l & 1; l++) {
+#define PVMERGE(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = _mm256_add_ps(lv[l][c], o##c);
+            FOR_ROWS(PVMERGE)
+#undef PVMERGE
+        }
+#define PVPARK(c)                                                               \
+    if (NC > c)                                                                 \
+        lv[l][c] = o##c;
+        FOR_ROWS(PVPARK)
+#undef PVPARK
+    }
+    int top = 1;
+    for (int l = 0; l < PV_LEVELS; l++) {
+        if (!(nb >> l & 1))
+            continue;
+#define PVFINAL(c)                                                              \
+    if (NC > c)                                                                 \
+        o##c = top ? lv[l][c] : _mm256_add_ps(lv[l][c], o##c);
+        FOR_ROWS(PVFINAL)
+#undef PVFINAL
+        top = 0;
+    }
+#define PVSTORE(c)                                                              \
+    if (NC > c) {                                                               \
+        if (!first)                                                             \
+            o##c = _mm256_add_ps(_mm256_maskload_ps(out + 8 * c, PVMASK(c)), o##c); \
+        _mm256_maskstore_ps(out + 8 * c, PVMASK(c), o##c);                      \
+    }
+    FOR_ROWS(PVSTORE)
+#undef PVSTORE
+#undef PVMASK
+}
+
+static ATTR2 void pv_avx2(const float *p, const float *const *vrow, size_t off, int n,
+                          int D, float *out, int first)
+{
+    for (int d0 = 0; d0 < D; d0 += 64) {
+        int w = D - d0 < 64 ? D - d0 : 64;
+        int nc = (w + 7) / 8;
+        __m256i lm = lanes_below(w - 8 * (nc - 1));
+        size_t o2 = off + (size_t)d0;
+        float *o = out + d0;
+        switch (nc) {
+        case 1: pv_chunk256(1, p, vrow, o2, n, o, lm, first); break;
+        case 2: pv_chunk256(2, p, vrow, o2, n, o, lm, first); break;
+        case 3: pv_chunk256(3, p, vrow, o2, n, o, lm, first); break;
+        case 4: pv_chunk256(4, p, vrow, o2, n, o, lm, first); break;
+        case 5: pv_chunk256(5, p, vrow, o2, n, o, lm, first); break;
+        case 6: pv_chunk256(6, p, vrow, o2, n, o, lm, first); break;
+        case 7: pv_chunk256(7, p, vrow, o2, n, o, lm, first); break;
+        default: pv_chunk256(8, p, vrow, o2, n, o, lm, first); break;
         }
     }
 }
@@ -566,12 +762,12 @@ void kern_x86_scores(kern_isa isa, const float *q, const float *const *krow, siz
 }
 
 void kern_x86_pv(kern_isa isa, const float *p, const float *const *vrow, size_t off, int n,
-                 int D, float *out)
+                 int D, float *out, int first)
 {
     if (isa == KERN_ISA_AVX512)
-        pv_avx512(p, vrow, off, n, D, out);
+        pv_avx512(p, vrow, off, n, D, out, first);
     else
-        pv_avx2(p, vrow, off, n, D, out);
+        pv_avx2(p, vrow, off, n, D, out, first);
 }
 
 float kern_x86_dot(kern_isa isa, const float *a, const float *b, int n)
