@@ -800,6 +800,9 @@ static void arch_of(kv_config *c)
         c->arch = ARCH_GEMMA3;
     else
         c->arch = ARCH_LLAMA;
+    /* What the family implies (q/k norms, Gemma's 1 + w): the diagnoses
+     * read it as they do from a config.json. */
+    config_family_flags(c);
 }
 
 int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void *ctx)

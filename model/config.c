@@ -90,17 +90,22 @@ static float gemma_embed_scale(int hidden)
 
 /* Everything that follows from the family alone (Llama's and Qwen3's
  * attention biases follow attention_bias; they start off). */
-static void set_family(kv_config *c, kv_arch arch)
+void config_family_flags(kv_config *c)
 {
-    bool gemma = arch == ARCH_GEMMA3;
-    c->arch = arch;
-    snprintf(c->model_type, sizeof c->model_type, "%s", ARCHES[arch].model_type);
+    bool gemma = c->arch == ARCH_GEMMA3;
     c->norm_plus_one = gemma;
-    c->qk_norm = gemma || arch == ARCH_QWEN3;
+    c->qk_norm = gemma || c->arch == ARCH_QWEN3;
     c->sandwich_norms = gemma;
-    c->qkv_bias = arch == ARCH_QWEN2;
+    c->qkv_bias = c->arch == ARCH_QWEN2;
     c->o_bias = false;
     c->act = gemma ? ACT_GELU_TANH : ACT_SILU;
+}
+
+static void set_family(kv_config *c, kv_arch arch)
+{
+    c->arch = arch;
+    snprintf(c->model_type, sizeof c->model_type, "%s", ARCHES[arch].model_type);
+    config_family_flags(c);
     snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.");
     snprintf(c->lm_head_name, sizeof c->lm_head_name, "lm_head.weight");
 }

@@ -84,6 +84,11 @@ int config_layer_window(const kv_config *c, int layer);
 /* RoPE base of layer i (rope_local_theta on sliding layers of Gemma 3). */
 double config_layer_theta(const kv_config *c, int layer);
 
+/* Sets what follows from c->arch alone: norm_plus_one, qk_norm,
+ * sandwich_norms, qkv_bias (Qwen2), o_bias off and the activation. A dump
+ * reader calls it, since a dump's model_config names only the family. */
+void config_family_flags(kv_config *c);
+
 /* Checks internal consistency (sizes in range, H divisible by KV, even
  * head_dim, flags and scales those of the family, owners earlier, owning
  * and of the same type, ...). Returns 0 or fills e and returns -1. */

@@ -1753,6 +1753,38 @@ START_TEST(test_rope_scaling_in_model_config)
 }
 END_TEST
 
+/* A dump's model_config names the family; what the family implies (q/k
+ * norms, Gemma's 1 + w, sandwich norms, Qwen2's biases) comes back as a
+ * config.json gives it, so rules keyed on those flags fire on dumps. */
+START_TEST(test_family_flags_from_dump)
+{
+    static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-qwen3",
+                                          "tiny-gemma3"};
+    char dir[64], args[512], out[8192], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    for (size_t i = 0; i < sizeof presets / sizeof *presets; i++) {
+        snprintf(args, sizeof args, "run --model %s --prompt-random 4 --max-new 1 "
+                 "--dump %s/%s.h5", presets[i], dir, presets[i]);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+        snprintf(path, sizeof path, "%s/%s.h5", dir, presets[i]);
+        kv_err e = {{0}};
+        dump_file *f = dump_open(path, &e);
+        ck_assert_msg(f != NULL, "%s", e.msg);
+        kv_config got, want;
+        ck_assert_msg(dump_model_config(f, &got, &e) == 0, "%s", e.msg);
+        ck_assert_int_eq(config_preset(presets[i], &want, &e), 0);
+        ck_assert_msg(got.qk_norm == want.qk_norm && got.norm_plus_one == want.norm_plus_one &&
+                      got.sandwich_norms == want.sandwich_norms &&
+                      got.qkv_bias == want.qkv_bias && got.act == want.act,
+                      "%s: flags qk_norm %d norm_plus_one %d sandwich %d qkv_bias %d act %d",
+                      presets[i], got.qk_norm, got.norm_plus_one, got.sandwich_norms,
+                      got.qkv_bias, (int)got.act);
+        dump_file_close(f);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_parse_selection)
 {
     dump_opts o;
@@ -1811,6 +1843,7 @@ Suite *dump_suite(void)
     TCase *tc = tcase_create("dump");
     tcase_add_test(tc, test_parse_selection);
     tcase_add_test(tc, test_rope_scaling_in_model_config);
+    tcase_add_test(tc, test_family_flags_from_dump);
     tcase_add_test(tc, test_round_trip_full);
     tcase_add_test(tc, test_kv_shared_and_logits);
     tcase_add_test(tc, test_fingerprint);
