@@ -229,13 +229,13 @@ START_TEST(xrt_diag_rope_common_base)
 }
 END_TEST
 
-/* tiny-llama as dir/hf (its config.json's rope_scaling replaced by
- * `scaling` when not NULL), exported as dir/m.gguf, and the reference on
- * a 100-token prompt as dir/ref.h5. */
-static void setup_llama(const char *dir, const char *scaling)
+/* preset as dir/hf (its config.json's rope_scaling replaced by `scaling`
+ * when not NULL), exported as dir/m.gguf, and the reference on a 100-token
+ * prompt as dir/ref.h5. */
+static void setup_preset(const char *dir, const char *preset, const char *scaling)
 {
     char args[1024], path[512];
-    snprintf(args, sizeof args, "gen --preset tiny-llama -o %s/hf", dir);
+    snprintf(args, sizeof args, "gen --preset %s -o %s/hf", preset, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     if (scaling) {
         snprintf(path, sizeof path, "%s/hf/config.json", dir);
@@ -269,7 +269,7 @@ START_TEST(xrt_diag_rope_unpermuted)
 {
     char dir[64], gguf[512], tmp[512], bad[512];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
-    setup_llama(dir, NULL);
+    setup_preset(dir, "tiny-llama", NULL);
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
     snprintf(tmp, sizeof tmp, "%s/q.gguf", dir);
     snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
@@ -293,7 +293,7 @@ static void scaling_case(double factor, const char *words)
 {
     char dir[64];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
-    setup_llama(dir, "{\"rope_type\": \"linear\", \"factor\": 4.0}");
+    setup_preset(dir, "tiny-llama", "{\"rope_type\": \"linear\", \"factor\": 4.0}");
     make_bad(dir, "llama.rope.scaling.factor", factor);
     for (int i = 0; i < 2; i++) {
         json_t *j, *g = diagnose(dir, kv_types[i], 1, 0, "q", &j);
@@ -308,6 +308,29 @@ START_TEST(xrt_diag_rope_scaling_dropped)
 {
     scaling_case(1, "the test's queries match no RoPE scaling; the config says linear scaling "
                  "by 4");
+}
+END_TEST
+
+/* Llama 3 scaling lives in the GGUF as the rope_freqs tensor (llama.cpp's
+ * converter writes no scaling metadata for it): a GGUF without it runs
+ * unscaled, which the diagnosis names against the config's llama3 rule. */
+START_TEST(xrt_diag_rope_llama3_dropped)
+{
+    char dir[64], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_preset(dir, "tiny-llama3", NULL);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    static const char *const drop[] = {"rope_freqs", NULL};
+    ck_assert_int_eq(gguf_rearch(gguf, bad, "llama", drop), 1);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 1, 0, "q", &j);
+        expect_diag(g, kv_types[i], "rope_convention", "recomputed",
+                    "the test's queries match no RoPE scaling; the config says llama3 scaling "
+                    "by 32", "reproduces the test's at position 1", "and at position 100", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
 }
 END_TEST
 
@@ -600,6 +623,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_unpermuted);
     tcase_add_test(tc, xrt_diag_rope_scaling_dropped);
     tcase_add_test(tc, xrt_diag_rope_scaling_wrong);
+    tcase_add_test(tc, xrt_diag_rope_llama3_dropped);
     tcase_add_test(tc, xrt_diag_attn_scale);
     tcase_add_test(tc, xrt_diag_norm_input);
     tcase_add_test(tc, xrt_diag_norm_q);
