@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -39,4 +40,35 @@ FILE *infile_open(const char *path, long long max_bytes, kv_err *e)
         errno = 0;   /* not ENOENT: the file is there and refused */
     }
     return f;
+}
+
+int infile_read_all(const char *path, long long max_bytes, char **text, size_t *len, kv_err *e)
+{
+    *text = NULL;
+    *len = 0;
+    FILE *f = infile_open(path, max_bytes, e);
+    if (!f)
+        return -1;
+    /* The size was checked on the open file, but it may grow meanwhile:
+     * read at most one byte past the limit to notice. */
+    char *p = malloc((size_t)max_bytes + 1);
+    if (!p) {
+        fclose(f);
+        return kv_errf(e, "%s: out of memory", path);
+    }
+    size_t n = fread(p, 1, (size_t)max_bytes + 1, f);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad || n > (size_t)max_bytes) {
+        free(p);
+        return bad ? kv_errf(e, "%s: read error", path)
+                   : kv_errf(e, "%s: more than %lld bytes", path, max_bytes);
+    }
+    char *q = realloc(p, n + 1);
+    if (q)
+        p = q;
+    p[n] = '\0';
+    *text = p;
+    *len = n;
+    return 0;
 }

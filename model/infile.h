@@ -5,6 +5,7 @@
 #ifndef KV_INFILE_H
 #define KV_INFILE_H
 
+#include <stddef.h>
 #include <stdio.h>
 #include "err.h"
 
@@ -14,5 +15,10 @@
  * missing file leaves errno == ENOENT (callers that treat it as optional
  * test that). */
 FILE *infile_open(const char *path, long long max_bytes, kv_err *e);
+
+/* Reads a whole file opened by infile_open into *text (malloc'd, with a
+ * NUL after its *len bytes, which may hold NULs of their own). Returns 0,
+ * or -1 with e = "PATH: why" and *text NULL. */
+int infile_read_all(const char *path, long long max_bytes, char **text, size_t *len, kv_err *e);
 
 #endif

@@ -617,31 +617,7 @@ int tok_encode_prompt(const kv_tokenizer *t, const char *text, size_t len, int m
 
 int tok_read_text(const char *path, char **text, size_t *len, kv_err *e)
 {
-    *text = NULL;
-    *len = 0;
     /* Through infile_open: a FIFO or a device given as a prompt file must
      * not hang or fill memory. */
-    FILE *f = infile_open(path, TOK_TEXT_MAX, e);
-    if (!f)
-        return -1;
-    char *p = malloc(TOK_TEXT_MAX + 1);
-    if (!p) {
-        fclose(f);
-        return kv_errf(e, "%s: out of memory", path);
-    }
-    size_t n = fread(p, 1, TOK_TEXT_MAX + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad || n > TOK_TEXT_MAX) {
-        free(p);
-        return bad ? kv_errf(e, "%s: cannot read: %s", path, strerror(errno))
-                   : kv_errf(e, "%s: larger than %d MiB", path, TOK_TEXT_MAX >> 20);
-    }
-    char *q = realloc(p, n + 1);
-    if (q)
-        p = q;
-    p[n] = '\0';
-    *text = p;
-    *len = n;
-    return 0;
+    return infile_read_all(path, TOK_TEXT_MAX, text, len, e);
 }

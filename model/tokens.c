@@ -1,5 +1,6 @@
 /* tokens.c — parsing token-id lists (tokens.h). */
 #include "tokens.h"
+#include "infile.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -96,24 +97,11 @@ int tokens_parse(const char *text, size_t len, const char *name, int vocab, int3
 
 int tokens_load(const char *path, int vocab, int32_t **ids, int *n, kv_err *e)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    char *buf = malloc(TOKENS_MAX_FILE + 1);
-    if (!buf) {
-        fclose(f);
-        return kv_errf(e, "%s: out of memory", path);
-    }
-    size_t len = fread(buf, 1, TOKENS_MAX_FILE + 1, f);
-    int bad = ferror(f);
-    fclose(f);
-    int rc;
-    if (bad)
-        rc = kv_errf(e, "%s: read error", path);
-    else if (len > TOKENS_MAX_FILE)
-        rc = kv_errf(e, "%s: larger than %u bytes", path, TOKENS_MAX_FILE);
-    else
-        rc = parse_ids(buf, len, path, vocab, false, ids, n, e);
+    char *buf = NULL;
+    size_t len = 0;
+    if (infile_read_all(path, TOKENS_MAX_FILE, &buf, &len, e) < 0)
+        return -1;
+    int rc = parse_ids(buf, len, path, vocab, false, ids, n, e);
     free(buf);
     return rc;
 }

@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "reports/report.h"
 #include "model/tokenizer.h"
+#include "model/tokens.h"
 #include "harness/cli.h"
 #include "harness/cli.c"
 #include "testutil.h"
@@ -301,6 +302,27 @@ START_TEST(test_tokenizer_fifo_refused)
     ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
     alarm(0);
     ck_assert_msg(strstr(e.msg, "tokenizer.json") && strstr(e.msg, "FIFO"), "%s", e.msg);
+}
+END_TEST
+
+/* Prompt files (token ids, text) are opened as tokenizer.json is: a FIFO
+ * with no writer is refused at once, never waited on. */
+START_TEST(test_prompt_files_fifo_refused)
+{
+    char p[128];
+    snprintf(p, sizeof p, "%s/prompt.txt", tmp);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    alarm(20);
+    int32_t *ids = NULL;
+    int n = 0;
+    kv_err e = {{0}};
+    ck_assert_int_eq(tokens_load(p, 0, &ids, &n, &e), -1);
+    ck_assert_msg(strstr(e.msg, "prompt.txt") && strstr(e.msg, "FIFO"), "%s", e.msg);
+    char *text = NULL;
+    size_t len = 0;
+    ck_assert_int_eq(tok_read_text(p, &text, &len, &e), -1);
+    ck_assert_msg(strstr(e.msg, "prompt.txt") && strstr(e.msg, "FIFO"), "%s", e.msg);
+    alarm(0);
 }
 END_TEST
 
@@ -627,6 +649,7 @@ Suite *paths_suite(void)
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_config_fifo_refused);
     tcase_add_test(t, test_tokenizer_fifo_refused);
+    tcase_add_test(t, test_prompt_files_fifo_refused);
     tcase_add_test(t, test_tokenizer_device_and_size_refused);
     tcase_add_test(t, test_run_model_fifo_refused);
     suite_add_tcase(s, t);
