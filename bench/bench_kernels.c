@@ -7,7 +7,11 @@
  * call) and the weight bytes streamed per second. M = 1 is decode: there
  * the bench cycles through enough copies of the matrix to overflow the
  * last-level cache, as a real model's layers do, so the GB/s column is
- * memory bandwidth, not cache bandwidth. A short attention table follows. */
+ * memory bandwidth, not cache bandwidth. Before it, a plain read of the
+ * same amount of memory (1 and 2 threads) gives the roof that column is
+ * measured against: a decode matvec cannot stream weights faster than a
+ * loop that only reads them. A short attention table follows. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +49,57 @@ static int build(kern_linear *L, int n_out, int n_in, kern_wtype wt)
     kern_linear_set_rows(L, 0, n_out, W);
     free(W);
     return 0;
+}
+
+/* The memory-read roof: each task xors its share of the buffer's 64-bit
+ * words (a loop that only loads, and that the compiler cannot drop). */
+typedef struct {
+    const uint64_t *buf;
+    size_t n;                /* words */
+    int ntasks;
+    uint64_t sink[2][8];     /* one cache line per task: no false sharing */
+} read_job;
+
+static void read_task(void *ctx, int t)
+{
+    read_job *j = ctx;
+    size_t lo = j->n * (size_t)t / (size_t)j->ntasks, hi = j->n * (size_t)(t + 1) / (size_t)j->ntasks;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = lo; i + 4 <= hi; i += 4) {
+        a ^= j->buf[i];
+        b ^= j->buf[i + 1];
+        c ^= j->buf[i + 2];
+        d ^= j->buf[i + 3];
+    }
+    j->sink[t][0] = a ^ b ^ c ^ d;
+}
+
+/* Best of several passes over STREAM_BYTES: the machine may be shared,
+ * and the best pass is the closest to what the memory can give. */
+static void bench_read_roof(kern_pool *pools[2])
+{
+    read_job j = { .n = STREAM_BYTES / sizeof(uint64_t) };
+    uint64_t *buf = malloc(STREAM_BYTES);
+    if (!buf) {
+        fprintf(stderr, "bench_kernels: out of memory\n");
+        exit(1);
+    }
+    memset(buf, 1, STREAM_BYTES);
+    j.buf = buf;
+    for (int t = 0; t < 2; t++) {
+        j.ntasks = t + 1;
+        double best = 1e30;
+        for (int r = 0; r < 8; r++) {
+            double t0 = now_s();
+            pool_run(pools[t], read_task, &j, j.ntasks);
+            double el = now_s() - t0;
+            if (el < best)
+                best = el;
+        }
+        printf("memory read roof (%d thread%s, best of 8 passes over %u MiB): %.1f GB/s\n",
+               t + 1, t ? "s" : "", STREAM_BYTES >> 20, (double)STREAM_BYTES / best * 1e-9);
+    }
+    free(buf);
 }
 
 static void bench_matmul(kern_isa isa, kern_pool *pools[2])
@@ -193,6 +248,7 @@ int main(int argc, char **argv)
     printf("isa %s (best %s)\n", kern_isa_name(isa), kern_isa_name(kern_isa_best()));
     bench_pool(NULL, "no pool");
     bench_pool(pools[1], "2 threads");
+    bench_read_roof(pools);
     bench_matmul(isa, pools);
     bench_attention(isa, pools);
     pool_free(pools[1]);
