@@ -311,6 +311,30 @@ START_TEST(xrt_diag_rope_scaling_dropped)
 }
 END_TEST
 
+/* Every token given to llama.cpp K positions late (the recorder's
+ * test-only --fault rope-offset=K; key sets unchanged, only the rotation
+ * wrong): the step at (0, 0, q), named with its offset, small or large. */
+START_TEST(xrt_diag_rope_offset)
+{
+    static const int offsets[] = {3, 1000};
+    char dir[64], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_preset(dir, "tiny-llama", NULL);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(rename(gguf, bad), 0);
+    for (int i = 0; i < 2; i++) {
+        char opts[256], words[128];
+        snprintf(opts, sizeof opts, "%s --fault rope-offset=%d", kv_types[i], offsets[i]);
+        snprintf(words, sizeof words, "RoPE position offset of +%d", offsets[i]);
+        json_t *j, *g = diagnose(dir, opts, 0, 0, "q", &j);
+        expect_diag(g, opts, "rope_offset", "recomputed", words, NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Llama 3 scaling lives in the GGUF as the rope_freqs tensor (llama.cpp's
  * converter writes no scaling metadata for it): a GGUF without it runs
  * unscaled, which the diagnosis names against the config's llama3 rule. */
@@ -624,6 +648,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_scaling_dropped);
     tcase_add_test(tc, xrt_diag_rope_scaling_wrong);
     tcase_add_test(tc, xrt_diag_rope_llama3_dropped);
+    tcase_add_test(tc, xrt_diag_rope_offset);
     tcase_add_test(tc, xrt_diag_attn_scale);
     tcase_add_test(tc, xrt_diag_norm_input);
     tcase_add_test(tc, xrt_diag_norm_q);

@@ -86,7 +86,8 @@ static void usage(FILE *f)
         "  --fault isolate-ubatch  each ubatch and decode step sees only its own keys\n"
         "  --fault drop-key=P      position P leaves the cache once its ubatch ran\n"
         "  --fault decode-blind    decode steps do not see the prompt's keys\n"
-        "  --fault dup-key=P       the prompt's key P is in the cache twice when decoding\n");
+        "  --fault dup-key=P       the prompt's key P is in the cache twice when decoding\n"
+        "  --fault rope-offset=K   every token runs at its position + K (RoPE rotated K too far)\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -852,7 +853,8 @@ typedef enum {
     FAULT_ISOLATE_UBATCH,           /* earlier positions removed before each ubatch */
     FAULT_DROP_KEY,                 /* position pos removed after its ubatch */
     FAULT_DECODE_BLIND,             /* the prompt removed before the first decode step */
-    FAULT_DUP_KEY                   /* position pos decoded again as a second cell */
+    FAULT_DUP_KEY,                  /* position pos decoded again as a second cell */
+    FAULT_ROPE_OFFSET               /* every token given to llama.cpp at position + pos */
 } fault_kind;
 
 typedef struct {
@@ -880,9 +882,19 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
                            n_prompt - 1);
         f->kind = drop ? FAULT_DROP_KEY : FAULT_DUP_KEY;
         f->pos = (int)p;
+    } else if (!strncmp(spec, "rope-offset=", 12)) {
+        /* Positions shift alike, so every key set stays as it was and only
+         * the rotation is wrong: what a runtime that counts positions from
+         * the wrong origin does. */
+        errno = 0;
+        long k = strtol(spec + 12, &end, 10);
+        if (errno || end == spec + 12 || *end || k < 1 || k > (1L << 20))
+            return kv_errf(e, "--fault %s: the offset must be 1..%ld", spec, 1L << 20);
+        f->kind = FAULT_ROPE_OFFSET;
+        f->pos = (int)k;
     } else {
-        return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind or "
-                          "dup-key=P", spec);
+        return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind, "
+                          "dup-key=P or rope-offset=K", spec);
     }
     return 0;
 }
@@ -943,8 +955,8 @@ static int fault_after(struct llama_context *ctx, const fault *f, int pos0, int 
 static const char *fault_name(const fault *f, char *buf, size_t n)
 {
     static const char *const names[] = {"", "isolate-ubatch", "drop-key", "decode-blind",
-                                        "dup-key"};
-    if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY)
+                                        "dup-key", "rope-offset"};
+    if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY || f->kind == FAULT_ROPE_OFFSET)
         snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
     else
         snprintf(buf, n, "%s", names[f->kind]);
@@ -1000,6 +1012,7 @@ typedef struct {
 static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_t *tokens, int n,
                   int pos0, int n_batch, const fault_ctx *fc)
 {
+    const int shift = fc && fc->f->kind == FAULT_ROPE_OFFSET ? fc->f->pos : 0;
     for (int i = 0; i < n; i += n_batch) {
         int k = n - i < n_batch ? n - i : n_batch;
         if (fc && fault_before(ctx, fc->r, fc->f, fc->prompt, fc->n_prompt, pos0 + i) != 0)
@@ -1007,7 +1020,7 @@ static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_
         b->n_tokens = k;
         for (int j = 0; j < k; j++) {
             b->token[j] = tokens[i + j];
-            b->pos[j] = pos0 + i + j;
+            b->pos[j] = pos0 + i + j + shift;
             b->n_seq_id[j] = 1;
             b->seq_id[j][0] = 0;
             b->logits[j] = 1;
