@@ -208,7 +208,10 @@ int cmd_gen(int argc, char **argv)
         }
     }
     if (gguf) {
-        if (export_with_bar(preset, seed, NULL, gt, gguf, &e) < 0)
+        /* With a folder written, the GGUF is exported from it: the two are
+         * then one model (bf16 folders round norms and biases, which a
+         * GGUF keeps f32, and a fresh draw would not). */
+        if (export_with_bar(out ? NULL : preset, seed, out, gt, gguf, &e) < 0)
             goto input_error;
         printf("wrote %s (preset %s, weights seed %llu, %s)\n", gguf, preset,
                (unsigned long long)seed, dtype);

@@ -453,6 +453,43 @@ static int count_lines(const char *s)
     return n;
 }
 
+/* `gen -o DIR --gguf F` writes one model twice: the GGUF is the folder's
+ * weights (a bf16 folder rounds its norms and biases, which the GGUF keeps
+ * f32), byte for byte what `gen --from DIR --gguf` makes of it. */
+static char *read_whole(const char *path, long *n)
+{
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+    *n = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)*n + 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq((long)fread(b, 1, (size_t)*n, f), *n);
+    fclose(f);
+    return b;
+}
+
+START_TEST(test_folder_and_gguf_are_one_model)
+{
+    char dir[256], args[1024], out[4096], a[512], b[512];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(a, sizeof a, "%s/both.gguf", dir);
+    snprintf(b, sizeof b, "%s/from.gguf", dir);
+    snprintf(args, sizeof args, "gen --preset tiny-qwen3 --dtype bf16 -o %s/hf --gguf %s", dir, a);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "gen --from %s/hf --dtype bf16 --gguf %s", dir, b);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    long na, nb;
+    char *x = read_whole(a, &na), *y = read_whole(b, &nb);
+    ck_assert_msg(na == nb && !memcmp(x, y, (size_t)na), "%s (%ld bytes) and %s (%ld bytes) "
+                  "differ", a, na, b, nb);
+    free(x);
+    free(y);
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_kvshared_refused_without_a_file)
 {
     char dir[256], path[512], args[1024], out[4096];
@@ -567,6 +604,7 @@ Suite *gguf_suite(void)
                         (int)(sizeof hf_cases / sizeof *hf_cases));
     tcase_add_loop_test(tc, test_biased_llama_export, 0,
                         (int)(sizeof biased_llama / sizeof *biased_llama));
+    tcase_add_test(tc, test_folder_and_gguf_are_one_model);
     suite_add_tcase(s, tc);
     TCase *bad = tcase_create("bad input");
     tcase_set_timeout(bad, 60);
