@@ -1625,9 +1625,16 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER) {
         r->diag.kind = CMP_DIAG_UNCLASSIFIED;
         snprintf(r->diag.summary, sizeof r->diag.summary, "unclassified");
-        snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position %lld "
-                 "but no recorded stage does before it: record the logits and every stage)",
-                 (long long)r->tokens.pos);
+        if (r->xrt.on)   /* the stages do differ there: within the drift model */
+            snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
+                     "%lld but no recorded stage steps above drift before it: a bug smaller "
+                     "than this runtime's rounding, a near-tie between two tokens, or a stage "
+                     "not recorded; record the logits and every stage)",
+                     (long long)r->tokens.pos);
+        else
+            snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
+                     "%lld but no recorded stage does before it: record the logits and every "
+                     "stage)", (long long)r->tokens.pos);
     }
     set_verdict(r, w->ref, w->test);
     return 0;

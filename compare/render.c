@@ -98,7 +98,7 @@ static void xrt_line(FILE *f, const cmp_result *r)
         return;
     fprintf(f, "  drift model %s: KV cache %s; a row is drift while its relative error is at "
             "most max(%.0e%s, %g x upstream, %g x its stage's earlier rows)", x->model,
-            x->kv_precision, x->floor_base, x->kv_eps > 0x1p-20 ? " + KV rounding at attn_out"
+            x->kv_precision, x->floor_base, x->kv_eps > 0x1p-20 ? " + KV rounding at attn_out (attn_proj where attn_out is not recorded)"
                                                                  : "", x->gain, x->history);
     if (x->worst_pos >= 0) {
         fprintf(f, "; drift came closest at position %lld, ", (long long)x->worst_pos);
