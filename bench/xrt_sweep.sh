@@ -100,7 +100,10 @@ PY
 }
 
 # Records GGUF with llama.cpp, compares it with REF and prints one line:
-# TAG exit=E step=POS/LAYER/STAGE kind=K closest=RATIO@WHERE.
+# TAG exit=E step=POS/LAYER/STAGE kind=K closest=RATIO@WHERE check=RATIO@POS/LAYER
+# (closest: the drift model's largest error / threshold; check: the
+# attention check's largest residual / threshold, "off" where it did not
+# run, "(step)" where it found the step).
 run_cell() { # TAG GGUF HF REF THREADS KV FA UB EXTRA...
   tag=$1 g=$2 hf=$3 ref=$4 t=$5 kv=$6 fa=$7 ub=$8; shift 8
   rm -f s.h5
@@ -119,8 +122,14 @@ except Exception as e:
 x=j['mode']['cross_runtime'] or {}; d=j['first_divergence']; g=j.get('diagnosis') or {}
 w=x.get('drift_closest') or {}
 loc='-' if not d else '%d/%d/%s'%(d['position'],d['layer'],d['stage'])
+a=x.get('attention_check') or {}
+ac=a.get('closest') or {}
+chk=('%.3g@%s/%s'%(ac.get('ratio',0),ac.get('position'),ac.get('layer'))
+     if a.get('ran') else 'off')
+if a.get('step'): chk+='(step)'
 print(f"{tag} exit={rc} step={loc} kind={g.get('kind','-') if d else '-'} "
-      f"closest={w.get('ratio',0):.3g}@{w.get('position')}/{w.get('layer')}/{w.get('stage')}")
+      f"closest={w.get('ratio',0):.3g}@{w.get('position')}/{w.get('layer')}/{w.get('stage')} "
+      f"check={chk}")
 PY
 }
 

@@ -95,6 +95,15 @@ typedef struct {
     double attn_tol, row_tol;
 } cmp_ctx;
 
+/* --- attn_audit.c --- */
+/* The test's attention against its own q, k, v: for every layer whose q,
+ * attn_out and KV owner's k, v the test records, attention over the
+ * config's key set recomputed from them and compared with its attn_out,
+ * over the positions the compare reaches. *pos, *stage_i: the first
+ * (position, index of (layer, attn_out) in r->stages) in walk order whose
+ * residual (*err) is above r->xrt.audit_threshold; -1 none. Fills
+ * r->xrt.audit_*. 0, or -1 with e filled. */
+int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e);
 /* Evidence and diagnosis at r->first (diagnose.c). */
 int cmp_diagnose(cmp_ctx *c, kv_err *e);
 

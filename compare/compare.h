@@ -479,6 +479,20 @@ typedef struct {
     int64_t worst_pos;           /* where (-1 none) */
     int worst_layer;
     kv_stage worst_stage;
+    /* The attention check (attn_audit.c): the test's attn_out against
+     * attention recomputed from its own q, k, v over the config's keys,
+     * at every position and layer it records all four. A row whose
+     * residual is above audit_threshold = 4e-3 + 4 * kv_eps is a step
+     * too, when it comes before the drift model's (audit_step). */
+    char audit_skip[120];        /* why the check did not run ("" when it did) */
+    int audit_layers;            /* layers checked (0: the test records no attention) */
+    double audit_threshold;
+    double audit_worst;          /* largest residual / threshold below the step */
+    double audit_worst_residual;
+    int64_t audit_worst_pos;     /* where (-1 none) */
+    int audit_worst_layer;
+    bool audit_step;             /* the step is the check's: first is its row */
+    double audit_drift_threshold;/* the drift model's threshold at the step's row */
 } cmp_xrt;
 
 #define CMP_MAX_NOTES 16

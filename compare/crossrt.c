@@ -261,8 +261,10 @@ static double recent(const xrt_walk *x, const cmp_stage_result *sr, int i, int64
 
 /* Positions ascending, at each the stages in dataflow order: the first
  * row above its threshold is the step. Rows before it are drift and teach
- * each stage its scale. */
-static int judge(xrt_walk *x, kv_err *e)
+ * each stage its scale. audit_p, audit_i: the attention check's step
+ * (position, stage index; -1 none), which ends the walk when it comes
+ * first. */
+static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv_err *e)
 {
     cmp_result *r = x->c->r;
     cmp_xrt *m = &r->xrt;
@@ -285,13 +287,20 @@ static int judge(xrt_walk *x, kv_err *e)
                 const double thr = threshold(m, sr, x->kv_rounds[i], upstream, own[i]);
                 cmp_rowrec *rec = &x->recs[at];
                 rec->bad = !(err <= thr);
+                /* Drift against the reference, but not attention over the
+                 * test's own inputs: the attention check's step. */
+                if (!rec->bad && p == audit_p && i == audit_i) {
+                    rec->bad = true;
+                    m->audit_step = true;
+                    m->audit_drift_threshold = thr;
+                }
                 sr->xrt_threshold = thr;
                 sr->xrt_err = err > sr->xrt_err || isnan(err) ? err : sr->xrt_err;
                 cmp_stats_add(&sr->all, rec, p);
                 if (rec->bad) {
                     stop = p;
                     stop_i = i;
-                    stop_thr = thr;
+                    stop_thr = m->audit_step ? m->audit_threshold : thr;
                     break;
                 }
                 cmp_stats_add(&sr->upto, rec, p);
@@ -314,7 +323,8 @@ static int judge(xrt_walk *x, kv_err *e)
     if (stop < 0)
         return 0;
     m->step = true;
-    m->step_err = x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
+    m->step_err = m->audit_step ? audit_err
+                                : x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
     m->step_threshold = stop_thr;
     return fill_step(x, stop_i, stop, stop_thr, e);
 }
@@ -344,8 +354,14 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
         x.kv_rounds[i] = kv_rounds_here(r, i);
     int rc = x.recs && x.err && x.kv_rounds ? read_all(&x, e)
                                             : kv_errf(e, "compare: out of memory");
+    /* The attention check first: its step, if any, bounds the walk. */
+    int64_t audit_p = -1;
+    int audit_i = -1;
+    double audit_err = 0;
     if (rc == 0)
-        rc = judge(&x, e);
+        rc = cmp_xrt_audit(c, &audit_p, &audit_i, &audit_err, e);
+    if (rc == 0)
+        rc = judge(&x, audit_p, audit_i, audit_err, e);
     free(x.recs);
     free(x.err);
     free(x.kv_rounds);

@@ -1767,7 +1767,8 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             append(c->g->evidence, sizeof c->g->evidence, " and not the test's (%.2g)", cfg_err);
         if (c->r->xrt.on)
             append(c->g->evidence, sizeof c->g->evidence, "; errors up to %.2g count as "
-                   "reproducing: the drift model's floor at attn_out (KV cache %s)", c->attn_tol,
+                   "reproducing: %s (KV cache %s)", c->attn_tol, c->r->xrt.audit_step
+                   ? "the attention check's threshold" : "the drift model's floor at attn_out",
                    c->r->xrt.kv_precision);
         for (int i = 0; i < nm; i++)
             if (!ms[i].alive)
@@ -2151,7 +2152,9 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->beyond = false;
     c->attn_tol = c->row_tol = CMP_MATCH_TOL;
     if (r->xrt.on) {
-        c->attn_tol = cmp_xrt_attn_floor(&r->xrt);
+        /* A step the attention check found is below the drift floor:
+         * hypotheses must reproduce the test as closely as the check. */
+        c->attn_tol = r->xrt.audit_step ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
     }
     int rc = diagnose_point(c, e);

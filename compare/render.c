@@ -107,6 +107,18 @@ static void xrt_line(FILE *f, const cmp_result *r)
         fprintf(f, "%s (%.2g of its threshold)", stage_name(x->worst_stage), x->worst_ratio);
     }
     fprintf(f, "\n");
+    if (x->audit_skip[0])
+        fprintf(f, "  attention check: not run: %s\n", x->audit_skip);
+    else if (x->audit_layers > 0) {
+        fprintf(f, "  attention check: the test's attn_out against attention recomputed from its "
+                "own q, k, v over the config's keys, %d layer%s, threshold %.2g", x->audit_layers,
+                x->audit_layers == 1 ? "" : "s", x->audit_threshold);
+        if (x->audit_worst_pos >= 0)
+            fprintf(f, "; %s came closest at position %lld, layer %d (%.2g)",
+                    x->audit_step ? "below the step it" : "it", (long long)x->audit_worst_pos,
+                    x->audit_worst_layer, x->audit_worst_residual);
+        fprintf(f, "\n");
+    }
 }
 
 static void same_report(FILE *f, const cmp_result *r)
@@ -383,7 +395,13 @@ static void diverged_report(FILE *f, const cmp_result *r)
     } else {
         point_block(f, r->xrt.on ? "FIRST STEP ABOVE DRIFT" : "FIRST DIVERGENCE", d, &r->ev,
                     false);
-        if (r->xrt.step)
+        if (r->xrt.step && r->xrt.audit_step)
+            fprintf(f, "  a step in the test's own attention: its attn_out is %.2g from "
+                    "attention over its own q, k, v and the config's keys (threshold %.2g); "
+                    "against the reference this row is %.2g, within the drift threshold of "
+                    "%.2g (%s)\n", r->xrt.step_err, r->xrt.step_threshold, d->row_rel,
+                    r->xrt.audit_drift_threshold, r->xrt.why);
+        else if (r->xrt.step)
             fprintf(f, "  a step: relative error %.2g here against a drift threshold of %.2g "
                     "(%s)\n", r->xrt.step_err, r->xrt.step_threshold, r->xrt.why);
         if (r->beyond.found) {
@@ -618,13 +636,21 @@ static json_t *jxrt(const cmp_result *r)
         : json_pack("{sI si ss so}", "position", (json_int_t)x->worst_pos, "layer",
                     x->worst_layer, "stage", stage_name(x->worst_stage), "ratio",
                     jnum(x->worst_ratio));
-    return json_pack("{ss ss ss so so so so so sb so so so so}", "model", x->model, "why", x->why,
-                     "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
+    json_t *audit = json_pack(
+        "{sb so si so sb so}", "ran", !x->audit_skip[0] && x->audit_layers > 0, "skipped",
+        x->audit_skip[0] ? json_string(x->audit_skip) : json_null(), "layers", x->audit_layers,
+        "threshold", jnum(x->audit_threshold), "step", x->audit_step, "closest",
+        x->audit_worst_pos < 0 ? json_null()
+            : json_pack("{sI si so so}", "position", (json_int_t)x->audit_worst_pos, "layer",
+                        x->audit_worst_layer, "residual", jnum(x->audit_worst_residual),
+                        "ratio", jnum(x->audit_worst)));
+    return json_pack("{ss ss ss so so so so so sb so so so so so}", "model", x->model, "why",
+                     x->why, "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
                      jnum(x->floor_base), "kv_factor", jnum(x->kv_factor), "gain",
                      jnum(x->gain), "history", jnum(x->history), "step", x->step, "step_error",
                      x->step ? jnum(x->step_err) : json_null(), "step_threshold",
                      x->step ? jnum(x->step_threshold) : json_null(), "drift_closest", worst,
-                     "stages", st);
+                     "attention_check", audit, "stages", st);
 }
 
 static json_t *jstages(const cmp_result *r)

@@ -180,6 +180,46 @@ START_TEST(xrt_early_drift_does_not_mask)
 }
 END_TEST
 
+/* The attention check (docs/cross-runtime.md): a bf16-cache recording
+ * whose layer 3 attn_out at position 50 is 4% off, under the drift floor
+ * there (6.65%), but not attention over llama.cpp's own q, k, v: a step at
+ * that row, found by the check alone. The same change on the reference's
+ * row too: the recomputation no longer reproduces the reference there, so
+ * the check leaves layer 3 out (a note), never judging attention it does
+ * not model, and the two equal rows are drift. */
+START_TEST(xrt_attention_check)
+{
+    char dir[64], path[512], args[1024];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    json_t *j;
+    char gguf[512];
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    ck_assert_int_eq(record_compare(dir, gguf, "--cache-type bf16", "", &j), 0);
+    json_t *ac = json_object_get(xrt_of(j), "attention_check");
+    ck_assert_msg(json_is_true(json_object_get(ac, "ran")) &&
+                  json_number_value(json_object_get(ac, "threshold")) < 0.02 &&
+                  json_number_value(json_object_get(json_object_get(ac, "closest"), "residual")) <
+                      0.01, "%.3000s", out);
+    json_decref(j);
+    snprintf(path, sizeof path, "%s/llama.h5", dir);
+    scale_row(path, "/layers/3/attn_out", 50, 1.04f);
+    expect_step_at(dir, "llama.h5", 50, 3, "attn_out");
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    j = json_loads(out, 0, NULL);
+    ac = json_object_get(xrt_of(j), "attention_check");
+    ck_assert_msg(json_is_true(json_object_get(ac, "step")), "%.3000s", out);
+    json_decref(j);
+    snprintf(path, sizeof path, "%s/ref.h5", dir);
+    scale_row(path, "/layers/3/attn_out", 50, 1.04f);
+    const int rc = test_run_cli(args, out, sizeof out);
+    ck_assert_msg(rc == 0 && strstr(out, "attention check: layer 3 left out"), "exit %d\n%.3000s",
+                  rc, out);
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(xrt_llama_drift)
 {
     char dir[64];
@@ -274,6 +314,7 @@ Suite *crossrt_suite(void)
     tcase_add_test(tc, xrt_llama_window);
     tcase_add_test(tc, xrt_llama_rope_base);
     tcase_add_test(tc, xrt_early_drift_does_not_mask);
+    tcase_add_test(tc, xrt_attention_check);
     tcase_add_test(tc, xrt_llama_no_attn_out);
     suite_add_tcase(s, tc);
     TCase *cli = tcase_create("cli");

@@ -631,6 +631,100 @@ START_TEST(xrt_diag_qk_norm_missing)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Below the drift floor: the attention check                           */
+
+/* The JSON of `kvdiff compare dir/ref.h5 dir/llama.h5` after recording
+ * gguf with opts; *rc its exit status. */
+static json_t *record_compare(const char *dir, const char *gguf, const char *opts, int *rc)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s/%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 4 "
+             "--ignore-eos --threads 1 %s --dump %s/llama.h5", dir, gguf, dir, dir, opts, dir);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json", dir, dir);
+    *rc = test_run_cli(args, out, sizeof out);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_msg(j, "%.3000s", out);
+    return j;
+}
+
+static json_t *attention_check(json_t *j)
+{
+    return json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
+                           "attention_check");
+}
+
+/* tiny-gemma3 with a window of 96 (so a decode step reads 96 keys) and a
+ * bf16 cache: one key left out of 96 moves layer 0's attn_out by about
+ * 5.6%, under the drift floor of a bf16 cache there (6.65%), so against
+ * the reference alone it is drift. Recomputed from llama.cpp's own q, k,
+ * v it is not: the attention check finds it at its place, and the
+ * diagnosis names the key. The correct model with the same cache passes
+ * the check; with an f16 cache the check stands aside. */
+START_TEST(xrt_diag_below_drift_bf16)
+{
+    char dir[64], args[1024], path[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s/hf", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(path, sizeof path, "%s/hf/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    static char cfg[8192];
+    const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
+    fclose(f);
+    cfg[n] = '\0';
+    char *at = strstr(cfg, "\"sliding_window\": 12,");
+    ck_assert_ptr_nonnull(at);
+    f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s\"sliding_window\": 96,%s", (int)(at - cfg), cfg,
+            at + strlen("\"sliding_window\": 12,"));
+    ck_assert_int_eq(fclose(f), 0);
+    snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+
+    int rc;
+    json_t *j = record_compare(dir, "m.gguf", "--cache-type bf16 --fault drop-key=95", &rc);
+    ck_assert_msg(rc == 1, "exit %d: %.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 100 &&
+                  json_integer_value(json_object_get(d, "layer")) == 0 &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), "attn_out"),
+                  "%.3000s", out);
+    /* Drift against the reference: below the bf16 floor at attn_out. */
+    const double row_rel = json_real_value(json_object_get(d, "row_rel"));
+    ck_assert_msg(row_rel > 0.03 && row_rel < 4e-3 + 16 * 0x1p-8, "row_rel %g", row_rel);
+    json_t *ac = attention_check(j);
+    ck_assert_msg(json_is_true(json_object_get(ac, "step")), "%.3000s", out);
+    expect_diag(json_object_get(j, "diagnosis"), "bf16 drop-key", "missing_key", "recomputed",
+                "the key at position 95 is not read", "the attention check's threshold", NULL);
+    json_decref(j);
+
+    j = record_compare(dir, "m.gguf", "--cache-type bf16", &rc);
+    ck_assert_msg(rc == 0, "exit %d: %.3000s", rc, out);
+    ac = attention_check(j);
+    ck_assert_msg(json_is_true(json_object_get(ac, "ran")) &&
+                  json_integer_value(json_object_get(ac, "layers")) == 6 &&
+                  json_real_value(json_object_get(json_object_get(ac, "closest"), "ratio")) < 1,
+                  "%.3000s", out);
+    json_decref(j);
+
+    j = record_compare(dir, "m.gguf", "--cache-type f16", &rc);
+    ck_assert_msg(rc == 0, "exit %d: %.3000s", rc, out);
+    ac = attention_check(j);
+    ck_assert_msg(json_is_false(json_object_get(ac, "ran")) &&
+                  strstr(json_string_value(json_object_get(ac, "skipped")), "f16"),
+                  "%.3000s", out);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
@@ -655,6 +749,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_norm_post_ffw);
     tcase_add_test(tc, xrt_diag_qk_norm_missing_llamacpp);
     tcase_add_test(tc, xrt_diag_qk_norm_missing);
+    tcase_add_test(tc, xrt_diag_below_drift_bf16);
     suite_add_tcase(s, tc);
     return s;
 }
