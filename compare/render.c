@@ -637,9 +637,10 @@ static json_t *jxrt(const cmp_result *r)
                     x->worst_layer, "stage", stage_name(x->worst_stage), "ratio",
                     jnum(x->worst_ratio));
     json_t *audit = json_pack(
-        "{sb so si so sb so}", "ran", !x->audit_skip[0] && x->audit_layers > 0, "skipped",
+        "{sb so si so sb so so}", "ran", !x->audit_skip[0] && x->audit_layers > 0, "skipped",
         x->audit_skip[0] ? json_string(x->audit_skip) : json_null(), "layers", x->audit_layers,
-        "threshold", jnum(x->audit_threshold), "step", x->audit_step, "closest",
+        "threshold", jnum(x->audit_threshold), "step", x->audit_step, "drift_threshold",
+        x->audit_step ? jnum(x->audit_drift_threshold) : json_null(), "closest",
         x->audit_worst_pos < 0 ? json_null()
             : json_pack("{sI si so so}", "position", (json_int_t)x->audit_worst_pos, "layer",
                         x->audit_worst_layer, "residual", jnum(x->audit_worst_residual),

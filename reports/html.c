@@ -97,11 +97,22 @@ static void inputs(const rep_ctx *c, FILE *f)
         fprintf(f, "; a row is drift while its relative error is at most max(%g + %g &times; "
                 "%.3g at attn_out, %g &times; upstream, %g &times; its stage's earlier rows)); ",
                 x->floor_base, x->kv_factor, x->kv_eps, x->gain, x->history);
-        if (x->step)
+        if (x->step && x->audit_step)
+            fprintf(f, "step in the test's own attention: its attn_out is %.3g from attention "
+                    "over its own q, k, v (threshold %.3g)", x->step_err, x->step_threshold);
+        else if (x->step)
             fprintf(f, "step: error %.3g against a threshold of %.3g", x->step_err,
                     x->step_threshold);
         else
             fputs("no step above drift", f);
+        if (x->audit_skip[0]) {
+            fputs("; attention check not run: ", f);
+            esc(f, x->audit_skip);
+        } else if (x->audit_layers > 0 && x->audit_worst_pos >= 0)
+            fprintf(f, "; attention check over %d layers, threshold %.3g, closest residual "
+                    "%.3g (position %lld, layer %d)", x->audit_layers, x->audit_threshold,
+                    x->audit_worst_residual, (long long)x->audit_worst_pos,
+                    x->audit_worst_layer);
     } else if (r->exact)
         fputs("exact (any differing bit is a divergence)", f);
     else

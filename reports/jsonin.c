@@ -176,6 +176,37 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
         o->worst_stage = stage_of(c, dc, wd, "stage");
         o->worst_ratio = num(c, dc, wd, "ratio", false);
     }
+    /* The attention check (absent in results older than it). */
+    o->audit_worst_pos = -1;
+    o->audit_worst_layer = -1;
+    json_t *ac = c->failed || !json_object_get(x, "attention_check")
+                     ? NULL : object(c, x, w, "attention_check", true);
+    if (!ac)
+        return;
+    const char *wa = "mode.cross_runtime.attention_check";
+    const bool ran = boolean(c, ac, wa, "ran");
+    json_t *sk = c->failed ? NULL : need(c, ac, wa, "skipped");
+    if (sk && !json_is_null(sk))
+        copy(o->audit_skip, sizeof o->audit_skip, string(c, ac, wa, "skipped"));
+    o->audit_layers = (int)integer(c, ac, wa, "layers", 0, KV_MAX_LAYERS, INT64_MIN);
+    o->audit_threshold = num(c, ac, wa, "threshold", false);
+    o->audit_step = boolean(c, ac, wa, "step");
+    o->audit_drift_threshold = num(c, ac, wa, "drift_threshold", true);
+    if (!c->failed && o->audit_step != isfinite(o->audit_drift_threshold))
+        bad(c, wa, "drift_threshold", "does not agree with step");
+    if (!c->failed && ran != (!o->audit_skip[0] && o->audit_layers > 0))
+        bad(c, wa, "ran", "does not agree with skipped and layers");
+    if (!c->failed && o->audit_step && !o->step)
+        bad(c, wa, "step", "is true without a step");
+    json_t *cl = c->failed ? NULL : object(c, ac, wa, "closest", true);
+    if (cl) {
+        const char *wc = "mode.cross_runtime.attention_check.closest";
+        o->audit_worst_pos = integer(c, cl, wc, "position", 0, JR_MAX_POS, INT64_MIN);
+        o->audit_worst_layer = (int)integer(c, cl, wc, "layer", 0, KV_MAX_LAYERS - 1,
+                                            INT64_MIN);
+        o->audit_worst_residual = num(c, cl, wc, "residual", false);
+        o->audit_worst = num(c, cl, wc, "ratio", false);
+    }
 }
 
 /* mode.cross_runtime.stages: each stage's figures, onto the stage
