@@ -842,6 +842,46 @@ START_TEST(test_json_round_trip_xrt)
     ck_assert_msg(strstr(html, "cross-runtime: drift model drift-step (KV cache ") &&
                   strstr(html, "step: error "), "%.2000s", html);
     free(html);
+
+    /* The attention check's block: a run of it read back whole, and one
+     * whose fields contradict each other refused with the key path. */
+    char path[160], back_json[160];
+    snprintf(path, sizeof path, "%s/xrt0.json", dumps);
+    json_t *j = json_load_file(path, 0, NULL);
+    ck_assert_ptr_nonnull(j);
+    json_t *x = json_object_get(json_object_get(j, "mode"), "cross_runtime");
+    json_t *ran = json_pack("{sb sn si sf sb sn s{si si sf sf}}", "ran", 1, "skipped", "layers",
+                            3, "threshold", 0.0196, "step", 0, "drift_threshold", "closest",
+                            "position", 5, "layer", 1, "residual", 0.004, "ratio",
+                            0.004 / 0.0196);
+    json_object_set_new(x, "attention_check", ran);
+    snprintf(back_json, sizeof back_json, "%s/xrt-check.json", dumps);
+    ck_assert_int_eq(json_dump_file(j, back_json, 0), 0);
+    kv_err e = {{0}};
+    report_json back;
+    ck_assert_msg(report_json_load(back_json, &back, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(back.r.xrt.audit_layers, 3);
+    ck_assert_int_eq(back.r.xrt.audit_worst_pos, 5);
+    json_t *j2 = cmp_result_json(&back.r, CMP_RENDER_STAGES);
+    ck_assert(json_equal(json_object_get(json_object_get(json_object_get(j2, "mode"),
+                                                         "cross_runtime"), "attention_check"),
+                         json_object_get(x, "attention_check")));
+    char *text = cmp_render_text(&back.r, CMP_RENDER_STAGES);
+    ck_assert_msg(strstr(text, "attention check: the test's attn_out against attention "
+                                "recomputed") && strstr(text, "position 5, layer 1 (0.004)"),
+                  "%.2000s", text);
+    free(text);
+    json_decref(j2);
+    report_json_free(&back);
+    json_object_set_new(json_object_get(x, "attention_check"), "skipped",
+                        json_string("the test's KV cache type is not recorded"));
+    ck_assert_int_eq(json_dump_file(j, back_json, 0), 0);
+    json_decref(j);
+    snprintf(args, sizeof args, "%s -o %s/checkout", back_json, dumps);
+    report_cli(args, 2);
+    ck_assert_msg(strstr(out, "mode.cross_runtime.attention_check.ran does not agree"), "%s",
+                  out);
+    ck_assert(!exists(dumps, "checkout/index.html"));
 }
 END_TEST
 
