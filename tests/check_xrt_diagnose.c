@@ -229,29 +229,37 @@ START_TEST(xrt_diag_rope_common_base)
 }
 END_TEST
 
+/* dir/hf/config.json with its first `from` replaced by `to`. */
+static void config_replace(const char *dir, const char *from, const char *to)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/hf/config.json", dir);
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    static char cfg[8192];
+    const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
+    fclose(f);
+    cfg[n] = '\0';
+    char *at = strstr(cfg, from);
+    ck_assert_msg(at, "%s: no %s", path, from);
+    f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+    ck_assert_int_eq(fclose(f), 0);
+}
+
 /* preset as dir/hf (its config.json's rope_scaling replaced by `scaling`
  * when not NULL), exported as dir/m.gguf, and the reference on a 100-token
  * prompt as dir/ref.h5. */
 static void setup_preset(const char *dir, const char *preset, const char *scaling)
 {
-    char args[1024], path[512];
+    char args[1024];
     snprintf(args, sizeof args, "gen --preset %s -o %s/hf", preset, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     if (scaling) {
-        snprintf(path, sizeof path, "%s/hf/config.json", dir);
-        FILE *f = fopen(path, "rb");
-        ck_assert_ptr_nonnull(f);
-        static char cfg[8192];
-        const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
-        fclose(f);
-        cfg[n] = '\0';
-        char *at = strstr(cfg, "\"rope_scaling\": null");
-        ck_assert_ptr_nonnull(at);
-        f = fopen(path, "wb");
-        ck_assert_ptr_nonnull(f);
-        fprintf(f, "%.*s\"rope_scaling\": %s%s", (int)(at - cfg), cfg, scaling,
-                at + strlen("\"rope_scaling\": null"));
-        ck_assert_int_eq(fclose(f), 0);
+        char to[512];
+        snprintf(to, sizeof to, "\"rope_scaling\": %s", scaling);
+        config_replace(dir, "\"rope_scaling\": null", to);
     }
     snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
@@ -664,24 +672,11 @@ static json_t *attention_check(json_t *j)
  * the check; with an f16 cache the check stands aside. */
 START_TEST(xrt_diag_below_drift_bf16)
 {
-    char dir[64], args[1024], path[512];
+    char dir[64], args[1024];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     snprintf(args, sizeof args, "gen --preset tiny-gemma3 -o %s/hf", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    snprintf(path, sizeof path, "%s/hf/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    ck_assert_ptr_nonnull(f);
-    static char cfg[8192];
-    const size_t n = fread(cfg, 1, sizeof cfg - 1, f);
-    fclose(f);
-    cfg[n] = '\0';
-    char *at = strstr(cfg, "\"sliding_window\": 12,");
-    ck_assert_ptr_nonnull(at);
-    f = fopen(path, "wb");
-    ck_assert_ptr_nonnull(f);
-    fprintf(f, "%.*s\"sliding_window\": 96,%s", (int)(at - cfg), cfg,
-            at + strlen("\"sliding_window\": 12,"));
-    ck_assert_int_eq(fclose(f), 0);
+    config_replace(dir, "\"sliding_window\": 12,", "\"sliding_window\": 96,");
     snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 4 "
