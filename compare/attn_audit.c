@@ -57,14 +57,32 @@ static void round_q8_0(float *x, size_t n)
     }
 }
 
-/* Rows of width w, each rounded as the runtime holds it. */
-static void round_rows(audit_round how, float *x, size_t rows, int w)
+/* Rows of width w, each rounded as the runtime holds it. rot: the block
+ * size of the Walsh-Hadamard rotation the runtime quantizes them under (0
+ * none; llama.cpp's attn_rot_k for q and k, attn_rot_v for v): rotated,
+ * rounded, rotated back (the rotation is its own inverse). */
+static void round_rows(audit_round how, float *x, size_t rows, int w, int rot)
 {
+    const size_t n = rows * (size_t)w;
     if (how == ROUND_BF16)
-        for (size_t i = 0; i < rows * (size_t)w; i++)
+        for (size_t i = 0; i < n; i++)
             x[i] = st_bf16_to_f32(st_f32_to_bf16(x[i]));
-    else if (how == ROUND_Q8_0 && w % 32 == 0)
-        round_q8_0(x, rows * (size_t)w);
+    else if (how == ROUND_Q8_0 && w % 32 == 0) {
+        if (rot > 0)
+            kern_hadamard_blocks(x, n, rot);
+        round_q8_0(x, n);
+        if (rot > 0)
+            kern_hadamard_blocks(x, n, rot);
+    }
+}
+
+/* A rotation block size from the test's settings: a power of two from 32
+ * up to KERN_HADAMARD_MAX that divides head_dim, else 0. */
+static int rotation(const cmp_source *test, const char *key, int head_dim)
+{
+    const long b = cmp_settings_int(test, key, 0);
+    return b >= 32 && b <= KERN_HADAMARD_MAX && !(b & (b - 1)) && head_dim % b == 0 ? (int)b
+                                                                                    : 0;
 }
 
 static audit_round rounding_of(const cmp_xrt *m)
@@ -139,6 +157,70 @@ static void buf_free(audit_buf *b)
     memset(b, 0, sizeof *b);
 }
 
+/* ------------------------------------------------------------------ */
+/* The test as the check sees it                                        */
+
+typedef struct {
+    const cmp_source *in;
+    audit_round how;
+    int rot_k, rot_v, qf, kvf;
+} modelled;
+
+static int m_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
+{
+    const modelled *m = ctx;
+    return m->in->info(m->in->ctx, layer, st, first, rows, cols);
+}
+
+static int m_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, float *out,
+                  kv_err *e)
+{
+    const modelled *m = ctx;
+    const int rc = m->in->read(m->in->ctx, layer, st, pos0, n, out, e);
+    if (rc == 0 && (st == STAGE_Q || st == STAGE_K || st == STAGE_V))
+        round_rows(m->how, out, (size_t)n, st == STAGE_Q ? m->qf : m->kvf,
+                   st == STAGE_V ? m->rot_v : m->rot_k);
+    return rc;
+}
+
+static int m_output_info(void *ctx, int64_t *first, int64_t *rows, int *k)
+{
+    const modelled *m = ctx;
+    return m->in->output_info ? m->in->output_info(m->in->ctx, first, rows, k) : 1;
+}
+
+static int m_output(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *ids, float *vals,
+                    kv_err *e)
+{
+    const modelled *m = ctx;
+    return m->in->output(m->in->ctx, pos0, n, lse, ids, vals, e);
+}
+
+void *cmp_xrt_modelled_source(const cmp_source *test, const cmp_xrt *x, cmp_source *out)
+{
+    modelled *m = malloc(sizeof *m);
+    if (!m)
+        return NULL;
+    const int D = test->cfg.head_dim;
+    *m = (modelled){.in = test, .how = rounding_of(x), .rot_k = rotation(test, "attn_rot_k", D),
+                    .rot_v = rotation(test, "attn_rot_v", D),
+                    .qf = test->cfg.n_heads * D, .kvf = test->cfg.n_kv_heads * D};
+    *out = *test;
+    out->ctx = m;
+    out->info = m_info;
+    out->read = m_read;
+    out->read_hash = NULL;
+    out->read_stats = NULL;
+    out->prepare_parallel = NULL;
+    out->read_parallel = NULL;
+    out->digest = NULL;
+    out->output_info = m_output_info;
+    out->output = test->output ? m_output : NULL;
+    out->prefetch = NULL;
+    out->check = NULL;
+    return m;
+}
+
 /* Whether the reference's own attention at (layer, p) is reproduced by the
  * same recomputation: a guard against a config the recomputation does not
  * model. True when the reference does not record the rows to check. */
@@ -202,8 +284,9 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
     if (c->test->read(c->test->ctx, owner, STAGE_K, 0, (int64_t)nk, b.k, e) < 0 ||
         c->test->read(c->test->ctx, owner, STAGE_V, 0, (int64_t)nk, b.v, e) < 0)
         rc = -1;
-    round_rows(how, b.k, nk, kvf);
-    round_rows(how, b.v, nk, kvf);
+    const int rot_k = rotation(c->test, "attn_rot_k", D), rot_v = rotation(c->test, "attn_rot_v", D);
+    round_rows(how, b.k, nk, kvf, rot_k);
+    round_rows(how, b.v, nk, kvf, rot_v);
     for (size_t j = 0; j < nk; j++) {
         b.krow[j] = b.k + j * kvf;
         b.vrow[j] = b.v + j * kvf;
@@ -216,7 +299,7 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
             rc = -1;
             break;
         }
-        round_rows(how, b.q, (size_t)n, qf);
+        round_rows(how, b.q, (size_t)n, qf, rot_k);
         for (int i = 0; i < n; i++) {
             const int64_t p = p0 + i;
             b.kbeg[i] = (int)(W > 0 && p - W + 1 > 0 ? p - W + 1 : 0);

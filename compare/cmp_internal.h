@@ -104,6 +104,12 @@ typedef struct {
  * residual (*err) is above r->xrt.audit_threshold; -1 none. Fills
  * r->xrt.audit_*. 0, or -1 with e filled. */
 int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e);
+/* The test source as the attention check sees it: q, k and v read back
+ * rounded as the runtime holds them (its cache type, llama.cpp's
+ * rotations), everything else as it is; for diagnosing the check's own
+ * step. *out is the source; the returned handle is freed with free().
+ * NULL when out of memory. */
+void *cmp_xrt_modelled_source(const cmp_source *test, const cmp_xrt *x, cmp_source *out);
 /* Evidence and diagnosis at r->first (diagnose.c). */
 int cmp_diagnose(cmp_ctx *c, kv_err *e);
 

@@ -1760,7 +1760,10 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
         say(c->g->evidence, sizeof c->g->evidence, "recomputing attention from the recorded "
             "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
             "reproduces the reference (%.2g)",
-            a->ref_rows_used ? " (the reference's: the test did not record them)" : "",
+            a->ref_rows_used ? " (the reference's: the test did not record them)"
+            : c->r->xrt.audit_step ? " (rounded to the test's KV cache type, as the attention "
+                                     "check does)"
+                                   : "",
             ev->hypothesis, ev->lse_test ? "attn_lse and attn_out" : "attn_out", ev->hyp_err,
             ev->ref_check_err);
         if (counts_unknown)
@@ -2157,7 +2160,20 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
         c->attn_tol = r->xrt.audit_step ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
     }
+    /* The check's step: hypotheses recomputed from the test's q, k, v as
+     * the check recomputed them, rounded as the runtime holds them. */
+    cmp_source modelled;
+    void *handle = NULL;
+    const cmp_source *test = c->test;
+    if (r->xrt.audit_step) {
+        handle = cmp_xrt_modelled_source(c->test, &r->xrt, &modelled);
+        if (!handle)
+            return kv_errf(e, "compare: out of memory");
+        c->test = &modelled;
+    }
     int rc = diagnose_point(c, e);
+    c->test = test;
+    free(handle);
     if (rc != 2) {
         r->beyond.found = false;   /* not drift first: nothing is "beyond" it */
         return rc;

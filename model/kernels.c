@@ -509,6 +509,27 @@ void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, co
  * gated activations: act(gate) * up in double, rounded to float once (the
  * frameworks round the activation, then the product). */
 
+void kern_hadamard_blocks(float *x, size_t n, int b)
+{
+    static _Thread_local double t[KERN_HADAMARD_MAX];
+    if (b < 1 || b > KERN_HADAMARD_MAX || (b & (b - 1)))
+        return;
+    const double scale = 1.0 / sqrt((double)b);
+    for (size_t o = 0; o + (size_t)b <= n; o += (size_t)b) {
+        for (int i = 0; i < b; i++)
+            t[i] = x[o + i];
+        for (int h = 1; h < b; h *= 2)
+            for (int i = 0; i < b; i += 2 * h)
+                for (int j = i; j < i + h; j++) {
+                    const double u = t[j], v = t[j + h];
+                    t[j] = u + v;
+                    t[j + h] = u - v;
+                }
+        for (int i = 0; i < b; i++)
+            x[o + i] = (float)(t[i] * scale);
+    }
+}
+
 void kern_silu_mul(float *gate, const float *up, int n)
 {
     for (int i = 0; i < n; i++) {

@@ -126,6 +126,14 @@ void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, co
 /* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i],
  * computed in double and rounded to float once.
  * SiLU: x / (1 + exp(-x)); GELU: the exact tanh form. */
+/* x (n values) times the orthonormal Walsh-Hadamard matrix of size b
+ * (Sylvester order, entries +-1/sqrt(b); its own inverse) block by block:
+ * the rotation llama.cpp applies to a quantized KV cache. b a power of two
+ * up to KERN_HADAMARD_MAX; a tail shorter than b is left as is. In double,
+ * rounded once. */
+#define KERN_HADAMARD_MAX 4096
+void kern_hadamard_blocks(float *x, size_t n, int b);
+
 void kern_silu_mul(float *gate, const float *up, int n);
 void kern_gelu_tanh_mul(float *gate, const float *up, int n);
 

@@ -116,6 +116,8 @@ START_TEST(test_qwen3) { check_case("qwen3"); }
 END_TEST
 START_TEST(test_llama3_bias) { check_case("llama3-bias"); }
 END_TEST
+START_TEST(test_qwen3_hd64) { check_case("qwen3-hd64"); }
+END_TEST
 
 Suite *conformance_suite(void)
 {
@@ -126,6 +128,7 @@ Suite *conformance_suite(void)
     tcase_add_test(tc, test_gemma3);
     tcase_add_test(tc, test_qwen3);
     tcase_add_test(tc, test_llama3_bias);
+    tcase_add_test(tc, test_qwen3_hd64);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <xxhash.h>
 
@@ -720,6 +721,61 @@ START_TEST(xrt_diag_below_drift_bf16)
 }
 END_TEST
 
+/* head_dim 64 with a q8_0 cache: llama.cpp rotates q, k (blocks of 64
+ * here) and v (64) by a Walsh-Hadamard matrix before quantizing, so its
+ * kqv_out is rotated; the recorder rotates it back and says so
+ * (attn_rot_k, attn_rot_v), and the attention check rounds q, k, v the
+ * same way. A correct run leaves a tiny residual; key 40 left out of 101
+ * moves attn_out by 8%, under the q8_0 floor, and is found by the check
+ * and named. */
+START_TEST(xrt_diag_rotated_q8_0)
+{
+    char dir[64], args[1024];
+    const char *hf = "tests/data/conformance/qwen3-hd64";
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --from %s --gguf %s/m.gguf", hf, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s --prompt-random 100 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", hf, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    /* record_compare reads the config from dir/hf */
+    snprintf(args, sizeof args, "%s/hf", dir);
+    char cwd[512];
+    ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+    char target[1024];
+    snprintf(target, sizeof target, "%s/%s", cwd, hf);
+    ck_assert_int_eq(symlink(target, args), 0);
+
+    int rc;
+    json_t *j = record_compare(dir, "m.gguf", "--cache-type q8_0 --flash-attn on", &rc);
+    ck_assert_msg(rc == 0, "exit %d: %.3000s", rc, out);
+    json_t *ac = attention_check(j);
+    ck_assert_msg(json_is_true(json_object_get(ac, "ran")) &&
+                  json_integer_value(json_object_get(ac, "layers")) == 3 &&
+                  json_real_value(json_object_get(json_object_get(ac, "closest"), "residual")) <
+                      2e-3, "%.3000s", out);
+    json_decref(j);
+    snprintf(args, sizeof args, "inspect %s/llama.h5", dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 0);
+    ck_assert_msg(strstr(out, "\"attn_rot_k\":64,\"attn_rot_v\":64"), "%s", out);
+
+    j = record_compare(dir, "m.gguf", "--cache-type q8_0 --flash-attn on --fault drop-key=40",
+                       &rc);
+    ck_assert_msg(rc == 1, "exit %d: %.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 100 &&
+                  json_integer_value(json_object_get(d, "layer")) == 0 &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), "attn_out"),
+                  "%.3000s", out);
+    ck_assert_msg(json_is_true(json_object_get(attention_check(j), "step")), "%.3000s", out);
+    expect_diag(json_object_get(j, "diagnosis"), "q8_0 drop-key", "missing_key", "recomputed",
+                "the key at position 40 is not read", "rounded to the test's KV cache type",
+                NULL);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *xrt_diagnose_suite(void)
 {
     Suite *s = suite_create("xrt_diagnose");
@@ -745,6 +801,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_qk_norm_missing_llamacpp);
     tcase_add_test(tc, xrt_diag_qk_norm_missing);
     tcase_add_test(tc, xrt_diag_below_drift_bf16);
+    tcase_add_test(tc, xrt_diag_rotated_q8_0);
     suite_add_tcase(s, tc);
     return s;
 }

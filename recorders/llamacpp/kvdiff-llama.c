@@ -27,6 +27,7 @@
 
 #include "dump/dump.h"
 #include "model/config.h"
+#include "model/kernels.h"
 #include "model/tokens.h"
 #include "llama_version.h"
 
@@ -468,7 +469,8 @@ typedef struct {
     int V;                          /* logits width */
     bool unpermute;                 /* llama: rows 2m+s back to s*D/2+m */
     float q_unfold;                 /* Gemma 3: q as llama.cpp holds it = q * q_unfold */
-    bool attn_out_rotated;          /* quantized V with head_dim % 64 == 0 */
+    int rot_k, rot_v;               /* llama.cpp's Hadamard rotations of a quantized cache:
+                                     * the block sizes of q/k and of v, 0 when none */
     int64_t next[STAGE_COUNT][KV_MAX_LAYERS + 1];   /* next position of each dataset */
     pending v[KV_MAX_LAYERS], proj[KV_MAX_LAYERS];
     unsigned char *raw;
@@ -558,8 +560,8 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
         m.stage = STAGE_K;
     else if (!strcmp(base, "Vcur"))
         m = (mapping){MAP_PENDING_V, STAGE_V, il};  /* the last one (after bias) wins */
-    else if (!strcmp(base, "kqv_out") && !r->attn_out_rotated)
-        m.stage = STAGE_ATTN_OUT;
+    else if (!strcmp(base, "kqv_out"))
+        m.stage = STAGE_ATTN_OUT;                  /* rotated back when V is (rotate_back) */
     else if (!strcmp(base, gemma ? "attn_post_norm" : "attn_out"))
         m = (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, il};
     else if (!strcmp(base, gemma ? "sa_out" : "ffn_inp"))
@@ -670,6 +672,12 @@ static void unpermute_rows(recorder *r, float *rows, int nrows, int cols)
     }
 }
 
+/* With a quantized cache and head_dim a multiple of 64, llama.cpp stores v
+ * rotated by an orthonormal Walsh-Hadamard matrix H of size rot_v (in
+ * Sylvester order; H H = I), so kqv_out is H times each block of the
+ * attention output, and llama.cpp multiplies by H again before o_proj.
+ * The recorder does the same (kern_hadamard_blocks): the attention output
+ * in our basis. */
 static bool emit_rows(recorder *r, kv_stage st, int layer, const float *rows, int nrows)
 {
     int64_t *next = &r->next[st][layer + 1];
@@ -753,6 +761,8 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
             for (int64_t i = 0; i < n; i++)
                 r->buf[i] /= r->q_unfold;
     }
+    if (m.stage == STAGE_ATTN_OUT && r->rot_v)
+        kern_hadamard_blocks(r->buf, (size_t)n, r->rot_v);
     /* Candidates that end with a later node are settled by an anchor. */
     if (m.stage == STAGE_ATTN_OUT && !flush_pending(r, &r->v[il], STAGE_V, il))
         return false;
@@ -824,7 +834,8 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
-static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, bool rotated)
+static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, int rot_k,
+                           int rot_v)
 {
     char *s = malloc(2048);
     if (!s)
@@ -833,11 +844,11 @@ static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, boo
     snprintf(s, 2048,
              "{\"runtime\":\"llama.cpp\",\"llama_cpp\":%s,\"chunk\":%d,%s\"ubatch\":%d,"
              "\"batch\":%d,\"flash_attn\":\"%s\",\"cache_type\":\"%s\",\"threads\":%d,"
-             "\"max_ctx\":%d,\"attn_out_rotated\":%s,\"recorder\":\"" TOOL " " KVDIFF_REC_VERSION
-             "\"}",
+             "\"max_ctx\":%d,\"attn_rot_k\":%d,\"attn_rot_v\":%d,\"recorder\":\"" TOOL " "
+             KVDIFF_REC_VERSION "\"}",
              LLAMA_CPP_VERSION_JSON, o->ubatch, sliding ? "" : "\"cache\":\"dense\",", o->ubatch,
-             o->batch, o->flash_attn ? "on" : "off", o->cache_name, o->threads, n_ctx,
-             rotated ? "true" : "false");
+             o->batch, o->flash_attn ? "on" : "off", o->cache_name, o->threads, n_ctx, rot_k,
+             rot_v);
     return s;
 }
 
@@ -1147,8 +1158,16 @@ int main(int argc, char **argv)
     r->cfg = &cfg;
     r->unpermute = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_NORM;
     r->q_unfold = (float)(cfg.attn_scale / llama_scale);
-    r->attn_out_rotated = ggml_is_quantized(o.cache_type) && cfg.head_dim % 64 == 0 &&
-                          !getenv("LLAMA_ATTN_ROT_DISABLE");
+    /* llama.cpp's own rule (llama-kv-cache.cpp): q/k blocks of the largest
+     * power of two dividing head_dim, v blocks of 64; LLAMA_ATTN_ROT_DISABLE
+     * turns both off. */
+    const char *rot_off = getenv("LLAMA_ATTN_ROT_DISABLE");
+    if (ggml_is_quantized(o.cache_type) && cfg.head_dim % 64 == 0 &&
+        !(rot_off && atoi(rot_off))) {
+        r->rot_v = 64;
+        for (r->rot_k = 64; cfg.head_dim % (2 * r->rot_k) == 0;)
+            r->rot_k *= 2;
+    }
     r->list = o.list_tensors;
 
     struct llama_context_params cp = llama_context_default_params();
@@ -1207,7 +1226,7 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    settings = settings_with_fault(settings_json(&o, &cfg, n_ctx, r->attn_out_rotated), &flt);
+    settings = settings_with_fault(settings_json(&o, &cfg, n_ctx, r->rot_k, r->rot_v), &flt);
     dump_opts dopts;
     dump_opts_default(&dopts);
     dopts.full_logits = o.full_logits;

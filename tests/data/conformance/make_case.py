@@ -6,6 +6,8 @@ numpy alone, from the Hugging Face transformers definitions:
   qwen3        Qwen3ForCausalLM: per-head q/k RMSNorm (multiplier w) before
                RoPE, head_dim 32 unlike hidden/heads = 16, no biases, tied
                embeddings (modeling_qwen3.Qwen3Attention).
+  qwen3-hd64   the same at head_dim 64 (llama.cpp rotates a quantized KV
+               cache in blocks of 64 there).
   llama3-bias  LlamaForCausalLM with attention_bias (q, k, v and o_proj
                biased, modeling_llama.LlamaAttention) and rope_scaling llama3
                (modeling_rope_utils._compute_llama3_parameters), tied.
@@ -50,6 +52,36 @@ CASES = {
             "use_sliding_window": False,
             "sliding_window": None,
             "max_window_layers": 4,
+            "vocab_size": 256,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+    # Qwen3 at head_dim 64, as real models have (64 to 256): llama.cpp
+    # rotates a quantized KV cache in blocks of 64 there, and attention
+    # kernels specialise on it; the tiny presets stop at 32.
+    "qwen3-hd64": {
+        "seed": 1605,
+        "config": {
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 64,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 1000000.0,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "use_sliding_window": False,
+            "sliding_window": None,
+            "max_window_layers": 3,
             "vocab_size": 256,
             "max_position_embeddings": 4096,
             "tie_word_embeddings": True,
