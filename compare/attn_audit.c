@@ -369,7 +369,9 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
         return kv_errf(e, "compare: out of memory checking attention");
     for (size_t i = 0; i < (size_t)L * (size_t)P; i++)
         res[i] = NAN;
-    const kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
+    /* The walker's threads split the rows (kern_attention gives the same
+     * bits for any split). */
+    const kern_ctx kc = {.isa = kern_isa_best(), .pool = c->pool};
     int64_t best = P - 1;   /* later layers need positions before the step found so far */
     int best_layer = -1, rc = 0;
     for (int l = 0; rc == 0 && l < L; l++) {

@@ -5,6 +5,7 @@
 #define KV_CMP_INTERNAL_H
 
 #include "compare.h"
+#include "../model/pool.h"
 
 /* Thresholds, named once (docs/diagnosis.md quotes them). */
 #define CMP_DRIFT_REL 1e-4      /* row-relative error below which a first divergence is "tiny" */
@@ -93,6 +94,7 @@ typedef struct {
      * under another RoPE convention) against the test's (the step's
      * threshold, drift upstream included). */
     double attn_tol, row_tol;
+    kern_pool *pool;             /* the walker's threads, idle after the walk (NULL: none) */
 } cmp_ctx;
 
 /* --- attn_audit.c --- */

@@ -1709,6 +1709,7 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
      * is split. Without a pool (out of threads) rows are weighed serially. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     w.pool = pool_create(cpus > 1 ? 2 : 1);
+    c.pool = w.pool;
     int rc = compare_run(&w, &c, e);
     walker_free(&w);
     pool_free(w.pool);
