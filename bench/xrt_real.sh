@@ -240,11 +240,9 @@ while IFS='|' read -r name g pos layer stage kind phrase; do
         IFS=: read -r kv fa ub <<EOF
 $s
 EOF
-        # llama.cpp gives no attn_out when it rotates a quantized V cache
-        # (head_dim a multiple of 64): the step can show at attn_proj first
-        st=$stage
-        [ "$kv" = q8_0 ] && [ $((HDIM % 64)) -eq 0 ] && [ "$st" = attn_out ] && st=attn_proj
-        one "$name" "$g" "$kv" "$fa" "$ub" "$pos|$layer|$st|$kind|$phrase"
+        # (a quantized cache's rotated attn_out is rotated back by the
+        # recorder: the step is at attn_out with every cache)
+        one "$name" "$g" "$kv" "$fa" "$ub" "$pos|$layer|$stage|$kind|$phrase"
     done
 done < bugs.txt
 
