@@ -468,6 +468,28 @@ START_TEST(test_llama_bad_input)
     ck_assert(system(args) == 0);
     snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", cut, dump);
     one_line_exit2(args, "not a readable GGUF", dump);
+
+    /* The dump never overwrites what the run reads: the model, the ids
+     * file, or the recording the prompt comes from (left intact). */
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", gguf, gguf);
+    one_line_exit2(args, "is the same file as the model", NULL);
+    char ids[256];
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    FILE *f = fopen(ids, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("5,17,42\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "%s --prompt-ids-file %s --threads 1 --dump %s", gguf, ids, ids);
+    one_line_exit2(args, "is the same file as --prompt-ids-file", NULL);
+    snprintf(args, sizeof args, "%s --prompt-ids-file %s --threads 1 --dump %s", gguf, ids, dump);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s --prompt-from %s --threads 1 --dump %s", gguf, dump, dump);
+    one_line_exit2(args, "is the same file as --prompt-from", NULL);
+    kv_err e;
+    dump_file *d = dump_open(dump, &e);
+    ck_assert_msg(d && dump_is_complete(d), "the prompt's recording was touched");
+    dump_file_close(d);
+    ck_assert(stat(gguf, &sb) == 0 && sb.st_size > 1000);
     test_rmtree(dir);
 }
 END_TEST

@@ -18,7 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <ggml-backend.h>
 #include <ggml.h>
@@ -69,7 +71,7 @@ static void usage(FILE *f)
         "  --batch N          logical batch (tokens per llama_decode; default 2048)\n"
         "  --flash-attn on|off  (default off)\n"
         "  --cache-type T     KV cache type f32, f16 (default), bf16 or q8_0\n"
-        "  --threads N        (default 4)\n"
+        "  --threads N        (default: the cores online, at most 4)\n"
         "  --ctx N            context size (default prompt + max-new)\n"
         "model:\n"
         "  --hf DIR           take model_config from DIR/config.json (checked against\n"
@@ -104,13 +106,41 @@ static int parse_int(const char *s, const char *opt, int lo, int *out)
     return 0;
 }
 
+static bool same_file(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
+           sa.st_ino == sb.st_ino;
+}
+
+/* The dump must not overwrite what the run reads. */
+static int output_not_input(const rec_opts *o)
+{
+    char cfg[4096] = "";
+    if (o->hf_dir)
+        snprintf(cfg, sizeof cfg, "%s/config.json", o->hf_dir);
+    const struct { const char *opt, *path; } in[] = {
+        {"the model", o->gguf}, {"--prompt-ids-file", o->prompt_file},
+        {"--prompt-from", o->prompt_from}, {"--hf", cfg[0] ? cfg : NULL}};
+    for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
+        if (same_file(o->out, in[i].path)) {
+            fprintf(stderr, TOOL ": --dump %s: is the same file as %s %s; refusing to "
+                            "overwrite it\n", o->out, in[i].opt, in[i].path);
+            return -1;
+        }
+    return 0;
+}
+
 static int parse_args(int argc, char **argv, rec_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->max_new = 16;
     o->ubatch = 512;
     o->batch = 2048;
-    o->threads = 4;
+    /* More threads than cores makes llama.cpp's spinning workers wait on
+     * each other: 100x slower on two cores. */
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    o->threads = online < 1 ? 1 : online > 4 ? 4 : (int)online;
     o->cache_type = GGML_TYPE_F16;
     o->cache_name = "f16";
     for (int i = 1; i < argc; i++) {
@@ -226,7 +256,7 @@ static int parse_args(int argc, char **argv, rec_opts *o)
         fprintf(stderr, TOOL ": no --dump FILE given\n");
         return -1;
     }
-    return 0;
+    return o->out && !o->list_tensors && !o->no_record ? output_not_input(o) : 0;
 }
 
 /* ------------------------------------------------------------------ */
