@@ -112,6 +112,16 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
  * step. *out is the source; the returned handle is freed with free().
  * NULL when out of memory. */
 void *cmp_xrt_modelled_source(const cmp_source *test, const cmp_xrt *x, cmp_source *out);
+/* --- f16acc.c --- */
+/* Whether the test is llama.cpp summing attention values in f16 (flash
+ * attention, values held as f16). */
+bool cmp_xrt_f16acc_applies(const cmp_source *test, const cmp_xrt *m);
+/* For every (layer, attn_out) row the test sums in f16, the row-relative
+ * gap between that summation and an exact one over the recorded q, k, v,
+ * into gap[(stage index) * P + position - base] (rows left alone keep
+ * theirs). Fills r->xrt.acc_rows, acc_largest, acc_pos, acc_layer. 0, or
+ * -1 with e filled. */
+int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e);
 /* Evidence and diagnosis at r->first (diagnose.c). */
 int cmp_diagnose(cmp_ctx *c, kv_err *e);
 

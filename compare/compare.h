@@ -493,6 +493,16 @@ typedef struct {
     int audit_worst_layer;
     bool audit_step;             /* the step is the check's: first is its row */
     double audit_drift_threshold;/* the drift model's threshold at the step's row */
+    /* llama.cpp's f16 value accumulator (f16acc.c): under flash attention
+     * with f16 values, rows it sums in f16 (decode steps, small ubatches)
+     * get acc_factor times the modelled gap of that summation at attn_out,
+     * where that is above the KV term. */
+    bool acc_on;                 /* modelled */
+    double acc_factor;
+    int64_t acc_rows;            /* rows modelled */
+    double acc_largest;          /* the largest modelled gap, at: */
+    int64_t acc_pos;             /* (-1 none) */
+    int acc_layer;
 } cmp_xrt;
 
 #define CMP_MAX_NOTES 16

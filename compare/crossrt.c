@@ -20,6 +20,8 @@
 #define XRT_KV_FACTOR 16.0    /* attention output: times the KV type's unit roundoff */
 #define XRT_GAIN 8.0          /* times the largest error upstream */
 #define XRT_HISTORY 8.0       /* times the stage's own largest recent error */
+#define XRT_ACC_FACTOR 2.0   /* f16-summed attention rows: times the modelled
+                              * gap of llama.cpp's f16 accumulator (f16acc.c) */
 #define XRT_WINDOW 16         /* positions that "recent" covers: a row judged drift
                                * teaches the positions right after it, not every
                                * later one (one early outlier below the floor
@@ -92,6 +94,7 @@ typedef struct {
     cmp_rowrec *recs;            /* (n, P) */
     double *err;                 /* (n, P): row-relative error, +inf for NaN/Inf */
     bool *kv_rounds;             /* (n): kv_rounds_here */
+    float *acc_gap;              /* (n, P): f16acc.c's modelled gap, or NULL */
 } xrt_walk;
 
 static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_err *e)
@@ -177,11 +180,13 @@ static bool kv_rounds_here(const cmp_result *r, int i)
  * stages of its layer), own its largest error over the XRT_WINDOW
  * positions before. Key counts are integers: any difference is a step. */
 static double threshold(const cmp_xrt *m, const cmp_stage_result *sr, bool kv_rounds,
-                        double upstream, double own)
+                        double acc_gap, double upstream, double own)
 {
     if (sr->stage == STAGE_ATTN_NKEYS)
         return 0;
     double t = floor_of(m, kv_rounds);
+    if (kv_rounds && m->acc_factor * acc_gap > m->kv_factor * m->kv_eps)
+        t = m->floor_base + m->acc_factor * acc_gap;
     t = m->gain * upstream > t ? m->gain * upstream : t;
     return m->history * own > t ? m->history * own : t;
 }
@@ -284,7 +289,8 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
             if (p >= sr->pos_lo && p <= sr->pos_hi) {
                 const size_t at = (size_t)i * (size_t)x->P + (size_t)(p - x->base);
                 const double err = x->err[at];
-                const double thr = threshold(m, sr, x->kv_rounds[i], upstream, own[i]);
+                const double thr = threshold(m, sr, x->kv_rounds[i],
+                                             x->acc_gap ? x->acc_gap[at] : 0, upstream, own[i]);
                 cmp_rowrec *rec = &x->recs[at];
                 rec->bad = !(err <= thr);
                 /* Drift against the reference, but not attention over the
@@ -342,6 +348,13 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     m->worst_pos = -1;
     m->worst_layer = -1;
     kv_precision(c->test, m);
+    /* The runtime under test goes second: its settings (cache type, flash
+     * attention) are what the model reads. */
+    if (c->ref->engine && c->test->engine && ours(c->test->engine) && !ours(c->ref->engine))
+        cmp_note(r, "the second recording is kvdiff's own (%s) and the first is %s: the "
+                 "runtime under test goes second, as its settings (KV cache %s here) set the "
+                 "drift model; swap the two", c->test->engine, c->ref->engine,
+                 m->kv_precision);
     r->compared.walked_to = -1;
     xrt_walk x = {.c = c, .n = r->n_stages, .base = r->compared.pos_lo};
     x.P = r->compared.pos_hi - r->compared.pos_lo + 1;
@@ -354,6 +367,16 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
         x.kv_rounds[i] = kv_rounds_here(r, i);
     int rc = x.recs && x.err && x.kv_rounds ? read_all(&x, e)
                                             : kv_errf(e, "compare: out of memory");
+    /* llama.cpp's f16 summation of attention values, modelled. */
+    m->acc_pos = -1;
+    m->acc_layer = -1;
+    if (rc == 0 && cmp_xrt_f16acc_applies(c->test, m)) {
+        m->acc_on = true;
+        m->acc_factor = XRT_ACC_FACTOR;
+        x.acc_gap = calloc((size_t)x.n * (size_t)x.P, sizeof *x.acc_gap);
+        rc = x.acc_gap ? cmp_xrt_f16acc(c, x.base, x.P, x.acc_gap, e)
+                       : kv_errf(e, "compare: out of memory");
+    }
     /* The attention check first: its step, if any, bounds the walk. */
     int64_t audit_p = -1;
     int audit_i = -1;
@@ -365,5 +388,6 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     free(x.recs);
     free(x.err);
     free(x.kv_rounds);
+    free(x.acc_gap);
     return rc;
 }

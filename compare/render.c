@@ -119,6 +119,15 @@ static void xrt_line(FILE *f, const cmp_result *r)
                     x->audit_worst_layer, x->audit_worst_residual);
         fprintf(f, "\n");
     }
+    if (x->acc_on) {
+        fprintf(f, "  f16 accumulation: the test sums attention values in f16 (llama.cpp, flash "
+                "attention); %lld attn_out row%s modelled and allowed %g x that summation's gap",
+                (long long)x->acc_rows, x->acc_rows == 1 ? "" : "s", x->acc_factor);
+        if (x->acc_pos >= 0)
+            fprintf(f, " (largest %.2g, at position %lld, layer %d)", x->acc_largest,
+                    (long long)x->acc_pos, x->acc_layer);
+        fprintf(f, "\n");
+    }
 }
 
 static void same_report(FILE *f, const cmp_result *r)
@@ -645,13 +654,19 @@ static json_t *jxrt(const cmp_result *r)
             : json_pack("{sI si so so}", "position", (json_int_t)x->audit_worst_pos, "layer",
                         x->audit_worst_layer, "residual", jnum(x->audit_worst_residual),
                         "ratio", jnum(x->audit_worst)));
-    return json_pack("{ss ss ss so so so so so sb so so so so so}", "model", x->model, "why",
+    json_t *acc = !x->acc_on ? json_null()
+        : json_pack("{sI so so so}", "rows", (json_int_t)x->acc_rows, "factor",
+                    jnum(x->acc_factor), "largest", jnum(x->acc_largest), "at",
+                    x->acc_pos < 0 ? json_null()
+                        : json_pack("{sI si}", "position", (json_int_t)x->acc_pos, "layer",
+                                    x->acc_layer));
+    return json_pack("{ss ss ss so so so so so sb so so so so so so}", "model", x->model, "why",
                      x->why, "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
                      jnum(x->floor_base), "kv_factor", jnum(x->kv_factor), "gain",
                      jnum(x->gain), "history", jnum(x->history), "step", x->step, "step_error",
                      x->step ? jnum(x->step_err) : json_null(), "step_threshold",
                      x->step ? jnum(x->step_threshold) : json_null(), "drift_closest", worst,
-                     "attention_check", audit, "stages", st);
+                     "attention_check", audit, "f16_accumulation", acc, "stages", st);
 }
 
 static json_t *jstages(const cmp_result *r)

@@ -113,6 +113,11 @@ static void inputs(const rep_ctx *c, FILE *f)
                     "%.3g (position %lld, layer %d)", x->audit_layers, x->audit_threshold,
                     x->audit_worst_residual, (long long)x->audit_worst_pos,
                     x->audit_worst_layer);
+        if (x->acc_on && x->acc_pos >= 0)
+            fprintf(f, "; f16 accumulation modelled on %lld attn_out rows (llama.cpp's flash "
+                    "attention sums values in f16), allowed %g &times; its gap, largest %.3g "
+                    "(position %lld, layer %d)", (long long)x->acc_rows, x->acc_factor,
+                    x->acc_largest, (long long)x->acc_pos, x->acc_layer);
     } else if (r->exact)
         fputs("exact (any differing bit is a divergence)", f);
     else

@@ -2,6 +2,7 @@
  * cmp_result, so a saved result renders exactly as a fresh one. Outside
  * input: every key is checked for presence and type, and the first
  * problem is reported as one line naming the file and the key. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -175,6 +176,26 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
         o->worst_layer = (int)integer(c, dc, wd, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
         o->worst_stage = stage_of(c, dc, wd, "stage");
         o->worst_ratio = num(c, dc, wd, "ratio", false);
+    }
+    /* The f16 accumulation model (absent in results older than it). */
+    o->acc_pos = -1;
+    o->acc_layer = -1;
+    json_t *fa = c->failed || !json_object_get(x, "f16_accumulation")
+                     ? NULL : object(c, x, w, "f16_accumulation", true);
+    if (fa) {
+        const char *wf = "mode.cross_runtime.f16_accumulation";
+        o->acc_on = true;
+        o->acc_rows = integer(c, fa, wf, "rows", 0, INT64_MAX, INT64_MIN);
+        o->acc_factor = num(c, fa, wf, "factor", false);
+        o->acc_largest = num(c, fa, wf, "largest", false);
+        json_t *at = c->failed ? NULL : object(c, fa, wf, "at", true);
+        if (at) {
+            const char *wt = "mode.cross_runtime.f16_accumulation.at";
+            o->acc_pos = integer(c, at, wt, "position", 0, JR_MAX_POS, INT64_MIN);
+            o->acc_layer = (int)integer(c, at, wt, "layer", 0, KV_MAX_LAYERS - 1, INT64_MIN);
+        }
+        if (!c->failed && (o->acc_pos >= 0) != (o->acc_rows > 0))
+            bad(c, wf, "at", "does not agree with rows");
     }
     /* The attention check (absent in results older than it). */
     o->audit_worst_pos = -1;
@@ -687,6 +708,13 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
     memset(j, 0, sizeof *j);
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root && jerr.line < 0) {   /* not read at all: say why as the system does */
+        FILE *f = fopen(path, "rb");
+        const int err = errno;
+        if (f)
+            fclose(f);
+        return kv_errf(e, "%s: cannot read it (%s)", path, f ? jerr.text : strerror(err));
+    }
     if (!root)
         return kv_errf(e, "%s: not JSON (line %d: %s)", path, jerr.line, jerr.text);
     jr c = {path, e, 0};

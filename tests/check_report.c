@@ -445,6 +445,12 @@ START_TEST(test_malformed_json)
         ck_assert_int_eq(count(out, "\n"), 1);
         ck_assert(!exists(dir, "out"));
     }
+    /* A file that is not there is not "not JSON". */
+    snprintf(args, sizeof args, "%s/none.json -o %s/out", dir, dir);
+    report_cli(args, 2);
+    ck_assert_msg(strstr(out, "none.json: cannot read it (No such file or directory)") &&
+                  !strstr(out, "not JSON"), "%s", out);
+    ck_assert_int_eq(count(out, "\n"), 1);
     test_rmtree(dir);
 }
 END_TEST
