@@ -137,15 +137,19 @@ static int read_all(xrt_walk *x, kv_err *e)
 /* Judging                                                              */
 
 /* The floor of a stage; kv_rounds: the KV cache's rounding shows first
- * here (kv_rounds_here). */
-static double floor_of(const cmp_xrt *m, bool kv_rounds)
+ * here (kv_rounds_here); acc_gap: the row's modelled f16 summation gap
+ * (f16acc.c; 0 none), allowed instead where it is the larger. */
+static double floor_of(const cmp_xrt *m, bool kv_rounds, double acc_gap)
 {
-    return kv_rounds ? m->floor_base + m->kv_factor * m->kv_eps : m->floor_base;
+    if (!kv_rounds)
+        return m->floor_base;
+    const double kv = m->kv_factor * m->kv_eps, acc = m->acc_factor * acc_gap;
+    return m->floor_base + (acc > kv ? acc : kv);
 }
 
 double cmp_xrt_attn_floor(const cmp_xrt *m)
 {
-    return floor_of(m, true);
+    return floor_of(m, true, 0);
 }
 
 static bool after_attention(kv_stage st)
@@ -184,9 +188,7 @@ static double threshold(const cmp_xrt *m, const cmp_stage_result *sr, bool kv_ro
 {
     if (sr->stage == STAGE_ATTN_NKEYS)
         return 0;
-    double t = floor_of(m, kv_rounds);
-    if (kv_rounds && m->acc_factor * acc_gap > m->kv_factor * m->kv_eps)
-        t = m->floor_base + m->acc_factor * acc_gap;
+    double t = floor_of(m, kv_rounds, acc_gap);
     t = m->gain * upstream > t ? m->gain * upstream : t;
     return m->history * own > t ? m->history * own : t;
 }

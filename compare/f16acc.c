@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../model/safetensors.h"
 #include "cmp_internal.h"
 
 /* Rounds to the nearest value with an 11-bit significand (f16's, in its
@@ -117,10 +118,23 @@ static double row_gap(const float *q16, const float *k, const float *v, int64_t 
     return num > 0 ? (den > 0 ? num / den : 0) : 0;
 }
 
+/* Rows as the f16 cache holds them (and the query as the kernel converts
+ * it): the project's own f16 conversion, subnormals and range included.
+ * round11 is kept for the accumulator, where it runs once per key and
+ * dimension. */
 static void round_all(float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        x[i] = round11(x[i]);
+        x[i] = st_f16_to_f32(st_f32_to_f16(x[i]));
+}
+
+/* Whether src holds rows 0 .. hi of (layer, st) at width w. */
+static bool holds(const cmp_source *src, int layer, kv_stage st, int w, int64_t hi)
+{
+    int64_t first, rows;
+    int cols;
+    return src->read && src->info && src->info(src->ctx, layer, st, &first, &rows, &cols) == 0 &&
+           cols == w && first <= 0 && first + rows > hi;
 }
 
 /* The source the model reads: the reference's q, k, v where it records
@@ -129,23 +143,14 @@ static const cmp_source *source_for(const cmp_ctx *c, int layer, int owner, int 
                                     int64_t hi)
 {
     const cmp_source *s[2] = {c->ref, c->test};
-    for (int i = 0; i < 2; i++) {
-        int64_t f, n;
-        int w;
-        if (!s[i]->read || !s[i]->info)
-            continue;
-        if (s[i]->info(s[i]->ctx, layer, STAGE_Q, &f, &n, &w) || w != qf || f > 0 || f + n <= hi)
-            continue;
-        if (s[i]->info(s[i]->ctx, owner, STAGE_K, &f, &n, &w) || w != kvf || f > 0 ||
-            f + n <= hi)
-            continue;
-        if (s[i]->info(s[i]->ctx, owner, STAGE_V, &f, &n, &w) || w != kvf || f > 0 ||
-            f + n <= hi)
-            continue;
-        return s[i];
-    }
+    for (int i = 0; i < 2; i++)
+        if (holds(s[i], layer, STAGE_Q, qf, hi) && holds(s[i], owner, STAGE_K, kvf, hi) &&
+            holds(s[i], owner, STAGE_V, kvf, hi))
+            return s[i];
     return NULL;
 }
+
+#define ACC_ROWS 64   /* query rows read at once */
 
 int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
 {
@@ -163,7 +168,7 @@ int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
     const long ub = ubatch < nb ? ubatch : nb;
     const int64_t prompt = c->test->prompt_length > 0 ? c->test->prompt_length : base + P;
     const float scale = (float)cfg->attn_scale;
-    float *q = malloc((size_t)qf * sizeof *q), *acc = malloc((size_t)D * sizeof *acc);
+    float *q = malloc((size_t)ACC_ROWS * qf * sizeof *q), *acc = malloc((size_t)D * sizeof *acc);
     float *o16 = malloc((size_t)qf * sizeof *o16);
     double *ex = malloc((size_t)D * sizeof *ex), *ox = malloc((size_t)qf * sizeof *ox);
     int rc = q && acc && o16 && ex && ox ? 0 : kv_errf(e, "compare: out of memory");
@@ -197,22 +202,26 @@ int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
             rc = -1;
         round_all(k, nk * kvf);
         round_all(v, nk * kvf);
-        for (int64_t p = lo; rc == 0 && p <= hi; p++) {
-            if (!on_path(p, prompt, nb, ub) || p < base || p >= base + P)
-                continue;
-            if (src->read(src->ctx, l, STAGE_Q, p, 1, q, e) < 0) {
+        for (int64_t p0 = lo; rc == 0 && p0 <= hi; p0 += ACC_ROWS) {
+            const int64_t n = hi - p0 + 1 < ACC_ROWS ? hi - p0 + 1 : ACC_ROWS;
+            if (src->read(src->ctx, l, STAGE_Q, p0, n, q, e) < 0) {
                 rc = -1;
                 break;
             }
-            round_all(q, (size_t)qf);
-            const int64_t kbeg = W > 0 && p - W + 1 > 0 ? p - W + 1 : 0;
-            const double g = row_gap(q, k, v, kbeg, p + 1, H, KV, D, scale, acc, ex, o16, ox);
-            gap[(size_t)i * (size_t)P + (size_t)(p - base)] = (float)g;
-            m->acc_rows++;
-            if (m->acc_pos < 0 || g > m->acc_largest) {
-                m->acc_largest = g;
-                m->acc_pos = p;
-                m->acc_layer = l;
+            round_all(q, (size_t)n * qf);
+            for (int64_t p = p0; p < p0 + n; p++) {
+                if (!on_path(p, prompt, nb, ub) || p < base || p >= base + P)
+                    continue;
+                const int64_t kbeg = W > 0 && p - W + 1 > 0 ? p - W + 1 : 0;
+                const double g = row_gap(q + (size_t)(p - p0) * qf, k, v, kbeg, p + 1, H, KV, D,
+                                         scale, acc, ex, o16, ox);
+                gap[(size_t)i * (size_t)P + (size_t)(p - base)] = (float)g;
+                m->acc_rows++;
+                if (m->acc_pos < 0 || g > m->acc_largest) {
+                    m->acc_largest = g;
+                    m->acc_pos = p;
+                    m->acc_layer = l;
+                }
             }
         }
         free(k);

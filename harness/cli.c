@@ -13,6 +13,7 @@
 
 #include "cli.h"
 #include "progress.h"
+#include "../model/outfile.h"
 #include "../model/pcg32.h"
 #include "../model/tokens.h"
 
@@ -404,36 +405,10 @@ static void parent_dir(const char *path, const char *slash, char *dir, size_t n)
         snprintf(dir, n, "%.*s", (int)(slash - path), path);
 }
 
-/* path with its folder resolved: realpath(folder) + "/" + name. A path
- * whose folder does not exist resolves to itself. */
-static void resolve(const char *path, char *out, size_t n)
-{
-    const char *slash = strrchr(path, '/');
-    char dir[PATH_MAX], real[PATH_MAX];
-    const char *name = slash ? slash + 1 : path;
-    parent_dir(path, slash, dir, sizeof dir);
-    if (!realpath(dir, real)) {
-        snprintf(out, n, "%s", path);
-        return;
-    }
-    snprintf(out, n, "%s/%s", strcmp(real, "/") ? real : "", name);
-}
-
-bool cli_same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
-        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
-    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
-    resolve(a, ra, sizeof ra);
-    resolve(b, rb, sizeof rb);
-    return strcmp(ra, rb) == 0;
-}
-
 int cli_output_not_input(const char *out_opt, const char *out, const char *in_opt,
                          const char *in, kv_err *e)
 {
-    if (!out || !in || !cli_same_file(out, in))
+    if (!out || !in || !outfile_same(out, in))
         return 0;
     return kv_errf(e, "%s %s: is the same file as %s %s; refusing to overwrite it", out_opt,
                    out, in_opt, in);
@@ -458,7 +433,7 @@ int cli_output_not_model_file(const char *out_opt, const char *out, const char *
             continue;
         char in[PATH_MAX + 256];
         snprintf(in, sizeof in, "%s/%s", dir, de->d_name);
-        if (cli_same_file(out, in))
+        if (outfile_same(out, in))
             rc = kv_errf(e, "%s %s: is %s of --model %s; refusing to overwrite it", out_opt,
                          out, de->d_name, dir);
     }

@@ -124,10 +124,7 @@ void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines);
 /* ------------------------------------------------------------------ */
 /* Outputs that must not be inputs                                     */
 
-/* Whether paths a and b name the same file: the same device and inode
- * when both exist, else the same path once each one's folder is resolved
- * (realpath) - two outputs not yet written can still collide. */
-bool cli_same_file(const char *a, const char *b);
+/* (Whether two paths name one file: outfile_same, model/outfile.h.) */
 
 /* 0 when writing out (given as out_opt) cannot overwrite in (in_opt);
  * else -1 with e = "OUT_OPT OUT: is the same file as IN_OPT IN; refusing

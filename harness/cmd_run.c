@@ -6,6 +6,7 @@
 
 #include "run.h"
 #include "verbs.h"
+#include "../model/outfile.h"
 #include "../model/tokenizer.h"
 
 static void run_usage(FILE *f)
@@ -200,7 +201,7 @@ static int check_outputs(const run_opts *o, kv_err *e)
             cli_output_not_model_file(names[i], outs[i], o->mo.model, e) < 0)
             return -1;
     }
-    if (outs[0] && outs[1] && cli_same_file(outs[0], outs[1]))
+    if (outs[0] && outs[1] && outfile_same(outs[0], outs[1]))
         return kv_errf(e, "--dump %s and --dump-ref %s: the same file; give each run its own",
                        outs[0], outs[1]);
     return 0;

@@ -3,6 +3,8 @@
 #include "outfile.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -84,4 +86,35 @@ void outfile_abort(outfile *o)
         unlink(o->tmp);
     }
     outfile_clear(o);
+}
+
+/* path with its folder resolved: realpath(folder) + "/" + name. A path
+ * whose folder does not exist resolves to itself. */
+static void resolve(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *name = slash ? slash + 1 : path;
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (!realpath(dir, real)) {
+        snprintf(out, n, "%s", path);
+        return;
+    }
+    snprintf(out, n, "%s/%s", strcmp(real, "/") ? real : "", name);
+}
+
+bool outfile_same(const char *a, const char *b)
+{
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char ra[PATH_MAX + 256], rb[PATH_MAX + 256];
+    resolve(a, ra, sizeof ra);
+    resolve(b, rb, sizeof rb);
+    return strcmp(ra, rb) == 0;
 }

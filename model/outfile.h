@@ -8,6 +8,7 @@
 #ifndef KV_OUTFILE_H
 #define KV_OUTFILE_H
 
+#include <stdbool.h>
 #include <stdio.h>
 #include "err.h"
 
@@ -30,5 +31,11 @@ int outfile_commit(outfile *o, kv_err *e);
 
 /* Closes and removes the temporary file; accepts an empty o. */
 void outfile_abort(outfile *o);
+
+/* Whether paths a and b name the same file: the same device and inode
+ * when both exist, else the same path once each one's folder is resolved
+ * (realpath) - two outputs not yet written can still collide. An output
+ * checked against the inputs it must not overwrite. */
+bool outfile_same(const char *a, const char *b);
 
 #endif

@@ -616,12 +616,12 @@ START_TEST(test_same_file)
     snprintf(a, sizeof a, "%s/a", tmp);
     snprintf(b, sizeof b, "%s/./a", tmp);
     snprintf(c, sizeof c, "%s/c", tmp);
-    ck_assert(cli_same_file(a, b));        /* neither exists: resolved paths */
-    ck_assert(!cli_same_file(a, c));
+    ck_assert(outfile_same(a, b));        /* neither exists: resolved paths */
+    ck_assert(!outfile_same(a, c));
     put_file(a, "x");
     ck_assert_int_eq(symlink(a, c), 0);
-    ck_assert(cli_same_file(a, c));        /* both exist: the inode */
-    ck_assert(cli_same_file(b, c));
+    ck_assert(outfile_same(a, c));        /* both exist: the inode */
+    ck_assert(outfile_same(b, c));
 }
 END_TEST
 

@@ -18,7 +18,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -30,6 +29,7 @@
 #include "dump/dump.h"
 #include "model/config.h"
 #include "model/kernels.h"
+#include "model/outfile.h"
 #include "model/tokens.h"
 #include "llama_version.h"
 
@@ -106,13 +106,6 @@ static int parse_int(const char *s, const char *opt, int lo, int *out)
     return 0;
 }
 
-static bool same_file(const char *a, const char *b)
-{
-    struct stat sa, sb;
-    return a && b && stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev &&
-           sa.st_ino == sb.st_ino;
-}
-
 /* The dump must not overwrite what the run reads. */
 static int output_not_input(const rec_opts *o)
 {
@@ -123,7 +116,7 @@ static int output_not_input(const rec_opts *o)
         {"the model", o->gguf}, {"--prompt-ids-file", o->prompt_file},
         {"--prompt-from", o->prompt_from}, {"--hf", cfg[0] ? cfg : NULL}};
     for (size_t i = 0; i < sizeof in / sizeof in[0]; i++)
-        if (same_file(o->out, in[i].path)) {
+        if (in[i].path && outfile_same(o->out, in[i].path)) {
             fprintf(stderr, TOOL ": --dump %s: is the same file as %s %s; refusing to "
                             "overwrite it\n", o->out, in[i].opt, in[i].path);
             return -1;
