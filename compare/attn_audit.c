@@ -107,10 +107,8 @@ static bool audit_model(cmp_xrt *m)
     return !m->audit_skip[0];
 }
 
-/* Rows first .. first + n - 1 of (layer, stage) that src holds at width
- * cols: 0 with *lo, *hi (inclusive) set, or 1 when it holds none. */
-static int held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
-                int64_t *hi)
+int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
+                    int64_t *hi)
 {
     int64_t first, rows;
     int w;
@@ -377,10 +375,10 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
     for (int l = 0; rc == 0 && l < L; l++) {
         const int owner = cfg->kv_owner[l], si = stage_index(c->r, l);
         int64_t qlo, qhi, olo, ohi, klo, khi, vlo, vhi;
-        if (si < 0 || held(c->test, l, STAGE_Q, qf, &qlo, &qhi) ||
-            held(c->test, l, STAGE_ATTN_OUT, qf, &olo, &ohi) ||
-            held(c->test, owner, STAGE_K, kvf, &klo, &khi) ||
-            held(c->test, owner, STAGE_V, kvf, &vlo, &vhi) || klo > 0 || vlo > 0)
+        if (si < 0 || cmp_source_held(c->test, l, STAGE_Q, qf, &qlo, &qhi) ||
+            cmp_source_held(c->test, l, STAGE_ATTN_OUT, qf, &olo, &ohi) ||
+            cmp_source_held(c->test, owner, STAGE_K, kvf, &klo, &khi) ||
+            cmp_source_held(c->test, owner, STAGE_V, kvf, &vlo, &vhi) || klo > 0 || vlo > 0)
             continue;
         /* Positions whose query, output and every key are recorded, and
          * that the compare reaches (the token cut bounds it). */

@@ -98,6 +98,10 @@ typedef struct {
 } cmp_ctx;
 
 /* --- attn_audit.c --- */
+/* The rows of (layer, st) that src holds at width cols: 0 with *lo, *hi
+ * (inclusive) set, or 1 when it holds none at that width. */
+int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
+                    int64_t *hi);
 /* The test's attention against its own q, k, v: for every layer whose q,
  * attn_out and KV owner's k, v the test records, attention over the
  * config's key set recomputed from them and compared with its attn_out,

@@ -131,10 +131,9 @@ static void round_all(float *x, size_t n)
 /* Whether src holds rows 0 .. hi of (layer, st) at width w. */
 static bool holds(const cmp_source *src, int layer, kv_stage st, int w, int64_t hi)
 {
-    int64_t first, rows;
-    int cols;
-    return src->read && src->info && src->info(src->ctx, layer, st, &first, &rows, &cols) == 0 &&
-           cols == w && first <= 0 && first + rows > hi;
+    int64_t lo, last;
+    return src->read && src->info && cmp_source_held(src, layer, st, w, &lo, &last) == 0 &&
+           lo <= 0 && last >= hi;
 }
 
 /* The source the model reads: the reference's q, k, v where it records
