@@ -559,7 +559,7 @@ START_TEST(presets_validate_and_round_trip)
         ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
         assert_round_trip(&c);
     }
-    ck_assert_int_eq(n, 9);
+    ck_assert_int_eq(n, 10);
 }
 END_TEST
 

@@ -1,14 +1,37 @@
 #!/usr/bin/env python3
-"""A small pure-PyTorch Llama / Qwen2 / Gemma 3 (text) that loads a Hugging
-Face folder (kvdiff gen writes one) with Hugging Face's module names, and
-records its greedy generation with kvdiff_record.TorchHooks. It stands in
-for transformers (not packaged by Debian) so the recorder, the hooks and
-the cross-runtime compare are tested on a real, different runtime.
+"""A small pure-PyTorch Llama / Qwen2 / Qwen3 / Gemma 3 (text) that loads a
+Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
+names, and records its greedy generation with kvdiff_record.TorchHooks. It
+stands in for transformers (not packaged by Debian) so the recorder, the
+hooks and the cross-runtime compare are tested on a real, different
+runtime, in the precision such runtimes compute in.
 
     python3 tiny_torch.py --model DIR --tokens FILE --max-new N --dump OUT.h5
+                          [--dtype f32|bf16|f16] [--attn sdpa|eager]
+                          [--chunk N] [--fault SPEC ...]
 
 FILE holds the prompt's token ids, separated by white space. Exit 0 when
-the dump is written complete, 2 on bad input."""
+the dump is written complete, 2 on bad input.
+
+--dtype bf16 / f16 runs as transformers does with torch_dtype set: the
+weights cast to the dtype, every module's output in the dtype (each matmul
+summed in float32 and rounded once, as CPU and GPU kernels do), Gemma's
+embedding normalizer computed in the dtype (sqrt(1152) becomes 34.0 in
+bf16), RoPE's cos and sin cast to the dtype, norms' statistics and the
+softmax in float32 where transformers keeps them there. Values are carried
+as float32 tensors holding dtype values and every op's result is rounded
+to the dtype: the same arithmetic as torch's bf16 / f16 CPU kernels (they
+widen, compute in float32, round), and it also runs f16, which this
+torch has no CPU matmul for. --attn eager rounds the scores and the
+probabilities to the dtype as transformers' eager attention does; sdpa
+(the default, as in transformers) rounds only the output.
+
+--fault plants a bug a port makes (repeatable): window=N (sliding layers
+read N keys, not the config's window), swap-layer-types=A,B (layers A and
+B trade sliding / global), rope-base-local=T (sliding layers rotate with
+base T), rope-base=T (every layer rotates with base T), drop-key=P (key P
+is gone from the cache after the step that wrote it), decode-blind
+(decode steps read no key of the prompt)."""
 
 import argparse
 import json
@@ -24,6 +47,8 @@ from torch import nn
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kvdiff_record import Recorder, model_config_from_hf  # noqa: E402
 from kvdiff_record.torch_hooks import TorchHooks, hf_names  # noqa: E402
+
+DTYPES = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 def load_safetensors(path):
@@ -52,176 +77,321 @@ def load_safetensors(path):
     return out
 
 
+class Precision:
+    """The runtime's compute type: rnd(x) rounds a float32 tensor to it
+    (round to nearest even) and back; f32 leaves it alone."""
+
+    def __init__(self, name):
+        if name not in DTYPES:
+            raise ValueError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}")
+        self.name, self.type = name, DTYPES[name]
+
+    def rnd(self, x):
+        return x if self.type is None else x.to(self.type).float()
+
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose output is rounded to the dtype once (a float32 sum of
+    dtype products, as bf16 / f16 matmul kernels accumulate)."""
+
+    def __init__(self, n_in, n_out, bias, prec):
+        super().__init__(n_in, n_out, bias=bias)
+        self.prec = prec
+
+    def forward(self, x):
+        return self.prec.rnd(super().forward(x))
+
+
+class Faults:
+    """The planted bugs of --fault (module docstring)."""
+
+    def __init__(self, specs, layers):
+        self.window = None
+        self.swap = None
+        self.rope_local = None
+        self.rope_all = None
+        self.drop_key = None
+        self.decode_blind = False
+        for s in specs or []:
+            name, _, arg = s.partition("=")
+            try:
+                if name == "window" and arg:
+                    self.window = int(arg)
+                elif name == "swap-layer-types" and arg:
+                    a, b = (int(x) for x in arg.split(","))
+                    if not (0 <= a < layers and 0 <= b < layers) or a == b:
+                        raise ValueError("two different layers")
+                    self.swap = (a, b)
+                elif name == "rope-base-local" and arg:
+                    self.rope_local = float(arg)
+                elif name == "rope-base" and arg:
+                    self.rope_all = float(arg)
+                elif name == "drop-key" and arg:
+                    self.drop_key = int(arg)
+                elif name == "decode-blind" and not arg:
+                    self.decode_blind = True
+                else:
+                    raise ValueError("unknown")
+            except ValueError as exc:
+                raise ValueError(f"--fault {s!r}: expected window=N, swap-layer-types=A,B, "
+                                 f"rope-base-local=T, rope-base=T, drop-key=P or decode-blind "
+                                 f"({exc})")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"--fault window={self.window}: the window must be >= 1")
+
+    def layer_type(self, types, i):
+        if self.swap and i in self.swap:
+            return types[self.swap[1] if i == self.swap[0] else self.swap[0]]
+        return types[i]
+
+
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps, gemma):
+    """gemma: Gemma's (1 + w), the statistics and the product in float32,
+    rounded once (Gemma3RMSNorm); else Llama's: the normalized row rounded
+    to the dtype, then times the weight in the dtype (LlamaRMSNorm)."""
+
+    def __init__(self, dim, eps, gemma, prec):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(dim))
-        self.eps, self.gemma = eps, gemma
+        self.eps, self.gemma, self.prec = eps, gemma, prec
 
     def forward(self, x):
         y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
-        return y * ((1.0 + self.weight) if self.gemma else self.weight)
+        if self.gemma:
+            return self.prec.rnd(y * (1.0 + self.weight))
+        return self.prec.rnd(self.weight * self.prec.rnd(y))
 
 
-def rope(x, positions, theta):
-    """Rotate-half RoPE of x [heads, T, D]; angles in double (DESIGN.md)."""
-    d = x.shape[-1]
+def rope_tables(positions, theta, d, prec):
+    """cos, sin [T, D] of rotate-half RoPE; angles in double (DESIGN.md),
+    cast to the dtype as transformers casts them to the query's."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     cos = torch.cat([ang.cos(), ang.cos()], -1).float()
     sin = torch.cat([ang.sin(), ang.sin()], -1).float()
+    return prec.rnd(cos), prec.rnd(sin)
+
+
+def rope(x, cos, sin, prec):
+    d = x.shape[-1]
     half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return x * cos + half * sin
+    return prec.rnd(prec.rnd(x * cos) + prec.rnd(half * sin))
 
 
 class Attention(nn.Module):
-    def __init__(self, c, gemma):
+    def __init__(self, c, arch, prec, attn):
         super().__init__()
         h, kv, d, e = (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                        c["hidden_size"])
         self.h, self.kv, self.d = h, kv, d
-        self.q_proj = nn.Linear(e, h * d, bias=False)
-        self.k_proj = nn.Linear(e, kv * d, bias=False)
-        self.v_proj = nn.Linear(e, kv * d, bias=False)
-        self.o_proj = nn.Linear(h * d, e, bias=False)
-        if gemma:
-            self.q_norm = RMSNorm(d, c["rms_norm_eps"], True)
-            self.k_norm = RMSNorm(d, c["rms_norm_eps"], True)
-        self.gemma = gemma
+        bias = arch == "qwen2"
+        self.q_proj = Linear(e, h * d, bias, prec)
+        self.k_proj = Linear(e, kv * d, bias, prec)
+        self.v_proj = Linear(e, kv * d, bias, prec)
+        self.o_proj = Linear(h * d, e, False, prec)
+        self.qk_norm = arch in ("gemma3_text", "qwen3")
+        if self.qk_norm:
+            self.q_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
+            self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
+        self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the recorder's tap
+        self.prec, self.attn = prec, attn
 
-    def forward(self, x, positions, past, theta, window, scale):
-        t = x.shape[1]
+    def forward(self, x, positions, past, theta, window, scale, visible):
+        t, p = x.shape[1], self.prec
         q = self.q_proj(x)[0].view(t, self.h, self.d).transpose(0, 1)
         k = self.k_proj(x)[0].view(t, self.kv, self.d).transpose(0, 1)
         v = self.v_proj(x)[0].view(t, self.kv, self.d).transpose(0, 1)
-        if self.gemma:
+        if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = rope(q, positions, theta), rope(k, positions, theta)
+        cos, sin = rope_tables(positions, theta, self.d, p)
+        q, k = rope(q, cos, sin, p), rope(k, cos, sin, p)
+        self.q_rope(q.transpose(0, 1).reshape(1, t, self.h * self.d))
         if past is not None:
             k = torch.cat([past[0][0], k], 1)
             v = torch.cat([past[1][0], v], 1)
         n = k.shape[1]
         rep = self.h // self.kv
         kk, vv = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-        scores = (q @ kk.transpose(1, 2)) * scale
         kpos = torch.arange(n)
         mask = kpos[None, :] > positions[:, None]
         if window:
             mask |= kpos[None, :] <= positions[:, None] - window
-        scores = scores.masked_fill(mask[None], float("-inf"))
-        out = torch.softmax(scores, -1) @ vv
+        mask |= ~visible[None, :n]
+        if self.attn == "eager":
+            scores = p.rnd(p.rnd(q @ kk.transpose(1, 2)) * scale)
+            scores = scores.masked_fill(mask[None], float("-inf"))
+            out = p.rnd(p.rnd(torch.softmax(scores, -1)) @ vv)
+        else:
+            scores = (q @ kk.transpose(1, 2)) * scale
+            scores = scores.masked_fill(mask[None], float("-inf"))
+            out = p.rnd(torch.softmax(scores, -1) @ vv)
         out = out.transpose(0, 1).reshape(1, t, self.h * self.d)
         return self.o_proj(out), (k[None], v[None])
 
 
 class MLP(nn.Module):
-    def __init__(self, c, gemma):
+    def __init__(self, c, gemma, prec):
         super().__init__()
         e, i = c["hidden_size"], c["intermediate_size"]
-        self.gate_proj = nn.Linear(e, i, bias=False)
-        self.up_proj = nn.Linear(e, i, bias=False)
-        self.down_proj = nn.Linear(i, e, bias=False)
+        self.gate_proj = Linear(e, i, False, prec)
+        self.up_proj = Linear(e, i, False, prec)
+        self.down_proj = Linear(i, e, False, prec)
         self.act = (lambda g: nn.functional.gelu(g, approximate="tanh")) if gemma else \
             nn.functional.silu
+        self.prec = prec
 
     def forward(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        r = self.prec.rnd
+        return self.down_proj(r(r(self.act(self.gate_proj(x))) * self.up_proj(x)))
 
 
 class Layer(nn.Module):
-    def __init__(self, c, gemma):
+    def __init__(self, c, arch, prec, attn):
         super().__init__()
-        eps = c["rms_norm_eps"]
-        self.input_layernorm = RMSNorm(c["hidden_size"], eps, gemma)
-        self.self_attn = Attention(c, gemma)
-        self.post_attention_layernorm = RMSNorm(c["hidden_size"], eps, gemma)
+        eps, gemma = c["rms_norm_eps"], arch == "gemma3_text"
+        self.input_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
+        self.self_attn = Attention(c, arch, prec, attn)
+        self.post_attention_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
         if gemma:
-            self.pre_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True)
-            self.post_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True)
-        self.mlp = MLP(c, gemma)
-        self.gemma = gemma
+            self.pre_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True, prec)
+            self.post_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True, prec)
+        self.mlp = MLP(c, gemma, prec)
+        self.gemma, self.prec = gemma, prec
 
-    def forward(self, x, positions, past, theta, window, scale):
-        a, cache = self.self_attn(self.input_layernorm(x), positions, past, theta, window, scale)
+    def forward(self, x, positions, past, theta, window, scale, visible):
+        r = self.prec.rnd
+        a, cache = self.self_attn(self.input_layernorm(x), positions, past, theta, window,
+                                  scale, visible)
         if self.gemma:
-            h = x + self.post_attention_layernorm(a)
-            return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h))), cache
-        h = x + a
-        return h + self.mlp(self.post_attention_layernorm(h)), cache
+            h = r(x + self.post_attention_layernorm(a))
+            return r(h + self.post_feedforward_layernorm(
+                self.mlp(self.pre_feedforward_layernorm(h)))), cache
+        h = r(x + a)
+        return r(h + self.mlp(self.post_attention_layernorm(h))), cache
 
 
 class Inner(nn.Module):
-    def __init__(self, c, gemma):
+    def __init__(self, c, arch, prec, attn):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList([Layer(c, gemma) for _ in range(c["num_hidden_layers"])])
-        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"], gemma)
+        self.layers = nn.ModuleList([Layer(c, arch, prec, attn)
+                                     for _ in range(c["num_hidden_layers"])])
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"], arch == "gemma3_text", prec)
 
 
 class TinyCausalLM(nn.Module):
     """model(input_ids [1, T], past) -> (logits [1, T, V], past): past is a
-    tuple of (k, v) per layer, [1, KV heads, positions, D], post-RoPE."""
+    tuple of (k, v) per layer, [1, KV heads, positions, D], post-RoPE, in
+    the dtype. dtype: "f32", "bf16" or "f16"; attn: "sdpa" or "eager";
+    faults: --fault specs; prompt_length: where decode starts (for
+    decode-blind)."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, dtype="f32", attn="sdpa", faults=None, prompt_length=0):
         super().__init__()
-        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
-            hf = json.load(f)
         self.config = model_config_from_hf(folder)
         c = self.config
-        self.gemma = c["model_type"] == "gemma3_text"
-        self.model = Inner(c, self.gemma)
-        self.lm_head = nn.Linear(c["hidden_size"], c["vocab_size"], bias=False)
+        arch = c["model_type"]
+        if c.get("rope_scaling"):
+            raise ValueError(f"{folder}: rope_scaling is not modelled by this example")
+        if any(o != i for i, o in enumerate(c["kv_owner"])):
+            raise ValueError(f"{folder}: KV-shared layers are not modelled by this example")
+        if attn not in ("sdpa", "eager"):
+            raise ValueError(f"--attn {attn!r}: expected sdpa or eager")
+        self.prec = Precision(dtype)
+        self.attn = attn
+        self.faults = Faults(faults, c["num_hidden_layers"])
+        self.prompt_length = prompt_length
+        self.gemma = arch == "gemma3_text"
+        self.model = Inner(c, arch, self.prec, attn)
+        self.lm_head = Linear(c["hidden_size"], c["vocab_size"], False, self.prec)
         w = load_safetensors(os.path.join(folder, "model.safetensors"))
         if "lm_head.weight" not in w:
             w["lm_head.weight"] = w["model.embed_tokens.weight"]   # tied
-        self.load_state_dict({k: torch.from_numpy(v) for k, v in w.items()}, strict=True)
-        # Gemma's sqrt(hidden) embedding scale is a float32 value (DESIGN.md).
-        self.embed_scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
-        del hf
+        # The weights cast to the dtype (torch_dtype=...), carried as float32.
+        self.load_state_dict({k: self.prec.rnd(torch.from_numpy(v)) for k, v in w.items()},
+                             strict=True)
+        # Gemma's sqrt(hidden) embedding scale: a float32 value (DESIGN.md),
+        # which transformers casts to the dtype before the product.
+        scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
+        self.embed_scale = self.prec.rnd(torch.tensor(scale))
 
     @torch.no_grad()
-    def forward(self, input_ids, past=None):
-        c = self.config
+    def forward(self, input_ids, past=None, last=None):
+        """last: logits of the last `last` rows only (None: every row); a
+        prefill needs one, and the vocabulary projection of every prompt
+        row is most of the work at a 262k vocabulary."""
+        c, f, p = self.config, self.faults, self.prec
         start = 0 if past is None else past[0][0].shape[2]
         t = input_ids.shape[1]
         positions = torch.arange(start, start + t)
-        x = self.model.embed_tokens(input_ids) * self.embed_scale
+        visible = torch.ones(start + t, dtype=torch.bool)
+        if f.drop_key is not None and f.drop_key < start:
+            visible[f.drop_key] = False
+        if f.decode_blind and start >= self.prompt_length > 0:
+            visible[:self.prompt_length] = False
+        x = self.model.embed_tokens(input_ids)
+        if self.gemma:
+            x = p.rnd(x * self.embed_scale)
         new = []
         for i, layer in enumerate(self.model.layers):
-            sliding = c["layer_types"][i] == "sliding_attention"
+            sliding = f.layer_type(c["layer_types"], i) == "sliding_attention"
             theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
+            if f.rope_all is not None:
+                theta = f.rope_all
+            if sliding and f.rope_local is not None:
+                theta = f.rope_local
+            window = (f.window or c["sliding_window"]) if sliding else 0
             x, cache = layer(x, positions, None if past is None else past[i], theta,
-                             c["sliding_window"] if sliding else 0, c["attn_scale"])
+                             window, c["attn_scale"], visible)
             new.append(cache)
+        if last is not None:
+            x = x[:, x.shape[1] - last:]
         return self.lm_head(self.model.norm(x)), tuple(new)
 
 
-def generate_and_record(folder, prompt, max_new, dump, engine="pytorch"):
-    """Greedy generation as `kvdiff run` does it (one prefill of the whole
-    prompt, then a decode step per token but the last), recorded to dump.
-    Returns the generated ids."""
-    model = TinyCausalLM(folder)
+def tiny_names(model_type):
+    """hf_names plus q after RoPE, from the attention's q_rope tap; the
+    logits are recorded by generate_and_record (one row per step)."""
+    names = dict(hf_names(model_type))
+    names["q"] = ("model.layers.{i}.self_attn.q_rope", "out")
+    del names["final_norm"], names["logits"]
+    return names
+
+
+def generate_and_record(folder, prompt, max_new, dump, engine="pytorch", dtype="f32",
+                        attn="sdpa", chunk=None, faults=None):
+    """Greedy generation as `kvdiff run` does it (a prefill of the prompt,
+    whole or in chunks of `chunk`, then a decode step per token but the
+    last), recorded to dump. Returns the generated ids."""
+    model = TinyCausalLM(folder, dtype, attn, faults, len(prompt))
     c = model.config
-    settings = {"chunk": len(prompt), "cache": "dense", "cache_type": "f32",
-                "runtime": f"torch {torch.__version__}"}
+    chunk = len(prompt) if not chunk or chunk >= len(prompt) else int(chunk)
+    settings = {"chunk": chunk, "cache": "dense", "cache_type": dtype,
+                "compute_dtype": dtype, "attn_implementation": attn, "attn_accumulator": "f32",
+                "runtime": f"torch {torch.__version__}", "device": "cpu"}
+    if faults:
+        settings["faults"] = list(faults)
     with Recorder(dump, c, engine=engine, settings=settings) as rec:
-        hooks = TorchHooks(rec, model, hf_names(c["model_type"]),
-                           output_from=len(prompt) - 1)
+        hooks = TorchHooks(rec, model, tiny_names(c["model_type"]), output_from=None)
         ids = list(prompt)
-        past, pos, feed = None, 0, list(prompt)
+        past, pos = None, 0
         generated = []
         while True:
+            feed = ids[pos:min(pos + chunk, len(prompt))] if pos < len(prompt) else ids[pos:]
             with hooks.step(pos):
-                logits, past = model(torch.tensor([feed]), past)
+                logits, past = model(torch.tensor([feed]), past, last=1)
             hooks.record_cache(past)
             pos += len(feed)
+            if pos < len(prompt):
+                continue
+            rec.output(pos - 1, logits[0].numpy())
             nxt = int(torch.argmax(logits[0, -1]))
             generated.append(nxt)
             ids.append(nxt)
             rec.tokens(ids, len(prompt))
             if len(generated) >= max_new:
                 break
-            feed = [nxt]
         hooks.remove()
     return generated
 
@@ -232,17 +402,30 @@ def main(argv=None):
     p.add_argument("--tokens", required=True, help="file of prompt token ids")
     p.add_argument("--max-new", type=int, default=4)
     p.add_argument("--dump", required=True)
+    p.add_argument("--dtype", default="f32", choices=sorted(DTYPES))
+    p.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"])
+    p.add_argument("--chunk", type=int, default=0, help="prefill chunk (0: the whole prompt)")
+    p.add_argument("--fault", action="append", default=[])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     a = p.parse_args(argv)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
     try:
         with open(a.tokens, encoding="utf-8") as f:
             prompt = [int(x) for x in f.read().split()]
     except (OSError, ValueError) as exc:
         print(f"tiny_torch: {a.tokens}: {exc}", file=sys.stderr)
         return 2
-    if not prompt or a.max_new < 1:
-        print("tiny_torch: need a prompt and --max-new >= 1", file=sys.stderr)
+    if not prompt or a.max_new < 1 or a.chunk < 0:
+        print("tiny_torch: need a prompt, --max-new >= 1 and --chunk >= 0", file=sys.stderr)
         return 2
-    out = generate_and_record(a.model, prompt, a.max_new, a.dump)
+    try:
+        Faults(a.fault, 1 << 30)
+        out = generate_and_record(a.model, prompt, a.max_new, a.dump, dtype=a.dtype,
+                                  attn=a.attn, chunk=a.chunk, faults=a.fault)
+    except ValueError as exc:
+        print(f"tiny_torch: {exc}", file=sys.stderr)
+        return 2
     print("generated", " ".join(map(str, out)))
     return 0
 
