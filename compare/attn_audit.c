@@ -29,17 +29,24 @@
  * The threshold keeps the drift model's allowance for a kernel's
  * rounding (crossrt.c) plus 4 unit roundoffs of the cache's type.
  *
+ * A runtime that computes in a coarser type than its cache (bf16
+ * activations) rounds the check's inputs and output in that type: the
+ * threshold takes the coarser of the two unit roundoffs.
+ *
  * Not checked: an f16 cache (and llama.cpp's flash attention, which reads
- * any cache as f16), nor a cache of unknown type. llama.cpp's CPU flash
+ * any cache as f16) unless the recording says its attention sums in f32
+ * (engine_settings "attn_accumulator": "f32", as the Python recorder's
+ * torch models do), nor a cache of unknown type. llama.cpp's CPU flash
  * attention sums the weighted values in f16 when decoding, measured at
  * 0.017 (35 unit roundoffs) over 640 keys and growing with them, so no
- * fixed bound holds; and there the drift model's own floor is tight
- * enough to find the bugs the check is for. */
+ * fixed bound holds (other f16 runtimes, an ANE, may do the same); and
+ * there the drift model's own floor is tight enough to find the bugs the
+ * check is for. */
 #define AUDIT_BASE 4e-3
 #define AUDIT_KV_FACTOR 4.0
 #define AUDIT_ROWS 128   /* query rows recomputed at once */
 
-typedef enum { ROUND_NONE, ROUND_BF16, ROUND_Q8_0 } audit_round;
+typedef enum { ROUND_NONE, ROUND_BF16, ROUND_F16, ROUND_Q8_0 } audit_round;
 
 /* ggml's q8_0: blocks of 32, scale max|x| / 127 stored as f16, values
  * rounded to integers. n is a multiple of 32 (head_dim is, where q8_0 is
@@ -67,6 +74,9 @@ static void round_rows(audit_round how, float *x, size_t rows, int w, int rot)
     if (how == ROUND_BF16)
         for (size_t i = 0; i < n; i++)
             x[i] = st_bf16_to_f32(st_f32_to_bf16(x[i]));
+    else if (how == ROUND_F16)
+        for (size_t i = 0; i < n; i++)
+            x[i] = st_f16_to_f32(st_f32_to_f16(x[i]));
     else if (how == ROUND_Q8_0 && w % 32 == 0) {
         if (rot > 0)
             kern_hadamard_blocks(x, n, rot);
@@ -85,21 +95,32 @@ static int rotation(const cmp_source *test, const char *key, int head_dim)
                                                                                     : 0;
 }
 
+/* How q, k and v are rounded on the way in: the cache's type, or the
+ * compute type where that is the coarser (bf16 activations over an f32
+ * or f16 cache). */
 static audit_round rounding_of(const cmp_xrt *m)
 {
-    return !strcmp(m->kv_precision, "bf16") || !strcmp(m->kv_precision, "bfloat16") ? ROUND_BF16
-           : !strcmp(m->kv_precision, "q8_0")                                       ? ROUND_Q8_0
-                                                                                     : ROUND_NONE;
+    if (!strcmp(m->kv_precision, "q8_0"))
+        return ROUND_Q8_0;
+    const bool kv_bf16 = !strcmp(m->kv_precision, "bf16") || !strcmp(m->kv_precision, "bfloat16");
+    if (kv_bf16 || (m->compute_stated && !strcmp(m->compute_precision, "bf16")))
+        return ROUND_BF16;
+    const bool kv_f16 = !strcmp(m->kv_precision, "f16") || !strcmp(m->kv_precision, "float16");
+    if (kv_f16 || (m->compute_stated && !strcmp(m->compute_precision, "f16")))
+        return ROUND_F16;
+    return ROUND_NONE;
 }
 
 /* Whether the check runs on this test, and why not (m->audit_skip). */
-static bool audit_model(cmp_xrt *m)
+static bool audit_model(const cmp_source *test, cmp_xrt *m)
 {
-    m->audit_threshold = AUDIT_BASE + AUDIT_KV_FACTOR * m->kv_eps;
+    const double eps = m->compute_stated && m->compute_eps > m->kv_eps ? m->compute_eps
+                                                                        : m->kv_eps;
+    m->audit_threshold = AUDIT_BASE + AUDIT_KV_FACTOR * eps;
     if (!strcmp(m->kv_precision, "unknown"))
         snprintf(m->audit_skip, sizeof m->audit_skip, "the test's KV cache type is not "
                  "recorded");
-    else if (m->kv_eps == 0x1p-11)
+    else if (m->kv_eps == 0x1p-11 && !cmp_settings_is(test, "attn_accumulator", "f32"))
         snprintf(m->audit_skip, sizeof m->audit_skip, "the test reads its cache as f16 (%s), "
                  "and may sum values in f16: no fixed bound", m->kv_precision);
     else
@@ -355,7 +376,7 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
     m->audit_worst_pos = -1;
     m->audit_worst_layer = -1;
     m->audit_layers = 0;
-    if (!audit_model(m) || !c->test->read || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
+    if (!audit_model(c->test, m) || !c->test->read || cfg->n_heads <= 0 || cfg->n_kv_heads <= 0 ||
         cfg->n_heads % cfg->n_kv_heads || c->r->compared.pos_hi < 0 ||
         c->r->compared.pos_hi >= INT32_MAX)
         return 0;

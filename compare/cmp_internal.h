@@ -94,6 +94,8 @@ typedef struct {
      * under another RoPE convention) against the test's (the step's
      * threshold, drift upstream included). */
     double attn_tol, row_tol;
+    bool attn_checked;           /* attn_tol is the attention check's threshold, the
+                                  * test read through its precision model */
     kern_pool *pool;             /* the walker's threads, idle after the walk (NULL: none) */
 } cmp_ctx;
 
@@ -252,6 +254,10 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e);
 /* The drift model's floor at the attention output: what the test's own
  * attention kernel and KV cache type alone may leave. */
 double cmp_xrt_attn_floor(const cmp_xrt *m);
+
+/* The drift model's allowance at every stage for the test's activation
+ * precision: compute_factor x its unit roundoff. */
+double cmp_xrt_compute_term(const cmp_xrt *m);
 
 /* Column, head and dim of d's element col, by its stage's layout. */
 void cmp_set_element(cmp_divergence *d, const kv_config *c, int col);

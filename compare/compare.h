@@ -463,7 +463,8 @@ typedef struct {
  *   err <= threshold = max(floor(s), gain * upstream, history * scale)
  * upstream: the largest error of any stage before it in dataflow (every
  * earlier layer, the earlier stages of layer l; positions <= p); scale:
- * the largest error of (l, s) itself at positions < p; floor: floor_base,
+ * the largest error of (l, s) itself at positions < p; floor: floor_base
+ * plus compute_factor * compute_eps (the runtime's activation precision),
  * plus kv_factor * kv_eps at attention outputs (the KV cache's rounding). */
 typedef struct {
     bool on;                     /* the compare was judged this way */
@@ -472,6 +473,15 @@ typedef struct {
     char kv_precision[16];       /* the test's KV cache type as recorded ("f16"), or
                                   * "unknown" (then bf16's is assumed) */
     double kv_eps;               /* its unit roundoff */
+    /* The precision the test computes its activations in (engine_settings
+     * compute_dtype: f32, tf32, bf16, f16): every stage's floor holds
+     * compute_factor of its unit roundoff. compute_stated: recorded; else
+     * assumed, and compute_assumed_why says on what grounds. A result read
+     * back from JSON older than this has compute_precision "". */
+    char compute_precision[16];
+    double compute_eps, compute_factor;
+    bool compute_stated;
+    char compute_assumed_why[96];
     double floor_base, kv_factor, gain, history;
     bool step;                   /* a row above its threshold: the bug, at `first` */
     double step_err, step_threshold;
@@ -482,7 +492,8 @@ typedef struct {
     /* The attention check (attn_audit.c): the test's attn_out against
      * attention recomputed from its own q, k, v over the config's keys,
      * at every position and layer it records all four. A row whose
-     * residual is above audit_threshold = 4e-3 + 4 * kv_eps is a step
+     * residual is above audit_threshold = 4e-3 + 4 * max(kv_eps,
+     * compute_eps) is a step
      * too, when it comes before the drift model's (audit_step). */
     char audit_skip[120];        /* why the check did not run ("" when it did) */
     int audit_layers;            /* layers checked (0: the test records no attention) */

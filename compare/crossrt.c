@@ -18,8 +18,18 @@
 #define XRT_FLOOR_BASE 4e-3   /* kernels' own rounding: llama.cpp's table GELU
                                * alone reaches 1.3e-3 row-relative */
 #define XRT_KV_FACTOR 16.0    /* attention output: times the KV type's unit roundoff */
+#define XRT_COMPUTE_FACTOR 3.0 /* every stage: times the compute type's unit roundoff
+                                * (a row rounded once, from inputs rounded once, by a
+                                * scale rounded once: Gemma's embedding in bf16) */
 #define XRT_GAIN 8.0          /* times the largest error upstream */
 #define XRT_HISTORY 8.0       /* times the stage's own largest recent error */
+#define XRT_COARSE_GAIN 4.0   /* both, for a runtime that states it computes in bf16,
+                               * f16 or tf32: every op rounds there, the floor's
+                               * compute term holds that rounding, and what flows
+                               * on grows by at most 1.6x a stage (measured at
+                               * 1B and on tiny-gemma3-h288, bf16 and f16); at 8
+                               * a RoPE bug at layer 4 hid under 8 x the drift
+                               * of layers 0-3 (docs/cross-runtime.md) */
 #define XRT_ACC_FACTOR 2.0   /* f16-summed attention rows: times the modelled
                               * gap of llama.cpp's f16 accumulator (f16acc.c) */
 #define XRT_WINDOW 16         /* positions that "recent" covers: a row judged drift
@@ -84,6 +94,50 @@ static void kv_precision(const cmp_source *test, cmp_xrt *x)
     }
 }
 
+/* The precision the test computes activations in, from its settings
+ * ("compute_dtype", as kvdiff-llama and the Python recorder write it).
+ * Not stated: llama.cpp (its CPU backend keeps activations in f32) is
+ * f32; any other runtime the coarsest common type, bf16, so that a
+ * recording silent about it is not cried wolf over; said so in the
+ * output. */
+static void compute_precision(const cmp_source *test, cmp_xrt *x)
+{
+    static const struct {
+        const char *name, *canon;
+        double eps;
+    } types[] = {{"f32", "f32", 0x1p-24}, {"float32", "f32", 0x1p-24},
+                 {"tf32", "tf32", 0x1p-11}, {"f16", "f16", 0x1p-11},
+                 {"float16", "f16", 0x1p-11}, {"bf16", "bf16", 0x1p-8},
+                 {"bfloat16", "bf16", 0x1p-8}};
+    x->compute_factor = XRT_COMPUTE_FACTOR;
+    x->compute_stated = false;
+    x->compute_assumed_why[0] = 0;
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (cmp_settings_is(test, "compute_dtype", types[i].name)) {
+            snprintf(x->compute_precision, sizeof x->compute_precision, "%s", types[i].canon);
+            x->compute_eps = types[i].eps;
+            x->compute_stated = true;
+            return;
+        }
+    if (cmp_settings_is(test, "runtime", "llama.cpp") ||
+        (test->engine && !strcmp(test->engine, "llama.cpp"))) {
+        snprintf(x->compute_precision, sizeof x->compute_precision, "f32");
+        x->compute_eps = 0x1p-24;
+        snprintf(x->compute_assumed_why, sizeof x->compute_assumed_why,
+                 "llama.cpp's CPU backend keeps activations in f32");
+        return;
+    }
+    snprintf(x->compute_precision, sizeof x->compute_precision, "bf16");
+    x->compute_eps = 0x1p-8;
+    snprintf(x->compute_assumed_why, sizeof x->compute_assumed_why,
+             "the coarsest common type, so as not to cry wolf");
+}
+
+double cmp_xrt_compute_term(const cmp_xrt *m)
+{
+    return m->compute_factor * m->compute_eps;
+}
+
 /* ------------------------------------------------------------------ */
 /* Reading: one record and one error per (stage, position)              */
 
@@ -141,10 +195,11 @@ static int read_all(xrt_walk *x, kv_err *e)
  * (f16acc.c; 0 none), allowed instead where it is the larger. */
 static double floor_of(const cmp_xrt *m, bool kv_rounds, double acc_gap)
 {
+    const double base = m->floor_base + cmp_xrt_compute_term(m);
     if (!kv_rounds)
-        return m->floor_base;
+        return base;
     const double kv = m->kv_factor * m->kv_eps, acc = m->acc_factor * acc_gap;
-    return m->floor_base + (acc > kv ? acc : kv);
+    return base + (acc > kv ? acc : kv);
 }
 
 double cmp_xrt_attn_floor(const cmp_xrt *m)
@@ -350,6 +405,9 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     m->worst_pos = -1;
     m->worst_layer = -1;
     kv_precision(c->test, m);
+    compute_precision(c->test, m);
+    if (m->compute_stated && m->compute_eps > 0x1p-20)
+        m->gain = m->history = XRT_COARSE_GAIN;
     /* The runtime under test goes second: its settings (cache type, flash
      * attention) are what the model reads. */
     if (c->ref->engine && c->test->engine && ours(c->test->engine) && !ours(c->ref->engine))

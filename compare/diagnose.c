@@ -1761,7 +1761,7 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             "q, k, v%s over %s reproduces the test's %s (error %.2g); the config's key set "
             "reproduces the reference (%.2g)",
             a->ref_rows_used ? " (the reference's: the test did not record them)"
-            : c->r->xrt.audit_step ? " (rounded to the test's KV cache type, as the attention "
+            : c->attn_checked ? " (rounded as the test holds them, as the attention "
                                      "check does)"
                                    : "",
             ev->hypothesis, ev->lse_test ? "attn_lse and attn_out" : "attn_out", ev->hyp_err,
@@ -1770,7 +1770,7 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
             append(c->g->evidence, sizeof c->g->evidence, " and not the test's (%.2g)", cfg_err);
         if (c->r->xrt.on)
             append(c->g->evidence, sizeof c->g->evidence, "; errors up to %.2g count as "
-                   "reproducing: %s (KV cache %s)", c->attn_tol, c->r->xrt.audit_step
+                   "reproducing: %s (KV cache %s)", c->attn_tol, c->attn_checked
                    ? "the attention check's threshold" : "the drift model's floor at attn_out",
                    c->r->xrt.kv_precision);
         for (int i = 0; i < nm; i++)
@@ -2154,18 +2154,23 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->g = &r->diag;
     c->beyond = false;
     c->attn_tol = c->row_tol = CMP_MATCH_TOL;
+    /* Where the attention check ran, the runtime's attention is modelled
+     * (its q, k, v rounded as it holds them, its compute precision): a
+     * hypothesis must reproduce the test as closely as the check's own
+     * recomputation does, not merely within the drift floor against the
+     * reference (16 unit roundoffs of a bf16 cache, 6.65%, would let a
+     * wrong key set pass for a right one). */
+    c->attn_checked = r->xrt.on && !r->xrt.audit_skip[0] && r->xrt.audit_layers > 0;
     if (r->xrt.on) {
-        /* A step the attention check found is below the drift floor:
-         * hypotheses must reproduce the test as closely as the check. */
-        c->attn_tol = r->xrt.audit_step ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
+        c->attn_tol = c->attn_checked ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
     }
-    /* The check's step: hypotheses recomputed from the test's q, k, v as
-     * the check recomputed them, rounded as the runtime holds them. */
+    /* Hypotheses recomputed from the test's q, k, v as the check
+     * recomputes them, rounded as the runtime holds them. */
     cmp_source modelled;
     void *handle = NULL;
     const cmp_source *test = c->test;
-    if (r->xrt.audit_step) {
+    if (c->attn_checked) {
         handle = cmp_xrt_modelled_source(c->test, &r->xrt, &modelled);
         if (!handle)
             return kv_errf(e, "compare: out of memory");

@@ -96,10 +96,18 @@ static void xrt_line(FILE *f, const cmp_result *r)
     const cmp_xrt *x = &r->xrt;
     if (!x->on)
         return;
-    fprintf(f, "  drift model %s: KV cache %s; a row is drift while its relative error is at "
-            "most max(%.0e%s, %g x upstream, %g x its stage's earlier rows)", x->model,
-            x->kv_precision, x->floor_base, x->kv_eps > 0x1p-20 ? " + KV rounding at attn_out (attn_proj where attn_out is not recorded)"
-                                                                 : "", x->gain, x->history);
+    char compute[64] = "";
+    if (x->compute_precision[0] && x->compute_eps > 0x1p-20)
+        snprintf(compute, sizeof compute, " + %g x %s rounding", x->compute_factor,
+                 x->compute_precision);
+    fprintf(f, "  drift model %s: ", x->model);
+    if (x->compute_precision[0])
+        fprintf(f, "compute %s%s, ", x->compute_precision, x->compute_stated ? "" : " (assumed)");
+    fprintf(f, "KV cache %s; a row is drift while its relative error is at "
+            "most max(%.0e%s%s, %g x upstream, %g x its stage's earlier rows)",
+            x->kv_precision, x->floor_base, compute,
+            x->kv_eps > 0x1p-20 ? " + KV rounding at attn_out (attn_proj where attn_out is not recorded)"
+                                : "", x->gain, x->history);
     if (x->worst_pos >= 0) {
         fprintf(f, "; drift came closest at position %lld, ", (long long)x->worst_pos);
         if (x->worst_layer >= 0)
@@ -107,6 +115,9 @@ static void xrt_line(FILE *f, const cmp_result *r)
         fprintf(f, "%s (%.2g of its threshold)", stage_name(x->worst_stage), x->worst_ratio);
     }
     fprintf(f, "\n");
+    if (x->compute_precision[0] && !x->compute_stated)
+        fprintf(f, "  compute precision: the test's engine_settings give no compute_dtype; %s "
+                "assumed (%s)\n", x->compute_precision, x->compute_assumed_why);
     if (x->audit_skip[0])
         fprintf(f, "  attention check: not run: %s\n", x->audit_skip);
     else if (x->audit_layers > 0) {
@@ -660,8 +671,13 @@ static json_t *jxrt(const cmp_result *r)
                     x->acc_pos < 0 ? json_null()
                         : json_pack("{sI si}", "position", (json_int_t)x->acc_pos, "layer",
                                     x->acc_layer));
-    return json_pack("{ss ss ss so so so so so sb so so so so so so}", "model", x->model, "why",
-                     x->why, "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
+    json_t *compute = !x->compute_precision[0] ? json_null()
+        : json_pack("{ss so so sb so}", "precision", x->compute_precision, "eps",
+                    jnum(x->compute_eps), "factor", jnum(x->compute_factor), "stated",
+                    x->compute_stated, "assumed_why",
+                    x->compute_stated ? json_null() : json_string(x->compute_assumed_why));
+    return json_pack("{ss ss so ss so so so so so sb so so so so so so}", "model", x->model, "why",
+                     x->why, "compute", compute, "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
                      jnum(x->floor_base), "kv_factor", jnum(x->kv_factor), "gain",
                      jnum(x->gain), "history", jnum(x->history), "step", x->step, "step_error",
                      x->step ? jnum(x->step_err) : json_null(), "step_threshold",

@@ -92,7 +92,17 @@ static void inputs(const rep_ctx *c, FILE *f)
         const cmp_xrt *x = &r->xrt;
         fputs("cross-runtime: drift model ", f);
         esc(f, x->model);
-        fputs(" (KV cache ", f);
+        fputs(" (", f);
+        if (x->compute_precision[0]) {
+            fputs("compute ", f);
+            esc(f, x->compute_precision);
+            if (!x->compute_stated) {
+                fputs(" assumed: ", f);
+                esc(f, x->compute_assumed_why);
+            }
+            fprintf(f, ", %g &times; %.3g at every stage; ", x->compute_factor, x->compute_eps);
+        }
+        fputs("KV cache ", f);
         esc(f, x->kv_precision);
         fprintf(f, "; a row is drift while its relative error is at most max(%g + %g &times; "
                 "%.3g at attn_out, %g &times; upstream, %g &times; its stage's earlier rows)); ",

@@ -156,6 +156,24 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
     o->on = true;
     copy(o->model, sizeof o->model, string(c, x, w, "model"));
     copy(o->why, sizeof o->why, string(c, x, w, "why"));
+    /* The compute precision (absent in results older than it). */
+    json_t *cp = c->failed || !json_object_get(x, "compute")
+                     ? NULL : object(c, x, w, "compute", true);
+    if (cp) {
+        const char *wc = "mode.cross_runtime.compute";
+        copy(o->compute_precision, sizeof o->compute_precision, string(c, cp, wc, "precision"));
+        o->compute_eps = num(c, cp, wc, "eps", false);
+        o->compute_factor = num(c, cp, wc, "factor", false);
+        o->compute_stated = boolean(c, cp, wc, "stated");
+        json_t *aw = c->failed ? NULL : need(c, cp, wc, "assumed_why");
+        if (aw && !json_is_null(aw))
+            copy(o->compute_assumed_why, sizeof o->compute_assumed_why,
+                 string(c, cp, wc, "assumed_why"));
+        if (!c->failed && o->compute_stated != (aw && json_is_null(aw)))
+            bad(c, wc, "assumed_why", "does not agree with stated");
+        if (!c->failed && !o->compute_precision[0])
+            bad(c, wc, "precision", "is empty");
+    }
     copy(o->kv_precision, sizeof o->kv_precision, string(c, x, w, "kv_precision"));
     o->kv_eps = num(c, x, w, "kv_eps", false);
     o->floor_base = num(c, x, w, "floor", false);

@@ -845,9 +845,33 @@ START_TEST(test_json_round_trip_xrt)
     snprintf(args, sizeof args, "%s/xrt0.json -o %s", dumps, dir);
     report_cli(args, 1);
     char *html = slurp(dir, "index.html");
-    ck_assert_msg(strstr(html, "cross-runtime: drift model drift-step (KV cache ") &&
-                  strstr(html, "step: error "), "%.2000s", html);
+    /* These dumps state no compute precision: the report says what was
+     * assumed, as the compare did. */
+    ck_assert_msg(strstr(html, "cross-runtime: drift model drift-step (compute bf16 assumed: ") &&
+                  strstr(html, "KV cache ") && strstr(html, "step: error "), "%.2000s", html);
     free(html);
+    {
+        /* A compute block that contradicts itself (stated, yet with the
+         * reason it was assumed) is refused with its key path. */
+        char cpath[160], cback[160];
+        snprintf(cpath, sizeof cpath, "%s/xrt0.json", dumps);
+        json_t *cj = json_load_file(cpath, 0, NULL);
+        ck_assert_ptr_nonnull(cj);
+        json_t *cx = json_object_get(json_object_get(cj, "mode"), "cross_runtime");
+        json_t *cc = json_object_get(cx, "compute");
+        ck_assert_msg(json_is_object(cc) &&
+                      !strcmp(json_string_value(json_object_get(cc, "precision")), "bf16") &&
+                      json_is_false(json_object_get(cc, "stated")), "compute block missing");
+        json_object_set_new(cc, "stated", json_true());
+        snprintf(cback, sizeof cback, "%s/xrt-compute.json", dumps);
+        ck_assert_int_eq(json_dump_file(cj, cback, 0), 0);
+        json_decref(cj);
+        snprintf(args, sizeof args, "%s -o %s/computeout", cback, dumps);
+        report_cli(args, 2);
+        ck_assert_msg(strstr(out, "mode.cross_runtime.compute.assumed_why does not agree"), "%s",
+                      out);
+        ck_assert(!exists(dumps, "computeout/index.html"));
+    }
 
     /* The attention check's block: a run of it read back whole, and one
      * whose fields contradict each other refused with the key path. */

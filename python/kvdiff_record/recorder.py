@@ -162,7 +162,10 @@ class Recorder:
         compares an engine other than its own with its cross-runtime model.
     settings: engine_settings, a dict (stored as JSON): give "chunk",
         "cache" ("dense", "split", "ring") and "max_ctx" when you know them,
-        and "cache_type" ("f32", "f16", "bf16") for the KV storage type.
+        "cache_type" ("f32", "f16", "bf16") for the KV storage type, and
+        "compute_dtype" ("f32", "tf32", "bf16", "f16") for the type the
+        activations are computed in (kvdiff's drift model sizes its floor
+        by it; without it bf16 is assumed, and said so).
     start_position: first absolute position every stage records (rows
         before it are refused); 0 unless you record only a later part.
     topk: K of /output's top-k (kvdiff's default 8).
@@ -205,8 +208,8 @@ class Recorder:
         a.create("mode", "full", dtype=h5py.string_dtype())
         a.create("row_hashes", 1 if self.hashes else 0, dtype="<i8")
         a.create("engine", str(engine), dtype=h5py.string_dtype())
-        a.create("engine_settings", json.dumps(dict(settings or {})),
-                 dtype=h5py.string_dtype())
+        self.settings = dict(settings or {})
+        a.create("engine_settings", json.dumps(self.settings), dtype=h5py.string_dtype())
         a.create("model_config", json.dumps(self.config), dtype=h5py.string_dtype())
         a.create("weight_fingerprint", fp, dtype=h5py.string_dtype())
         a.create("seed", int(seed), dtype="<u8")
@@ -294,6 +297,16 @@ class Recorder:
                 raise RecorderError(f"output: position {pos + i} was already given")
         for i in range(len(lse)):
             self._output[pos + i] = (lse[i], ids[i], vals[i])
+
+    def setting_default(self, key, value):
+        """Sets engine_settings[key] to value unless the settings given to
+        the Recorder already hold key (what the caller said wins). Used by
+        TorchHooks to state compute_dtype from the model's dtype."""
+        if key in self.settings or self._closed:
+            return
+        self.settings[key] = value
+        self._f.attrs.create("engine_settings", json.dumps(self.settings),
+                             dtype=h5py.string_dtype())
 
     # ------------------------------------------------------------- closing
 

@@ -60,6 +60,25 @@ def hf_names(model_type, prefix=""):
     return {stage: (prefix + name, kind) for stage, (name, kind) in base.items()}
 
 
+def torch_settings(model):
+    """engine_settings a torch model states about itself: compute_dtype from
+    its floating-point parameters' dtype (float32 on a GPU that allows TF32
+    matmuls is "tf32"), the device, and attn_accumulator "f32" (torch's
+    matmuls and attention kernels sum in float32 whatever the dtype)."""
+    import torch
+    p = next((t for t in model.parameters() if t.is_floating_point()), None)
+    if p is None:
+        return {}
+    names = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+    out = {"device": str(p.device), "attn_accumulator": "f32"}
+    dt = names.get(p.dtype)
+    if dt == "f32" and p.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
+        dt = "tf32"
+    if dt:
+        out["compute_dtype"] = dt
+    return out
+
+
 def _first_tensor(x):
     while isinstance(x, (tuple, list)):
         x = x[0]
@@ -90,6 +109,8 @@ class TorchHooks:
         self._kv_next = {}
         self._handles = []
         cfg = recorder.config
+        for key, value in torch_settings(model).items():
+            recorder.setting_default(key, value)
         names = names or hf_names(cfg["model_type"])
         modules = dict(model.named_modules())
         for stage, (template, kind) in names.items():

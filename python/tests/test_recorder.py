@@ -35,7 +35,7 @@ class Base(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3"):
+                       "tiny-llama3", "tiny-gemma3-h288"):
             rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
             assert rc == 0, out
         cls.ref = os.path.join(cls.dir, "ref.h5")
@@ -65,7 +65,7 @@ class Base(unittest.TestCase):
 class TestRecorder(Base):
     def test_config_matches_kvdiff(self):
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3"):
+                       "tiny-llama3", "tiny-gemma3-h288"):
             dump = self.path(f"cfg-{preset}.h5")
             rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
                              "--max-new", "1", "--dump", dump)
@@ -349,6 +349,119 @@ class TestTorch(Base):
             rec.tokens([1], 1)
             with self.assertRaisesRegex(RecorderError, "no module 'model.layers.0.attn'"):
                 TorchHooks(rec, model, {"x_in": ("model.layers.{i}.attn", "in")})
+
+
+class TestPrecision(Base):
+    """The drift model in the precision runtimes compute in: the torch
+    model run as transformers runs bf16 and f16 (tiny_torch.py --dtype) on
+    tiny-gemma3-h288, whose sqrt(288) embedding scale is inexact in bf16
+    (17.0) as gemma-3-1b's is (34.0), and 288 columns wide. Correct runs
+    are drift; bugs are found at their exact place and named."""
+
+    PROMPT = 40
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.model = os.path.join(cls.dir, "tiny-gemma3-h288")
+        cls.href = os.path.join(cls.dir, "ref-h288.h5")
+        rc, out = kvdiff("run", "--model", cls.model, "--prompt-random", str(cls.PROMPT),
+                         "--seed", "3", "--max-new", "4", "--dump", cls.href)
+        assert rc == 0, out
+        with h5py.File(cls.href, "r") as f:
+            cls.prompt = [int(t) for t in f["tokens"][:cls.PROMPT]]
+
+    def record(self, name, **kw):
+        from tiny_torch import generate_and_record
+        dump = self.path(name + ".h5")
+        generate_and_record(self.model, self.prompt, 4, dump, **kw)
+        self.assert_valid(dump)
+        return dump
+
+    def compare(self, dump):
+        rc, out = kvdiff("compare", self.href, dump, "--json")
+        return rc, json.loads(out)
+
+    def test_correct_runs_are_drift(self):
+        for dtype in ("bf16", "f16"):
+            for attn, chunk in (("sdpa", None), ("eager", 16)):
+                with self.subTest(dtype=dtype, attn=attn, chunk=chunk):
+                    dump = self.record(f"ok-{dtype}-{attn}", dtype=dtype, attn=attn, chunk=chunk)
+                    rc, j = self.compare(dump)
+                    self.assertEqual(rc, 0, json.dumps(j)[:3000])
+                    self.assertEqual(j["verdict"], "within_tolerance")
+                    x = j["mode"]["cross_runtime"]
+                    self.assertEqual(x["compute"],
+                                     {"precision": dtype, "eps": 2.0 ** (-8 if dtype == "bf16" else -11),
+                                      "factor": 3.0, "stated": True, "assumed_why": None})
+                    # The attention check runs on the torch model's f16 cache
+                    # too: its attention sums in float32 (attn_accumulator).
+                    self.assertTrue(x["attention_check"]["ran"], x["attention_check"])
+                    self.assertLess(x["attention_check"]["closest"]["ratio"], 0.5)
+
+    def test_old_floor_cried_wolf(self):
+        """The same bf16 run said to compute in f32 is judged by the floor
+        of before: the false alarm at embed that the precision term removes."""
+        dump = self.record("ok-bf16-as-f32", dtype="bf16")
+        with h5py.File(dump, "r+") as f:
+            s = json.loads(f.attrs["engine_settings"])
+            s["compute_dtype"] = "f32"
+            f.attrs["engine_settings"] = json.dumps(s)
+        rc, j = self.compare(dump)
+        self.assertEqual(rc, 1)
+        self.assertEqual(j["first_divergence"]["stage"], "embed")
+
+    def test_unstated_precision_is_said(self):
+        dump = self.record("ok-bf16-unstated", dtype="bf16")
+        with h5py.File(dump, "r+") as f:
+            s = json.loads(f.attrs["engine_settings"])
+            del s["compute_dtype"]
+            f.attrs["engine_settings"] = json.dumps(s)
+        rc, out = kvdiff("compare", self.href, dump)
+        self.assertEqual(rc, 0, out)
+        self.assertIn("compute precision: the test's engine_settings give no compute_dtype; "
+                      "bf16 assumed (the coarsest common type, so as not to cry wolf)", out)
+
+    def expect_bug(self, name, fault, pos, layer, stage, kind, words, dtype="bf16", chunk=None):
+        dump = self.record(name, dtype=dtype, faults=[fault], chunk=chunk)
+        rc, j = self.compare(dump)
+        d = j["first_divergence"]
+        self.assertEqual(rc, 1, json.dumps(j)[:2000])
+        self.assertEqual((d["position"], d["layer"], d["stage"]), (pos, layer, stage),
+                         json.dumps(d))
+        self.assertEqual(j["diagnosis"]["kind"], kind, json.dumps(j["diagnosis"]))
+        g = j["diagnosis"]
+        self.assertIn(words, " ".join((g["summary"], g["detail"], g["evidence"])))
+
+    def test_window_bug_bf16(self):
+        self.expect_bug("window-bf16", "window=8", 8, 0, "attn_out", "window",
+                        "window in test appears to be 8, config says 12")
+
+    def test_window_bug_f16_chunked(self):
+        self.expect_bug("window-f16", "window=8", 8, 0, "attn_out", "window",
+                        "window in test appears to be 8, config says 12", dtype="f16", chunk=7)
+
+    def test_rope_base_bug_bf16(self):
+        self.expect_bug("rope-bf16", "rope-base-local=1e6", 1, 0, "q", "rope_convention",
+                        "theta 1e+06, the global layers' base, on a sliding layer")
+
+    def test_hooks_state_the_model_dtype(self):
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.torch_hooks import TorchHooks
+        model = TinyCausalLM(self.path("tiny-llama")).to(torch.bfloat16)
+        with Recorder(self.path("dtype.h5"), model.config, settings={"chunk": 4}) as rec:
+            TorchHooks(rec, model).remove()
+            self.assertEqual(rec.settings, {"chunk": 4, "compute_dtype": "bf16",
+                                            "device": "cpu", "attn_accumulator": "f32"})
+            rec.close(status="test")
+        with h5py.File(self.path("dtype.h5"), "r") as f:
+            self.assertEqual(json.loads(f.attrs["engine_settings"])["compute_dtype"], "bf16")
+        with Recorder(self.path("dtype2.h5"), model.config,
+                      settings={"compute_dtype": "f16"}) as rec:
+            TorchHooks(rec, model).remove()
+            self.assertEqual(rec.settings["compute_dtype"], "f16")   # what the caller said
+            rec.close(status="test")
 
 
 if __name__ == "__main__":

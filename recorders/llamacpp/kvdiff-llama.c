@@ -857,6 +857,9 @@ static void on_signal(int sig)
     g_stop = 1;
 }
 
+/* compute_dtype: llama.cpp's CPU backend keeps activations in f32 (with
+ * bf16 weights its matmuls round their inputs to bf16, measured well
+ * under the drift model's 4e-3 floor: docs/cross-runtime.md). */
 static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, int rot_k,
                            int rot_v)
 {
@@ -866,7 +869,8 @@ static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, int
     bool sliding = c->sliding_window > 0;
     snprintf(s, 2048,
              "{\"runtime\":\"llama.cpp\",\"llama_cpp\":%s,\"chunk\":%d,%s\"ubatch\":%d,"
-             "\"batch\":%d,\"flash_attn\":\"%s\",\"cache_type\":\"%s\",\"threads\":%d,"
+             "\"batch\":%d,\"flash_attn\":\"%s\",\"cache_type\":\"%s\",\"compute_dtype\":\"f32\","
+             "\"threads\":%d,"
              "\"max_ctx\":%d,\"attn_rot_k\":%d,\"attn_rot_v\":%d,\"recorder\":\"" TOOL " "
              KVDIFF_REC_VERSION "\"}",
              LLAMA_CPP_VERSION_JSON, o->ubatch, sliding ? "" : "\"cache\":\"dense\",", o->ubatch,
