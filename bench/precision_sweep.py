@@ -4,7 +4,7 @@ compute in, at real scale, counted.
 
     python3 bench/precision_sweep.py [--presets "gemma3-1b-shape qwen3-0.6b-shape"]
                                      [--tokens 640] [--dtypes "f32 bf16 f16"]
-                                     [--bugs all|none] [--tsv FILE] [DIR]
+                                     [--bugs all|none] [--tsv FILE] [--profile] [DIR]
 
 For each preset: `kvdiff gen --dtype bf16` writes the model folder (bf16
 weights, as the released checkpoints), kvdiff's reference records a
@@ -37,6 +37,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KVDIFF = os.path.join(ROOT, "build", "kvdiff")
 TINY = os.path.join(ROOT, "python", "examples", "tiny_torch.py")
+PROFILE = os.path.join(ROOT, "bench", "precision_profile.py")
 TORCH_PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 MAX_NEW = 4
 
@@ -79,6 +80,8 @@ def main():
     ap.add_argument("--dtypes", default="f32 bf16 f16")
     ap.add_argument("--bugs", default="all", choices=["all", "none"])
     ap.add_argument("--tsv", help="append one line per run to this file")
+    ap.add_argument("--profile", action="store_true",
+                    help="print bench/precision_profile.py's table for each correct run")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     rows = []
@@ -119,6 +122,9 @@ def main():
                     continue
                 rc, out = run([KVDIFF, "compare", ref, dump, "--json"])
                 secs = time.time() - t0
+                if a.profile and where is None:
+                    _, prof = run([TORCH_PY, PROFILE, ref, dump])
+                    print(f"# profile {preset} {dtype} {name}\n{prof}", end="", flush=True)
                 os.unlink(dump)
                 try:
                     j = json.loads(out)

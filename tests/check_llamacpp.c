@@ -323,6 +323,8 @@ static void check_preset(const char *preset, const char *rec_opts, const char *a
     ck_assert(dump_is_complete(f));
     ck_assert_str_eq(dump_attr(f, "engine"), "llama.cpp");
     ck_assert_ptr_nonnull(strstr(dump_attr(f, "engine_settings"), "\"llama_cpp_release\""));
+    /* What llama.cpp computes activations in: the drift model's floor. */
+    ck_assert_ptr_nonnull(strstr(dump_attr(f, "engine_settings"), "\"compute_dtype\":\"f32\""));
     static const kv_stage stages[] = {STAGE_X_IN, STAGE_ATTN_NORM, STAGE_Q, STAGE_K, STAGE_V,
                                       STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
                                       STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT};
