@@ -45,6 +45,14 @@
 #define AUDIT_BASE 4e-3
 #define AUDIT_KV_FACTOR 4.0
 #define AUDIT_ROWS 128   /* query rows recomputed at once */
+/* For a runtime that computes in bf16 or f16, the residual is also
+ * AUDIT_RMS_WEIGHT x the row's RMS-relative one. Measured in bf16 on the
+ * torch model: its max-relative residual reaches 0.0077 with eager
+ * attention (scores and probabilities rounded), and the RMS 0.0045, sdpa
+ * 0.0017; a key left out of 257 at gemma3-1b-shape moves the row by 0.014
+ * (max) and 0.0143 (RMS): under the threshold (0.0196) by the one, at
+ * 1.46 x it by twice the other (docs/cross-runtime.md). */
+#define AUDIT_RMS_WEIGHT 2.0
 
 typedef enum { ROUND_NONE, ROUND_BF16, ROUND_F16, ROUND_Q8_0 } audit_round;
 
@@ -117,6 +125,12 @@ static bool audit_model(const cmp_source *test, cmp_xrt *m)
     const double eps = m->compute_stated && m->compute_eps > m->kv_eps ? m->compute_eps
                                                                         : m->kv_eps;
     m->audit_threshold = AUDIT_BASE + AUDIT_KV_FACTOR * eps;
+    /* A runtime computing in bf16 or f16 rounds every output element:
+     * rounding scatters over the row (its RMS stays near one unit
+     * roundoff), where a key set that differs moves the whole row. */
+    const bool coarse = m->compute_stated && (!strcmp(m->compute_precision, "bf16") ||
+                                              !strcmp(m->compute_precision, "f16"));
+    m->audit_rms_weight = coarse ? AUDIT_RMS_WEIGHT : 0;
     if (!strcmp(m->kv_precision, "unknown"))
         snprintf(m->audit_skip, sizeof m->audit_skip, "the test's KV cache type is not "
                  "recorded");
@@ -140,17 +154,25 @@ int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int
     return 0;
 }
 
-/* Row-relative residual of one attention row: max |a - b| / max(|a|, |b|). */
-static double residual(const float *a, const float *b, int n)
+/* Row-relative residual of one attention row: max |a - b| / max(|a|, |b|),
+ * or rms_weight x |a - b|_2 / max(|a|_2, |b|_2) where that is larger. */
+static double residual(const float *a, const float *b, int n, double rms_weight)
 {
-    double num = 0, den = 0;
+    double num = 0, den = 0, sq = 0, sa = 0, sb = 0;
     for (int i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i]))
             return INFINITY;
-        num = fmax(num, fabs((double)a[i] - (double)b[i]));
+        const double d = (double)a[i] - (double)b[i];
+        num = fmax(num, fabs(d));
         den = fmax(den, fmax(fabs((double)a[i]), fabs((double)b[i])));
+        sq += d * d;
+        sa += (double)a[i] * a[i];
+        sb += (double)b[i] * b[i];
     }
-    return num > 0 ? (den > 0 ? num / den : INFINITY) : 0;
+    double r = num > 0 ? (den > 0 ? num / den : INFINITY) : 0;
+    if (rms_weight > 0 && sq > 0)
+        r = fmax(r, rms_weight * sqrt(sq / fmax(sa, sb)));
+    return r;
 }
 
 /* One layer's buffers. */
@@ -261,7 +283,7 @@ static bool reference_agrees(cmp_ctx *c, int layer, int64_t p, kv_err *e, int *r
         if (r < 0)
             *rc = -1;
         else if (r == 0)
-            ok = cmp_attention_err(cfg, lse, out, NULL, q + qf) <= CMP_MATCH_TOL;
+            ok = cmp_attention_err(cfg, lse, out, NULL, q + qf, 0) <= CMP_MATCH_TOL;
     }
     free(q);
     free(out);
@@ -327,7 +349,8 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
         kern_attention(kc, n, b.q, H, KV, D, scale, b.krow, b.vrow, b.kbeg, b.kend, b.out,
                        b.lse);
         for (int i = 0; i < n; i++) {
-            const double r = residual(b.out + (size_t)i * qf, b.rec + (size_t)i * qf, qf);
+            const double r = residual(b.out + (size_t)i * qf, b.rec + (size_t)i * qf, qf,
+                                      m->audit_rms_weight);
             res[p0 + i] = (float)r;
             if (!(r <= m->audit_threshold)) {
                 *first = p0 + i;

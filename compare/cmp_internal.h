@@ -96,6 +96,7 @@ typedef struct {
     double attn_tol, row_tol;
     bool attn_checked;           /* attn_tol is the attention check's threshold, the
                                   * test read through its precision model */
+    double rms_weight;           /* cmp_attention_err's, as the attention check's */
     kern_pool *pool;             /* the walker's threads, idle after the walk (NULL: none) */
 } cmp_ctx;
 
@@ -181,9 +182,10 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e);
 
 /* Error of a recomputed (lse, out) against recorded rows: the larger of
- * max_h |dlse| / max(1, |lse|) and max |dout| / max |out|. */
+ * max_h |dlse| / max(1, |lse|), max |dout| / max |out| and rms_weight x
+ * |dout|_2 / |out|_2 (0: none; see cmp_xrt.audit_rms_weight). */
 double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
-                         const float *lse_rec, const float *out_rec);
+                         const float *lse_rec, const float *out_rec, double rms_weight);
 
 /* Offsets the RoPE solver reaches: every one a 32-bit position counter
  * can be off by. */

@@ -496,6 +496,8 @@ typedef struct {
      * compute_eps) is a step
      * too, when it comes before the drift model's (audit_step). */
     char audit_skip[120];        /* why the check did not run ("" when it did) */
+    double audit_rms_weight;     /* the residual is also this x the RMS-relative one
+                                  * (runtimes computing in bf16 or f16; else 0) */
     int audit_layers;            /* layers checked (0: the test records no attention) */
     double audit_threshold;
     double audit_worst;          /* largest residual / threshold below the step */

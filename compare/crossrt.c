@@ -286,7 +286,20 @@ static int fill_step(xrt_walk *x, int i, int64_t p, double thr, kv_err *e)
             col = col < 0 ? k : col;
         }
     }
-    col = col < 0 ? 0 : col;
+    if (col < 0) {
+        /* No single element is above the threshold: the attention check's
+         * step on the row's RMS (attn_audit.c). Point at the largest
+         * difference, and count the elements that differ at all. */
+        double big = -1;
+        for (int k = 0; k < sr->cols; k++) {
+            const double dk = fabs((double)t[k] - (double)r[k]);
+            d->n_bad += dk > 0;
+            if (dk > big) {
+                big = dk;
+                col = k;
+            }
+        }
+    }
     cmp_set_element(d, c->cfg, col);
     d->test = t[col];
     d->ref = r[col];

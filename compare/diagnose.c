@@ -274,7 +274,7 @@ static int hyp_err(cmp_ctx *c, attn_case *a, const cmp_hyp *h, bool on_ref, doub
     if (!on_ref && !a->q_test)
         a->ref_rows_used = true;
     if (rc == 0)
-        *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+        *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, c->rms_weight);
     free(lse);
     free(out);
     return rc < 0 ? -1 : 0;
@@ -575,7 +575,7 @@ static int later_err(cmp_ctx *c, const cmp_hyp *h, int64_t q, double *err, kv_er
     if (rc == 0 && (!nk || (int64_t)nk[0] == cmp_hyp_nkeys(h))) {
         rc = cmp_recompute_attention(c->test, cfg, layer, qr, h, l, o, e);
         if (rc == 0)
-            *err = cmp_attention_err(cfg, l, o, lse, out);
+            *err = cmp_attention_err(cfg, l, o, lse, out, c->rms_weight);
     }
     free(qr);
     free(lse);
@@ -1839,7 +1839,7 @@ static int blind_err_at(cmp_ctx *c, int64_t p1, const cmp_hyp *h, double *err, k
         if (r < 0)
             rc = -1;
         else if (r == 0)
-            *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+            *err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, c->rms_weight);
     }
     free(q);
     free(lse_rec);
@@ -2161,6 +2161,7 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
      * reference (16 unit roundoffs of a bf16 cache, 6.65%, would let a
      * wrong key set pass for a right one). */
     c->attn_checked = r->xrt.on && !r->xrt.audit_skip[0] && r->xrt.audit_layers > 0;
+    c->rms_weight = c->attn_checked ? r->xrt.audit_rms_weight : 0;
     if (r->xrt.on) {
         c->attn_tol = c->attn_checked ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;

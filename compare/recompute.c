@@ -245,7 +245,7 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
             }
             if (!ok)
                 continue;
-            const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec);
+            const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, 0);
             double *best = sign < 0 ? skip_err : dup_err;
             if (err < *best) {
                 *best = err;
@@ -264,7 +264,7 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
 }
 
 double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
-                         const float *lse_rec, const float *out_rec)
+                         const float *lse_rec, const float *out_rec, double rms_weight)
 {
     const int H = cfg->n_heads, n = cfg->n_heads * cfg->head_dim;
     double err = 0;
@@ -279,15 +279,21 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
     }
     if (!out_rec)
         return err;
-    double num = 0, den = 0;
+    double num = 0, den = 0, sq = 0, sa = 0, sb = 0;
     for (int i = 0; i < n; i++) {
         if (!isfinite(out_rec[i]))
             return INFINITY;
-        num = fmax(num, fabs(out[i] - out_rec[i]));
+        const double d = out[i] - out_rec[i];
+        num = fmax(num, fabs(d));
         den = fmax(den, fmax(fabs(out[i]), fabs((double)out_rec[i])));
+        sq += d * d;
+        sa += out[i] * out[i];
+        sb += (double)out_rec[i] * out_rec[i];
     }
     if (num > 0)
         err = fmax(err, den > 0 ? num / den : INFINITY);
+    if (rms_weight > 0 && sq > 0)
+        err = fmax(err, rms_weight * sqrt(sq / fmax(sa, sb)));
     return err;
 }
 

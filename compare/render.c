@@ -124,6 +124,9 @@ static void xrt_line(FILE *f, const cmp_result *r)
         fprintf(f, "  attention check: the test's attn_out against attention recomputed from its "
                 "own q, k, v over the config's keys, %d layer%s, threshold %.2g", x->audit_layers,
                 x->audit_layers == 1 ? "" : "s", x->audit_threshold);
+        if (x->audit_rms_weight > 0)
+            fprintf(f, " on the larger of the max-relative residual and %g x the RMS-relative "
+                    "one (the test computes in %s)", x->audit_rms_weight, x->compute_precision);
         if (x->audit_worst_pos >= 0)
             fprintf(f, "; %s came closest at position %lld, layer %d (%.2g)",
                     x->audit_step ? "below the step it" : "it", (long long)x->audit_worst_pos,
@@ -657,9 +660,10 @@ static json_t *jxrt(const cmp_result *r)
                     x->worst_layer, "stage", stage_name(x->worst_stage), "ratio",
                     jnum(x->worst_ratio));
     json_t *audit = json_pack(
-        "{sb so si so sb so so}", "ran", !x->audit_skip[0] && x->audit_layers > 0, "skipped",
+        "{sb so si so so sb so so}", "ran", !x->audit_skip[0] && x->audit_layers > 0, "skipped",
         x->audit_skip[0] ? json_string(x->audit_skip) : json_null(), "layers", x->audit_layers,
-        "threshold", jnum(x->audit_threshold), "step", x->audit_step, "drift_threshold",
+        "threshold", jnum(x->audit_threshold), "rms_weight", jnum(x->audit_rms_weight),
+        "step", x->audit_step, "drift_threshold",
         x->audit_step ? jnum(x->audit_drift_threshold) : json_null(), "closest",
         x->audit_worst_pos < 0 ? json_null()
             : json_pack("{sI si so so}", "position", (json_int_t)x->audit_worst_pos, "layer",

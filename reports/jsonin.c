@@ -229,6 +229,9 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
         copy(o->audit_skip, sizeof o->audit_skip, string(c, ac, wa, "skipped"));
     o->audit_layers = (int)integer(c, ac, wa, "layers", 0, KV_MAX_LAYERS, INT64_MIN);
     o->audit_threshold = num(c, ac, wa, "threshold", false);
+    /* (absent in results older than it: 0, the max-relative residual alone) */
+    if (!c->failed && json_object_get(ac, "rms_weight"))
+        o->audit_rms_weight = num(c, ac, wa, "rms_weight", false);
     o->audit_step = boolean(c, ac, wa, "step");
     o->audit_drift_threshold = num(c, ac, wa, "drift_threshold", true);
     if (!c->failed && o->audit_step != isfinite(o->audit_drift_threshold))

@@ -880,8 +880,9 @@ START_TEST(test_json_round_trip_xrt)
     json_t *j = json_load_file(path, 0, NULL);
     ck_assert_ptr_nonnull(j);
     json_t *x = json_object_get(json_object_get(j, "mode"), "cross_runtime");
-    json_t *ran = json_pack("{sb sn si sf sb sn s{si si sf sf}}", "ran", 1, "skipped", "layers",
-                            3, "threshold", 0.0196, "step", 0, "drift_threshold", "closest",
+    json_t *ran = json_pack("{sb sn si sf sf sb sn s{si si sf sf}}", "ran", 1, "skipped",
+                            "layers", 3, "threshold", 0.0196, "rms_weight", 2.0, "step", 0,
+                            "drift_threshold", "closest",
                             "position", 5, "layer", 1, "residual", 0.004, "ratio",
                             0.004 / 0.0196);
     json_object_set_new(x, "attention_check", ran);

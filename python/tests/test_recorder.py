@@ -445,6 +445,36 @@ class TestPrecision(Base):
         self.expect_bug("rope-bf16", "rope-base-local=1e6", 1, 0, "q", "rope_convention",
                         "theta 1e+06, the global layers' base, on a sliding layer")
 
+    def scaled(self, name, layer, pos, factor):
+        """A correct bf16 recording whose layer's attn_out at pos is scaled
+        (its row hash rewritten, as a runtime that computed it would)."""
+        import xxhash
+        dump = self.record(name, dtype="bf16")
+        with h5py.File(dump, "r+") as f:
+            d = f[f"layers/{layer}/attn_out"]
+            row = d[pos] * np.float32(factor)
+            d[pos] = row
+            f[f"layers/{layer}/attn_out.hash"][pos] = xxhash.xxh3_64_intdigest(
+                row.astype("<f4").tobytes())
+        return dump
+
+    def test_attention_check_rms(self):
+        """A coherent 1.2% shift of one attention row (a key set that
+        differs moves the whole row): under the check's threshold on the
+        max-relative residual (0.0196) and the drift floor at attn_out, but
+        not on twice the RMS-relative one, which a bf16 kernel's rounding
+        keeps near one unit roundoff. A 0.4% shift is rounding's size:
+        drift."""
+        rc, j = self.compare(self.scaled("rms-step", 2, 30, 1.012))
+        d = j["first_divergence"]
+        self.assertEqual(rc, 1, json.dumps(j)[:2000])
+        self.assertEqual((d["position"], d["layer"], d["stage"]), (30, 2, "attn_out"))
+        ac = j["mode"]["cross_runtime"]["attention_check"]
+        self.assertTrue(ac["step"])
+        self.assertEqual(ac["rms_weight"], 2.0)
+        rc, j = self.compare(self.scaled("rms-drift", 2, 30, 1.004))
+        self.assertEqual(rc, 0, json.dumps(j)[:2000])
+
     def test_hooks_state_the_model_dtype(self):
         import torch
         from tiny_torch import TinyCausalLM
