@@ -862,11 +862,10 @@ static int noise_check(walker *w, kv_err *e)
         noise_where(ws, where, sizeof where);
         cmp_note(w->r, "the noise recording differs from the reference by up to %.3g "
                  "row-relative (%s), more than rounding drift (%g): a difference that size in "
-                 "the test passes the floor, and a bug smaller than %g x it where it is born is "
-                 "located downstream, where it has grown past it; a noise floor models "
-                 "reordered f32 arithmetic, not another precision or runtime: for those, drop "
-                 "--noise-floor and let the cross-runtime model judge (docs/cross-runtime.md)",
-                 ws->noise_rel, where, CMP_DRIFT_BOUND, w->o->noise_factor);
+                 "the test passes the floor, and a smaller bug is located where it has grown "
+                 "past it; for another precision or runtime drop --noise-floor and let the "
+                 "cross-runtime model judge (docs/cross-runtime.md)", ws->noise_rel, where,
+                 CMP_DRIFT_BOUND);
     }
     if (lacked)
         cmp_note(w->r, "the noise recording lacks %d of the compared (layer, stage) pairs: "
