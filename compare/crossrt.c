@@ -26,8 +26,9 @@
 #define XRT_COARSE_GAIN 4.0   /* both, for a runtime that states it computes in bf16,
                                * f16 or tf32: every op rounds there, the floor's
                                * compute term holds that rounding, and what flows
-                               * on grows by at most 1.6x a stage (measured at
-                               * 1B and on tiny-gemma3-h288, bf16 and f16); at 8
+                               * on grows by at most 2.1x a stage (measured on
+                               * gemma3-1b-shape, qwen3-0.6b-shape and
+                               * tiny-gemma3-h288, bf16 and f16); at 8
                                * a RoPE bug at layer 4 hid under 8 x the drift
                                * of layers 0-3 (docs/cross-runtime.md) */
 #define XRT_ACC_FACTOR 2.0   /* f16-summed attention rows: times the modelled
