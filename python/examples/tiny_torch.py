@@ -20,11 +20,15 @@ embedding normalizer computed in the dtype (sqrt(1152) becomes 34.0 in
 bf16), RoPE's cos and sin cast to the dtype, norms' statistics and the
 softmax in float32 where transformers keeps them there. Values are carried
 as float32 tensors holding dtype values and every op's result is rounded
-to the dtype: the same arithmetic as torch's bf16 / f16 CPU kernels (they
-widen, compute in float32, round), and it also runs f16, which this
-torch has no CPU matmul for. --attn eager rounds the scores and the
-probabilities to the dtype as transformers' eager attention does; sdpa
-(the default, as in transformers) rounds only the output.
+to the dtype once: the arithmetic of GPU kernels and of current torch's
+CPU ones (widen, compute in float32, round; a bf16 matmul here differs
+from Debian's torch 1.13 native one in 0.015% of elements), and it runs
+f16, which that torch has no CPU matmul for. That torch's own bf16 GELU
+and SiLU round inside the function (45% and 30% of values differ from
+one rounding of the float32 result); this model does not copy that.
+--attn eager rounds the scores and the probabilities to the dtype as
+transformers' eager attention does; sdpa (the default, as in
+transformers) rounds only the output.
 
 --fault plants a bug a port makes (repeatable): window=N (sliding layers
 read N keys, not the config's window), swap-layer-types=A,B (layers A and
