@@ -28,6 +28,7 @@
  * the final status is written; a second writer fails at once. */
 #define _GNU_SOURCE   /* F_OFD_SETLK: a lock owned by our descriptor, not the process */
 #include "dump_internal.h"
+#include "../model/outfile.h"
 #include "../model/pool.h"
 
 #include <errno.h>
@@ -1133,21 +1134,29 @@ static int output_create(dump_writer *w, kv_err *e)
 static int lock_target(dump_writer *w, bool *created, kv_err *e)
 {
     *created = false;
+    struct stat sb;
     int fd = open(w->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd >= 0)
         *created = true;
-    else if (errno == EEXIST)
+    else if (errno == EEXIST) {
+        /* A device, a FIFO or a socket is no place for a dump: refused
+         * before it is opened (opening a device can act on it), and never
+         * truncated or removed. */
+        if (stat(w->path, &sb) == 0 && !S_ISREG(sb.st_mode))
+            return kv_errf(e, "%s: not a regular file (%s); a dump is written to a regular "
+                              "file or a new path", w->path, outfile_kind(sb.st_mode));
         fd = open(w->path, O_RDWR | O_CLOEXEC);
+    }
     if (fd < 0)
         return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
     w->lock_fd = fd;
-    struct stat sb;
     if (fstat(fd, &sb) < 0)
         return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));
     w->dev = sb.st_dev;
     w->ino = sb.st_ino;
-    if (!S_ISREG(sb.st_mode))
-        return 0;   /* not a file: H5Fcreate says what is wrong */
+    if (!S_ISREG(sb.st_mode))   /* replaced between the stat and the open */
+        return kv_errf(e, "%s: not a regular file (%s); a dump is written to a regular file or "
+                          "a new path", w->path, outfile_kind(sb.st_mode));
     struct flock fl;
     memset(&fl, 0, sizeof fl);
     fl.l_type = F_WRLCK;
@@ -1364,8 +1373,9 @@ dump_writer *dump_create(const char *path, const dump_meta *meta, const dump_opt
     if (create_file(w, meta, e) < 0) {
         abandon_file(w);
         /* Half made, and nobody has seen it yet; removed while still
-         * locked, so no other run's new file is removed instead. */
-        if (created || w->file >= 0)
+         * locked, so no other run's new file is removed instead. Only a
+         * path this run created: never what was there before it. */
+        if (created)
             unlink(path);
         writer_free(w);
         return NULL;

@@ -118,3 +118,16 @@ bool outfile_same(const char *a, const char *b)
     resolve(b, rb, sizeof rb);
     return strcmp(ra, rb) == 0;
 }
+
+const char *outfile_kind(unsigned mode)
+{
+    switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFIFO: return "a FIFO";
+    case S_IFSOCK: return "a socket";
+    default: return "not a regular file";
+    }
+}

@@ -2,7 +2,8 @@
  * wrong around it: a second writer of the same path is refused and the
  * first one's file stays sound; a file replaced under a writer is not
  * marked complete; a writer killed with SIGKILL during decode leaves
- * every finished position in the file. */
+ * every finished position in the file; a path that is not a regular file
+ * (a device, a FIFO, a directory) is refused and left as it was. */
 #include <check.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "dump/dump.h"
+#include "gguf_patch.h"
 #include "model/generate.h"
 #include "reference/reference.h"
 #include "testutil.h"
@@ -342,6 +344,59 @@ START_TEST(test_kill_9_keeps_every_finished_position)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* Outputs that are not regular files                                   */
+
+/* `--dump` at a symlink to /dev/null, a FIFO and a directory: kvdiff and
+ * kvdiff-llama refuse each in one line, exit 2, and remove nothing (the
+ * writer used to truncate /dev/null, fail to switch it to SWMR mode, and
+ * unlink the path: on a machine, /dev/null itself). */
+START_TEST(test_not_a_regular_file)
+{
+    char dir[64], args[1024], paths[3][128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(paths[0], sizeof paths[0], "%s/null.h5", dir);
+    snprintf(paths[1], sizeof paths[1], "%s/fifo.h5", dir);
+    snprintf(paths[2], sizeof paths[2], "%s/dir.h5", dir);
+    ck_assert_int_eq(symlink("/dev/null", paths[0]), 0);
+    ck_assert_int_eq(mkfifo(paths[1], 0600), 0);
+    ck_assert_int_eq(mkdir(paths[2], 0700), 0);
+    static const char *const kinds[] = {"a character device", "a FIFO", "a directory"};
+    static const mode_t modes[] = {S_IFLNK, S_IFIFO, S_IFDIR};
+    snprintf(args, sizeof args, "gen --preset tiny-llama --gguf %s/m.gguf", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "5 6 7\n");
+    char ids[128];
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    FILE *f = fopen(ids, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(args, f);
+    fclose(f);
+    for (int i = 0; i < 3; i++)
+        for (int tool = 0; tool < 2; tool++) {
+            int rc;
+            if (tool == 0) {
+                snprintf(args, sizeof args, "run --model tiny-llama --prompt-random 4 --max-new 1 "
+                         "--dump %s", paths[i]);
+                rc = test_run_cli(args, out, sizeof out);
+            } else {
+                snprintf(args, sizeof args, "%s/m.gguf --prompt-ids-file %s --max-new 1 "
+                         "--threads 1 --dump %s", dir, ids, paths[i]);
+                rc = test_run_recorder(args, out, sizeof out);
+            }
+            ck_assert_msg(rc == 2 && strstr(out, "not a regular file") && strstr(out, kinds[i]) &&
+                              strstr(out, paths[i]), "%s %s: exit %d\n%s",
+                          tool ? "kvdiff-llama" : "kvdiff", paths[i], rc, out);
+            struct stat sb;
+            ck_assert_msg(lstat(paths[i], &sb) == 0 && (sb.st_mode & S_IFMT) == modes[i],
+                          "%s was removed or replaced", paths[i]);
+        }
+    struct stat dn;
+    ck_assert(stat("/dev/null", &dn) == 0 && S_ISCHR(dn.st_mode));
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *writer_safety_suite(void)
 {
     Suite *s = suite_create("writer_safety");
@@ -351,6 +406,7 @@ Suite *writer_safety_suite(void)
     tcase_add_test(tc, test_second_writer_in_process);
     tcase_add_test(tc, test_replaced_file_keeps_its_status);
     tcase_add_loop_test(tc, test_kill_9_keeps_every_finished_position, 0, 3);
+    tcase_add_test(tc, test_not_a_regular_file);
     suite_add_tcase(s, tc);
     return s;
 }
