@@ -137,7 +137,27 @@ static int on_hdf5_hang(const char *path)
     return EXIT_USAGE;
 }
 
+/* What a verb printed must have reached its reader: a full disk or a
+ * closed pipe behind standard output is an error (exit 2), not a success
+ * whose JSON or verdict went nowhere. */
+static int finish(int rc)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return rc;
+    fprintf(stderr, "kvdiff: cannot write to standard output: %s\n",
+            errno ? strerror(errno) : "write error");
+    return EXIT_USAGE;
+}
+
+static int dispatch(int argc, char **argv);
+
 int main(int argc, char **argv)
+{
+    return finish(dispatch(argc, argv));
+}
+
+static int dispatch(int argc, char **argv)
 {
     /* A damaged dump must end in an error, not a hang (dump.h). */
     const char *g = getenv("KVDIFF_HDF5_GUARD_SECONDS");

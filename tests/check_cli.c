@@ -420,6 +420,40 @@ START_TEST(test_suite_quiet)
 }
 END_TEST
 
+/* Standard output on a full disk: every verb's printout is lost, so the
+ * exit code says so (2) with one line on stderr, never 0 or 1 as if the
+ * verdict or JSON had reached its reader. */
+START_TEST(test_stdout_write_error)
+{
+    ck_assert_msg(access("/dev/full", W_OK) == 0, "this test needs /dev/full");
+    const char *bin = getenv("KVDIFF_BIN");
+    char dir[64], cmd[1024], err[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(err, sizeof err, "%s/err", dir);
+    static const char *const verbs[] = {
+        "run --model tiny-llama --prompt-random 4 --max-new 2",
+        "suite suites/release.suite --list",
+        "--version",
+        "run --list-injections",
+    };
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) {
+        snprintf(cmd, sizeof cmd, "%s %s > /dev/full 2> %s", bin ? bin : "./kvdiff", verbs[i],
+                 err);
+        const int st = system(cmd);
+        ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "kvdiff %s > /dev/full: status %d",
+                      verbs[i], st);
+        FILE *f = fopen(err, "r");
+        ck_assert_ptr_nonnull(f);
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        fclose(f);
+        ck_assert_msg(strstr(out, "cannot write to standard output: No space left on device") &&
+                          line_count(out) == 1, "kvdiff %s: %s", verbs[i], out);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *cli_suite(void)
 {
     Suite *s = suite_create("cli");
@@ -442,6 +476,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, test_compare_quiet_json_and_models);
     tcase_add_test(tc, test_report_out_and_embedded_plots);
     tcase_add_test(tc, test_suite_quiet);
+    tcase_add_test(tc, test_stdout_write_error);
     suite_add_tcase(s, tc);
     return s;
 }
