@@ -135,8 +135,10 @@ static bool audit_model(const cmp_source *test, cmp_xrt *m)
         snprintf(m->audit_skip, sizeof m->audit_skip, "the test's KV cache type is not "
                  "recorded");
     else if (m->kv_eps == 0x1p-11 && !cmp_settings_is(test, "attn_accumulator", "f32"))
-        snprintf(m->audit_skip, sizeof m->audit_skip, "the test reads its cache as f16 (%s), "
-                 "and may sum values in f16: no fixed bound", m->kv_precision);
+        snprintf(m->audit_skip, sizeof m->audit_skip, "the test %s, and its attention may sum "
+                 "values in f16: no fixed bound",
+                 strcmp(m->kv_precision, "f16 (flash)") ? "holds its KV cache in f16"
+                                                        : "reads its cache as f16 (flash attention)");
     else
         m->audit_skip[0] = 0;
     return !m->audit_skip[0];
