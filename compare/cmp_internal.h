@@ -136,6 +136,14 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e);
 int cmp_tokens_compare(cmp_ctx *c, kv_err *e);
 /* KL / top-1 over the compared positions (tokens.c). */
 int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e);
+
+/* Between kvdiff's own engines, /output (each position's log-sum-exp and
+ * top-k ids and values) must be bit-identical like every stage: the first
+ * position where it is not, before any divergence the walk found, becomes
+ * the first divergence (model level, stage logits, from_output). A final
+ * norm or LM head bug that keeps every recorded stage and the argmax
+ * would pass otherwise. Returns 0 or -1 (read error). */
+int cmp_output_exact(cmp_ctx *c, kv_err *e);
 /* Top-1 minus top-2 logit of src at pos, NaN when unknown (tokens.c). */
 double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
 

@@ -317,6 +317,11 @@ typedef struct {
     bool layer_sliding;          /* the layer's attention (layer >= 0) */
     int layer_window;
     int kv_owner;
+    bool from_output;            /* found in /output (lse, top-k), not in logits rows:
+                                  * col is the reference's token id (-1: the
+                                  * log-sum-exp), head its rank in the top-k (from 0),
+                                  * dim the test's id at that rank where the ids
+                                  * differ (else -1) */
 } cmp_divergence;
 
 typedef enum {

@@ -2146,6 +2146,17 @@ static int diagnose_point(cmp_ctx *c, kv_err *e)
     return rc;
 }
 
+/* A divergence found in /output alone: every recorded stage at its
+ * position is identical, so what differs comes after them. */
+static void diagnose_output(cmp_ctx *c)
+{
+    set_diag(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
+    say(c->g->detail, sizeof c->g->detail, "(/output differs at position %lld, %d of its "
+        "entries, while every recorded stage there is identical: the final norm, the LM head "
+        "or the logits' softcap differs, or /output was written otherwise; record final_norm "
+        "and logits to see which)", (long long)c->d->pos, c->d->n_bad);
+}
+
 int cmp_diagnose(cmp_ctx *c, kv_err *e)
 {
     cmp_result *r = c->r;
@@ -2154,6 +2165,10 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->g = &r->diag;
     c->beyond = false;
     c->attn_tol = c->row_tol = CMP_MATCH_TOL;
+    if (r->first.from_output) {
+        diagnose_output(c);
+        return 0;
+    }
     /* Where the attention check ran, the runtime's attention is modelled
      * (its q, k, v rounded as it holds them, its compute precision): a
      * hypothesis must reproduce the test as closely as the check's own

@@ -219,6 +219,16 @@ static void layer_phrase(FILE *f, const cmp_divergence *d)
 static void element_phrase(FILE *f, const cmp_divergence *d)
 {
     static const char *const stats[3] = {"mean", "rms", "absmax"};
+    if (d->from_output && d->col < 0) {
+        fprintf(f, ", the log-sum-exp in /output");
+        return;
+    }
+    if (d->from_output) {
+        fprintf(f, ", rank %d of /output's top-k, token id %d", d->head + 1, d->col);
+        if (d->dim >= 0)
+            fprintf(f, " (the test has token id %d there)", d->dim);
+        return;
+    }
     if (d->col < 0)
         return;
     if (d->stage == STAGE_Q || d->stage == STAGE_ATTN_OUT)
@@ -554,6 +564,8 @@ static json_t *jdiv(const cmp_divergence *d)
                           (json_int_t)(d->ulp > INT64_MAX ? INT64_MAX : d->ulp), "nonfinite",
                           d->nonfinite, "bad_elements", d->n_bad, "row_max_abs",
                           jnum(d->row_max_abs), "row_rel", jnum(d->row_rel));
+    if (j && d->from_output)
+        json_object_set_new(j, "from_output", json_true());
     if (j && d->layer >= 0) {
         json_object_set_new(j, "attention", json_string(d->layer_sliding ? "sliding" : "global"));
         json_object_set_new(j, "window", json_integer(d->layer_window));

@@ -312,3 +312,101 @@ int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e)
         ls->kl_mean /= (double)ls->positions;
     return rc;
 }
+
+/* ------------------------------------------------------------------ */
+/* /output, bit for bit                                                 */
+
+static bool same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* The first entry of row r that differs: -1 the lse, else the index in
+ * the top-k lists (ids or values); -2 none. */
+static int output_row_diff(const out_block *A, const out_block *B, int64_t r, int ka, int kb,
+                           int k)
+{
+    if (!same_bits(A->lse[r], B->lse[r]))
+        return -1;
+    for (int i = 0; i < k; i++)
+        if (A->ids[r * ka + i] != B->ids[r * kb + i] ||
+            !same_bits(A->vals[r * ka + i], B->vals[r * kb + i]))
+            return i;
+    return -2;
+}
+
+static void output_divergence(cmp_ctx *c, const out_block *A, const out_block *B, int64_t r,
+                              int64_t p, int ka, int kb, int k, int at)
+{
+    cmp_divergence *d = &c->r->first;
+    memset(d, 0, sizeof *d);
+    d->found = true;
+    d->from_output = true;
+    d->pos = p;
+    d->layer = -1;
+    d->stage = STAGE_LOGITS;
+    d->head = at;
+    d->dim = at >= 0 && A->ids[r * ka + at] != B->ids[r * kb + at] ? B->ids[r * kb + at] : -1;
+    d->kv_owner = -1;
+    d->col = at < 0 ? -1 : A->ids[r * ka + at];
+    d->ref = at < 0 ? A->lse[r] : A->vals[r * ka + at];
+    d->test = at < 0 ? B->lse[r] : B->vals[r * kb + at];
+    double mx = 0, ref_max = fabs((double)A->lse[r]);
+    d->n_bad = !same_bits(A->lse[r], B->lse[r]);
+    mx = fabs((double)A->lse[r] - (double)B->lse[r]);
+    for (int i = 0; i < k; i++) {
+        const bool differ = A->ids[r * ka + i] != B->ids[r * kb + i] ||
+                            !same_bits(A->vals[r * ka + i], B->vals[r * kb + i]);
+        d->n_bad += differ;
+        const double dv = fabs((double)A->vals[r * ka + i] - (double)B->vals[r * kb + i]);
+        mx = differ && dv > mx ? dv : mx;
+        ref_max = fmax(ref_max, fabs((double)A->vals[r * ka + i]));
+    }
+    d->nonfinite = cmp_elem_nonfinite_mismatch(d->test, d->ref);
+    d->abs_err = d->nonfinite ? NAN : fabs((double)d->test - (double)d->ref);
+    d->ulp = d->nonfinite ? 0 : cmp_ulp_distance(d->test, d->ref);
+    d->row_max_abs = mx;
+    d->row_rel = ref_max > 0 ? mx / ref_max : INFINITY;
+}
+
+int cmp_output_exact(cmp_ctx *c, kv_err *e)
+{
+    const cmp_source *a = c->ref, *b = c->test;
+    int64_t fa, ra, fb, rb;
+    int ka, kb;
+    if (!a->output_info || !b->output_info || !a->output || !b->output ||
+        a->output_info(a->ctx, &fa, &ra, &ka) != 0 ||
+        b->output_info(b->ctx, &fb, &rb, &kb) != 0 || ra <= 0 || rb <= 0 || ka < 1 || kb < 1)
+        return 0;
+    int64_t lo = fa > fb ? fa : fb, hi = fa + ra < fb + rb ? fa + ra - 1 : fb + rb - 1;
+    if (c->pos_limit >= 0 && hi >= c->pos_limit)
+        hi = c->pos_limit - 1;
+    /* At the walk's own divergence its stage comes first in dataflow. */
+    if (c->r->first.found && hi >= c->r->first.pos)
+        hi = c->r->first.pos - 1;
+    const int k = ka < kb ? ka : kb;
+    out_block A = {.ids = malloc((size_t)64 * ka * 4), .vals = malloc((size_t)64 * ka * 4)};
+    out_block B = {.ids = malloc((size_t)64 * kb * 4), .vals = malloc((size_t)64 * kb * 4)};
+    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    bool done = false;
+    for (int64_t p = lo; rc == 0 && !done && p <= hi; p += 64) {
+        const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
+        if (a->output(a->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
+            b->output(b->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t r = 0; r < n && !done; r++) {
+            const int at = output_row_diff(&A, &B, r, ka, kb, k);
+            if (at == -2)
+                continue;
+            output_divergence(c, &A, &B, r, p + r, ka, kb, k, at);
+            done = true;
+        }
+    }
+    free(A.ids);
+    free(A.vals);
+    free(B.ids);
+    free(B.vals);
+    return rc;
+}

@@ -342,6 +342,12 @@ static void read_div(jr *c, json_t *d, const char *where, cmp_divergence *o)
     o->n_bad = (int)integer(c, d, where, "bad_elements", 0, INT32_MAX, INT64_MIN);
     o->row_max_abs = num(c, d, where, "row_max_abs", false);
     o->row_rel = num(c, d, where, "row_rel", false);
+    /* (absent unless the divergence was found in /output) */
+    if (!c->failed && json_object_get(d, "from_output")) {
+        o->from_output = boolean(c, d, where, "from_output");
+        if (!c->failed && o->from_output && (o->layer != -1 || o->stage != STAGE_LOGITS))
+            bad(c, where, "from_output", "is true off the model-level logits stage");
+    }
     if (o->layer >= 0 && !c->failed) {
         const char *a = string(c, d, where, "attention");
         if (strcmp(a, "sliding") && strcmp(a, "global") && !c->failed)

@@ -583,9 +583,12 @@ START_TEST(test_compare_greedy_contradiction)
                                                 "contradicts_own_topk"), "test");
     ck_assert_int_eq(json_integer_value(json_object_get(c, "position")), 45);
     json_decref(j);
+    /* The other way round: the reference contradicts itself; the two
+     * /output differ (the top two swapped), which is a divergence. */
     snprintf(args, sizeof args, "compare %s %s/ref.h5", path, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    ck_assert_msg(strstr(out, "the reference contradicts itself"), "%s", out);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "the reference contradicts itself") &&
+                  strstr(out, "the test has token id"), "%s", out);
     /* NaN logits (NaN weights) rank nothing: the token that is the top-1 id,
      * or any token under a NaN top value, is no contradiction */
     snprintf(path, sizeof path, "%s/ref.h5", dir);
@@ -594,6 +597,88 @@ START_TEST(test_compare_greedy_contradiction)
     snprintf(args, sizeof args, "compare %s %s", path, path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(!strstr(out, "contradicts itself"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* /output                                                              */
+
+/* Element (row, col) of /output's float dataset name (lse: col 0) in
+ * path, nudged by one ulp upward (factor 0) or scaled by factor. */
+static void edit_output(const char *path, const char *name, hsize_t row, hsize_t col,
+                        float factor)
+{
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    hid_t d = f >= 0 ? H5Dopen2(f, name, H5P_DEFAULT) : -1;
+    ck_assert(f >= 0 && d >= 0);
+    hid_t fs = H5Dget_space(d);
+    hsize_t dims[2] = {0, 1};
+    const int nd = H5Sget_simple_extent_dims(fs, dims, NULL);
+    ck_assert(nd >= 1 && row < dims[0] && (nd == 1 || col < dims[1]));
+    const hsize_t cols = nd == 2 ? dims[1] : 1;
+    float *buf = malloc(dims[0] * cols * sizeof *buf);
+    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0);
+    float *x = &buf[row * cols + col];
+    *x = factor == 0 ? nextafterf(*x, INFINITY) : *x * factor;
+    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf) >= 0);
+    free(buf);
+    H5Sclose(fs);
+    H5Dclose(d);
+    H5Fclose(f);
+}
+
+/* Between kvdiff's own engines /output is compared bit for bit like any
+ * stage: a top-k value one ulp off, or the log-sum-exp scaled by 0.9,
+ * with every recorded stage and every token identical (a final-norm or
+ * LM-head bug that keeps the argmax) was "identical", exit 0. Now the
+ * first divergence, at its position, from /output, exit 1; and the JSON
+ * says so and reads back. */
+START_TEST(test_compare_output_bits)
+{
+    char dir[64], args[1024];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 30 --max-new 4 --dump "
+             "%s/a.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    static const struct {
+        const char *dset;
+        hsize_t row, col;
+        float factor;
+        long pos;
+        const char *where;
+    } edits[] = {{"/output/topk_values", 2, 1, 0, 31, "rank 2 of /output's top-k, token id"},
+                 {"/output/lse", 1, 0, 0.9f, 30, "the log-sum-exp in /output"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "run --model tiny-gemma3 --engine chunked --chunk 7 "
+                 "--prompt-random 30 --max-new 4 --dump %s/b.h5", dir);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+        snprintf(args, sizeof args, "compare %s/a.h5 %s/b.h5", dir, dir);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0 && strstr(out, "identical"), "%s",
+                      out);
+        snprintf(args, sizeof args, "%s/b.h5", dir);
+        edit_output(args, edits[i].dset, edits[i].row, edits[i].col, edits[i].factor);
+        snprintf(args, sizeof args, "compare %s/a.h5 %s/b.h5", dir, dir);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+        char want[128];
+        snprintf(want, sizeof want, "FIRST DIVERGENCE  position %ld, model level, stage logits",
+                 edits[i].pos);
+        ck_assert_msg(strstr(out, want) && strstr(out, edits[i].where) &&
+                      strstr(out, "/output differs at position"), "%s", out);
+        snprintf(args, sizeof args, "compare %s/a.h5 %s/b.h5 --json", dir, dir);
+        ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+        json_t *j = json_loads(out, 0, NULL);
+        ck_assert_ptr_nonnull(j);
+        json_t *d = json_object_get(j, "first_divergence");
+        ck_assert(json_is_true(json_object_get(d, "from_output")));
+        ck_assert_int_eq(json_integer_value(json_object_get(d, "position")), edits[i].pos);
+        char json[160];
+        snprintf(json, sizeof json, "%s/r.json", dir);
+        ck_assert_int_eq(json_dump_file(j, json, 0), 0);
+        json_decref(j);
+        snprintf(args, sizeof args, "report %s -o %s/rep%d", json, dir, i);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    }
     test_rmtree(dir);
 }
 END_TEST
@@ -615,6 +700,7 @@ Suite *compare_cli_suite(void)
     tcase_add_test(tc, test_compare_missing_stage_named);
     tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
+    tcase_add_test(tc, test_compare_output_bits);
     suite_add_tcase(s, tc);
     return s;
 }
