@@ -388,9 +388,10 @@ static int read_hashes(hid_t d, int64_t r0, int64_t n, uint64_t *out)
 
 /* Counts NaN and infinities (floats) or ids outside [0, limit) (ints). With
  * hashes (a full dump's <stage>.hash of as many rows, or -1), each float
- * row is checked against its hash in the same pass. */
+ * row is checked against its hash in the same pass. counts: the floats are
+ * key counts (attn_nkeys): each a whole number >= 0. */
 static void scan_values(vstate *v, hid_t d, const char *path, const found *f, elem_kind k,
-                        int64_t limit, hid_t hashes)
+                        int64_t limit, hid_t hashes, bool counts)
 {
     if (!f->ok || f->rows == 0 || f->cols < 1 || !scan_allowed(v, path, f->rows, f->cols, 4))
         return;
@@ -400,7 +401,7 @@ static void scan_values(vstate *v, hid_t d, const char *path, const found *f, el
     int64_t per = f->cols >= SCAN_BLOCK_ELEMS ? 1 : SCAN_BLOCK_ELEMS / f->cols;
     void *buf = rank > 0 ? malloc((size_t)per * (size_t)f->cols * 4) : NULL;
     uint64_t *hash = hashes >= 0 && k == ELEM_F32 ? malloc((size_t)per * sizeof *hash) : NULL;
-    long long nan = 0, inf = 0, bad = 0;
+    long long nan = 0, inf = 0, bad = 0, frac = 0;
     for (int64_t r0 = 0; buf && r0 < f->rows; r0 += per) {
         int64_t n = f->rows - r0 < per ? f->rows - r0 : per;
         if (read_block(d, k, r0, n, f->cols, rank, buf) < 0 ||
@@ -424,6 +425,7 @@ static void scan_values(vstate *v, hid_t d, const char *path, const found *f, el
                 float x = ((float *)buf)[i];
                 nan += isnan(x) != 0;
                 inf += isinf(x) != 0;
+                frac += counts && isfinite(x) && (x < 0 || x != floorf(x));
             } else {
                 int32_t id = ((int32_t *)buf)[i];
                 bad += id < 0 || (int64_t)id >= limit;
@@ -436,6 +438,9 @@ static void scan_values(vstate *v, hid_t d, const char *path, const found *f, el
         note(v, "%s holds %lld NaN and %lld infinite values (allowed).", path, nan, inf);
     if (bad)
         violation(v, "%s holds %lld ids outside 0..%lld.", path, bad, (long long)(limit - 1));
+    if (frac)
+        violation(v, "%s holds %lld values that are not key counts (whole numbers >= 0).", path,
+                  frac);
 }
 
 /* ------------------------------------------------------------------ */
@@ -469,7 +474,7 @@ static void check_tokens(vstate *v)
                   (long long)pl, (long long)v->n_tokens);
     if (int32 && v->have_tokens && v->cfg_ok) {
         found f = {.ok = true, .rows = v->n_tokens, .cols = 1};
-        scan_values(v, d, "/tokens", &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID);
+        scan_values(v, d, "/tokens", &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID, false);
     }
     dump_h5_close(d);
 }
@@ -580,7 +585,7 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
             dump_h5_close(sp);
         }
         H5Eclear2(H5E_DEFAULT);
-        scan_values(v, d, path, &f, ELEM_F32, 0, h);
+        scan_values(v, d, path, &f, ELEM_F32, 0, h, st == STAGE_ATTN_NKEYS && p == PART_ROWS);
         dump_h5_close(h);
     }
     dump_h5_close(d);
@@ -758,9 +763,9 @@ static found check_output_dataset(vstate *v, hid_t g, const char *name, expect x
         return none;
     found f = check_dataset(v, d, path, x);
     if (x.kind == ELEM_F32)
-        scan_values(v, d, path, &f, ELEM_F32, 0, H5I_INVALID_HID);
+        scan_values(v, d, path, &f, ELEM_F32, 0, H5I_INVALID_HID, false);
     else if (v->cfg_ok)
-        scan_values(v, d, path, &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID);
+        scan_values(v, d, path, &f, ELEM_I32, v->cfg.vocab, H5I_INVALID_HID, false);
     dump_h5_close(d);
     return f;
 }

@@ -1427,7 +1427,7 @@ typedef enum {
     BREAK_LAYER_NAME, BREAK_LAYER_RANGE, BREAK_LAYER_ATTRS, BREAK_STAGE_NAME, BREAK_SHAPE,
     BREAK_DTYPE, BREAK_FIRST_POSITION, BREAK_PAST_TOKENS, BREAK_OUTPUT, BREAK_NAN,
     BREAK_STALE_HASH, BREAK_NO_HASH, BREAK_ROW_HASHES, BREAK_STALE_INDEX, BREAK_INDEX_SHAPE,
-    BREAK_INDEX_ROW, BREAK_CONFIG_AND_SHAPE, BREAK_FP_TYPES, BREAK_COUNT
+    BREAK_INDEX_ROW, BREAK_CONFIG_AND_SHAPE, BREAK_NKEYS_FRACTION, BREAK_FP_TYPES, BREAK_COUNT
 } breakage;
 
 /* What each breakage must produce: violations, a phrase in the report,
@@ -1472,6 +1472,9 @@ static const struct {
      * from being checked */
     [BREAK_CONFIG_AND_SHAPE] = {3, "/layers/0/q has 5 columns", NULL},
     [BREAK_FP_TYPES] = {2, "/layers/0/q.hash is float32; it must be uint64", NULL},
+    /* key counts of 2.5 and -1, hashed as a writer would */
+    [BREAK_NKEYS_FRACTION] = {1, "/layers/0/attn_nkeys holds 2 values that are not key counts",
+                              NULL},
 };
 
 /* Sets one uint64 of /row_hash_index. */
@@ -1555,21 +1558,28 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
     case BREAK_OUTPUT: put_dataset(h, "output/topk_ids", H5T_NATIVE_INT32, 3, 8, NULL, 0); break;
     case BREAK_NAN:
     case BREAK_STALE_INDEX:
+    case BREAK_NKEYS_FRACTION: {
         /* a writer that keeps no row hash index (it is optional) */
-        if (b == BREAK_NAN) {
+        if (b != BREAK_STALE_INDEX) {
             H5Ldelete(h, "row_hash_index", H5P_DEFAULT);
         }
+        const bool nk = b == BREAK_NKEYS_FRACTION;
         for (int i = 0; i < 47 * H; i++)
-            rows[i] = i == 3 || i == 9 ? NAN : i == 20 ? INFINITY : 1.0f;
-        put_dataset(h, "layers/0/attn_lse", H5T_NATIVE_FLOAT, 47, (hsize_t)H, rows, 0);
+            rows[i] = nk ? (i == 5 ? 2.5f : i == 11 ? -1.0f : 1.0f)
+                         : (i == 3 || i == 9 ? NAN : i == 20 ? INFINITY : 1.0f);
+        const char *name = nk ? "layers/0/attn_nkeys" : "layers/0/attn_lse";
+        put_dataset(h, name, H5T_NATIVE_FLOAT, 47, (hsize_t)H, rows, 0);
         {
             /* written as a writer would: hashes of the new rows */
             uint64_t hash[47];
+            char hname[64];
             for (int r = 0; r < 47; r++)
                 hash[r] = XXH3_64bits(rows + (size_t)r * H, (size_t)H * sizeof(float));
-            put_dataset(h, "layers/0/attn_lse.hash", H5T_NATIVE_UINT64, 47, 0, hash, 0);
+            snprintf(hname, sizeof hname, "%s.hash", name);
+            put_dataset(h, hname, H5T_NATIVE_UINT64, 47, 0, hash, 0);
         }
         break;
+    }
     case BREAK_STALE_HASH: {
         /* one element of a row changed, its hash not */
         hid_t d = H5Dopen2(h, "layers/1/x_out", H5P_DEFAULT);
