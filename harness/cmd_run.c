@@ -152,6 +152,14 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
         if (run_close_dump(w, o->dump_path, rc, &gen_err, NULL, e) < 0)
             rc = -1;
     }
+    if (rc == 0 && !strcmp(o->engine, "chunked")) {
+        /* Tokens from a planted bug must never pass for the model's. */
+        char inj[256];
+        chk_injections_describe(&o->co.inj, inj, sizeof inj);
+        if (strcmp(inj, "none"))
+            printf("inject    %s: a cache bug planted on purpose; these tokens are not the "
+                   "model's\n", inj);
+    }
     if (rc == 0) {
         printf("prompt    %d tokens: ", res.n_prompt);
         cli_print_ids(stdout, res.tokens, res.n_prompt);

@@ -420,6 +420,21 @@ START_TEST(test_suite_quiet)
 }
 END_TEST
 
+/* A run with a planted bug says so before its tokens; a clean chunked
+ * run says nothing of injections. */
+START_TEST(test_run_says_injection)
+{
+    ck_assert_int_eq(test_run_cli("run --model tiny-gemma3 --engine chunked --chunk 5 "
+                                  "--prompt-random 20 --max-new 3 --inject window=4", out,
+                                  sizeof out), 0);
+    ck_assert_msg(!strncmp(out, "inject    window=4: a cache bug planted on purpose; these "
+                                "tokens are not the model's\nprompt ", 88), "%s", out);
+    ck_assert_int_eq(test_run_cli("run --model tiny-gemma3 --engine chunked --chunk 5 "
+                                  "--prompt-random 20 --max-new 3", out, sizeof out), 0);
+    ck_assert_msg(!strstr(out, "inject"), "%s", out);
+}
+END_TEST
+
 /* Standard output on a full disk: every verb's printout is lost, so the
  * exit code says so (2) with one line on stderr, never 0 or 1 as if the
  * verdict or JSON had reached its reader. */
@@ -477,6 +492,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, test_report_out_and_embedded_plots);
     tcase_add_test(tc, test_suite_quiet);
     tcase_add_test(tc, test_stdout_write_error);
+    tcase_add_test(tc, test_run_says_injection);
     suite_add_tcase(s, tc);
     return s;
 }
