@@ -513,6 +513,22 @@ START_TEST(test_inspect_escapes_attributes)
 }
 END_TEST
 
+/* C1 controls: U+009B (CSI, "\xc2\x9b" in UTF-8) starts an escape
+ * sequence in terminals as ESC [ does, and a lone 0x9b byte does in
+ * 8-bit ones. Both are escaped; other UTF-8 (here "\xc3\xa9") is kept. */
+START_TEST(test_inspect_escapes_c1_controls)
+{
+    char a[128];
+    snprintf(a, sizeof a, "%s/c1.h5", tmp);
+    ck_assert_int_eq(cli("run --prompt-random 6 --max-new 1 --dump %s%s%s", a, "", ""), 0);
+    set_root_attr(a, "engine", "x\xc2\x9b" "2Jy\x9b" "2J\xc3\xa9");
+    int rc = cli("inspect %s%s%s", a, "", "");
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
+    ck_assert_msg(strstr(out, "engine    x\\u009b2Jy\\x9b2J\xc3\xa9"), "%s", out);
+    ck_assert_msg(!strstr(out, "\xc2\x9b") && !strstr(out, "y\x9b"), "%s", out);
+}
+END_TEST
+
 START_TEST(test_compare_text_escapes)
 {
     char a[128], b[128];
@@ -664,6 +680,7 @@ Suite *paths_suite(void)
     t = tcase_create("control characters");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_inspect_escapes_attributes);
+    tcase_add_test(t, test_inspect_escapes_c1_controls);
     tcase_add_test(t, test_compare_text_escapes);
     tcase_add_test(t, test_report_verdict_line_escapes);
     tcase_add_test(t, test_suite_table_escapes);
