@@ -11,6 +11,7 @@
  * with a message naming the field, never ignored. */
 #include "config.h"
 #include "infile.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -1327,28 +1328,14 @@ int config_write_json_dtype(const kv_config *c, const char *path, const char *to
         return kv_errf(e, "config_write_json: no path");
     if (config_validate(c, e) || check_expressible(c, e))
         return kv_err_prefix(e, path);
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp)
-        return kv_errf(e, "%s: out of memory", path);
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    int rc = 0;
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        rc = kv_errf(e, "%s: cannot create %s: %s", path, tmp, strerror(errno));
-    } else {
-        write_config(f, c, torch_dtype);
-        bool bad = ferror(f) != 0;
-        if (fclose(f) != 0 || bad)
-            rc = kv_errf(e, "%s: cannot write %s: %s", path, tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            rc = kv_errf(e, "%s: cannot rename %s into place: %s", path, tmp,
-                         strerror(errno));
-        if (rc)
-            unlink(tmp);
-    }
-    free(tmp);
-    return rc;
+    /* A fresh temporary name from mkstemp (outfile.h): a predictable
+     * "config.json.tmp.<pid>" could be a symlink planted to a file the
+     * write would then go through. */
+    outfile o;
+    if (outfile_open(&o, path, e) < 0)
+        return -1;
+    write_config(o.f, c, torch_dtype);
+    return outfile_commit(&o, e);
 }
 
 /* ---- presets ------------------------------------------------------------ */

@@ -1160,7 +1160,16 @@ st_writer *st_writer_open(const char *path, const st_decl *decls, size_t n,
         writer_free(w);
         return NULL;
     }
-    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    /* O_EXCL: never through a symlink or over a file someone put at the
+     * temporary name; another name when one is taken. */
+    const size_t tmp_size = strlen(path) + 32;
+    w->fd = -1;
+    for (unsigned tries = 0; w->fd < 0 && tries < 100; tries++) {
+        snprintf(w->tmp, tmp_size, "%s.tmp.%ld.%u", path, (long)getpid(), tries);
+        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+        if (w->fd < 0 && errno != EEXIST)
+            break;
+    }
     int rc = w->fd < 0 ? st_errf(e, "%s: cannot create %s: %s", path, w->tmp, strerror(errno))
                        : write_header(w, text, hlen, e);
     free(text);

@@ -4,6 +4,7 @@
  * written fail at once, contradictory flags are refused, and file contents
  * never reach the terminal raw. */
 #include <check.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -193,6 +194,59 @@ START_TEST(test_junit_tmp_symlink_not_followed)
     ck_assert_str_eq(file_text(victim), "untouched\n");
     ck_assert(is_regular(j));
     ck_assert_ptr_nonnull(strstr(file_text(j), "<testsuites"));
+}
+END_TEST
+
+/* gen -o wrote config.json and model.safetensors through
+ * "NAME.tmp.<pid>": a name anyone can predict and plant a symlink at, so
+ * the write went to the symlink's target. The pid is known here before
+ * the child execs: links planted at every name the old code used leave
+ * their targets untouched, and the folder is whole. */
+START_TEST(test_gen_tmp_symlinks_not_followed)
+{
+    char dir[128], victim[128], link_at[256];
+    snprintf(dir, sizeof dir, "%s/genout", tmp);
+    snprintf(victim, sizeof victim, "%s/gen-victim", tmp);
+    ck_assert_int_eq(mkdir(dir, 0700), 0);
+    put_file(victim, "untouched\n");
+    int go[2];
+    ck_assert_int_eq(pipe(go), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char c;
+        close(go[1]);
+        if (read(go[0], &c, 1) != 1)
+            _exit(126);
+        int null = open("/dev/null", O_WRONLY);
+        dup2(null, 1);
+        dup2(null, 2);
+        const char *bin = getenv("KVDIFF_BIN");
+        execl(bin ? bin : "./kvdiff", "kvdiff", "gen", "--preset", "tiny-llama", "-o", dir,
+              (char *)NULL);
+        _exit(127);
+    }
+    close(go[0]);
+    static const char *const names[] = {"config.json.tmp.%ld", "model.safetensors.tmp.%ld",
+                                        "model.safetensors.tmp.%ld.0"};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        char name[96];
+        snprintf(name, sizeof name, names[i], (long)pid);
+        snprintf(link_at, sizeof link_at, "%s/%s", dir, name);
+        ck_assert_int_eq(symlink(victim, link_at), 0);
+    }
+    ck_assert_int_eq(write(go[1], "x", 1), 1);
+    close(go[1]);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "gen status %d", st);
+    ck_assert_str_eq(file_text(victim), "untouched\n");
+    snprintf(link_at, sizeof link_at, "%s/config.json", dir);
+    ck_assert(is_regular(link_at));
+    snprintf(link_at, sizeof link_at, "%s/model.safetensors", dir);
+    ck_assert(is_regular(link_at));
+    int rc = cli("run --model %s --prompt-random 4 --max-new 1%s%s", dir, "", "");
+    ck_assert_msg(rc == 0, "exit %d\n%s", rc, out);
 }
 END_TEST
 
@@ -680,6 +734,7 @@ Suite *paths_suite(void)
     t = tcase_create("control characters");
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_inspect_escapes_attributes);
+    tcase_add_test(t, test_gen_tmp_symlinks_not_followed);
     tcase_add_test(t, test_inspect_escapes_c1_controls);
     tcase_add_test(t, test_compare_text_escapes);
     tcase_add_test(t, test_report_verdict_line_escapes);
