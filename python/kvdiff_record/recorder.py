@@ -11,8 +11,13 @@ row and the hash index are written, "partial: <exception>" when the with
 block ends by an exception: a recording never looks whole when it is not.
 """
 
+import errno
+import fcntl
 import json
 import math
+import os
+import stat
+import struct
 
 import h5py
 import numpy as np
@@ -39,6 +44,46 @@ _HASH_COLUMNS = "XXH3-64 of the row's float32 bytes"
 class RecorderError(ValueError):
     """Bad input to the recorder (shape, position, dtype, config) or a file
     that cannot be written. The message names the layer, stage and positions."""
+
+
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def _lock_target(path):
+    """Opens path (creating it) and takes kvdiff's write lock on it: an
+    open-file-description lock on the whole file, the one kvdiff's dump
+    writer takes (docs/dump-format.md), so that neither overwrites a dump
+    the other is still writing. A path that exists and is not a regular
+    file (a device, a FIFO, a folder) is refused before it is opened.
+    Returns the descriptor, held until the dump is closed."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+            raise RecorderError(f"{path}: not a regular file ({kind}); a dump is written to a "
+                                f"regular file or a new path")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise RecorderError(f"{path}: cannot create the dump: {exc.strerror}") from exc
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        raise RecorderError(f"{path}: cannot create the dump: {exc.strerror}") from exc
+    # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
+    lock = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_OFD_SETLK", 37), lock)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            raise RecorderError(f"{path}: another kvdiff is writing this file; two runs cannot "
+                                f"record to one dump (choose another path, or wait for that "
+                                f"run to end)") from exc
+        if exc.errno not in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+            raise RecorderError(f"{path}: cannot lock the dump: {exc.strerror}") from exc
+    return fd
 
 
 def stage_width(config, stage):
@@ -193,13 +238,16 @@ class Recorder:
         self._prompt_length = None
         self._output = {}         # position -> (lse, ids, values)
         self._closed = False
+        self._lock_fd = _lock_target(self.path)
         try:
             self._f = h5py.File(self.path, "w", track_order=False)
         except (OSError, ValueError) as exc:
+            os.close(self._lock_fd)
             raise RecorderError(f"{self.path}: cannot create the dump: {exc}") from exc
         fp = str(weight_fingerprint or "")
         if fp and (len(fp) != 16 or any(c not in "0123456789abcdef" for c in fp)):
             self._f.close()
+            os.close(self._lock_fd)
             raise RecorderError(f"weight_fingerprint {fp!r}: expected 16 lowercase hex digits "
                                 f"or \"\"")
         a = self._f.attrs
@@ -343,6 +391,7 @@ class Recorder:
             self._f.attrs.create("status", text[:1000], dtype=h5py.string_dtype())
         finally:
             self._f.close()
+            os.close(self._lock_fd)
         if problems and status is None:
             raise RecorderError(f"{self.path}: written as partial: {'; '.join(problems)}")
 

@@ -242,6 +242,35 @@ class TestBadInput(Base):
         with self.assertRaisesRegex(RecorderError, "no-such-dir/x.h5: cannot create the dump"):
             Recorder(bad, self.cfg)
 
+    def test_lock_shared_with_kvdiff(self):
+        """The Recorder takes kvdiff's write lock: while it writes, kvdiff
+        (and a second Recorder) refuse the path instead of truncating a
+        dump being written; once it is closed, the path is free."""
+        path = self.path("locked.h5")
+        rec = Recorder(path, self.cfg)
+        try:
+            with self.assertRaisesRegex(RecorderError, "another kvdiff is writing this file"):
+                Recorder(path, self.cfg)
+            rc, out = kvdiff("run", "--model", self.path("tiny-llama"), "--prompt-random", "4",
+                             "--max-new", "1", "--dump", path)
+            self.assertEqual(rc, 2, out)
+            self.assertIn("another kvdiff is writing this file", out)
+        finally:
+            rec.close(status="test")
+        rc, out = kvdiff("run", "--model", self.path("tiny-llama"), "--prompt-random", "4",
+                         "--max-new", "1", "--dump", path)
+        self.assertEqual(rc, 0, out)
+
+    def test_not_a_regular_file(self):
+        fifo, link = self.path("fifo.h5"), self.path("null.h5")
+        os.mkfifo(fifo)
+        os.symlink("/dev/null", link)
+        for path, kind in ((fifo, "a FIFO"), (link, "a character device"),
+                           (self.dir, "a directory")):
+            with self.assertRaisesRegex(RecorderError, f"not a regular file \\({kind}\\)"):
+                Recorder(path, self.cfg)
+        self.assertTrue(os.path.islink(link) and os.path.exists("/dev/null"))
+
     def test_bad_config(self):
         with self.assertRaisesRegex(RecorderError, "model_config: missing kv_owner"):
             Recorder(self.path("c.h5"), {k: v for k, v in self.cfg.items() if k != "kv_owner"})
