@@ -100,7 +100,7 @@ static int record(const run_opts *o, const dump_opts *d, const char *path, const
     if (cut)
         obs = bisect_stop_init(&stop, obs, d->pos_hi);
     run_progress bar;
-    obs = run_progress_attach(&bar, obs, &m->cfg, cut ? d->pos_hi + 1 : ctx, "positions");
+    obs = run_progress_attach(&bar, obs, &m->cfg, cut ? d->pos_hi + 1 : ctx, "positions", true);
     progress_phase(&bar.bar, phase);
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {

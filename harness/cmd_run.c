@@ -75,6 +75,7 @@ static void run_usage(FILE *f)
             "                     tolerance both runs go to the end)\n"
             "  --json             the result as JSON (errors too, as {\"error\": ...});\n"
             "  --stages           add the per-stage table\n"
+            "  -q, --quiet        no progress bar; print only the verdict line\n"
             "  --compare-memory S both runs are held in memory (about 2.4 MB a position on\n"
             "                     qwen2.5-0.5b-shape); estimated first: above S (default half\n"
             "                     this machine's memory) the run is refused, above S/2 a warning.\n"
@@ -135,7 +136,7 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
         !(w = run_open_dump(o, o->dump_path, &o->dopts, m, kc, ctx, n_prompt, e)))
         return -1;
     run_progress bar;
-    kv_observer *obs = run_progress_attach(&bar, w ? dump_observer(w) : NULL, c, ctx, "positions");
+    kv_observer *obs = run_progress_attach(&bar, w ? dump_observer(w) : NULL, c, ctx, "positions", true);
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
         if (w)

@@ -33,6 +33,7 @@ typedef struct {
     const char *dump_ref_path;   /* --dump-ref: record the reference too */
     cmp_opts cmp;
     bool json;
+    bool quiet;                  /* -q: no progress bar, only the verdict line */
     unsigned render_flags;
     bool tolerance_given;
     const char *exact_with;      /* --exact and this tolerance option both given */
@@ -91,11 +92,11 @@ typedef struct {
     kv_observer_tee tee;
 } run_progress;
 
-/* inner with the bar beside it when stderr is a terminal, else inner
- * itself (NULL stays NULL: no observer, no cost). Call run_progress_end
- * after the run. */
+/* inner with the bar beside it when stderr is a terminal and shown (not
+ * -q), else inner itself (NULL stays NULL: no observer, no cost). Call
+ * run_progress_end after the run. */
 kv_observer *run_progress_attach(run_progress *p, kv_observer *inner, const kv_config *c,
-                                 long positions, const char *label);
+                                 long positions, const char *label, bool shown);
 void run_progress_end(run_progress *p);
 
 /* Set by SIGINT / SIGTERM while a dump is open. */

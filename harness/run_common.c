@@ -185,14 +185,19 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         {"json", no_argument, 0, 0},              {"stages", no_argument, 0, 0},
         {"compare-memory", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"out", required_argument, 0, 'o'},       {"help", no_argument, 0, 'h'},
+        {"quiet", no_argument, 0, 'q'},
         {0, 0, 0, 0}};
     int idx, ch;
     long v;
     optind = 0;
     opterr = 0;
-    while ((ch = getopt_long(argc, argv, ":ho:", longopts, &idx)) != -1) {
+    while ((ch = getopt_long(argc, argv, ":ho:q", longopts, &idx)) != -1) {
         if (ch == 'h')
             return 1;
+        if (ch == 'q') {
+            o->quiet = true;
+            continue;
+        }
         if (ch == 'o') {
             o->out_dir = optarg;
             continue;
@@ -250,6 +255,10 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
     }
     if (optind < argc)
         return kv_errf(e, "unexpected argument '%s'", argv[optind]);
+    if (o->quiet && !o->compare)
+        return kv_errf(e, "-q/--quiet is --compare's: it prints only the verdict line");
+    if (o->quiet && o->json)
+        return kv_errf(e, "-q/--quiet and --json: choose one (the verdict line or the JSON)");
     if (strcmp(o->engine, "reference") && strcmp(o->engine, "chunked"))
         return kv_errf(e, "--engine: '%s' is not a known engine (reference, chunked)", o->engine);
     bool chunked_opts = o->chunk_given || o->co.cache != CACHE_DENSE ||
@@ -455,10 +464,10 @@ static int rp_emit(kv_observer *self, const kv_event *ev)
 }
 
 kv_observer *run_progress_attach(run_progress *p, kv_observer *inner, const kv_config *c,
-                                 long positions, const char *label)
+                                 long positions, const char *label, bool shown)
 {
     memset(p, 0, sizeof *p);
-    progress_start(&p->bar, stderr, label, positions);
+    progress_start(&p->bar, shown ? stderr : NULL, label, positions);
     if (!p->bar.on)
         return inner;
     p->last_layer = c->n_layers - 1;

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "run.h"
+#include "../reports/report.h"
 
 typedef struct {
     kv_observer obs;
@@ -125,7 +126,8 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
         obs = obs_tee_init(&tee, cmp_memrec_observer(rec), w ? dump_observer(w) : NULL);
     }
     run_progress bar;
-    obs = run_progress_attach(&bar, obs, &m->cfg, ctx, check ? "positions (test)" : "positions (ref)");
+    obs = run_progress_attach(&bar, obs, &m->cfg, ctx, check ? "positions (test)" : "positions (ref)",
+                              !o->quiet);
     kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
     if (!eng) {
         run_progress_end(&bar);
@@ -277,6 +279,13 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
     code = cmp_exit_code(rc, &r);
     if (rc < 0)
         goto out;
+    if (o->quiet) {
+        char verdict[1024];   /* the line compare -q and kvdiff report open with */
+        report_verdict_line(&r, verdict, sizeof verdict);
+        cli_fputs_escaped(verdict, stdout, false);
+        putchar('\n');
+        goto out;
+    }
     if (!o->json) {
         printf("reference %s\ntest      %s\n", da, db);
         if (lc.stopped && lc.done_to > lc.step_last)

@@ -435,6 +435,22 @@ START_TEST(test_run_says_injection)
 }
 END_TEST
 
+/* run --compare -q prints the verdict line compare -q prints, and only
+ * it; -q is --compare's, and not with --json. */
+START_TEST(test_run_compare_quiet)
+{
+    int rc = test_run_cli("run --compare --model tiny-gemma3 --prompt-random 20 --engine chunked "
+                          "--chunk 5 --inject window=4 -q", out, sizeof out);
+    ck_assert_msg(rc == 1 && line_count(out) == 1 &&
+                  !strncmp(out, "diverged: first divergence at position 4, layer 0, stage "
+                                "attn_lse (window:", 73), "exit %d: %s", rc, out);
+    expect_error("run --model tiny-gemma3 -q", "-q/--quiet is --compare's");
+    rc = test_run_cli("run --compare --model tiny-gemma3 --engine chunked -q --json", out,
+                      sizeof out);
+    ck_assert_msg(rc == 2 && strstr(out, "-q/--quiet and --json: choose one"), "%s", out);
+}
+END_TEST
+
 /* Standard output on a full disk: every verb's printout is lost, so the
  * exit code says so (2) with one line on stderr, never 0 or 1 as if the
  * verdict or JSON had reached its reader. */
@@ -493,6 +509,7 @@ Suite *cli_suite(void)
     tcase_add_test(tc, test_suite_quiet);
     tcase_add_test(tc, test_stdout_write_error);
     tcase_add_test(tc, test_run_says_injection);
+    tcase_add_test(tc, test_run_compare_quiet);
     suite_add_tcase(s, tc);
     return s;
 }
