@@ -1608,6 +1608,11 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (w->o->noise && noise_floor(w, e) < 0)
         return -1;
     set_tolerances(w);
+    if (w->ref->engine && w->test->engine && !strcmp(w->ref->engine, "chunked") &&
+        !strcmp(w->test->engine, "reference"))
+        cmp_note(r, "the first recording is kvdiff's chunked engine and the second its "
+                 "reference: the reference goes first, and every verdict reads the other way "
+                 "round; swap them");
     /* Another runtime's rows: judged by its drift model (crossrt.c), not
      * by the element rule, and never settled by hashes or digests. */
     if (cmp_xrt_wanted(w->ref, w->test, w->o, r->xrt.why, sizeof r->xrt.why)) {

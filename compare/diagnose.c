@@ -1720,6 +1720,19 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
     const bool counts_unknown = !ev->lse_test && ev->nkeys_test < 0;
     if (!lse_differs && !nkeys_differ && !counts_unknown)
         return 0;
+    /* The test read the config's key set and the reference did not: no
+     * key set of the test's is to blame, and "window in test appears to
+     * be 5, config says 12" would contradict itself. */
+    const int64_t n_cfg = d->pos - a->lo_ref + 1;
+    if (nkeys_differ && ev->nkeys_test == n_cfg && ev->nkeys_ref != n_cfg) {
+        set_diag(c, CMP_DIAG_KEY_SET, CMP_BASIS_HEURISTIC, "attention read a different key set");
+        say(c->g->detail, sizeof c->g->detail, "(the reference read %d keys at position %lld "
+            "where the config's key set holds %lld, and the test reads those %lld: it is the "
+            "reference that is not the config's; were the recordings given the wrong way "
+            "round? the reference goes first)", ev->nkeys_ref, (long long)d->pos,
+            (long long)n_cfg, (long long)n_cfg);
+        return 1;
+    }
     double cfg_err = NAN;
     if (counts_unknown) {
         cmp_hyp ref = hyp_ref(d, a);

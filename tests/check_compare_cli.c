@@ -683,6 +683,30 @@ START_TEST(test_compare_output_bits)
 }
 END_TEST
 
+/* Recordings given the wrong way round (the chunked engine's first):
+ * a note says so, and the diagnosis never claims a window the config
+ * already gives ("window in test appears to be 5, config says 12"). */
+START_TEST(test_compare_wrong_way_round)
+{
+    char dir[64], args[1024];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 30 --max-new 2 --dump "
+             "%s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --engine chunked --chunk 5 --inject "
+             "window=4 --prompt-random 30 --max-new 2 --dump %s/bug.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/bug.h5 %s/ref.h5", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    ck_assert_msg(strstr(out, "the reference read 4 keys at position 4 where the config's key "
+                              "set holds 5") &&
+                  strstr(out, "the reference goes first, and every verdict reads the other way "
+                              "round; swap them") &&
+                  !strstr(out, "window in test appears"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *compare_cli_suite(void)
 {
     Suite *s = suite_create("compare_cli");
@@ -701,6 +725,7 @@ Suite *compare_cli_suite(void)
     tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
     tcase_add_test(tc, test_compare_output_bits);
+    tcase_add_test(tc, test_compare_wrong_way_round);
     suite_add_tcase(s, tc);
     return s;
 }
