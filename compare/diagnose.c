@@ -506,7 +506,9 @@ static int scan_hyps(cmp_ctx *c, attn_case *a, cmp_hyp *hs, int *n, kv_err *e)
 typedef struct {
     cmp_hyp h;
     double err;                  /* at p */
-    double later_err;            /* at the last later position tried; NaN none */
+    double later_err;            /* at the last later position tried; NaN none; +inf
+                                  * when its key count is not the test's recorded one: */
+    int64_t later_nkeys, later_test_nkeys;   /* those counts (-1 unknown) */
     bool alive;                  /* still reproduces every position tried */
     int64_t dropped_at;          /* the position it failed (when !alive) */
 } diag_match;
@@ -538,7 +540,8 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
             j++;
         if (j < nm && ms[j].err <= err)
             continue;
-        ms[j] = (diag_match){.h = hs[i], .err = err, .later_err = NAN, .alive = true};
+        ms[j] = (diag_match){.h = hs[i], .err = err, .later_err = NAN, .alive = true,
+                             .later_nkeys = -1, .later_test_nkeys = -1};
         nm += j == nm;
     }
     for (int i = 1; i < nm; i++)   /* insertion sort by error: a handful */
@@ -557,7 +560,8 @@ static int recompute_hyps(cmp_ctx *c, attn_case *a, const cmp_hyp *hs, int n, di
  * reference's differ after p). A recorded key count other than h's is a
  * mismatch. Returns 0 with *err set, 1 when the test did not record what
  * it takes, -1 on error. */
-static int later_err(cmp_ctx *c, const cmp_hyp *h, int64_t q, double *err, kv_err *e)
+static int later_err(cmp_ctx *c, const cmp_hyp *h, int64_t q, double *err, int64_t *test_n,
+                     kv_err *e)
 {
     const kv_config *cfg = c->cfg;
     const int layer = c->d->layer, H = cfg->n_heads, D = cfg->head_dim;
@@ -572,6 +576,7 @@ static int later_err(cmp_ctx *c, const cmp_hyp *h, int64_t q, double *err, kv_er
     if (rc == 0 && (!qr || (!lse && !out)))
         rc = 1;
     *err = INFINITY;
+    *test_n = nk ? (int64_t)nk[0] : -1;
     if (rc == 0 && (!nk || (int64_t)nk[0] == cmp_hyp_nkeys(h))) {
         rc = cmp_recompute_attention(c->test, cfg, layer, qr, h, l, o, e);
         if (rc == 0)
@@ -626,7 +631,8 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
             if (!ms[i].alive || !hyp_of(a, ms[i].h.kind, q, nwin, &h))
                 continue;   /* predicts nothing there: it stays */
             double err;
-            int rc = later_err(c, &h, q, &err, e);
+            int64_t test_n;
+            int rc = later_err(c, &h, q, &err, &test_n, e);
             if (rc < 0)
                 return -1;
             if (rc == 1) {
@@ -634,6 +640,8 @@ static int separate(cmp_ctx *c, const attn_case *a, diag_match *ms, int nm, int6
                 return 0;
             }
             ms[i].later_err = err;
+            ms[i].later_nkeys = cmp_hyp_nkeys(&h);
+            ms[i].later_test_nkeys = test_n;
             fits[i] = err <= c->attn_tol;
             tried++;
             fit += fits[i];
@@ -1786,13 +1794,22 @@ static int rule_keyset(cmp_ctx *c, attn_case *a, kv_err *e)
                    "reproducing: %s (KV cache %s)", c->attn_tol, c->attn_checked
                    ? "the attention check's threshold" : "the drift model's floor at attn_out",
                    c->r->xrt.kv_precision);
-        for (int i = 0; i < nm; i++)
-            if (!ms[i].alive)
-                append(c->g->evidence, sizeof c->g->evidence, "; %s (%s) reproduces position "
-                       "%lld too (%.2g), but not position %lld where the test reads other keys "
-                       "(error %.2g)", kind_phrase(ms[i].h.kind), cmp_diag_name(ms[i].h.kind),
-                       (long long)d->pos, ms[i].err, (long long)ms[i].dropped_at,
+        for (int i = 0; i < nm; i++) {
+            if (ms[i].alive)
+                continue;
+            append(c->g->evidence, sizeof c->g->evidence, "; %s (%s) reproduces position "
+                   "%lld too (%.2g), but not position %lld where the test reads other keys ",
+                   kind_phrase(ms[i].h.kind), cmp_diag_name(ms[i].h.kind), (long long)d->pos,
+                   ms[i].err, (long long)ms[i].dropped_at);
+            /* +inf: not recomputed, the counts alone rule it out */
+            if (isinf(ms[i].later_err) && ms[i].later_test_nkeys >= 0)
+                append(c->g->evidence, sizeof c->g->evidence, "(it would read %lld keys there, "
+                       "the test read %lld)", (long long)ms[i].later_nkeys,
+                       (long long)ms[i].later_test_nkeys);
+            else
+                append(c->g->evidence, sizeof c->g->evidence, "(error %.2g)",
                        ms[i].later_err);
+        }
         if (last > d->pos)
             append(c->g->evidence, sizeof c->g->evidence, "; this one reproduces every position "
                    "up to %lld", (long long)last);
