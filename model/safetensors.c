@@ -9,6 +9,7 @@
 /* sync_file_range (Linux) starts a big file's writeback early. */
 #define _GNU_SOURCE
 #include "safetensors.h"
+#include "infile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -670,10 +671,21 @@ static int cmp_str(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* An index of a large checkpoint names every tensor: a few MB at most. */
+#define INDEX_MAX_BYTES (64LL << 20)
+
 static json_t *load_weight_map(const char *index, json_t **root, kv_err *e)
 {
     json_error_t jerr;
-    *root = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    /* Read through infile (a regular file of bounded size, opened without
+     * blocking): a FIFO at the index's name hung the load for ever. */
+    char *text = NULL;
+    size_t len = 0;
+    *root = NULL;
+    if (infile_read_all(index, INDEX_MAX_BYTES, &text, &len, e) < 0)
+        return NULL;
+    *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!*root) {
         if (jerr.line < 1)    /* could not read it */
             st_errf(e, "%s: %s", index, jerr.text);

@@ -345,6 +345,24 @@ START_TEST(test_config_fifo_refused)
 }
 END_TEST
 
+/* A sharded checkpoint's index at a FIFO: refused, not read for ever. */
+START_TEST(test_index_fifo_refused)
+{
+    char dir[128], p[160];
+    snprintf(dir, sizeof dir, "%s/fifo-index", tmp);
+    ck_assert_int_eq(cli("gen --preset tiny-llama -o %s%s%s", dir, "", ""), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(unlink(p), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    alarm(20);
+    int rc = cli("run --model %s --prompt-random 3 --max-new 1%s%s", dir, "", "");
+    alarm(0);
+    ck_assert_msg(rc == 2 && strstr(out, "model.safetensors.index.json: not a regular file (a "
+                                         "FIFO)"), "exit %d\n%s", rc, out);
+}
+END_TEST
+
 START_TEST(test_tokenizer_fifo_refused)
 {
     char p[128];
@@ -735,6 +753,7 @@ Suite *paths_suite(void)
     tcase_add_checked_fixture(t, tmp_setup, tmp_teardown);
     tcase_add_test(t, test_inspect_escapes_attributes);
     tcase_add_test(t, test_gen_tmp_symlinks_not_followed);
+    tcase_add_test(t, test_index_fifo_refused);
     tcase_add_test(t, test_inspect_escapes_c1_controls);
     tcase_add_test(t, test_compare_text_escapes);
     tcase_add_test(t, test_report_verdict_line_escapes);
