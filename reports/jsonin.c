@@ -9,6 +9,10 @@
 #include <string.h>
 
 #include "report.h"
+#include "../model/infile.h"
+
+/* A saved result with every stage's figures: a few MB; far below this. */
+#define REPORT_JSON_MAX_BYTES (1LL << 30)
 
 /* No recording holds a position past this (the config caps a model's
  * positions far below it); a larger one is a damaged or forged file. */
@@ -734,14 +738,20 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
 {
     memset(j, 0, sizeof *j);
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root && jerr.line < 0) {   /* not read at all: say why as the system does */
-        FILE *f = fopen(path, "rb");
-        const int err = errno;
-        if (f)
-            fclose(f);
-        return kv_errf(e, "%s: cannot read it (%s)", path, f ? jerr.text : strerror(err));
+    /* Through infile: a regular file of bounded size, opened without
+     * blocking (a FIFO hung report for ever). */
+    char *text = NULL;
+    size_t len = 0;
+    if (infile_read_all(path, REPORT_JSON_MAX_BYTES, &text, &len, e) < 0) {
+        const size_t n = strlen(path);
+        char why[sizeof e->msg];
+        snprintf(why, sizeof why, "%s", !strncmp(e->msg, path, n) && e->msg[n] == ':'
+                                            ? e->msg + n + 2 : e->msg);
+        const char *cut = strstr(why, "cannot open: ");
+        return kv_errf(e, "%s: cannot read it (%s)", path, cut ? cut + 13 : why);
     }
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    free(text);
     if (!root)
         return kv_errf(e, "%s: not JSON (line %d: %s)", path, jerr.line, jerr.text);
     jr c = {path, e, 0};

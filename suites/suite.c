@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "suite.h"
+#include "../model/infile.h"
 #include "../chunked/chunked.h"
 #include "../model/observer.h"
 #include "../model/config.h"
@@ -1129,9 +1130,14 @@ done:
 int suite_load(const char *path, suite *s, kv_err *e)
 {
     memset(s, 0, sizeof *s);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kv_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    /* infile_open: a regular file, opened without blocking (a FIFO hung
+     * the suite for ever; a folder was only found out at the read). */
+    FILE *f = infile_open(path, SUITE_MAX_FILE + 1LL, e);
+    if (!f) {
+        if (errno == ENOENT)
+            return kv_errf(e, "%s: cannot open: %s", path, strerror(ENOENT));
+        return -1;
+    }
     char *buf = malloc(SUITE_MAX_FILE + 1);
     size_t n = buf ? fread(buf, 1, SUITE_MAX_FILE + 1, f) : 0;
     int bad = !buf ? 1 : ferror(f) ? 2 : n > SUITE_MAX_FILE ? 3 : 0;

@@ -22,6 +22,7 @@
 #include "model/tokens.h"
 #include "harness/cli.h"
 #include "harness/cli.c"
+#include "gguf_patch.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -360,6 +361,30 @@ START_TEST(test_index_fifo_refused)
     alarm(0);
     ck_assert_msg(rc == 2 && strstr(out, "model.safetensors.index.json: not a regular file (a "
                                          "FIFO)"), "exit %d\n%s", rc, out);
+}
+END_TEST
+
+/* report's result JSON, a suite file and kvdiff-llama's model at a FIFO:
+ * each refused in one line, exit 2, where each hung for ever. */
+START_TEST(test_report_suite_recorder_fifos_refused)
+{
+    char j[128], s[128], g[160], args[512];
+    snprintf(j, sizeof j, "%s/r-fifo.json", tmp);
+    snprintf(s, sizeof s, "%s/s-fifo.suite", tmp);
+    snprintf(g, sizeof g, "%s/m-fifo.gguf", tmp);
+    ck_assert(mkfifo(j, 0644) == 0 && mkfifo(s, 0644) == 0 && mkfifo(g, 0644) == 0);
+    alarm(30);
+    int rc = cli("report %s -o %s/rep-fifo%s", j, tmp, "");
+    ck_assert_msg(rc == 2 && strstr(out, "r-fifo.json: cannot read it (not a regular file (a "
+                                         "FIFO))"), "exit %d\n%s", rc, out);
+    rc = cli("suite %s%s%s", s, "", "");
+    ck_assert_msg(rc == 2 && strstr(out, "s-fifo.suite: not a regular file (a FIFO)"),
+                  "exit %d\n%s", rc, out);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2 --max-new 1 --dump %s/x.h5", g, tmp);
+    rc = test_run_recorder(args, out, sizeof out);
+    alarm(0);
+    ck_assert_msg(rc == 2 && strstr(out, "m-fifo.gguf: not a regular file (a FIFO)"),
+                  "exit %d\n%s", rc, out);
 }
 END_TEST
 
@@ -754,6 +779,7 @@ Suite *paths_suite(void)
     tcase_add_test(t, test_inspect_escapes_attributes);
     tcase_add_test(t, test_gen_tmp_symlinks_not_followed);
     tcase_add_test(t, test_index_fifo_refused);
+    tcase_add_test(t, test_report_suite_recorder_fifos_refused);
     tcase_add_test(t, test_inspect_escapes_c1_controls);
     tcase_add_test(t, test_compare_text_escapes);
     tcase_add_test(t, test_report_verdict_line_escapes);

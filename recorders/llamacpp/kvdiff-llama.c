@@ -28,6 +28,7 @@
 
 #include "dump/dump.h"
 #include "model/config.h"
+#include "model/infile.h"
 #include "model/kernels.h"
 #include "model/outfile.h"
 #include "model/tokens.h"
@@ -1103,7 +1104,15 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    /* Everything that can be refused is refused before the dump exists. */
+    /* Everything that can be refused is refused before the dump exists.
+     * First a regular file, checked without blocking: a FIFO or a device
+     * at the model's name blocked gguf's open or read for ever. */
+    FILE *mf = infile_open(o.gguf, 1LL << 50, &e);
+    if (!mf) {
+        fprintf(stderr, TOOL ": %s\n", e.msg);
+        goto out;
+    }
+    fclose(mf);
     g = gguf_init_from_file(o.gguf, (struct gguf_init_params){.no_alloc = true, .ctx = NULL});
     if (!g) {
         FILE *f = fopen(o.gguf, "rb");
