@@ -250,6 +250,23 @@ double cmp_kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const
     return kl > 0 ? kl : 0;
 }
 
+/* The positions lo..hi both sides' /output hold, before the token cut,
+ * and each side's top-k width; false when either has none. */
+static bool output_overlap(const cmp_ctx *c, int64_t *lo, int64_t *hi, int *ka, int *kb)
+{
+    const cmp_source *a = c->ref, *b = c->test;
+    int64_t fa, ra, fb, rb;
+    if (!a->output_info || !b->output_info || !a->output || !b->output ||
+        a->output_info(a->ctx, &fa, &ra, ka) != 0 ||
+        b->output_info(b->ctx, &fb, &rb, kb) != 0 || ra <= 0 || rb <= 0 || *ka < 1 || *kb < 1)
+        return false;
+    *lo = fa > fb ? fa : fb;
+    *hi = fa + ra < fb + rb ? fa + ra - 1 : fb + rb - 1;
+    if (c->pos_limit >= 0 && *hi >= c->pos_limit)
+        *hi = c->pos_limit - 1;
+    return true;
+}
+
 typedef struct {
     float lse[64];
     int32_t *ids;
@@ -292,17 +309,9 @@ int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e)
     if (sr && !sr->hashed) {
         rc = stats_from_logits(c, sr, e);
     } else {
-        int64_t fa, ra, fb, rb;
+        int64_t lo, hi;
         int ka, kb;
-        const cmp_source *a = c->ref, *b = c->test;
-        if (!a->output_info || !b->output_info || !a->output || !b->output ||
-            a->output_info(a->ctx, &fa, &ra, &ka) != 0 ||
-            b->output_info(b->ctx, &fb, &rb, &kb) != 0 || ra <= 0 || rb <= 0 || ka < 1 || kb < 1)
-            return 0;
-        int64_t lo = fa > fb ? fa : fb, hi = fa + ra < fb + rb ? fa + ra - 1 : fb + rb - 1;
-        if (c->pos_limit >= 0 && hi >= c->pos_limit)
-            hi = c->pos_limit - 1;
-        if (lo > hi)
+        if (!output_overlap(c, &lo, &hi, &ka, &kb) || lo > hi)
             return 0;
         ls->from_topk = true;
         rc = stats_from_output(c, lo, hi, ka, kb, e);
@@ -372,15 +381,10 @@ static void output_divergence(cmp_ctx *c, const out_block *A, const out_block *B
 int cmp_output_exact(cmp_ctx *c, kv_err *e)
 {
     const cmp_source *a = c->ref, *b = c->test;
-    int64_t fa, ra, fb, rb;
+    int64_t lo, hi;
     int ka, kb;
-    if (!a->output_info || !b->output_info || !a->output || !b->output ||
-        a->output_info(a->ctx, &fa, &ra, &ka) != 0 ||
-        b->output_info(b->ctx, &fb, &rb, &kb) != 0 || ra <= 0 || rb <= 0 || ka < 1 || kb < 1)
+    if (!output_overlap(c, &lo, &hi, &ka, &kb))
         return 0;
-    int64_t lo = fa > fb ? fa : fb, hi = fa + ra < fb + rb ? fa + ra - 1 : fb + rb - 1;
-    if (c->pos_limit >= 0 && hi >= c->pos_limit)
-        hi = c->pos_limit - 1;
     /* At the walk's own divergence its stage comes first in dataflow. */
     if (c->r->first.found && hi >= c->r->first.pos)
         hi = c->r->first.pos - 1;
