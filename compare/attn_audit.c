@@ -110,11 +110,12 @@ static audit_round rounding_of(const cmp_xrt *m)
 {
     if (!strcmp(m->kv_precision, "q8_0"))
         return ROUND_Q8_0;
-    const bool kv_bf16 = !strcmp(m->kv_precision, "bf16") || !strcmp(m->kv_precision, "bfloat16");
-    if (kv_bf16 || (m->compute_stated && !strcmp(m->compute_precision, "bf16")))
+    /* (crossrt.c names both types canonically) */
+    if (!strcmp(m->kv_precision, "bf16") ||
+        (m->compute_stated && !strcmp(m->compute_precision, "bf16")))
         return ROUND_BF16;
-    const bool kv_f16 = !strcmp(m->kv_precision, "f16") || !strcmp(m->kv_precision, "float16");
-    if (kv_f16 || (m->compute_stated && !strcmp(m->compute_precision, "f16")))
+    if (!strcmp(m->kv_precision, "f16") ||
+        (m->compute_stated && !strcmp(m->compute_precision, "f16")))
         return ROUND_F16;
     return ROUND_NONE;
 }
@@ -156,25 +157,16 @@ int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int
     return 0;
 }
 
-/* Row-relative residual of one attention row: max |a - b| / max(|a|, |b|),
- * or rms_weight x |a - b|_2 / max(|a|_2, |b|_2) where that is larger. */
+/* Row-relative residual of one attention row (cmp_residual). */
 static double residual(const float *a, const float *b, int n, double rms_weight)
 {
-    double num = 0, den = 0, sq = 0, sa = 0, sb = 0;
+    cmp_residual r = {0};
     for (int i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i]))
             return INFINITY;
-        const double d = (double)a[i] - (double)b[i];
-        num = fmax(num, fabs(d));
-        den = fmax(den, fmax(fabs((double)a[i]), fabs((double)b[i])));
-        sq += d * d;
-        sa += (double)a[i] * a[i];
-        sb += (double)b[i] * b[i];
+        cmp_residual_add(&r, a[i], b[i]);
     }
-    double r = num > 0 ? (den > 0 ? num / den : INFINITY) : 0;
-    if (rms_weight > 0 && sq > 0)
-        r = fmax(r, rms_weight * sqrt(sq / fmax(sa, sb)));
-    return r;
+    return cmp_residual_value(&r, rms_weight);
 }
 
 /* One layer's buffers. */

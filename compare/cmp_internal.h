@@ -4,6 +4,8 @@
 #ifndef KV_CMP_INTERNAL_H
 #define KV_CMP_INTERNAL_H
 
+#include <math.h>
+
 #include "compare.h"
 #include "../model/pool.h"
 
@@ -188,6 +190,32 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
 int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
                     int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
                     int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e);
+
+/* One attention row's residual, accumulated element by element: the
+ * larger of max |a - b| / max(|a|, |b|) and, with rms_weight > 0,
+ * rms_weight x |a - b|_2 / max(|a|_2, |b|_2). The attention check and
+ * the diagnosis's hypotheses measure alike through it. */
+typedef struct {
+    double num, den, sq, sa, sb;
+} cmp_residual;
+
+static inline void cmp_residual_add(cmp_residual *r, double a, double b)
+{
+    const double d = a - b;
+    r->num = fmax(r->num, fabs(d));
+    r->den = fmax(r->den, fmax(fabs(a), fabs(b)));
+    r->sq += d * d;
+    r->sa += a * a;
+    r->sb += b * b;
+}
+
+static inline double cmp_residual_value(const cmp_residual *r, double rms_weight)
+{
+    double v = r->num > 0 ? (r->den > 0 ? r->num / r->den : INFINITY) : 0;
+    if (rms_weight > 0 && r->sq > 0)
+        v = fmax(v, rms_weight * sqrt(r->sq / fmax(r->sa, r->sb)));
+    return v;
+}
 
 /* Error of a recomputed (lse, out) against recorded rows: the larger of
  * max_h |dlse| / max(1, |lse|), max |dout| / max |out| and rms_weight x

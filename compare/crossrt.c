@@ -66,26 +66,42 @@ bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opt
     return true;
 }
 
+/* The numeric types a recording names, for its KV cache (cache) or its
+ * activations (compute), by their canonical name and unit roundoff. */
+typedef enum { FOR_CACHE = 1, FOR_COMPUTE = 2, FOR_BOTH = 3 } type_use;
+
+static const struct {
+    const char *name, *canon;
+    double eps;
+    type_use use;
+} TYPES[] = {{"f32", "f32", 0x1p-24, FOR_BOTH},     {"float32", "f32", 0x1p-24, FOR_BOTH},
+             {"tf32", "tf32", 0x1p-11, FOR_COMPUTE}, {"f16", "f16", 0x1p-11, FOR_BOTH},
+             {"float16", "f16", 0x1p-11, FOR_BOTH},  {"bf16", "bf16", 0x1p-8, FOR_BOTH},
+             {"bfloat16", "bf16", 0x1p-8, FOR_BOTH}, {"q8_0", "q8_0", 0x1p-8, FOR_CACHE}};
+
+/* The type the test's settings name under key, for use: its index in
+ * TYPES, or -1. */
+static int type_named(const cmp_source *test, const char *key, type_use use)
+{
+    for (int i = 0; i < (int)(sizeof TYPES / sizeof TYPES[0]); i++)
+        if ((TYPES[i].use & use) && cmp_settings_is(test, key, TYPES[i].name))
+            return i;
+    return -1;
+}
+
 /* The test's KV cache type from its settings ("cache_type", as
  * kvdiff-llama writes it, or "kv_dtype"), and its unit roundoff. An
  * unknown type is taken as the coarsest common one (bf16, q8_0). */
 static void kv_precision(const cmp_source *test, cmp_xrt *x)
 {
-    static const struct {
-        const char *name;
-        double eps;
-    } types[] = {{"f32", 0x1p-24}, {"float32", 0x1p-24}, {"f16", 0x1p-11},
-                 {"float16", 0x1p-11}, {"bf16", 0x1p-8}, {"bfloat16", 0x1p-8},
-                 {"q8_0", 0x1p-8}};
     snprintf(x->kv_precision, sizeof x->kv_precision, "unknown");
     x->kv_eps = 0x1p-8;
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (cmp_settings_is(test, "cache_type", types[i].name) ||
-            cmp_settings_is(test, "kv_dtype", types[i].name)) {
-            snprintf(x->kv_precision, sizeof x->kv_precision, "%s", types[i].name);
-            x->kv_eps = types[i].eps;
-            break;
-        }
+    int t = type_named(test, "cache_type", FOR_CACHE);
+    t = t >= 0 ? t : type_named(test, "kv_dtype", FOR_CACHE);
+    if (t >= 0) {
+        snprintf(x->kv_precision, sizeof x->kv_precision, "%s", TYPES[t].canon);
+        x->kv_eps = TYPES[t].eps;
+    }
     /* llama.cpp's CPU flash attention reads keys and values in f16 whatever
      * the cache holds: measured, its attn_out errs by 2e-3 to 3e-3 with an
      * f32 cache (0.5 of the f32 threshold), as with an f16 one. */
@@ -103,23 +119,16 @@ static void kv_precision(const cmp_source *test, cmp_xrt *x)
  * output. */
 static void compute_precision(const cmp_source *test, cmp_xrt *x)
 {
-    static const struct {
-        const char *name, *canon;
-        double eps;
-    } types[] = {{"f32", "f32", 0x1p-24}, {"float32", "f32", 0x1p-24},
-                 {"tf32", "tf32", 0x1p-11}, {"f16", "f16", 0x1p-11},
-                 {"float16", "f16", 0x1p-11}, {"bf16", "bf16", 0x1p-8},
-                 {"bfloat16", "bf16", 0x1p-8}};
     x->compute_factor = XRT_COMPUTE_FACTOR;
     x->compute_stated = false;
     x->compute_assumed_why[0] = 0;
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (cmp_settings_is(test, "compute_dtype", types[i].name)) {
-            snprintf(x->compute_precision, sizeof x->compute_precision, "%s", types[i].canon);
-            x->compute_eps = types[i].eps;
-            x->compute_stated = true;
-            return;
-        }
+    const int t = type_named(test, "compute_dtype", FOR_COMPUTE);
+    if (t >= 0) {
+        snprintf(x->compute_precision, sizeof x->compute_precision, "%s", TYPES[t].canon);
+        x->compute_eps = TYPES[t].eps;
+        x->compute_stated = true;
+        return;
+    }
     if (cmp_settings_is(test, "runtime", "llama.cpp") ||
         (test->engine && !strcmp(test->engine, "llama.cpp"))) {
         snprintf(x->compute_precision, sizeof x->compute_precision, "f32");

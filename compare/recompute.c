@@ -279,22 +279,13 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
     }
     if (!out_rec)
         return err;
-    double num = 0, den = 0, sq = 0, sa = 0, sb = 0;
+    cmp_residual res = {0};
     for (int i = 0; i < n; i++) {
         if (!isfinite(out_rec[i]))
             return INFINITY;
-        const double d = out[i] - out_rec[i];
-        num = fmax(num, fabs(d));
-        den = fmax(den, fmax(fabs(out[i]), fabs((double)out_rec[i])));
-        sq += d * d;
-        sa += out[i] * out[i];
-        sb += (double)out_rec[i] * out_rec[i];
+        cmp_residual_add(&res, out[i], out_rec[i]);
     }
-    if (num > 0)
-        err = fmax(err, den > 0 ? num / den : INFINITY);
-    if (rms_weight > 0 && sq > 0)
-        err = fmax(err, rms_weight * sqrt(sq / fmax(sa, sb)));
-    return err;
+    return fmax(err, cmp_residual_value(&res, rms_weight));
 }
 
 /* ------------------------------------------------------------------ */

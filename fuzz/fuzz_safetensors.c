@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/infile.c model/safetensors.c
+// fuzz-sources: model/err.c model/infile.c model/outfile.c model/safetensors.c
 // fuzz-pkgs: jansson
 /* fuzz_safetensors.c — libFuzzer target for the safetensors reader: parses
  * arbitrary bytes as a whole file; when the header is accepted, reads every

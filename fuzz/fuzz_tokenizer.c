@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/infile.c model/tokenizer.c model/bpe.c
+// fuzz-sources: model/err.c model/infile.c model/outfile.c model/tokenizer.c model/bpe.c
 // fuzz-pkgs: libxxhash libpcre2-8 libutf8proc
 /* fuzz_tokenizer.c — libFuzzer target for tok_parse and tok_encode: any
  * input either fails with a message or yields a vocabulary every id of

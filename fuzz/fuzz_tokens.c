@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/tokens.c model/infile.c
+// fuzz-sources: model/err.c model/tokens.c model/infile.c model/outfile.c
 /* fuzz_tokens.c — token-id list parser on arbitrary bytes: must never
  * crash, and on success every id is inside the vocabulary. */
 #include <stdint.h>

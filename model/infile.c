@@ -1,5 +1,6 @@
 /* infile.c — regular files of bounded size only (infile.h). */
 #include "infile.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -24,9 +25,7 @@ FILE *infile_open(const char *path, long long max_bytes, kv_err *e)
     if (fstat(fd, &sb) != 0)
         rc = kv_errf(e, "%s: %s", path, strerror(errno));
     else if (!S_ISREG(sb.st_mode))
-        rc = kv_errf(e, "%s: not a regular file (%s)", path,
-                     S_ISFIFO(sb.st_mode) ? "a FIFO" : S_ISDIR(sb.st_mode) ? "a folder"
-                     : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" : "a socket");
+        rc = kv_errf(e, "%s: not a regular file (%s)", path, outfile_kind(sb.st_mode));
     else if ((long long)sb.st_size > max_bytes)
         rc = kv_errf(e, "%s: %lld bytes; at most %lld are read", path, (long long)sb.st_size,
                      max_bytes);

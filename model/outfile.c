@@ -124,8 +124,8 @@ const char *outfile_kind(unsigned mode)
     switch (mode & S_IFMT) {
     case S_IFREG: return "a regular file";
     case S_IFDIR: return "a directory";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
+    case S_IFCHR:
+    case S_IFBLK: return "a device";
     case S_IFIFO: return "a FIFO";
     case S_IFSOCK: return "a socket";
     default: return "not a regular file";

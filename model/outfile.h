@@ -38,9 +38,9 @@ void outfile_abort(outfile *o);
  * checked against the inputs it must not overwrite. */
 bool outfile_same(const char *a, const char *b);
 
-/* A word for what a stat mode says a path is ("a character device", "a
- * FIFO", "a directory", ...): for refusals of outputs that are not
- * regular files. */
+/* A word for what a stat mode says a path is ("a device", "a FIFO", "a
+ * directory", ...): for refusals of inputs and outputs that are not regular
+ * files (infile.c's and the dump writer's alike). */
 const char *outfile_kind(unsigned mode);
 
 #endif

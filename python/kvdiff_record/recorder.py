@@ -46,8 +46,9 @@ class RecorderError(ValueError):
     that cannot be written. The message names the layer, stage and positions."""
 
 
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a character device",
-          stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+# kvdiff's own words for them (model/outfile.c, outfile_kind)
+_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
 
 
 def _lock_target(path):

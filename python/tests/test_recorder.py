@@ -265,8 +265,7 @@ class TestBadInput(Base):
         fifo, link = self.path("fifo.h5"), self.path("null.h5")
         os.mkfifo(fifo)
         os.symlink("/dev/null", link)
-        for path, kind in ((fifo, "a FIFO"), (link, "a character device"),
-                           (self.dir, "a directory")):
+        for path, kind in ((fifo, "a FIFO"), (link, "a device"), (self.dir, "a directory")):
             with self.assertRaisesRegex(RecorderError, f"not a regular file \\({kind}\\)"):
                 Recorder(path, self.cfg)
         self.assertTrue(os.path.islink(link) and os.path.exists("/dev/null"))
