@@ -180,6 +180,16 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
                             const float *q, const cmp_hyp *h, double *lse, double *out,
                             kv_err *e);
 
+/* Rewrites rec's attention rows (attn_lse, attn_nkeys, attn_out, each
+ * where recorded) at every (layer, q) where keys(ctx, layer, q, h) says
+ * so, with attention recomputed over h from rec's own q, k, v (h comes
+ * filled with the config's keys). A bug planted the way a port shows it,
+ * for tests and bench/diag_sweep; an empty key set leaves NaN, as a
+ * softmax over nothing does. 0, or -1 with e filled. */
+typedef bool (*cmp_plant_fn)(void *ctx, const kv_config *cfg, int layer, int64_t q, cmp_hyp *h);
+int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
+                               void *ctx, kv_err *e);
+
 /* For the query row q of layer `layer` over keys lo..hi (read from src),
  * the one key whose absence (*skip) and the one whose reading twice
  * (*dup) come closest to the recorded attention (lse_rec may be NULL),

@@ -38,6 +38,14 @@ const char *cmp_verdict_name(cmp_verdict v)
     return (v >= 0 && v <= CMP_DIVERGED) ? names[v] : "?";
 }
 
+int64_t cmp_diag_span(const kv_config *cfg)
+{
+    int64_t w = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        w = config_layer_window(cfg, l) > w ? config_layer_window(cfg, l) : w;
+    return 2 * w + 8 > CMP_DIAG_LOOKAHEAD ? 2 * w + 8 : CMP_DIAG_LOOKAHEAD;
+}
+
 const char *cmp_diag_name(cmp_diag_kind k)
 {
     static const char *const names[CMP_DIAG_COUNT] = {
@@ -61,6 +69,11 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_MISSING_KEY] = "missing_key",
         [CMP_DIAG_DUP_KEY] = "duplicate_key",
         [CMP_DIAG_QK_NORM_MISSING] = "qk_norm_missing",
+        [CMP_DIAG_LAYER_TYPE] = "layer_type",
+        [CMP_DIAG_OWN_KEY_MASKED] = "own_key_masked",
+        [CMP_DIAG_PADDED_SLOTS] = "padded_slots",
+        [CMP_DIAG_KV_SWAPPED] = "kv_swapped",
+        [CMP_DIAG_NORM_EPS] = "norm_eps",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

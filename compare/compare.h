@@ -345,13 +345,22 @@ typedef enum {
     CMP_DIAG_MISSING_KEY,        /* one key of the config's set not read */
     CMP_DIAG_DUP_KEY,            /* one key of the config's set read twice */
     CMP_DIAG_QK_NORM_MISSING,    /* q/k per-head RMSNorm not applied */
+    CMP_DIAG_LAYER_TYPE,         /* a sliding layer read as global, or a global one through a window */
+    CMP_DIAG_OWN_KEY_MASKED,     /* the query's own key masked out (j < p) */
+    CMP_DIAG_PADDED_SLOTS,       /* unwritten (zero) slots read as keys: padding, a fixed-size cache */
+    CMP_DIAG_KV_SWAPPED,         /* k and v projections swapped */
+    CMP_DIAG_NORM_EPS,           /* an RMSNorm epsilon other than the config's */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 
 /* Positions past the first divergence the diagnosis reads from the test
  * recording: two bugs can read the same keys at the divergence and differ
- * only later (docs/diagnosis.md). A run stopped early keeps these. */
+ * only later (docs/diagnosis.md). At least CMP_DIAG_LOOKAHEAD, and twice
+ * the largest sliding window of cfg (a window one key off, or a layer of
+ * the other type, shows over a window's length). A run stopped early
+ * keeps these, so that its diagnosis is the one two whole dumps give. */
 #define CMP_DIAG_LOOKAHEAD 8
+int64_t cmp_diag_span(const kv_config *cfg);
 
 /* How the diagnosis was established, most trustworthy first. */
 typedef enum {
@@ -361,12 +370,30 @@ typedef enum {
     CMP_BASIS_HEURISTIC          /* pattern of positions and counts only */
 } cmp_basis;
 
+/* One candidate cause the key-set engine scored (docs/diagnosis.md, "The
+ * hypothesis engine"). */
+typedef enum { CMP_HYP_VERIFIED, CMP_HYP_REMAINS, CMP_HYP_REFUTED } cmp_hyp_status;
+#define CMP_MAX_HYPS 16
+typedef struct {
+    cmp_diag_kind kind;
+    char keys[160];              /* its key set at the first divergence, in words */
+    cmp_hyp_status status;
+    double err;                  /* at the first divergence */
+    int places;                  /* (position, layer) places it reproduced */
+    int64_t refuted_pos;         /* where it failed (-1 none) */
+    int refuted_layer;
+    double refuted_err;          /* +inf: its key count is not the test's there */
+} cmp_hyp_score;
+
 typedef struct {
     cmp_diag_kind kind;
     cmp_basis basis;
+    bool undecided;              /* several causes remain: none is named as verified */
+    int n_hyps;
+    cmp_hyp_score hyps[CMP_MAX_HYPS];
     char summary[256];           /* one line: "attention read a different key set ..." */
     char detail[512];            /* the refinement: "(window in test appears to be 4, ...)" */
-    char evidence[768];          /* how it was established, in words */
+    char evidence[1024];         /* how it was established, in words */
 } cmp_diagnosis;
 
 /* Facts gathered at the first divergence (p, l, s) of a layer stage. */

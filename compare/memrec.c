@@ -392,3 +392,46 @@ void cmp_memrec_source(cmp_memrec *m, cmp_source *out)
     out->output_info = src_output_info;
     out->output = src_output;
 }
+
+int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
+                               void *ctx, kv_err *e)
+{
+    cmp_source s;
+    cmp_memrec_source(rec, &s);
+    const int H = cfg->n_heads, D = cfg->head_dim;
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    int rc = (!lse || !out) ? kv_errf(e, "plant: out of memory") : 0;
+    for (int L = 0; rc == 0 && L < cfg->n_layers; L++) {
+        mr_stage *qs = slot_of(rec, L, STAGE_Q);
+        for (int64_t q = qs ? qs->first : 0; rc == 0 && qs && q < qs->first + qs->rows; q++) {
+            const int W = config_layer_window(cfg, L);
+            cmp_hyp h = {.lo = W > 0 && q - W + 1 > 0 ? q - W + 1 : 0, .hi = q};
+            if (!keys(ctx, cfg, L, q, &h))
+                continue;
+            const float *qr = cmp_memrec_row(rec, L, STAGE_Q, q, NULL);
+            float *o = cmp_memrec_row(rec, L, STAGE_ATTN_OUT, q, NULL);
+            if (!o)
+                continue;
+            int r = cmp_recompute_attention(&s, cfg, L, qr, &h, lse, out, e);
+            if (r != 0) {
+                rc = r < 0 ? -1 : kv_errf(e, "plant: layer %d position %lld: k, v not held",
+                                          L, (long long)q);
+                break;
+            }
+            const int64_t n = cmp_hyp_nkeys(&h);
+            float *l = cmp_memrec_row(rec, L, STAGE_ATTN_LSE, q, NULL);
+            float *k = cmp_memrec_row(rec, L, STAGE_ATTN_NKEYS, q, NULL);
+            for (int i = 0; i < H; i++) {
+                if (l)
+                    l[i] = n > 0 ? (float)lse[i] : NAN;
+                if (k)
+                    k[i] = (float)n;
+                for (int d = 0; d < D; d++)
+                    o[(size_t)i * D + d] = n > 0 ? (float)out[(size_t)i * D + d] : NAN;
+            }
+        }
+    }
+    free(lse);
+    free(out);
+    return rc;
+}

@@ -352,7 +352,8 @@ static void diagnosis_block(FILE *f, const cmp_result *r)
     if (g->detail[0])
         fprintf(f, "           %s\n", g->detail);
     if (g->evidence[0])
-        fprintf(f, "           %s: %s\n", g->basis == CMP_BASIS_RECOMPUTED ? "verified"
+        fprintf(f, "           %s: %s\n", g->undecided ? "not decided"
+                                          : g->basis == CMP_BASIS_RECOMPUTED ? "verified"
                                           : g->basis == CMP_BASIS_EXACT_CHECK ? "exact check"
                                                                                 : "heuristic",
                 g->evidence);
@@ -584,6 +585,25 @@ static json_t *jfloats(const float *x, int n)
     return a;
 }
 
+/* The causes the key-set engine scored. */
+static json_t *jhyps(const cmp_diagnosis *g)
+{
+    static const char *const status[] = {"verified", "remains", "refuted"};
+    json_t *a = json_array();
+    for (int i = 0; a && i < g->n_hyps; i++) {
+        const cmp_hyp_score *h = &g->hyps[i];
+        json_t *o = json_pack("{ss ss ss so sI}", "kind", cmp_diag_name(h->kind), "keys", h->keys,
+                              "status", status[h->status], "error_at_first", jnum(h->err),
+                              "places", (json_int_t)h->places);
+        if (o && h->status == CMP_HYP_REFUTED)
+            json_object_set_new(o, "refuted_at", json_pack("{sI si so}", "position",
+                                (json_int_t)h->refuted_pos, "layer", h->refuted_layer,
+                                "error", jnum(h->refuted_err)));
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
 static json_t *jevidence(const cmp_divergence *d, const cmp_evidence *ev)
 {
     if (!d->found)
@@ -744,9 +764,10 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
     if (mode)
         json_object_set_new(mode, "cross_runtime", jxrt(r));
     json_t *diag = r->first.found || r->diag.kind != CMP_DIAG_NONE
-        ? json_pack("{ss ss ss ss ss}", "kind", cmp_diag_name(r->diag.kind), "basis",
-                    cmp_basis_name(r->diag.basis), "summary", r->diag.summary, "detail",
-                    r->diag.detail, "evidence", r->diag.evidence)
+        ? json_pack("{ss ss sb ss ss ss so}", "kind", cmp_diag_name(r->diag.kind), "basis",
+                    cmp_basis_name(r->diag.basis), "undecided", r->diag.undecided, "summary",
+                    r->diag.summary, "detail", r->diag.detail, "evidence", r->diag.evidence,
+                    "hypotheses", jhyps(&r->diag))
         : json_null();
     json_t *beyond = jdiv(&r->beyond);
     if (json_is_object(beyond))

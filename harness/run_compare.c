@@ -29,6 +29,7 @@ typedef struct {
     int layer;
     kv_stage stage;
     bool stopped;                /* the checker stopped the run */
+    int64_t span;                /* positions the diagnosis reads past it */
 } live_check;
 
 static int wants_one(kv_observer *o, kv_stage st, int layer)
@@ -55,7 +56,7 @@ static int lc_emit(kv_observer *self, const kv_event *ev)
     live_check *c = (live_check *)self;
     /* A later forward step has begun: the divergent one is complete, and
      * so are those the diagnosis reads past it. */
-    if (c->found && ev->pos0 > c->step_last + CMP_DIAG_LOOKAHEAD) {
+    if (c->found && ev->pos0 > c->step_last + c->span) {
         c->stopped = true;
         return 1;
     }
@@ -254,6 +255,7 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
     live_check lc;
     memset(&lc, 0, sizeof lc);
     lc.ref = rr;
+    lc.span = cmp_diag_span(&m->cfg);
     lc.stop_early = !o->tolerance_given || (o->cmp.atol == 0 && o->cmp.rtol == 0 && o->cmp.ulp == 0);
     char da[320], db[320];
     describe_run(&ro, ctx, da, sizeof da);
@@ -291,7 +293,7 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
         if (lc.stopped && lc.done_to > lc.step_last)
             printf("test run  stopped after the forward step of positions %lld..%lld, which "
                    "holds the first differing row, and those up to position %lld (the "
-                   "diagnosis reads a few positions on); the runs are compared up to there\n",
+                   "positions the diagnosis reads); the runs are compared up to there\n",
                    (long long)lc.step_first, (long long)lc.step_last, (long long)lc.done_to);
         else if (lc.stopped)
             printf("test run  stopped after the forward step of positions %lld..%lld, which "

@@ -493,6 +493,47 @@ static void read_diag(jr *c, json_t *root, cmp_result *r)
     copy(g->summary, sizeof g->summary, string(c, d, "diagnosis", "summary"));
     copy(g->detail, sizeof g->detail, string(c, d, "diagnosis", "detail"));
     copy(g->evidence, sizeof g->evidence, string(c, d, "diagnosis", "evidence"));
+    /* "undecided" and "hypotheses" are optional (results saved before them
+     * have none). */
+    if (json_object_get(d, "undecided"))
+        g->undecided = boolean(c, d, "diagnosis", "undecided");
+    json_t *hs = json_object_get(d, "hypotheses");
+    if (hs && !json_is_array(hs))
+        bad(c, "diagnosis", "hypotheses", "is not a list");
+    static const char *const status[] = {"verified", "remains", "refuted"};
+    for (size_t i = 0; json_is_array(hs) && i < json_array_size(hs) && i < CMP_MAX_HYPS; i++) {
+        json_t *h = json_array_get(hs, i);
+        cmp_hyp_score *o = &g->hyps[g->n_hyps];
+        if (!json_is_object(h)) {
+            bad(c, "diagnosis", "hypotheses", "holds a non-object");
+            break;
+        }
+        const char *st = string(c, h, "diagnosis.hypotheses", "status");
+        int sk = -1;
+        for (int s = 0; s < 3; s++)
+            if (!strcmp(st, status[s]))
+                sk = s;
+        int hk = enum_of(string(c, h, "diagnosis.hypotheses", "kind"), diag_name, CMP_DIAG_COUNT);
+        if ((sk < 0 || hk < 0) && !c->failed)
+            bad(c, "diagnosis.hypotheses", sk < 0 ? "status" : "kind", "is not a known name");
+        o->kind = hk < 0 ? CMP_DIAG_NONE : (cmp_diag_kind)hk;
+        o->status = sk < 0 ? CMP_HYP_REFUTED : (cmp_hyp_status)sk;
+        copy(o->keys, sizeof o->keys, string(c, h, "diagnosis.hypotheses", "keys"));
+        o->err = num(c, h, "diagnosis.hypotheses", "error_at_first", true);
+        o->places = (int)integer(c, h, "diagnosis.hypotheses", "places", 0, INT32_MAX, 0);
+        o->refuted_pos = -1;
+        o->refuted_layer = -1;
+        o->refuted_err = NAN;
+        json_t *at = json_object_get(h, "refuted_at");
+        if (at && o->status == CMP_HYP_REFUTED && json_is_object(at)) {
+            o->refuted_pos = integer(c, at, "diagnosis.hypotheses.refuted_at", "position", -1,
+                                     INT64_MAX, INT64_MIN);
+            o->refuted_layer = (int)integer(c, at, "diagnosis.hypotheses.refuted_at", "layer", -1,
+                                            INT32_MAX, INT64_MIN);
+            o->refuted_err = num(c, at, "diagnosis.hypotheses.refuted_at", "error", true);
+        }
+        g->n_hyps++;
+    }
 }
 
 /* "contradicts_own_topk" is optional (results saved before it have none). */

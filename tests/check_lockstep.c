@@ -90,8 +90,20 @@ START_TEST(test_compare_matches_dumps)
     snprintf(args, sizeof args, "run --compare " PROMPT " %s", engine);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
     same_verdict(out, dumps);
-    ck_assert_msg(strstr(out, "test run  stopped after the forward step"), "%s", out);
     test_rmtree(dir);
+}
+END_TEST
+
+/* Past the divergent step the test runs the positions the diagnosis
+ * reads (cmp_diag_span: 32 on tiny-gemma3), then stops. */
+START_TEST(test_compare_stops_past_span)
+{
+    ck_assert_msg(test_run_cli("run --compare --model tiny-gemma3 --prompt-random 40 --seed 4 "
+                               "--max-new 60 --ignore-eos --engine chunked --chunk 5 "
+                               "--inject window=4", out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "test run  stopped after the forward step of positions 0..4"),
+                  "%s", out);
+    ck_assert_msg(strstr(out, "window in test appears to be 4, config says 12"), "%s", out);
 }
 END_TEST
 
@@ -246,6 +258,7 @@ Suite *lockstep_suite(void)
     TCase *tc = tcase_create("run --compare");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_compare_identical);
+    tcase_add_test(tc, test_compare_stops_past_span);
     tcase_add_loop_test(tc, test_compare_matches_dumps, 0, (int)(sizeof bugs / sizeof *bugs));
     tcase_add_test(tc, test_compare_tolerance_and_files);
     tcase_add_test(tc, test_compare_json);

@@ -103,7 +103,7 @@ START_TEST(test_injected_bug_found_at_exact_location)
              dir, dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
     ck_assert_msg(strstr(out, where), "%s", out);
-    ck_assert_msg(strstr(out, "decode index not advancing"), "%s", out);
+    ck_assert_msg(strstr(out, "decode write index stuck at slot 20"), "%s", out);
     test_rmtree(dir);
 }
 END_TEST

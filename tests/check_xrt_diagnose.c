@@ -106,7 +106,7 @@ START_TEST(xrt_diag_window_smaller)
     for (int i = 0; i < 2; i++) {
         json_t *j, *g = diagnose(dir, kv_types[i], 4, 0, "attn_out", &j);
         expect_diag(g, kv_types[i], "window", "recomputed", "window in test appears to be 4, "
-                    "config says 12", "window of 4 keys (1..4)", "and not the test's",
+                    "config says 12", "window of 4 keys (1..4)", "the config's keys do not",
                     i == 0 ? "the attention check's threshold (KV cache f32)"
                            : "drift model's floor", NULL);
         json_decref(j);
@@ -164,7 +164,7 @@ START_TEST(xrt_diag_drop_key)
 {
     static const long pos[2] = {100, 98};
     fault_case("drop-key=95", pos, "missing_key", "one key too few: the key at position 95 is "
-               "not read", "with key 95 left out reproduces the test's attn_out");
+               "not read", "with key 95 left out reproduces its attn_out");
 }
 END_TEST
 
@@ -174,7 +174,7 @@ START_TEST(xrt_diag_decode_blind)
 {
     static const long pos[2] = {100, 100};
     fault_case("decode-blind", pos, "split_decode_blind", "decode steps attend only to the "
-               "decode cache", "reproduces its attn_out over key 100 alone");
+               "decode cache", "over the decode steps' keys 100..100 alone reproduces its attn_out");
 }
 END_TEST
 
@@ -184,7 +184,7 @@ START_TEST(xrt_diag_dup_key)
 {
     static const long pos[2] = {100, 100};
     fault_case("dup-key=95", pos, "duplicate_key", "one key too many: the key at position 95 "
-               "is read twice", "with key 95 read twice reproduces the test's attn_out");
+               "is read twice", "with key 95 read twice reproduces its attn_out");
 }
 END_TEST
 

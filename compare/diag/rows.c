@@ -1,0 +1,308 @@
+/* rows.c — families read off the recorded rows themselves
+ * (docs/diagnosis.md, "The hypothesis engine"): K/V rows written as zero
+ * (the K = V = 0 of KV-shared ports), k and v projections swapped, and an
+ * RMSNorm epsilon other than the config's. Each predicts the test's rows
+ * from the reference's and is checked at every position after p that
+ * shares the reference's input there. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diag.h"
+
+#define ROWS_MAX_POS 8           /* positions a row family is checked at */
+
+static bool all_zero(const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (x[i] != 0.0f)
+            return false;
+    return true;
+}
+
+/* The last position the test holds of (layer, st), -1 none. */
+static int64_t last_held(const cmp_ctx *c, int layer, kv_stage st)
+{
+    int64_t lo, hi;
+    const int cols = cmp_stage_cols(c->cfg, layer, st);
+    return cols > 0 && cmp_source_held(c->test, layer, st, cols, &lo, &hi) == 0 ? hi : -1;
+}
+
+/* Positions q >= p (up to ROWS_MAX_POS) where the layer's input is the
+ * reference's in the test too (its x_in rows within the match tolerance,
+ * or p alone when x_in is not recorded): there a row family's prediction
+ * from the reference's rows is the test's. */
+static int same_input_positions(cmp_ctx *c, int layer, int64_t *pos, kv_err *e)
+{
+    const int64_t p = c->d->pos, last = last_held(c, layer, c->d->stage);
+    const int E = c->cfg->hidden;
+    int n = 0;
+    pos[n++] = p;
+    for (int64_t q = p + 1; q <= last && n < ROWS_MAX_POS; q++) {
+        int rc = 0;
+        float *a = dg_row(c, c->ref, layer, STAGE_X_IN, q, &rc, e);
+        float *b = dg_row(c, c->test, layer, STAGE_X_IN, q, &rc, e);
+        const bool same = a && b && cmp_row_rel_err(b, a, E) <= c->row_tol;
+        free(a);
+        free(b);
+        if (rc < 0)
+            return -1;
+        if (!same)
+            break;
+        pos[n++] = q;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* K / V rows zero                                                      */
+
+static int rule_zero_rows(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if (d->stage != STAGE_K && d->stage != STAGE_V)
+        return 0;
+    const int n = cmp_stage_cols(c->cfg, d->layer, STAGE_K);
+    int rc = 0;
+    float *t = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    float *r = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
+    const bool zero = t && r && all_zero(t, n) && !all_zero(r, n);
+    free(t);
+    free(r);
+    if (rc < 0 || !zero)
+        return rc;
+    /* How far it goes: positions p.. of this layer, and every KV layer. */
+    bool kz = true, vz = true;
+    int64_t end = d->pos;
+    const int64_t last = last_held(c, d->layer, STAGE_K);
+    for (int64_t q = d->pos; q <= last && rc == 0; q++) {
+        float *k = dg_row(c, c->test, d->layer, STAGE_K, q, &rc, e);
+        float *v = dg_row(c, c->test, d->layer, STAGE_V, q, &rc, e);
+        const bool kq = k && all_zero(k, n), vq = v && all_zero(v, n);
+        free(k);
+        free(v);
+        if (!(q == d->pos ? (d->stage == STAGE_K ? kq : vq) : (kq || vq)))
+            break;
+        if (q == d->pos || kq == kz || vq == vz) {
+            kz &= kq;
+            vz &= vq;
+            end = q;
+        }
+    }
+    char layers[192] = "";
+    int nl = 0;
+    for (int L = 0; L < c->cfg->n_layers && rc == 0; L++) {
+        if (c->cfg->kv_owner[L] != L)
+            continue;
+        float *k = dg_row(c, c->test, L, d->stage, d->pos, &rc, e);
+        if (k && all_zero(k, n))
+            dg_append(layers, sizeof layers, "%s%d", nl++ ? ", " : "", L);
+        free(k);
+    }
+    if (rc < 0)
+        return -1;
+    const char *what = kz && vz ? "K and V rows" : kz ? "K rows" : "V rows";
+    char s[256];
+    dg_say(s, sizeof s, "%s written as zero from position %lld on: the cache holds nothing "
+           "there (K = V = 0, as KV-shared ports that never fill the shared cache show)", what,
+           (long long)d->pos);
+    dg_set(c, CMP_DIAG_ZERO_KV, CMP_BASIS_EXACT_CHECK, s);
+    dg_say(c->g->detail, sizeof c->g->detail, "(every position %lld..%lld of layer %d is zero "
+           "in the test%s; zero at position %lld in layer%s %s)", (long long)d->pos,
+           (long long)end, d->layer, end == last ? ", to the last recorded" : "",
+           (long long)d->pos, nl == 1 ? "" : "s", layers);
+    dg_say(c->g->evidence, sizeof c->g->evidence, "the test's %s rows are exactly 0 at every "
+           "position %lld..%lld; the reference's are not", stage_name(d->stage),
+           (long long)d->pos, (long long)end);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* k and v swapped                                                      */
+
+/* Max |u - n g| / max |u| over rows, where n is each head of the other
+ * row RMS-normalised (qk-norm: k = norm(W x) w) or as it is (no norm), and
+ * g the per-dimension gain fitted over all rows and heads (1 without a
+ * norm). u: unrotated rows (rows x heads x D). */
+static double gain_fit_err(const double *u, const float *o, int rows, int nh, int D, bool norm)
+{
+    double *g = calloc((size_t)D, sizeof(double)), *den = calloc((size_t)D, sizeof(double));
+    double *nv = malloc((size_t)rows * nh * D * sizeof(double));
+    double err = INFINITY;
+    if (!g || !den || !nv)
+        goto out;
+    for (int r = 0; r < rows * nh; r++) {
+        double ms = 0;
+        for (int i = 0; i < D; i++)
+            ms += (double)o[(size_t)r * D + i] * o[(size_t)r * D + i];
+        const double inv = norm && ms > 0 ? 1.0 / sqrt(ms / D) : 1.0;
+        for (int i = 0; i < D; i++) {
+            nv[(size_t)r * D + i] = o[(size_t)r * D + i] * inv;
+            g[i] += u[(size_t)r * D + i] * nv[(size_t)r * D + i];
+            den[i] += nv[(size_t)r * D + i] * nv[(size_t)r * D + i];
+        }
+    }
+    for (int i = 0; i < D; i++)
+        g[i] = norm ? (den[i] > 0 ? g[i] / den[i] : 0) : 1.0;
+    double num = 0, mx = 0;
+    for (int r = 0; r < rows * nh; r++)
+        for (int i = 0; i < D; i++) {
+            num = fmax(num, fabs(u[(size_t)r * D + i] - nv[(size_t)r * D + i] * g[i]));
+            mx = fmax(mx, fabs(u[(size_t)r * D + i]));
+        }
+    err = mx > 0 ? num / mx : INFINITY;
+out:
+    free(g);
+    free(den);
+    free(nv);
+    return err;
+}
+
+static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    if ((d->stage != STAGE_K && d->stage != STAGE_V) || cfg->kv_owner[d->layer] != d->layer)
+        return 0;
+    const int KV = cfg->n_kv_heads, D = cfg->head_dim, n = KV * D;
+    int64_t pos[ROWS_MAX_POS];
+    const int np = same_input_positions(c, d->layer, pos, e);
+    if (np < 0)
+        return -1;
+    /* With a single row a per-dimension gain fits anything: a norm's
+     * gain needs several. */
+    const bool norm = cfg->qk_norm || cfg->arch == ARCH_GEMMA3;
+    if (norm && np * KV < 4)
+        return 0;
+    double *ku = malloc((size_t)np * n * sizeof(double)), *ru = malloc((size_t)np * n * sizeof(double));
+    float *vr = malloc((size_t)np * n * sizeof(float)), *vt = malloc((size_t)np * n * sizeof(float));
+    int rc = (!ku || !ru || !vr || !vt) ? kv_errf(e, "compare: out of memory") : 0;
+    int got = 0;
+    for (int i = 0; i < np && rc == 0; i++) {
+        float *kt = dg_row(c, c->test, d->layer, STAGE_K, pos[i], &rc, e);
+        float *kr = dg_row(c, c->ref, d->layer, STAGE_K, pos[i], &rc, e);
+        float *a = dg_row(c, c->ref, d->layer, STAGE_V, pos[i], &rc, e);
+        float *b = dg_row(c, c->test, d->layer, STAGE_V, pos[i], &rc, e);
+        if (kt && kr && a && b) {
+            cmp_rope_unrotate(cfg, d->layer, pos[i], kt, KV, ku + (size_t)got * n);
+            cmp_rope_unrotate(cfg, d->layer, pos[i], kr, KV, ru + (size_t)got * n);
+            memcpy(vr + (size_t)got * n, a, (size_t)n * sizeof(float));
+            memcpy(vt + (size_t)got * n, b, (size_t)n * sizeof(float));
+            got++;
+        }
+        free(kt);
+        free(kr);
+        free(a);
+        free(b);
+    }
+    double ek = INFINITY, ev = INFINITY;
+    if (rc == 0 && got > 0 && (!norm || got * KV >= 4)) {
+        ek = gain_fit_err(ku, vr, got, KV, D, norm);   /* the test's k from the v projection */
+        ev = gain_fit_err(ru, vt, got, KV, D, norm);   /* the reference's k from the test's v */
+    }
+    free(ku);
+    free(ru);
+    free(vr);
+    free(vt);
+    const double tol = fmax(c->row_tol, CMP_MATCH_TOL) * (norm ? 4 : 1);
+    if (rc < 0 || !(ek <= tol && ev <= tol))
+        return rc < 0 ? -1 : 0;
+    dg_set(c, CMP_DIAG_KV_SWAPPED, CMP_BASIS_RECOMPUTED, "k and v projections swapped: the "
+           "test's keys are the values' projection and its values the keys'");
+    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: the test's k, "
+           "rotated back, is the reference's v%s, and its v the reference's k before %s)",
+           d->layer, (long long)d->pos, norm ? " normalised by the k norm" : "",
+           norm ? "the k norm and RoPE" : "RoPE");
+    dg_say(c->g->evidence, sizeof c->g->evidence, "at %d position%s %lld..%lld the test's k "
+           "(RoPE undone) matches the reference's v%s to %.2g, and the reference's k the "
+           "test's v to %.2g", got, got == 1 ? "" : "s", (long long)pos[0],
+           (long long)pos[got - 1], norm ? " under one fitted per-dimension norm gain" : "", ek,
+           ev);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* RMSNorm epsilon                                                      */
+
+static int rule_norm_eps(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    kv_stage in;
+    int il = d->layer;
+    switch (d->stage) {
+    case STAGE_ATTN_NORM: in = STAGE_X_IN; break;
+    case STAGE_FFN_NORM: in = STAGE_H_MID; break;
+    default: return 0;
+    }
+    const int E = cfg->hidden;
+    int64_t pos[ROWS_MAX_POS];
+    const int np = same_input_positions(c, il, pos, e);
+    if (np < 0)
+        return -1;
+    double eps_t[ROWS_MAX_POS], fit = 0;
+    int got = 0, rc = 0;
+    for (int i = 0; i < np && rc == 0; i++) {
+        float *x = dg_row(c, c->ref, il, in, pos[i], &rc, e);
+        float *a = dg_row(c, c->ref, d->layer, d->stage, pos[i], &rc, e);
+        float *b = dg_row(c, c->test, d->layer, d->stage, pos[i], &rc, e);
+        if (x && a && b) {
+            double ms = 0, ab = 0, aa = 0;
+            for (int j = 0; j < E; j++) {
+                ms += (double)x[j] * x[j];
+                ab += (double)a[j] * b[j];
+                aa += (double)a[j] * a[j];
+            }
+            ms /= E;
+            const double r = aa > 0 ? ab / aa : NAN;   /* test = r ref */
+            double worst = 0, mx = 0;
+            for (int j = 0; j < E; j++) {
+                worst = fmax(worst, fabs((double)b[j] - r * a[j]));
+                mx = fmax(mx, fabs((double)b[j]));
+            }
+            fit = fmax(fit, mx > 0 ? worst / mx : INFINITY);
+            eps_t[got++] = r > 0 ? (ms + cfg->rms_eps) / (r * r) - ms : NAN;
+        }
+        free(x);
+        free(a);
+        free(b);
+    }
+    if (rc < 0)
+        return -1;
+    const double tol = fmax(c->row_tol, CMP_MATCH_TOL);
+    if (got == 0 || !(fit <= tol) || !(eps_t[0] > 0))
+        return 0;
+    /* One epsilon at every position: their spread within what the rows'
+     * own rounding leaves. */
+    double lo = eps_t[0], hi = eps_t[0];
+    for (int i = 1; i < got; i++) {
+        lo = fmin(lo, eps_t[i]);
+        hi = fmax(hi, eps_t[i]);
+    }
+    if (!(lo > 0) || hi > lo * 1.05 || fabs(eps_t[0] - cfg->rms_eps) <= 0.05 * cfg->rms_eps)
+        return 0;
+    const double eps = 0.5 * (lo + hi);
+    char s[256];
+    dg_say(s, sizeof s, "RMSNorm epsilon: the test normalises %s with eps %.3g where the config "
+           "says %.3g", stage_name(d->stage), eps, cfg->rms_eps);
+    dg_set(c, CMP_DIAG_NORM_EPS, got > 1 ? CMP_BASIS_RECOMPUTED : CMP_BASIS_HEURISTIC, s);
+    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d, position %lld: the test's row is the "
+           "reference's times sqrt((ms + %.3g) / (ms + %.3g)), ms the mean square of its input)",
+           d->layer, (long long)d->pos, cfg->rms_eps, eps);
+    dg_say(c->g->evidence, sizeof c->g->evidence, "at %d position%s %lld..%lld sharing the "
+           "reference's input the test's %s is the reference's scaled by one factor (to %.2g), "
+           "and each factor gives eps %.4g..%.4g", got, got == 1 ? "" : "s", (long long)pos[0],
+           (long long)pos[got - 1], stage_name(d->stage), fit, lo, hi);
+    return 1;
+}
+
+int dg_rule_rows(cmp_ctx *c, kv_err *e)
+{
+    int rc;
+    if ((rc = rule_zero_rows(c, e)) != 0)
+        return rc;
+    if ((rc = rule_kv_swapped(c, e)) != 0)
+        return rc;
+    return rule_norm_eps(c, e);
+}
