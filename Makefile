@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench bench-side fuzz clean deps recorders llama-fetch llama-cpp tokdata
+.PHONY: all test demo check-asan check-report-render bench bench-side bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata
 all: kvdiff
 
 deps:
@@ -220,6 +220,16 @@ $(BUILD)/bench/bench_llama_pp_tg: bench/bench_llama_pp_tg.c
 	@echo "  LD $@"
 	@$(CC) $(BASE_CFLAGS) -Wno-pedantic $(LLAMA_CFLAGS) $(CFLAGS) -DLLAMA_LIB_DIR='"$(LLAMA_LIBDIR)"' \
 	  -o $@ $< $(LLAMA_LIBS) -Wl,-rpath,$(LLAMA_LIBDIR)
+
+# The diagnosis sweep: every family planted by injection and by edited
+# recordings over presets, caches, prompts and chunks; appends its table to
+# bench/diag_sweep.tsv and fails on a wrong name or a false alarm.
+bench-diag: $(BUILD)/bench/diag_sweep
+	./$(BUILD)/bench/diag_sweep bench/diag_sweep.tsv
+
+$(BUILD)/bench/diag_sweep: bench/diag_sweep.c tests/plants.h $(LIB)
+	@mkdir -p $(dir $@)
+	$(CC) $(BASE_CFLAGS) $(CFLAGS) -o $@ $< $(LIB) $(LDLIBS)
 
 $(BUILD)/bench/%: bench/%.c $(LIB)
 	@mkdir -p $(dir $@)

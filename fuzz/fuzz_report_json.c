@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/config.c model/outfile.c model/tokens.c model/kernels.c model/kernels_x86.c model/pool.c model/observer.c compare/compare.c compare/metrics.c compare/render.c compare/diag/diagnose.c compare/diag/core.c compare/diag/keysets.c compare/diag/rows.c compare/recompute.c compare/tokens.c compare/memrec.c reports/jsonin.c model/infile.c compare/crossrt.c compare/attn_audit.c compare/f16acc.c model/safetensors.c compare/hashcheck.c
+// fuzz-sources: model/err.c model/config.c model/outfile.c model/tokens.c model/kernels.c model/kernels_x86.c model/pool.c model/observer.c compare/compare.c compare/core.c compare/metrics.c compare/render.c compare/diag/diagnose.c compare/diag/core.c compare/diag/keysets.c compare/diag/rows.c compare/diag/rope.c compare/diag/norms.c compare/recompute.c compare/tokens.c compare/memrec.c reports/jsonin.c model/infile.c compare/crossrt.c compare/attn_audit.c compare/f16acc.c model/safetensors.c compare/hashcheck.c
 // fuzz-pkgs: libxxhash
 /* fuzz_report_json.c — the reader of saved compare results (`kvdiff report
  * result.json`) on arbitrary bytes: it must never crash, refuse with one

@@ -220,3 +220,19 @@ const char *dg_recorded_attn(const cmp_ctx *c)
 {
     return c->ev->lse_test ? "attn_lse and attn_out" : "attn_out";
 }
+
+/* The rows of (layer, stage) at p on both sides; 0 with both set, 1 when
+ * either is missing, -1 on error. */
+int dg_row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float **b,
+                kv_err *e)
+{
+    int rc = 0;
+    *a = dg_row(c, c->ref, layer, st, p, &rc, e);
+    *b = dg_row(c, c->test, layer, st, p, &rc, e);
+    if (*a && *b)
+        return 0;
+    free(*a);
+    free(*b);
+    *a = *b = NULL;
+    return rc < 0 ? -1 : 1;
+}

@@ -2,9 +2,12 @@
  * hypothesis engine"): the evidence interface every family reads through,
  * the attention case at the point under diagnosis, and the text helpers.
  *
- * Layout: core.c (this interface) at the bottom; keysets.c (the key-set
- * hypothesis engine and its families); diagnose.c (the other families:
- * rotations, norms, rows, drift) and the driver that runs them in order. */
+ * Layout: core.c (this interface) at the bottom; one file per family
+ * over it — keysets.c (the key-set hypothesis engine and its families),
+ * rows.c (rows written as zero, k and v swapped, a norm epsilon, attention
+ * that read zeros), rope.c (rotations and scales), norms.c (norm
+ * conventions) —; diagnose.c on top: the evidence at the point, drift,
+ * and the driver that runs the families in order. */
 #ifndef KV_DIAG_H
 #define KV_DIAG_H
 
@@ -62,6 +65,20 @@ int dg_attn_err_at(cmp_ctx *c, int layer, int64_t q, const cmp_hyp *h, bool coun
 void dg_counts_phrase(const cmp_ctx *c, char *buf, size_t n);
 /* The test's attention rows a recomputation is matched against. */
 const char *dg_recorded_attn(const cmp_ctx *c);
+
+/* The rows of (layer, stage) at p on both sides: 0 with both set, 1 when
+ * either is missing, -1 on error. */
+int dg_row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float **b,
+                kv_err *e);
+
+/* Each family's rule: 1 when it names the point (c->g filled), 0 when it
+ * does not apply, -1 on error. In the order the driver (diagnose.c) tries
+ * them after the row families: */
+int dg_rule_rope(cmp_ctx *c, kv_err *e);              /* rope.c: another position */
+int dg_rule_scaled(cmp_ctx *c, kv_err *e);            /* rope.c: q or k scaled as a whole */
+int dg_rule_norm_convention(cmp_ctx *c, kv_err *e);   /* norms.c: w vs (1 + w) */
+int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
+int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */
 
 /* The key-set families (keysets.c): a different set of keys read at the
  * point, named by scoring every candidate cause at every position and

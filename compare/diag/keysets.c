@@ -982,8 +982,13 @@ static int separate_more(cmp_ctx *c, dg_case *a, ks_run *run, char *buf, size_t 
                 }
             }
         if (fq < 0) {
+            bool chunked = false;
+            for (int i = 0; i < run->n; i++)
+                chunked |= run->k[i].alive && run->k[i].kind == CMP_DIAG_CHUNK_ISOLATED;
             dg_say(buf, n, "they read the same keys at every layer up to position %lld: "
-                   "attention cannot tell them apart", (long long)horizon);
+                   "attention cannot tell them apart%s", (long long)horizon, chunked
+                   ? "; a run with another chunk size would (isolated chunks follow the chunk, "
+                     "the others do not)" : "");
             return 0;
         }
         int64_t hi;

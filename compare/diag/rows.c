@@ -297,6 +297,74 @@ static int rule_norm_eps(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
+/* ------------------------------------------------------------------ */
+/* Attention that read K = V = 0                                        */
+
+/* lse = log(n) on every head: n keys all scoring 0. */
+static bool lse_is_log_n(const float *lse, int H, int n)
+{
+    const double lg = log((double)n);
+    bool yes = lse != NULL && n >= 1;
+    for (int h = 0; yes && h < H; h++)
+        yes = fabs((double)lse[h] - lg) <= 1e-6 * fmax(1.0, lg);
+    return yes;
+}
+
+
+/* Every score 0 (lse = log(n)) and, where attn_out is recorded, every
+ * head's output exactly zero: n keys with K = V = 0. Without attn_out the
+ * scores alone say K = 0 (V unchecked); without q, a zero query would
+ * give the same scores, and the text says so. */
+int dg_rule_zero_read(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const cmp_evidence *ev = c->ev;
+    const int H = c->cfg->n_heads, n = H * c->cfg->head_dim;
+    if (!dg_is_attn_stage(d->stage) || !ev->lse_test || ev->nkeys_test < 1 ||
+        !lse_is_log_n(ev->lse_test, H, ev->nkeys_test))
+        return 0;
+    int rc = 0;
+    float *out = dg_row(c, c->test, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    float *ref = dg_row(c, c->ref, d->layer, STAGE_ATTN_OUT, d->pos, &rc, e);
+    float *q = dg_row(c, c->test, d->layer, STAGE_Q, d->pos, &rc, e);
+    const bool zero = !out || all_zero(out, n);
+    /* The reference must not show the same: its output is not zero, or
+     * (output unrecorded) its scores are not all 0. */
+    const bool ref_same = ref ? all_zero(ref, n)
+                              : !ev->lse_ref || lse_is_log_n(ev->lse_ref, H, ev->nkeys_ref >= 1
+                                                              ? ev->nkeys_ref : ev->nkeys_test);
+    const bool q_zero = q && all_zero(q, n);
+    const bool have_out = out != NULL, have_q = q != NULL;
+    free(out);
+    free(ref);
+    free(q);
+    if (rc < 0 || !zero || ref_same || q_zero)
+        return rc;
+    const int owner = c->cfg->kv_owner[d->layer];
+    const int nt = ev->nkeys_test;
+    const double lg = log((double)nt);
+    char s[256];
+    if (have_out)
+        dg_say(s, sizeof s, "attention read K = V = 0 (an empty or unwired cache%s)",
+            owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    else if (have_q)
+        dg_say(s, sizeof s, "attention read zero keys: every score was 0 (an empty or unwired "
+            "cache%s)", owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    else
+        dg_say(s, sizeof s, "every attention score was 0: zero keys read (an empty or unwired "
+            "cache%s), or a zero query (q not recorded)",
+            owner != d->layer ? ", e.g. a KV-shared layer reading nothing" : "");
+    dg_set(c, CMP_DIAG_ZERO_KV, CMP_BASIS_EXACT_CHECK, s);
+    if (owner != d->layer)
+        dg_say(c->g->detail, sizeof c->g->detail, "(layer %d reads layer %d's cache: %s)",
+            d->layer, owner, have_out ? "it got nothing from it" : "what it read scored 0");
+    dg_say(c->g->evidence, sizeof c->g->evidence, "%sattn_lse = log(%d) = %.6g on every head, "
+        "what %d key%s scoring 0 give%s%s", have_out ? "the test's attn_out is exactly 0 for "
+        "every head and " : "the test's ", nt, lg, nt, nt == 1 ? "" : "s", nt == 1 ? "s" : "",
+        have_out ? "" : "; attn_out not recorded, so V = 0 is not checked");
+    return 1;
+}
+
 int dg_rule_rows(cmp_ctx *c, kv_err *e)
 {
     int rc;

@@ -1,0 +1,366 @@
+/* rope.c — the rotation families (docs/diagnosis.md): q or k rotated
+ * for another position (rope_offset), under another RoPE convention (base,
+ * scaling, pair layout, rows' order: rope_convention), or scaled as a
+ * whole (attn_scale). Each transforms the reference's row and must
+ * reproduce the test's at p and at the last compared position. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "diag.h"
+/* Per-head L2 norms equal: what a rotation (RoPE at another position)
+ * preserves and most other bugs do not. */
+static bool head_norms_equal(const float *a, const float *b, int nh, int D, double tol)
+{
+    for (int h = 0; h < nh; h++) {
+        double na = 0, nb = 0;
+        for (int i = 0; i < D; i++) {
+            na += (double)a[h * D + i] * a[h * D + i];
+            nb += (double)b[h * D + i] * b[h * D + i];
+        }
+        na = sqrt(na), nb = sqrt(nb);
+        if (fabs(na - nb) > tol * fmax(na, 1e-30))
+            return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------------ */
+/* Another RoPE convention                                              */
+
+/* Bases common in released models (Gemma's local 1e4 and global 1e6,
+ * Llama 3's 5e5, ...): a runtime that drops the config's often falls back
+ * to one of these. */
+static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
+
+#define MAX_CONVS 24
+
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
+{
+    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
+        if (cv[i].theta == theta && cv[i].interleaved == interleaved && cv[i].rows == rows &&
+            !memcmp(&cv[i].scaling, sc, sizeof *sc))
+            return n;
+    if (n >= MAX_CONVS || !(theta > 0))
+        return n;
+    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved,
+                            .rows = rows};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
+    va_end(ap);
+    return n + 1;
+}
+
+/* Linear factors a wrong or stray scaling setting often has. */
+static const double common_linear[] = {2, 4, 8};
+
+static const char *scale_name(kv_rope_scale t)
+{
+    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3" : "none";
+}
+
+/* The conventions a runtime may use instead of the config's on layer l:
+ * the other layer type's base, common bases, scaling missing, of the
+ * other type or applied where it does not belong, and the interleaved
+ * layout. The config's own is never among them. */
+static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
+{
+    const bool sliding = config_layer_window(cfg, layer) > 0;
+    const bool two_bases = cfg->rope_local_theta > 0 && cfg->rope_local_theta != cfg->rope_theta;
+    const double theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
+                                                              : cfg->rope_theta;
+    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
+    const kv_rope_scaling *gs = &cfg->rope_scaling, *own = sliding ? &none : gs;
+    const char *type = sliding ? "sliding" : two_bases ? "global" : "";
+    int n = 0;
+    /* The config's own: added first so that nothing equal to it follows. */
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_SAME, "the config's");
+    if (two_bases && sliding)
+        n = add_conv(cv, n, cfg->rope_theta, own, false, CMP_ROWS_SAME, "theta %g, the global "
+                     "layers' base, on a sliding layer; the config says %g", cfg->rope_theta,
+                     theta);
+    if (two_bases && !sliding)
+        n = add_conv(cv, n, cfg->rope_local_theta, own, false, CMP_ROWS_SAME, "theta %g, the "
+                     "sliding layers' base, on a global layer; the config says %g",
+                     cfg->rope_local_theta, theta);
+    for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
+        n = add_conv(cv, n, common_bases[i], own, false, CMP_ROWS_SAME, "theta %g on a%s%s "
+                     "layer; the config says %g", common_bases[i], type[0] ? " " : "",
+                     type[0] ? type : "", theta);
+    if (own->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, &none, false, CMP_ROWS_SAME, "no RoPE scaling; the config "
+                     "says %s scaling by %g", scale_name(own->type), own->factor);
+        if (own->type == ROPE_SCALE_LLAMA3) {
+            const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says llama3 scaling", own->factor);
+        }
+    } else if (gs->type != ROPE_SCALE_NONE) {
+        n = add_conv(cv, n, theta, gs, false, CMP_ROWS_SAME, "the global layers' %s RoPE "
+                     "scaling by %g on a sliding layer, where the config has none",
+                     scale_name(gs->type), gs->factor);
+    }
+    n = add_conv(cv, n, theta, own, true, CMP_ROWS_SAME, "interleaved RoPE pairs (2i, 2i + 1) "
+                 "where the config rotates halves (i, i + %d)", cfg->head_dim / 2);
+    /* The same mix-up seen through a recorder that maps an interleaved
+     * runtime's rows back to halves (kvdiff-llama on llama.cpp's Llama). */
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_UNPERMUTED, "interleaved RoPE pairs (2i, 2i + "
+                 "1) rotated on rows laid out for halves (i, i + %d): q/k weights without the "
+                 "row permutation an interleaved runtime needs (a converter that skipped "
+                 "Llama's permute)", cfg->head_dim / 2);
+    n = add_conv(cv, n, theta, own, false, CMP_ROWS_PERMUTED, "halves (i, i + %d) rotated on "
+                 "rows laid out for interleaved pairs (2i, 2i + 1): q/k weights permuted for "
+                 "an interleaved runtime where this one rotates halves, or permuted twice",
+                 cfg->head_dim / 2);
+    for (size_t i = 0; i < sizeof common_linear / sizeof common_linear[0]; i++) {
+        const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = common_linear[i]};
+        if (own->type == ROPE_SCALE_LINEAR && own->factor == lin.factor)
+            continue;
+        if (own->type == ROPE_SCALE_NONE)
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g "
+                         "where the config has none", lin.factor);
+        else
+            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
+                         "the config says %s scaling by %g", lin.factor, scale_name(own->type),
+                         own->factor);
+    }
+    /* Drop the config's own. */
+    memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
+    return n - 1;
+}
+
+/* Conventions that reproduce the test at pos (and at pos2 when >= 0). */
+typedef struct {
+    cmp_rope_conv cv;
+    double err, err2;
+} conv_fit;
+
+
+/* Tries every other convention at the step's position and at the last
+ * compared position of the row (where bases far apart at p part). Fills
+ * fits (MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
+ * fit, -1 on error. */
+static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, conv_fit *fits,
+                          int64_t *p2, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_rope_conv cv[MAX_CONVS];
+    const int n = rope_convs(c->cfg, d->layer, cv);
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    *p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
+        *p2 = c->pos_limit - 1;
+    float *a2 = NULL, *b2 = NULL;
+    if (*p2 > d->pos) {
+        const int rc = dg_row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
+        if (rc < 0)
+            return -1;
+        if (rc)
+            *p2 = -1;
+    } else {
+        *p2 = -1;
+    }
+    int nf = 0;
+    for (int i = 0; i < n; i++) {
+        const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
+        if (!(err <= c->row_tol))
+            continue;
+        const double err2 = *p2 < 0 ? NAN
+                                    : cmp_rope_conv_err(c->cfg, d->layer, &cv[i], *p2, a2, b2, nh);
+        if (*p2 >= 0 && !(err2 <= c->row_tol))
+            continue;
+        fits[nf++] = (conv_fit){.cv = cv[i], .err = err, .err2 = err2};
+    }
+    free(a2);
+    free(b2);
+    return nf;
+}
+
+/* The rotation-like step explained by another convention. */
+static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
+{
+    const cmp_divergence *d = c->d;
+    cmp_diagnosis *g = c->g;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    g->kind = CMP_DIAG_ROPE_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (nf == 1) {
+        dg_say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match %s", what,
+            fits[0].cv.what);
+        c->ev->rope_err = fits[0].err;
+    } else {
+        dg_say(g->summary, sizeof g->summary, "RoPE convention: the test's %s match any of %d "
+            "conventions other than the config's, and nothing recorded tells them apart", what,
+            nf);
+    }
+    if (nf > 1)
+        dg_say(g->detail, sizeof g->detail, "(");
+    dg_say(g->evidence, sizeof g->evidence, "rotating the reference's %s under ", what);
+    for (int i = 0; i < nf; i++) {
+        if (nf > 1)
+            dg_append(g->detail, sizeof g->detail, "%s%s", i ? "; " : "", fits[i].cv.what);
+        dg_append(g->evidence, sizeof g->evidence, "%s%s", i ? (i == nf - 1 ? " or " : ", ") : "",
+               nf > 1 ? fits[i].cv.what : "it");
+    }
+    if (nf == 1 && fits[0].cv.rows != CMP_ROWS_SAME)
+        dg_say(g->detail, sizeof g->detail, "(the rows of each head are rotated in another order "
+            "from position %lld on, where RoPE %s; per-head norms equal within %s)",
+            (long long)d->pos, d->pos == 0 ? "turns nothing yet" : "first shows it",
+            c->r->xrt.on ? "drift" : "1e-5");
+    else if (nf == 1)
+        dg_say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
+            "equal within %s)", (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5");
+    else
+        dg_append(g->detail, sizeof g->detail, ")");
+    dg_append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "
+           "%.2g)", (long long)d->pos, fits[0].err);
+    if (p2 >= 0)
+        dg_append(g->evidence, sizeof g->evidence, " and at position %lld (%.2g)", (long long)p2,
+               fits[0].err2);
+    dg_append(g->evidence, sizeof g->evidence, "; errors up to %.2g count as reproducing (%s)",
+           c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
+}
+
+/* q (or k) rotated for another position: norms equal, an integer offset
+ * maps the reference row onto the test row. */
+int dg_rule_rope(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    cmp_evidence *ev = c->ev;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    const int D = c->cfg->head_dim;
+    const int nh = d->stage == STAGE_Q ? c->cfg->n_heads : c->cfg->n_kv_heads;
+    int rc = 0;
+    float *a = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
+    float *b = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    if (!a || !b) {
+        free(a);
+        free(b);
+        return rc;
+    }
+    ev->norms_equal = head_norms_equal(a, b, nh, D, c->r->xrt.on ? c->row_tol : CMP_NORM_TOL);
+    if (ev->norms_equal) {
+        conv_fit fits[MAX_CONVS];
+        int64_t p2 = -1;
+        const int nf = rope_conv_fits(c, a, b, nh, fits, &p2, e);
+        if (nf != 0) {
+            free(a);
+            free(b);
+            if (nf > 0)
+                rope_conv_text(c, fits, nf, p2);
+            return nf < 0 ? -1 : 1;
+        }
+        ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);
+        ev->rope_found = ev->rope_err <= c->row_tol;
+    }
+    free(a);
+    free(b);
+    if (!ev->norms_equal)
+        return 0;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    const long long at = (long long)(d->pos + ev->rope_delta);
+    if (!ev->rope_found) {
+        dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_HEURISTIC,
+                 "a rotation-like difference: per-head norms are preserved");
+        if (isfinite(ev->rope_err))
+            dg_say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "the rotation angles suggest %+lld, which leaves an error of %.2g; a different "
+                "RoPE base, scaling or layout?)", (long long)ev->rope_delta, ev->rope_err);
+        else
+            dg_say(c->g->detail, sizeof c->g->detail, "(but no RoPE offset reproduces the test: "
+                "no offset fits the rotation angle of every frequency pair; a different RoPE "
+                "base, scaling or layout?)");
+        return 1;
+    }
+    char s[256];
+    dg_say(s, sizeof s, "%s rotated as if at position %lld: RoPE position offset of %+lld", what, at,
+        (long long)ev->rope_delta);
+    dg_set(c, CMP_DIAG_ROPE_OFFSET, CMP_BASIS_RECOMPUTED, s);
+    if (at == 0)
+        dg_say(c->g->detail, sizeof c->g->detail, "(positions restart at 0 at position %lld: "
+            "RoPE positions restart per chunk, as if each chunk were a new sequence)",
+            (long long)d->pos);
+    dg_say(c->g->evidence, sizeof c->g->evidence, "rotating the reference's %s by %+lld "
+        "positions reproduces the test's (error %.2g); per-head norms equal", what,
+        (long long)ev->rope_delta, ev->rope_err);
+    return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* A query or key scaled as a whole                                     */
+
+/* q (or k) equal to the reference's times one factor, within the match
+ * tolerance: a scale folded into q, or a norm weight scaled, where the
+ * config says otherwise. With Gemma's query_pre_attn_scalar, a factor of
+ * sqrt(query_pre_attn_scalar / head_dim) is the attention scale
+ * 1/sqrt(head_dim) used in place of the config's (recorders map a
+ * runtime's q back to the config's scale). */
+int dg_rule_scaled(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
+        return 0;
+    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    float *a, *b;
+    int rc = dg_row_pair(c, d->layer, d->stage, d->pos, &a, &b, e);
+    if (rc)
+        return rc < 0 ? -1 : 0;
+    double ab = 0, aa = 0;
+    for (int i = 0; i < n; i++) {
+        ab += (double)a[i] * b[i];
+        aa += (double)a[i] * a[i];
+    }
+    const double f = aa > 0 ? ab / aa : NAN;
+    double worst = 0, bmax = 0;
+    for (int i = 0; i < n && isfinite(f); i++) {
+        worst = fmax(worst, fabs(f * a[i] - b[i]));
+        bmax = fmax(bmax, fabs((double)b[i]));
+    }
+    free(a);
+    free(b);
+    const double err = bmax > 0 ? worst / bmax : INFINITY;
+    if (!isfinite(f) || !(err <= c->row_tol) || fabs(f - 1) <= c->row_tol || f <= 0)
+        return 0;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    /* The config's score scale, and the factor that turns it into
+     * 1/sqrt(head_dim) on q (1 when they agree). */
+    const double D = c->cfg->head_dim;
+    const double cfg_scale = c->cfg->attn_scale > 0 ? c->cfg->attn_scale
+                             : c->cfg->query_pre_attn_scalar > 0
+                                 ? 1.0 / sqrt(c->cfg->query_pre_attn_scalar)
+                                 : 1.0 / sqrt(D);
+    const double qpas = 1.0 / (cfg_scale * cfg_scale);
+    const double to_plain = 1.0 / (sqrt(D) * cfg_scale);
+    const double gemma = fabs(to_plain - 1) > 1e-6 ? to_plain : NAN;
+    cmp_diagnosis *g = c->g;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    if (d->stage == STAGE_Q && isfinite(gemma) && fabs(f / gemma - 1) <= c->row_tol) {
+        g->kind = CMP_DIAG_ATTN_SCALE;
+        dg_say(g->summary, sizeof g->summary, "attention scale: the test scales scores by "
+            "1/sqrt(head_dim) = 1/sqrt(%g), the config by %.6g = 1/sqrt(%.6g) "
+            "(query_pre_attn_scalar)", D, cfg_scale, qpas);
+        dg_say(g->detail, sizeof g->detail, "(its queries are the reference's times %.6g = "
+            "sqrt(%.6g/%g), which scores them by 1/sqrt(%g): the ratio of the two scales is not "
+            "folded into q (a converter's q_norm weights), or the runtime ignores "
+            "query_pre_attn_scalar)", f, qpas, D, D);
+    } else {
+        g->kind = CMP_DIAG_UNCLASSIFIED;
+        dg_say(g->summary, sizeof g->summary, "the test's %s are the reference's times %.6g: a "
+            "scale or norm weight applied where the config has none (or missing)", what, f);
+        dg_say(g->detail, sizeof g->detail, "(the same factor on every element: a scaled "
+            "projection or %s-norm weight, or an attention scale folded into %s)",
+            d->stage == STAGE_Q ? "q" : "k", d->stage == STAGE_Q ? "q" : "k");
+    }
+    dg_say(g->evidence, sizeof g->evidence, "the reference's %s at position %lld times %.6g "
+        "reproduce the test's (error %.2g; errors up to %.2g count as reproducing)", what,
+        (long long)d->pos, f, err, c->row_tol);
+    return 1;
+}
+
