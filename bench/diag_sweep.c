@@ -175,14 +175,20 @@ static const char *const presets[] = {"tiny-gemma3", "tiny-gemma3-kvshared", "ti
 static const int prompts[] = {10, 40};
 static const int chunks[] = {1, 3, 7, 64, 0};   /* 0: the whole prompt */
 
+static void open_preset(const char *name, kv_model *m)
+{
+    kv_err e = {{0}};
+    model_opts mopt = {.wtype = -1};
+    if (model_from_preset(name, 0, &mopt, m, &e) != 0)
+        die(name, &e);
+}
+
 static void sweep_injections(void)
 {
     for (size_t pi = 0; pi < sizeof presets / sizeof *presets; pi++) {
         kv_model m;
         kv_err e = {{0}};
-        model_opts mopt = {.wtype = -1};
-        if (model_from_preset(presets[pi], 0, &mopt, &m, &e) != 0)
-            die(presets[pi], &e);
+        open_preset(presets[pi], &m);
         for (size_t li = 0; li < sizeof prompts / sizeof *prompts; li++) {
             const int P = prompts[li];
             cmp_memrec *ref = record(&m, P, NULL, "{\"engine\":\"reference\"}", true);
@@ -353,9 +359,7 @@ static void sweep_edits(void)
     for (size_t pi = 0; pi < sizeof presets / sizeof *presets; pi++) {
         kv_model m;
         kv_err e = {{0}};
-        model_opts mopt = {.wtype = -1};
-        if (model_from_preset(presets[pi], 0, &mopt, &m, &e) != 0)
-            die(presets[pi], &e);
+        open_preset(presets[pi], &m);
         const int64_t W = sliding_w(&m.cfg);
         for (size_t li = 0; li < sizeof prompts / sizeof *prompts; li++) {
             const int P = prompts[li];

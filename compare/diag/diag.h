@@ -86,6 +86,13 @@ int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read 
  * the point, 0 to leave it to the rules after it, -1 on error. */
 int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e);
 
+/* Which layers read otherwise than the config at position q: each layer's
+ * attention recomputed from the test's own rows over the config's keys,
+ * every key, each window the config has and n_found (KS: INT64_MAX none).
+ * buf: "4 global, 5 window 12"; *n_other: how many. 0, -1 on error. */
+int dg_layer_survey(cmp_ctx *c, int64_t q, int64_t n_found, char *buf, size_t n, int *n_other,
+                    kv_err *e);
+
 /* The row families (rows.c): K/V rows written as zero, k and v
  * projections swapped, an RMSNorm epsilon other than the config's. 1 when
  * one names the point, 0 otherwise, -1 on error. */

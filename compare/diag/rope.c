@@ -229,6 +229,70 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
 
 /* q (or k) rotated for another position: norms equal, an integer offset
  * maps the reference row onto the test row. */
+/* The layer rotates with the other layer type's base: is it run as the
+ * other type altogether? At the last position the test holds of the layer,
+ * attention recomputed from its own rows over every key (a sliding layer
+ * run as global) or over the sliding window (a global one run as sliding)
+ * against the config's keys. Renames the diagnosis a layer type when the
+ * other type's keys fit and the config's do not; otherwise says what
+ * would tell. 0, -1 on error. */
+static int layer_type_from_rope(cmp_ctx *c, kv_err *e)
+{
+    const kv_config *cfg = c->cfg;
+    const int l = c->d->layer, W = config_layer_window(cfg, l);
+    int Ws = 0;
+    for (int L = 0; L < cfg->n_layers && Ws == 0; L++)
+        Ws = config_layer_window(cfg, L);
+    int64_t lo, q;
+    const int cols = cmp_stage_cols(cfg, l, STAGE_ATTN_OUT);
+    if (cmp_source_held(c->test, l, STAGE_ATTN_OUT, cols, &lo, &q) != 0 || Ws <= 0)
+        return 0;
+    const int reach = W > 0 ? W : Ws;   /* where the windows part */
+    if (q < reach) {
+        dg_append(c->g->detail, sizeof c->g->detail, "; a layer run as the other type would "
+                  "show in its keys from position %d on, which the test did not reach", reach);
+        return 0;
+    }
+    cmp_hyp own = {.lo = W > 0 && q - W + 1 > 0 ? q - W + 1 : 0, .hi = q};
+    cmp_hyp other = {.lo = W > 0 ? 0 : (q - Ws + 1 > 0 ? q - Ws + 1 : 0), .hi = q};
+    double e_own, e_other;
+    int64_t tn;
+    int rc = dg_attn_err_at(c, l, q, &own, false, &e_own, &tn, e);
+    if (rc == 0)
+        rc = dg_attn_err_at(c, l, q, &other, false, &e_other, &tn, e);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    if (!(e_other <= c->attn_tol) || e_own <= c->attn_tol)
+        return 0;
+    char layers[256] = "";
+    int n_other = 0;
+    if (dg_layer_survey(c, q, INT64_MAX, layers, sizeof layers, &n_other, e) < 0)
+        return -1;
+    c->g->kind = CMP_DIAG_LAYER_TYPE;
+    char *it = strstr(c->g->evidence, " under it ");
+    if (it) {   /* "it" was the convention the summary named */
+        char rest[1024];
+        dg_say(rest, sizeof rest, "%s", it + strlen(" under it "));
+        dg_say(it, sizeof c->g->evidence - (size_t)(it - c->g->evidence), " under the %s "
+               "layers' base %s", W > 0 ? "global" : "sliding", rest);
+    }
+    if (W > 0)
+        dg_say(c->g->summary, sizeof c->g->summary, "layer %d runs as a global layer: it rotates "
+               "with the global layers' base and reads every key; the config says sliding "
+               "(window %d): a layer type off?", l, W);
+    else
+        dg_say(c->g->summary, sizeof c->g->summary, "layer %d runs as a sliding layer: it "
+               "rotates with the sliding layers' base and reads a window of %d keys; the config "
+               "says global: a layer type off?", l, Ws);
+    dg_say(c->g->detail, sizeof c->g->detail, "(layers read otherwise than the config at "
+           "position %lld: %s)", (long long)q, n_other ? layers : "none other");
+    dg_append(c->g->evidence, sizeof c->g->evidence, "; at position %lld attention recomputed "
+              "from the test's q, k, v over %s reproduces its attn_out (error %.2g), over the "
+              "config's keys it does not (%.2g)", (long long)q, W > 0 ? "every key" : "the "
+              "sliding window", e_other, e_own);
+    return 0;
+}
+
 int dg_rule_rope(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
@@ -255,6 +319,9 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
             free(b);
             if (nf > 0)
                 rope_conv_text(c, fits, nf, p2);
+            if (nf == 1 && strstr(fits[0].cv.what, "layers' base, on a") &&
+                layer_type_from_rope(c, e) < 0)
+                return -1;
             return nf < 0 ? -1 : 1;
         }
         ev->rope_err = cmp_rope_solve(c->cfg, d->layer, a, b, nh, &ev->rope_delta);

@@ -478,6 +478,27 @@ class TestPrecision(Base):
         self.expect_bug("rope-bf16", "rope-base-local=1e6", 1, 0, "q", "rope_convention",
                         "theta 1e+06, the global layers' base, on a sliding layer")
 
+    def test_layer_types_swapped_bf16(self):
+        # Layers 4 and 5 trade sliding and global: layer 4 rotates with the
+        # global base (the first step, at position 1) and reads every key.
+        self.expect_bug("layers-bf16", "swap-layer-types=4,5", 1, 4, "q", "layer_type",
+                        "layer 4 runs as a global layer")
+
+    def test_decode_blind_bf16(self):
+        # Decode steps that never see the prompt, whatever cache is named:
+        # named, or (when the decode tokens' values repeat and only
+        # attn_out is recorded) left undecided with it among the causes.
+        dump = self.record("blind-bf16", dtype="bf16", faults=["decode-blind"])
+        rc, j = self.compare(dump)
+        self.assertEqual(rc, 1)
+        g = j["diagnosis"]
+        kinds = [h["kind"] for h in g["hypotheses"] if h["status"] != "refuted"]
+        self.assertIn("split_decode_blind", kinds, json.dumps(g))
+        if g["undecided"]:
+            self.assertNotEqual(g["basis"], "heuristic")
+        else:
+            self.assertEqual(g["kind"], "split_decode_blind", json.dumps(g))
+
     def scaled(self, name, layer, pos, factor):
         """A correct bf16 recording whose layer's attn_out at pos is scaled
         (its row hash rewritten, as a runtime that computed it would)."""
