@@ -19,6 +19,10 @@ and with each bug it can plant that the preset has the layers for:
                                                               (1, 0, q)
   drop-key   key N-5 gone after the prefill                  (N, 0, attn_out)
   blind      decode steps read no key of the prompt          (N, 0, attn_out)
+  global-window  the global layers read the sliding window   (W, first global layer, attn_out)
+  own-masked the query's own key masked (j < q)              (0, 0, attn_out)
+  kv-swap    layer 0's k_proj and v_proj weights swapped     (0, 0, k)
+  norm-eps   every RMSNorm with epsilon 0.1                  (0, 0, attn_norm)
 
 and `kvdiff compare REF TEST --json` judges it. One line per run; then per
 dtype: legitimate runs and false alarms, bug runs located at their exact
@@ -72,6 +76,14 @@ def bugs_for(cfg, n):
         out.append(("rope", ["rope-base=10000"], (1, 0, "q"), "rope_convention"))
     out.append(("drop-key", [f"drop-key={n - 5}"], (n, 0, "attn_out"), "missing_key"))
     out.append(("blind", ["decode-blind"], (n, 0, "attn_out"), "split_decode_blind"))
+    glob = [i for i, t in enumerate(types) if t != "sliding_attention"]
+    if sliding and glob and cfg["sliding_window"] and cfg["sliding_window"] < n:
+        w = cfg["sliding_window"]
+        out.append(("global-window", [f"global-window={w}"], (w, glob[0], "attn_out"),
+                    "layer_type"))
+    out.append(("own-masked", ["own-key-masked"], (0, 0, "attn_out"), "own_key_masked"))
+    out.append(("kv-swap", ["kv-swap=0"], (0, 0, "k"), "kv_swapped"))
+    out.append(("norm-eps", ["norm-eps=0.1"], (0, 0, "attn_norm"), "norm_eps"))
     return out
 
 

@@ -26,7 +26,8 @@
 # Bugs (1 thread, KV f32, f16, bf16 x flash off, on x ubatch 7, whole), each
 # on the prompt lengths of -n: GGUF values an exporter could get wrong
 # (tiny-gemma3: sliding window 4, local RoPE base 1e6, input norm weights
-# without Gemma's + 1; tiny-llama: q/k rows without the permutation) and
+# without Gemma's + 1, RMSNorm epsilon 1e-2, layer 0's k and v weights
+# swapped; tiny-llama: q/k rows without the permutation) and
 # cache bugs planted with kvdiff-llama's test-only --fault (isolated
 # ubatches, a key removed, decode blind to the prompt, a key twice).
 #
@@ -49,7 +50,8 @@ mkdir -p "$D" && cd "$D" || exit 2
 : > results.txt
 
 # GGUF edits: one u32/f32 metadata value; F32 tensors named *PART* shifted
-# by ADD; the Llama q/k permutation undone on *PART* (HEAD_DIM rows a head).
+# by ADD; the Llama q/k permutation undone on *PART* (HEAD_DIM rows a head);
+# two F32 tensors named exactly trading their data (swap).
 gguf_edit() { # MODE IN OUT ARG1 ARG2
 python3 - "$@" <<'PY'
 import struct,sys
@@ -79,8 +81,13 @@ for _ in range(nt):
     t,off=struct.unpack_from('<IQ',b,o); o+=12
     tensors.append((name,dims,t,off))
 data=(o+align-1)//align*align
+if mode=='swap':   # the F32 tensors named exactly a1 and a2 trade their data
+    (d1,n1),(d2,n2)=[(data+off,4*eval('*'.join(map(str,dims)))) for nm in (a1,a2)
+                     for name,dims,t,off in tensors if name==nm]
+    assert n1==n2
+    b[d1:d1+n1],b[d2:d2+n2]=b[d2:d2+n2],b[d1:d1+n1]
 for name,dims,t,off in tensors:
-    if mode=='meta' or a1 not in name or t!=0: continue
+    if mode in ('meta','swap') or a1 not in name or t!=0: continue
     ne0=dims[0]; cnt=1
     for d in dims: cnt*=d
     at=data+off; x=list(struct.unpack_from('<%df'%cnt,b,at))
@@ -167,16 +174,21 @@ if [ "$BUGS" = 1 ]; then
   gguf_edit meta tiny-gemma3.gguf g3-w4.gguf gemma3.attention.sliding_window 4
   gguf_edit meta tiny-gemma3.gguf g3-rope.gguf gemma3.rope.freq_base_swa 1000000
   gguf_edit add tiny-gemma3.gguf g3-norm.gguf attn_norm.weight -1
+  gguf_edit meta tiny-gemma3.gguf g3-eps.gguf gemma3.attention.layer_norm_rms_epsilon 0.01
+  gguf_edit swap tiny-gemma3.gguf g3-kvswap.gguf blk.0.attn_k.weight blk.0.attn_v.weight
   gguf_edit unpermute tiny-llama.gguf ll-q.gguf attn_q.weight 16
   gguf_edit unpermute ll-q.gguf ll-unperm.gguf attn_k.weight 16
   for n in $N_LIST; do
-    for bug in g3-w4 g3-rope g3-norm ll-unperm isolate-ubatch drop-key decode-blind dup-key; do
+    for bug in g3-w4 g3-rope g3-norm g3-eps g3-kvswap ll-unperm isolate-ubatch drop-key \
+               decode-blind dup-key; do
       for kv in f32 f16 bf16; do for fa in off on; do for ub in 7 $((n + 4)); do
         p=tiny-gemma3 g=tiny-gemma3.gguf extra=""
         case $bug in
           g3-w4) g=g3-w4.gguf want="4/0/attn_out window";;
           g3-rope) g=g3-rope.gguf want="1/0/q rope_convention";;
           g3-norm) g=g3-norm.gguf want="0/0/attn_norm norm_convention";;
+          g3-eps) g=g3-eps.gguf want="0/0/attn_norm norm_eps";;
+          g3-kvswap) g=g3-kvswap.gguf want="0/0/k kv_swapped";;
           ll-unperm) p=tiny-llama g=ll-unperm.gguf want="0/0/q rope_convention";;
           isolate-ubatch) extra="--fault isolate-ubatch"
             want="$(( ub < n ? ub : n ))/0/attn_out chunk_isolated";;

@@ -145,18 +145,6 @@ static bool audit_model(const cmp_source *test, cmp_xrt *m)
     return !m->audit_skip[0];
 }
 
-int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
-                    int64_t *hi)
-{
-    int64_t first, rows;
-    int w;
-    if (src->info(src->ctx, layer, st, &first, &rows, &w) != 0 || rows <= 0 || w != cols)
-        return 1;
-    *lo = first;
-    *hi = first + rows - 1;
-    return 0;
-}
-
 /* Row-relative residual of one attention row (cmp_residual). */
 static double residual(const float *a, const float *b, int n, double rms_weight)
 {

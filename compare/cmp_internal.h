@@ -50,6 +50,8 @@ double cmp_row_rel_err(const float *a, const float *b, int n);
 void cmp_stats_init(cmp_stats *s);
 void cmp_stats_add(cmp_stats *s, const cmp_rowrec *rec, int64_t pos);
 
+/* --- core.c: the bottom of compare/, which calls nothing above it --- */
+
 /* Floats per row the config implies for (layer, stage); 0 when the stage
  * does not exist there (k, v of KV-shared layers). */
 int cmp_stage_cols(const kv_config *c, int layer, kv_stage st);
@@ -60,9 +62,16 @@ int cmp_stage_cols(const kv_config *c, int layer, kv_stage st);
 int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int cols, float *out,
                  kv_err *e);
 
+/* The rows of (layer, st) that src holds at width cols: 0 with *lo, *hi
+ * (inclusive) set, or 1 when it holds none at that width. */
+int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
+                    int64_t *hi);
+
 /* Settings of a source: an integer / string key of its settings JSON. */
 long cmp_settings_int(const cmp_source *s, const char *key, long dflt);
 bool cmp_settings_is(const cmp_source *s, const char *key, const char *value);
+
+/* --- hashcheck.c --- */
 
 /* Reads again a sample of the rows the walk of r let hashes settle (a
  * fixed fraction of every such stage, plus every row near the first
@@ -103,10 +112,6 @@ typedef struct {
 } cmp_ctx;
 
 /* --- attn_audit.c --- */
-/* The rows of (layer, st) that src holds at width cols: 0 with *lo, *hi
- * (inclusive) set, or 1 when it holds none at that width. */
-int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
-                    int64_t *hi);
 /* The test's attention against its own q, k, v: for every layer whose q,
  * attn_out and KV owner's k, v the test records, attention over the
  * config's key set recomputed from them and compared with its attn_out,

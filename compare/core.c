@@ -127,6 +127,18 @@ int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int c
     return s->read(s->ctx, layer, st, pos, 1, out, e) < 0 ? -1 : 0;
 }
 
+int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
+                    int64_t *hi)
+{
+    int64_t first, rows;
+    int w;
+    if (src->info(src->ctx, layer, st, &first, &rows, &w) != 0 || rows <= 0 || w != cols)
+        return 1;
+    *lo = first;
+    *hi = first + rows - 1;
+    return 0;
+}
+
 static json_t *settings_of(const cmp_source *s)
 {
     if (!s->settings_json)

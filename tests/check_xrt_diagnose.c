@@ -188,6 +188,47 @@ START_TEST(xrt_diag_dup_key)
 }
 END_TEST
 
+/* k and v weights swapped by the exporter (layer 0), with an f32, an f16
+ * and a q8_0 cache: at position 0, where RoPE turns nothing, the test's k
+ * is the reference's v through the k norm, its v the reference's k before
+ * it. */
+START_TEST(xrt_diag_kv_swapped)
+{
+    char dir[64], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_swap_tensors(gguf, bad, "blk.0.attn_k.weight", "blk.0.attn_v.weight"),
+                     2);
+    static const char *const caches[] = {"--cache-type f32", "--cache-type f16 --ubatch 7",
+                                         "--cache-type q8_0 --flash-attn on"};
+    for (int i = 0; i < 3; i++) {
+        json_t *j, *g = diagnose(dir, caches[i], 0, 0, "k", &j);
+        expect_diag(g, caches[i], "kv_swapped", "recomputed", "k and v projections swapped",
+                    "under one fitted per-dimension norm gain", NULL);
+        json_decref(j);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
+/* The GGUF's RMSNorm epsilon 1e-2 where config.json says 1e-6: every
+ * norm's output scaled by sqrt((ms + 1e-6) / (ms + 1e-2)). */
+START_TEST(xrt_diag_norm_eps)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_model(dir);
+    make_bad(dir, "gemma3.attention.layer_norm_rms_epsilon", 1e-2);
+    json_t *j, *g = diagnose(dir, kv_types[0], 0, 0, "attn_norm", &j);
+    expect_diag(g, kv_types[0], "norm_eps", "recomputed", "with eps 0.01 where the config says "
+                "1e-06", NULL);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ */
 /* RoPE conventions                                                     */
 
@@ -851,6 +892,8 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_drop_key);
     tcase_add_test(tc, xrt_diag_decode_blind);
     tcase_add_test(tc, xrt_diag_dup_key);
+    tcase_add_test(tc, xrt_diag_kv_swapped);
+    tcase_add_test(tc, xrt_diag_norm_eps);
     tcase_add_test(tc, xrt_diag_rope_local_is_global);
     tcase_add_test(tc, xrt_diag_rope_global_is_local);
     tcase_add_test(tc, xrt_diag_rope_common_base);

@@ -139,6 +139,8 @@ typedef struct {
     double mul, add;             /* x * mul + add */
     int unpermute_head_dim;      /* > 0: undo the Llama q/k row permutation;
                                   * < 0: apply it (head_dim -value) */
+    const char *swap_with;       /* the tensor named exactly `part` trades its data
+                                  * with the one named this (same size) */
 } tensor_edit;
 
 static void edit_tensor(float *x, uint64_t ne0, uint64_t ne1, const tensor_edit *ed)
@@ -224,6 +226,31 @@ static int gguf_edit_tensors(const char *in, const char *outp, const char *part,
     }
     const size_t data = (off + align - 1) / align * align;
     int changed = ti && off ? 0 : -1;
+    if (changed >= 0 && ed->swap_with) {
+        /* Two weights exchanged (an exporter that mixed up their names). */
+        int64_t x = -1, y = -1;
+        for (uint64_t i = 0; i < nt; i++) {
+            const char *nm = (const char *)b + ti[i].name;
+            if (ti[i].nlen == strlen(part) && !memcmp(nm, part, ti[i].nlen))
+                x = (int64_t)i;
+            if (ti[i].nlen == strlen(ed->swap_with) && !memcmp(nm, ed->swap_with, ti[i].nlen))
+                y = (int64_t)i;
+        }
+        const uint64_t cnt = x >= 0 ? ti[x].ne0 * ti[x].ne1 : 0;
+        unsigned char *tmp = cnt ? malloc((size_t)cnt * 4) : NULL;
+        if (x < 0 || y < 0 || ti[x].type != 0 || ti[y].type != 0 ||
+            ti[y].ne0 * ti[y].ne1 != cnt || data + ti[x].at + cnt * 4 > n ||
+            data + ti[y].at + cnt * 4 > n || !tmp) {
+            changed = -1;
+        } else {
+            memcpy(tmp, b + data + ti[x].at, (size_t)cnt * 4);
+            memmove(b + data + ti[x].at, b + data + ti[y].at, (size_t)cnt * 4);
+            memcpy(b + data + ti[y].at, tmp, (size_t)cnt * 4);
+            changed = 2;
+        }
+        free(tmp);
+        nt = 0;   /* nothing else edited */
+    }
     for (uint64_t i = 0; changed >= 0 && i < nt; i++) {
         char name[256];
         snprintf(name, sizeof name, "%.*s", (int)ti[i].nlen, (const char *)b + ti[i].name);
@@ -260,6 +287,12 @@ static int gguf_edit_tensors(const char *in, const char *outp, const char *part,
 int gguf_scale_tensors(const char *in, const char *outp, const char *part, double mul)
 {
     return gguf_affine_tensors(in, outp, part, mul, 0.0);
+}
+
+int gguf_swap_tensors(const char *in, const char *outp, const char *a, const char *b)
+{
+    const tensor_edit ed = {.mul = 1, .swap_with = b};
+    return gguf_edit_tensors(in, outp, a, &ed);
 }
 
 int gguf_affine_tensors(const char *in, const char *outp, const char *part, double mul,

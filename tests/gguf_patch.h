@@ -20,6 +20,11 @@ int gguf_scale_tensors(const char *in, const char *out, const char *part, double
 int gguf_affine_tensors(const char *in, const char *out, const char *part, double mul,
                         double add);
 
+/* Copies the GGUF `in` to `out` with the F32 tensors named exactly a and b
+ * (of one size) trading their data: an exporter that swapped two weights.
+ * Returns 2, -1 when the file is bad or either is missing. */
+int gguf_swap_tensors(const char *in, const char *out, const char *a, const char *b);
+
 /* Copies the GGUF `in` to `out` with the rows of every F32 tensor whose
  * name holds `part` put back in the Hugging Face order, undoing the
  * Llama q/k permutation the exporter applies (head_dim rows per head):

@@ -35,7 +35,10 @@ read N keys, not the config's window), swap-layer-types=A,B (layers A and
 B trade sliding / global), rope-base-local=T (sliding layers rotate with
 base T), rope-base=T (every layer rotates with base T), drop-key=P (key P
 is gone from the cache after the step that wrote it), decode-blind
-(decode steps read no key of the prompt)."""
+(decode steps read no key of the prompt), global-window=N (global layers
+read N keys: a split local/global cache), own-key-masked (position q reads
+keys before q only: a strict mask), kv-swap=L (layer L's k_proj and v_proj
+weights swapped), norm-eps=E (every RMSNorm with epsilon E)."""
 
 import argparse
 import json
@@ -117,6 +120,10 @@ class Faults:
         self.rope_all = None
         self.drop_key = None
         self.decode_blind = False
+        self.global_window = None
+        self.own_masked = False
+        self.kv_swap = None
+        self.norm_eps = None
         for s in specs or []:
             name, _, arg = s.partition("=")
             try:
@@ -135,11 +142,22 @@ class Faults:
                     self.drop_key = int(arg)
                 elif name == "decode-blind" and not arg:
                     self.decode_blind = True
+                elif name == "global-window" and arg:
+                    self.global_window = int(arg)
+                elif name == "own-key-masked" and not arg:
+                    self.own_masked = True
+                elif name == "kv-swap" and arg:
+                    self.kv_swap = int(arg)
+                    if not 0 <= self.kv_swap < layers:
+                        raise ValueError("no such layer")
+                elif name == "norm-eps" and arg:
+                    self.norm_eps = float(arg)
                 else:
                     raise ValueError("unknown")
             except ValueError as exc:
                 raise ValueError(f"--fault {s!r}: expected window=N, swap-layer-types=A,B, "
-                                 f"rope-base-local=T, rope-base=T, drop-key=P or decode-blind "
+                                 f"rope-base-local=T, rope-base=T, drop-key=P, decode-blind, "
+                                 f"global-window=N, own-key-masked, kv-swap=L or norm-eps=E "
                                  f"({exc})")
         if self.window is not None and self.window < 1:
             raise ValueError(f"--fault window={self.window}: the window must be >= 1")
@@ -200,6 +218,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
         self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the recorder's tap
         self.prec, self.attn = prec, attn
+        self.strict = False           # --fault own-key-masked
 
     def forward(self, x, positions, past, theta, window, scale, visible):
         t, p = x.shape[1], self.prec
@@ -219,6 +238,8 @@ class Attention(nn.Module):
         kk, vv = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
         kpos = torch.arange(n)
         mask = kpos[None, :] > positions[:, None]
+        if self.strict:
+            mask |= kpos[None, :] == positions[:, None]
         if window:
             mask |= kpos[None, :] <= positions[:, None] - window
         mask |= ~visible[None, :n]
@@ -313,8 +334,17 @@ class TinyCausalLM(nn.Module):
         if "lm_head.weight" not in w:
             w["lm_head.weight"] = w["model.embed_tokens.weight"]   # tied
         # The weights cast to the dtype (torch_dtype=...), carried as float32.
+        f = self.faults
+        if f.kv_swap is not None:
+            kn, vn = (f"model.layers.{f.kv_swap}.self_attn.{n}_proj.weight" for n in "kv")
+            w[kn], w[vn] = w[vn], w[kn]
         self.load_state_dict({k: self.prec.rnd(torch.from_numpy(v)) for k, v in w.items()},
                              strict=True)
+        for m in self.modules():
+            if isinstance(m, RMSNorm) and f.norm_eps is not None:
+                m.eps = f.norm_eps
+            if isinstance(m, Attention):
+                m.strict = f.own_masked
         # Gemma's sqrt(hidden) embedding scale: a float32 value (DESIGN.md),
         # which transformers casts to the dtype before the product.
         scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
@@ -345,7 +375,7 @@ class TinyCausalLM(nn.Module):
                 theta = f.rope_all
             if sliding and f.rope_local is not None:
                 theta = f.rope_local
-            window = (f.window or c["sliding_window"]) if sliding else 0
+            window = (f.window or c["sliding_window"]) if sliding else (f.global_window or 0)
             x, cache = layer(x, positions, None if past is None else past[i], theta,
                              window, c["attn_scale"], visible)
             new.append(cache)

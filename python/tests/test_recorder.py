@@ -484,6 +484,23 @@ class TestPrecision(Base):
         self.expect_bug("layers-bf16", "swap-layer-types=4,5", 1, 4, "q", "layer_type",
                         "layer 4 runs as a global layer")
 
+    def test_global_layer_windowed_bf16(self):
+        self.expect_bug("global-window-bf16", "global-window=12", 12, 5, "attn_out", "layer_type",
+                        "layer 5, global in the config, read through a window of 12 keys")
+
+    def test_own_key_masked_bf16(self):
+        # Position 0 reads no key at all: NaN, which a key set explains.
+        self.expect_bug("own-masked-bf16", "own-key-masked", 0, 0, "attn_out", "own_key_masked",
+                        "the query's own key is masked out")
+
+    def test_kv_swapped_bf16(self):
+        self.expect_bug("kv-swap-bf16", "kv-swap=0", 0, 0, "k", "kv_swapped",
+                        "k and v projections swapped")
+
+    def test_norm_eps_bf16(self):
+        self.expect_bug("norm-eps-bf16", "norm-eps=0.1", 0, 0, "attn_norm", "norm_eps",
+                        "with eps 0.1 where the config says 1e-06")
+
     def test_decode_blind_bf16(self):
         # Decode steps that never see the prompt, whatever cache is named:
         # named, or (when the decode tokens' values repeat and only
