@@ -302,6 +302,8 @@ static int64_t n_prev(const kv_config *cfg, int P) { (void)cfg; return P - 1; }
 static int64_t n_three(const kv_config *cfg, int P) { (void)cfg; (void)P; return 3; }
 static int64_t n_seven(const kv_config *cfg, int P) { (void)cfg; (void)P; return 7; }
 static int64_t n_key(const kv_config *cfg, int P) { (void)cfg; return P - 3; }
+static int64_t n_prompt(const kv_config *cfg, int P) { (void)cfg; return P; }
+static int64_t n_four(const kv_config *cfg, int P) { (void)cfg; (void)P; return 4; }
 
 static const edit_family edits[] = {
     {"window W-1", {"", plant_window, NULL, CMP_DIAG_WINDOW}, n_w_minus, false},
@@ -323,6 +325,11 @@ static const edit_family edits[] = {
     {"K = V = 0 from P", {"", plant_all_from_P, plant_zero_kv, CMP_DIAG_ZERO_KV}, n_zero, false},
     {"k and v swapped", {"", plant_layer0, plant_kv_swapped, CMP_DIAG_KV_SWAPPED}, n_zero, false},
     {"RMSNorm eps", {"", NULL, plant_norm_eps, CMP_DIAG_NORM_EPS}, n_zero, false},
+    {"causal mask missing", {"", plant_future, NULL, CMP_DIAG_FUTURE_KEYS}, n_prompt, false},
+    {"causal mask, chunks of 7", {"", plant_future, NULL, CMP_DIAG_FUTURE_KEYS}, n_seven, false},
+    /* Slots whose values were never recorded: nothing fits, and the text
+     * says the test weighed keys the dump does not hold. */
+    {"unrecorded slots", {"", NULL, plant_garbage_slots, CMP_DIAG_KEY_SET}, n_four, false},
 };
 
 /* Where the walk must find a planted key set first: the first (position,
@@ -332,7 +339,7 @@ static void planted_at(const edit_family *f, const plant_arg *a, const kv_config
 {
     *pos = -1;
     *layer = -1;
-    if (f->fam.rows == plant_zero_kv) {
+    if (f->fam.rows == plant_zero_kv || f->fam.rows == plant_garbage_slots) {
         *pos = a->P, *layer = 0;
         return;
     }

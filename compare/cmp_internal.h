@@ -206,6 +206,17 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
                     int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e);
 
+/* For the query row q of `layer` over keys lo..p and then each later key
+ * p + 1 .. hi_max added in turn (read from src), the last key *best_hi
+ * whose attention comes closest to the recorded (lse_rec may be NULL),
+ * with that error: the end of the keys a query read past itself (a
+ * causal mask missing in a chunk). 0, 1 when a needed row is not
+ * recorded, -1 on error. */
+int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
+                    int64_t lo, int64_t p, int64_t hi_max, const float *lse_rec,
+                    const float *out_rec, double rms_weight, int64_t *best_hi, double *best_err,
+                    kv_err *e);
+
 /* One attention row's residual, accumulated element by element: the
  * larger of max |a - b| / max(|a|, |b|) and, with rms_weight > 0,
  * rms_weight x |a - b|_2 / max(|a|_2, |b|_2). The attention check and

@@ -175,6 +175,61 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
     return rc;
 }
 
+int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, const float *q,
+                    int64_t lo, int64_t p, int64_t hi_max, const float *lse_rec,
+                    const float *out_rec, double rms_weight, int64_t *best_hi, double *best_err,
+                    kv_err *e)
+{
+    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    *best_hi = -1;
+    *best_err = INFINITY;
+    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0 || hi_max <= p)
+        return 1;
+    softmax_state st = {.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
+    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
+    st.m = malloc((size_t)H * sizeof(double));
+    st.s = calloc((size_t)H, sizeof(double));
+    st.acc = calloc((size_t)H * D, sizeof(double));
+    kr.k = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
+    kr.v = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    int rc = (!st.m || !st.s || !st.acc || !kr.k || !kr.v || !lse || !out)
+                 ? kv_errf(e, "compare: out of memory scanning keys") : 0;
+    if (rc == 0) {
+        kr.k1 = kr.k + (size_t)KEY_BLOCK * kr.kvf;
+        kr.v1 = kr.v + (size_t)KEY_BLOCK * kr.kvf;
+        for (int i = 0; i < H; i++)
+            st.m[i] = -INFINITY;
+        const cmp_hyp base = {.lo = lo, .hi = p};
+        rc = add_range(&st, &kr, &base, e);
+    }
+    /* Each later key added once: the attention over lo..j for every j. */
+    for (int64_t j = p + 1; rc == 0 && j <= hi_max; j++) {
+        rc = read_kv(&kr, j, 1, kr.k1, kr.v1, e);
+        if (rc)
+            break;
+        add_key(&st, kr.k1, kr.v1);
+        for (int i = 0; i < H; i++) {
+            lse[i] = st.m[i] + log(st.s[i]);
+            for (int d = 0; d < D; d++)
+                out[(size_t)i * D + d] = st.acc[(size_t)i * D + d] / st.s[i];
+        }
+        const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, rms_weight);
+        if (err < *best_err) {
+            *best_err = err;
+            *best_hi = j;
+        }
+    }
+    free(st.m);
+    free(st.s);
+    free(st.acc);
+    free(kr.k);
+    free(kr.v);
+    free(lse);
+    free(out);
+    return rc;
+}
+
 /* Keys a scan holds at once ((hi - lo + 1) x (H + KV*D) values). */
 #define SCAN_MAX_KEYS 8192
 

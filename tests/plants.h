@@ -136,6 +136,19 @@ static inline bool plant_isolated(const plant_arg *a, const kv_config *cfg, int 
     return true;
 }
 
+/* No causal mask in a prefill chunk of n: the chunk's later keys read. */
+static inline bool plant_future(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
+                                cmp_hyp *h)
+{
+    (void)cfg;
+    (void)L;
+    if (q >= a->P)
+        return false;
+    const int64_t end = (q / a->n) * a->n + a->n - 1;
+    h->hi = end < a->P - 1 ? end : a->P - 1;
+    return h->hi > q;
+}
+
 /* Key n dropped from the cache once the prompt ran (every layer). */
 static inline bool plant_drop_key(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
                                   cmp_hyp *h)
@@ -233,6 +246,65 @@ static inline void plant_kv_swapped(const plant_arg *a, cmp_memrec *rec, const k
     free(u);
     free(kn);
     free(vk);
+}
+
+/* Decode reads n slots holding values the recording never saw (a padded
+ * cache not zeroed): layer 0's attention from P on over the config's keys
+ * plus n keys and values drawn at random, larger than the recorded. */
+static inline void plant_garbage_slots(const plant_arg *a, cmp_memrec *rec, const kv_model *m)
+{
+    const kv_config *cfg = &m->cfg;
+    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim, rep = H / KV;
+    const double scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D);
+    const int W = config_layer_window(cfg, 0);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (int64_t q = a->P; q < a->T; q++) {
+        float *qr = cmp_memrec_row(rec, 0, STAGE_Q, q, NULL);
+        float *o = cmp_memrec_row(rec, 0, STAGE_ATTN_OUT, q, NULL);
+        float *l = cmp_memrec_row(rec, 0, STAGE_ATTN_LSE, q, NULL);
+        float *nk = cmp_memrec_row(rec, 0, STAGE_ATTN_NKEYS, q, NULL);
+        if (!qr || !o)
+            continue;
+        for (int h = 0; h < H; h++) {
+            const int kh = h / rep;
+            double mx = -INFINITY, sum = 0, acc[512] = {0};
+            double sc[1024];
+            int nsc = 0;
+            float gk[512], gv[512];
+            for (int64_t j = plant_lo(W, q); j <= q + a->n; j++) {
+                const float *k, *v;
+                if (j <= q) {
+                    k = cmp_memrec_row(rec, 0, STAGE_K, j, NULL) + kh * D;
+                    v = cmp_memrec_row(rec, 0, STAGE_V, j, NULL) + kh * D;
+                } else {
+                    for (int d = 0; d < D; d++) {   /* xorshift: 2 x the recorded scale */
+                        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                        gk[d] = (float)((double)(s >> 11) / 9007199254740992.0 * 4 - 2);
+                        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+                        gv[d] = (float)((double)(s >> 11) / 9007199254740992.0 * 4 - 2);
+                    }
+                    k = gk, v = gv;
+                }
+                double dot = 0;
+                for (int d = 0; d < D; d++)
+                    dot += (double)qr[h * D + d] * k[d];
+                sc[nsc] = dot * scale;
+                const double m2 = fmax(mx, sc[nsc]);
+                const double f = exp(mx - m2), w = exp(sc[nsc] - m2);
+                sum = sum * f + w;
+                for (int d = 0; d < D; d++)
+                    acc[d] = acc[d] * f + w * v[d];
+                mx = m2;
+                nsc++;
+            }
+            for (int d = 0; d < D; d++)
+                o[h * D + d] = (float)(acc[d] / sum);
+            if (l)
+                l[h] = (float)(mx + log(sum));
+            if (nk)
+                nk[h] = (float)nsc;
+        }
+    }
 }
 
 /* RMSNorm with eps 1e-2 in the input norm of layer 0. */

@@ -69,6 +69,14 @@ bool ks_keys(const cmp_ctx *c, const dg_case *a, const ks_cand *k, int layer, in
     case CMP_DIAG_OWN_KEY_MASKED:
         h->hi = q - 1;
         break;
+    case CMP_DIAG_FUTURE_KEYS:
+        /* No causal mask inside a prefill chunk of n: the chunk's later
+         * keys are read too (a decode step is alone in its chunk). */
+        if (P > 0 && q < P) {
+            const int64_t end = (q / k->n) * k->n + k->n - 1;
+            h->hi = end < P - 1 ? end : P - 1;
+        }
+        break;
     case CMP_DIAG_EXTRA_KEY:
     case CMP_DIAG_PADDED_SLOTS:
         h->extra_zero = (int)(k->variant == 0 ? k->n : k->n - 1 - q > 0 ? k->n - 1 - q : 0);
@@ -158,6 +166,10 @@ void ks_describe(const cmp_ctx *c, const dg_case *a, ks_cand *k)
     case CMP_DIAG_DUP_KEY:
         dg_say(w, n, "the config's keys %lld..%lld with key %lld %s", lo, hi, (long long)k->n,
                k->kind == CMP_DIAG_MISSING_KEY ? "left out" : "read twice");
+        break;
+    case CMP_DIAG_FUTURE_KEYS:
+        dg_say(w, n, "keys %lld..%lld, the %lld after it in its chunk too", lo, hi,
+               hi - (long long)p);
         break;
     case CMP_DIAG_OWN_KEY_MASKED:
         if (hi >= lo)
@@ -303,6 +315,30 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
     /* From the decode path's first step, or from the start. */
     const int64_t dec = P > 0 && p >= P ? P : 0;
     ks_add_from(run, CMP_DIAG_OWN_KEY_MASKED, 0, 0, SCOPE_ALL, dec);
+    /* The causal mask missing in the prefill: chunks of the settings' size,
+     * of the keys the test read at p, or the whole prompt. */
+    if (P > 0 && p < P) {
+        if (a->C > 0 && !a->C_inferred)
+            ks_add(run, CMP_DIAG_FUTURE_KEYS, a->C, 0, SCOPE_ALL);
+        if (nt > 0 && p == 0)
+            ks_add(run, CMP_DIAG_FUTURE_KEYS, nt, 0, SCOPE_ALL);
+        ks_add(run, CMP_DIAG_FUTURE_KEYS, P, 0, SCOPE_ALL);
+        /* The count unrecorded: how far past p the test read, scanned key by
+         * key; p first in its chunk (the first divergence of this bug is at
+         * a chunk's start), keys p..hi are the chunk. */
+        const float *qq = a->q_test ? a->q_test : a->q_ref;
+        if (nt < 0 && qq && p + 1 < P) {
+            int64_t hi;
+            double err;
+            const int rc = cmp_extend_scan(a->q_test ? c->test : c->ref, c->cfg, c->d->layer,
+                                           qq, a->lo_ref, p, P - 1, c->ev->lse_test, a->out_test,
+                                           c->rms_weight, &hi, &err, e);
+            if (rc < 0)
+                return -1;
+            if (rc == 0 && err <= c->attn_tol && hi > p)
+                ks_add(run, CMP_DIAG_FUTURE_KEYS, hi - p + 1, 0, SCOPE_ALL);
+        }
+    }
     /* Unwritten slots read as keys. */
     if (nt < 0 || (nr >= 0 && nt > nr) || (nr < 0 && nt > ncfg)) {
         int rc = 0;
@@ -373,6 +409,7 @@ const char *ks_phrase(cmp_diag_kind k)
     case CMP_DIAG_MISSING_KEY: return "one key left out";
     case CMP_DIAG_DUP_KEY: return "one key read twice";
     case CMP_DIAG_OWN_KEY_MASKED: return "the query's own key masked";
+    case CMP_DIAG_FUTURE_KEYS: return "the causal mask missing";
     default: return "another key set";
     }
 }
@@ -484,6 +521,13 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
                (long long)a->lo_ref, pp);
         break;
     }
+    case CMP_DIAG_FUTURE_KEYS:
+        dg_say(s, ns, "the causal mask is missing: position q reads the keys after it in its "
+               "prefill chunk of %lld (up to position %lld at %lld)", (long long)k->n,
+               (long long)(((p / k->n) * k->n + k->n - 1) < a->P - 1 ? (p / k->n) * k->n + k->n - 1
+                                                                     : a->P - 1), pp);
+        dg_say(t, nd, "(%s at position %lld)", keys, pp);
+        break;
     case CMP_DIAG_OWN_KEY_MASKED:
         dg_say(s, ns, "the query's own key is masked out: position q reads keys up to q - 1 "
                "(a strict mask, j < q, where j <= q is due)");
@@ -540,6 +584,7 @@ void ks_param_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
                       config_layer_window(c->cfg, c->d->layer) > 0 ? "sliding" : "global");
         break;
     case CMP_DIAG_CHUNK_ISOLATED:
+    case CMP_DIAG_FUTURE_KEYS:
         dg_say(buf, n, ", chunk %lld", (long long)k->n);
         break;
     case CMP_DIAG_MISSING_KEY:

@@ -664,6 +664,44 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
     return 1;
 }
 
+/* Nothing fits: is the test's attention any softmax over recorded keys at
+ * all? Its attn_lse above that of every key the recording holds, each
+ * read once, on some head means it weighed keys the dump does not hold
+ * (slots with values never recorded, another sequence's cells) or read
+ * some twice. Says so in the detail. 0, -1 on error. */
+static int beyond_recorded_keys(cmp_ctx *c, dg_case *a, kv_err *e)
+{
+    const kv_config *cfg = c->cfg;
+    const float *lse_rec = c->ev->lse_test, *q = a->q_test;
+    int64_t lo, hi;
+    const int owner = cfg->kv_owner[c->d->layer];
+    if (!lse_rec || !q ||
+        cmp_source_held(c->test, owner, STAGE_K, cmp_stage_cols(cfg, owner, STAGE_K), &lo, &hi))
+        return 0;
+    const int H = cfg->n_heads, D = cfg->head_dim;
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    cmp_hyp all = {.lo = lo, .hi = hi};
+    int rc = (!lse || !out) ? kv_errf(e, "compare: out of memory")
+                            : cmp_recompute_attention(c->test, cfg, c->d->layer, q, &all, lse,
+                                                      out, e);
+    int head = -1;
+    for (int h = 0; rc == 0 && h < H && head < 0; h++)
+        if ((double)lse_rec[h] > lse[h] + c->attn_tol * fmax(1.0, fabs(lse[h])))
+            head = h;
+    char *end = c->g->detail + strlen(c->g->detail);
+    if (head >= 0 && end > c->g->detail && end[-1] == ')')
+        end[-1] = '\0';   /* the detail's closing parenthesis comes after this */
+    if (head >= 0)
+        dg_append(c->g->detail, sizeof c->g->detail, "; on head %d its attn_lse (%.6g) is above "
+                  "that of every key the recording holds, %lld..%lld, read once (%.6g): it "
+                  "weighed keys the dump does not hold (slots whose values were never recorded, "
+                  "another sequence's cells) or read some twice)", head, lse_rec[head],
+                  (long long)lo, (long long)hi, lse[head]);
+    free(lse);
+    free(out);
+    return rc < 0 ? -1 : 0;
+}
+
 int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
 {
     cmp_evidence *ev = c->ev;
@@ -776,8 +814,11 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
     if (trusted)
         dg_say(c->g->evidence, sizeof c->g->evidence, "none of the key sets tried (windows, "
                "layer types, chunks, decode blind to the prefill, one key left out or read "
-               "twice, the own key masked, unwritten slots, a stuck write index, a ring, a "
-               "stale cache) reproduces the test's %s", dg_recorded_attn(c));
+               "twice, the own key masked, the causal mask missing, unwritten slots, a stuck "
+               "write index, a ring, a stale cache) reproduces the test's %s",
+               dg_recorded_attn(c));
+    if (trusted && beyond_recorded_keys(c, a, e) < 0)
+        return -1;
     else
         dg_say(c->g->evidence, sizeof c->g->evidence, "from key counts only: attention could "
                "not be recomputed from the recordings (%s)",

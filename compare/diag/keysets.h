@@ -22,7 +22,7 @@ typedef struct {
                                   * MISSING_KEY, DUP_KEY: the key; PADDED_SLOTS,
                                   * EXTRA_KEY: zero slots (variant 1: the cache's size);
                                   * DECODE_STUCK: the slot decode writes;
-                                  * CHUNK_ISOLATED: the chunk */
+                                  * CHUNK_ISOLATED, FUTURE_KEYS: the chunk */
     int variant;
     ks_scope scope;
     int64_t from;                /* the first position it changes (a bug of the decode
