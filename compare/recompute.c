@@ -137,41 +137,67 @@ static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, 
     return 0;
 }
 
+/* The softmax state and key reader of a recomputation for the query row q
+ * of `layer`, empty: 0, 1 when the shapes do not allow one, -1 out of
+ * memory (e filled). Released with recompute_close whatever it returned. */
+static int recompute_open(softmax_state *st, key_reader *kr, const cmp_source *src,
+                          const kv_config *cfg, int layer, const float *q, kv_err *e)
+{
+    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    memset(st, 0, sizeof *st);
+    memset(kr, 0, sizeof *kr);
+    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
+        return 1;
+    *st = (softmax_state){.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
+    *kr = (key_reader){.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
+    st->m = malloc((size_t)H * sizeof(double));
+    st->s = calloc((size_t)H, sizeof(double));
+    st->acc = calloc((size_t)H * D, sizeof(double));
+    kr->k = malloc((size_t)(KEY_BLOCK + 1) * kr->kvf * sizeof(float));
+    kr->v = malloc((size_t)(KEY_BLOCK + 1) * kr->kvf * sizeof(float));
+    if (!st->m || !st->s || !st->acc || !kr->k || !kr->v)
+        return kv_errf(e, "compare: out of memory recomputing attention");
+    kr->k1 = kr->k + (size_t)KEY_BLOCK * kr->kvf;
+    kr->v1 = kr->v + (size_t)KEY_BLOCK * kr->kvf;
+    for (int i = 0; i < H; i++)
+        st->m[i] = -INFINITY;
+    return 0;
+}
+
+static void recompute_close(softmax_state *st, key_reader *kr)
+{
+    free(st->m);
+    free(st->s);
+    free(st->acc);
+    free(kr->k);
+    free(kr->v);
+}
+
+/* The attention the state holds, into lse (H) and out (H x D). */
+static void softmax_result(const softmax_state *st, double *lse, double *out)
+{
+    for (int i = 0; i < st->H; i++) {
+        lse[i] = st->s[i] > 0 ? st->m[i] + log(st->s[i]) : -INFINITY;
+        for (int d = 0; d < st->D; d++)
+            out[(size_t)i * st->D + d] = st->s[i] > 0 ? st->acc[(size_t)i * st->D + d] / st->s[i]
+                                                      : 0;
+    }
+}
+
 int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
                             const float *q, const cmp_hyp *h, double *lse, double *out,
                             kv_err *e)
 {
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
-    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
-        return 1;
-    softmax_state st = {.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
-    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
-    st.m = malloc((size_t)H * sizeof(double));
-    st.s = calloc((size_t)H, sizeof(double));
-    st.acc = calloc((size_t)H * D, sizeof(double));
-    kr.k = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
-    kr.v = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
-    int rc = (!st.m || !st.s || !st.acc || !kr.k || !kr.v)
-                 ? kv_errf(e, "compare: out of memory recomputing attention") : 0;
-    if (rc == 0) {
-        kr.k1 = kr.k + (size_t)KEY_BLOCK * kr.kvf;
-        kr.v1 = kr.v + (size_t)KEY_BLOCK * kr.kvf;
-        for (int i = 0; i < H; i++)
-            st.m[i] = -INFINITY;
+    softmax_state st;
+    key_reader kr;
+    int rc = recompute_open(&st, &kr, src, cfg, layer, q, e);
+    if (rc == 0)
         rc = add_range(&st, &kr, h, e);
-        for (int i = 0; rc == 0 && i < h->extra_zero; i++)
-            add_key(&st, NULL, NULL);
-    }
-    for (int i = 0; rc == 0 && i < H; i++) {
-        lse[i] = st.s[i] > 0 ? st.m[i] + log(st.s[i]) : -INFINITY;
-        for (int d = 0; d < D; d++)
-            out[(size_t)i * D + d] = st.s[i] > 0 ? st.acc[(size_t)i * D + d] / st.s[i] : 0;
-    }
-    free(st.m);
-    free(st.s);
-    free(st.acc);
-    free(kr.k);
-    free(kr.v);
+    for (int i = 0; rc == 0 && i < h->extra_zero; i++)
+        add_key(&st, NULL, NULL);
+    if (rc == 0)
+        softmax_result(&st, lse, out);
+    recompute_close(&st, &kr);
     return rc;
 }
 
@@ -180,51 +206,34 @@ int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     const float *out_rec, double rms_weight, int64_t *best_hi, double *best_err,
                     kv_err *e)
 {
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, D = cfg->head_dim;
     *best_hi = -1;
     *best_err = INFINITY;
-    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0 || hi_max <= p)
+    if (hi_max <= p)
         return 1;
-    softmax_state st = {.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
-    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
-    st.m = malloc((size_t)H * sizeof(double));
-    st.s = calloc((size_t)H, sizeof(double));
-    st.acc = calloc((size_t)H * D, sizeof(double));
-    kr.k = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
-    kr.v = malloc((size_t)(KEY_BLOCK + 1) * kr.kvf * sizeof(float));
+    softmax_state st;
+    key_reader kr;
     double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
-    int rc = (!st.m || !st.s || !st.acc || !kr.k || !kr.v || !lse || !out)
-                 ? kv_errf(e, "compare: out of memory scanning keys") : 0;
-    if (rc == 0) {
-        kr.k1 = kr.k + (size_t)KEY_BLOCK * kr.kvf;
-        kr.v1 = kr.v + (size_t)KEY_BLOCK * kr.kvf;
-        for (int i = 0; i < H; i++)
-            st.m[i] = -INFINITY;
-        const cmp_hyp base = {.lo = lo, .hi = p};
+    int rc = recompute_open(&st, &kr, src, cfg, layer, q, e);
+    if (rc == 0 && (!lse || !out))
+        rc = kv_errf(e, "compare: out of memory scanning keys");
+    const cmp_hyp base = {.lo = lo, .hi = p};
+    if (rc == 0)
         rc = add_range(&st, &kr, &base, e);
-    }
     /* Each later key added once: the attention over lo..j for every j. */
     for (int64_t j = p + 1; rc == 0 && j <= hi_max; j++) {
         rc = read_kv(&kr, j, 1, kr.k1, kr.v1, e);
         if (rc)
             break;
         add_key(&st, kr.k1, kr.v1);
-        for (int i = 0; i < H; i++) {
-            lse[i] = st.m[i] + log(st.s[i]);
-            for (int d = 0; d < D; d++)
-                out[(size_t)i * D + d] = st.acc[(size_t)i * D + d] / st.s[i];
-        }
+        softmax_result(&st, lse, out);
         const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, rms_weight);
         if (err < *best_err) {
             *best_err = err;
             *best_hi = j;
         }
     }
-    free(st.m);
-    free(st.s);
-    free(st.acc);
-    free(kr.k);
-    free(kr.v);
+    recompute_close(&st, &kr);
     free(lse);
     free(out);
     return rc;
