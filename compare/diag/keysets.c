@@ -589,7 +589,7 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
                 dg_append(v, nv, "%s %s (%.2g)", shown ? ";" : "", k->what, k->err_p);
             shown++;
         }
-        if (last > p)
+        if (last > p && run->none_fit == 0)   /* else the detail says where none fit */
             dg_append(v, nv, "; and every place tried up to position %lld fits each alike",
                       (long long)last);
         rivals_text(c, run, v, nv);
