@@ -627,31 +627,112 @@ static void llama_bin(const char *kvdiff, char *out, size_t n)
         put(out, n, "kvdiff-llama");
 }
 
-/* word with every placeholder replaced (malloc'd). */
-static char *substitute(const char *word, const side_ctx *x, const char *dump, const char *maxn)
+/* Where substitute writes: o NULL counts only. */
+typedef struct {
+    char *o;
+    size_t n;
+} outbuf;
+
+static void emit(outbuf *b, const char *s, size_t len)
 {
-    const char *names[4] = {"{model}", "{tokens}", "{max_new}", "{dump}"};
-    const char *vals[4] = {x->model, x->tokens, maxn, dump};
-    size_t cap = strlen(word) + 1;
-    for (int k = 0; k < 4; k++)
-        for (const char *p = strstr(word, names[k]); p; p = strstr(p + 1, names[k]))
-            cap += strlen(vals[k]);
-    char *out = malloc(cap), *o = out;
-    if (!out)
-        return NULL;
+    if (b->o)
+        memcpy(b->o + b->n, s, len);
+    b->n += len;
+}
+
+/* value as the shell reads it literally in quoting state q (0 none, '\''
+ * or '"'); q < 0: as it is (not shell code). */
+static void put_value(outbuf *b, const char *value, int q)
+{
+    if (q < 0) {
+        emit(b, value, strlen(value));
+        return;
+    }
+    if (q == 0)
+        emit(b, "'", 1);
+    for (const char *v = value; *v; v++) {
+        if (q == '"' && strchr("\\\"$`", *v)) {
+            emit(b, "\\", 1);
+            emit(b, v, 1);
+        } else if (q != '"' && *v == '\'') {
+            emit(b, "'\\''", 4);   /* close, a quote, reopen */
+        } else {
+            emit(b, v, 1);
+        }
+    }
+    if (q == 0)
+        emit(b, "'", 1);
+}
+
+static void fill(const char *word, const char *const *names, const char *const *vals,
+                 bool shell, outbuf *b)
+{
+    int q = 0, stack[16], depth = 0;   /* the shell's quoting state; states outside each $( */
     for (const char *p = word; *p;) {
         int k = 0;
         while (k < 4 && strncmp(p, names[k], strlen(names[k])))
             k++;
         if (k < 4) {
-            o += sprintf(o, "%s", vals[k]);
+            put_value(b, vals[k], shell ? q : -1);
             p += strlen(names[k]);
-        } else {
-            *o++ = *p++;
+            continue;
         }
+        if (shell) {
+            if (*p == '\\' && q != '\'' && p[1]) {
+                emit(b, p, 2);
+                p += 2;
+                continue;
+            }
+            if ((*p == '\'' && q != '"') || (*p == '"' && q != '\''))
+                q = q == *p ? 0 : *p;
+            else if (*p == '$' && p[1] == '(' && q != '\'' && depth < 16) {
+                stack[depth++] = q, q = 0;   /* a command of its own: unquoted */
+                emit(b, p, 2);
+                p += 2;
+                continue;
+            } else if (*p == ')' && q == 0 && depth > 0) {
+                q = stack[--depth];
+            }
+        }
+        emit(b, p, 1);
+        p++;
     }
-    *o = 0;
-    return out;
+}
+
+/* word with every placeholder replaced (malloc'd). In shell code (shell:
+ * the word after `-c` of sh, bash, dash, ksh or zsh) each value is quoted
+ * as the shell reads it where it stands, so that a folder name with `;`,
+ * `$(...)` or blanks stays one literal word. */
+static char *substitute(const char *word, const side_ctx *x, const char *dump, const char *maxn,
+                        bool shell)
+{
+    const char *const names[4] = {"{model}", "{tokens}", "{max_new}", "{dump}"};
+    const char *const vals[4] = {x->model, x->tokens, maxn, dump};
+    outbuf b = {NULL, 0};
+    fill(word, names, vals, shell, &b);
+    b.o = malloc(b.n + 1);
+    if (!b.o)
+        return NULL;
+    b.n = 0;
+    fill(word, names, vals, shell, &b);
+    b.o[b.n] = 0;
+    return b.o;
+}
+
+/* Whether argv[i] is the code of a shell: argv[0] is sh, bash, dash, ksh
+ * or zsh and argv[i - 1] is -c (or a flag group ending in c: -ec). */
+static bool shell_code(char **argv, int i)
+{
+    if (i < 2)
+        return false;
+    const char *base = strrchr(argv[0], '/');
+    base = base ? base + 1 : argv[0];
+    static const char *const shells[] = {"sh", "bash", "dash", "ksh", "zsh"};
+    bool sh = false;
+    for (size_t k = 0; k < sizeof shells / sizeof *shells; k++)
+        sh |= !strcmp(base, shells[k]);
+    const char *f = argv[i - 1];
+    return sh && f[0] == '-' && f[1] && f[strlen(f) - 1] == 'c' && !strchr(f + 1, '-');
 }
 
 /* Checks an outside side's dump with `kvdiff validate`. */
@@ -751,7 +832,7 @@ static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char *
     char **v = calloc((size_t)argc + 1, sizeof *v);
     bool ok = v != NULL;
     for (int i = 0; ok && i < argc; i++)
-        ok = (v[i] = substitute(argv[i], x, dump, maxn)) != NULL;
+        ok = (v[i] = substitute(argv[i], x, dump, maxn, shell_code(argv, i))) != NULL;
     if (!ok) {
         suite_argv_free(v);
         side_fail(r, "%s: out of memory", step);

@@ -205,6 +205,47 @@ START_TEST(test_dump_side_and_placeholders)
 }
 END_TEST
 
+/* A case folder whose name a shell would act on (`;`, `$(...)`, a quote,
+ * blanks): placeholders in `sh -c` code are quoted where they stand (bare,
+ * inside "...", inside $(...)), so the command sees the path and runs
+ * nothing else. */
+START_TEST(test_exec_placeholders_quoted)
+{
+    char dir[64], path[256], args[1024], text[2048], keep[256], marker[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-llama --prompt-tokens 5,17,42 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(marker, sizeof marker, "%s/INJECTED", dir);
+    snprintf(keep, sizeof keep, "%s/w ;touch INJECTED; $(touch INJECTED) it's", dir);
+    snprintf(path, sizeof path, "%s/q.suite", dir);
+    snprintf(text, sizeof text,
+             "[defaults]\nmodel = tiny-llama\nprompt = 5,17,42\nmax_new = 2\n"
+             "a = --engine reference\nexpect = identical\n"
+             "[bare]\nb = exec: sh -c 'test -f {tokens} && cp %s/ref.h5 {dump}'\n"
+             "[double]\nb = exec: sh -c 'test -f \"{tokens}\" && cp %s/ref.h5 \"{dump}\"'\n"
+             "[subst]\nb = exec: bash -ec 'test \"$(cat {tokens})\" = \"5 17 42\" && "
+             "cp %s/ref.h5 {dump}'\n", dir, dir, dir);
+    write_file(path, text);
+    /* the folder goes to kvdiff's argv as one word; test_run_cli runs it
+     * through a shell, so escape it for that one inside "..." */
+    char quoted[512], *q = quoted;
+    for (const char *s = keep; *s && q < quoted + sizeof quoted - 3; s++) {
+        if (strchr("\\\"$`", *s))
+            *q++ = '\\';
+        *q++ = *s;
+    }
+    *q = 0;
+    snprintf(args, sizeof args, "suite %s --keep \"%s\"", path, quoted);
+    unlink("INJECTED");
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "3 cases: 3 passed"), "%s", out);
+    ck_assert_msg(access(marker, F_OK) != 0 && access("INJECTED", F_OK) != 0,
+                  "a command in the folder's name ran");
+    test_rmtree(dir);
+}
+END_TEST
+
 /* exec: commands that go wrong: each its case's ERROR with the reason,
  * and the good case of the same run passes. */
 START_TEST(test_exec_bad_commands)
@@ -260,6 +301,7 @@ Suite *suite_outside_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_llama_no_bug);
     tcase_add_test(tc, test_exec_torch_no_bug);
+    tcase_add_test(tc, test_exec_placeholders_quoted);
     tcase_add_test(tc, test_dump_side_and_placeholders);
     tcase_add_test(tc, test_exec_bad_commands);
     suite_add_tcase(s, tc);
