@@ -167,6 +167,19 @@ static double now_s(void)
 /* Seconds a step may take (suite_run_opts.step_timeout; 0: no limit). */
 static int step_timeout;
 
+/* The running step's process group (0 none): each step runs in a group of
+ * its own, so that a timeout, or the worker stopped, kills the programs it
+ * started as well. */
+static volatile sig_atomic_t step_pgid;
+
+/* The worker's SIGTERM (an interrupted run): the step's group with it. */
+static void worker_term(int sig)
+{
+    if (step_pgid > 0)
+        kill(-(pid_t)step_pgid, SIGKILL);
+    _exit(128 + sig);
+}
+
 /* The kvdiff binary: the log shows it as "kvdiff", other programs by name. */
 static const char *step_kvdiff;
 
@@ -235,6 +248,8 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
         return -1;
     }
     if (pid == 0) {
+        setpgid(0, 0);
+        signal(SIGTERM, SIG_DFL);
         int null_in = open("/dev/null", O_RDONLY);
         if (null_in >= 0)
             dup2(null_in, 0);
@@ -249,6 +264,8 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
         dprintf(2, "cannot execute %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    setpgid(pid, pid);   /* as the child does: whichever runs first */
+    step_pgid = pid;
     close(errp[1]);
     fcntl(errp[0], F_SETFL, fcntl(errp[0], F_GETFL) | O_NONBLOCK);
     bool open_pipe = true;
@@ -265,9 +282,10 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
             return -1;
         }
         if (now_s() > deadline) {
-            kill(pid, SIGKILL);
+            kill(-pid, SIGKILL);   /* the step and whatever it started */
             while (waitpid(pid, &st, 0) < 0 && errno == EINTR) {
             }
+            step_pgid = 0;
             close(errp[0]);
             dprintf(err_fd, "killed: it ran past the step time limit of %d s\n", step_timeout);
             return STEP_TIMED_OUT;
@@ -275,6 +293,7 @@ static int run_step(char *const argv[], int out_fd, int err_fd)
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
+    step_pgid = 0;
     /* what it wrote last, unless a grandchild still holds the pipe open */
     if (open_pipe)
         pump(errp[0], err_fd);
@@ -1027,7 +1046,7 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
          * the worker's. */
         setpgid(0, 0);
         signal(SIGINT, SIG_DFL);
-        signal(SIGTERM, SIG_DFL);
+        signal(SIGTERM, worker_term);
         step_timeout = o->step_timeout;
         /* A file size limit makes writes fail (EFBIG) with a reason the
          * case reports, instead of killing the worker without one. */
@@ -1103,6 +1122,12 @@ static void stop_run(const suite *s, const int *sel, int n, const suite_run_opts
     for (int i = 0; i < jobs; i++) {
         if (slots[i].fd < 0)
             continue;
+        /* SIGTERM first: the worker kills its step's group, then itself */
+        kill(-slots[i].pid, SIGTERM);
+        for (int t = 0; t < 100 && waitpid(slots[i].pid, NULL, WNOHANG) == 0; t++) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
         kill(-slots[i].pid, SIGKILL);
         close(slots[i].fd);
         slots[i].fd = -1;

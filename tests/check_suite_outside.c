@@ -246,6 +246,27 @@ START_TEST(test_exec_placeholders_quoted)
 }
 END_TEST
 
+/* A step past --timeout is killed with what it started: a command that
+ * leaves children behind (a shell's background jobs) leaves none running,
+ * and the run does not wait for them. */
+START_TEST(test_timeout_kills_step_group)
+{
+    char dir[64], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/t.suite", dir);
+    write_file(path, "[orphans]\nmodel = tiny-llama\nprompt = 5,17,42\nmax_new = 2\n"
+                     "a = --engine reference\n"
+                     "b = exec: sh -c 'sleep 61.25 & sleep 61.25 & wait'\nexpect = no-bug\n");
+    snprintf(args, sizeof args, "suite %s --timeout 2 --keep %s/work", path, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "ERROR orphans: engine B (exec) ran past the step time limit (2 s) "
+                              "and was killed"), "%s", out);
+    ck_assert_msg(system("pgrep -f 'sleep 61[.]25' > /dev/null") != 0,
+                  "the step's children outlived its timeout");
+    test_rmtree(dir);
+}
+END_TEST
+
 /* exec: commands that go wrong: each its case's ERROR with the reason,
  * and the good case of the same run passes. */
 START_TEST(test_exec_bad_commands)
@@ -302,6 +323,7 @@ Suite *suite_outside_suite(void)
     tcase_add_test(tc, test_llama_no_bug);
     tcase_add_test(tc, test_exec_torch_no_bug);
     tcase_add_test(tc, test_exec_placeholders_quoted);
+    tcase_add_test(tc, test_timeout_kills_step_group);
     tcase_add_test(tc, test_dump_side_and_placeholders);
     tcase_add_test(tc, test_exec_bad_commands);
     suite_add_tcase(s, tc);
