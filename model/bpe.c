@@ -12,11 +12,20 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 #include <xxhash.h>
+
+/* The normalized text may be at most this many times the input, plus
+ * NORM_SLACK bytes: Replace normalizers chained in a tokenizer.json
+ * ("a" -> "aa", forty times) would otherwise grow it without bound. Real
+ * normalizers grow text by a small factor (NFKD, a "\u2581" for a
+ * space: 3 bytes for 1). */
+#define NORM_GROWTH 16
+#define NORM_SLACK 4096
 
 /* ---- growable buffers --------------------------------------------------- */
 
@@ -510,8 +519,13 @@ static int build_added(bpe_encoder *b, const json_t *root, build_ctx *c)
          * spelled as the normalizer spells it. */
         if (normalized && !special) {
             normed.len = 0;
-            if (normalize(b, a->content, a->len, &normed) < 0 || normed.oom) {
+            const int nr = normalize(b, a->content, a->len, &normed);
+            if (nr < 0 || normed.oom) {
                 free(normed.p);
+                if (nr == -2)
+                    return kv_errf(c->e, "%s: its normalizer makes added token %d more than %d "
+                                   "times longer (chained Replace normalizers?)", c->name, k,
+                                   NORM_GROWTH);
                 return oom(c);
             }
             rc = normed.len ? trie_add(&b->normed, normed.p, normed.len, k) : 0;
@@ -931,6 +945,7 @@ static size_t utf8_invalid_at(const char *s, size_t n)
 
 /* ---- encoding: normalizer ----------------------------------------------- */
 
+
 static int norm_form(int kind, const char *s, size_t n, sbuf *out)
 {
     static const int flags[] = { UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE,
@@ -948,7 +963,8 @@ static int norm_form(int kind, const char *s, size_t n, sbuf *out)
     return 0;
 }
 
-static int norm_step(const norm_op *op, const char *s, size_t n, sbuf *out)
+/* One normalizer step on s into out; -2 when out passes limit bytes. */
+static int norm_step(const norm_op *op, const char *s, size_t n, sbuf *out, size_t limit)
 {
     switch (op->kind) {
     case NORM_REPLACE:
@@ -959,6 +975,8 @@ static int norm_step(const norm_op *op, const char *s, size_t n, sbuf *out)
             } else {
                 sb_put(out, s + i++, 1);
             }
+            if (out->len > limit)
+                return -2;
         }
         return 0;
     case NORM_PREPEND:
@@ -981,9 +999,12 @@ static int norm_step(const norm_op *op, const char *s, size_t n, sbuf *out)
     }
 }
 
-/* Runs every normalizer step on s into out (appended). */
+/* Runs every normalizer step on s into out (appended). -1 out of memory,
+ * -2 when the text grows past NORM_GROWTH x n + NORM_SLACK bytes. */
 static int normalize(const bpe_encoder *b, const char *s, size_t n, sbuf *out)
 {
+    const size_t limit = n > (SIZE_MAX - NORM_SLACK) / NORM_GROWTH ? SIZE_MAX
+                                                                   : n * NORM_GROWTH + NORM_SLACK;
     if (b->n_norm == 0) {
         sb_put(out, s, n);
         return out->oom ? -1 : 0;
@@ -993,17 +1014,17 @@ static int normalize(const bpe_encoder *b, const char *s, size_t n, sbuf *out)
     int rc = cur.oom ? -1 : 0;
     for (size_t i = 0; rc == 0 && i < b->n_norm; i++) {
         next.len = 0;
-        rc = norm_step(&b->norm[i], cur.p, cur.len, &next);
+        rc = norm_step(&b->norm[i], cur.p, cur.len, &next, limit);
         sbuf t = cur;
         cur = next;
         next = t;
-        rc = rc < 0 || cur.oom ? -1 : 0;
+        rc = rc == -2 || cur.len > limit ? -2 : rc < 0 || cur.oom ? -1 : 0;
     }
     if (rc == 0)
         sb_put(out, cur.p, cur.len);
     free(cur.p);
     free(next.p);
-    return rc < 0 || out->oom ? -1 : 0;
+    return rc < 0 ? rc : out->oom ? -1 : 0;
 }
 
 /* ---- encoding: pre-tokenizer -------------------------------------------- */
@@ -1471,8 +1492,12 @@ static int encode_rest(const bpe_encoder *b, scratch *w, const char *s, size_t n
     if (!normalize_rest)
         return encode_plain(b, w, s, n, first, out, e);
     sbuf normed = { NULL, 0, 0, false };
-    if (normalize(b, s, n, &normed) < 0) {
+    const int nr = normalize(b, s, n, &normed);
+    if (nr < 0) {
         free(normed.p);
+        if (nr == -2)
+            return kv_errf(e, "its normalizer makes the text more than %d times longer "
+                           "(chained Replace normalizers?): refused", NORM_GROWTH);
         return kv_errf(e, "out of memory normalizing the text");
     }
     int rc = normed.len == 0 ? 0

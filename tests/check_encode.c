@@ -214,6 +214,26 @@ static const char SP[] = SP_HEAD
     "   \"y\": 19},"
     "  \"merges\": [[\"h\", \"i\"], [\"\\u2581\", \"hi\"]]}}";
 
+/* Replace normalizers chained so that each doubles the text: refused past
+ * 16 times the input (plus 4 KiB), where they would take gigabytes. */
+START_TEST(normalizer_growth_bounded)
+{
+    char json[8192] = "{\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [";
+    for (int i = 0; i < 40; i++)
+        snprintf(json + strlen(json), sizeof json - strlen(json), "%s{\"type\": \"Replace\", "
+                 "\"pattern\": {\"String\": \"a\"}, \"content\": \"aa\"}", i ? ", " : "");
+    snprintf(json + strlen(json), sizeof json - strlen(json), "]}, \"model\": {\"type\": "
+             "\"BPE\", \"byte_fallback\": false, \"unk_token\": \"<unk>\", \"vocab\": "
+             "{\"<unk>\": 0, \"a\": 1, \"b\": 2}, \"merges\": []}}");
+    kv_tokenizer *t = load_json(json);
+    ck_assert_str_eq(enc(t, "b", 0), "2");   /* no "a": nothing grows */
+    const char *r = enc(t, "ab", 0);
+    ck_assert_msg(strstr(r, "error: t.json: its normalizer makes the text more than 16 times "
+                            "longer (chained Replace normalizers?): refused"), "%s", r);
+    tok_free(t);
+}
+END_TEST
+
 /* Gemma's way: spaces become "▁", BOS comes from the template, characters
  * without a token fall back to their bytes. */
 START_TEST(sentencepiece_bos_and_byte_fallback)
@@ -503,6 +523,7 @@ Suite *encode_suite(void)
     tc = tcase_create("steps");
     tcase_add_test(tc, merges_follow_rank);
     tcase_add_test(tc, long_word_merges);
+    tcase_add_test(tc, normalizer_growth_bounded);
     tcase_add_test(tc, sentencepiece_bos_and_byte_fallback);
     tcase_add_test(tc, added_tokens_and_flags);
     tcase_add_test(tc, nfc_normalizer);
