@@ -60,7 +60,8 @@ static void run_usage(FILE *f)
             "  --dump-stages L    comma list of stages (x_in,q,k,v,attn_out,x_out,...)\n"
             "  --dump-logits      also store full logits (top-k and lse are always kept)\n"
             "  --dump-compress    shuffle + deflate the datasets\n"
-            "Ctrl-C (or SIGTERM) stops the run and leaves the dump readable, marked partial.\n"
+            "Ctrl-C (or SIGTERM) stops the run and leaves the dump readable, marked partial;\n"
+            "the exit status is then 130 (SIGINT) or 143 (SIGTERM).\n"
             "comparing (no files written unless asked):\n"
             "  --compare          run the reference engine (same model, prompt, sampling), then\n"
             "                     this engine against it in memory: every row is checked as it\n"
@@ -269,9 +270,10 @@ int cmd_run(int argc, char **argv)
         rc = run_compare(&o, &m, &kc, prompt, n_prompt);
         free(prompt);
         cli_close_model(&m, &kc);
-        return rc;
+        /* stopped by a signal: the shell's convention, 128 + the signal */
+        return run_stop_signal && rc != EXIT_OK ? 128 + run_stop_signal : rc;
     } else if (run_generation(&o, &m, &kc, tok, prompt, n_prompt, &e) < 0)
-        rc = EXIT_USAGE;
+        rc = run_stop_signal ? 128 + run_stop_signal : EXIT_USAGE;
     if (rc != EXIT_OK && o.json && o.compare)
         cli_json_error("run", &e, rc);
     if (rc != EXIT_OK)
