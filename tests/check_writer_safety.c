@@ -74,7 +74,7 @@ START_TEST(test_second_writer_is_refused)
      * sound and says so. */
     ck_assert_int_eq(kill(first, SIGINT), 0);
     ck_assert_int_eq(waitpid(first, &status, 0), first);
-    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 2, "status %d", status);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 130, "status %d", status);
     snprintf(args, sizeof args, "validate %s", path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     snprintf(args, sizeof args, "inspect %s", path);
