@@ -395,6 +395,7 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
         sa.sa_handler = on_stop_signal;
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
+        sigaction(SIGHUP, &sa, NULL);   /* a closed terminal stops it as Ctrl-C does */
         /* A file size limit is a write error the dump reports, not a kill. */
         signal(SIGXFSZ, SIG_IGN);
     }
@@ -412,7 +413,8 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
     const char *reason = NULL;
     if (run_stop_signal)
         snprintf(why, sizeof why, "interrupted by %s",
-                 run_stop_signal == SIGINT ? "SIGINT" : "SIGTERM");
+                 run_stop_signal == SIGINT ? "SIGINT" : run_stop_signal == SIGHUP ? "SIGHUP"
+                                                                             : "SIGTERM");
     else if (dump_error(w))
         snprintf(why, sizeof why, "%s", dump_error(w));
     else if (stopped)   /* on purpose: partial, but nothing failed */
@@ -423,6 +425,7 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
         reason = why;
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
     int crc = dump_close(w, reason, &ce);
     if (we.msg[0]) {
         *e = we;

@@ -179,6 +179,13 @@ START_TEST(test_ctrl_c_leaves_partial_dump)
     snprintf(args, sizeof args, "inspect %s", path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "status    partial: interrupted by SIGTERM"), "%s", out);
+    /* SIGHUP (the terminal closed): stopped as cleanly, 128 + 1 */
+    snprintf(path, sizeof path, "%s/hup.h5", dir);
+    run_and_signal(path, SIGHUP, &status);
+    ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 129, "status %d", status);
+    snprintf(args, sizeof args, "inspect %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "status    partial: interrupted by SIGHUP"), "%s", out);
     test_rmtree(dir);
 }
 END_TEST
