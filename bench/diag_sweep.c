@@ -69,38 +69,9 @@ static cmp_memrec *record(const kv_model *m, int P, const chk_opts *o, const cha
                           bool counts)
 {
     kv_err e = {{0}};
-    kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
-    cmp_memrec_opts mo;
-    cmp_memrec_opts_default(&mo);
-    mo.stages[STAGE_ATTN_LSE] = counts;
-    mo.stages[STAGE_ATTN_NKEYS] = counts;
-    mo.stages[STAGE_LOGITS] = false;
-    cmp_memrec *rec = cmp_memrec_new(&m->cfg, o ? "chunked" : "reference", settings, &mo, &e);
+    cmp_memrec *rec = plant_record(m, P, NNEW, (uint64_t)P * 7 + 3, o, settings, counts, &e);
     if (!rec)
         die("record", &e);
-    kv_observer *obs = cmp_memrec_observer(rec);
-    kv_engine *eng;
-    if (o) {
-        chk_opts co = *o;
-        co.max_ctx = P + NNEW;
-        eng = chk_create(m, &kc, &co, obs, &e);
-    } else {
-        ref_opts ro = {.max_ctx = P + NNEW, .prefill_step = 0};
-        eng = ref_create(m, &kc, &ro, obs, &e);
-    }
-    if (!eng)
-        die("engine", &e);
-    int32_t prompt[256];
-    pcg32 r;
-    pcg32_seed(&r, (uint64_t)P * 7 + 3, 0x70);
-    for (int i = 0; i < P; i++)
-        prompt[i] = (int32_t)pcg32_bounded(&r, (uint32_t)m->cfg.vocab);
-    gen_opts go = {.max_new = NNEW, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
-    gen_result res;
-    if (generate(eng, &m->cfg, prompt, P, &go, obs, &res, &e) != 0)
-        die("generate", &e);
-    gen_result_free(&res);
-    engine_free(eng);
     return rec;
 }
 

@@ -12,8 +12,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chunked/chunked.h"
 #include "compare/cmp_internal.h"
+#include "model/generate.h"
+#include "model/kernels.h"
 #include "model/model.h"
+#include "model/pcg32.h"
+#include "reference/reference.h"
 
 /* Where and how: the prompt length, the recording's positions, and the
  * family's parameter (a window, a key, a slot, a chunk). */
@@ -21,6 +26,56 @@ typedef struct {
     int64_t P, T;
     int64_t n;
 } plant_arg;
+
+/* A greedy run of P random ids (drawn from seed) plus nnew decode steps
+ * through the reference engine (o NULL) or the chunked one, into a new
+ * in-memory recording with or without attn_lse and attn_nkeys (counts)
+ * and without full logits. NULL with e filled on failure. */
+static inline cmp_memrec *plant_record(const kv_model *m, int P, int nnew, uint64_t seed,
+                                       const chk_opts *o, const char *settings, bool counts,
+                                       kv_err *e)
+{
+    kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
+    cmp_memrec_opts mo;
+    cmp_memrec_opts_default(&mo);
+    mo.stages[STAGE_ATTN_LSE] = counts;
+    mo.stages[STAGE_ATTN_NKEYS] = counts;
+    mo.stages[STAGE_LOGITS] = false;
+    cmp_memrec *rec = cmp_memrec_new(&m->cfg, o ? "chunked" : "reference", settings, &mo, e);
+    int32_t *prompt = rec ? malloc((size_t)P * sizeof *prompt) : NULL;
+    if (!prompt) {
+        if (rec)
+            kv_errf(e, "plant: out of memory");
+        cmp_memrec_free(rec);
+        return NULL;
+    }
+    kv_observer *obs = cmp_memrec_observer(rec);
+    kv_engine *eng;
+    if (o) {
+        chk_opts co = *o;
+        co.max_ctx = P + nnew;
+        eng = chk_create(m, &kc, &co, obs, e);
+    } else {
+        ref_opts ro = {.max_ctx = P + nnew, .prefill_step = 0};
+        eng = ref_create(m, &kc, &ro, obs, e);
+    }
+    pcg32 r;
+    pcg32_seed(&r, seed, 0x70);
+    for (int i = 0; i < P; i++)
+        prompt[i] = (int32_t)pcg32_bounded(&r, (uint32_t)m->cfg.vocab);
+    gen_opts go = {.max_new = nnew, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
+    gen_result res;
+    const bool ok = eng && generate(eng, &m->cfg, prompt, P, &go, obs, &res, e) == 0;
+    if (ok)
+        gen_result_free(&res);
+    engine_free(eng);
+    free(prompt);
+    if (!ok) {
+        cmp_memrec_free(rec);
+        return NULL;
+    }
+    return rec;
+}
 
 typedef bool (*plant_keys_fn)(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
                               cmp_hyp *h);
@@ -258,7 +313,9 @@ static inline void plant_garbage_slots(const plant_arg *a, cmp_memrec *rec, cons
     const double scale = cfg->attn_scale > 0 ? cfg->attn_scale : 1.0 / sqrt((double)D);
     const int W = config_layer_window(cfg, 0);
     uint64_t s = 0x9e3779b97f4a7c15ull;
-    for (int64_t q = a->P; q < a->T; q++) {
+    double *acc = malloc((size_t)D * sizeof *acc);
+    float *gk = malloc((size_t)D * sizeof *gk), *gv = malloc((size_t)D * sizeof *gv);
+    for (int64_t q = a->P; q < a->T && acc && gk && gv; q++) {
         float *qr = cmp_memrec_row(rec, 0, STAGE_Q, q, NULL);
         float *o = cmp_memrec_row(rec, 0, STAGE_ATTN_OUT, q, NULL);
         float *l = cmp_memrec_row(rec, 0, STAGE_ATTN_LSE, q, NULL);
@@ -267,11 +324,10 @@ static inline void plant_garbage_slots(const plant_arg *a, cmp_memrec *rec, cons
             continue;
         for (int h = 0; h < H; h++) {
             const int kh = h / rep;
-            double mx = -INFINITY, sum = 0, acc[512] = {0};
-            double sc[1024];
-            int nsc = 0;
-            float gk[512], gv[512];
-            for (int64_t j = plant_lo(W, q); j <= q + a->n; j++) {
+            double mx = -INFINITY, sum = 0;
+            int nkeys = 0;
+            memset(acc, 0, (size_t)D * sizeof *acc);
+            for (int64_t j = plant_lo(W, q); j <= q + a->n; j++, nkeys++) {
                 const float *k, *v;
                 if (j <= q) {
                     k = cmp_memrec_row(rec, 0, STAGE_K, j, NULL) + kh * D;
@@ -288,23 +344,24 @@ static inline void plant_garbage_slots(const plant_arg *a, cmp_memrec *rec, cons
                 double dot = 0;
                 for (int d = 0; d < D; d++)
                     dot += (double)qr[h * D + d] * k[d];
-                sc[nsc] = dot * scale;
-                const double m2 = fmax(mx, sc[nsc]);
-                const double f = exp(mx - m2), w = exp(sc[nsc] - m2);
+                const double sc = dot * scale, m2 = fmax(mx, sc);
+                const double f = exp(mx - m2), w = exp(sc - m2);
                 sum = sum * f + w;
                 for (int d = 0; d < D; d++)
                     acc[d] = acc[d] * f + w * v[d];
                 mx = m2;
-                nsc++;
             }
             for (int d = 0; d < D; d++)
                 o[h * D + d] = (float)(acc[d] / sum);
             if (l)
                 l[h] = (float)(mx + log(sum));
             if (nk)
-                nk[h] = (float)nsc;
+                nk[h] = (float)nkeys;
         }
     }
+    free(acc);
+    free(gk);
+    free(gv);
 }
 
 /* RMSNorm with eps 1e-2 in the input norm of layer 0. */

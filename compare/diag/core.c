@@ -61,6 +61,17 @@ float *dg_row(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st, i
     return row;
 }
 
+int dg_attn_held(const cmp_ctx *c, int layer, int64_t *lo, int64_t *hi)
+{
+    const int H = c->cfg->n_heads;
+    return cmp_source_held(c->test, layer, STAGE_ATTN_OUT,
+                           cmp_stage_cols(c->cfg, layer, STAGE_ATTN_OUT), lo, hi) == 0 ||
+                   cmp_source_held(c->test, layer, STAGE_ATTN_LSE, H, lo, hi) == 0 ||
+                   cmp_source_held(c->test, layer, STAGE_ATTN_NKEYS, H, lo, hi) == 0
+               ? 0
+               : 1;
+}
+
 void dg_case_free(dg_case *a)
 {
     free(a->q_ref);

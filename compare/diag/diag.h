@@ -26,6 +26,10 @@ bool dg_is_attn_stage(kv_stage s);
 float *dg_row(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st, int64_t pos,
               int *rc, kv_err *e);
 
+/* The positions lo..hi of layer's attention rows the test holds (its
+ * attn_out, else attn_lse, else its key counts): 0, or 1 when none. */
+int dg_attn_held(const cmp_ctx *c, int layer, int64_t *lo, int64_t *hi);
+
 /* Attention at the point (p, l) under diagnosis. */
 typedef struct {
     float *q_ref, *q_test, *out_ref, *out_test;

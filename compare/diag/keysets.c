@@ -46,9 +46,7 @@ static bool refuted_before(const cmp_ctx *c, const dg_case *a, const ks_cand *k,
     const int64_t p = c->d->pos;
     for (int L = 0; L < c->cfg->n_layers; L++) {
         int64_t lo, hi;
-        const int cols = cmp_stage_cols(c->cfg, L, STAGE_ATTN_OUT);
-        if (cmp_source_held(c->test, L, STAGE_ATTN_OUT, cols, &lo, &hi) != 0 &&
-            cmp_source_held(c->test, L, STAGE_ATTN_NKEYS, c->cfg->n_heads, &lo, &hi) != 0)
+        if (dg_attn_held(c, L, &lo, &hi) != 0)
             continue;
         const int W = config_layer_window(c->cfg, L);
         for (int64_t x = lo; x <= (L < c->d->layer ? p : p - 1) && x <= hi; x++) {
@@ -130,11 +128,8 @@ static void pick_layers(const cmp_ctx *c, ks_run *run)
         }
     for (int i = 0; i < run->nl; i++) {
         int64_t lo, hi;
-        const int cols = cmp_stage_cols(cfg, run->layers[i], STAGE_ATTN_OUT);
         run->last[i] = -1;
-        if (cmp_source_held(c->test, run->layers[i], STAGE_ATTN_OUT, cols, &lo, &hi) == 0 ||
-            cmp_source_held(c->test, run->layers[i], STAGE_ATTN_LSE, c->cfg->n_heads, &lo,
-                            &hi) == 0)
+        if (dg_attn_held(c, run->layers[i], &lo, &hi) == 0)
             run->last[i] = hi;   /* past a token cut too: the test's own rows agree */
         if (run->last[i] > c->d->pos + cmp_diag_span(cfg))
             run->last[i] = c->d->pos + cmp_diag_span(cfg);
@@ -190,7 +185,7 @@ static int score_place(cmp_ctx *c, dg_case *a, ks_run *run, int layer, int64_t q
             tried++;
             fit += fits[i];
         }
-    if (getenv("KVDIFF_DIAG_TRACE"))
+    if (run->trace)
         for (int i = 0; i < run->n; i++)
             if (has[i])
                 fprintf(stderr, "trace: layer %d pos %lld %s n=%lld: %s %.3g\n", layer,
@@ -374,11 +369,7 @@ static bool held_at(const cmp_ctx *c, int L, int64_t q, int64_t *hi)
 {
     int64_t lo;
     *hi = -1;
-    const int cols = cmp_stage_cols(c->cfg, L, STAGE_ATTN_OUT);
-    if (cmp_source_held(c->test, L, STAGE_ATTN_OUT, cols, &lo, hi) != 0 &&
-        cmp_source_held(c->test, L, STAGE_ATTN_NKEYS, c->cfg->n_heads, &lo, hi) != 0)
-        return false;
-    return q >= lo && q <= *hi;
+    return dg_attn_held(c, L, &lo, hi) == 0 && q >= lo && q <= *hi;
 }
 
 static bool scored(const ks_run *run, int L, int64_t q)
@@ -668,9 +659,11 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
  * all? Its attn_lse above that of every key the recording holds, each
  * read once, on some head means it weighed keys the dump does not hold
  * (slots with values never recorded, another sequence's cells) or read
- * some twice. Says so in the detail. 0, -1 on error. */
-static int beyond_recorded_keys(cmp_ctx *c, dg_case *a, kv_err *e)
+ * some twice. buf (n bytes): that, for the detail, or "". 0, -1 on
+ * error. */
+static int beyond_recorded_keys(cmp_ctx *c, dg_case *a, char *buf, size_t n, kv_err *e)
 {
+    buf[0] = '\0';
     const kv_config *cfg = c->cfg;
     const float *lse_rec = c->ev->lse_test, *q = a->q_test;
     int64_t lo, hi;
@@ -688,15 +681,11 @@ static int beyond_recorded_keys(cmp_ctx *c, dg_case *a, kv_err *e)
     for (int h = 0; rc == 0 && h < H && head < 0; h++)
         if ((double)lse_rec[h] > lse[h] + c->attn_tol * fmax(1.0, fabs(lse[h])))
             head = h;
-    char *end = c->g->detail + strlen(c->g->detail);
-    if (head >= 0 && end > c->g->detail && end[-1] == ')')
-        end[-1] = '\0';   /* the detail's closing parenthesis comes after this */
     if (head >= 0)
-        dg_append(c->g->detail, sizeof c->g->detail, "; on head %d its attn_lse (%.6g) is above "
-                  "that of every key the recording holds, %lld..%lld, read once (%.6g): it "
-                  "weighed keys the dump does not hold (slots whose values were never recorded, "
-                  "another sequence's cells) or read some twice)", head, lse_rec[head],
-                  (long long)lo, (long long)hi, lse[head]);
+        dg_say(buf, n, "; on head %d its attn_lse (%.6g) is above that of every key the "
+               "recording holds, %lld..%lld, read once (%.6g): it weighed keys the dump does not "
+               "hold (slots whose values were never recorded, another sequence's cells) or read "
+               "some twice", head, lse_rec[head], (long long)lo, (long long)hi, lse[head]);
     free(lse);
     free(out);
     return rc < 0 ? -1 : 0;
@@ -746,6 +735,7 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
     run->unrec_pos = -1;
     run->none_pos = -1;
     run->alike_pos = -1;
+    run->trace = getenv("KVDIFF_DIAG_TRACE") != NULL;
     /* Attention that cannot be recomputed is still counted: the test's key
      * counts at p and after score each candidate's, as a heuristic. */
     run->counts_only = !trusted && ev->nkeys_test >= 0;
@@ -810,15 +800,17 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
     dg_set(c, CMP_DIAG_KEY_SET, CMP_BASIS_HEURISTIC, ev->qkv == -1
            ? "attention differs: a different key set, or different q, k, v (not all recorded)"
            : "attention read a different key set");
-    dg_say(c->g->detail, sizeof c->g->detail, "(%s at position %lld)", keys, (long long)d->pos);
+    char beyond[512] = "";
+    if (trusted && beyond_recorded_keys(c, a, beyond, sizeof beyond, e) < 0)
+        return -1;
+    dg_say(c->g->detail, sizeof c->g->detail, "(%s at position %lld%s)", keys,
+           (long long)d->pos, beyond);
     if (trusted)
         dg_say(c->g->evidence, sizeof c->g->evidence, "none of the key sets tried (windows, "
                "layer types, chunks, decode blind to the prefill, one key left out or read "
                "twice, the own key masked, the causal mask missing, unwritten slots, a stuck "
                "write index, a ring, a stale cache) reproduces the test's %s",
                dg_recorded_attn(c));
-    if (trusted && beyond_recorded_keys(c, a, e) < 0)
-        return -1;
     else
         dg_say(c->g->evidence, sizeof c->g->evidence, "from key counts only: attention could "
                "not be recomputed from the recordings (%s)",

@@ -59,6 +59,7 @@ typedef struct {
     int none_layer;
     bool counts_only;            /* attention cannot be recomputed: key counts alone */
     bool used_counts;            /* some place was judged by its key count alone */
+    bool trace;                  /* KVDIFF_DIAG_TRACE: every place scored, to stderr */
     int nscored;                 /* places scored, so that none is scored twice */
     int scored_layer[256];
     int64_t scored_pos[256];

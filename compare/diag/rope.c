@@ -244,8 +244,7 @@ static int layer_type_from_rope(cmp_ctx *c, kv_err *e)
     for (int L = 0; L < cfg->n_layers && Ws == 0; L++)
         Ws = config_layer_window(cfg, L);
     int64_t lo, q;
-    const int cols = cmp_stage_cols(cfg, l, STAGE_ATTN_OUT);
-    if (cmp_source_held(c->test, l, STAGE_ATTN_OUT, cols, &lo, &q) != 0 || Ws <= 0)
+    if (dg_attn_held(c, l, &lo, &q) != 0 || Ws <= 0)
         return 0;
     const int reach = W > 0 ? W : Ws;   /* where the windows part */
     if (q < reach) {
