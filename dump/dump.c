@@ -44,6 +44,9 @@ void dump_h5_quiet(void)
             .version = H5L_LINK_CLASS_T_VERS, .id = H5L_TYPE_EXTERNAL,
             .comment = "external link (kvdiff follows none)", .trav_func = refuse_external};
         H5Lregister(&no_external);
+        /* A filter libhdf5 does not know is looked for as a plugin in
+         * HDF5_PLUGIN_PATH: a dump would make kvdiff load and run code. */
+        H5PLset_loading_state(0);
         H5Eclear2(H5E_DEFAULT);
         done = true;
     }
@@ -468,16 +471,19 @@ int dump_h5_storage(hid_t d, int *filter)
         return DUMP_STORAGE_OK;   /* what cannot be read says so when read */
     }
     const int nf = H5Pget_nfilters(dcpl);
-    if (H5Pget_external_count(dcpl) > 0)
+    if (H5Pget_layout(dcpl) == H5D_VIRTUAL)
+        problem = DUMP_STORAGE_VIRTUAL;
+    else if (H5Pget_external_count(dcpl) > 0)
         problem = DUMP_STORAGE_EXTERNAL;
     for (int i = 0; problem == DUMP_STORAGE_OK && i < nf; i++) {
         unsigned flags = 0, config = 0;
         size_t n = 0;
         const H5Z_filter_t id = H5Pget_filter2(dcpl, (unsigned)i, &flags, &n, NULL, 0, NULL,
                                                &config);
-        /* an optional filter a writer could not apply is skipped, per chunk,
-         * by the reader too; a mandatory one it lacks fails every read */
-        if (id < 0 || (!(flags & H5Z_FLAG_OPTIONAL) && H5Zfilter_avail(id) <= 0)) {
+        /* Only the filters kvdiff writes: another one is code of the
+         * program that wrote the file (a plugin), which kvdiff never runs.
+         * Its id is not even asked of libhdf5 (asking may load it). */
+        if (id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_SHUFFLE) {
             problem = DUMP_STORAGE_FILTER;
             *filter = id < 0 ? -1 : (int)id;
         }
@@ -492,11 +498,14 @@ const char *dump_storage_words(int problem, int filter, char *buf, size_t n)
     if (problem == DUMP_STORAGE_EXTERNAL)
         snprintf(buf, n, "keeps its data in another file (external storage): kvdiff reads "
                  "only the dump's own bytes");
+    else if (problem == DUMP_STORAGE_VIRTUAL)
+        snprintf(buf, n, "is a virtual dataset (its rows live in other files): kvdiff reads "
+                 "only the dump's own bytes");
     else if (filter < 0)
         snprintf(buf, n, "needs an HDF5 filter its creation properties do not name");
     else
-        snprintf(buf, n, "needs HDF5 filter %d, which this libhdf5 does not have (a plugin "
-                 "of the program that wrote it)", filter);
+        snprintf(buf, n, "needs HDF5 filter %d: kvdiff reads only deflate and shuffle (the "
+                 "filters it writes) and loads no plugin", filter);
     return buf;
 }
 

@@ -107,12 +107,13 @@ bool dump_rowmap_sound(const dump_rowmap *m, uint64_t rows, size_t row_bytes,
 int dump_pread(int fd, void *buf, size_t n, int64_t off);
 
 /* Storage a dump's data may not have: data in another file (external
- * storage: reading it would read that file), or a mandatory filter this
- * libhdf5 lacks (every read fails). dump_h5_storage returns the problem
+ * storage or a virtual dataset: reading it would read that file), or a
+ * filter other than the deflate and shuffle kvdiff writes (another would
+ * be a plugin's code, or fail every read). dump_h5_storage returns the problem
  * (*filter: the missing filter's id, -1 unknown); dump_storage_words says
  * it ("keeps its data in another file ..."), after the dataset's name;
  * dump_h5_storage_problem does both, false when there is none. */
-enum { DUMP_STORAGE_OK, DUMP_STORAGE_EXTERNAL, DUMP_STORAGE_FILTER };
+enum { DUMP_STORAGE_OK, DUMP_STORAGE_EXTERNAL, DUMP_STORAGE_FILTER, DUMP_STORAGE_VIRTUAL };
 int dump_h5_storage(hid_t d, int *filter);
 const char *dump_storage_words(int problem, int filter, char *buf, size_t n);
 bool dump_h5_storage_problem(hid_t d, char *why, size_t n);

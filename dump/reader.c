@@ -208,14 +208,16 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
     hid_t d = m->id = open_dataset(f, path);
     if (d >= 0) {
         m->present = true;
-        m->rank = shape_of(d, m->dims);
+        /* the storage first: the extent of a virtual dataset is its
+         * source files' */
+        m->problem = dump_h5_storage(d, &m->filter);
+        m->rank = m->problem == DUMP_STORAGE_OK ? shape_of(d, m->dims) : -1;
         if (m->rank > 0 && (m->dims[0] > INT64_MAX || m->dims[1] > INT32_MAX))
             m->rank = -1;
         m->kind = kind_of(d);
         m->has_first = dump_h5_attr_i64(d, "first_position", &m->first_position) == 0;
         if (!m->has_first)
             m->first_position = 0;
-        m->problem = dump_h5_storage(d, &m->filter);
     } else {
         m->problem = link_problem(f, path);
     }

@@ -282,7 +282,8 @@ static dset_meta *get_entry(reader *r, const dump_file *f)
     m->kind = kind;
     m->mapped = mapped;
     const bool known_problem = problem == DUMP_STORAGE_OK || problem == DUMP_STORAGE_EXTERNAL ||
-                               problem == DUMP_STORAGE_FILTER || problem == META_UNOPENABLE ||
+                               problem == DUMP_STORAGE_FILTER || problem == DUMP_STORAGE_VIRTUAL ||
+                               problem == META_UNOPENABLE ||
                                problem == META_EXTERNAL_LINK;
     if (present > 1 || has_first > 1 || !known_problem || rank < -1 || rank > 2 || kind < -1 ||
         kind > 2 || mapped < -1 || mapped > 1)

@@ -283,6 +283,14 @@ static hid_t open_member(vstate *v, hid_t loc, const char *name, const char *pat
         dump_h5_close(o);
         return H5I_INVALID_HID;
     }
+    char why[160];
+    if (want == H5I_DATASET && dump_h5_storage_problem(o, why, sizeof why)) {
+        /* not read, not even its extent: that would read another file, run
+         * a plugin, or fail */
+        violation(v, "%s %s.", path, why);
+        dump_h5_close(o);
+        return H5I_INVALID_HID;
+    }
     return o;
 }
 
@@ -330,11 +338,6 @@ static found check_dataset(vstate *v, hid_t d, const char *path, expect x)
     }
     dump_h5_close(t);
     dump_h5_close(s);
-    char why[160];
-    if (dump_h5_storage_problem(d, why, sizeof why)) {
-        violation(v, "%s %s.", path, why);
-        f.ok = false;   /* not read: it would read another file, or fail */
-    }
     if (int_attr(v, d, path, "first_position", &f.first)) {
         f.have_first = true;
         if (f.first < 0)
@@ -576,7 +579,8 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
             (h = H5Dopen2(gid, hname, H5P_DEFAULT)) >= 0) {
             hid_t t = H5Dget_type(h), sp = H5Dget_space(h);
             hsize_t dims[2];
-            if (!type_matches(t, ELEM_U64) || H5Sget_simple_extent_ndims(sp) != 1 ||
+            char why[160];
+            if (dump_h5_storage_problem(h, why, sizeof why) || !type_matches(t, ELEM_U64) || H5Sget_simple_extent_ndims(sp) != 1 ||
                 H5Sget_simple_extent_dims(sp, dims, NULL) < 0 || (int64_t)dims[0] != f.rows) {
                 dump_h5_close(h);
                 h = H5I_INVALID_HID;
@@ -805,6 +809,11 @@ static void check_output(vstate *v)
  * already judged (so nothing is said here): false when not as wanted. */
 static bool quiet_shape(hid_t d, elem_kind k, int rank, found *f)
 {
+    int filter;
+    if (dump_h5_storage(d, &filter) != DUMP_STORAGE_OK) {
+        f->ok = false;   /* the group checks say why; nothing of it is read */
+        return false;
+    }
     hid_t t = H5Dget_type(d), s = H5Dget_space(d);
     hsize_t dims[2] = {0, 1};
     bool ok = t >= 0 && type_matches(t, k) && s >= 0 && H5Sget_simple_extent_ndims(s) == rank &&
@@ -919,6 +928,7 @@ static void check_index(vstate *v)
     hid_t d = open_member(v, v->file, DUMP_INDEX, DUMP_INDEX, H5I_DATASET);
     if (d < 0)
         return;
+
     found f = {.ok = false};
     hid_t t = H5Dget_type(d), sp = H5Dget_space(d);
     hsize_t dims[2] = {0, 0};

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "testutil.h"
@@ -125,7 +126,7 @@ typedef enum {
     B_INT32, B_FLOAT16, B_FLOAT64, B_3D, B_1D, B_WIDTH, B_FIVE_ROWS, B_FILTER, B_LINK_LOOP,
     B_EXT_STORAGE, B_EXT_LINK, B_HASH_TYPE, B_STATS_WIDTH, B_FIRST_NEG, B_FIRST_2_31,
     B_FIRST_2_62, B_NO_TOKENS, B_TOPK_IDS, B_K0, B_K_HUGE, B_SETTINGS, B_LAYER_NAME,
-    B_LAYER_EXT_LINK, B_COUNT
+    B_LAYER_EXT_LINK, B_VIRTUAL, B_FLETCHER, B_COUNT
 } breakage;
 
 /* What compare's one line must say (beside the file's name). */
@@ -153,6 +154,8 @@ static const char *const says[B_COUNT] = {
     [B_SETTINGS] = "engine_settings is not a JSON object",
     [B_LAYER_NAME] = "/layers/abc: the group name is not a layer index",
     [B_LAYER_EXT_LINK] = "/layers/1 is an external link",
+    [B_VIRTUAL] = "/layers/0/x_in is a virtual dataset (its rows live in other files)",
+    [B_FLETCHER] = "/layers/0/x_in needs HDF5 filter 3: kvdiff reads only deflate and shuffle",
 };
 
 static void break_dump(hid_t h, breakage b, const char *dir, const char *ref)
@@ -213,6 +216,28 @@ static void break_dump(hid_t h, breakage b, const char *dir, const char *ref)
         hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
         ck_assert(H5Pset_external(dcpl, ref, 0, rows * E * 4) >= 0);
         replace(h, x, H5T_IEEE_F32LE, 2, d, dcpl, false);
+        H5Pclose(dcpl);
+        break;
+    }
+    case B_VIRTUAL: {
+        /* the very same rows, mapped from the reference file */
+        hid_t space = H5Screate_simple(2, d, NULL), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+        ck_assert(H5Pset_virtual(dcpl, space, ref, "/layers/0/x_in", space) >= 0);
+        ck_assert(H5Ldelete(h, x, H5P_DEFAULT) >= 0);
+        hid_t vd = H5Dcreate2(h, x, H5T_IEEE_F32LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+        ck_assert(vd >= 0);
+        set_int_attr(vd, "first_position", 0);
+        H5Dclose(vd);
+        H5Pclose(dcpl);
+        H5Sclose(space);
+        break;
+    }
+    case B_FLETCHER: {
+        /* a filter libhdf5 has built in, but not one kvdiff writes */
+        hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+        hsize_t chunk[2] = {8, E};
+        ck_assert(H5Pset_chunk(dcpl, 2, chunk) >= 0 && H5Pset_fletcher32(dcpl) >= 0);
+        replace(h, x, H5T_IEEE_F32LE, 2, d, dcpl, true);
         H5Pclose(dcpl);
         break;
     }
@@ -323,6 +348,73 @@ START_TEST(test_compare_refuses_broken_dumps)
 }
 END_TEST
 
+/* A dataset naming a filter libhdf5 lacks makes it look for a plugin in
+ * HDF5_PLUGIN_PATH, and load (run) every library there. A plugin that
+ * leaves a mark when loaded: libhdf5 as it comes loads it; kvdiff must not. */
+static const char marker_plugin[] =
+    "#include <fcntl.h>\n#include <stdlib.h>\n#include <unistd.h>\n"
+    "__attribute__((constructor)) static void loaded(void)\n"
+    "{ const char *m = getenv(\"KVDIFF_TEST_PLUGIN_MARK\");\n"
+    "  if (m) { int fd = open(m, O_CREAT | O_WRONLY, 0600); if (fd >= 0) close(fd); } }\n"
+    "int H5PLget_plugin_type(void) { return 0; }\n"
+    "const void *H5PLget_plugin_info(void) { return 0; }\n";
+
+#define PLUGIN_FILTER 32124
+
+START_TEST(test_no_plugin_is_loaded)
+{
+    char dir[64], src[128], plugins[128], mark[128], ref[128], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(src, sizeof src, "%s/mark.c", dir);
+    snprintf(plugins, sizeof plugins, "%s/plugins", dir);
+    snprintf(mark, sizeof mark, "%s/loaded", dir);
+    FILE *f = fopen(src, "w");
+    ck_assert(f && fputs(marker_plugin, f) >= 0 && fclose(f) == 0);
+    ck_assert(mkdir(plugins, 0700) == 0);
+    snprintf(args, sizeof args, "cc -shared -fPIC -o %s/libmark.so %s", plugins, src);
+    ck_assert_msg(system(args) == 0, "%s", args);
+    ck_assert(setenv("KVDIFF_TEST_PLUGIN_MARK", mark, 1) == 0);
+    /* the plugin works: an unguarded libhdf5 asked for the filter loads it */
+    ck_assert(H5PLset_loading_state(H5PL_ALL_PLUGIN) >= 0 && H5PLprepend(plugins) >= 0);
+    H5E_BEGIN_TRY {
+        (void)H5Zfilter_avail(PLUGIN_FILTER);
+    } H5E_END_TRY;
+    ck_assert_msg(access(mark, F_OK) == 0, "the test plugin was not loaded by libhdf5 itself");
+    ck_assert(unlink(mark) == 0);
+
+    record(dir, "ref.h5");
+    record(dir, "broken.h5");
+    snprintf(ref, sizeof ref, "%s/ref.h5", dir);
+    snprintf(path, sizeof path, "%s/broken.h5", dir);
+    const H5Z_class2_t cls = {H5Z_CLASS_T_VERS, PLUGIN_FILTER, 1, 1, "test pass-through", NULL,
+                              NULL, pass_through};
+    ck_assert(H5Zregister(&cls) >= 0);
+    hid_t h = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT), dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    hsize_t d[2], chunk[2];
+    dims_of(h, "layers/0/x_in", d);
+    chunk[0] = 8, chunk[1] = d[1];
+    ck_assert(H5Pset_chunk(dcpl, 2, chunk) >= 0 &&
+              H5Pset_filter(dcpl, PLUGIN_FILTER, H5Z_FLAG_MANDATORY, 0, NULL) >= 0);
+    replace(h, "layers/0/x_in", H5T_IEEE_F32LE, 2, d, dcpl, true);
+    H5Pclose(dcpl);
+    ck_assert(H5Fclose(h) >= 0 && H5Zunregister(PLUGIN_FILTER) >= 0);
+
+    ck_assert(setenv("HDF5_PLUGIN_PATH", plugins, 1) == 0);
+    const char *verbs[] = {"validate %s", "inspect %s", "compare %s %s", "compare --no-hashes %s %s"};
+    for (size_t i = 0; i < sizeof verbs / sizeof *verbs; i++) {
+        snprintf(args, sizeof args, verbs[i], i < 2 ? path : ref, path);
+        const int rc = test_run_cli(args, out, sizeof out);
+        ck_assert_msg(access(mark, F_OK) != 0, "%s loaded the plugin:\n%s", args, out);
+        if (i != 1)
+            ck_assert_msg(rc == 2 && strstr(out, "needs HDF5 filter 32124"), "%s: exit %d:\n%s",
+                          args, rc, out);
+    }
+    unsetenv("HDF5_PLUGIN_PATH");
+    unsetenv("KVDIFF_TEST_PLUGIN_MARK");
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A stage recorded on one side only is a selection (--dump-stages), not a
  * broken file: what both hold is compared (exit 0), and the verdict's own
  * line says what one side lacks, even where only one layer lacks it (the
@@ -386,6 +478,7 @@ Suite *broken_dumps_suite(void)
     tcase_add_test(tc, test_compare_refuses_broken_dumps);
     tcase_add_test(tc, test_validate_lists_a_damaged_group);
     tcase_add_test(tc, test_compare_names_what_a_side_lacks);
+    tcase_add_test(tc, test_no_plugin_is_loaded);
     suite_add_tcase(s, tc);
     return s;
 }
