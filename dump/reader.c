@@ -871,6 +871,21 @@ static bool is_group(hid_t loc, const char *name)
     return group;
 }
 
+/* Do the members of group name of loc list? A group whose link index is
+ * damaged opens, but none of its members does: its stages would read as
+ * "not recorded", where validate says the file is corrupt. */
+static bool lists(hid_t loc, const char *name)
+{
+    hid_t g = H5Gopen2(loc, name, H5P_DEFAULT);
+    dump_link *links = NULL;
+    size_t n = 0;
+    const bool ok = g >= 0 && dump_h5_list(g, &links, &n) == 0;
+    dump_links_free(links, n);
+    dump_h5_close(g);
+    H5Eclear2(H5E_DEFAULT);
+    return ok;
+}
+
 static int check_layer_groups(const dump_file *f, kv_err *e)
 {
     if (H5Lexists(f->file, "layers", H5P_DEFAULT) <= 0) {
@@ -898,11 +913,30 @@ static int check_layer_groups(const dump_file *f, kv_err *e)
                          "holds its own data", f->path, l);
         else if (!is_group(g, links[i].name))
             rc = kv_errf(e, "%s: /layers/%d is not a group that opens", f->path, l);
+        else if (!lists(g, links[i].name))
+            rc = kv_errf(e, "%s: /layers/%d is damaged: its members cannot be listed", f->path,
+                         l);
     }
     dump_links_free(links, n);
     dump_h5_close(g);
     H5Eclear2(H5E_DEFAULT);
     return rc;
+}
+
+/* /model and /output list their members (what is not there is checked
+ * where it is read). */
+static int check_top_groups(const dump_file *f, kv_err *e)
+{
+    static const char *const names[] = {"model", "output"};
+    for (int i = 0; i < 2; i++) {
+        const bool damaged = H5Lexists(f->file, names[i], H5P_DEFAULT) > 0 &&
+                             is_group(f->file, names[i]) && !lists(f->file, names[i]);
+        H5Eclear2(H5E_DEFAULT);
+        if (damaged)
+            return kv_errf(e, "%s: /%s is damaged: its members cannot be listed", f->path,
+                           names[i]);
+    }
+    return 0;
 }
 
 /* /output, when there: k, the three datasets, and the ids (read in spans). */
@@ -986,7 +1020,8 @@ int dump_check_file(const dump_file *f, kv_err *e)
     if (H5Lexists(f->file, "model", H5P_DEFAULT) > 0 && !is_group(f->file, "model"))
         return kv_errf(e, "%s: /model is not a group that opens", f->path);
     H5Eclear2(H5E_DEFAULT);
-    return check_layer_groups(f, e) < 0 || check_output(f, e) < 0 ? -1 : 0;
+    return check_layer_groups(f, e) < 0 || check_top_groups(f, e) < 0 || check_output(f, e) < 0
+               ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ */

@@ -415,6 +415,47 @@ START_TEST(test_no_plugin_is_loaded)
 }
 END_TEST
 
+/* A layer group whose link index (a v2 B-tree leaf, "BTLF") is damaged
+ * opens, but no member of it does: compare read its stages as "not
+ * recorded" and said identical (exit 0) where validate says the file is
+ * corrupt. It must refuse, as validate does. */
+START_TEST(test_compare_refuses_a_group_that_does_not_list)
+{
+    char dir[64], ref[128], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    record(dir, "ref.h5");
+    record(dir, "broken.h5");
+    snprintf(ref, sizeof ref, "%s/ref.h5", dir);
+    snprintf(path, sizeof path, "%s/broken.h5", dir);
+    FILE *f = fopen(path, "r+b");
+    ck_assert(f);
+    static unsigned char bytes[8 << 20];
+    const size_t n = fread(bytes, 1, sizeof bytes, f);
+    ck_assert(n > 0 && n < sizeof bytes);
+    long last = -1;
+    for (size_t i = 0; i + 4 <= n; i++)
+        if (memcmp(bytes + i, "BTLF", 4) == 0)
+            last = (long)i;
+    ck_assert_msg(last >= 0, "no v2 B-tree leaf: the dump's groups are no longer dense");
+    bytes[last + 12] ^= 0xff;   /* past the signature: its checksum fails */
+    ck_assert(fseek(f, last + 12, SEEK_SET) == 0 && fputc(bytes[last + 12], f) != EOF);
+    ck_assert(fclose(f) == 0);
+
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2 && strstr(out, "cannot be listed"),
+                  "%s", out);
+    for (int no_hashes = 0; no_hashes < 2; no_hashes++) {
+        snprintf(args, sizeof args, "compare %s%s %s", no_hashes ? "--no-hashes " : "", ref, path);
+        const int rc = test_run_cli(args, out, sizeof out);
+        ck_assert_msg(rc == 2 && strstr(out, path) &&
+                          strstr(out, "is damaged: its members cannot be listed") &&
+                          count_lines(out) == 1,
+                      "%s: exit %d (want 2, one line):\n%s", args, rc, out);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A stage recorded on one side only is a selection (--dump-stages), not a
  * broken file: what both hold is compared (exit 0), and the verdict's own
  * line says what one side lacks, even where only one layer lacks it (the
@@ -479,6 +520,7 @@ Suite *broken_dumps_suite(void)
     tcase_add_test(tc, test_validate_lists_a_damaged_group);
     tcase_add_test(tc, test_compare_names_what_a_side_lacks);
     tcase_add_test(tc, test_no_plugin_is_loaded);
+    tcase_add_test(tc, test_compare_refuses_a_group_that_does_not_list);
     suite_add_tcase(s, tc);
     return s;
 }
