@@ -535,6 +535,34 @@ void model_resolve_prefix(kv_config *c, const st_file *st)
     }
 }
 
+/* A config.json whose num_hidden_layers is below the layers the checkpoint
+ * holds would run its first layers only and call the result the model's:
+ * every verdict on it would be about another network. Refused, naming the
+ * highest layer found. */
+static int check_layer_count(const char *dir, const kv_config *c, const st_file *st, kv_err *e)
+{
+    const size_t plen = strlen(c->tensor_prefix);
+    long top = -1;
+    const st_tensor *at = NULL;
+    for (size_t i = 0; i < st_count(st); i++) {
+        const st_tensor *t = st_at(st, i);
+        const char *p = t->name;
+        if (strncmp(p, c->tensor_prefix, plen) != 0 || strncmp(p + plen, "layers.", 7) != 0)
+            continue;
+        p += plen + 7;
+        char *end;
+        errno = 0;
+        const long l = strtol(p, &end, 10);
+        if (end != p && *end == '.' && errno == 0 && l > top)
+            top = l, at = t;
+    }
+    if (top >= c->n_layers)
+        return kv_errf(e, "%s/config.json: num_hidden_layers is %d, but the checkpoint holds "
+                       "layer %ld (tensor '%s' in %s): a config cut short would run only the "
+                       "first layers", dir, c->n_layers, top, at->name, at->file);
+    return 0;
+}
+
 int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
 {
     char path[4096];
@@ -546,6 +574,10 @@ int model_load_dir(const char *dir, const model_opts *o, kv_model *m, kv_err *e)
     if (!st)
         return -1;
     model_resolve_prefix(&m->cfg, st);
+    if (check_layer_count(dir, &m->cfg, st, e) < 0) {
+        st_close(st);
+        return -1;
+    }
     char embed_name[160];
     snprintf(embed_name, sizeof embed_name, "%sembed_tokens.weight", m->cfg.tensor_prefix);
     const st_tensor *emb = st_find(st, embed_name);

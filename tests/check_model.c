@@ -193,6 +193,34 @@ START_TEST(test_shape_mismatch_named)
 }
 END_TEST
 
+/* A config cut short (num_hidden_layers 3, the checkpoint holding 4) ran
+ * the first 3 layers and called the result the model's. */
+START_TEST(test_fewer_layers_than_the_checkpoint_refused)
+{
+    char dir[64], gen[512], var[512], path[600];
+    setup(dir, sizeof dir, gen, var, "tiny-llama");
+    snprintf(path, sizeof path, "%s/model.safetensors", var);
+    rewrite(gen, path, &(rewrite_opts){.dtype = ST_F32});
+    snprintf(path, sizeof path, "%s/config.json", var);
+    write_text(path, "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128,"
+                     "\"num_hidden_layers\":3,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                     "\"vocab_size\":256,\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0}");
+    kv_model m;
+    kv_err e = {{0}};
+    ck_assert_int_eq(load(var, &m, &e), -1);
+    ck_assert_msg(strstr(e.msg, "config.json: num_hidden_layers is 3, but the checkpoint holds "
+                                "layer 3 (tensor 'model.layers.3.") && strstr(e.msg, var),
+                  "%s", e.msg);
+    /* the same folder with its own count loads */
+    write_text(path, "{\"model_type\":\"llama\",\"hidden_size\":64,\"intermediate_size\":128,"
+                     "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                     "\"vocab_size\":256,\"rms_norm_eps\":1e-5,\"rope_theta\":500000.0}");
+    ck_assert_msg(load(var, &m, &e) == 0, "%s", e.msg);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_unreadable_dtype_named)
 {
     char dir[64], gen[512], var[512], path[600];
@@ -312,6 +340,7 @@ Suite *model_suite(void)
     tcase_add_test(tc, test_missing_tensor_named);
     tcase_add_test(tc, test_progress_callback);
     tcase_add_test(tc, test_shape_mismatch_named);
+    tcase_add_test(tc, test_fewer_layers_than_the_checkpoint_refused);
     tcase_add_test(tc, test_unreadable_dtype_named);
     tcase_add_loop_test(tc, test_gemma3_conditional_generation_prefixes, 0, 2);
     tcase_add_test(tc, test_sharded_folder_same_model);
