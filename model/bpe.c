@@ -421,6 +421,7 @@ static bool nonempty_string(const json_t *v)
 
 static int build_model(bpe_encoder *b, const json_t *model, build_ctx *c)
 {
+    const json_t *unk = json_object_get(model, "unk_token");
     const char *t = type_of(model);
     if (strcmp(t, "BPE") != 0 && !(t[0] == 0 && json_object_get(model, "merges")))
         return unsupported(c, "model type '%s' (kvdiff encodes with BPE models only)", t);
@@ -436,7 +437,6 @@ static int build_model(bpe_encoder *b, const json_t *model, build_ctx *c)
     int rc = build_vocab(b, model, c);
     if (rc == 0)
         rc = build_merges(b, model, c);
-    const json_t *unk = json_object_get(model, "unk_token");
     b->unk = json_is_string(unk)
                  ? sm_get(&b->vocab, json_string_value(unk), json_string_length(unk)) : -1;
     return rc;
@@ -538,13 +538,22 @@ static int build_added(bpe_encoder *b, const json_t *root, build_ctx *c)
         }
     }
     free(normed.p);
-    if (b->unk < 0) {
-        const json_t *unk = json_object_get(json_object_get(root, "model"), "unk_token");
-        for (size_t i = 0; json_is_string(unk) && i < b->n_added; i++)
-            if (b->added[i].len == json_string_length(unk) &&
-                !memcmp(b->added[i].content, json_string_value(unk), b->added[i].len))
-                b->unk = b->added[i].id;
-    }
+    return 0;
+}
+
+/* The unknown token, when the model names one: in the vocabulary or an
+ * added token. One that is neither would drop text no token spells, where
+ * the tokenizers library refuses to encode it. */
+static int resolve_unk(bpe_encoder *b, const json_t *root, build_ctx *c)
+{
+    const json_t *unk = json_object_get(json_object_get(root, "model"), "unk_token");
+    for (size_t i = 0; b->unk < 0 && json_is_string(unk) && i < b->n_added; i++)
+        if (b->added[i].len == json_string_length(unk) &&
+            !memcmp(b->added[i].content, json_string_value(unk), b->added[i].len))
+            b->unk = b->added[i].id;
+    if (json_is_string(unk) && b->unk < 0)
+        return kv_errf(c->e, "%s: model.unk_token \"%.40s\" is neither in model.vocab nor an "
+                       "added token", c->name, json_string_value(unk));
     return 0;
 }
 
@@ -844,6 +853,8 @@ int bpe_build(const json_t *root, const char *name, bpe_encoder **out, char *why
         rc = build_normalizer(b, json_object_get(root, "normalizer"), &c);
     if (rc == 0)   /* after the normalizer: normalized added tokens use it */
         rc = build_added(b, root, &c);
+    if (rc == 0)
+        rc = resolve_unk(b, root, &c);
     if (rc == 0)
         rc = build_pre(b, json_object_get(root, "pre_tokenizer"), &c);
     if (rc == 0)

@@ -387,6 +387,18 @@ static int build_encoder(const json_t *root, kv_tokenizer *t, kv_err *e)
     return 0;
 }
 
+/* What any reader of the file would take for the model's kind or its
+ * unknown token, of the wrong JSON kind. */
+static bool malformed_model(const json_t *model, const char *name, kv_err *e)
+{
+    const json_t *type = json_object_get(model, "type"), *unk = json_object_get(model, "unk_token");
+    if (type && !json_is_string(type))
+        return kv_errf(e, "%s: model.type is not a string", name), true;
+    if (unk && !json_is_null(unk) && !json_is_string(unk))
+        return kv_errf(e, "%s: model.unk_token is not a string (or null)", name), true;
+    return false;
+}
+
 int tok_parse(const char *text, size_t len, const char *name, kv_tokenizer **out, kv_err *e)
 {
     json_error_t je;
@@ -406,6 +418,7 @@ int tok_parse(const char *text, size_t len, const char *name, kv_tokenizer **out
     kv_tokenizer *t = calloc(1, sizeof *t);
     int rc = !t ? oom(name, e)
            : !json_is_object(model) ? kv_errf(e, "%s: model is missing or not an object", name)
+           : malformed_model(model, name, e) ? -1
            : read_entries(root, model, name, &es, e);
     if (rc == 0) {
         spelling sp = detect_spelling(root, model);

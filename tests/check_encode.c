@@ -318,6 +318,13 @@ START_TEST(bad_text_and_files)
     ck_assert_str_eq(enc(t, "b", 1), "error: t.json: no token spells U+0062 and the tokenizer "
                      "has neither byte fallback nor unk_token");
     tok_free(t);
+    /* an unknown token that is no token: text it does not spell was
+     * dropped, where the tokenizers library refuses to encode it */
+    t = load_json("{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"vocab\": "
+                  "{\"a\": 0}, \"merges\": []}}");
+    ck_assert_str_eq(enc(t, "a", 1), "error: t.json: model.unk_token \"<unk>\" is neither in "
+                     "model.vocab nor an added token (so it cannot encode text)");
+    tok_free(t);
 }
 END_TEST
 

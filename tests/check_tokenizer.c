@@ -215,6 +215,11 @@ static const struct {
       "added_tokens[0] needs an id" },
     { "{\"model\": {\"vocab\": {}}, \"added_tokens\": [{\"id\": 1, \"content\": \"x\","
       " \"special\": \"yes\"}]}", "added_tokens[0] needs an id" },
+    /* lax before: a type or an unknown token of any JSON kind */
+    { "{\"model\": {\"type\": 7, \"vocab\": {\"a\": 0}, \"merges\": []}}",
+      "model.type is not a string" },
+    { "{\"model\": {\"type\": \"BPE\", \"unk_token\": 0, \"vocab\": {\"a\": 0},"
+      " \"merges\": []}}", "model.unk_token is not a string (or null)" },
 };
 
 START_TEST(malformed_is_refused)
