@@ -11,6 +11,7 @@
 #include "cli.h"
 #include "verbs.h"
 #include "../compare/compare.h"
+#include "../model/outfile.h"
 #include "../reports/report.h"
 
 static void report_usage(FILE *f)
@@ -271,6 +272,32 @@ static int from_json(report_args *a, const char *path)
     return code;
 }
 
+/* The report writes result.json, summary.md and index.html in its folder,
+ * and anything in plots/: an input there would be replaced by the report
+ * made from it. */
+static int not_written_over(const char *outdir, const char *in, kv_err *e)
+{
+    static const char *const names[] = {"result.json", "summary.md", "index.html"};
+    char path[4200];
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        snprintf(path, sizeof path, "%s/%s", outdir, names[i]);
+        if (outfile_same(path, in))
+            return kv_errf(e, "-o %s: the report writes its %s over the input %s; refusing",
+                           outdir, names[i], in);
+    }
+    snprintf(path, sizeof path, "%s/plots", outdir);
+    char dir[4200];
+    const char *slash = strrchr(in, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - in) : 1, slash ? in : ".");
+    if (slash == in)
+        snprintf(dir, sizeof dir, "/");
+    struct stat a, b;
+    if (stat(path, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+        return kv_errf(e, "-o %s: the input %s is in %s, the folder the report writes its "
+                       "plots into; refusing", outdir, in, path);
+    return 0;
+}
+
 int cmd_report(int argc, char **argv)
 {
     report_args a;
@@ -289,6 +316,11 @@ int cmd_report(int argc, char **argv)
     }
     char outdir[4096];
     a.outdir = cli_dir(outdir, sizeof outdir, a.outdir);
+    for (int i = optind; i < argc; i++)
+        if (not_written_over(a.outdir, argv[i], &e) < 0) {
+            cli_error("report", &e);
+            return EXIT_USAGE;
+        }
     if (argc - optind == 1)
         return from_json(&a, argv[optind]);
     return from_dumps(&a, argv[optind], argv[optind + 1]);

@@ -335,6 +335,35 @@ static int run_selected(const suite_args *a, const suite *s, const int *sel, int
     return bad ? 1 : 0;
 }
 
+/* The JUnit file is none of the files a case reads: a prompt file, a
+ * dump: side, a GGUF, a model folder's files. Written after every case
+ * ran, it would replace the input it was judged on. */
+static int junit_not_input(const char *junit, const suite *s, const int *sel, int n, kv_err *e)
+{
+    char what[512];
+    for (int i = 0; i < n; i++) {
+        const suite_case *c = &s->cases[sel[i]];
+        const suite_prompt *p = &c->prompt;
+        snprintf(what, sizeof what, "case %s's prompt", c->name);
+        if ((p->kind == SUITE_PROMPT_FILE || p->kind == SUITE_PROMPT_TEXT_FILE) &&
+            cli_output_not_input("--junit", junit, what, p->text, e) < 0)
+            return -1;
+        snprintf(what, sizeof what, "case %s's GGUF", c->name);
+        if (cli_output_not_input("--junit", junit, what, c->gguf, e) < 0)
+            return -1;
+        for (int side = 0; side < 2; side++) {
+            snprintf(what, sizeof what, "case %s's dump: side", c->name);
+            const char *const *argv = (const char *const *)(side ? c->b : c->a);
+            if ((side ? c->kb : c->ka) == SUITE_SIDE_DUMP && argv &&
+                cli_output_not_input("--junit", junit, what, argv[0], e) < 0)
+                return -1;
+        }
+        if (cli_output_not_model_file("--junit", junit, c->model, e) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 int cmd_suite(int argc, char **argv)
 {
     suite_args a = {.jobs = 1, .timeout = 600, .shard_i = 1, .shard_n = 1};
@@ -363,6 +392,8 @@ int cmd_suite(int argc, char **argv)
     }
     int *sel = NULL, n = 0, code = EXIT_OK;
     if (suite_select(&s, a.filter, a.shard_i, a.shard_n, &sel, &n, &e) < 0) {
+        code = EXIT_USAGE;
+    } else if (a.junit && !a.list && junit_not_input(a.junit, &s, sel, n, &e) < 0) {
         code = EXIT_USAGE;
     } else if (n == 0 && a.filter && a.shard_n == 1) {
         kv_errf(&e, "--filter '%s' matches no case of %s", a.filter, a.file);

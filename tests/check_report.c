@@ -526,6 +526,26 @@ START_TEST(test_unwritable_output)
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o /proc/self", dumps, dumps);
     report_cli(args, 2);
     ck_assert_msg(strstr(out, "/proc/self: "), "%s", out);
+    /* an input inside the folder, where the report writes: refused before
+     * it is read, and left as it was */
+    char dir[128], json[160];
+    snprintf(dir, sizeof dir, "%s/over", dumps);
+    snprintf(json, sizeof json, "%s/result.json", dir);
+    char setup[1024];
+    snprintf(setup, sizeof setup, "mkdir -p %s/plots && cp %s/a.h5 %s/plots/a.h5 && "
+             "echo '{\"kept\": 1}' > %s", dir, dumps, dir, json);
+    ck_assert_int_eq(system(setup), 0);
+    snprintf(args, sizeof args, "%s -o %s", json, dir);
+    report_cli(args, 2);
+    ck_assert_msg(strstr(out, "writes its result.json over the input") &&
+                      count(out, "\n") == 1, "%s", out);
+    char *kept = slurp(dir, "result.json");
+    ck_assert_str_eq(kept, "{\"kept\": 1}\n");
+    free(kept);
+    snprintf(args, sizeof args, "%s/plots/a.h5 %s/bad.h5 -o %s", dir, dumps, dir);
+    report_cli(args, 2);
+    ck_assert_msg(strstr(out, "the folder the report writes its plots into"), "%s", out);
+    ck_assert(!exists(dir, "index.html"));
 }
 END_TEST
 

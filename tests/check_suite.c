@@ -689,6 +689,31 @@ START_TEST(test_cli_refuses)
     }
     ck_assert_int_eq(test_run_cli("suite --help", out, sizeof out), 0);
     ck_assert_ptr_nonnull(strstr(out, "--shard I/N"));
+    /* --junit over an input a case reads (a prompt file, a dump: side)
+     * would replace it once the cases ran: refused before any runs */
+    char ids[128], rec[128];
+    snprintf(ids, sizeof ids, "%s/ids.txt", dir);
+    snprintf(rec, sizeof rec, "%s/rec.h5", dir);
+    write_file(ids, "5,17,42\n");
+    write_file(rec, "not read: the case never runs\n");
+    snprintf(path, sizeof path, "%s/inputs.suite", dir);
+    write_file(path, "[defaults]\nmodel = tiny-gemma3\nmax_new = 2\na = --engine reference\n"
+                     "b = --engine chunked\n\n[p]\nprompt = file:ids.txt\nexpect = identical\n\n"
+                     "[d]\nprompt = 5,17,42\nb = dump: rec.h5\nexpect = identical\n");
+    const char *over[] = {ids, rec};
+    const char *says[] = {"is the same file as case p's prompt", "is the same file as case d's "
+                          "dump: side"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "suite %s --junit %s", path, over[i]);
+        const int rc = test_run_cli(args, out, sizeof out);
+        ck_assert_msg(rc == 2 && strstr(out, says[i]) && count(out, "\n") == 1, "exit %d: %s",
+                      rc, out);
+    }
+    char text[64] = "";
+    FILE *f = fopen(ids, "r");
+    ck_assert(f && fgets(text, sizeof text, f));
+    fclose(f);
+    ck_assert_str_eq(text, "5,17,42\n");
     test_rmtree(dir);
 }
 END_TEST
