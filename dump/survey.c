@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -388,6 +389,7 @@ void dump_survey(dump_file *const *files, int n_files, const dump_survey_item *i
     pid_t pid[SURVEY_MAX_FILES];
     int in[SURVEY_MAX_FILES];
     fflush(NULL);
+    const pid_t parent = getpid();
     for (int i = 0; i < n_files; i++) {
         int p[2] = {-1, -1};
         pid[i] = -1;
@@ -396,6 +398,11 @@ void dump_survey(dump_file *const *files, int n_files, const dump_survey_item *i
             continue;
         pid[i] = fork();
         if (pid[i] == 0) {
+            /* A compare killed (SIGTERM, SIGKILL, Ctrl-C sent to it alone)
+             * takes its children with it, not seconds later. The thread
+             * that forked waits for the child, so it outlives it. */
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+                _exit(1);
             close(p[0]);
             for (int j = 0; j < i; j++)
                 if (in[j] >= 0)

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -709,6 +710,70 @@ static void dying_child(int fd)
     (void)fd;
     raise(SIGKILL);
 }
+
+/* A survey child that sends its pid and then blocks, as a child on a
+ * large dump would still be working when its parent is killed. */
+static int blocked_pid_fd = -1;
+
+static void blocked_child(int fd)
+{
+    (void)fd;
+    const pid_t me = getpid();
+    ck_assert(write(blocked_pid_fd, &me, sizeof me) == (ssize_t)sizeof me);
+    for (;;)
+        pause();
+}
+
+/* The process running a compare is killed while a survey child works: the
+ * child must go with it (it outlived it by seconds, reading on). */
+START_TEST(test_survey_child_dies_with_its_parent)
+{
+    char dir[64], path[128];
+    kv_model m;
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    path_in(path, sizeof path, dir, "s.h5");
+    open_model("tiny-gemma3", &m);
+    dump_opts o;
+    dump_opts_default(&o);
+    dump_run(&m, false, path, &o);
+    const int layers = m.cfg.n_layers;
+    model_free(&m);
+    /* orphans come to this process, which can then wait for them */
+    ck_assert(prctl(PR_SET_CHILD_SUBREAPER, 1) == 0);
+    int p[2];
+    ck_assert(pipe(p) == 0);
+    const pid_t parent = fork();
+    ck_assert(parent >= 0);
+    if (parent == 0) {
+        close(p[0]);
+        blocked_pid_fd = p[1];
+        dump_survey_child_hook(blocked_child);
+        dump_file *f = open_ok(path);
+        survey_all(f, NULL, layers);
+        _exit(0);
+    }
+    close(p[1]);
+    pid_t child = -1;
+    ck_assert(read(p[0], &child, sizeof child) == (ssize_t)sizeof child && child > 0);
+    close(p[0]);
+    ck_assert(kill(parent, SIGKILL) == 0);
+    int st;
+    ck_assert(waitpid(parent, &st, 0) == parent);
+    bool gone = false;
+    for (int i = 0; i < 1000 && !gone; i++) {   /* up to 10 s; at once when it works */
+        gone = waitpid(child, &st, WNOHANG) == child;
+        if (!gone)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (!gone) {
+        kill(child, SIGKILL);
+        waitpid(child, &st, 0);
+    }
+    ck_assert_msg(gone, "the survey child outlived its killed parent");
+    ck_assert(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL);
+    test_rmtree(dir);
+}
+END_TEST
 
 /* A survey child's findings, taken in by the parent, read back as the
  * file does without them: shapes, chunk maps (direct and parallel reads),
@@ -1862,6 +1927,7 @@ Suite *dump_suite(void)
     tcase_add_test(tc, test_direct_reads);
     tcase_add_test(tc, test_direct_chunk_cap);
     tcase_add_test(tc, test_survey);
+    tcase_add_test(tc, test_survey_child_dies_with_its_parent);
     tcase_add_test(tc, test_preflight);
     tcase_add_loop_test(tc, test_identical_runs, 0, 2);
     tcase_add_loop_test(tc, test_chunked_same_rows, 0, 2);
