@@ -149,7 +149,7 @@ int cli_open_model(const cli_model_opts *o, kv_model *m, kern_ctx *kc, kv_err *e
     if (o->threads > 1 && !kc->pool)
         return kv_errf(e, "cannot start %d threads", o->threads);
     progress bar;
-    progress_start(&bar, stderr, "weights", 0);
+    progress_start(&bar, stderr, "", 0);   /* counted once the catalogue is read */
     progress_phase(&bar, "weights");
     model_opts mo = {.wtype = o->wtype, .progress = cli_model_progress, .progress_ctx = &bar,
                      .pool = kc->pool};

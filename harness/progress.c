@@ -49,11 +49,19 @@ size_t progress_render_full(char *buf, size_t n, const char *phase, const char *
          * what a user estimates by eye, and it settles as work goes on. */
         progress_clock(eta, sizeof eta,
                        done > 0 ? elapsed * ((double)total - done) / done : -1);
-        snprintf(times, sizeof times, " %s eta %s", el, eta);
+        if (total > 0)
+            snprintf(times, sizeof times, " %s eta %s", el, eta);
+        else
+            snprintf(times, sizeof times, " %s", el);
     }
-    int len = snprintf(line, sizeof line, "%s%s[%s] %ld/%ld %s%s", phase && *phase ? phase : "",
-                       phase && *phase ? " " : "", bar, (long)done, total, label ? label : "",
-                       times);
+    /* No total yet (a checkpoint whose catalogue is still being read): no
+     * count, no estimate, rather than "0/0". */
+    char count[48] = "";
+    if (total > 0)
+        snprintf(count, sizeof count, " %ld/%ld", (long)done, total);
+    int len = snprintf(line, sizeof line, "%s%s[%s]%s%s%s%s", phase && *phase ? phase : "",
+                       phase && *phase ? " " : "", bar, count, label && *label ? " " : "",
+                       label ? label : "", times);
     if (len < 0)
         len = 0;
     size_t used = (size_t)len < sizeof line ? (size_t)len : sizeof line - 1;

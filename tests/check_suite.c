@@ -412,8 +412,10 @@ START_TEST(test_progress_line)
     size_t n = progress_render(buf, sizeof buf, "cases", 12, 40, "window-bug-g3");
     ck_assert_str_eq(buf, "[######..............] 12/40 cases  window-bug-g3");
     ck_assert_uint_eq(n, strlen(buf));
-    progress_render(buf, sizeof buf, "cases", 0, 0, NULL);
-    ck_assert_str_eq(buf, "[....................] 0/0 cases");
+    progress_render(buf, sizeof buf, "cases", 0, 0, NULL);   /* no total yet: no "0/0" */
+    ck_assert_str_eq(buf, "[....................] cases");
+    progress_render_full(buf, sizeof buf, "weights", "", 0, 0, 2, NULL);
+    ck_assert_str_eq(buf, "weights [....................] 0:02");
     progress_render(buf, sizeof buf, "cases", 50, 40, "");
     ck_assert_str_eq(buf, "[####################] 40/40 cases");
     /* A long name is cut so the line never wraps. */
