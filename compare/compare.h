@@ -71,6 +71,8 @@ typedef struct cmp_source {
     int64_t prompt_length;
     const int32_t *tokens;       /* n_tokens ids, token at absolute position p */
     bool complete;               /* false: the run stopped early (partial dump) */
+    bool stopped_on_purpose;     /* run --compare stopped it past its first
+                                  * divergence: where it ends is no finding */
     const char *status;          /* the recording's own words ("complete", "partial:
                                   * interrupted by SIGTERM"); may be NULL */
 
@@ -447,6 +449,9 @@ typedef struct {
      * not checkable (not greedy, no /output); the id chosen and the top-1. */
     int64_t self_pos[2];         /* [0] reference, [1] test */
     int32_t self_token[2], self_top1[2];
+    bool test_stopped;           /* the test was stopped on purpose past its first
+                                  * divergence (run --compare): a shorter token
+                                  * list there is no finding */
 } cmp_tokens;
 
 /* softmax(ref) vs softmax(test) over the compared positions. */

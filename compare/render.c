@@ -47,6 +47,11 @@ static void tokens_phrase(FILE *f, const cmp_tokens *t)
         fprintf(f, "tokens byte-identical");
         break;
     case CMP_TOKENS_LENGTH:
+        if (t->test_stopped) {
+            fprintf(f, "tokens identical over the %lld positions the test ran (it was stopped "
+                    "past its first divergence)", (long long)t->n_test);
+            break;
+        }
         fprintf(f, "token counts differ (reference %lld, test %lld), identical over the common "
                 "%lld", (long long)t->n_ref, (long long)t->n_test,
                 (long long)(t->n_ref < t->n_test ? t->n_ref : t->n_test));
@@ -667,6 +672,8 @@ static json_t *jtokens(const cmp_tokens *t)
                      d ? json_integer(t->test_id) : json_null(), "ref_margin",
                      d ? jopt(t->ref_margin) : json_null(), "test_margin",
                      d ? jopt(t->test_margin) : json_null(), "near_tie", t->near_tie);
+    if (j && t->test_stopped)
+        json_object_set_new(j, "test_stopped", json_true());
     if (j)
         json_object_set_new(j, "contradicts_own_topk",
                             json_pack("{so so}", "reference", jself(t, 0), "test", jself(t, 1)));

@@ -145,6 +145,7 @@ int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
         }
     if (t->pos < 0) {
         t->kind = a->n_tokens == b->n_tokens ? CMP_TOKENS_IDENTICAL : CMP_TOKENS_LENGTH;
+        t->test_stopped = b->stopped_on_purpose && b->n_tokens < a->n_tokens;
         return 0;
     }
     int rc1, rc2;

@@ -277,6 +277,7 @@ int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,
     cmp_memrec_source(tr, &ts);
     rs.label = "reference";
     ts.label = o->engine;
+    ts.stopped_on_purpose = lc.stopped;
     int rc = cmp_compare(&rs, &ts, &o->cmp, &r, &e);
     code = cmp_exit_code(rc, &r);
     if (rc < 0)

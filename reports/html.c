@@ -200,6 +200,11 @@ static void tokens(const rep_ctx *c, FILE *f)
                 (long long)t->prompt_length);
         break;
     case CMP_TOKENS_LENGTH:
+        if (t->test_stopped) {
+            fprintf(f, "Identical over the %lld positions the test ran (it was stopped past "
+                    "its first divergence).", (long long)t->n_test);
+            break;
+        }
         fprintf(f, "The token counts differ: reference %lld tokens, test %lld; identical "
                 "over the common prefix.",
                 (long long)t->n_ref, (long long)t->n_test);

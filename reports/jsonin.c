@@ -590,6 +590,11 @@ static void read_tokens(jr *c, json_t *root, cmp_result *r)
     o->ref_margin = num(c, t, "tokens", "ref_margin", true);
     o->test_margin = num(c, t, "tokens", "test_margin", true);
     o->near_tie = boolean(c, t, "tokens", "near_tie");
+    /* written only when true (run --compare stopped the test) */
+    const json_t *stopped = json_object_get(t, "test_stopped");
+    if (stopped && !json_is_boolean(stopped))
+        bad(c, "tokens", "test_stopped", "is not true or false");
+    o->test_stopped = json_is_true(stopped);
     read_self(c, t, o);
 }
 

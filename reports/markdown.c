@@ -49,6 +49,11 @@ static void tokens(const rep_ctx *c, FILE *f)
         fprintf(f, "byte-identical (%lld tokens)", (long long)t->n_ref);
         break;
     case CMP_TOKENS_LENGTH:
+        if (t->test_stopped) {
+            fprintf(f, "identical over the %lld positions the test ran (it was stopped past "
+                    "its first divergence)", (long long)t->n_test);
+            break;
+        }
         fprintf(f, "token counts differ (reference %lld, test %lld), identical over the "
                 "common prefix",
                 (long long)t->n_ref, (long long)t->n_test);

@@ -104,6 +104,17 @@ START_TEST(test_compare_stops_past_span)
     ck_assert_msg(strstr(out, "test run  stopped after the forward step of positions 0..4"),
                   "%s", out);
     ck_assert_msg(strstr(out, "window in test appears to be 4, config says 12"), "%s", out);
+    /* the stop is said once, as the run's own doing, never as findings */
+    ck_assert_msg(!strstr(out, "is partial") && !strstr(out, "overlap only") &&
+                  !strstr(out, "token counts differ"), "%s", out);
+    /* a divergence deep in a long prompt: the test stops before generating */
+    ck_assert_msg(test_run_cli("run --compare --model tiny-gemma3 --prompt-random 100 --seed 4 "
+                               "--max-new 8 --ignore-eos --engine chunked --chunk 5 "
+                               "--inject window=4", out, sizeof out) == 1, "%s", out);
+    ck_assert_msg(strstr(out, "TOKENS     tokens identical over the 100 positions the test ran "
+                              "(it was stopped past its first divergence)") &&
+                  !strstr(out, "is partial") && !strstr(out, "overlap only") &&
+                  !strstr(out, "token counts differ"), "%s", out);
 }
 END_TEST
 
