@@ -496,6 +496,33 @@ START_TEST(test_llama_bad_input)
 }
 END_TEST
 
+/* A GGUF llama.cpp loads but cannot compute with made it abort (exit 134,
+ * a debugger's backtrace, a dump half written): a RoPE dimension count its
+ * rope op asserts on is refused before loading, and any other failed
+ * GGML_ASSERT ends in one line, exit 2, and no dump. */
+START_TEST(test_llama_abort_is_one_line)
+{
+    char dir[64], gguf[256], bad[256], args[1024], dump[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(dump, sizeof dump, "%s/x.h5", dir);
+    snprintf(gguf, sizeof gguf, "%s/g.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert(make_gguf("tiny-gemma3", dir, gguf, NULL) == 0);
+    const double counts[] = {3, 1000, 0};
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(gguf_patch(gguf, bad, "gemma3.rope.dimension_count", counts[i]), 0);
+        snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s", bad, dump);
+        one_line_exit2(args, "gemma3.rope.dimension_count is", NULL);
+        ck_assert_msg(access(dump, F_OK) != 0, "a refused run left %s", dump);
+    }
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --fault ggml-abort --dump %s",
+             gguf, dump);
+    one_line_exit2(args, "llama.cpp stopped on a failed internal check", NULL);
+    ck_assert_msg(strstr(out, "no dump written") && access(dump, F_OK) != 0, "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *llamacpp_suite(void)
 {
     Suite *s = suite_create("llamacpp");
@@ -510,6 +537,7 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_tiny_qwen3);
     tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
     tcase_add_test(tc, test_llama_bad_input);
+    tcase_add_test(tc, test_llama_abort_is_one_line);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <math.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,7 +92,9 @@ static void usage(FILE *f)
         "  --fault drop-key=P      position P leaves the cache once its ubatch ran\n"
         "  --fault decode-blind    decode steps do not see the prompt's keys\n"
         "  --fault dup-key=P       the prompt's key P is in the cache twice when decoding\n"
-        "  --fault rope-offset=K   every token runs at its position + K (RoPE rotated K too far)\n");
+        "  --fault rope-offset=K   every token runs at its position + K (RoPE rotated K too far)\n"
+        "  --fault ggml-abort      ggml aborts in the first decode step (a failed GGML_ASSERT,\n"
+        "                          as on a GGUF llama.cpp cannot compute with)\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -397,6 +400,14 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         return kv_errf(e, "%s: %d layers (at most %d)", path, c->n_layers, KV_MAX_LAYERS);
     c->n_kv_heads = (int)meta_num(&m, "attention.head_count_kv", c->n_heads, NULL);
     c->head_dim = (int)meta_num(&m, "attention.key_length", c->hidden / c->n_heads, NULL);
+    /* What llama.cpp's rope asserts on (odd, or more than a head) or spins
+     * on (0): refused here. Any other count it runs, and a compare shows. */
+    bool f_rot;
+    const double n_rot = meta_num(&m, "rope.dimension_count", 0, &f_rot);
+    if (f_rot && (n_rot < 2 || n_rot > c->head_dim || fmod(n_rot, 2) != 0))
+        return kv_errf(e, "%s: %s.rope.dimension_count is %g: llama.cpp cannot rotate by it "
+                       "(an even count from 2 to the head size, %d)", path, m.arch, n_rot,
+                       c->head_dim);
     c->intermediate = (int)meta_num(&m, "feed_forward_length", 0, NULL);
     c->max_positions = (int)meta_num(&m, "context_length", 4096, NULL);
     c->rms_eps = meta_num(&m, "attention.layer_norm_rms_epsilon", 1e-6, NULL);
@@ -851,6 +862,46 @@ static int load_prompt(const rec_opts *o, int32_t **ids, int *n, kv_err *e)
 /* ------------------------------------------------------------------ */
 /* Running                                                              */
 
+/* A failed GGML_ASSERT inside llama.cpp (a GGUF whose metadata it takes
+ * but cannot compute with, e.g. a RoPE dimension count its rope op
+ * rejects) calls abort(): exit 134 and a debugger's backtrace. ggml calls
+ * this instead, on whichever thread failed; no C++ frame can be unwound
+ * from here, so it says one line, removes the dump this run created (half
+ * written, it is no result) and ends the process. */
+static struct {
+    const char *gguf;
+    const char *dump;            /* set once this run created it */
+} g_abort;
+
+static void on_ggml_abort(const char *message)
+{
+    /* the first thread to fail speaks; any other waits for the exit */
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (atomic_flag_test_and_set(&said))
+        for (;;)
+            pause();
+    char msg[600], line[1024];
+    size_t n = 0;
+    /* the source path of the build that failed, from its ggml/ on */
+    const char *tail = message ? strstr(message, "ggml/src/") : NULL;
+    if (tail)
+        message = tail;
+    for (const char *p = message ? message : ""; *p && n + 1 < sizeof msg; p++)
+        msg[n++] = *p == '\n' || *p == '\r' ? ' ' : *p;
+    while (n > 0 && msg[n - 1] == ' ')
+        n--;
+    msg[n] = '\0';
+    if (g_abort.dump)
+        unlink(g_abort.dump);
+    int len = snprintf(line, sizeof line, TOOL ": %s: llama.cpp stopped on a failed internal "
+                       "check (%s): it cannot run this model as the GGUF describes it%s\n",
+                       g_abort.gguf ? g_abort.gguf : "the model", msg,
+                       g_abort.dump ? "; no dump written" : "");
+    if (len > 0)
+        (void)!write(STDERR_FILENO, line, (size_t)len < sizeof line ? (size_t)len : sizeof line - 1);
+    _exit(2);
+}
+
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
@@ -893,7 +944,8 @@ typedef enum {
     FAULT_DROP_KEY,                 /* position pos removed after its ubatch */
     FAULT_DECODE_BLIND,             /* the prompt removed before the first decode step */
     FAULT_DUP_KEY,                  /* position pos decoded again as a second cell */
-    FAULT_ROPE_OFFSET               /* every token given to llama.cpp at position + pos */
+    FAULT_ROPE_OFFSET,              /* every token given to llama.cpp at position + pos */
+    FAULT_GGML_ABORT                /* ggml's abort in the first decode step */
 } fault_kind;
 
 typedef struct {
@@ -911,6 +963,8 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->kind = FAULT_ISOLATE_UBATCH;
     } else if (!strcmp(spec, "decode-blind")) {
         f->kind = FAULT_DECODE_BLIND;
+    } else if (!strcmp(spec, "ggml-abort")) {
+        f->kind = FAULT_GGML_ABORT;
     } else if (!strncmp(spec, "drop-key=", 9) || !strncmp(spec, "dup-key=", 8)) {
         const bool drop = spec[1] == 'r';
         const char *v = spec + (drop ? 9 : 8);
@@ -933,7 +987,7 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->pos = (int)k;
     } else {
         return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind, "
-                          "dup-key=P or rope-offset=K", spec);
+                          "dup-key=P, rope-offset=K or ggml-abort", spec);
     }
     return 0;
 }
@@ -980,6 +1034,10 @@ static int fault_before(struct llama_context *ctx, recorder *r, const fault *f,
         return llama_memory_seq_rm(mem, 0, 0, n_prompt) ? 0 : -1;
     if (f->kind == FAULT_DUP_KEY && pos0 == n_prompt)
         return fault_dup(ctx, r, ids, f);
+    /* what llama.cpp does on a GGUF it cannot compute with (a failed
+     * GGML_ASSERT), with the dump half written */
+    if (f->kind == FAULT_GGML_ABORT && pos0 == n_prompt)
+        GGML_ABORT("test aid: --fault ggml-abort");
     return 0;
 }
 
@@ -994,7 +1052,7 @@ static int fault_after(struct llama_context *ctx, const fault *f, int pos0, int 
 static const char *fault_name(const fault *f, char *buf, size_t n)
 {
     static const char *const names[] = {"", "isolate-ubatch", "drop-key", "decode-blind",
-                                        "dup-key", "rope-offset"};
+                                        "dup-key", "rope-offset", "ggml-abort"};
     if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY || f->kind == FAULT_ROPE_OFFSET)
         snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
     else
@@ -1083,6 +1141,8 @@ int main(int argc, char **argv)
     g_log.verbose = o.verbose;
     llama_log_set(on_log, NULL);
     ggml_log_set(on_log, NULL);
+    g_abort.gguf = o.gguf;
+    ggml_set_abort_callback(on_ggml_abort);
 
     kv_err e = {{0}};
     int status = 2;
@@ -1278,6 +1338,7 @@ int main(int argc, char **argv)
     w = dump_create(o.out, &dm, &dopts, &e);
     if (!w)
         goto fail;
+    g_abort.dump = o.out;
     dump_watch_flag(w, &g_stop);
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
