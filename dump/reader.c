@@ -2,6 +2,7 @@
  * program's, complete or cut short by a crash. Root attributes are read
  * once at open; rows are read as hyperslabs of the asked range only, so
  * memory stays bounded whatever the file's size. */
+#define _GNU_SOURCE   /* F_OFD_GETLK: is the writer's lock still held? */
 #include "reader_internal.h"
 
 #include <fcntl.h>
@@ -1049,6 +1050,33 @@ void dump_file_close(dump_file *f)
     free(f);
 }
 
+/* "partial: running" is what a writer leaves while it writes, and all a
+ * writer leaves that was killed, or whose last words found the disk full
+ * or the file-size limit reached. A live writer holds its lock on the file
+ * (writer.c); with no lock held, nobody is running: said so. */
+static void settle_running(dump_file *f)
+{
+    root_attr *a = (root_attr *)find_attr(f, "status");
+    if (!a || !a->str || strcmp(a->str, "partial: running") != 0 || f->fd < 0)
+        return;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+#ifdef F_OFD_GETLK
+    if (fcntl(f->fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK)
+        return;
+#else
+    return;
+#endif
+    char *words = strdup("partial: its writer ended without closing it (killed, or out of "
+                         "disk space or file size)");
+    if (words) {
+        free(a->str);
+        a->str = words;
+    }
+}
+
 dump_file *dump_open(const char *path, kv_err *e)
 {
     hid_t fid = dump_h5_open_read(path, e);
@@ -1080,6 +1108,7 @@ dump_file *dump_open(const char *path, kv_err *e)
         dump_file_close(f);
         return NULL;
     }
+    settle_running(f);
     f->fingerprint = !strcmp(dump_attr(f, "mode"), "fingerprint");
     f->row_hashes = !f->fingerprint && dump_attr_int(f, "row_hashes", 0) == 1;
     f->cfg_ok =

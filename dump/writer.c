@@ -144,6 +144,7 @@ static int fail(dump_writer *w, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(w->err.msg, sizeof w->err.msg, fmt, ap);
         va_end(ap);
+        kv_err_words(&w->err);
         w->failed = true;
     }
     return -1;

@@ -2,6 +2,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdbool.h>
+#include <hdf5.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,6 +161,15 @@ int main(int argc, char **argv)
 
 static int dispatch(int argc, char **argv)
 {
+    /* A file-size limit (ulimit -f) must be an error naming the file, not
+     * SIGXFSZ killing the process mid-write: past the limit write() then
+     * fails with EFBIG, which every writer reports. */
+    signal(SIGXFSZ, SIG_IGN);
+    /* A file libhdf5 could not close (its last flush failed on a full disk
+     * or at the size limit) is closed again by libhdf5's exit handler,
+     * which crashes on it (H5F__close_cb, 1.10.8). kvdiff closes every file
+     * it opens itself; the handler is not installed. */
+    H5dont_atexit();
     /* A damaged dump must end in an error, not a hang (dump.h). */
     const char *g = getenv("KVDIFF_HDF5_GUARD_SECONDS");
     dump_hang_guard(g && atoi(g) > 0 ? (unsigned)atoi(g) : 15, on_hdf5_hang);

@@ -396,8 +396,6 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
         sigaction(SIGINT, &sa, NULL);
         sigaction(SIGTERM, &sa, NULL);
         sigaction(SIGHUP, &sa, NULL);   /* a closed terminal stops it as Ctrl-C does */
-        /* A file size limit is a write error the dump reports, not a kill. */
-        signal(SIGXFSZ, SIG_IGN);
     }
     return w;
 }

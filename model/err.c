@@ -5,6 +5,26 @@
 #include <stdio.h>
 #include <string.h>
 
+/* strerror(EFBIG), "File too large", reads as a file grown too big for
+ * its file system; what a user meets is the file-size limit of the shell
+ * (ulimit -f). Said so, wherever a message quotes it (ours, or libhdf5's
+ * error detail). */
+void kv_err_words(kv_err *e)
+{
+    if (!e)
+        return;
+    char *msg = e->msg;
+    const size_t n = sizeof e->msg;
+    static const char from[] = "File too large";
+    static const char to[] = "file size limit reached (ulimit -f)";
+    char *at = strstr(msg, from);
+    if (!at)
+        return;
+    char tail[sizeof e->msg];
+    snprintf(tail, sizeof tail, "%s", at + sizeof from - 1);
+    snprintf(at, n - (size_t)(at - msg), "%s%s", to, tail);
+}
+
 int kv_errf(kv_err *e, const char *fmt, ...)
 {
     if (e) {
@@ -12,6 +32,7 @@ int kv_errf(kv_err *e, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(e->msg, sizeof e->msg, fmt, ap);
         va_end(ap);
+        kv_err_words(e);
     }
     return -1;
 }

@@ -17,6 +17,11 @@ typedef struct {
 int kv_errf(kv_err *e, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* Says strerror(EFBIG)'s "File too large" in the message as what a user
+ * meets: "file size limit reached (ulimit -f)". kv_errf does it; a
+ * formatter of its own calls it. */
+void kv_err_words(kv_err *e);
+
 /* Prepends "prefix: " to an existing message (used to add a file name). */
 int kv_err_prefix(kv_err *e, const char *prefix);
 

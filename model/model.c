@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <xxhash.h>
 
 #include "pcg32.h"
@@ -637,14 +638,32 @@ void model_free(kv_model *m)
 /* ------------------------------------------------------------------ */
 /* Writing a synthetic preset as a Hugging Face folder                  */
 
-static int ensure_dir(const char *dir, kv_err *e)
+static int ensure_dir(const char *dir, bool *created, kv_err *e)
 {
     struct stat sb;
+    *created = false;
     if (stat(dir, &sb) == 0)
         return S_ISDIR(sb.st_mode) ? 0 : kv_errf(e, "%s: exists and is not a directory", dir);
     if (mkdir(dir, 0777) < 0)
         return kv_errf(e, "%s: cannot create directory: %s", dir, strerror(errno));
+    *created = true;
     return 0;
+}
+
+/* A folder this run created and could not fill (a full disk, the file-size
+ * limit) is removed with what was written into it: no model folder is left
+ * half made. A folder that was there keeps its files. */
+static int undo_folder(const char *dir, bool created)
+{
+    if (created) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    return -1;
 }
 
 static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, int bf16,
@@ -848,7 +867,8 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
 {
     const kv_config c = *cfg;
     char path[4096], seedtxt[32];
-    if (ensure_dir(dir, e) < 0)
+    bool created;
+    if (ensure_dir(dir, &created, e) < 0)
         return -1;
     int n = tensors_list(&c, NULL, 0);
     tensor_spec *specs = calloc((size_t)n, sizeof *specs);
@@ -856,7 +876,8 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
     if (!specs || !decls) {
         free(specs);
         free(decls);
-        return kv_errf(e, "out of memory");
+        kv_errf(e, "out of memory");
+        return undo_folder(dir, created);
     }
     tensors_list(&c, specs, n);
     int64_t total = tensors_weights(specs, n);
@@ -933,7 +954,9 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
     free(specs);
     free(decls);
     if (rc < 0)
-        return -1;
+        return undo_folder(dir, created);
     snprintf(path, sizeof path, "%s/config.json", dir);
-    return config_write_json_dtype(&c, path, bf16 ? "bfloat16" : "float32", e);
+    if (config_write_json_dtype(&c, path, bf16 ? "bfloat16" : "float32", e) < 0)
+        return undo_folder(dir, created);
+    return 0;
 }

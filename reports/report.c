@@ -91,8 +91,11 @@ static int write_file(const char *dir, const char *name, writer_fn fn, const rep
     else if (json_dumpf(j, o.f, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0)
         fputc('\n', o.f);
     else {
+        /* jansson says nothing of why: a full disk or the file-size limit
+         * fails the stream's writes, else it ran out of memory */
+        const int err = ferror(o.f) ? errno : 0;
         outfile_abort(&o);
-        return kv_errf(e, "%s: write failed: out of memory", path);
+        return kv_errf(e, "%s: write failed: %s", path, err ? strerror(err) : "out of memory");
     }
     return outfile_commit(&o, e);
 }

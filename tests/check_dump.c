@@ -1142,7 +1142,9 @@ START_TEST(test_swmr_crash)
 
     capture *c = capture_run(&m);
     dump_file *f = open_ok(path);
-    ck_assert_str_eq(dump_attr(f, "status"), "partial: running");
+    /* "partial: running" as written, said as what it is: no writer holds it */
+    ck_assert_msg(strstr(dump_attr(f, "status"), "partial: its writer ended without closing it") ==
+                      dump_attr(f, "status"), "%s", dump_attr(f, "status"));
     ck_assert(!dump_is_complete(f));
     check_tokens(f, c, 44, 0);  /* prompt_length is only set by dump_close */
     ck_assert_int_eq(compare_full(f, c, 0, 44), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
@@ -1335,9 +1337,9 @@ START_TEST(test_file_size_limit)
             _exit(3);
         int rc = run_engine(&m, false, dump_observer(w));
         const char *err = dump_error(w);
-        if (rc != 1 || !err || !strstr(err, "File too large") || !strstr(err, path))
+        if (rc != 1 || !err || !strstr(err, "file size limit reached (ulimit -f)") || !strstr(err, path))
             _exit(4);
-        if (dump_close(w, NULL, &e) != -1 || !strstr(e.msg, "File too large"))
+        if (dump_close(w, NULL, &e) != -1 || !strstr(e.msg, "file size limit reached (ulimit -f)"))
             _exit(5);
         /* The library must still shut down cleanly (libhdf5 crashed here,
          * at exit, when a close had failed). */

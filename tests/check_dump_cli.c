@@ -198,7 +198,9 @@ START_TEST(test_kill_9_leaves_readable_dump)
     ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     snprintf(args, sizeof args, "inspect %s", path);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
-    ck_assert_msg(strstr(out, "status    partial: running"), "%s", out);
+    /* no writer holds the file: it is not said to be running */
+    ck_assert_msg(strstr(out, "status    partial: its writer ended without closing it"), "%s",
+                  out);
     ck_assert_msg(strstr(out, "(prompt 4000)"), "%s", out);
     kv_err e = {{0}};
     dump_file *f = dump_open(path, &e);
@@ -213,6 +215,14 @@ START_TEST(test_kill_9_leaves_readable_dump)
     test_rmtree(dir);
 }
 END_TEST
+
+static int count_lines(const char *s)
+{
+    int n = 0;
+    for (; *s; s++)
+        n += *s == '\n';
+    return n;
+}
 
 /* A full disk (here: a file size limit) is a clear error, and the file
  * never says complete. */
@@ -233,10 +243,66 @@ START_TEST(test_file_size_limit)
     out[len] = 0;
     int st = pclose(p);
     ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2, "status %d: %s", st, out);
-    ck_assert_msg(strstr(out, "small.h5") && strstr(out, "File too large"), "%s", out);
+    ck_assert_msg(strstr(out, "small.h5") && strstr(out, "file size limit reached (ulimit -f)") &&
+                  count_lines(out) == 1, "%s", out);
+    /* what was written stays, said partial, and not "running": nothing is */
     snprintf(args, sizeof args, "inspect %s", path);
-    if (test_run_cli(args, out, sizeof out) == 0)
-        ck_assert_ptr_null(strstr(out, "status    complete"));
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "status    partial: its writer ended without closing it"), "%s",
+                  out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* One line and exit 2 for every verb that writes, at any point of its
+ * writing: SIGXFSZ killed run while the dump was created (exit 153), a
+ * failed last flush crashed at exit (libhdf5's handler, exit 139), report
+ * said "out of memory"; a folder or temporary file is never left. */
+static int limited(const char *limit_kib, const char *verb, char *buf, size_t n)
+{
+    const char *bin = getenv("KVDIFF_BIN") ? getenv("KVDIFF_BIN") : "./kvdiff";
+    char cmd[1024];
+    /* the limit applies to kvdiff alone; bash's ulimit -f counts KiB */
+    snprintf(cmd, sizeof cmd, "bash -c 'ulimit -f %s; exec \"%s\" %s' 2>&1", limit_kib, bin,
+             verb);
+    FILE *p = popen(cmd, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t len = fread(buf, 1, n - 1, p);
+    buf[len] = 0;
+    const int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+START_TEST(test_file_size_limit_every_writer)
+{
+    char dir[64], verb[512], ls[256];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(verb, sizeof verb, "run --model tiny-gemma3 --dump %s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(verb, out, sizeof out) == 0, "%s", out);
+    snprintf(verb, sizeof verb, "run --model tiny-gemma3 --engine chunked --dump %s/test.h5", dir);
+    ck_assert_msg(test_run_cli(verb, out, sizeof out) == 0, "%s", out);
+    struct {
+        const char *limit, *fmt, *left;
+    } c[] = {
+        {"8", "run --model tiny-gemma3 --dump %s/d.h5", "d.h5"},
+        {"64", "gen --preset tiny-gemma3 -o %s/folder", "folder"},
+        {"64", "gen --preset tiny-gemma3 --gguf %s/m.gguf", "m.gguf"},
+        {"4", "report %s/ref.h5 %s/test.h5 -o %s/rep", NULL},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        snprintf(verb, sizeof verb, c[i].fmt, dir, dir, dir);
+        const int rc = limited(c[i].limit, verb, out, sizeof out);
+        ck_assert_msg(rc == 2 && count_lines(out) == 1 &&
+                          strstr(out, "file size limit reached (ulimit -f)"),
+                      "%s: exit %d:\n%s", verb, rc, out);
+        if (c[i].left) {
+            snprintf(ls, sizeof ls, "%s/%s", dir, c[i].left);
+            ck_assert_msg(access(ls, F_OK) != 0, "%s left %s", verb, ls);
+        }
+        /* no temporary file anywhere in the folder */
+        snprintf(ls, sizeof ls, "find %s -name '*.tmp*' | grep -q .", dir);
+        ck_assert_msg(system(ls) != 0, "%s left a temporary file", verb);
+    }
     test_rmtree(dir);
 }
 END_TEST
@@ -283,6 +349,7 @@ Suite *dump_cli_suite(void)
     tcase_add_test(tc, test_ctrl_c_leaves_partial_dump);
     tcase_add_test(tc, test_kill_9_leaves_readable_dump);
     tcase_add_test(tc, test_file_size_limit);
+    tcase_add_test(tc, test_file_size_limit_every_writer);
     tcase_add_test(tc, test_refused_run_writes_no_dump);
     suite_add_tcase(s, tc);
     return s;

@@ -199,7 +199,7 @@ END_TEST
 /* In a child: a real run of tiny-gemma3 into path with the file allowed
  * to grow `extra` bytes past its size after creation. Exit status: 0 when
  * the writer behaved (the run completed, or stopped with an error naming
- * the file and "File too large" and dump_close failed), else which check
+ * the file and "file size limit reached (ulimit -f)" and dump_close failed), else which check
  * failed. A crash of libhdf5 (as at exit, after a failed close) is a
  * signal. */
 static int run_limited(const char *path, long extra, bool fingerprint, bool compress, int block)
@@ -240,11 +240,11 @@ static int run_limited(const char *path, long extra, bool fingerprint, bool comp
         gen_result_free(&res);
     engine_free(eng);
     const char *err = dump_error(w);
-    bool too_large = err && strstr(err, "File too large") && strstr(err, path);
+    bool too_large = err && strstr(err, "file size limit reached (ulimit -f)") && strstr(err, path);
     if (rc != 0 && !too_large)
         return 14;
     int closed = dump_close(w, NULL, &e);
-    if (closed != 0 && !(strstr(e.msg, "File too large") && strstr(e.msg, path)))
+    if (closed != 0 && !(strstr(e.msg, "file size limit reached (ulimit -f)") && strstr(e.msg, path)))
         return 15;
     if (rc != 0 && closed == 0)
         return 16;

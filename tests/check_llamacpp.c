@@ -519,6 +519,19 @@ START_TEST(test_llama_abort_is_one_line)
              gguf, dump);
     one_line_exit2(args, "llama.cpp stopped on a failed internal check", NULL);
     ck_assert_msg(strstr(out, "no dump written") && access(dump, F_OK) != 0, "%s", out);
+    /* a file-size limit while the dump is created: SIGXFSZ killed it, then
+     * libhdf5's exit handler crashed on the file it could not close */
+    const char *bin = getenv("KVDIFF_LLAMA_BIN") ? getenv("KVDIFF_LLAMA_BIN") : "./kvdiff-llama";
+    snprintf(args, sizeof args, "bash -c 'ulimit -f 8; exec \"%s\" %s --prompt-tokens 1,2,3 "
+             "--threads 1 --dump %s' 2>&1", bin, gguf, dump);
+    FILE *p = popen(args, "r");
+    ck_assert_ptr_nonnull(p);
+    const size_t len = fread(out, 1, sizeof out - 1, p);
+    out[len] = 0;
+    const int st = pclose(p);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 2 &&
+                      strstr(out, "file size limit reached (ulimit -f)") &&
+                      strchr(out, '\n') == out + len - 1, "status %d: %s", st, out);
     test_rmtree(dir);
 }
 END_TEST

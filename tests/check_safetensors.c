@@ -948,7 +948,7 @@ static int file_size_child(const char *path)
             rc = 12;
         else if (st_writer_put_f32(w, v, &e) == 0)
             rc = 13;
-        else if (!strstr(e.msg, path) || !strstr(e.msg, strerror(EFBIG)))
+        else if (!strstr(e.msg, path) || !strstr(e.msg, "file size limit reached (ulimit -f)"))
             rc = 14;
         else if (st_writer_finish(w, &e) == 0)
             rc = 15;
