@@ -16,6 +16,8 @@ import fcntl
 import json
 import math
 import os
+import re
+import resource
 import stat
 import struct
 
@@ -39,6 +41,23 @@ _REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_he
              "rope_local_base_freq")
 _CHUNK_ROWS = 64   # kvdiff's own chunk height
 _HASH_COLUMNS = "XXH3-64 of the row's float32 bytes"
+
+
+# What a write that found no room is said as.
+_NO_ROOM = {errno.ENOSPC: "no space left on the device",
+            errno.EFBIG: "file size limit reached (ulimit -f)",
+            errno.EDQUOT: "disk quota exceeded"}
+
+# Room kept beside the rows for what libhdf5 writes with them (object
+# headers, chunk indexes, the heap, the superblock's last flush).
+_METADATA_ROOM = 1 << 20
+
+
+def _write_errno(exc):
+    """The errno of a write that failed inside libhdf5 (h5py quotes it as
+    "errno = N"), else the exception's own, else None."""
+    m = re.search(r"errno = (\d+)", str(exc))
+    return int(m.group(1)) if m else getattr(exc, "errno", None)
 
 
 class RecorderError(ValueError):
@@ -265,7 +284,11 @@ class Recorder:
         a.create("status", "partial: running", dtype=h5py.string_dtype())
         a.create("tool_version", tool_version or f"kvdiff_record {__version__} (python)",
                  dtype=h5py.string_dtype())
-        self._f.flush()
+        self._make_room(0)
+        try:
+            self._f.flush()
+        except (OSError, RuntimeError) as exc:
+            self._abandon(_write_errno(exc), exc)
 
     # -------------------------------------------------------------- inputs
 
@@ -363,38 +386,55 @@ class Recorder:
         """Writes what waits, the tokens, /output, the hash index and the
         status; "complete" unless `status` (a reason) says otherwise or rows
         are missing (a gap before rows that were given). Raises
-        RecorderError after writing when the dump could not be complete."""
+        RecorderError after writing when the dump could not be complete, or
+        when the disk or the file-size limit has no room for it (then no
+        dump is left)."""
         if self._closed:
             return
-        self._closed = True
         problems = [] if status is None else [status]
         try:
-            for (layer, stage), s in self._sinks.items():
-                gap = s.missing()
-                if gap:
-                    where = f"layer {layer}" if layer >= 0 else "model"
-                    held = sum(len(r) for r in s.pending.values())
-                    problems.append(f"{where} {stage}: positions {gap[0]}..{gap[1]} never "
-                                    f"given ({held} later rows not written)")
-            if self._tokens is None:
-                problems.append("no tokens given (call tokens())")
-            else:
-                t = self._f.create_dataset("tokens", data=self._tokens, track_times=False)
-                t.attrs.create("first_position", 0, dtype="<i8")
-                t.attrs.create("prompt_length", self._prompt_length, dtype="<i8")
-            problems += self._write_output()
-            if not problems and self.hashes and all(
-                    math.isfinite(s.sum_sq) for s in self._sinks.values()):
-                # The index is optional, and kvdiff's reader refuses a row
-                # whose sum of squares is not finite (a NaN row): none then.
-                self._write_index()
-            text = "complete" if not problems else "partial: " + "; ".join(problems)
-            self._f.attrs.create("status", text[:1000], dtype=h5py.string_dtype())
-        finally:
+            # /output, the tokens and the index: a few rows each
+            self._make_room(len(self._output) * (8 + 8 * self.topk) +
+                            (0 if self._tokens is None else self._tokens.nbytes) +
+                            len(self._sinks) * 48)
+            self._write_closing(problems)
+            self._f.flush()
+        except (OSError, RuntimeError) as exc:
+            self._abandon(_write_errno(exc), exc)
+        except BaseException:
+            self._closed = True
             self._f.close()
             os.close(self._lock_fd)
+            raise
+        self._closed = True
+        self._f.close()
+        os.close(self._lock_fd)
         if problems and status is None:
             raise RecorderError(f"{self.path}: written as partial: {'; '.join(problems)}")
+
+    def _write_closing(self, problems):
+        """What close() writes; problems grows with what keeps it partial."""
+        for (layer, stage), s in self._sinks.items():
+            gap = s.missing()
+            if gap:
+                where = f"layer {layer}" if layer >= 0 else "model"
+                held = sum(len(r) for r in s.pending.values())
+                problems.append(f"{where} {stage}: positions {gap[0]}..{gap[1]} never "
+                                f"given ({held} later rows not written)")
+        if self._tokens is None:
+            problems.append("no tokens given (call tokens())")
+        else:
+            t = self._f.create_dataset("tokens", data=self._tokens, track_times=False)
+            t.attrs.create("first_position", 0, dtype="<i8")
+            t.attrs.create("prompt_length", self._prompt_length, dtype="<i8")
+        problems += self._write_output()
+        if not problems and self.hashes and all(
+                math.isfinite(s.sum_sq) for s in self._sinks.values()):
+            # The index is optional, and kvdiff's reader refuses a row
+            # whose sum of squares is not finite (a NaN row): none then.
+            self._write_index()
+        text = "complete" if not problems else "partial: " + "; ".join(problems)
+        self._f.attrs.create("status", text[:1000], dtype=h5py.string_dtype())
 
     def __enter__(self):
         return self
@@ -442,7 +482,61 @@ class Recorder:
         s.pending[pos] = rows
         while s.next in s.pending:
             r = s.pending.pop(s.next)
-            self._append(s, r)
+            # the row, its hash and its two statistics
+            self._make_room(r.nbytes + r.shape[0] * 16)
+            try:
+                self._append(s, r)
+            except (OSError, RuntimeError) as exc:
+                self._abandon(_write_errno(exc), exc)
+
+    def _make_room(self, nbytes):
+        """Writes no further than there is room for: a write that fails
+        inside libhdf5 leaves it unable to close the file, and it crashes
+        at exit closing it again. So the disk's free space and the
+        file-size limit (ulimit -f) are asked before each write of nbytes
+        (and room for libhdf5's own), and a write that would not fit is not
+        made: the dump is abandoned with one error instead."""
+        need = nbytes + _METADATA_ROOM
+        try:
+            size = max(os.fstat(self._lock_fd).st_size, self._f.id.get_filesize())
+        except (OSError, RuntimeError, ValueError):
+            size = 0
+        soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+        if soft != resource.RLIM_INFINITY and size + need > soft:
+            self._abandon(errno.EFBIG)
+        try:
+            st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+        except OSError:
+            return
+        if st.f_bavail * st.f_frsize < need:
+            self._abandon(errno.ENOSPC)
+
+    def _abandon(self, code, exc=None):
+        """No room for the dump: the half file this recorder created is
+        removed (its descriptor first pointed at /dev/null, so that libhdf5
+        closes it without writing where there is no room) and one error
+        says why. Raises RecorderError."""
+        words = _NO_ROOM.get(code) or f"write failed ({str(exc).splitlines()[0]})"
+        try:
+            fd = self._f.id.get_vfd_handle()
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+        except (OSError, RuntimeError, ValueError):
+            pass   # libhdf5 then closes as it can
+        try:
+            self._f.close()
+        except (OSError, RuntimeError, ValueError):
+            pass   # the file is removed below in any case
+        self._closed = True
+        try:
+            mine, there = os.fstat(self._lock_fd), os.stat(self.path)
+            if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self._lock_fd)
+        raise RecorderError(f"{self.path}: {words}: no dump written") from None
 
     def _sink(self, layer, stage, width):
         key = (layer, stage)

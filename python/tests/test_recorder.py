@@ -261,6 +261,33 @@ class TestBadInput(Base):
                          "--max-new", "1", "--dump", path)
         self.assertEqual(rc, 0, out)
 
+    def test_file_size_limit(self):
+        """Rows past the file-size limit (ulimit -f): one RecorderError,
+        no dump left, a clean exit. libhdf5 whose write failed could not
+        close the file and crashed at exit (SIGSEGV), the error unsaid."""
+        path = self.path("limited.h5")
+        script = (
+            "import resource, sys, numpy as np\n"
+            "from kvdiff_record import Recorder, RecorderError\n"
+            f"cfg = {self.cfg!r}\n"
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, 3 << 20))\n"
+            "try:\n"
+            f"    with Recorder({path!r}, cfg) as rec:\n"
+            "        rows = np.ones((64, cfg['vocab_size']), np.float32)\n"
+            "        for p in range(0, 64 * 200, 64):\n"
+            "            rec.model_rows('logits', p, rows)\n"
+            "except RecorderError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n")
+        env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=120, env=env)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertEqual(p.stdout.strip(), f"{path}: file size limit reached (ulimit -f): no "
+                                           f"dump written")
+        self.assertEqual(p.stderr, "")
+        self.assertFalse(os.path.exists(path))
+
     def test_not_a_regular_file(self):
         fifo, link = self.path("fifo.h5"), self.path("null.h5")
         os.mkfifo(fifo)
