@@ -151,6 +151,15 @@ int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e);
  * norm or LM head bug that keeps every recorded stage and the argmax
  * would pass otherwise. Returns 0 or -1 (read error). */
 int cmp_output_exact(cmp_ctx *c, kv_err *e);
+
+/* Across runtimes /output is the walk's last step at each position
+ * (crossrt.c): err[p - base] (P entries) is its largest difference, each
+ * token's value matched by id across the two top-k lists (and the log-sum-
+ * exp), over the reference's largest magnitude there; NaN where either
+ * side holds none. cmp_output_step makes position p's /output the first
+ * divergence, as cmp_output_exact does. Both 0, or -1 with e filled. */
+int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *e);
+int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e);
 /* Top-1 minus top-2 logit of src at pos, NaN when unknown (tokens.c). */
 double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
 

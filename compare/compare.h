@@ -522,6 +522,9 @@ typedef struct {
     char compute_assumed_why[96];
     double floor_base, kv_factor, gain, history;
     bool step;                   /* a row above its threshold: the bug, at `first` */
+    bool output_drift;           /* /output differs (within drift, unless the step
+                                  * is there): the verdict is then no "identical" */
+    double output_max_rel;       /* its largest relative error (tokens.c) */
     double step_err, step_threshold;
     double worst_ratio;          /* the largest err / threshold of any drift row */
     int64_t worst_pos;           /* where (-1 none) */

@@ -159,6 +159,7 @@ typedef struct {
     double *err;                 /* (n, P): row-relative error, +inf for NaN/Inf */
     bool *kv_rounds;             /* (n): kv_rounds_here */
     float *acc_gap;              /* (n, P): f16acc.c's modelled gap, or NULL */
+    double *out_err;             /* (P): /output's error (cmp_output_errors), NaN none */
 } xrt_walk;
 
 static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_err *e)
@@ -344,6 +345,24 @@ static double recent(const xrt_walk *x, const cmp_stage_result *sr, int i, int64
     return m;
 }
 
+/* Is /output at p above drift? Its threshold as any stage's: the floor,
+ * gain x the largest error upstream at p, history x its own over the
+ * window before. */
+static bool output_steps(const xrt_walk *x, int64_t p, double upstream, double *thr,
+                         double *err)
+{
+    if (!x->out_err || isnan(x->out_err[p - x->base]))
+        return false;
+    double own = 0;
+    for (int64_t q = p - XRT_WINDOW > x->base ? p - XRT_WINDOW : x->base; q < p; q++)
+        if (!isnan(x->out_err[q - x->base]))
+            own = fmax(own, x->out_err[q - x->base]);
+    const cmp_stage_result out = {.layer = -1, .stage = STAGE_LOGITS};
+    *thr = threshold(&x->c->r->xrt, &out, false, 0, upstream, own);
+    *err = x->out_err[p - x->base];
+    return !(*err <= *thr);
+}
+
 /* Positions ascending, at each the stages in dataflow order: the first
  * row above its threshold is the step. Rows before it are drift and teach
  * each stage its scale. audit_p, audit_i: the attention check's step
@@ -360,7 +379,8 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
      * drift only (the step's row teaches nothing) */
     int64_t stop = -1;
     int stop_i = -1;
-    double stop_thr = 0;
+    double stop_thr = 0, out_err = 0;
+    bool out_step = false;
     for (int64_t p = x->base; p < x->base + x->P && stop < 0; p++) {
         double upstream = 0;
         for (int i = 0; i < x->n; i++) {
@@ -403,11 +423,23 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                 upstream = err > upstream ? err : upstream;
             }
         }
+        /* /output last: the final norm, the LM head and the softcap come
+         * after every stage; its rows carry no stage of their own */
+        if (stop < 0 && output_steps(x, p, upstream, &stop_thr, &out_err)) {
+            stop = p;
+            out_step = true;
+        }
         r->compared.walked_to = p;
     }
     free(own);
     if (stop < 0)
         return 0;
+    if (out_step) {
+        m->step = true;
+        m->step_err = out_err;
+        m->step_threshold = stop_thr;
+        return cmp_output_step(x->c, stop, e);
+    }
     m->step = true;
     m->step_err = m->audit_step ? audit_err
                                 : x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
@@ -448,8 +480,11 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     x.kv_rounds = calloc((size_t)x.n, sizeof *x.kv_rounds);
     for (int i = 0; x.kv_rounds && i < x.n; i++)
         x.kv_rounds[i] = kv_rounds_here(r, i);
-    int rc = x.recs && x.err && x.kv_rounds ? read_all(&x, e)
-                                            : kv_errf(e, "compare: out of memory");
+    x.out_err = calloc((size_t)x.P, sizeof *x.out_err);
+    int rc = x.recs && x.err && x.kv_rounds && x.out_err ? read_all(&x, e)
+                                                         : kv_errf(e, "compare: out of memory");
+    if (rc == 0)
+        rc = cmp_output_errors(c, x.base, x.P, x.out_err, e);
     /* llama.cpp's f16 summation of attention values, modelled. */
     m->acc_pos = -1;
     m->acc_layer = -1;
@@ -472,5 +507,6 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     free(x.err);
     free(x.kv_rounds);
     free(x.acc_gap);
+    free(x.out_err);
     return rc;
 }

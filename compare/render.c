@@ -200,6 +200,8 @@ static void same_report(FILE *f, const cmp_result *r)
     if (!r->xrt.on)
         fprintf(f, ", max %llu ulp", (unsigned long long)agg.max_ulp);
     fprintf(f, "), ");
+    if (r->xrt.on && r->xrt.output_drift)
+        fprintf(f, "/output within drift (max rel %.3g), ", r->xrt.output_max_rel);
     tokens_phrase(f, &r->tokens);
     fprintf(f, "\n");
     xrt_line(f, r);
@@ -729,13 +731,17 @@ static json_t *jxrt(const cmp_result *r)
                     jnum(x->compute_eps), "factor", jnum(x->compute_factor), "stated",
                     x->compute_stated, "assumed_why",
                     x->compute_stated ? json_null() : json_string(x->compute_assumed_why));
-    return json_pack("{ss ss so ss so so so so so sb so so so so so so}", "model", x->model, "why",
+    json_t *j = json_pack("{ss ss so ss so so so so so sb so so so so so so}", "model", x->model, "why",
                      x->why, "compute", compute, "kv_precision", x->kv_precision, "kv_eps", jnum(x->kv_eps), "floor",
                      jnum(x->floor_base), "kv_factor", jnum(x->kv_factor), "gain",
                      jnum(x->gain), "history", jnum(x->history), "step", x->step, "step_error",
                      x->step ? jnum(x->step_err) : json_null(), "step_threshold",
                      x->step ? jnum(x->step_threshold) : json_null(), "drift_closest", worst,
                      "attention_check", audit, "f16_accumulation", acc, "stages", st);
+    if (j)   /* /output, walked last at each position; null where it is bit-identical */
+        json_object_set_new(j, "output_max_rel", x->output_drift ? jnum(x->output_max_rel)
+                                                                 : json_null());
+    return j;
 }
 
 static json_t *jstages(const cmp_result *r)

@@ -415,3 +415,125 @@ int cmp_output_exact(cmp_ctx *c, kv_err *e)
     free(B.vals);
     return rc;
 }
+
+/* ------------------------------------------------------------------ */
+/* /output across runtimes: judged by the drift model                   */
+
+/* Row r's largest difference, with each token's value matched by its id
+ * across the two top-k lists: the log-sum-exp, every id both lists hold,
+ * and an id one list holds above the other's last value (the other then
+ * ranks it lower than it would be: it differs by at least that gap).
+ * *at: -1 the lse, else the reference rank (or, as -2 - i, the test's
+ * rank i of an id the reference lacks) where it is largest; *scale: the
+ * reference's largest magnitude (lse and values). */
+static double output_row_err(const out_block *A, const out_block *B, int64_t r, int ka, int kb,
+                             int *at, double *scale)
+{
+    const float *ra = A->vals + r * ka, *rb = B->vals + r * kb;
+    const int32_t *ia = A->ids + r * ka, *ib = B->ids + r * kb;
+    double worst = fabs((double)A->lse[r] - (double)B->lse[r]);
+    *at = -1;
+    *scale = fabs((double)A->lse[r]);
+    if (!isfinite(worst) && !(isnan(A->lse[r]) && isnan(B->lse[r])))
+        worst = INFINITY;
+    for (int i = 0; i < ka; i++) {
+        *scale = fmax(*scale, fabs((double)ra[i]));
+        double d = -1;
+        for (int j = 0; j < kb && d < 0; j++)
+            if (ib[j] == ia[i])
+                d = fabs((double)ra[i] - (double)rb[j]);
+        if (d < 0)   /* not in the test's list: at most its last value there */
+            d = fmax(0, (double)ra[i] - (double)rb[kb - 1]);
+        if (d > worst || isnan(d)) {
+            worst = isnan(d) ? INFINITY : d;
+            *at = i;
+        }
+    }
+    for (int j = 0; j < kb; j++) {
+        bool held = false;
+        for (int i = 0; i < ka && !held; i++)
+            held = ia[i] == ib[j];
+        const double d = held ? 0 : fmax(0, (double)rb[j] - (double)ra[ka - 1]);
+        if (d > worst) {
+            worst = d;
+            *at = -2 - j;
+        }
+    }
+    return worst;
+}
+
+int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *e)
+{
+    for (int64_t i = 0; i < P; i++)
+        err[i] = NAN;
+    int64_t lo, hi;
+    int ka, kb;
+    if (!output_overlap(c, &lo, &hi, &ka, &kb))
+        return 0;
+    lo = lo > base ? lo : base;
+    hi = hi < base + P - 1 ? hi : base + P - 1;
+    out_block A = {.ids = malloc((size_t)64 * ka * 4), .vals = malloc((size_t)64 * ka * 4)};
+    out_block B = {.ids = malloc((size_t)64 * kb * 4), .vals = malloc((size_t)64 * kb * 4)};
+    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
+        const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
+        if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
+            c->test->output(c->test->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            int at;
+            double scale;
+            const double d = output_row_err(&A, &B, r, ka, kb, &at, &scale);
+            err[p + r - base] = scale > 0 ? d / scale : d > 0 ? INFINITY : 0;
+            const double rel = err[p + r - base];
+            if (rel > c->r->xrt.output_max_rel || isnan(rel))
+                c->r->xrt.output_max_rel = isnan(rel) ? INFINITY : rel;
+            c->r->xrt.output_drift |= !(d == 0) || output_row_diff(&A, &B, r, ka, kb,
+                                                                  ka < kb ? ka : kb) != -2;
+        }
+    }
+    free(A.ids);
+    free(A.vals);
+    free(B.ids);
+    free(B.vals);
+    return rc;
+}
+
+int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e)
+{
+    int64_t lo, hi;
+    int ka, kb;
+    if (!output_overlap(c, &lo, &hi, &ka, &kb) || p < lo || p > hi)
+        return kv_errf(e, "compare: /output holds no position %lld on both sides", (long long)p);
+    out_block A = {.ids = malloc((size_t)ka * 4), .vals = malloc((size_t)ka * 4)};
+    out_block B = {.ids = malloc((size_t)kb * 4), .vals = malloc((size_t)kb * 4)};
+    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    if (rc == 0 && (c->ref->output(c->ref->ctx, p, 1, A.lse, A.ids, A.vals, e) < 0 ||
+                    c->test->output(c->test->ctx, p, 1, B.lse, B.ids, B.vals, e) < 0))
+        rc = -1;
+    if (rc == 0) {
+        int at;
+        double scale;
+        output_row_err(&A, &B, 0, ka, kb, &at, &scale);
+        /* an id only the test ranks: shown at the reference's last rank,
+         * where it would have had to be */
+        output_divergence(c, &A, &B, 0, p, ka, kb, ka < kb ? ka : kb,
+                          at < -1 ? (ka < kb ? ka : kb) - 1 : at);
+        /* across runtimes the values are compared by id, not by rank */
+        cmp_divergence *d = &c->r->first;
+        if (at >= 0) {
+            d->ref = A.vals[at];
+            for (int j = 0; j < kb; j++)
+                if (B.ids[j] == A.ids[at])
+                    d->test = B.vals[j];
+        }
+        d->row_rel = scale > 0 ? d->row_max_abs / scale : d->row_rel;
+    }
+    free(A.ids);
+    free(A.vals);
+    free(B.ids);
+    free(B.vals);
+    return rc;
+}

@@ -189,6 +189,12 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
     o->step_threshold = num(c, x, w, "step_threshold", true);
     if (!c->failed && o->step != (isfinite(o->step_err) && isfinite(o->step_threshold)))
         bad(c, w, "step_error", "does not agree with step");
+    /* /output's drift (absent in results older than it; null: bit-identical) */
+    const json_t *om = json_object_get(x, "output_max_rel");
+    if (om && !json_is_null(om)) {
+        o->output_drift = true;
+        o->output_max_rel = num(c, x, w, "output_max_rel", false);
+    }
     o->worst_pos = -1;
     o->worst_layer = -1;
     json_t *dc = c->failed ? NULL : object(c, x, w, "drift_closest", true);

@@ -684,6 +684,48 @@ START_TEST(test_compare_output_bits)
 }
 END_TEST
 
+/* Across runtimes /output is the last step of the drift walk at each
+ * position: a top-k value or the log-sum-exp scaled by 0.9 in another
+ * runtime's recording passed as "no bug" (only the stages were walked);
+ * one ulp stays drift. The test is kvdiff's own recording said to be
+ * PyTorch's, so that every stage agrees and /output alone differs. */
+START_TEST(test_compare_output_drift)
+{
+    char dir[64], args[1024], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 30 --max-new 4 --dump "
+             "%s/a.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(path, sizeof path, "%s/b.h5", dir);
+    static const struct {
+        const char *dset;
+        hsize_t row, col;
+        float factor;
+        int rc;
+        const char *says;
+    } edits[] = {{NULL, 0, 0, 0, 0, "identical: "},
+                 {"/output/topk_values", 2, 1, 0, 0, "/output within drift (max rel"},
+                 {"/output/lse", 1, 0, 0, 0, "/output within drift (max rel"},
+                 {"/output/topk_values", 2, 1, 0.9f, 1,
+                  "FIRST STEP ABOVE DRIFT  position 31, model level, stage logits, rank 2"},
+                 {"/output/lse", 1, 0, 0.9f, 1, "the log-sum-exp in /output"}};
+    for (size_t i = 0; i < sizeof edits / sizeof *edits; i++) {
+        snprintf(args, sizeof args, "cp %s/a.h5 %s", dir, path);
+        ck_assert_int_eq(system(args), 0);
+        set_attr(path, "/", "engine", "pytorch", 0);
+        set_attr(path, "/", "engine_settings", "{\"compute_dtype\": \"f32\"}", 0);
+        if (edits[i].dset)
+            edit_output(path, edits[i].dset, edits[i].row, edits[i].col, edits[i].factor);
+        snprintf(args, sizeof args, "compare %s/a.h5 %s", dir, path);
+        const int rc = test_run_cli(args, out, sizeof out);
+        ck_assert_msg(rc == edits[i].rc && strstr(out, edits[i].says) &&
+                          (i == 0 || strstr(out, "cross-runtime")),
+                      "edit %zu: exit %d:\n%s", i, rc, out);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Recordings given the wrong way round (the chunked engine's first):
  * a note says so, and the diagnosis never claims a window the config
  * already gives ("window in test appears to be 5, config says 12"). */
@@ -726,6 +768,7 @@ Suite *compare_cli_suite(void)
     tcase_add_test(tc, test_compare_index);
     tcase_add_test(tc, test_compare_selections);
     tcase_add_test(tc, test_compare_output_bits);
+    tcase_add_test(tc, test_compare_output_drift);
     tcase_add_test(tc, test_compare_wrong_way_round);
     suite_add_tcase(s, tc);
     return s;

@@ -364,9 +364,10 @@ static void diagnose_output(cmp_ctx *c)
 {
     dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
     dg_say(c->g->detail, sizeof c->g->detail, "(/output differs at position %lld, %d of its "
-        "entries, while every recorded stage there is identical: the final norm, the LM head "
-        "or the logits' softcap differs, or /output was written otherwise; record final_norm "
-        "and logits to see which)", (long long)c->d->pos, c->d->n_bad);
+        "entries, while every recorded stage there is %s: the final norm, the LM head or the "
+        "logits' softcap differs, or /output was written otherwise; record final_norm and "
+        "logits to see which)", (long long)c->d->pos, c->d->n_bad,
+        c->r->xrt.on ? "within drift" : "identical");
 }
 
 int cmp_diagnose(cmp_ctx *c, kv_err *e)
