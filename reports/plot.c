@@ -21,7 +21,11 @@
 #define ERR_FLOOR 1e-12
 /* Non-finite row errors are written as this in the plotted column. */
 #define ERR_CEIL 1e30
-#define MAX_LINES 200            /* chunk boundaries drawn at most */
+#define MAX_LINES 48             /* chunk boundaries drawn at most: past it, about
+                                  * 16 pixels a chunk, they would cover the plot */
+#define ZOOM_ABOVE 160           /* a heatmap of more positions is drawn around
+                                  * the first divergence ... */
+#define ZOOM_HALF 48             /* ... this many positions either side */
 
 /* ------------------------------------------------------------------ */
 /* Files                                                                */
@@ -130,7 +134,7 @@ static void gp_tail(FILE *f, const char *name, const char *plot)
                "set output '%s.svg'\nreplot\nunset output\n", plot, name);
 }
 
-enum { LINE_WINDOW = 1, LINE_CHUNKS = 2, LINE_TOKENS = 4 };
+enum { LINE_WINDOW = 1, LINE_CHUNKS = 2, LINE_TOKENS = 4, LINE_CHUNKS_DENSE = 8 };
 
 /* Vertical lines at the sliding-window boundary, the chunk boundaries and
  * the first position whose input token differs, each at the left edge of
@@ -147,7 +151,10 @@ static unsigned gp_boundaries(FILE *f, const geometry *g, int64_t lo, int64_t hi
                 g->window - 0.5, g->window - 0.5, g->window, g->window - 0.5);
         drawn |= LINE_WINDOW;
     }
-    if (g->chunk > 0 && (hi - lo) / g->chunk <= MAX_LINES)
+    const int64_t chunk_hi = hi < g->prompt - 1 ? hi : g->prompt - 1;
+    if (g->chunk > 0 && chunk_hi > lo && (chunk_hi - lo) / g->chunk > MAX_LINES)
+        drawn |= LINE_CHUNKS_DENSE;
+    else if (g->chunk > 0)
         for (int64_t p = (lo / g->chunk + 1) * g->chunk; p <= hi && p < g->prompt; p += g->chunk)
             if (p != g->window) {
                 fprintf(f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 1.5 dt 3 "
@@ -178,6 +185,10 @@ static void caption_lines(char *buf, size_t n, unsigned drawn, const geometry *g
         used += (size_t)snprintf(buf + used, n - used,
                                  " %s lines: the test's prefill chunk boundaries (every %ld "
                                  "positions of the prompt).", chunk_style, g->chunk);
+    if ((drawn & LINE_CHUNKS_DENSE) && used < n)
+        used += (size_t)snprintf(buf + used, n - used,
+                                 " The test's prefill chunk boundaries (every %ld positions) are "
+                                 "not drawn: at this scale they would cover the plot.", g->chunk);
     if ((drawn & LINE_TOKENS) && used < n)
         snprintf(buf + used, n - used,
                  " Solid black line: the first position whose input token differs; rows "
@@ -214,6 +225,18 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     const char *sn = stage_name(g->stage);
     const double fl = g->hashed ? 0 : grid_floor(g);
     const int64_t lo = g->pos_lo, hi = g->pos_lo + g->n_pos - 1;
+    /* A long run's heatmap is drawn around the first divergence, where a
+     * cell of a 500-position plot would be one pixel wide; heatmap.dat
+     * keeps every position. */
+    const cmp_divergence *dv = &c->r->first;
+    int64_t xlo = lo, xhi = hi;
+    const bool zoom = g->n_pos > ZOOM_ABOVE && dv->found && dv->layer >= 0 && dv->pos >= lo &&
+                      dv->pos <= hi;
+    if (zoom) {
+        xlo = dv->pos - ZOOM_HALF > lo ? dv->pos - ZOOM_HALF : lo;
+        xhi = xlo + 2 * ZOOM_HALF < hi ? xlo + 2 * ZOOM_HALF : hi;
+        xlo = xhi - 2 * ZOOM_HALF > lo ? xhi - 2 * ZOOM_HALF : lo;
+    }
     out_file d = {0}, s = {0};
     if (out_open(&d, dir, "heatmap.dat", e) < 0)
         return -1;
@@ -241,16 +264,20 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
         return -1;
     gp_head(s.f, "heatmap", "row error over layers and positions");
     fputs("set style textbox opaque\n", s.f);
-    fprintf(s.f, "set xlabel 'position'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
+    fprintf(s.f, "set xlabel 'position%s'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
                  "set yrange [%g:%g]\nset ytics 1\nset palette rgbformulae 22,13,-31\n",
-            lo - 0.5, hi + 0.5, -0.5, g->n_layers - 0.5);
+            zoom ? " (around the first divergence)" : "", xlo - 0.5, xhi + 0.5, -0.5,
+            g->n_layers - 0.5);
     if (g->hashed) {
         fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
                      "1 differs)'\nset cbrange [0:1]\nset cbtics ('same' 0, 'differs' 1)\n", sn);
     } else {
         /* The colour scale is log10 of the error; its ticks are whole
          * decades written as the other plots write them (1e-12). */
-        const double top = grid_max(g) > 0 ? ceil(log10(fmin(grid_max(g), ERR_CEIL))) : 0;
+        /* The top colour is an error of 1 or more (values are of order
+         * 1): a run whose worst row is one ulp off stays in the cool
+         * colours instead of painting that ulp the colour of a bug. */
+        const double top = grid_max(g) > 1 ? ceil(log10(fmin(grid_max(g), ERR_CEIL))) : 0;
         const double span = top - log10(fl);
         fprintf(s.f, "set title 'stage %s: row error max|test - ref| "
                      "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'row error (log "
@@ -261,12 +288,14 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     if (!g->hashed && grid_max(g) == 0)
         fprintf(s.f, "set label 'every row bit-identical' at graph 0.5, graph 0.5 center "
                      "front boxed\n");
-    const unsigned lines = gp_boundaries(s.f, geo, lo, hi, "#ffffff");
-    const cmp_divergence *dv = &c->r->first;
+    const unsigned lines = gp_boundaries(s.f, geo, xlo, xhi, "#ffffff");
+    /* the label reads into the plot: leftward from a dot in its right half */
+    const bool right_half = dv->found && 2 * (dv->pos - xlo) > xhi - xlo;
     if (dv->found && dv->layer >= 0)
-        fprintf(s.f, "set label 'first divergence (%s)' at %lld, %d point pt 7 ps 1.6 "
-                     "lc rgb '#00ff00' offset 1,0.8 tc rgb '#000000' front boxed\n",
-                stage_name(dv->stage), (long long)dv->pos, dv->layer);
+        fprintf(s.f, "set label 'first divergence (%s)' at %lld, %d %s point pt 7 ps 1.6 "
+                     "lc rgb '#00ff00' offset %s,0.8 tc rgb '#000000' front boxed\n",
+                stage_name(dv->stage), (long long)dv->pos, dv->layer,
+                right_half ? "right" : "left", right_half ? "-1" : "1");
     if (c->r->beyond.found && c->r->beyond.layer >= 0)
         fprintf(s.f, "set label 'beyond drift (%s)' at %lld, %d point pt 9 ps 1.6 "
                      "lc rgb '#00ffff' offset 1,-0.8 tc rgb '#000000' front boxed\n",
@@ -283,6 +312,12 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     caption_lines(pl->caption, sizeof pl->caption, lines, geo, "Dotted white");
     {
         size_t used = strlen(pl->caption);
+        if (zoom && used < sizeof pl->caption)
+            used += (size_t)snprintf(pl->caption + used, sizeof pl->caption - used,
+                                     " Drawn for positions %lld..%lld, around the first "
+                                     "divergence, of the %lld..%lld compared (heatmap.dat "
+                                     "holds them all).", (long long)xlo, (long long)xhi,
+                                     (long long)lo, (long long)hi);
         if (dv->found && dv->layer >= 0 && used < sizeof pl->caption)
             used += (size_t)snprintf(pl->caption + used, sizeof pl->caption - used,
                                      " The green dot marks the first divergence.");

@@ -549,6 +549,57 @@ START_TEST(test_unwritable_output)
 }
 END_TEST
 
+/* A long run read at a glance: 240 positions in chunks of 3 drew 77
+ * chunk lines over the heatmap and made the divergence a one-pixel column
+ * with a clipped label; a run off by rounding alone was painted in the
+ * colour of a bug. Now the heatmap is drawn around the first divergence
+ * (heatmap.dat keeps every position), chunk lines past a density are left
+ * out and the caption says so, and the colour scale tops out at an error
+ * of 1 or more. */
+START_TEST(test_long_run_readable)
+{
+    char dir[64], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    const char *runs[][2] = {{"r.h5", ""},
+                             {"bug.h5", "--engine chunked --chunk 3 --inject window=4"},
+                             {"drift.h5", "--engine chunked --chunk 3 --attn cascade"}};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "run --model tiny-gemma3 --prompt-random 230 --seed 1 "
+                 "--max-new 10 --ignore-eos %s --dump %s/%s", runs[i][1], dir, runs[i][0]);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    }
+    snprintf(args, sizeof args, "report %s/r.h5 %s/bug.h5 -o %s/bug", dir, dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%s", out);
+    char sub[128];
+    snprintf(sub, sizeof sub, "%s/bug", dir);
+    char *gp = slurp(sub, "plots/heatmap.gp"), *html = slurp(sub, "index.html");
+    ck_assert_ptr_nonnull(gp);
+    ck_assert_ptr_nonnull(html);
+    ck_assert_msg(strstr(gp, "set xrange [-0.5:96.5]"), "%s", gp);
+    ck_assert_msg(strstr(html, "Drawn for positions 0..96, around the first divergence, of the "
+                               "0..238 compared"), "no zoom in the heatmap's caption");
+    ck_assert_msg(count(gp, "lc rgb '#ffffff' front") <= 48, "%s", gp);
+    free(gp);
+    /* the positions plot spans the run: its 77 chunk lines are left out */
+    gp = slurp(sub, "plots/positions.gp");
+    ck_assert_ptr_nonnull(gp);
+    ck_assert_msg(count(gp, "dt 3") == 0, "%s", gp);
+    ck_assert_msg(strstr(html, "are not drawn: at this scale they would cover the plot"),
+                  "the caption does not say the chunk lines are left out");
+    free(gp);
+    free(html);
+    /* rounding drift alone: cool colours, the scale up to 1e+00 */
+    snprintf(args, sizeof args, "report %s/r.h5 %s/drift.h5 -o %s/drift", dir, dir, dir);
+    test_run_cli(args, out, sizeof out);
+    snprintf(sub, sizeof sub, "%s/drift", dir);
+    gp = slurp(sub, "plots/heatmap.gp");
+    ck_assert_ptr_nonnull(gp);
+    ck_assert_msg(strstr(gp, "set cbrange [-12:0]"), "%s", gp);
+    free(gp);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A dump cut short by a full disk (test_record_cut_short): the report
  * compares what it holds and says, on the page and in the summary, that the
  * recording is partial. */
@@ -963,6 +1014,7 @@ Suite *report_suite(void)
     tcase_add_test(cli, test_hostile_name);
     tcase_add_test(cli, test_partial_dump_report);
     tcase_add_test(cli, test_json_round_trip);
+    tcase_add_test(cli, test_long_run_readable);
     suite_add_tcase(s, cli);
     TCase *lib = tcase_create("library");
     tcase_add_test(lib, test_malformed_json);
