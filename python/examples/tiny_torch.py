@@ -195,54 +195,136 @@ def rope_tables(positions, theta, d, prec):
     return prec.rnd(cos), prec.rnd(sin)
 
 
-def rope(x, cos, sin, prec):
+def rotate_half(x):
     d = x.shape[-1]
-    half = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return prec.rnd(prec.rnd(x * cos) + prec.rnd(half * sin))
+    return torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=1, rnd=None):
+    """RoPE as transformers' Llama, Qwen and Gemma 3 modeling files define
+    it (a module-level function the attention looks up when it runs, which
+    kvdiff_record.transformers wraps): q [batch, heads, T, D] and k
+    [batch, KV heads, T, D] rotated by cos, sin [batch, T, D]. rnd rounds
+    each product to the runtime's dtype (transformers' tensors are in it)."""
+    del position_ids
+    r = rnd or (lambda t: t)
+    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+    return (r(r(q * cos) + r(rotate_half(q) * sin)),
+            r(r(k * cos) + r(rotate_half(k) * sin)))
+
+
+class DynamicLayer:
+    """One layer's cache in transformers' DynamicCache: keys, values
+    [1, KV heads, T, D], post-RoPE, slot t holding position first + t. A
+    sliding layer keeps the last window - 1 positions only (transformers'
+    DynamicSlidingWindowLayer): what a later query can still read."""
+
+    def __init__(self, keep=None):
+        self.keys = self.values = None
+        self.first = 0
+        self.keep = keep
+
+    def update(self, k, v):
+        """Adds the new rows; returns every key and value the new queries
+        may read (the kept ones and the new), and the first's position."""
+        if self.keys is None:
+            keys, values, first = k, v, self.first
+        else:
+            keys, values = torch.cat([self.keys, k], 2), torch.cat([self.values, v], 2)
+            first = self.first
+        self.keys, self.values = keys, values
+        if self.keep is not None and keys.shape[2] > self.keep:
+            drop = keys.shape[2] - self.keep
+            self.keys, self.values = keys[:, :, drop:], values[:, :, drop:]
+            self.first = first + drop
+        return keys, values, first
+
+    def seen(self):
+        return 0 if self.keys is None else self.first + self.keys.shape[2]
+
+
+class DynamicCache:
+    """transformers' DynamicCache, as its .layers: one DynamicLayer per
+    layer that owns a cache (a KV-shared layer reads its owner's)."""
+
+    def __init__(self, config):
+        keep = config["sliding_window"] - 1 if config["sliding_window"] > 0 else None
+        self.layers = [DynamicLayer(keep if t == "sliding_attention" else None)
+                       for t in config["layer_types"]]
+
+    def get_seq_length(self):
+        return self.layers[0].seen()
 
 
 class Attention(nn.Module):
-    def __init__(self, c, arch, prec, attn):
+    def __init__(self, c, arch, prec, attn, layer_idx):
         super().__init__()
         h, kv, d, e = (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                        c["hidden_size"])
         self.h, self.kv, self.d = h, kv, d
+        self.layer_idx = layer_idx
+        self.owner = c["kv_owner"][layer_idx]
         bias = arch == "qwen2"
         self.q_proj = Linear(e, h * d, bias, prec)
-        self.k_proj = Linear(e, kv * d, bias, prec)
-        self.v_proj = Linear(e, kv * d, bias, prec)
+        if self.owner == layer_idx:   # a KV-shared layer has no k and v of its own
+            self.k_proj = Linear(e, kv * d, bias, prec)
+            self.v_proj = Linear(e, kv * d, bias, prec)
         self.o_proj = Linear(h * d, e, False, prec)
         self.qk_norm = arch in ("gemma3_text", "qwen3")
         if self.qk_norm:
             self.q_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
-            self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
-        self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the recorder's tap
+            if self.owner == layer_idx:
+                self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
+        self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the hooks' tap
         self.prec, self.attn = prec, attn
         self.strict = False           # --fault own-key-masked
 
-    def forward(self, x, positions, past, theta, window, scale, visible):
-        t, p = x.shape[1], self.prec
-        q = self.q_proj(x)[0].view(t, self.h, self.d).transpose(0, 1)
-        k = self.k_proj(x)[0].view(t, self.kv, self.d).transpose(0, 1)
-        v = self.v_proj(x)[0].view(t, self.kv, self.d).transpose(0, 1)
+    def project(self, x, t):
+        """q, and k and v where this layer owns a cache: [1, heads, T, D]."""
+        q = self.q_proj(x).view(1, t, self.h, self.d).transpose(1, 2)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q = self.q_norm(q)
+        if self.owner != self.layer_idx:
+            return q, None, None
+        k = self.k_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
+        v = self.v_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
+        if self.qk_norm:
+            k = self.k_norm(k)
+        return q, k, v
+
+    def rotate(self, q, k, cos, sin):
+        """Post-RoPE q and k through the module-level function, looked up
+        at call time as transformers' attention does."""
+        if k is None:   # a KV-shared layer: q alone (the owner rotated its k)
+            return apply_rotary_pos_emb(q, q[:, :0], cos[None], sin[None],
+                                        rnd=self.prec.rnd)[0], None
+        return apply_rotary_pos_emb(q, k, cos[None], sin[None], rnd=self.prec.rnd)
+
+    def forward(self, x, positions, cache, theta, window, scale, visible):
+        t, p = x.shape[1], self.prec
+        q, k, v = self.project(x, t)
         cos, sin = rope_tables(positions, theta, self.d, p)
-        q, k = rope(q, cos, sin, p), rope(k, cos, sin, p)
-        self.q_rope(q.transpose(0, 1).reshape(1, t, self.h * self.d))
-        if past is not None:
-            k = torch.cat([past[0][0], k], 1)
-            v = torch.cat([past[1][0], v], 1)
+        q, k = self.rotate(q, k, cos, sin)
+        self.q_rope(q[0].transpose(0, 1).reshape(1, t, self.h * self.d))
+        layer = cache.layers[self.owner]
+        if k is not None:
+            k, v, first = layer.update(k, v)
+        else:   # the owner ran first in this forward: its cache holds these positions
+            k, v, first = layer.last_keys, layer.last_values, layer.last_first
+        if k is not None and self.owner == self.layer_idx:
+            layer.last_keys, layer.last_values, layer.last_first = k, v, first
+        k, v = k[0], v[0]
+        q = q[0]
         n = k.shape[1]
         rep = self.h // self.kv
         kk, vv = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-        kpos = torch.arange(n)
+        kpos = torch.arange(first, first + n)
         mask = kpos[None, :] > positions[:, None]
         if self.strict:
             mask |= kpos[None, :] == positions[:, None]
         if window:
             mask |= kpos[None, :] <= positions[:, None] - window
-        mask |= ~visible[None, :n]
+        mask |= ~visible[kpos][None, :]
         if self.attn == "eager":
             scores = p.rnd(p.rnd(q @ kk.transpose(1, 2)) * scale)
             scores = scores.masked_fill(mask[None], float("-inf"))
@@ -252,7 +334,7 @@ class Attention(nn.Module):
             scores = scores.masked_fill(mask[None], float("-inf"))
             out = p.rnd(torch.softmax(scores, -1) @ vv)
         out = out.transpose(0, 1).reshape(1, t, self.h * self.d)
-        return self.o_proj(out), (k[None], v[None])
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -272,11 +354,11 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, c, arch, prec, attn):
+    def __init__(self, c, arch, prec, attn, layer_idx, attention=Attention):
         super().__init__()
         eps, gemma = c["rms_norm_eps"], arch == "gemma3_text"
         self.input_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
-        self.self_attn = Attention(c, arch, prec, attn)
+        self.self_attn = attention(c, arch, prec, attn, layer_idx)
         self.post_attention_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
         if gemma:
             self.pre_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True, prec)
@@ -284,51 +366,88 @@ class Layer(nn.Module):
         self.mlp = MLP(c, gemma, prec)
         self.gemma, self.prec = gemma, prec
 
-    def forward(self, x, positions, past, theta, window, scale, visible):
+    def forward(self, x, positions, cache, theta, window, scale, visible):
         r = self.prec.rnd
-        a, cache = self.self_attn(self.input_layernorm(x), positions, past, theta, window,
-                                  scale, visible)
+        a = self.self_attn(self.input_layernorm(x), positions, cache, theta, window, scale,
+                           visible)
         if self.gemma:
             h = r(x + self.post_attention_layernorm(a))
             return r(h + self.post_feedforward_layernorm(
-                self.mlp(self.pre_feedforward_layernorm(h)))), cache
+                self.mlp(self.pre_feedforward_layernorm(h))))
         h = r(x + a)
-        return r(h + self.mlp(self.post_attention_layernorm(h))), cache
+        return r(h + self.mlp(self.post_attention_layernorm(h)))
 
 
 class Inner(nn.Module):
-    def __init__(self, c, arch, prec, attn):
+    def __init__(self, c, arch, prec, attn, attention):
         super().__init__()
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
-        self.layers = nn.ModuleList([Layer(c, arch, prec, attn)
-                                     for _ in range(c["num_hidden_layers"])])
+        self.layers = nn.ModuleList([Layer(c, arch, prec, attn, i, attention)
+                                     for i in range(c["num_hidden_layers"])])
         self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"], arch == "gemma3_text", prec)
 
 
-class TinyCausalLM(nn.Module):
-    """model(input_ids [1, T], past) -> (logits [1, T, V], past): past is a
-    tuple of (k, v) per layer, [1, KV heads, positions, D], post-RoPE, in
-    the dtype. dtype: "f32", "bf16" or "f16"; attn: "sdpa" or "eager";
-    faults: --fault specs; prompt_length: where decode starts (for
-    decode-blind)."""
+class HFConfig(dict):
+    """The model's config as both readers want it: a dict of kvdiff's
+    model_config (what this model computes from), and, as a transformers
+    PretrainedConfig, to_dict() the folder's config.json and its
+    eos_token_id."""
 
-    def __init__(self, folder, dtype="f32", attn="sdpa", faults=None, prompt_length=0):
+    def __init__(self, folder):
+        super().__init__(model_config_from_hf(folder))
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            self._raw = json.load(f)
+        self.eos_token_id = self._raw.get("eos_token_id")
+
+    def to_dict(self):
+        return dict(self._raw)
+
+
+class Output:
+    """transformers' CausalLMOutputWithPast, the two fields read here."""
+
+    def __init__(self, logits, past_key_values):
+        self.logits, self.past_key_values = logits, past_key_values
+
+
+class TinyCausalLM(nn.Module):
+    """Called as a transformers model is: model(input_ids=[1, T],
+    past_key_values=cache or None, use_cache=True, logits_to_keep=0) ->
+    .logits [1, T, V] (the last logits_to_keep rows; 0: every row) and
+    .past_key_values, a DynamicCache (post-RoPE keys and values in the
+    dtype). dtype: "f32", "bf16" or "f16"; attn: "sdpa" or "eager";
+    faults: --fault specs; prompt_length: where decode starts (for
+    decode-blind); cache: "dynamic" (sliding layers keep the last window - 1
+    positions, as transformers' DynamicCache does) or "full" (every
+    position, which TorchHooks.record_cache reads); rotary: "pair" (one
+    call rotates q and k, [batch, heads, T, D]: Llama, Qwen, Gemma 3) or
+    "single" (one tensor a call, [batch, T, heads, D]: Gemma 4)."""
+
+    def __init__(self, folder, dtype="f32", attn="sdpa", faults=None, prompt_length=0,
+                 cache="dynamic", rotary="pair"):
         super().__init__()
-        self.config = model_config_from_hf(folder)
+        self.config = HFConfig(folder)
         c = self.config
         arch = c["model_type"]
         if c.get("rope_scaling"):
             raise ValueError(f"{folder}: rope_scaling is not modelled by this example")
-        if any(o != i for i, o in enumerate(c["kv_owner"])):
-            raise ValueError(f"{folder}: KV-shared layers are not modelled by this example")
         if attn not in ("sdpa", "eager"):
             raise ValueError(f"--attn {attn!r}: expected sdpa or eager")
+        if cache not in ("dynamic", "full"):
+            raise ValueError(f"cache {cache!r}: expected dynamic or full")
+        if rotary == "single":
+            from tiny_rope_single import SingleRopeAttention as attention
+        elif rotary == "pair":
+            attention = Attention
+        else:
+            raise ValueError(f"rotary {rotary!r}: expected pair or single")
         self.prec = Precision(dtype)
         self.attn = attn
+        self.cache_kind = cache
         self.faults = Faults(faults, c["num_hidden_layers"])
         self.prompt_length = prompt_length
         self.gemma = arch == "gemma3_text"
-        self.model = Inner(c, arch, self.prec, attn)
+        self.model = Inner(c, arch, self.prec, attn, attention)
         self.lm_head = Linear(c["hidden_size"], c["vocab_size"], False, self.prec)
         w = load_safetensors(os.path.join(folder, "model.safetensors"))
         if "lm_head.weight" not in w:
@@ -350,13 +469,21 @@ class TinyCausalLM(nn.Module):
         scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
         self.embed_scale = self.prec.rnd(torch.tensor(scale))
 
+    def new_cache(self):
+        if self.cache_kind == "dynamic":
+            return DynamicCache(self.config)
+        full = dict(self.config, sliding_window=0)
+        return DynamicCache(full)
+
     @torch.no_grad()
-    def forward(self, input_ids, past=None, last=None):
-        """last: logits of the last `last` rows only (None: every row); a
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        """logits_to_keep: logits of the last rows only (0: every row); a
         prefill needs one, and the vocabulary projection of every prompt
         row is most of the work at a 262k vocabulary."""
+        del use_cache
         c, f, p = self.config, self.faults, self.prec
-        start = 0 if past is None else past[0][0].shape[2]
+        cache = past_key_values if past_key_values is not None else self.new_cache()
+        start = cache.get_seq_length()
         t = input_ids.shape[1]
         positions = torch.arange(start, start + t)
         visible = torch.ones(start + t, dtype=torch.bool)
@@ -367,7 +494,6 @@ class TinyCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.gemma:
             x = p.rnd(x * self.embed_scale)
-        new = []
         for i, layer in enumerate(self.model.layers):
             sliding = f.layer_type(c["layer_types"], i) == "sliding_attention"
             theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
@@ -376,12 +502,11 @@ class TinyCausalLM(nn.Module):
             if sliding and f.rope_local is not None:
                 theta = f.rope_local
             window = (f.window or c["sliding_window"]) if sliding else (f.global_window or 0)
-            x, cache = layer(x, positions, None if past is None else past[i], theta,
-                             window, c["attn_scale"], visible)
-            new.append(cache)
-        if last is not None:
-            x = x[:, x.shape[1] - last:]
-        return self.lm_head(self.model.norm(x)), tuple(new)
+            x = layer(x, positions, cache, theta, window, c["attn_scale"], visible)
+        x = self.model.norm(x)
+        if logits_to_keep:   # after the final norm, of every row, as transformers
+            x = x[:, x.shape[1] - logits_to_keep:]
+        return Output(self.lm_head(x), cache)
 
 
 def tiny_names(model_type):
@@ -398,7 +523,7 @@ def generate_and_record(folder, prompt, max_new, dump, engine="pytorch", dtype="
     """Greedy generation as `kvdiff run` does it (a prefill of the prompt,
     whole or in chunks of `chunk`, then a decode step per token but the
     last), recorded to dump. Returns the generated ids."""
-    model = TinyCausalLM(folder, dtype, attn, faults, len(prompt))
+    model = TinyCausalLM(folder, dtype, attn, faults, len(prompt), cache="full")
     c = model.config
     chunk = len(prompt) if not chunk or chunk >= len(prompt) else int(chunk)
     settings = {"chunk": chunk, "cache": "dense", "cache_type": dtype,
@@ -414,7 +539,8 @@ def generate_and_record(folder, prompt, max_new, dump, engine="pytorch", dtype="
         while True:
             feed = ids[pos:min(pos + chunk, len(prompt))] if pos < len(prompt) else ids[pos:]
             with hooks.step(pos):
-                logits, past = model(torch.tensor([feed]), past, last=1)
+                out = model(torch.tensor([feed]), past_key_values=past, logits_to_keep=1)
+            logits, past = out.logits, out.past_key_values
             hooks.record_cache(past)
             pos += len(feed)
             if pos < len(prompt):

@@ -6,6 +6,11 @@ Python runtimes -- PyTorch, JAX, CoreML, anything numpy.asarray reads.
         rec.tokens(ids, prompt_length=len(prompt))
         rec.rows(layer, "k", first_position, k_rows)      # [positions, KV*D]
 
+A Hugging Face transformers model in one call (kvdiff_record.transformers):
+
+    from kvdiff_record.transformers import record
+    record(model, prompt_ids, "hf.h5", max_new=16, chunk=32)
+
 docs/python-recorder.md has the whole story and recipes."""
 
 from .recorder import (LAYER_STAGES, MODEL_STAGES, Recorder, RecorderError,

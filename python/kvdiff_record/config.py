@@ -38,8 +38,7 @@ def model_config_from_hf(folder_or_config):
                                 f"text model there)")
         cfg, mt = tc, "gemma3_text"
     if mt not in _ARCH:
-        raise RecorderError(f"{name}: model_type {mt!r} is not supported (kvdiff reads llama, "
-                            f"qwen2, qwen3, gemma3_text, gemma3)")
+        return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"
     a = _ARCH[mt]
 
@@ -85,6 +84,64 @@ def model_config_from_hf(folder_or_config):
            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
            "rope_local_base_freq": local, "attn_scale": scale}
     scaling = _rope_scaling(cfg, name, gemma)
+    if scaling:
+        out["rope_scaling"] = scaling
+    return out
+
+
+def _any_architecture(cfg, name, mt):
+    """A model_type kvdiff's engines do not run (Mistral, Phi, ...): its
+    recording can still be a compare's reference against a port's. The
+    fields every transformers decoder config has, read as transformers
+    reads them; one kvdiff needs and cannot default is named."""
+    if not isinstance(mt, str) or not mt:
+        raise RecorderError(f"{name}: model_type is missing")
+
+    def need(key, *alts):
+        for k in (key,) + alts:
+            v = cfg.get(k)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return v
+        raise RecorderError(f"{name}: {key} is missing or not a positive integer (model_type "
+                            f"{mt!r}: kvdiff needs it to size the recorded stages)")
+
+    hidden = need("hidden_size")
+    layers = need("num_hidden_layers")
+    heads = need("num_attention_heads")
+    kv = cfg.get("num_key_value_heads") or heads
+    if not isinstance(kv, int) or kv <= 0 or heads % kv:
+        raise RecorderError(f"{name}: num_key_value_heads is {kv!r}, which does not divide "
+                            f"num_attention_heads {heads}")
+    head_dim = cfg.get("head_dim") or (hidden // heads if hidden % heads == 0 else None)
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        raise RecorderError(f"{name}: head_dim is missing and hidden_size {hidden} is not a "
+                            f"multiple of num_attention_heads {heads}")
+    theta, _ = _rope(cfg, name, False, 10000.0)
+    window = cfg.get("sliding_window")
+    lt = cfg.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) != layers or any(
+                t not in ("sliding_attention", "full_attention") for t in lt):
+            raise RecorderError(f"{name}: layer_types must list {layers} layers, each "
+                                f"sliding_attention or full_attention")
+        types = list(lt)
+    elif isinstance(window, int) and window > 0 and cfg.get("use_sliding_window", True):
+        types = ["sliding_attention"] * layers   # Mistral: every layer slides
+    else:
+        types = ["full_attention"] * layers
+    if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+        raise RecorderError(f"{name}: sliding_window is missing but layer "
+                            f"{types.index('sliding_attention')} is a sliding_attention layer")
+    qpas = cfg.get("query_pre_attn_scalar")
+    out = {"model_type": mt, "hidden_size": hidden, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+           "intermediate_size": need("intermediate_size"), "vocab_size": need("vocab_size"),
+           "sliding_window": window if "sliding_attention" in types else 0,
+           "layer_types": types, "kv_owner": _kv_owner(cfg, name, True, types),
+           "rms_norm_eps": float(cfg.get("rms_norm_eps") or cfg.get("layer_norm_eps") or 1e-6),
+           "rope_theta": theta, "rope_local_base_freq": theta,
+           "attn_scale": 1.0 / math.sqrt(float(qpas or head_dim))}
+    scaling = _rope_scaling(cfg, name, False)
     if scaling:
         out["rope_scaling"] = scaling
     return out

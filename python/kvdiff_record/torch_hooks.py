@@ -107,6 +107,7 @@ class TorchHooks:
         self.output_from = output_from
         self.record_logits = record_logits
         self._kv_next = {}
+        self._seen_to = 0    # positions the hooks have seen rows of
         self._handles = []
         cfg = recorder.config
         for key, value in torch_settings(model).items():
@@ -133,6 +134,7 @@ class TorchHooks:
                     raise RecorderError(f"{stage}: batch of {t.shape[0]}; record one sequence")
                 t = t[0]
             rows = t.detach().float().cpu().numpy()
+            self._seen_to = max(self._seen_to, self.position + rows.shape[0])
             if kind == "in_stats":
                 rows = norm_stats(rows)
             if stage in LAYER_STAGES:
@@ -173,14 +175,24 @@ class TorchHooks:
         a transformers Cache with key_cache/value_cache lists or with
         .layers[i].keys/.values. Tensors [1, KV heads, T, D], slot t holding
         position t (a dense cache); only positions not recorded yet are
-        written. A sliding-window cache that keeps the last W positions:
-        read its slots with ring_rows() instead."""
+        written. A cache whose length is not the positions the model has
+        run (a sliding layer's, which keeps its last window - 1 positions;
+        a quantized one's residual) is refused: its slots are not positions
+        0.. (kvdiff_record.transformers.record takes k after RoPE instead;
+        ring_rows() reads a ring whose slots you know)."""
         cfg = self.rec.config
         for layer in range(cfg["num_hidden_layers"]):
             if cfg["kv_owner"][layer] != layer:
                 continue
             k, v = _cache_layer(cache, layer)
             k, v = heads_first(k), heads_first(v)
+            if self._seen_to and k.shape[0] != self._seen_to:
+                raise RecorderError(
+                    f"record_cache: layer {layer}'s cache holds {k.shape[0]} positions, but the "
+                    f"model has run {self._seen_to}: a sliding-window or quantized cache keeps "
+                    f"other slots than positions 0..{self._seen_to - 1}; record with "
+                    f"kvdiff_record.transformers.record() (q and k after RoPE), or read a "
+                    f"ring's slots with ring_rows()")
             start = self._kv_next.get(layer, self.rec.start)
             if k.shape[0] > start:
                 self.rec.rows(layer, "k", start, k[start:])

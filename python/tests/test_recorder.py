@@ -300,8 +300,10 @@ class TestBadInput(Base):
     def test_bad_config(self):
         with self.assertRaisesRegex(RecorderError, "model_config: missing kv_owner"):
             Recorder(self.path("c.h5"), {k: v for k, v in self.cfg.items() if k != "kv_owner"})
-        with self.assertRaisesRegex(RecorderError, "model_type 'gpt2' is not supported"):
-            model_config_from_hf({"model_type": "gpt2"})
+        # any architecture's config is read; a field kvdiff needs is named
+        with self.assertRaisesRegex(RecorderError, "config: hidden_size is missing or not a "
+                                                   "positive integer \\(model_type 'gpt2'"):
+            model_config_from_hf({"model_type": "gpt2", "n_embd": 64})
 
     def test_kv_shared_layer_has_no_kv(self):
         cfg = model_config_from_hf(self.path("tiny-gemma3-kvshared"))
@@ -404,6 +406,148 @@ class TestTorch(Base):
             rec.tokens([1], 1)
             with self.assertRaisesRegex(RecorderError, "no module 'model.layers.0.attn'"):
                 TorchHooks(rec, model, {"x_in": ("model.layers.{i}.attn", "in")})
+
+
+class _NoRotaryAttention:
+    """Stands for an architecture whose modeling module has no module-level
+    rotary function (this test module has none)."""
+
+
+class TestTransformers(Base):
+    """kvdiff_record.transformers.record on tiny_torch, which is built as
+    transformers models are (a module-level rotary function in either form,
+    attention modules run per layer, a DynamicCache whose sliding layers
+    keep their last window - 1 positions, KV-shared layers): a correct run
+    recorded in one call is "no bug" against kvdiff's reference."""
+
+    def reference(self, preset, n=30, max_new=5, seed=5):
+        ref = self.path(f"hfref-{preset}-{n}-{seed}.h5")
+        if not os.path.exists(ref):
+            rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", str(n),
+                             "--seed", str(seed), "--max-new", str(max_new), "--ignore-eos",
+                             "--dump", ref)
+            self.assertEqual(rc, 0, out)
+        with h5py.File(ref, "r") as f:
+            prompt = [int(t) for t in f["tokens"][:f["tokens"].attrs["prompt_length"]]]
+            want = [int(t) for t in f["tokens"][len(prompt):]]
+        return ref, prompt, want
+
+    def test_correct_runs_are_no_bug(self):
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.transformers import record
+        # tiny-gemma3-h288 with prompt seed 3: tokens bf16 rounding does not
+        # flip (TestPrecision)
+        cases = [("tiny-llama", "pair", None, "f32"), ("tiny-llama", "pair", 7, "f32"),
+                 ("tiny-qwen3", "pair", 4, "f32"),
+                 ("tiny-gemma3", "pair", None, "f32"), ("tiny-gemma3", "pair", 5, "f32"),
+                 ("tiny-gemma3", "single", 7, "f32"),
+                 ("tiny-gemma3-h288", "pair", None, "bf16"),
+                 ("tiny-gemma3-h288", "single", 16, "bf16"),
+                 ("tiny-gemma3-kvshared", "pair", 7, "f32"),
+                 ("tiny-gemma3-kvshared", "single", None, "f32")]
+        for preset, rotary, chunk, dtype in cases:
+            with self.subTest(preset=preset, rotary=rotary, chunk=chunk, dtype=dtype):
+                bf16 = dtype == "bf16"
+                ref, prompt, want = self.reference(preset, 40 if bf16 else 30, 4 if bf16 else 5,
+                                                   3 if bf16 else 5)
+                dump = self.path(f"hf-{preset}-{rotary}-{chunk}-{dtype}.h5")
+                model = TinyCausalLM(self.path(preset), dtype=dtype, rotary=rotary)
+                # tiny_torch carries bf16 values in float32 tensors: its dtype is
+                # said (transformers' parameters are bf16, and say it themselves)
+                st = {"compute_dtype": dtype, "cache_type": dtype} if bf16 else None
+                got = record(model, prompt, dump, max_new=len(want), chunk=chunk,
+                             ignore_eos=True, settings=st)
+                self.assertEqual(got, want)
+                self.assert_valid(dump)
+                rc, text = kvdiff("compare", ref, dump)
+                self.assertEqual(rc, 0, text)
+                self.assertIn("no bug: drift (cross-runtime", text)
+                with h5py.File(dump, "r") as f:
+                    self.assertEqual(f.attrs["engine"], "transformers")
+                    st = json.loads(f.attrs["engine_settings"])
+                    for key in ("compute_dtype", "cache_type", "attn_implementation", "device",
+                                "chunk", "cache", "runtime"):
+                        self.assertIn(key, st)
+                    self.assertEqual(st["chunk"], chunk or len(prompt))
+                    self.assertEqual(st["compute_dtype"], dtype)
+                    cfg = json.loads(f.attrs["model_config"])
+                    for layer, owner in enumerate(cfg["kv_owner"]):
+                        held = set(f[f"layers/{layer}"])
+                        self.assertIn("q", held)
+                        self.assertEqual("k" in held and "v" in held, owner == layer, layer)
+
+    def test_sliding_cache_refused_by_record_cache(self):
+        """The recipe of hooks and record_cache on a cache whose sliding
+        layers keep the last window - 1 positions wrote positions 89..99 as
+        0..10, a false alarm; it is refused, naming what to use."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.torch_hooks import TorchHooks
+        model = TinyCausalLM(self.path("tiny-gemma3"))   # a DynamicCache, as transformers
+        with Recorder(self.path("sliding.h5"), model.config) as rec:
+            hooks = TorchHooks(rec, model, output_from=None)
+            with hooks.step(0):
+                out = model(torch.tensor([list(range(20))]), logits_to_keep=1)
+            with self.assertRaisesRegex(RecorderError, "layer 0's cache holds 11 positions, but "
+                                        "the model has run 20: a sliding-window or quantized "
+                                        "cache .* kvdiff_record.transformers.record"):
+                hooks.record_cache(out.past_key_values)
+            hooks.remove()
+            rec.close(status="test")
+
+    def test_two_outside_dumps(self):
+        """transformers as the reference, a port as the test, neither
+        kvdiff's, on an architecture kvdiff does not run (Mistral: every
+        layer slides): a correct port is no bug, a window hard-coded to 4
+        is found at its place and named from the reference's own rows."""
+        from tiny_torch import TinyCausalLM, generate_and_record
+        from kvdiff_record.transformers import record
+        folder = self.path("tiny-mistral")
+        if not os.path.exists(folder):
+            shutil.copytree(self.path("tiny-llama"), folder)
+            with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+                c = json.load(f)
+            c.update(model_type="mistral", sliding_window=8)
+            with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+                json.dump(c, f)
+        prompt = [int(x) for x in np.random.RandomState(3).randint(0, 256, 30)]
+        ref = self.path("mistral-hf.h5")
+        record(TinyCausalLM(folder), prompt, ref, max_new=4, chunk=7, ignore_eos=True)
+        for name, faults, rc_want, says in (
+                ("ok", None, 0, "no bug: drift (cross-runtime, engines differ: transformers vs "
+                                "pytorch)"),
+                ("bug", ["window=4"], 1, "window in test appears to be 4, config says 8")):
+            test = self.path(f"mistral-{name}.h5")
+            generate_and_record(folder, prompt, 4, test, faults=faults)
+            rc, text = kvdiff("compare", ref, test)
+            self.assertEqual(rc, rc_want, text)
+            self.assertIn(says, text)
+            if rc_want:
+                self.assertIn("FIRST STEP ABOVE DRIFT  position 4, layer 0 (sliding, window 8)",
+                              text)
+
+    def test_bad_input(self):
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.transformers import record
+        model = TinyCausalLM(self.path("tiny-llama"))
+        with self.assertRaisesRegex(RecorderError, "prompt_ids: a batch of 2; record one "
+                                                   "sequence"):
+            record(model, torch.zeros((2, 5), dtype=torch.long), self.path("b.h5"))
+        meta = TinyCausalLM(self.path("tiny-llama")).to("meta")
+        with self.assertRaisesRegex(RecorderError, "is on the meta device"):
+            record(meta, [1, 2, 3], self.path("m.h5"))
+        # the attention's module has no apply_rotary_pos_emb(): nothing to wrap
+        model.model.layers[0].self_attn.__class__ = type(
+            "Attention", (type(model.model.layers[0].self_attn),),
+            {"__module__": _NoRotaryAttention.__module__})
+        for layer in model.model.layers[1:]:
+            layer.self_attn.__class__ = model.model.layers[0].self_attn.__class__
+        with self.assertRaisesRegex(RecorderError, "has no apply_rotary_pos_emb\\(\\): q and k "
+                                                   "after RoPE cannot be taken"):
+            record(model, [1, 2, 3], self.path("r.h5"))
+        for p in ("b.h5", "m.h5", "r.h5"):
+            self.assertFalse(os.path.exists(self.path(p)), p)
 
 
 class TestPrecision(Base):
