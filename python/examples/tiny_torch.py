@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A small pure-PyTorch Llama / Qwen2 / Qwen3 / Gemma 3 (text) that loads a
+"""A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 (text) that loads a
 Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
 names, and records its greedy generation with kvdiff_record.TorchHooks. It
 stands in for transformers (not packaged by Debian) so the recorder, the
@@ -185,10 +185,21 @@ class RMSNorm(nn.Module):
         return self.prec.rnd(self.weight * self.prec.rnd(y))
 
 
-def rope_tables(positions, theta, d, prec):
+def rope_tables(positions, theta, d, prec, scaling=None):
     """cos, sin [T, D] of rotate-half RoPE; angles in double (DESIGN.md),
-    cast to the dtype as transformers casts them to the query's."""
+    cast to the dtype as transformers casts them to the query's. scaling:
+    model_config's rope_scaling (linear, or llama3's band-wise frequency
+    scaling)."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if scaling and scaling["rope_type"] == "linear":
+        inv = inv / scaling["factor"]
+    elif scaling and scaling["rope_type"] == "llama3":
+        f, orig = scaling["factor"], scaling["original_max_position_embeddings"]
+        lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        wavelen = 2 * math.pi / inv
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / f + smooth * inv
+        inv = torch.where(wavelen < orig / hi, inv, torch.where(wavelen > orig / lo, inv / f, mid))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
     cos = torch.cat([ang.cos(), ang.cos()], -1).float()
     sin = torch.cat([ang.sin(), ang.sin()], -1).float()
@@ -277,6 +288,7 @@ class Attention(nn.Module):
                 self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
         self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the hooks' tap
         self.prec, self.attn = prec, attn
+        self.scaling = c.get("rope_scaling")   # global layers' RoPE scaling
         self.strict = False           # --fault own-key-masked
 
     def project(self, x, t):
@@ -303,7 +315,7 @@ class Attention(nn.Module):
     def forward(self, x, positions, cache, theta, window, scale, visible):
         t, p = x.shape[1], self.prec
         q, k, v = self.project(x, t)
-        cos, sin = rope_tables(positions, theta, self.d, p)
+        cos, sin = rope_tables(positions, theta, self.d, p, None if window else self.scaling)
         q, k = self.rotate(q, k, cos, sin)
         self.q_rope(q[0].transpose(0, 1).reshape(1, t, self.h * self.d))
         layer = cache.layers[self.owner]
@@ -429,8 +441,6 @@ class TinyCausalLM(nn.Module):
         self.config = HFConfig(folder)
         c = self.config
         arch = c["model_type"]
-        if c.get("rope_scaling"):
-            raise ValueError(f"{folder}: rope_scaling is not modelled by this example")
         if attn not in ("sdpa", "eager"):
             raise ValueError(f"--attn {attn!r}: expected sdpa or eager")
         if cache not in ("dynamic", "full"):

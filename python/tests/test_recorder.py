@@ -35,7 +35,7 @@ class Base(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3", "tiny-gemma3-h288"):
+                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2"):
             rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
             assert rc == 0, out
         cls.ref = os.path.join(cls.dir, "ref.h5")
@@ -65,7 +65,7 @@ class Base(unittest.TestCase):
 class TestRecorder(Base):
     def test_config_matches_kvdiff(self):
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3", "tiny-gemma3-h288"):
+                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2"):
             dump = self.path(f"cfg-{preset}.h5")
             rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
                              "--max-new", "1", "--dump", dump)
@@ -438,7 +438,9 @@ class TestTransformers(Base):
         # tiny-gemma3-h288 with prompt seed 3: tokens bf16 rounding does not
         # flip (TestPrecision)
         cases = [("tiny-llama", "pair", None, "f32"), ("tiny-llama", "pair", 7, "f32"),
-                 ("tiny-qwen3", "pair", 4, "f32"),
+                 ("tiny-qwen2", "pair", None, "f32"), ("tiny-qwen2", "pair", 6, "f32"),
+                 ("tiny-qwen3", "pair", None, "f32"), ("tiny-qwen3", "pair", 4, "f32"),
+                 ("tiny-llama3", "pair", None, "f32"), ("tiny-llama3", "pair", 9, "f32"),
                  ("tiny-gemma3", "pair", None, "f32"), ("tiny-gemma3", "pair", 5, "f32"),
                  ("tiny-gemma3", "single", 7, "f32"),
                  ("tiny-gemma3-h288", "pair", None, "bf16"),
