@@ -274,13 +274,31 @@ typedef struct {
     float *vals;
 } out_block;
 
+/* Both sides' blocks of up to 64 positions, top-k widths ka and kb. */
+static int out_pair_alloc(out_block *A, out_block *B, int ka, int kb, kv_err *e)
+{
+    A->ids = malloc((size_t)64 * ka * 4);
+    A->vals = malloc((size_t)64 * ka * 4);
+    B->ids = malloc((size_t)64 * kb * 4);
+    B->vals = malloc((size_t)64 * kb * 4);
+    return !A->ids || !A->vals || !B->ids || !B->vals ? kv_errf(e, "compare: out of memory")
+                                                     : 0;
+}
+
+static void out_pair_free(out_block *A, out_block *B)
+{
+    free(A->ids);
+    free(A->vals);
+    free(B->ids);
+    free(B->vals);
+}
+
 static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt, kv_err *e)
 {
     cmp_logit_stats *ls = &c->r->logits;
     const int k = kr < kt ? kr : kt;
-    out_block A = {.ids = malloc((size_t)64 * kr * 4), .vals = malloc((size_t)64 * kr * 4)};
-    out_block B = {.ids = malloc((size_t)64 * kt * 4), .vals = malloc((size_t)64 * kt * 4)};
-    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, kr, kt, e);
     for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
         if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
@@ -294,10 +312,7 @@ static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt,
             add_kl(ls, kl, ir[0] == it[0], p + r);
         }
     }
-    free(A.ids);
-    free(A.vals);
-    free(B.ids);
-    free(B.vals);
+    out_pair_free(&A, &B);
     return rc;
 }
 
@@ -390,9 +405,8 @@ int cmp_output_exact(cmp_ctx *c, kv_err *e)
     if (c->r->first.found && hi >= c->r->first.pos)
         hi = c->r->first.pos - 1;
     const int k = ka < kb ? ka : kb;
-    out_block A = {.ids = malloc((size_t)64 * ka * 4), .vals = malloc((size_t)64 * ka * 4)};
-    out_block B = {.ids = malloc((size_t)64 * kb * 4), .vals = malloc((size_t)64 * kb * 4)};
-    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, ka, kb, e);
     bool done = false;
     for (int64_t p = lo; rc == 0 && !done && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
@@ -409,10 +423,7 @@ int cmp_output_exact(cmp_ctx *c, kv_err *e)
             done = true;
         }
     }
-    free(A.ids);
-    free(A.vals);
-    free(B.ids);
-    free(B.vals);
+    out_pair_free(&A, &B);
     return rc;
 }
 
@@ -472,9 +483,8 @@ int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *
         return 0;
     lo = lo > base ? lo : base;
     hi = hi < base + P - 1 ? hi : base + P - 1;
-    out_block A = {.ids = malloc((size_t)64 * ka * 4), .vals = malloc((size_t)64 * ka * 4)};
-    out_block B = {.ids = malloc((size_t)64 * kb * 4), .vals = malloc((size_t)64 * kb * 4)};
-    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, ka, kb, e);
     for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
         if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
@@ -494,10 +504,7 @@ int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *
                                                                   ka < kb ? ka : kb) != -2;
         }
     }
-    free(A.ids);
-    free(A.vals);
-    free(B.ids);
-    free(B.vals);
+    out_pair_free(&A, &B);
     return rc;
 }
 
@@ -507,9 +514,8 @@ int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e)
     int ka, kb;
     if (!output_overlap(c, &lo, &hi, &ka, &kb) || p < lo || p > hi)
         return kv_errf(e, "compare: /output holds no position %lld on both sides", (long long)p);
-    out_block A = {.ids = malloc((size_t)ka * 4), .vals = malloc((size_t)ka * 4)};
-    out_block B = {.ids = malloc((size_t)kb * 4), .vals = malloc((size_t)kb * 4)};
-    int rc = (!A.ids || !A.vals || !B.ids || !B.vals) ? kv_errf(e, "compare: out of memory") : 0;
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, ka, kb, e);
     if (rc == 0 && (c->ref->output(c->ref->ctx, p, 1, A.lse, A.ids, A.vals, e) < 0 ||
                     c->test->output(c->test->ctx, p, 1, B.lse, B.ids, B.vals, e) < 0))
         rc = -1;
@@ -531,9 +537,6 @@ int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e)
         }
         d->row_rel = scale > 0 ? d->row_max_abs / scale : d->row_rel;
     }
-    free(A.ids);
-    free(A.vals);
-    free(B.ids);
-    free(B.vals);
+    out_pair_free(&A, &B);
     return rc;
 }
