@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench bench-side bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata
+.PHONY: all test demo check-asan check-report-render bench bench-side bench-real bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata
 all: kvdiff
 
 deps:
@@ -203,15 +203,27 @@ bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/
 	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp
 	./$(BUILD)/bench/bench_compare bench/results.tsv ./kvdiff /tmp
 	@$(MAKE) -s bench-side
+	@$(MAKE) -s bench-real
 
 LLAMA_PRESENT := $(if $(wildcard $(LLAMA_LIBDIR)/libllama.so),yes,)
-bench-side: kvdiff $(BUILD)/bench/bench_pp_tg
+bench-side: kvdiff $(BUILD)/bench/bench_pp_tg $(BUILD)/bench/bench_kernels
 ifneq ($(LLAMA_PRESENT),)
 	@$(MAKE) -s $(BUILD)/bench/bench_llama_pp_tg
 	sh bench/side_by_side.sh bench/results.tsv $(BUILD)/bench/bench_llama_pp_tg
 else
 	LLAMA_SKIP="no libllama.so in $(LLAMA_LIBDIR) (sh scripts/fetch-llama-cpp fetches the pinned build)" \
 	  sh bench/side_by_side.sh bench/results.tsv
+endif
+
+# The real-scale line: gemma3-1b-shape bf16, a 2,000-token prompt, every
+# stage dumped, kvdiff's reference against llama.cpp's recording
+# (bench/real_scale.sh; some 3 GB written to /tmp per run, minutes).
+bench-real: kvdiff
+ifneq ($(LLAMA_PRESENT),)
+	@$(MAKE) -s recorders
+	KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) sh bench/real_scale.sh bench/results.tsv
+else
+	sh bench/real_scale.sh bench/results.tsv
 endif
 
 # llama.cpp timed as llama-bench does (the fetched build has no llama-bench).

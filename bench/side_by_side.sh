@@ -14,14 +14,27 @@
 # computations of the same model.
 #
 # Usage: bench/side_by_side.sh OUT.tsv [LLAMA_PP_TG_BIN]
-#   Without LLAMA_PP_TG_BIN (llama.cpp not there) it times kvdiff alone and
-#   says why llama.cpp was skipped (LLAMA_SKIP, set by `make bench`).
+#   llama.cpp as users build it is the anchor: llama-bench built from the
+#   same source with -DGGML_NATIVE=ON (scripts/build-llama-native, cached in
+#   .cache/llama-native; LLAMA_BENCH names another), timed when it is there.
+#   Else LLAMA_PP_TG_BIN, our timing of the prebuilt npm libllama (generic
+#   x86-64: 2 to 3 times slower at prefill, which flatters kvdiff); the
+#   output and the TSV rows say which build was timed ("llama.cpp-native"
+#   or "llama.cpp-prebuilt"). Without either it times kvdiff alone and says
+#   why llama.cpp was skipped (LLAMA_SKIP, set by `make bench`).
 # Environment: BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_PP (512),
 #   BENCH_TG (128), BENCH_PRESET (qwen2.5-0.5b-shape), KVDIFF (./kvdiff),
 #   BENCH_PP_TG (build/bench/bench_pp_tg).
 set -eu
 tsv=$1
 llama=${2:-}
+native=${LLAMA_BENCH:-.cache/llama-native/bin/llama-bench}
+build=prebuilt
+if [ -x "$native" ]; then
+    llama=native
+    build=native
+fi
+llama_name="llama.cpp-$build"
 preset=${BENCH_PRESET:-qwen2.5-0.5b-shape}
 threads=${BENCH_THREADS:-2}
 pp=${BENCH_PP:-512}
@@ -29,6 +42,7 @@ tg=${BENCH_TG:-128}
 rounds=${BENCH_ROUNDS:-3}
 kvdiff=${KVDIFF:-./kvdiff}
 kv=${BENCH_PP_TG:-build/bench/bench_pp_tg}
+kernels=${BENCH_KERNELS:-build/bench/bench_kernels}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/side-by-side.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -44,6 +58,24 @@ fi
 loadavg() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo "?"; }
 echo "side by side: $preset, $threads threads, pp$pp and tg$tg (tok/s), best of $rounds" \
      "interleaved rounds; load average before: $(loadavg)"
+if [ "$build" = native ]; then
+    echo "llama.cpp: $native, built with GGML_NATIVE=ON ($(cat "$(dirname "$native")/../version.json" 2>/dev/null || echo "no version.json"))"
+elif [ -n "$llama" ]; then
+    echo "llama.cpp: the prebuilt npm libllama (generic x86-64), timed by $llama;" \
+         "sh scripts/build-llama-native builds the native anchor"
+fi
+
+# llama-bench as our timing programs print: "pp X tg Y" (tok/s, one
+# repetition: the rounds repeat). Flash attention off, as bench_pp_tg.
+llama_bench() {
+    "$native" -m "$1" -t "$2" -p "$3" -n "$4" -fa 0 -r 1 -o csv 2>/dev/null |
+        awk -F, -v pp="$3" -v tg="$4" '
+            NR == 1 { for (i = 1; i <= NF; i++) { gsub(/"/, "", $i); col[$i] = i }; next }
+            { gsub(/"/, "") }
+            $col["n_prompt"] == pp && $col["n_gen"] == 0 { p = $col["avg_ts"] }
+            $col["n_prompt"] == 0 && $col["n_gen"] == tg { g = $col["avg_ts"] }
+            END { if (p == "" || g == "") exit 1; print "pp", p, "tg", g }'
+}
 
 # run ENGINE DTYPE COMMAND...: appends "ENGINE DTYPE pp X" and "... tg Y" to $tmp/all
 : > "$tmp/all"
@@ -58,23 +90,35 @@ r=1
 while [ "$r" -le "$rounds" ]; do
     for dt in f32 bf16; do
         run kvdiff "$dt" "$kv" "$preset" "$dt" "$threads" "$pp" "$tg"
-        if [ -n "$llama" ]; then
+        if [ "$build" = native ]; then
+            run llama.cpp "$dt" llama_bench "$tmp/$dt.gguf" "$threads" "$pp" "$tg"
+        elif [ -n "$llama" ]; then
             run llama.cpp "$dt" "$llama" "$tmp/$dt.gguf" "$threads" "$pp" "$tg"
         fi
     done
     r=$((r + 1))
 done
 
+# Decode reads every weight once a token: tok/s x the GGUF's bytes is the
+# rate it streams them at, printed beside the 2-thread memory-read roof
+# measured now (bench_kernels roof), after the rounds, on the same machine.
+roof=$("$kernels" roof 2>/dev/null | awk '/2 threads/ { print $(NF - 1) }')
+: > "$tmp/bytes"
+for dt in f32 bf16; do
+    [ -f "$tmp/$dt.gguf" ] && echo "$dt $(wc -c < "$tmp/$dt.gguf")" >> "$tmp/bytes"
+done
+
 head=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 date=$(date -u +%Y-%m-%dT%H:%M:%S)
 awk -v pp="$pp" -v tg="$tg" -v tsv="$tsv" -v head="$head" -v date="$date" \
-    -v preset="$preset" -v threads="$threads" -v have_llama="${llama:+1}" '
+    -v preset="$preset" -v threads="$threads" -v have_llama="${llama:+1}" \
+    -v lname="$llama_name" '
     { k = $1 " " $2 " " $3
       if (!(k in best) || $4 > best[k]) best[k] = $4
       if (!(k in low) || $4 < low[k]) low[k] = $4 }
     END {
       if (have_llama)
-          printf "%-12s %18s %18s %7s\n", "figure", "kvdiff", "llama.cpp", "ratio"
+          printf "%-12s %18s %18s %7s\n", "figure", "kvdiff", lname, "ratio"
       else
           printf "%-12s %18s\n", "figure", "kvdiff"
       split("f32 bf16", dts, " ")
@@ -90,10 +134,10 @@ awk -v pp="$pp" -v tg="$tg" -v tsv="$tsv" -v head="$head" -v date="$date" \
               lls = sprintf("%.1f (%.1f-%.1f)", best[lk], low[lk], best[lk])
               ratio = best[kk] / best[lk]
               printf "%-12s %18s %18s %6.2fx\n", name, kvs, lls, ratio
-              printf "%s\t%s\tside-by-side llama.cpp\t%s\t%s\t%d\t%s\t%.1f\n", date, head, preset,
+              printf "%s\t%s\tside-by-side %s\t%s\t%s\t%d\t%s\t%.1f\n", date, head, lname, preset,
                      dt, threads, metric, best[lk] >> tsv
-              printf "%s\t%s\tside-by-side ratio\t%s\t%s\t%d\t%s\t%.3f\n", date, head, preset, dt,
-                     threads, f n "_kvdiff_over_llama", ratio >> tsv
+              printf "%s\t%s\tside-by-side ratio %s\t%s\t%s\t%d\t%s\t%.3f\n", date, head, lname,
+                     preset, dt, threads, f n "_kvdiff_over_llama", ratio >> tsv
           } else {
               printf "%-12s %18s\n", name, kvs
           }
@@ -107,6 +151,32 @@ if [ -n "$llama" ] && [ "$busy" = 1 ]; then
     echo "warning: the load average ($(loadavg)) says other programs ran on these $cores cores:"
     echo "  llama.cpp's threads spin while they wait and lose far more than kvdiff's when a"
     echo "  core is taken, so these ratios favour kvdiff; rerun on an idle machine"
+fi
+if [ -s "$tmp/bytes" ] && [ -n "$roof" ]; then
+    awk -v tg="$tg" -v roof="$roof" -v tsv="$tsv" -v head="$head" -v date="$date" \
+        -v preset="$preset" -v threads="$threads" -v lname="$llama_name" '
+        FNR == NR { bytes[$1] = $2; next }
+        $3 == "tg" { k = $1 " " $2; if (!(k in best) || $4 > best[k]) best[k] = $4 }
+        END {
+          printf "decode tg%d, weights streamed (GGUF bytes x tok/s) against the 2-thread read " \
+                 "roof measured now, %.1f GB/s:\n", tg, roof
+          printf "%s\t%s\tread roof\t-\t-\t%d\tread_roof_GB_s\t%.1f\n", date, head, threads,
+                 roof >> tsv
+          split("f32 bf16", dts, " ")
+          for (i = 1; i <= 2; i++) {
+              dt = dts[i]; line = ""
+              split("kvdiff " lname, es, " ")
+              for (j = 1; j <= 2; j++) {
+                  k = (es[j] ~ /^llama/ ? "llama.cpp" : "kvdiff") " " dt
+                  if (!(k in best) || !(dt in bytes)) continue
+                  gbs = best[k] * bytes[dt] * 1e-9
+                  line = line sprintf("  %s %.1f GB/s (%.0f%%)", es[j], gbs, 100 * gbs / roof)
+                  printf "%s\t%s\tside-by-side %s\t%s\t%s\t%d\ttg%d_GB_s\t%.1f\n", date, head,
+                         es[j], preset, dt, threads, tg, gbs >> tsv
+              }
+              printf "  %-5s%s\n", dt, line
+          }
+        }' "$tmp/bytes" "$tmp/all"
 fi
 if [ -n "$llama" ]; then
     echo "(best, and the range over rounds in parentheses; ratio = kvdiff / llama.cpp, best to best)"
