@@ -285,6 +285,15 @@ static int out_pair_alloc(out_block *A, out_block *B, int ka, int kb, kv_err *e)
                                                      : 0;
 }
 
+/* Both sides' /output at positions p .. p + n - 1 (n <= 64). */
+static int out_pair_read(const cmp_ctx *c, int64_t p, int64_t n, out_block *A, out_block *B,
+                         kv_err *e)
+{
+    return c->ref->output(c->ref->ctx, p, n, A->lse, A->ids, A->vals, e) < 0 ||
+                   c->test->output(c->test->ctx, p, n, B->lse, B->ids, B->vals, e) < 0
+               ? -1 : 0;
+}
+
 static void out_pair_free(out_block *A, out_block *B)
 {
     free(A->ids);
@@ -301,8 +310,7 @@ static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt,
     int rc = out_pair_alloc(&A, &B, kr, kt, e);
     for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
-        if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
-            c->test->output(c->test->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+        if (out_pair_read(c, p, n, &A, &B, e) < 0) {
             rc = -1;
             break;
         }
@@ -396,7 +404,6 @@ static void output_divergence(cmp_ctx *c, const out_block *A, const out_block *B
 
 int cmp_output_exact(cmp_ctx *c, kv_err *e)
 {
-    const cmp_source *a = c->ref, *b = c->test;
     int64_t lo, hi;
     int ka, kb;
     if (!output_overlap(c, &lo, &hi, &ka, &kb))
@@ -410,8 +417,7 @@ int cmp_output_exact(cmp_ctx *c, kv_err *e)
     bool done = false;
     for (int64_t p = lo; rc == 0 && !done && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
-        if (a->output(a->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
-            b->output(b->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+        if (out_pair_read(c, p, n, &A, &B, e) < 0) {
             rc = -1;
             break;
         }
@@ -487,8 +493,7 @@ int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *
     int rc = out_pair_alloc(&A, &B, ka, kb, e);
     for (int64_t p = lo; rc == 0 && p <= hi; p += 64) {
         const int64_t n = hi - p + 1 < 64 ? hi - p + 1 : 64;
-        if (c->ref->output(c->ref->ctx, p, n, A.lse, A.ids, A.vals, e) < 0 ||
-            c->test->output(c->test->ctx, p, n, B.lse, B.ids, B.vals, e) < 0) {
+        if (out_pair_read(c, p, n, &A, &B, e) < 0) {
             rc = -1;
             break;
         }
@@ -516,8 +521,7 @@ int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e)
         return kv_errf(e, "compare: /output holds no position %lld on both sides", (long long)p);
     out_block A, B;
     int rc = out_pair_alloc(&A, &B, ka, kb, e);
-    if (rc == 0 && (c->ref->output(c->ref->ctx, p, 1, A.lse, A.ids, A.vals, e) < 0 ||
-                    c->test->output(c->test->ctx, p, 1, B.lse, B.ids, B.vals, e) < 0))
+    if (rc == 0 && out_pair_read(c, p, 1, &A, &B, e) < 0)
         rc = -1;
     if (rc == 0) {
         int at;

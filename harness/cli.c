@@ -435,7 +435,7 @@ void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines)
 
 /* The folder of path, whose last '/' is slash (NULL: none): ".", "/" or
  * the part before it. */
-static void parent_dir(const char *path, const char *slash, char *dir, size_t n)
+void cli_parent_dir(const char *path, const char *slash, char *dir, size_t n)
 {
     if (!slash)
         snprintf(dir, n, ".");
@@ -490,7 +490,7 @@ int cli_output_writable(const char *opt, const char *path, kv_err *e)
         return kv_errf(e, "%s %s: is a folder, not a file", opt, path);
     const char *slash = strrchr(path, '/');
     char dir[PATH_MAX];
-    parent_dir(path, slash, dir, sizeof dir);
+    cli_parent_dir(path, slash, dir, sizeof dir);
     if (slash && !slash[1])
         return kv_errf(e, "%s %s: names a folder, not a file", opt, path);
     if (stat(dir, &sb) != 0)

@@ -129,6 +129,10 @@ void cli_fputs_escaped(const char *s, FILE *f, bool keep_newlines);
 /* 0 when writing out (given as out_opt) cannot overwrite in (in_opt);
  * else -1 with e = "OUT_OPT OUT: is the same file as IN_OPT IN; refusing
  * to overwrite it". in may be NULL (nothing to check). */
+/* The folder of path, whose last '/' is slash (NULL: none): ".", "/" or
+ * the part before it. */
+void cli_parent_dir(const char *path, const char *slash, char *dir, size_t n);
+
 int cli_output_not_input(const char *out_opt, const char *out, const char *in_opt,
                          const char *in, kv_err *e);
 

@@ -287,10 +287,7 @@ static int not_written_over(const char *outdir, const char *in, kv_err *e)
     }
     snprintf(path, sizeof path, "%s/plots", outdir);
     char dir[4200];
-    const char *slash = strrchr(in, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - in) : 1, slash ? in : ".");
-    if (slash == in)
-        snprintf(dir, sizeof dir, "/");
+    cli_parent_dir(in, strrchr(in, '/'), dir, sizeof dir);
     struct stat a, b;
     if (stat(path, &a) == 0 && stat(dir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino)
         return kv_errf(e, "-o %s: the input %s is in %s, the folder the report writes its "

@@ -402,14 +402,15 @@ class Inner(nn.Module):
 class HFConfig(dict):
     """The model's config as both readers want it: a dict of kvdiff's
     model_config (what this model computes from), and, as a transformers
-    PretrainedConfig, to_dict() the folder's config.json and its
-    eos_token_id."""
+    PretrainedConfig, to_dict() the folder's config.json, its eos_token_id
+    and _attn_implementation."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, attn):
         super().__init__(model_config_from_hf(folder))
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
             self._raw = json.load(f)
         self.eos_token_id = self._raw.get("eos_token_id")
+        self._attn_implementation = attn   # as transformers' config says it
 
     def to_dict(self):
         return dict(self._raw)
@@ -438,7 +439,7 @@ class TinyCausalLM(nn.Module):
     def __init__(self, folder, dtype="f32", attn="sdpa", faults=None, prompt_length=0,
                  cache="dynamic", rotary="pair"):
         super().__init__()
-        self.config = HFConfig(folder)
+        self.config = HFConfig(folder, attn)
         c = self.config
         arch = c["model_type"]
         if attn not in ("sdpa", "eager"):

@@ -258,6 +258,7 @@ class Recorder:
         self._prompt_length = None
         self._output = {}         # position -> (lse, ids, values)
         self._closed = False
+        self._room = 0            # bytes _make_room may hand out unasked
         self._lock_fd = _lock_target(self.path)
         try:
             self._f = h5py.File(self.path, "w", track_order=False)
@@ -493,23 +494,38 @@ class Recorder:
         """Writes no further than there is room for: a write that fails
         inside libhdf5 leaves it unable to close the file, and it crashes
         at exit closing it again. So the disk's free space and the
-        file-size limit (ulimit -f) are asked before each write of nbytes
+        file-size limit (ulimit -f) are asked before a write of nbytes
         (and room for libhdf5's own), and a write that would not fit is not
-        made: the dump is abandoned with one error instead."""
+        made: the dump is abandoned with one error instead. The room found
+        is spent down by the writes that follow, and asked again only when
+        they would pass it (a decode step's rows are small; three system
+        calls each would cost more than writing them)."""
+        if nbytes <= self._room:
+            self._room -= nbytes
+            return
         need = nbytes + _METADATA_ROOM
         try:
             size = max(os.fstat(self._lock_fd).st_size, self._f.id.get_filesize())
         except (OSError, RuntimeError, ValueError):
             size = 0
+        room = float("inf")
         soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
-        if soft != resource.RLIM_INFINITY and size + need > soft:
-            self._abandon(errno.EFBIG)
+        if soft != resource.RLIM_INFINITY:
+            if size + need > soft:
+                self._abandon(errno.EFBIG)
+            room = soft - size - need
         try:
             st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
         except OSError:
-            return
-        if st.f_bavail * st.f_frsize < need:
-            self._abandon(errno.ENOSPC)
+            st = None
+        if st is not None:
+            free = st.f_bavail * st.f_frsize
+            if free < need:
+                self._abandon(errno.ENOSPC)
+            room = min(room, free - need)
+        # spent down from here; half of it, as another program may fill the
+        # disk meanwhile
+        self._room = room / 2 if room != float("inf") else 0
 
     def _abandon(self, code, exc=None):
         """No room for the dump: the half file this recorder created is

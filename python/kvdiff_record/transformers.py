@@ -276,8 +276,7 @@ def _present_names(model, names):
 
 
 def _attn_impl(model):
-    c = getattr(model, "config", None)
-    impl = getattr(c, "_attn_implementation", None) or getattr(model, "attn", None)
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
     return str(impl) if impl else "unknown"
 
 
