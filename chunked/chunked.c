@@ -41,8 +41,7 @@ typedef struct {
     const kern_ctx *kc;
     kv_observer *obs;
     chk_opts o;
-    int dp;                  /* stored floats per head: head_dim, or padded */
-    int stride;              /* stored floats per row: KV * dp */
+    int pad;                 /* heads are stored padded to a multiple of pad (1: none) */
     int64_t pos;             /* next absolute position */
     int64_t prefill_len;     /* tokens of the first forward() call; -1 before it */
     int decode_count;        /* decode tokens written so far */
@@ -58,8 +57,17 @@ typedef struct {
     float *logits;           /* (chunk, V) */
 } chk_engine;
 
-static int head_dim(const chk_engine *c) { return c->m->cfg.head_dim; }
-static int kv_floats(const chk_engine *c) { return c->m->cfg.n_kv_heads * head_dim(c); }
+/* Layer l's head size and KV heads (Gemma 4's full and sliding layers
+ * differ), floats per head as stored (padded under --kv-share padded) and
+ * per stored row. */
+static int head_dim(const chk_engine *c, int l) { return config_layer_head_dim(&c->m->cfg, l); }
+static int kv_heads(const chk_engine *c, int l) { return config_layer_kv_heads(&c->m->cfg, l); }
+static int kv_floats(const chk_engine *c, int l) { return kv_heads(c, l) * head_dim(c, l); }
+static int head_stored(const chk_engine *c, int l)
+{
+    return (head_dim(c, l) + c->pad - 1) / c->pad * c->pad;
+}
+static int row_stride(const chk_engine *c, int l) { return kv_heads(c, l) * head_stored(c, l); }
 
 /* ------------------------------------------------------------------ */
 /* Windows and phases                                                   */
@@ -137,16 +145,18 @@ static void buf_begin_chunk(kv_buf *b, int stride)
 
 /* Stores one K/V row (KV heads of D floats) at slot, padding each head to
  * dp floats; the stale read copy sees the chunk's own writes. */
-static void buf_store(kv_buf *b, int slot, const chk_engine *c, const float *k, const float *v)
+static void buf_store(kv_buf *b, int slot, const chk_engine *c, int layer, const float *k,
+                      const float *v)
 {
-    const int KV = c->m->cfg.n_kv_heads, D = head_dim(c), dp = c->dp;
+    const int KV = kv_heads(c, layer), D = head_dim(c, layer), dp = head_stored(c, layer);
+    const int stride = row_stride(c, layer);
     float *dst[4] = {b->k, b->v, b->read_k != b->k ? b->read_k : NULL,
                      b->read_v != b->v ? b->read_v : NULL};
     const float *src[4] = {k, v, k, v};
     for (int t = 0; t < 4; t++) {
         if (!dst[t])
             continue;
-        float *row = dst[t] + (size_t)slot * c->stride;
+        float *row = dst[t] + (size_t)slot * stride;
         for (int h = 0; h < KV; h++) {
             memcpy(row + (size_t)h * dp, src[t] + (size_t)h * D, (size_t)D * sizeof(float));
             memset(row + (size_t)h * dp + D, 0, (size_t)(dp - D) * sizeof(float));
@@ -172,18 +182,18 @@ static void store_row(chk_engine *c, int layer, int64_t p, const float *k, const
 
     if (c->o.cache == CACHE_SPLIT) {
         if (!decode)
-            buf_store(&lc->main, (int)p, c, k, v);
+            buf_store(&lc->main, (int)p, c, layer, k, v);
         else
-            buf_store(&lc->dec, stuck ? 0 : (int)(p - c->prefill_len), c, k, v);
+            buf_store(&lc->dec, stuck ? 0 : (int)(p - c->prefill_len), c, layer, k, v);
         return;
     }
     if (lc->ring) {
         if (c->o.inj.on[INJ_RING_NO_WRAP] && pw >= lc->main.nslots)
             return; /* the bug: a full ring stops taking writes */
-        buf_store(&lc->main, (int)(pw % lc->main.nslots), c, k, v);
+        buf_store(&lc->main, (int)(pw % lc->main.nslots), c, layer, k, v);
         return;
     }
-    buf_store(&lc->main, (int)pw, c, k, v);
+    buf_store(&lc->main, (int)pw, c, layer, k, v);
 }
 
 /* ------------------------------------------------------------------ */
@@ -227,7 +237,7 @@ static void cand_build(chk_engine *c, int layer, int64_t s, int64_t hi, cand_lis
     const int src = has_storage(c, layer) ? layer : c->m->cfg.kv_owner[layer];
     const layer_cache *lc = &c->caches[src];
     const kv_buf *b = &lc->main;
-    const int st = c->stride;
+    const int st = row_stride(c, src);
     cl->n = 0;
     if (c->o.cache == CACHE_DENSE) {
         /* Fixed shape: every slot, valid once written. */
@@ -258,10 +268,11 @@ static void cand_build(chk_engine *c, int layer, int64_t s, int64_t hi, cand_lis
 }
 
 /* Rows stored with padded heads are sliced back to D floats per head. */
-static int cand_unpad(chk_engine *c, cand_list *cl, kv_err *e)
+static int cand_unpad(chk_engine *c, int layer, cand_list *cl, kv_err *e)
 {
-    const int KV = c->m->cfg.n_kv_heads, D = head_dim(c), kvf = kv_floats(c);
-    if (c->dp == D)
+    const int KV = kv_heads(c, layer), D = head_dim(c, layer), kvf = kv_floats(c, layer);
+    const int dp = head_stored(c, layer);
+    if (dp == D)
         return 0;
     if (!cl->unpad) {
         cl->unpad = malloc((size_t)2 * cl->cap * kvf * sizeof(float));
@@ -271,8 +282,8 @@ static int cand_unpad(chk_engine *c, cand_list *cl, kv_err *e)
     for (int j = 0; j < cl->n; j++) {
         float *kd = cl->unpad + (size_t)(2 * j) * kvf, *vd = kd + kvf;
         for (int h = 0; h < KV; h++) {
-            memcpy(kd + h * D, cl->k[j] + (size_t)h * c->dp, (size_t)D * sizeof(float));
-            memcpy(vd + h * D, cl->v[j] + (size_t)h * c->dp, (size_t)D * sizeof(float));
+            memcpy(kd + h * D, cl->k[j] + (size_t)h * dp, (size_t)D * sizeof(float));
+            memcpy(vd + h * D, cl->v[j] + (size_t)h * dp, (size_t)D * sizeof(float));
         }
         cl->k[j] = kd;
         cl->v[j] = vd;
@@ -341,7 +352,7 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
         cl = &c->cands[owner];
     } else {
         cand_build(c, layer, s, s + n, cl);
-        if (cand_unpad(c, cl, e) < 0)
+        if (cand_unpad(c, layer, cl, e) < 0)
             return -1;
         if (follower && c->o.inj.on[INJ_ZERO_SHARED_KV])
             for (int j = 0; j < cl->n; j++)
@@ -351,7 +362,7 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
         return -1;
     const kern_ctx *kc = c->kc;
     const float scale = (float)cfg->attn_scale;
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, KV = kv_heads(c, layer), D = head_dim(c, layer);
     const float *const *kr = (const float *const *)cl->k, *const *vr = (const float *const *)cl->v;
     if (c->o.attn == CHK_ATTN_EXACT) {
         build_mask(c, layer, cl, s, n, 0);
@@ -401,7 +412,7 @@ static int ensure_rows(chk_engine *c, int n, kv_err *e)
     rows_free(c);
     c->rope_pos = malloc((size_t)n * sizeof *c->rope_pos);
     c->nkeys = malloc((size_t)n * sizeof *c->nkeys);
-    c->att2 = malloc((size_t)n * cfg->n_heads * cfg->head_dim * sizeof(float));
+    c->att2 = malloc((size_t)n * config_max_q_width(cfg) * sizeof(float));
     c->lse2 = malloc((size_t)n * cfg->n_heads * sizeof(float));
     c->logits = malloc((size_t)n * cfg->vocab * sizeof(float));
     if (!c->rope_pos || !c->nkeys || !c->att2 || !c->lse2 || !c->logits)
@@ -428,20 +439,20 @@ static int run_chunk(chk_engine *c, const int32_t *tokens, int n, bool last, flo
     const int64_t s = c->pos;
     kv_observer *obs = c->obs;
     fw_state *fs = &c->fw;
-    const int kvf = kv_floats(c);
 
     if (ensure_rows(c, n, e) < 0)
         return -1;
     set_rope_positions(c, s, n);
     for (int l = 0; l < cfg->n_layers; l++) {
-        buf_begin_chunk(&c->caches[l].main, c->stride);
-        buf_begin_chunk(&c->caches[l].dec, c->stride);
+        buf_begin_chunk(&c->caches[l].main, row_stride(c, l));
+        buf_begin_chunk(&c->caches[l].dec, row_stride(c, l));
     }
     if (in_decode(c, s))
         c->decode_count += n;
     if (fw_embed(c->kc, c->m, fs, tokens, n, s, obs))
         goto stopped;
     for (int l = 0; l < cfg->n_layers; l++) {
+        const int kvf = kv_floats(c, l);
         if (fw_attn_inputs(c->kc, c->m, l, fs, n, s, c->rope_pos, obs))
             goto stopped;
         /* The owner writes its rows, and under plain sharing so does every
@@ -522,8 +533,8 @@ size_t chk_cache_bytes_of(const kv_engine *self, kv_attn_type type)
     size_t total = 0;
     for (int l = 0; l < cfg->n_layers; l++)
         if (cfg->layer_type[l] == type)
-            total += buf_bytes(&c->caches[l].main, c->stride) +
-                     buf_bytes(&c->caches[l].dec, c->stride);
+            total += buf_bytes(&c->caches[l].main, row_stride(c, l)) +
+                     buf_bytes(&c->caches[l].dec, row_stride(c, l));
     return total;
 }
 
@@ -571,9 +582,9 @@ static int alloc_caches(chk_engine *c, kv_err *e)
         int slots = lc->ring ? eff_window(c, l) + c->o.chunk : T;
         if (lc->ring && slots > T)
             slots = T; /* a ring larger than the context never wraps */
-        int rc = buf_init(&lc->main, slots, c->stride, lc->stale);
+        int rc = buf_init(&lc->main, slots, row_stride(c, l), lc->stale);
         if (rc == 0 && c->o.cache == CACHE_SPLIT)
-            rc = buf_init(&lc->dec, T, c->stride, lc->stale);
+            rc = buf_init(&lc->dec, T, row_stride(c, l), lc->stale);
         if (rc < 0)
             return kv_errf(e, "out of memory for the KV cache of layer %d", l);
     }
@@ -603,12 +614,10 @@ kv_engine *chk_create(const kv_model *m, const kern_ctx *kc, const chk_opts *o,
     c->obs = obs;
     c->o = *o;
     c->prefill_len = -1;
-    const int D = m->cfg.head_dim;
-    c->dp = o->share == SHARE_PADDED ? (D + o->share_pad - 1) / o->share_pad * o->share_pad : D;
-    c->stride = m->cfg.n_kv_heads * c->dp;
+    c->pad = o->share == SHARE_PADDED ? o->share_pad : 1;
     c->caches = calloc((size_t)m->cfg.n_layers, sizeof *c->caches);
     c->cands = calloc((size_t)m->cfg.n_layers, sizeof *c->cands);
-    c->zero_row = calloc((size_t)m->cfg.n_kv_heads * D, sizeof(float));
+    c->zero_row = calloc((size_t)config_max_kv_width(&m->cfg), sizeof(float));
     if (!c->caches || !c->cands || !c->zero_row) {
         kv_errf(e, "out of memory");
         chk_destroy(&c->base);

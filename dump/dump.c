@@ -657,7 +657,7 @@ H5T_class_t dump_h5_attr_class(hid_t obj, const char *name)
 /* ------------------------------------------------------------------ */
 /* Stages and the model config                                          */
 
-int dump_stage_cols(const kv_config *c, kv_stage st)
+int dump_stage_cols(const kv_config *c, kv_stage st, int layer)
 {
     switch (st) {
     case STAGE_ATTN_NORM_STATS:
@@ -665,10 +665,12 @@ int dump_stage_cols(const kv_config *c, kv_stage st)
         return 3;
     case STAGE_Q:
     case STAGE_ATTN_OUT:
-        return c->n_heads * c->head_dim;
+        return c->n_heads * config_layer_head_dim(c, layer);
     case STAGE_K:
     case STAGE_V:
-        return c->n_kv_heads * c->head_dim;
+        return config_layer_kv_heads(c, layer) * config_layer_head_dim(c, layer);
+    case STAGE_PLE_IN:
+        return c->per_layer_dim;
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
         return c->n_heads;
@@ -769,6 +771,35 @@ static void layer_fields(const json_t *o, kv_config *c, problems *p)
                     c->kv_owner[i]);
 }
 
+/* Optional int: 0 when absent or null. */
+static int opt_int(const json_t *o, const char *key, long long lo, long long hi, problems *p)
+{
+    const json_t *v = json_object_get(o, key);
+    return v && !json_is_null(v) ? int_field(o, key, lo, hi, false, p) : 0;
+}
+
+/* Gemma 4's fields, all optional: a recorder that leaves them out says
+ * every layer has head_dim and num_key_value_heads, no K=V, whole-head
+ * RoPE, one MLP width and no per-layer inputs. */
+static void gemma4_fields(const json_t *o, kv_config *c, problems *p)
+{
+    c->head_dim_full = opt_int(o, "global_head_dim", 2, 1 << 12, p);
+    c->n_kv_heads_full = opt_int(o, "num_global_key_value_heads", 1, 1 << 12, p);
+    c->per_layer_dim = opt_int(o, "hidden_size_per_layer_input", 0, 1 << 16, p);
+    c->per_layer_vocab = opt_int(o, "vocab_size_per_layer_input", 0, 1 << 24, p);
+    c->k_eq_v = json_is_true(json_object_get(o, "attention_k_eq_v"));
+    c->double_wide_mlp = json_is_true(json_object_get(o, "use_double_wide_mlp"));
+    const json_t *f = json_object_get(o, "partial_rotary_factor_full");
+    if (f && !json_is_null(f)) {
+        double v = json_is_number(f) ? json_number_value(f) : -1;
+        if (!(v > 0 && v <= 1))
+            problem(p, "model_config field \"partial_rotary_factor_full\" must be a number "
+                       "in (0, 1].");
+        else
+            c->rope_partial_full = v < 1 ? v : 0;
+    }
+}
+
 /* Optional rope_scaling: null, absent, or {"rope_type": "linear" |
  * "llama3", "factor", and for llama3 low_freq_factor, high_freq_factor,
  * original_max_position_embeddings}, as config.json has it. */
@@ -807,6 +838,8 @@ static void arch_of(kv_config *c)
         c->arch = ARCH_QWEN3;
     else if (!strcmp(c->model_type, "gemma3_text") || !strcmp(c->model_type, "gemma3"))
         c->arch = ARCH_GEMMA3;
+    else if (!strcmp(c->model_type, "gemma4_text") || !strcmp(c->model_type, "gemma4"))
+        c->arch = ARCH_GEMMA4;
     else
         c->arch = ARCH_LLAMA;
     /* What the family implies (q/k norms, Gemma's 1 + w): the diagnoses
@@ -858,6 +891,8 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     rope_scaling_field(o, &c, &p);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);
+    if (c.arch == ARCH_GEMMA4)
+        gemma4_fields(o, &c, &p);
     json_decref(o);
     *out = c;
     return p.n;

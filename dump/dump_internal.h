@@ -133,7 +133,7 @@ int dump_h5_attr_f64(hid_t obj, const char *name, double *out);
 H5T_class_t dump_h5_attr_class(hid_t obj, const char *name);
 
 /* Columns of a stage for a model: E, 3, H*D, KV*D, H or V. */
-int dump_stage_cols(const kv_config *c, kv_stage st);
+int dump_stage_cols(const kv_config *c, kv_stage st, int layer);
 
 /* Parses model_config JSON (docs/dump-format.md). Every problem is passed
  * to problem(ctx, sentence); returns their number. *out is filled when the

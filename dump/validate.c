@@ -521,17 +521,17 @@ static int parse_member(const group_walk *g, const char *name, part *p)
     return st;
 }
 
-static expect expect_of(const vstate *v, kv_stage st, part p)
+static expect expect_of(const vstate *v, kv_stage st, int layer, part p)
 {
     expect x = {ELEM_F32, -1};
     if (p == PART_HASH)
         x = (expect){ELEM_U64, 0};
     else if (p == PART_STATS)
         x.cols = 2;
-    else if (dump_stage_cols(&v->cfg, st) > 0)
+    else if (dump_stage_cols(&v->cfg, st, layer) > 0)
         /* from the fields that parsed, even when another did not: every
          * width the config still gives is checked */
-        x.cols = dump_stage_cols(&v->cfg, st);
+        x.cols = dump_stage_cols(&v->cfg, st, layer);
     return x;
 }
 
@@ -564,7 +564,7 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
     hid_t d = open_member(v, gid, name, path, H5I_DATASET);
     if (d < 0)
         return 0;
-    expect x = expect_of(v, (kv_stage)st, p);
+    expect x = expect_of(v, (kv_stage)st, g->layer, p);
     found f = check_dataset(v, d, path, x);
     g->seen[st][p] = true;
     g->got[st][p] = f;
@@ -867,9 +867,9 @@ static void check_index_row(vstate *v, const uint64_t *r, int64_t i)
         goto done;   /* the group checks say what is wrong */
     if (v->fingerprint)
         fr = fh;
-    else if (v->cfg_ok && fr.cols != dump_stage_cols(&v->cfg, st))
+    else if (v->cfg_ok && fr.cols != dump_stage_cols(&v->cfg, st, layer))
         goto done;   /* a width the config does not have: said by the group checks */
-    const int64_t cols = v->fingerprint ? (v->cfg_ok ? dump_stage_cols(&v->cfg, st) : -1) : fr.cols;
+    const int64_t cols = v->fingerprint ? (v->cfg_ok ? dump_stage_cols(&v->cfg, st, layer) : -1) : fr.cols;
     /* positions as the hashes (whether they match the rows is the group
      * checks' to say), rows as many as the rows */
     if ((int64_t)r[2] != fh.first || (int64_t)r[3] != fr.rows || (cols >= 0 && (int64_t)r[4] != cols)) {

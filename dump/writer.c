@@ -903,6 +903,18 @@ static char *config_json(const kv_config *c)
             json_object_set_new(o, "rope_scaling", s);
         }
     }
+    if (c->arch == ARCH_GEMMA4) {
+        /* Gemma 4: full layers' widths, K=V, partial RoPE, MLP widths and
+         * per-layer inputs (docs/dump-format.md). */
+        json_object_set_new(o, "global_head_dim", json_integer(c->head_dim_full));
+        json_object_set_new(o, "num_global_key_value_heads", json_integer(c->n_kv_heads_full));
+        json_object_set_new(o, "partial_rotary_factor_full",
+                            json_real(c->rope_partial_full > 0 ? c->rope_partial_full : 1.0));
+        json_object_set_new(o, "attention_k_eq_v", json_boolean(c->k_eq_v));
+        json_object_set_new(o, "use_double_wide_mlp", json_boolean(c->double_wide_mlp));
+        json_object_set_new(o, "hidden_size_per_layer_input", json_integer(c->per_layer_dim));
+        json_object_set_new(o, "vocab_size_per_layer_input", json_integer(c->per_layer_vocab));
+    }
     text = json_dumps(o, JSON_COMPACT);
 done:
     json_decref(types);
@@ -1018,7 +1030,7 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
     app_init(&s->rows);
     app_init(&s->stats);
     app_init(&s->hash);
-    s->cols = dump_stage_cols(&w->cfg, st);
+    s->cols = dump_stage_cols(&w->cfg, st, layer);
     if (!w->o.fingerprint &&
         app_create(w, &s->rows, group, gpath, stage_name(st), H5T_IEEE_F32LE, H5T_NATIVE_FLOAT,
                    s->cols, w->first, e) < 0)
@@ -1281,12 +1293,12 @@ size_t dump_position_bytes(const kv_config *c, const dump_opts *o)
         for (int st = 0; st < STAGE_LAYER_COUNT; st++) {
             bool follower_kv = (st == STAGE_K || st == STAGE_V) && c->kv_owner[l] != l;
             if (o->stages[st] && !follower_kv)
-                floats += (size_t)dump_stage_cols(c, (kv_stage)st);
+                floats += (size_t)dump_stage_cols(c, (kv_stage)st, l);
         }
     if (o->stages[STAGE_EMBED])
-        floats += (size_t)dump_stage_cols(c, STAGE_EMBED);
+        floats += (size_t)dump_stage_cols(c, STAGE_EMBED, -1);
     if (o->stages[STAGE_FINAL_NORM])
-        floats += (size_t)dump_stage_cols(c, STAGE_FINAL_NORM);
+        floats += (size_t)dump_stage_cols(c, STAGE_FINAL_NORM, -1);
     if (o->full_logits || o->stages[STAGE_LOGITS])
         floats += (size_t)c->vocab;
     return floats * sizeof(float);

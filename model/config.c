@@ -1,5 +1,5 @@
 /* config.c — kv_config: reading and writing Hugging Face config.json
- * (llama, qwen2, qwen3, gemma3_text, gemma3), validation, built-in presets and the
+ * (llama, qwen2, qwen3, gemma3_text, gemma3, gemma4_text, gemma4), validation, built-in presets and the
  * one-line description.
  *
  * Defaults are the transformers library's own (LlamaConfig, Qwen2Config,
@@ -62,6 +62,10 @@ static const arch_info ARCHES[] = {
     /* Qwen3Config: head_dim defaults to 128 (not hidden/heads). */
     [ARCH_QWEN3] = { "qwen3", "Qwen3ForCausalLM", "hidden_act", true,
                      0, 0, 128, 0, 32768, 10000.0, false, -1, -1 },
+    /* Gemma 4: the sizes are required (its published models differ in
+     * each), head_dim defaults to 256 as in Gemma 3. */
+    [ARCH_GEMMA4] = { "gemma4_text", "Gemma4ForCausalLM", "hidden_activation", true,
+                      0, 0, 256, 0, 131072, 1000000.0, true, 2, 1 },
 };
 
 #define GEMMA_DEF_QPAS         256.0
@@ -71,7 +75,14 @@ static const arch_info ARCHES[] = {
 
 static bool arch_known(kv_arch a)
 {
-    return a == ARCH_LLAMA || a == ARCH_QWEN2 || a == ARCH_GEMMA3 || a == ARCH_QWEN3;
+    return a == ARCH_LLAMA || a == ARCH_QWEN2 || a == ARCH_GEMMA3 || a == ARCH_QWEN3
+        || a == ARCH_GEMMA4;
+}
+
+/* Gemma 3 and 4: sliding layers, KV sharing, sandwich norms, GELU. */
+static bool is_gemma(kv_arch a)
+{
+    return a == ARCH_GEMMA3 || a == ARCH_GEMMA4;
 }
 
 /* ---- derived fields, shared by the parser and the presets --------------- */
@@ -93,13 +104,15 @@ static float gemma_embed_scale(int hidden)
  * attention biases follow attention_bias; they start off). */
 void config_family_flags(kv_config *c)
 {
-    bool gemma = c->arch == ARCH_GEMMA3;
-    c->norm_plus_one = gemma;
+    bool gemma = is_gemma(c->arch);
+    c->norm_plus_one = c->arch == ARCH_GEMMA3;
     c->qk_norm = gemma || c->arch == ARCH_QWEN3;
     c->sandwich_norms = gemma;
     c->qkv_bias = c->arch == ARCH_QWEN2;
     c->o_bias = false;
     c->act = gemma ? ACT_GELU_TANH : ACT_SILU;
+    c->v_norm = c->arch == ARCH_GEMMA4;
+    c->layer_scalar = c->arch == ARCH_GEMMA4;
 }
 
 static void set_family(kv_config *c, kv_arch arch)
@@ -117,6 +130,11 @@ static void set_scales(kv_config *c)
     if (c->arch == ARCH_GEMMA3) {
         c->embed_scale = gemma_embed_scale(c->hidden);
         c->attn_scale = scale_of(c->query_pre_attn_scalar);
+    } else if (c->arch == ARCH_GEMMA4) {
+        /* Gemma 4 scales q.k by 1 (its q_norm/k_norm set the size). */
+        c->embed_scale = gemma_embed_scale(c->hidden);
+        c->attn_scale = 1.0;
+        c->query_pre_attn_scalar = 0.0;
     } else {
         c->embed_scale = 1.0f;
         c->attn_scale = scale_of((double)c->head_dim);
@@ -342,6 +360,8 @@ static int parse_heads(const jctx *cx, const json_t *obj, kv_config *c)
     /* llama and qwen2 default KV heads to the query heads (null too);
      * Gemma3TextConfig defaults to 4. */
     const json_t *kv = json_object_get(obj, "num_key_value_heads");
+    if (c->arch == ARCH_GEMMA4 && !present(kv))
+        return failf(cx, "num_key_value_heads", "is missing (gemma4_text has no default)");
     if (!kv || (json_is_null(kv) && !gemma))
         c->n_kv_heads = gemma ? a->def_kv_heads : c->n_heads;
     else if (want_int(cx, "num_key_value_heads", kv, 1, MAX_HEADS, &c->n_kv_heads))
@@ -357,7 +377,7 @@ static int parse_head_dim(const jctx *cx, const json_t *obj, kv_config *c)
     const json_t *hd = json_object_get(obj, "head_dim");
     /* Gemma3TextConfig and Qwen3Config give head_dim a default of its own
      * (a null there is an error); LlamaConfig and Qwen2Config derive it. */
-    bool own_default = c->arch == ARCH_GEMMA3 || c->arch == ARCH_QWEN3;
+    bool own_default = is_gemma(c->arch) || c->arch == ARCH_QWEN3;
     if (present(hd) || (hd && own_default)) {
         if (want_int(cx, "head_dim", hd, 1, MAX_HEAD_DIM, &c->head_dim))
             return -1;
@@ -393,7 +413,7 @@ static int parse_sizes(const jctx *cx, const json_t *obj, kv_config *c)
 static int parse_act(const jctx *cx, const json_t *obj, kv_config *c)
 {
     const char *key = ARCHES[c->arch].act_key;
-    bool gemma = c->arch == ARCH_GEMMA3;
+    bool gemma = is_gemma(c->arch);
     const char *act = NULL;
     if (get_str(cx, obj, key, gemma ? "gelu_pytorch_tanh" : "silu", &act))
         return -1;
@@ -414,6 +434,30 @@ static int parse_attention_bias(const jctx *cx, const json_t *obj, kv_config *c)
         return -1;
     c->qkv_bias = c->o_bias = on;
     return 0;
+}
+
+/* Gemma 4: MoE and bidirectional text attention are out of scope;
+ * "vision" (bidirectional over image tokens only) leaves text causal. */
+static int parse_gemma4_switches(const jctx *cx, const json_t *obj)
+{
+    char d[64];
+    const json_t *cap = json_object_get(obj, "attn_logit_softcapping");
+    if (present(cap))
+        return failf(cx, "attn_logit_softcapping", "is %s; attention logit softcapping "
+                     "is not supported (Gemma 4 has none)", jdesc(cap, d, sizeof d));
+    const json_t *bi = json_object_get(obj, "use_bidirectional_attention");
+    if (present(bi) && !json_is_false(bi)
+        && !(json_is_string(bi) && !strcmp(json_string_value(bi), "vision")))
+        return failf(cx, "use_bidirectional_attention", "is %s; kvdiff runs causal "
+                     "decoders only", jdesc(bi, d, sizeof d));
+    const json_t *ne = json_object_get(obj, "num_experts");
+    if (present(ne) && !(json_is_integer(ne) && json_integer_value(ne) == 0))
+        return failf(cx, "num_experts", "is %s; Gemma 4's mixture-of-experts models are "
+                     "not supported (dense E2B/E4B-style models only)", jdesc(ne, d, sizeof d));
+    return refuse_true(cx, obj, "enable_moe_block", "Gemma 4's mixture-of-experts block is "
+                       "not supported (dense E2B/E4B-style models only)")
+        || refuse_true(cx, obj, "attention_bias", "biased attention projections are not "
+                       "supported for gemma4_text");
 }
 
 static int parse_family_switches(const jctx *cx, const json_t *obj, kv_config *c)
@@ -442,6 +486,8 @@ static int parse_family_switches(const jctx *cx, const json_t *obj, kv_config *c
             || refuse_true(cx, obj, "use_bidirectional_attention", "kvdiff runs causal "
                            "decoders only");
     }
+    case ARCH_GEMMA4:
+        return parse_gemma4_switches(cx, obj);
     }
     return 0;
 }
@@ -466,6 +512,13 @@ static int parse_norm_act(const jctx *cx, const json_t *obj, kv_config *c)
         return -1;
     if (c->arch == ARCH_GEMMA3)
         return parse_gemma_scalars(cx, obj, c);
+    if (c->arch == ARCH_GEMMA4) {
+        const json_t *cap = json_object_get(obj, "final_logit_softcapping");
+        c->final_softcap = 0.0;
+        if (present(cap))
+            return want_num(cx, "final_logit_softcapping", cap, 0.0, true, MAX_SCALAR,
+                            &c->final_softcap);
+    }
     return 0;
 }
 
@@ -588,6 +641,57 @@ static int parse_rope_entry(const jctx *cx, const char *path, const json_t *v,
                                  json_object_get(v, "partial_rotary_factor"));
 }
 
+/* Gemma 4's full-attention entry: rope_type "proportional" (or "default")
+ * with partial_rotary_factor, the first factor * D/2 frequency pairs
+ * rotating at theta^(-2j/D), the rest passing through. */
+static int parse_gemma4_full_rope(const jctx *cx, const json_t *v, kv_config *c)
+{
+    const char *path = "rope_parameters.full_attention", *type = NULL;
+    char k[128], d[64];
+    if (!json_is_object(v))
+        return failf(cx, path, "is %s; expected an object", jdesc(v, d, sizeof d));
+    if (scaling_type(cx, path, v, false, &type))
+        return -1;
+    bool prop = type && !strcmp(type, "proportional");
+    if (type && !prop && strcmp(type, "default") != 0)
+        return failf(cx, path, "rope_type '%.40s' is not supported (Gemma 4's full "
+                     "layers use proportional)", type);
+    const json_t *t = json_object_get(v, "rope_theta");
+    if (t && want_num(cx, subkey(k, sizeof k, path, "rope_theta"), t, MIN_THETA, false,
+                      MAX_THETA, &c->rope_theta))
+        return -1;
+    const json_t *f = json_object_get(v, "partial_rotary_factor");
+    double factor = 1.0;
+    subkey(k, sizeof k, path, "partial_rotary_factor");
+    if (present(f) && want_num(cx, k, f, 0.0, true, 1.0, &factor))
+        return -1;
+    if (factor != 1.0 && !prop)
+        return failf(cx, k, "is %g with rope_type default; kvdiff rotates part of a "
+                     "head for proportional RoPE only", factor);
+    c->rope_partial_full = factor == 1.0 ? 0.0 : factor;
+    return 0;
+}
+
+static int parse_gemma4_rope(const jctx *cx, const json_t *full, const json_t *slide,
+                             kv_config *c)
+{
+    if (!full && !slide)
+        return failf(cx, "rope_parameters", "has neither full_attention nor "
+                     "sliding_attention; gemma4_text keys them by layer type");
+    if (full && parse_gemma4_full_rope(cx, full, c))
+        return -1;
+    if (slide) {
+        kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
+        if (parse_rope_entry(cx, "rope_parameters.sliding_attention", slide, &s,
+                             &c->rope_local_theta))
+            return -1;
+        if (s.type != ROPE_SCALE_NONE)
+            return failf(cx, "rope_parameters.sliding_attention", "is scaled; Gemma 4's "
+                         "sliding layers use default RoPE");
+    }
+    return 0;
+}
+
 /* transformers 5 writes rope_parameters instead of rope_theta/rope_scaling:
  * one object for llama/qwen2, one per layer type for Gemma 3. */
 static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
@@ -599,6 +703,8 @@ static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
     const json_t *full = json_object_get(rp, "full_attention");
     const json_t *slide = json_object_get(rp, "sliding_attention");
     bool keyed = full || slide;
+    if (c->arch == ARCH_GEMMA4)
+        return parse_gemma4_rope(cx, full, slide, c);
     if (c->arch != ARCH_GEMMA3) {
         if (keyed)
             return failf(cx, "rope_parameters", "is keyed by layer type; %s has one "
@@ -625,12 +731,18 @@ static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
 
 static int parse_rope(const jctx *cx, const json_t *obj, kv_config *c)
 {
-    bool gemma = c->arch == ARCH_GEMMA3;
+    bool gemma = is_gemma(c->arch);
     if (get_num(cx, obj, "rope_theta", ARCHES[c->arch].def_theta, MIN_THETA, false,
                 MAX_THETA, &c->rope_theta))
         return -1;
     c->rope_local_theta = c->rope_theta;
-    if (gemma && get_num(cx, obj, "rope_local_base_freq", GEMMA_DEF_LOCAL_THETA, MIN_THETA,
+    /* Gemma4TextConfig without rope_parameters: proportional 0.25 on full
+     * layers, base 10000 on sliding ones. */
+    if (c->arch == ARCH_GEMMA4) {
+        c->rope_local_theta = GEMMA_DEF_LOCAL_THETA;
+        c->rope_partial_full = 0.25;
+    }
+    if (c->arch == ARCH_GEMMA3 && get_num(cx, obj, "rope_local_base_freq", GEMMA_DEF_LOCAL_THETA, MIN_THETA,
                          false, MAX_THETA, &c->rope_local_theta))
         return -1;
     const json_t *rs = json_object_get(obj, "rope_scaling");
@@ -666,7 +778,7 @@ static int parse_layer_types(const jctx *cx, const json_t *lt, kv_config *c)
         const char *s = json_is_string(v) ? json_string_value(v) : NULL;
         if (s && !strcmp(s, "full_attention"))
             c->layer_type[i] = ATTN_GLOBAL;
-        else if (s && !strcmp(s, "sliding_attention") && c->arch == ARCH_GEMMA3)
+        else if (s && !strcmp(s, "sliding_attention") && is_gemma(c->arch))
             c->layer_type[i] = ATTN_SLIDING;
         else if (s && !strcmp(s, "sliding_attention"))
             return failf(cx, k, "is 'sliding_attention'; sliding attention is not "
@@ -702,9 +814,9 @@ static int parse_kv_sharing(const jctx *cx, const json_t *obj, kv_config *c)
     int n_shared = 0;
     if (get_int(cx, obj, "num_kv_shared_layers", false, 0, 0, KV_MAX_LAYERS, &n_shared))
         return -1;
-    if (n_shared > 0 && c->arch != ARCH_GEMMA3)
+    if (n_shared > 0 && !is_gemma(c->arch))
         return failf(cx, "num_kv_shared_layers", "is %d; KV sharing is read for "
-                     "gemma3_text only", n_shared);
+                     "gemma3_text and gemma4_text only", n_shared);
     if (n_shared >= c->n_layers)
         return failf(cx, "num_kv_shared_layers", "is %d but the model has %d layers; at "
                      "least the first layer must compute K/V", n_shared, c->n_layers);
@@ -713,6 +825,84 @@ static int parse_kv_sharing(const jctx *cx, const json_t *obj, kv_config *c)
         return failf(cx, "num_kv_shared_layers", "is %d: layer %d (%s) has no earlier "
                      "non-shared %s layer to read K/V from", n_shared, orphan,
                      type_name(c->layer_type[orphan]), type_name(c->layer_type[orphan]));
+    return 0;
+}
+
+/* per_layer_config: {"<layer>": {"head_dim": .., "num_key_value_heads": ..}};
+ * the first full-attention layer's value of key, or 0. */
+static int per_layer_full(const jctx *cx, const json_t *obj, const kv_config *c,
+                          const char *key, int *out)
+{
+    const json_t *plc = json_object_get(obj, "per_layer_config");
+    char k[96], d[64];
+    *out = 0;
+    if (!present(plc))
+        return 0;
+    if (!json_is_object(plc))
+        return failf(cx, "per_layer_config", "is %s; expected an object",
+                     jdesc(plc, d, sizeof d));
+    for (int i = 0; i < c->n_layers; i++) {
+        snprintf(k, sizeof k, "%d", i);
+        const json_t *lc = json_object_get(plc, k);
+        if (c->layer_type[i] != ATTN_GLOBAL || !json_is_object(lc)
+            || !json_object_get(lc, key))
+            continue;
+        snprintf(k, sizeof k, "per_layer_config.%d.%s", i, key);
+        return want_int(cx, k, json_object_get(lc, key), 1, MAX_HEAD_DIM, out);
+    }
+    return 0;
+}
+
+/* Gemma 4's full-layer head size and KV heads, K=V, double-wide MLPs and
+ * per-layer inputs (after layer types and KV sharing are known). */
+static int parse_gemma4_layers(const jctx *cx, const json_t *obj, kv_config *c)
+{
+    const json_t *g = json_object_get(obj, "global_head_dim");
+    if (present(g)) {
+        if (want_int(cx, "global_head_dim", g, 2, MAX_HEAD_DIM, &c->head_dim_full))
+            return -1;
+    } else if (per_layer_full(cx, obj, c, "head_dim", &c->head_dim_full)) {
+        return -1;
+    }
+    if (c->head_dim_full == 0)
+        c->head_dim_full = c->head_dim;
+    if (c->head_dim_full % 2 != 0)
+        return failf(cx, "global_head_dim", "is %d; RoPE needs an even head size",
+                     c->head_dim_full);
+    const json_t *gk = json_object_get(obj, "num_global_key_value_heads");
+    if (present(gk)) {
+        if (want_int(cx, "num_global_key_value_heads", gk, 1, MAX_HEADS, &c->n_kv_heads_full))
+            return -1;
+    } else if (per_layer_full(cx, obj, c, "num_key_value_heads", &c->n_kv_heads_full)) {
+        return -1;
+    }
+    if (c->n_kv_heads_full == 0)
+        c->n_kv_heads_full = c->n_kv_heads;
+    if (c->n_heads % c->n_kv_heads_full != 0)
+        return failf(cx, "num_global_key_value_heads", "is %d, which does not divide "
+                     "num_attention_heads %d", c->n_kv_heads_full, c->n_heads);
+    if (c->rope_partial_full > 0 && (int)(c->rope_partial_full * c->head_dim_full / 2) < 1)
+        return failf(cx, "rope_parameters.full_attention.partial_rotary_factor", "is %g: "
+                     "no pair of a %d-wide head rotates", c->rope_partial_full,
+                     c->head_dim_full);
+    if (get_bool(cx, obj, "attention_k_eq_v", false, &c->k_eq_v)
+        || get_bool(cx, obj, "use_double_wide_mlp", false, &c->double_wide_mlp))
+        return -1;
+    const json_t *p = json_object_get(obj, "hidden_size_per_layer_input");
+    c->per_layer_dim = 0;
+    if (present(p) && want_int(cx, "hidden_size_per_layer_input", p, 0, MAX_HIDDEN,
+                               &c->per_layer_dim))
+        return -1;
+    c->per_layer_vocab = 0;
+    if (c->per_layer_dim > 0) {
+        if (get_int(cx, obj, "vocab_size_per_layer_input", false, c->vocab, 1, MAX_VOCAB,
+                    &c->per_layer_vocab))
+            return -1;
+        if ((long long)c->per_layer_dim * c->n_layers > MAX_HIDDEN)
+            return failf(cx, "hidden_size_per_layer_input", "is %d: times %d layers, the "
+                         "per-layer table is wider than %d", c->per_layer_dim,
+                         c->n_layers, MAX_HIDDEN);
+    }
     return 0;
 }
 
@@ -726,14 +916,18 @@ static int parse_layers(const jctx *cx, const json_t *obj, kv_config *c)
                     1, MAX_PATTERN, &pattern))
             return -1;
         layers_from_pattern(c, pattern);
+    } else if (c->arch == ARCH_GEMMA4 && !present(lt)) {
+        return failf(cx, "layer_types", "is missing (gemma4_text lists each layer's type)");
     } else if (present(lt) && c->arch != ARCH_LLAMA) {
         /* LlamaConfig has no layer_types; transformers ignores the key there. */
         if (parse_layer_types(cx, lt, c))
             return -1;
     }
-    if (c->arch == ARCH_GEMMA3 && parse_window(cx, obj, c))
+    if (is_gemma(c->arch) && parse_window(cx, obj, c))
         return -1;
-    return parse_kv_sharing(cx, obj, c);
+    if (parse_kv_sharing(cx, obj, c))
+        return -1;
+    return c->arch == ARCH_GEMMA4 ? parse_gemma4_layers(cx, obj, c) : 0;
 }
 
 /* ---- token ids, tying --------------------------------------------------- */
@@ -815,26 +1009,36 @@ static int parse_text(const jctx *cx, const json_t *obj, const json_t *outer,
     return 0;
 }
 
-static int parse_gemma3_nested(const jctx *cx, const json_t *root, kv_config *c)
+/* Gemma3ForConditionalGeneration / Gemma4ForConditionalGeneration: the
+ * text model under text_config. */
+static int parse_gemma_nested(const jctx *cx, const json_t *root, kv_arch arch,
+                              kv_config *c)
 {
     char d[64];
+    const char *outer = arch == ARCH_GEMMA4 ? "gemma4" : "gemma3";
+    const char *inner_type = ARCHES[arch].model_type;
     const json_t *tc = json_object_get(root, "text_config");
     if (!tc)
-        return failf(cx, "text_config", "is missing (model_type gemma3 nests the text "
-                     "model there)");
+        return failf(cx, "text_config", "is missing (model_type %s nests the text "
+                     "model there)", outer);
     if (!json_is_object(tc))
         return failf(cx, "text_config", "is %s; expected an object", jdesc(tc, d, sizeof d));
     const json_t *mt = json_object_get(tc, "model_type");
-    if (mt && !(json_is_string(mt) && !strcmp(json_string_value(mt), "gemma3_text")))
-        return failf(cx, "text_config.model_type", "is %s; expected \"gemma3_text\"",
-                     jdesc(mt, d, sizeof d));
+    if (mt && !(json_is_string(mt) && !strcmp(json_string_value(mt), inner_type)))
+        return failf(cx, "text_config.model_type", "is %s; expected \"%s\"",
+                     jdesc(mt, d, sizeof d), inner_type);
     jctx inner = { cx->file, "text_config.", cx->e };
-    if (parse_text(&inner, tc, root, ARCH_GEMMA3, c))
+    if (parse_text(&inner, tc, root, arch, c))
         return -1;
-    /* The caller also tries "model.language_model." (transformers >= 4.52
-     * checkpoints) when these names are absent. */
-    snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "language_model.model.");
-    snprintf(c->lm_head_name, sizeof c->lm_head_name, "language_model.lm_head.weight");
+    /* The caller also tries the other layout ("model.language_model." or
+     * "language_model.model.") when these names are absent. */
+    if (arch == ARCH_GEMMA4) {
+        snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.language_model.");
+        snprintf(c->lm_head_name, sizeof c->lm_head_name, "lm_head.weight");
+    } else {
+        snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "language_model.model.");
+        snprintf(c->lm_head_name, sizeof c->lm_head_name, "language_model.lm_head.weight");
+    }
     return 0;
 }
 
@@ -849,12 +1053,14 @@ static int parse_root(const json_t *root, const char *file, kv_config *c, kv_err
     if (get_str(&cx, root, "model_type", NULL, &mt))
         return -1;
     if (!strcmp(mt, "gemma3"))
-        return parse_gemma3_nested(&cx, root, c);
+        return parse_gemma_nested(&cx, root, ARCH_GEMMA3, c);
+    if (!strcmp(mt, "gemma4"))
+        return parse_gemma_nested(&cx, root, ARCH_GEMMA4, c);
     for (int a = 0; a < (int)(sizeof ARCHES / sizeof ARCHES[0]); a++)
         if (!strcmp(mt, ARCHES[a].model_type))
             return parse_text(&cx, root, NULL, (kv_arch)a, c);
     return kv_errf(e, "%s: model_type '%.40s' is not supported (kvdiff reads llama, "
-                   "qwen2, qwen3, gemma3_text, gemma3)", file, mt);
+                   "qwen2, qwen3, gemma3_text, gemma3, gemma4_text, gemma4)", file, mt);
 }
 
 int config_parse_json(const char *text, size_t len, const char *name,
@@ -944,7 +1150,8 @@ static bool has_nul(const char *s, size_t n)
 static int check_family(const kv_config *c, kv_err *e)
 {
     if (!arch_known(c->arch))
-        return kv_errf(e, "arch %d is not one of llama, qwen2, qwen3, gemma3", (int)c->arch);
+        return kv_errf(e, "arch %d is not one of llama, qwen2, qwen3, gemma3, gemma4",
+                       (int)c->arch);
     kv_config want;
     memset(&want, 0, sizeof want);
     set_family(&want, c->arch);
@@ -953,9 +1160,10 @@ static int check_family(const kv_config *c, kv_err *e)
         return kv_errf(e, "model_type '%.*s' does not match the arch (expected '%s')",
                        (int)sizeof c->model_type, c->model_type, want.model_type);
     if (c->norm_plus_one != want.norm_plus_one || c->qk_norm != want.qk_norm
-        || c->sandwich_norms != want.sandwich_norms || c->act != want.act)
-        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/act do not match the %s "
-                       "family", want.model_type);
+        || c->sandwich_norms != want.sandwich_norms || c->act != want.act
+        || c->v_norm != want.v_norm || c->layer_scalar != want.layer_scalar)
+        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/act/v_norm/layer_scalar do "
+                       "not match the %s family", want.model_type);
     /* Llama and Qwen3 have one switch (attention_bias) for all four biases;
      * the others fix them. */
     bool switchable = c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3;
@@ -970,6 +1178,33 @@ static int check_range(kv_err *e, const char *what, long long v, long long lo, l
 {
     if (v < lo || v > hi)
         return kv_errf(e, "%s is %lld; expected %lld..%lld", what, v, lo, hi);
+    return 0;
+}
+
+/* The Gemma 4 fields: in range there, zero elsewhere. */
+static int check_gemma4_sizes(const kv_config *c, kv_err *e)
+{
+    if (c->arch != ARCH_GEMMA4) {
+        if (c->head_dim_full || c->n_kv_heads_full || c->rope_partial_full != 0.0
+            || c->k_eq_v || c->double_wide_mlp || c->per_layer_dim || c->per_layer_vocab)
+            return kv_errf(e, "Gemma 4 fields (global head size, K=V, double-wide MLP, "
+                           "per-layer inputs) are set but %s has none", c->model_type);
+        return 0;
+    }
+    if (check_range(e, "head_dim_full", c->head_dim_full, 2, MAX_HEAD_DIM)
+        || check_range(e, "n_kv_heads_full", c->n_kv_heads_full, 1, c->n_heads)
+        || check_range(e, "per_layer_dim", c->per_layer_dim, 0, MAX_HIDDEN)
+        || check_range(e, "per_layer_vocab", c->per_layer_vocab, c->per_layer_dim ? 1 : 0,
+                       c->per_layer_dim ? c->vocab : 0))
+        return -1;
+    if (c->head_dim_full % 2 != 0 || c->n_heads % c->n_kv_heads_full != 0)
+        return kv_errf(e, "head_dim_full %d is odd or n_kv_heads_full %d does not divide "
+                       "n_heads %d", c->head_dim_full, c->n_kv_heads_full, c->n_heads);
+    if (c->rope_partial_full != 0.0
+        && (!(c->rope_partial_full > 0.0 && c->rope_partial_full < 1.0)
+            || (int)(c->rope_partial_full * c->head_dim_full / 2) < 1))
+        return kv_errf(e, "rope_partial_full %g rotates no pair or all of them",
+                       c->rope_partial_full);
     return 0;
 }
 
@@ -989,11 +1224,14 @@ static int check_sizes(const kv_config *c, kv_err *e)
                        c->n_heads);
     if (c->head_dim % 2 != 0)
         return kv_errf(e, "head_dim %d is odd; RoPE needs it even", c->head_dim);
-    long long e_ = c->hidden, qd = (long long)c->n_heads * c->head_dim;
-    if (e_ * qd > MAX_MATRIX || e_ * c->intermediate > MAX_MATRIX
-        || e_ * c->vocab > MAX_MATRIX)
+    if (check_gemma4_sizes(c, e))
+        return -1;
+    long long e_ = c->hidden, qd = config_max_q_width(c);
+    long long ffn = config_max_intermediate(c);
+    if (e_ * qd > MAX_MATRIX || e_ * ffn > MAX_MATRIX || e_ * c->vocab > MAX_MATRIX
+        || (long long)c->per_layer_vocab * c->per_layer_dim * c->n_layers > MAX_MATRIX)
         return kv_errf(e, "a weight matrix has more than %lld elements (E=%d H*D=%lld "
-                       "I=%d V=%d)", MAX_MATRIX, c->hidden, qd, c->intermediate, c->vocab);
+                       "I=%lld V=%d)", MAX_MATRIX, c->hidden, qd, ffn, c->vocab);
     return 0;
 }
 
@@ -1014,7 +1252,7 @@ static int check_rope(const kv_config *c, kv_err *e)
         || !num_in(c->rope_local_theta, MIN_THETA, false, MAX_THETA))
         return kv_errf(e, "rope_theta %g / rope_local_theta %g out of %g..%g",
                        c->rope_theta, c->rope_local_theta, MIN_THETA, MAX_THETA);
-    if (c->arch != ARCH_GEMMA3 && c->rope_local_theta != c->rope_theta)
+    if (!is_gemma(c->arch) && c->rope_local_theta != c->rope_theta)
         return kv_errf(e, "rope_local_theta differs from rope_theta but %s has no "
                        "sliding layers", c->model_type);
     switch (s->type) {
@@ -1040,7 +1278,7 @@ static int check_numbers(const kv_config *c, kv_err *e)
     bool gemma = c->arch == ARCH_GEMMA3;
     if (!num_in(c->rms_eps, 0.0, true, 1.0))
         return kv_errf(e, "rms_eps %g is not in (0, 1]", c->rms_eps);
-    float want_embed = gemma ? gemma_embed_scale(c->hidden) : 1.0f;
+    float want_embed = is_gemma(c->arch) ? gemma_embed_scale(c->hidden) : 1.0f;
     if (c->embed_scale != want_embed)
         return kv_errf(e, "embed_scale %.9g is not %.9g", (double)c->embed_scale,
                        (double)want_embed);
@@ -1048,10 +1286,12 @@ static int check_numbers(const kv_config *c, kv_err *e)
         return kv_errf(e, "query_pre_attn_scalar %g out of range", c->query_pre_attn_scalar);
     if (!gemma && c->query_pre_attn_scalar != 0.0)
         return kv_errf(e, "query_pre_attn_scalar is set but %s has none", c->model_type);
-    double want_scale = scale_of(gemma ? c->query_pre_attn_scalar : (double)c->head_dim);
+    double want_scale = c->arch == ARCH_GEMMA4 ? 1.0
+        : scale_of(gemma ? c->query_pre_attn_scalar : (double)c->head_dim);
     if (!close_to(c->attn_scale, want_scale))
         return kv_errf(e, "attn_scale %.17g is not %.17g", c->attn_scale, want_scale);
-    if (!num_in(c->final_softcap, 0.0, false, MAX_SCALAR) || (!gemma && c->final_softcap != 0))
+    if (!num_in(c->final_softcap, 0.0, false, MAX_SCALAR)
+        || (!is_gemma(c->arch) && c->final_softcap != 0))
         return kv_errf(e, "final_softcap %g is not allowed for %s", c->final_softcap,
                        c->model_type);
     return check_rope(c, e);
@@ -1069,7 +1309,7 @@ static int check_layers(const kv_config *c, kv_err *e)
     for (int i = 0; i < c->n_layers; i++) {
         if (c->layer_type[i] != ATTN_GLOBAL && c->layer_type[i] != ATTN_SLIDING)
             return kv_errf(e, "layer_type[%d] is %d", i, c->layer_type[i]);
-        if (c->layer_type[i] == ATTN_SLIDING && c->arch != ARCH_GEMMA3)
+        if (c->layer_type[i] == ATTN_SLIDING && !is_gemma(c->arch))
             return kv_errf(e, "layer %d slides but %s has global layers only", i,
                            c->model_type);
         if (!check_owner(c, i))
@@ -1128,6 +1368,78 @@ double config_layer_theta(const kv_config *c, int layer)
         && c->layer_type[layer] == ATTN_SLIDING)
         return c->rope_local_theta;
     return c->rope_theta;
+}
+
+static bool full_layer(const kv_config *c, int layer)
+{
+    return c && layer >= 0 && layer < c->n_layers && layer < KV_MAX_LAYERS
+        && c->layer_type[layer] == ATTN_GLOBAL;
+}
+
+int config_layer_head_dim(const kv_config *c, int layer)
+{
+    if (!c)
+        return 0;
+    return full_layer(c, layer) && c->head_dim_full > 0 ? c->head_dim_full : c->head_dim;
+}
+
+int config_layer_kv_heads(const kv_config *c, int layer)
+{
+    if (!c)
+        return 0;
+    return full_layer(c, layer) && c->n_kv_heads_full > 0 ? c->n_kv_heads_full
+                                                          : c->n_kv_heads;
+}
+
+int config_layer_intermediate(const kv_config *c, int layer)
+{
+    if (!c)
+        return 0;
+    bool shared = layer >= 0 && layer < c->n_layers && layer < KV_MAX_LAYERS
+        && c->kv_owner[layer] != layer;
+    return c->double_wide_mlp && shared ? 2 * c->intermediate : c->intermediate;
+}
+
+int config_layer_rope_pairs(const kv_config *c, int layer)
+{
+    int D = config_layer_head_dim(c, layer);
+    if (full_layer(c, layer) && c->rope_partial_full > 0.0)
+        return (int)(c->rope_partial_full * D / 2);
+    return D / 2;
+}
+
+bool config_layer_has_v_proj(const kv_config *c, int layer)
+{
+    return c && !(c->k_eq_v && full_layer(c, layer));
+}
+
+int config_max_head_dim(const kv_config *c)
+{
+    if (!c)
+        return 0;
+    return c->head_dim_full > c->head_dim ? c->head_dim_full : c->head_dim;
+}
+
+int config_max_kv_width(const kv_config *c)
+{
+    if (!c)
+        return 0;
+    int a = c->n_kv_heads * c->head_dim;
+    int b = c->head_dim_full > 0 && c->n_kv_heads_full > 0
+                ? c->n_kv_heads_full * c->head_dim_full : 0;
+    return a > b ? a : b;
+}
+
+int config_max_q_width(const kv_config *c)
+{
+    return c ? c->n_heads * config_max_head_dim(c) : 0;
+}
+
+int config_max_intermediate(const kv_config *c)
+{
+    if (!c)
+        return 0;
+    return c->double_wide_mlp ? 2 * c->intermediate : c->intermediate;
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -1279,6 +1591,43 @@ static void write_gemma(jwriter *w, const kv_config *c)
         jw_int(w, "num_kv_shared_layers", shared);
 }
 
+/* gemma4_text as transformers writes it: rope_parameters keyed by layer
+ * type, the full layers' sizes beside the sliding ones'. */
+static void write_gemma4(jwriter *w, const kv_config *c)
+{
+    char lt[40], gt[40], pf[40];
+    jw_int(w, "global_head_dim", c->head_dim_full);
+    jw_int(w, "num_global_key_value_heads", c->n_kv_heads_full);
+    if (c->sliding_window > 0)
+        jw_int(w, "sliding_window", c->sliding_window);
+    else
+        jw_raw(w, "sliding_window", "null");
+    jw_key(w, "layer_types");
+    for (int i = 0; i < c->n_layers; i++)
+        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", type_name(c->layer_type[i]));
+    fputs("\n  ]", w->f);
+    fmt_double(lt, sizeof lt, c->rope_local_theta);
+    fmt_double(gt, sizeof gt, c->rope_theta);
+    fmt_double(pf, sizeof pf, c->rope_partial_full > 0 ? c->rope_partial_full : 1.0);
+    jw_key(w, "rope_parameters");
+    fprintf(w->f, "{\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": %s}, "
+            "\"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": "
+            "%s, \"rope_theta\": %s}}", lt, pf, gt);
+    if (c->final_softcap > 0)
+        jw_num(w, "final_logit_softcapping", c->final_softcap);
+    else
+        jw_raw(w, "final_logit_softcapping", "null");
+    jw_raw(w, "attn_logit_softcapping", "null");
+    jw_bool(w, "attention_bias", false);
+    jw_bool(w, "attention_k_eq_v", c->k_eq_v);
+    jw_int(w, "num_kv_shared_layers", count_shared(c));
+    jw_bool(w, "use_double_wide_mlp", c->double_wide_mlp);
+    jw_int(w, "hidden_size_per_layer_input", c->per_layer_dim);
+    if (c->per_layer_dim > 0)
+        jw_int(w, "vocab_size_per_layer_input", c->per_layer_vocab);
+    jw_bool(w, "enable_moe_block", false);
+}
+
 static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
 {
     jwriter w = { f, 0 };
@@ -1293,6 +1642,8 @@ static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
         jw_bool(&w, "use_sliding_window", false);
         jw_raw(&w, "sliding_window", "null");
         jw_int(&w, "max_window_layers", c->n_layers);
+    } else if (c->arch == ARCH_GEMMA4) {
+        write_gemma4(&w, c);
     } else {
         write_gemma(&w, c);
     }
@@ -1303,9 +1654,9 @@ static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
 static int check_expressible(const kv_config *c, kv_err *e)
 {
     int shared = count_shared(c);
-    if (shared > 0 && c->arch != ARCH_GEMMA3)
+    if (shared > 0 && !is_gemma(c->arch))
         return kv_errf(e, "KV sharing cannot be written for %s (num_kv_shared_layers is "
-                       "read for gemma3_text only)", c->model_type);
+                       "read for gemma3_text and gemma4_text only)", c->model_type);
     kv_config rule = *c;
     if (set_owners(&rule, shared) >= 0)
         return kv_errf(e, "kv_owner cannot be written as num_kv_shared_layers");
@@ -1349,9 +1700,14 @@ typedef struct {
     int window, pattern, kv_shared;
     int bos, n_eos, eos[2];
     kv_rope_scaling scaling;
+    /* Gemma 4 only */
+    int head_dim_full, kv_heads_full, per_layer_dim;
+    double partial_full, softcap;
+    bool k_eq_v, double_wide;
 } preset_spec;
 
 #define NO_SCALING { ROPE_SCALE_NONE, 0, 0, 0, 0 }
+#define NO_G4 0, 0, 0, 0.0, 0.0, false, false
 
 /* The tiny models are small enough to dump whole; the -shape presets have
  * the published configs' dimensions (Qwen/Qwen2.5-0.5B, Qwen/Qwen3-0.6B,
@@ -1362,30 +1718,42 @@ typedef struct {
  * slowed: every branch of the rule is exercised. */
 static const preset_spec PRESETS[] = {
     { "tiny-llama", ARCH_LLAMA, 64, 4, 4, 2, 16, 128, 256, 4096,
-      1e-5, 500000.0, 0, 0, false, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
+      1e-5, 500000.0, 0, 0, false, 0, 0, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     { "tiny-llama3", ARCH_LLAMA, 64, 4, 4, 2, 16, 128, 256, 4096,
       1e-5, 500000.0, 0, 0, true, 0, 0, 0, 1, 1, { 2 },
-      { ROPE_SCALE_LLAMA3, 32.0, 1.0, 4.0, 64 } },
+      { ROPE_SCALE_LLAMA3, 32.0, 1.0, 4.0, 64 }, NO_G4 },
     { "tiny-qwen2", ARCH_QWEN2, 64, 4, 4, 2, 16, 128, 256, 4096,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     /* head_dim 32 differs from hidden/heads = 16, as in every Qwen3. */
     { "tiny-qwen3", ARCH_QWEN3, 64, 4, 4, 2, 32, 128, 256, 4096,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     { "tiny-gemma3", ARCH_GEMMA3, 64, 6, 4, 2, 32, 128, 256, 4096,
-      1e-6, 1e6, 10000.0, 24, true, 12, 6, 0, 1, 1, { 2 }, NO_SCALING },
+      1e-6, 1e6, 10000.0, 24, true, 12, 6, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     { "tiny-gemma3-kvshared", ARCH_GEMMA3, 64, 12, 4, 2, 32, 128, 256, 4096,
-      1e-6, 1e6, 10000.0, 24, true, 12, 6, 4, 1, 1, { 2 }, NO_SCALING },
+      1e-6, 1e6, 10000.0, 24, true, 12, 6, 4, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     /* hidden 288 = 1152 / 4: sqrt(288) = 16.97 has gemma-3-1b's mantissa, so
      * the embedding scale is inexact in bf16 (17.0) as at 1B, and 288
      * columns let a row's worst rounding show, as 64 do not. */
     { "tiny-gemma3-h288", ARCH_GEMMA3, 288, 6, 4, 2, 64, 576, 256, 4096,
-      1e-6, 1e6, 10000.0, 64, true, 12, 6, 0, 1, 1, { 2 }, NO_SCALING },
+      1e-6, 1e6, 10000.0, 64, true, 12, 6, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     { "qwen2.5-0.5b-shape", ARCH_QWEN2, 896, 24, 14, 2, 64, 4864, 151936, 32768,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151643 }, NO_SCALING },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151643 }, NO_SCALING, NO_G4 },
     { "qwen3-0.6b-shape", ARCH_QWEN3, 1024, 28, 16, 8, 128, 3072, 151936, 40960,
-      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151645 }, NO_SCALING },
+      1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151645 }, NO_SCALING, NO_G4 },
     { "gemma3-1b-shape", ARCH_GEMMA3, 1152, 26, 4, 1, 256, 6912, 262144, 32768,
-      1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 }, NO_SCALING },
+      1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 }, NO_SCALING, NO_G4 },
+    /* Gemma 4 in small: layers S S S F S | S S F (the last three read
+     * layers 4, 4 and 3), sliding heads 16 wide with 2 KV heads, full ones
+     * 32 wide with 1 KV head and v taken from k, a quarter of the full
+     * heads' pairs rotating, double-wide MLPs on the shared layers and
+     * 8-wide per-layer inputs. */
+    { "tiny-gemma4", ARCH_GEMMA4, 64, 8, 4, 2, 16, 96, 256, 4096,
+      1e-6, 1e6, 10000.0, 0, true, 12, 4, 3, 2, 1, { 1 }, NO_SCALING,
+      32, 1, 8, 0.25, 30.0, true, true },
+    /* google/gemma-4-E2B's text model with synthetic weights. */
+    { "gemma4-e2b-shape", ARCH_GEMMA4, 1536, 35, 8, 1, 256, 6144, 262144, 131072,
+      1e-6, 1e6, 10000.0, 0, true, 512, 5, 20, 2, 2, { 1, 106 }, NO_SCALING,
+      512, 1, 256, 0.25, 30.0, false, true },
 };
 
 #define N_PRESETS ((int)(sizeof PRESETS / sizeof PRESETS[0]))
@@ -1405,7 +1773,7 @@ static void build_preset(const preset_spec *p, kv_config *c)
     c->rms_eps = p->eps;
     c->tie_embeddings = p->tie;
     c->rope_theta = p->theta;
-    c->rope_local_theta = p->arch == ARCH_GEMMA3 ? p->local_theta : p->theta;
+    c->rope_local_theta = is_gemma(p->arch) ? p->local_theta : p->theta;
     c->query_pre_attn_scalar = p->qpas;
     c->rope_scaling = p->scaling;
     set_scales(c);
@@ -1416,6 +1784,16 @@ static void build_preset(const preset_spec *p, kv_config *c)
     c->bos_id = p->bos;
     c->n_eos = p->n_eos;
     memcpy(c->eos_ids, p->eos, sizeof p->eos);
+    if (p->arch == ARCH_GEMMA4) {
+        c->head_dim_full = p->head_dim_full;
+        c->n_kv_heads_full = p->kv_heads_full;
+        c->rope_partial_full = p->partial_full;
+        c->k_eq_v = p->k_eq_v;
+        c->double_wide_mlp = p->double_wide;
+        c->per_layer_dim = p->per_layer_dim;
+        c->per_layer_vocab = p->per_layer_dim ? p->vocab : 0;
+        c->final_softcap = p->softcap;
+    }
 }
 
 int config_preset(const char *name, kv_config *out, kv_err *e)
@@ -1437,8 +1815,8 @@ const char *const *config_preset_names(void)
 {
     static const char *const names[] = {
         "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3",
-        "tiny-gemma3-kvshared", "tiny-gemma3-h288", "qwen2.5-0.5b-shape", "qwen3-0.6b-shape", "gemma3-1b-shape",
-        NULL,
+        "tiny-gemma3-kvshared", "tiny-gemma3-h288", "qwen2.5-0.5b-shape", "qwen3-0.6b-shape",
+        "gemma3-1b-shape", "tiny-gemma4", "gemma4-e2b-shape", NULL,
     };
     _Static_assert(sizeof names / sizeof *names == N_PRESETS + 1,
                    "every preset is listed once");
@@ -1449,7 +1827,7 @@ const char *const *config_preset_names(void)
 
 void config_describe(const kv_config *c, char *buf, size_t n)
 {
-    char layers[96], extra[64] = "";
+    char layers[96], extra[96] = "";
     if (!buf || n == 0)
         return;
     if (!c) {
@@ -1474,6 +1852,10 @@ void config_describe(const kv_config *c, char *buf, size_t n)
                  c->rope_scaling.factor);
     if (c->o_bias)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " attention_bias");
+    if (c->arch == ARCH_GEMMA4)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+                 " full D=%d KV=%d%s P=%d", c->head_dim_full, c->n_kv_heads_full,
+                 c->k_eq_v ? " K=V" : "", c->per_layer_dim);
     snprintf(buf, n, "%s: %d layers (%s), E=%d H=%d/KV=%d D=%d I=%d V=%d%s",
              c->model_type, c->n_layers, layers, c->hidden, c->n_heads, c->n_kv_heads,
              c->head_dim, c->intermediate, c->vocab, extra);

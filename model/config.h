@@ -2,7 +2,7 @@
  *
  * A kv_config is plain data (no pointers): it comes from a built-in preset,
  * or from a Hugging Face config.json (model_type llama, qwen2, qwen3,
- * gemma3_text, gemma3), and can be written back as a config.json that Hugging Face
+ * gemma3_text, gemma3, gemma4_text, gemma4), and can be written back as a config.json that Hugging Face
  * transformers reads. Everything an engine needs is resolved here, so
  * engines never look at model_type strings: per-layer attention type,
  * window, RoPE base and the layer whose KV cache each layer reads. */
@@ -16,7 +16,7 @@
 #define KV_MAX_LAYERS 256
 #define KV_MAX_EOS 8
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3 } kv_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4 } kv_arch;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
 typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;
 typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3 } kv_rope_scale;
@@ -76,7 +76,37 @@ typedef struct {
      * lives at lm_head_name. */
     char tensor_prefix[64];
     char lm_head_name[96];
+
+    /* Gemma 4 (zero elsewhere). Sliding layers use head_dim and
+     * n_kv_heads; full-attention layers use these when non-zero. */
+    int head_dim_full;           /* global_head_dim */
+    int n_kv_heads_full;         /* num_global_key_value_heads */
+    double rope_partial_full;    /* full layers' "proportional" RoPE: the first
+                                    rope_partial_full * D/2 pairs rotate, at
+                                    frequencies theta^(-2j/D); 0 = all pairs */
+    bool k_eq_v;                 /* attention_k_eq_v: full layers have no v_proj and
+                                    take v from k_proj's output (before k_norm) */
+    bool v_norm;                 /* v goes through an RMSNorm without weight */
+    bool double_wide_mlp;        /* use_double_wide_mlp: KV-shared layers' MLP is 2 I wide */
+    bool layer_scalar;           /* each layer's output is multiplied by its layer_scalar */
+    int per_layer_dim;           /* hidden_size_per_layer_input P; 0 = no per-layer inputs */
+    int per_layer_vocab;         /* vocab_size_per_layer_input */
 } kv_config;
+
+/* Head size, KV heads and MLP width of layer i (Gemma 4's full-attention
+ * layers differ from its sliding ones; double-wide MLPs on shared layers). */
+int config_layer_head_dim(const kv_config *c, int layer);
+int config_layer_kv_heads(const kv_config *c, int layer);
+int config_layer_intermediate(const kv_config *c, int layer);
+/* Pairs of layer i's head that RoPE rotates (D/2 unless partial). */
+int config_layer_rope_pairs(const kv_config *c, int layer);
+/* The largest of each over all layers (buffer sizes). */
+int config_max_head_dim(const kv_config *c);
+int config_max_kv_width(const kv_config *c);     /* KV heads x D */
+int config_max_q_width(const kv_config *c);      /* H x D */
+int config_max_intermediate(const kv_config *c);
+/* Layer i owns a v projection (false on Gemma 4's K=V full layers). */
+bool config_layer_has_v_proj(const kv_config *c, int layer);
 
 /* Attention window of layer i: 0 for global layers. */
 int config_layer_window(const kv_config *c, int layer);
@@ -119,7 +149,8 @@ int config_write_json_dtype(const kv_config *c, const char *path, const char *to
 
 /* Built-in presets: "tiny-llama", "tiny-llama3" (llama3 RoPE scaling),
  * "tiny-qwen2", "tiny-qwen3", "tiny-gemma3", "tiny-gemma3-kvshared",
- * "qwen2.5-0.5b-shape", "qwen3-0.6b-shape", "gemma3-1b-shape".
+ * "tiny-gemma4", "qwen2.5-0.5b-shape", "qwen3-0.6b-shape",
+ * "gemma3-1b-shape", "gemma4-e2b-shape".
  * Returns 0, or -1 with e filled for an unknown name. */
 int config_preset(const char *name, kv_config *out, kv_err *e);
 

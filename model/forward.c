@@ -12,9 +12,12 @@
 int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
 {
     const kv_config *c = &m->cfg;
-    const size_t E = (size_t)c->hidden, QD = (size_t)c->n_heads * c->head_dim;
-    const size_t KD = (size_t)c->n_kv_heads * c->head_dim, I = (size_t)c->intermediate;
-    const size_t half = (size_t)c->head_dim / 2, H = (size_t)c->n_heads, n = (size_t)cap;
+    const size_t E = (size_t)c->hidden, QD = (size_t)config_max_q_width(c);
+    const size_t KD = (size_t)config_max_kv_width(c);
+    const size_t I = (size_t)(config_max_intermediate(c) > c->per_layer_dim
+                                  ? config_max_intermediate(c) : c->per_layer_dim);
+    const size_t half = (size_t)config_max_head_dim(c) / 2, H = (size_t)c->n_heads;
+    const size_t n = (size_t)cap, P = (size_t)c->per_layer_dim, L = (size_t)c->n_layers;
     memset(s, 0, sizeof *s);
     s->cap = cap;
     s->x = malloc(n * E * sizeof(float));
@@ -33,20 +36,31 @@ int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
     s->rope_sin = malloc(n * half * sizeof(float));
     s->inv_freq_local = malloc(half * sizeof(double));
     s->inv_freq_global = malloc(half * sizeof(double));
+    if (P > 0) {
+        s->ple = malloc(n * L * P * sizeof(float));
+        s->ple_l = malloc(n * P * sizeof(float));
+        s->ple_tab = malloc(L * P * sizeof(float));
+    }
     if (!s->x || !s->xn || !s->q || !s->k || !s->v || !s->att || !s->lse || !s->nkeys ||
         !s->proj || !s->gate || !s->up || !s->stats || !s->rope_cos || !s->rope_sin ||
-        !s->inv_freq_local || !s->inv_freq_global) {
+        !s->inv_freq_local || !s->inv_freq_global || (P > 0 && (!s->ple || !s->ple_l || !s->ple_tab))) {
         fw_state_free(s);
         return kv_errf(e, "out of memory for activations of %d rows", cap);
     }
     /* Sliding layers use the local base without scaling (Gemma 3); global
      * layers use rope_theta with the configured scaling. */
     const kv_rope_scaling *rs = &c->rope_scaling;
+    const int D_full = c->head_dim_full > 0 ? c->head_dim_full : c->head_dim;
     kern_rope_inv_freq(c->rope_local_theta, c->head_dim, s->inv_freq_local);
-    kern_rope_inv_freq(c->rope_theta, c->head_dim, s->inv_freq_global);
-    kern_rope_scale_inv_freq(s->inv_freq_global, (int)half, (int)rs->type, rs->factor,
+    kern_rope_inv_freq(c->rope_theta, D_full, s->inv_freq_global);
+    kern_rope_scale_inv_freq(s->inv_freq_global, D_full / 2, (int)rs->type, rs->factor,
                              rs->low_freq_factor, rs->high_freq_factor,
                              rs->original_max_position);
+    /* Gemma 4's proportional RoPE: pairs past the rotated ones keep
+     * frequency 0 (cos 1, sin 0: passed through exactly). */
+    if (c->rope_partial_full > 0)
+        for (int j = (int)(c->rope_partial_full * D_full / 2); j < D_full / 2; j++)
+            s->inv_freq_global[j] = 0.0;
     return 0;
 }
 
@@ -55,7 +69,7 @@ void fw_state_free(fw_state *s)
     if (!s)
         return;
     float *f[] = {s->x, s->xn, s->q, s->k, s->v, s->att, s->lse, s->nkeys, s->proj,
-                  s->gate, s->up, s->stats, s->rope_cos, s->rope_sin};
+                  s->gate, s->up, s->stats, s->rope_cos, s->rope_sin, s->ple, s->ple_l, s->ple_tab};
     for (size_t i = 0; i < sizeof f / sizeof *f; i++)
         free(f[i]);
     free(s->inv_freq_local);
@@ -93,10 +107,44 @@ int fw_emit(kv_observer *obs, kv_stage st, int layer, int64_t pos0, int n, int n
 /* ------------------------------------------------------------------ */
 /* Layer pieces                                                         */
 
+static void norm_rows(const kv_model *m, const float *in, const float *w, int n, int width,
+                      float *out, float *stats)
+{
+    for (int i = 0; i < n; i++)
+        kern_rmsnorm(in + (size_t)i * width, w, width, m->cfg.rms_eps, m->cfg.norm_plus_one,
+                     out + (size_t)i * width, stats ? stats + 3 * i : NULL);
+}
+
+/* Gemma 4's per-layer inputs of n rows from their tokens and scaled
+ * embeddings s->x: (table(token) * sqrt(P) + rmsnorm(proj(x) * E^-1/2))
+ * * 2^-1/2, each layer's P values normalised apart. */
+static void per_layer_inputs(const kern_ctx *kc, const kv_model *m, fw_state *s,
+                             const int32_t *tokens, int n)
+{
+    const kv_config *c = &m->cfg;
+    const int P = c->per_layer_dim, LP = P * c->n_layers;
+    const float tab_scale = sqrtf((float)P);
+    const float proj_scale = (float)(1.0 / sqrt((double)c->hidden));
+    const float sum_scale = (float)M_SQRT1_2;
+    kern_matmul(kc, &m->pl_model_proj, s->x, n, s->ple);
+    for (int i = 0; i < n; i++) {
+        float *row = s->ple + (size_t)i * LP;
+        for (int j = 0; j < LP; j++)
+            row[j] *= proj_scale;
+        norm_rows(m, row, m->pl_proj_norm, c->n_layers, P, row, NULL);
+        /* Tokens past the per-layer vocabulary get no table row. */
+        if (tokens[i] < c->per_layer_vocab)
+            model_table_row(&m->pl_embed, tokens[i], s->ple_tab);
+        else
+            memset(s->ple_tab, 0, (size_t)LP * sizeof(float));
+        for (int j = 0; j < LP; j++)
+            row[j] = (row[j] + s->ple_tab[j] * tab_scale) * sum_scale;
+    }
+}
+
 int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *tokens,
              int n, int64_t pos0, kv_observer *obs)
 {
-    (void)kc;
     const int E = m->cfg.hidden;
     const float scale = m->cfg.embed_scale;
     for (int i = 0; i < n; i++) {
@@ -106,23 +154,19 @@ int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *
             for (int j = 0; j < E; j++)
                 row[j] *= scale;
     }
+    if (m->cfg.per_layer_dim > 0)
+        per_layer_inputs(kc, m, s, tokens, n);
     EMIT(STAGE_EMBED, -1, E, s->x);
     return 0;
 }
 
-static void norm_rows(const kv_model *m, const float *in, const float *w, int n, int width,
-                      float *out, float *stats)
-{
-    for (int i = 0; i < n; i++)
-        kern_rmsnorm(in + (size_t)i * width, w, width, m->cfg.rms_eps, m->cfg.norm_plus_one,
-                     out + (size_t)i * width, stats ? stats + 3 * i : NULL);
-}
 
 static void rope_rows(const kv_model *m, int layer, fw_state *s, int n,
                       const int64_t *rope_pos, bool with_k)
 {
     const kv_config *c = &m->cfg;
-    const int D = c->head_dim, half = D / 2;
+    const int D = config_layer_head_dim(c, layer), half = D / 2;
+    const int KV = config_layer_kv_heads(c, layer);
     const double *inv = c->layer_type[layer] == ATTN_SLIDING ? s->inv_freq_local
                                                              : s->inv_freq_global;
     for (int i = 0; i < n; i++) {
@@ -130,7 +174,7 @@ static void rope_rows(const kv_model *m, int layer, fw_state *s, int n,
         kern_rope_table((double)rope_pos[i], inv, D, cs, sn);
         kern_rope_apply(s->q + (size_t)i * c->n_heads * D, c->n_heads, D, cs, sn);
         if (with_k)
-            kern_rope_apply(s->k + (size_t)i * c->n_kv_heads * D, c->n_kv_heads, D, cs, sn);
+            kern_rope_apply(s->k + (size_t)i * KV * D, KV, D, cs, sn);
     }
 }
 
@@ -139,7 +183,8 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
 {
     const kv_config *c = &m->cfg;
     const model_layer *ly = &m->layers[layer];
-    const int E = c->hidden, D = c->head_dim;
+    const int E = c->hidden, D = config_layer_head_dim(c, layer);
+    const int KV = config_layer_kv_heads(c, layer);
     const bool owns = c->kv_owner[layer] == layer;
 
     EMIT(STAGE_X_IN, layer, E, s->x);
@@ -150,19 +195,27 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     kern_matmul(kc, &ly->wq, s->xn, n, s->q);
     if (owns) {
         kern_matmul(kc, &ly->wk, s->xn, n, s->k);
-        kern_matmul(kc, &ly->wv, s->xn, n, s->v);
+        /* Gemma 4's K=V layers: v is k's projection, before k_norm. */
+        if (config_layer_has_v_proj(c, layer))
+            kern_matmul(kc, &ly->wv, s->xn, n, s->v);
+        else
+            memcpy(s->v, s->k, (size_t)n * KV * D * sizeof(float));
+        if (c->v_norm)
+            for (int i = 0; i < n * KV; i++)
+                kern_rmsnorm(s->v + (size_t)i * D, NULL, D, c->rms_eps, false,
+                             s->v + (size_t)i * D, NULL);
     }
     if (c->qk_norm) {
         /* q_norm / k_norm normalise each head's D values. */
         norm_rows(m, s->q, ly->q_norm, n * c->n_heads, D, s->q, NULL);
         if (owns)
-            norm_rows(m, s->k, ly->k_norm, n * c->n_kv_heads, D, s->k, NULL);
+            norm_rows(m, s->k, ly->k_norm, n * KV, D, s->k, NULL);
     }
     rope_rows(m, layer, s, n, rope_pos, owns);
     EMIT(STAGE_Q, layer, c->n_heads * D, s->q);
     if (owns) {
-        EMIT(STAGE_K, layer, c->n_kv_heads * D, s->k);
-        EMIT(STAGE_V, layer, c->n_kv_heads * D, s->v);
+        EMIT(STAGE_K, layer, KV * D, s->k);
+        EMIT(STAGE_V, layer, KV * D, s->v);
     }
     return 0;
 }
@@ -178,7 +231,7 @@ int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                 s->nkeys[(size_t)i * H + h] = (float)nkeys[i];
         EMIT(STAGE_ATTN_NKEYS, layer, H, s->nkeys);
     }
-    EMIT(STAGE_ATTN_OUT, layer, H * m->cfg.head_dim, s->att);
+    EMIT(STAGE_ATTN_OUT, layer, H * config_layer_head_dim(&m->cfg, layer), s->att);
     return 0;
 }
 
@@ -188,12 +241,32 @@ static void add_rows(float *x, const float *y, size_t count)
         x[i] = x[i] + y[i];
 }
 
+/* Gemma 4's per-layer input block: x += norm(proj(gelu(gate(x)) * ple_l)). */
+static int per_layer_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s,
+                           int n, int64_t pos0, kv_observer *obs)
+{
+    const kv_config *c = &m->cfg;
+    const model_layer *ly = &m->layers[layer];
+    const int E = c->hidden, P = c->per_layer_dim, LP = P * c->n_layers;
+    for (int i = 0; i < n; i++)
+        memcpy(s->ple_l + (size_t)i * P, s->ple + (size_t)i * LP + (size_t)layer * P,
+               (size_t)P * sizeof(float));
+    EMIT(STAGE_PLE_IN, layer, P, s->ple_l);
+    kern_matmul(kc, &ly->w_pl_gate, s->x, n, s->gate);
+    kern_gelu_tanh_mul(s->gate, s->ple_l, n * P);
+    kern_matmul(kc, &ly->w_pl_proj, s->gate, n, s->proj);
+    norm_rows(m, s->proj, ly->pl_norm, n, E, s->proj, NULL);
+    EMIT(STAGE_PLE_OUT, layer, E, s->proj);
+    add_rows(s->x, s->proj, (size_t)n * E);
+    return 0;
+}
+
 int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
                     int64_t pos0, kv_observer *obs)
 {
     const kv_config *c = &m->cfg;
     const model_layer *ly = &m->layers[layer];
-    const int E = c->hidden, I = c->intermediate;
+    const int E = c->hidden, I = config_layer_intermediate(c, layer);
 
     kern_matmul(kc, &ly->wo, s->att, n, s->proj);
     if (c->sandwich_norms)
@@ -216,6 +289,13 @@ int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
         norm_rows(m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);
     EMIT(STAGE_FFN_OUT, layer, E, s->proj);
     add_rows(s->x, s->proj, (size_t)n * E);
+    if (c->per_layer_dim > 0 && per_layer_block(kc, m, layer, s, n, pos0, obs))
+        return 1;
+    if (c->layer_scalar) {
+        const float g = ly->layer_scalar[0];
+        for (size_t i = 0; i < (size_t)n * E; i++)
+            s->x[i] *= g;
+    }
     EMIT(STAGE_X_OUT, layer, E, s->x);
     return 0;
 }

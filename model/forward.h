@@ -27,16 +27,20 @@ typedef struct {
     int cap;
     float *x;        /* (cap, E) residual stream */
     float *xn;       /* (cap, E) normalised input of the current block */
-    float *q;        /* (cap, H*D) */
+    float *q;        /* (cap, H*D) (D, KV: the widest layer's; rows are packed at
+                        the current layer's width) */
     float *k, *v;    /* (cap, KV*D) */
     float *att;      /* (cap, H*D) attention output */
+    float *ple;      /* (cap, L*P) Gemma 4's per-layer inputs of the rows, or NULL */
+    float *ple_l;    /* (cap, P) one layer's slice of them */
+    float *ple_tab;  /* (L*P) one token's table row */
     float *lse;      /* (cap, H) */
     float *nkeys;    /* (cap, H) keys attended, for the observer */
     float *proj;     /* (cap, E) */
     float *gate, *up;/* (cap, I) */
     float *stats;    /* (cap, 3) */
     float *rope_cos, *rope_sin; /* (cap, D/2) */
-    double *inv_freq_local, *inv_freq_global; /* (D/2) */
+    double *inv_freq_local, *inv_freq_global; /* (D/2) of sliding / full layers */
 } fw_state;
 
 int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e);
@@ -49,7 +53,8 @@ int fw_wants(kv_observer *obs, kv_stage st, int layer);
 int fw_emit(kv_observer *obs, kv_stage st, int layer, int64_t pos0, int n, int ncols,
             const float *data);
 
-/* s->x = embedding of tokens (n rows). Token ids must be in range. */
+/* s->x = embedding of tokens (n rows), and Gemma 4's per-layer inputs
+ * into s->ple. Token ids must be in range. */
 int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *tokens,
              int n, int64_t pos0, kv_observer *obs);
 

@@ -106,6 +106,18 @@ static uint16_t f32_to_bf16(float f)
     return (uint16_t)(bits >> 16);
 }
 
+void kern_bf16_from_f32(const float *in, size_t n, uint16_t *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = f32_to_bf16(in[i]);
+}
+
+void kern_bf16_to_f32(const uint16_t *in, size_t n, float *out)
+{
+    for (size_t i = 0; i < n; i++)
+        out[i] = bf16_to_f32(in[i]);
+}
+
 /* ------------------------------------------------------------------------
  * packed linear layers */
 
@@ -436,7 +448,7 @@ void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_o
      * each to float, three roundings where one is needed. */
     double scale = 1.0 / sqrt(mean_sq + eps);
     for (int i = 0; i < n; i++) {
-        double wi = plus_one ? 1.0 + (double)w[i] : (double)w[i];
+        double wi = !w ? 1.0 : plus_one ? 1.0 + (double)w[i] : (double)w[i];
         out[i] = (float)((double)x[i] * scale * wi);
     }
 }

@@ -85,6 +85,10 @@ void kern_linear_free(kern_linear *L);   /* accepts a zeroed struct */
  * With bf16 storage each value is rounded to nearest even. */
 void kern_linear_set_rows(kern_linear *L, int row0, int nrows, const float *src);
 
+/* bf16 words from floats (round to nearest even, as packing does) and back. */
+void kern_bf16_from_f32(const float *in, size_t n, uint16_t *out);
+void kern_bf16_to_f32(const uint16_t *in, size_t n, float *out);
+
 /* Copies row r of W (n_in values, exactly as stored) to out. */
 void kern_linear_get_row(const kern_linear *L, int r, float *out);
 
@@ -94,7 +98,8 @@ void kern_matmul(const kern_ctx *c, const kern_linear *L, const float *x, int M,
 /* Fixed-order dot product (the 8-lane rule above). */
 float kern_dot(const float *a, const float *b, int n);
 
-/* RMSNorm of one row: out = x / sqrt(mean(x^2) + eps) * (plus_one ? 1 + w : w).
+/* RMSNorm of one row: out = x / sqrt(mean(x^2) + eps) * (plus_one ? 1 + w : w);
+ * w NULL: no multiplier (Gemma 4's v_norm).
  * mean(x^2) is accumulated in double in ascending order; the scale, the
  * products and 1 + w stay in double and each output is rounded to float
  * once. stats (may be NULL) receives the input's mean, rms and absmax.

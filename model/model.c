@@ -41,17 +41,26 @@ static bool layer_owns_kv(const kv_config *c, int i)
 
 int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
 {
-    const int64_t E = c->hidden, I = c->intermediate;
-    const int64_t QD = (int64_t)c->n_heads * c->head_dim;
-    const int64_t KD = (int64_t)c->n_kv_heads * c->head_dim;
+    const int64_t E = c->hidden, P = c->per_layer_dim, LP = P * c->n_layers;
     const char *p = c->tensor_prefix;
     char name[160];
     int n = 0;
 
     snprintf(name, sizeof name, "%sembed_tokens.weight", p);
     n = add_spec(specs, cap, n, name, TENSOR_EMBED, -1, c->vocab, E);
+    if (P > 0) {
+        snprintf(name, sizeof name, "%sembed_tokens_per_layer.weight", p);
+        n = add_spec(specs, cap, n, name, TENSOR_TABLE, -1, c->per_layer_vocab, LP);
+        snprintf(name, sizeof name, "%sper_layer_model_projection.weight", p);
+        n = add_spec(specs, cap, n, name, TENSOR_LINEAR, -1, LP, E);
+        snprintf(name, sizeof name, "%sper_layer_projection_norm.weight", p);
+        n = add_spec(specs, cap, n, name, TENSOR_NORM, -1, P, 0);
+    }
     for (int i = 0; i < c->n_layers; i++) {
         bool owns = layer_owns_kv(c, i);
+        const int64_t D = config_layer_head_dim(c, i), I = config_layer_intermediate(c, i);
+        const int64_t QD = (int64_t)c->n_heads * D;
+        const int64_t KD = (int64_t)config_layer_kv_heads(c, i) * D;
 #define LAYER_T(suffix, kind, d0, d1)                                          \
     do {                                                                       \
         snprintf(name, sizeof name, "%slayers.%d.%s", p, i, suffix);           \
@@ -65,17 +74,19 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
             LAYER_T("self_attn.k_proj.weight", TENSOR_LINEAR, KD, E);
             if (c->qkv_bias)
                 LAYER_T("self_attn.k_proj.bias", TENSOR_BIAS, KD, 0);
-            LAYER_T("self_attn.v_proj.weight", TENSOR_LINEAR, KD, E);
-            if (c->qkv_bias)
-                LAYER_T("self_attn.v_proj.bias", TENSOR_BIAS, KD, 0);
+            if (config_layer_has_v_proj(c, i)) {
+                LAYER_T("self_attn.v_proj.weight", TENSOR_LINEAR, KD, E);
+                if (c->qkv_bias)
+                    LAYER_T("self_attn.v_proj.bias", TENSOR_BIAS, KD, 0);
+            }
         }
         LAYER_T("self_attn.o_proj.weight", TENSOR_LINEAR, E, QD);
         if (c->o_bias)
             LAYER_T("self_attn.o_proj.bias", TENSOR_BIAS, E, 0);
         if (c->qk_norm) {
-            LAYER_T("self_attn.q_norm.weight", TENSOR_NORM, c->head_dim, 0);
+            LAYER_T("self_attn.q_norm.weight", TENSOR_NORM, D, 0);
             if (owns)
-                LAYER_T("self_attn.k_norm.weight", TENSOR_NORM, c->head_dim, 0);
+                LAYER_T("self_attn.k_norm.weight", TENSOR_NORM, D, 0);
         }
         LAYER_T("post_attention_layernorm.weight", TENSOR_NORM, E, 0);
         if (c->sandwich_norms) {
@@ -85,6 +96,13 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
         LAYER_T("mlp.gate_proj.weight", TENSOR_LINEAR, I, E);
         LAYER_T("mlp.up_proj.weight", TENSOR_LINEAR, I, E);
         LAYER_T("mlp.down_proj.weight", TENSOR_LINEAR, E, I);
+        if (P > 0) {
+            LAYER_T("per_layer_input_gate.weight", TENSOR_LINEAR, P, E);
+            LAYER_T("per_layer_projection.weight", TENSOR_LINEAR, E, P);
+            LAYER_T("post_per_layer_input_norm.weight", TENSOR_NORM, E, 0);
+        }
+        if (c->layer_scalar)
+            LAYER_T("layer_scalar", TENSOR_NORM, 1, 0);
 #undef LAYER_T
     }
     snprintf(name, sizeof name, "%snorm.weight", p);
@@ -128,6 +146,9 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
     case TENSOR_BIAS:   scale = 0.3f; break;
     case TENSOR_NORM:   scale = 0.1f; offset = c->norm_plus_one ? 0.0f : 1.0f; break;
     case TENSOR_EMBED:  scale = c->embed_scale != 1.0f ? 1.0f / c->embed_scale : 1.0f; break;
+    /* Scaled by sqrt(P) when read: rows of order 1 then. */
+    case TENSOR_TABLE:  scale = 1.0f / sqrtf((float)(c->per_layer_dim > 0 ? c->per_layer_dim : 1));
+                        break;
     }
     /* A 1-D tensor is one row of `shape[0]` values: draw it as one stream. */
     if (s->ndim == 1) {
@@ -358,6 +379,10 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     if (!strcmp(sx, "mlp.gate_proj.weight")) return load_linear(src, s, wt, false, &ly->w_gate, h, e);
     if (!strcmp(sx, "mlp.up_proj.weight")) return load_linear(src, s, wt, false, &ly->w_up, h, e);
     if (!strcmp(sx, "mlp.down_proj.weight")) return load_linear(src, s, wt, false, &ly->w_down, h, e);
+    if (!strcmp(sx, "per_layer_input_gate.weight"))
+        return load_linear(src, s, wt, false, &ly->w_pl_gate, h, e);
+    if (!strcmp(sx, "per_layer_projection.weight"))
+        return load_linear(src, s, wt, false, &ly->w_pl_proj, h, e);
     if (s->kind == TENSOR_BIAS) {
         kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk
                        : strstr(sx, "v_proj") ? &ly->wv : &ly->wo;
@@ -374,9 +399,96 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
         dst = m->cfg.sandwich_norms ? &ly->post_attn_norm : &ly->ffn_norm;
     else if (!strcmp(sx, "pre_feedforward_layernorm.weight")) dst = &ly->ffn_norm;
     else if (!strcmp(sx, "post_feedforward_layernorm.weight")) dst = &ly->post_ffn_norm;
+    else if (!strcmp(sx, "post_per_layer_input_norm.weight")) dst = &ly->pl_norm;
+    else if (!strcmp(sx, "layer_scalar")) dst = &ly->layer_scalar;
     if (!dst)
         return kv_errf(e, "internal: no slot for tensor '%s'", s->name);
     return load_vector(src, s, dst, h, e);
+}
+
+/* Rows per table task. */
+#define TABLE_ROWS 256
+
+typedef struct {
+    const row_source *src;
+    const tensor_spec *s;
+    model_table *t;
+    atomic_ullong bad;
+    atomic_int failed;
+    kv_err err;
+} table_job;
+
+static void table_task(void *ctx, int task)
+{
+    table_job *j = ctx;
+    const int64_t cols = j->t->cols, r0 = (int64_t)task * TABLE_ROWS;
+    const int64_t nr = j->t->rows - r0 < TABLE_ROWS ? j->t->rows - r0 : TABLE_ROWS;
+    kv_err e = {{0}};
+    uint64_t bad = 0;
+    const size_t count = (size_t)(nr * cols);
+    float *buf = j->t->wtype == KERN_F32 ? (float *)j->t->data + (size_t)r0 * (size_t)cols
+                                         : malloc(count * sizeof(float));
+    int rc = buf ? source_rows(j->src, j->s, r0, nr, buf, &bad, &e)
+                 : kv_errf(&e, "out of memory loading '%s'", j->s->name);
+    if (rc == 0 && j->t->wtype == KERN_BF16)
+        kern_bf16_from_f32(buf, count, (uint16_t *)j->t->data + (size_t)r0 * (size_t)cols);
+    if (j->t->wtype == KERN_BF16)
+        free(buf);
+    atomic_fetch_add(&j->bad, bad);
+    int none = 0;
+    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
+        j->err = e;
+}
+
+/* A gathered table, stored row-major in the model's weight type, blocks
+ * of rows converted on the pool's threads. */
+static int load_table(const row_source *src, const tensor_spec *s, kern_wtype wt,
+                      model_table *t, XXH3_state_t *h, kv_err *e)
+{
+    const size_t esz = wt == KERN_BF16 ? 2 : 4;
+    t->rows = spec_rows(s);
+    t->cols = spec_cols(s);
+    t->wtype = wt;
+    t->data = malloc((size_t)t->rows * (size_t)t->cols * esz);
+    if (!t->data)
+        return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
+                       (long long)t->rows, (long long)t->cols);
+    table_job job = {.src = src, .s = s, .t = t};
+    atomic_init(&job.bad, 0);
+    atomic_init(&job.failed, 0);
+    pool_run(src->pool, table_task, &job, (int)((t->rows + TABLE_ROWS - 1) / TABLE_ROWS));
+    if (atomic_load(&job.failed)) {
+        *e = job.err;
+        return -1;
+    }
+    *src->nonfinite += atomic_load(&job.bad);
+    XXH3_64bits_update(h, t->data, (size_t)t->rows * (size_t)t->cols * esz);
+    return 0;
+}
+
+void model_table_row(const model_table *t, int64_t r, float *out)
+{
+    const size_t off = (size_t)r * (size_t)t->cols;
+    if (t->wtype == KERN_BF16)
+        kern_bf16_to_f32((const uint16_t *)t->data + off, (size_t)t->cols, out);
+    else
+        memcpy(out, (const float *)t->data + off, (size_t)t->cols * sizeof(float));
+}
+
+/* Model-level tensors other than the embedding (catalogue entry 0). */
+static int load_model_tensor(const row_source *src, const tensor_spec *s, kv_model *m,
+                             XXH3_state_t *h, kv_err *e)
+{
+    const char *name = s->name + strlen(m->cfg.tensor_prefix);
+    if (s->kind == TENSOR_TABLE)
+        return load_table(src, s, m->wtype, &m->pl_embed, h, e);
+    if (!strcmp(name, "per_layer_model_projection.weight"))
+        return load_linear(src, s, m->wtype, false, &m->pl_model_proj, h, e);
+    if (!strcmp(name, "per_layer_projection_norm.weight"))
+        return load_vector(src, s, &m->pl_proj_norm, h, e);
+    if (s->kind == TENSOR_NORM)
+        return load_vector(src, s, &m->final_norm, h, e);
+    return load_linear(src, s, m->wtype, false, &m->lm_head, h, e);
 }
 
 /* A tensor holding NaN or Inf makes every row computed from it NaN: the
@@ -461,12 +573,10 @@ static int load_all(const row_source *src, const model_opts *o, kv_model *m, kv_
         *src->nonfinite = 0;
         if (s->layer >= 0)
             r = load_layer_tensor(src, s, m, h, e);
-        else if (s->kind == TENSOR_NORM)
-            r = load_vector(src, s, &m->final_norm, h, e);
         else if (i == 0)
             r = load_linear(src, s, m->wtype, false, &m->embed, h, e);
         else
-            r = load_linear(src, s, m->wtype, false, &m->lm_head, h, e);
+            r = load_model_tensor(src, s, m, h, e);
         if (r < 0)
             goto done;
         done += spec_rows(s) * spec_cols(s);
@@ -617,7 +727,8 @@ void model_free(kv_model *m)
         for (int i = 0; i < m->cfg.n_layers; i++) {
             model_layer *ly = &m->layers[i];
             kern_linear *lin[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
-                                  &ly->w_gate, &ly->w_up, &ly->w_down};
+                                  &ly->w_gate, &ly->w_up, &ly->w_down,
+                                  &ly->w_pl_gate, &ly->w_pl_proj};
             for (size_t j = 0; j < sizeof lin / sizeof *lin; j++)
                 kern_linear_free(lin[j]);
             free(ly->attn_norm);
@@ -626,9 +737,14 @@ void model_free(kv_model *m)
             free(ly->post_ffn_norm);
             free(ly->q_norm);
             free(ly->k_norm);
+            free(ly->pl_norm);
+            free(ly->layer_scalar);
         }
         free(m->layers);
     }
+    free(m->pl_embed.data);
+    kern_linear_free(&m->pl_model_proj);
+    free(m->pl_proj_norm);
     kern_linear_free(&m->embed);
     kern_linear_free(&m->lm_head);
     free(m->final_norm);

@@ -18,7 +18,9 @@ typedef enum {
     TENSOR_EMBED,     /* (V, E) token embeddings */
     TENSOR_LINEAR,    /* (out, in) projection */
     TENSOR_BIAS,      /* (out) */
-    TENSOR_NORM,      /* (n) RMSNorm multiplier as stored */
+    TENSOR_NORM,      /* (n) RMSNorm multiplier as stored; also Gemma 4's layer_scalar (1) */
+    TENSOR_TABLE,     /* (Vp, L*P) Gemma 4's per-layer embeddings: rows are gathered, never
+                         multiplied, so they are kept row-major, not packed */
 } tensor_kind;
 
 typedef struct {
@@ -49,7 +51,21 @@ typedef struct {
     float *post_attn_norm;          /* (E) Gemma 3 only */
     float *post_ffn_norm;           /* (E) Gemma 3 only */
     float *q_norm, *k_norm;         /* (D) Gemma 3 and Qwen3; k_norm NULL on followers */
+    /* Gemma 4 */
+    kern_linear w_pl_gate;          /* (P, E) per_layer_input_gate */
+    kern_linear w_pl_proj;          /* (E, P) per_layer_projection */
+    float *pl_norm;                 /* (E) post_per_layer_input_norm */
+    float *layer_scalar;            /* (1) */
 } model_layer;
+
+/* A row-major table whose rows are looked up by token (Gemma 4's
+ * per-layer embeddings: 262144 x 8960 at E2B, too big to pack as a
+ * matrix, and only ever gathered). */
+typedef struct {
+    int64_t rows, cols;
+    kern_wtype wtype;               /* KERN_F32: floats; KERN_BF16: bf16 words */
+    void *data;
+} model_table;
 
 typedef struct {
     kv_config cfg;
@@ -58,6 +74,10 @@ typedef struct {
     kern_linear lm_head;            /* (V, E) when untied, else empty */
     float *final_norm;              /* (E) */
     model_layer *layers;            /* (L) */
+    /* Gemma 4's per-layer inputs (empty when cfg.per_layer_dim is 0) */
+    model_table pl_embed;           /* (Vp, L*P) embed_tokens_per_layer */
+    kern_linear pl_model_proj;      /* (L*P, E) per_layer_model_projection */
+    float *pl_proj_norm;            /* (P) per_layer_projection_norm */
     uint64_t fingerprint;           /* xxh3-64 of every packed weight, in catalogue order */
     char source[512];               /* "preset tiny-gemma3 seed 0" or the folder path */
     /* Tensors holding NaN or Inf (counted at load; 0: none) and the
@@ -111,6 +131,9 @@ void model_free(kv_model *m);     /* accepts a zeroed struct */
 
 /* The matrix producing logits (embed when tied). */
 const kern_linear *model_lm_head(const kv_model *m);
+
+/* Row r of a table, cols floats into out. */
+void model_table_row(const model_table *t, int64_t r, float *out);
 
 /* Writes a synthetic preset as a Hugging Face folder (config.json and
  * model.safetensors with dtype F32 or BF16). Creates dir if needed. */

@@ -25,7 +25,11 @@ typedef enum {
     STAGE_FFN_NORM_STATS,  /* mean, rms, absmax of the FFN-norm input (3) */
     STAGE_FFN_NORM,        /* FFN input norm output (E) */
     STAGE_FFN_OUT,         /* MLP output; Gemma: after post_feedforward_layernorm (E) */
-    STAGE_X_OUT,           /* residual stream leaving the layer (E) */
+    STAGE_PLE_IN,          /* Gemma 4: this layer's slice of the per-layer inputs (P) */
+    STAGE_PLE_OUT,         /* Gemma 4: per-layer input block output, after
+                              post_per_layer_input_norm, before the residual (E) */
+    STAGE_X_OUT,           /* residual stream leaving the layer (E); Gemma 4: times
+                              layer_scalar */
     STAGE_LAYER_COUNT,
     /* model level (layer = -1) */
     STAGE_EMBED = STAGE_LAYER_COUNT, /* scaled embedding rows (E) */

@@ -22,9 +22,11 @@ typedef struct {
     float *logits;              /* (fw.cap, V) */
 } ref_engine;
 
-static size_t kv_row_floats(const kv_config *c)
+/* Floats of one cached row of layer l (Gemma 4's full and sliding layers
+ * differ). */
+static size_t kv_row_floats(const kv_config *c, int l)
 {
-    return (size_t)c->n_kv_heads * c->head_dim;
+    return (size_t)config_layer_kv_heads(c, l) * (size_t)config_layer_head_dim(c, l);
 }
 
 /* The per-batch buffers, sized for fw.cap rows. */
@@ -58,7 +60,6 @@ static int ref_batch(ref_engine *r, const int32_t *tokens, int n, bool last, flo
                      kv_err *e)
 {
     const kv_config *c = &r->m->cfg;
-    const size_t KD = kv_row_floats(c);
     const int64_t pos0 = r->pos;
     kv_observer *obs = r->obs;
     fw_state *s = &r->fw;
@@ -71,6 +72,7 @@ static int ref_batch(ref_engine *r, const int32_t *tokens, int n, bool last, flo
         goto stopped;
     for (int l = 0; l < c->n_layers; l++) {
         const int owner = c->kv_owner[l];
+        const size_t KD = kv_row_floats(c, l);
         if (fw_attn_inputs(r->kc, r->m, l, s, n, pos0, r->rope_pos, obs))
             goto stopped;
         if (owner == l) {
@@ -83,7 +85,8 @@ static int ref_batch(ref_engine *r, const int32_t *tokens, int n, bool last, flo
             r->kbeg[i] = (W > 0 && p - W + 1 > 0) ? (int)(p - W + 1) : 0;
             r->kend[i] = (int)p + 1;
         }
-        kern_attention(r->kc, n, s->q, c->n_heads, c->n_kv_heads, c->head_dim,
+        kern_attention(r->kc, n, s->q, c->n_heads, config_layer_kv_heads(c, l),
+                       config_layer_head_dim(c, l),
                        (float)c->attn_scale, (const float *const *)r->krow[owner],
                        (const float *const *)r->vrow[owner], r->kbeg,
                        r->kend, s->att, s->lse);
@@ -152,10 +155,11 @@ static size_t ref_cache_bytes(const kv_engine *self)
 {
     const ref_engine *r = (const ref_engine *)self;
     const kv_config *c = &r->m->cfg;
-    size_t owners = 0;
+    size_t floats = 0;
     for (int l = 0; l < c->n_layers; l++)
-        owners += c->kv_owner[l] == l;
-    return owners * 2 * (size_t)r->o.max_ctx * kv_row_floats(c) * sizeof(float);
+        if (c->kv_owner[l] == l)
+            floats += kv_row_floats(c, l);
+    return 2 * (size_t)r->o.max_ctx * floats * sizeof(float);
 }
 
 static void ref_destroy(kv_engine *self)
@@ -180,7 +184,7 @@ static void ref_destroy(kv_engine *self)
 static int alloc_caches(ref_engine *r, kv_err *e)
 {
     const kv_config *c = &r->m->cfg;
-    const size_t L = (size_t)c->n_layers, T = (size_t)r->o.max_ctx, KD = kv_row_floats(c);
+    const size_t L = (size_t)c->n_layers, T = (size_t)r->o.max_ctx;
     r->kcache = calloc(L, sizeof *r->kcache);
     r->vcache = calloc(L, sizeof *r->vcache);
     r->krow = calloc(L, sizeof *r->krow);
@@ -190,6 +194,7 @@ static int alloc_caches(ref_engine *r, kv_err *e)
     for (size_t l = 0; l < L; l++) {
         if (c->kv_owner[l] != (int)l)
             continue;
+        const size_t KD = kv_row_floats(c, (int)l);
         r->kcache[l] = calloc(T * KD, sizeof(float));
         r->vcache[l] = calloc(T * KD, sizeof(float));
         r->krow[l] = malloc(T * sizeof(float *));
