@@ -186,7 +186,6 @@ static void buf_free(audit_buf *b)
 typedef struct {
     const cmp_source *in;
     audit_round how;
-    int rot_k, rot_v, qf, kvf;
 } modelled;
 
 static int m_info(void *ctx, int layer, kv_stage st, int64_t *first, int64_t *rows, int *cols)
@@ -200,9 +199,14 @@ static int m_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, fl
 {
     const modelled *m = ctx;
     const int rc = m->in->read(m->in->ctx, layer, st, pos0, n, out, e);
-    if (rc == 0 && (st == STAGE_Q || st == STAGE_K || st == STAGE_V))
-        round_rows(m->how, out, (size_t)n, st == STAGE_Q ? m->qf : m->kvf,
-                   st == STAGE_V ? m->rot_v : m->rot_k);
+    if (rc == 0 && (st == STAGE_Q || st == STAGE_K || st == STAGE_V)) {
+        /* Widths and rotation blocks of this layer (Gemma 4's differ). */
+        const kv_config *c = &m->in->cfg;
+        const int D = config_layer_head_dim(c, layer);
+        const int cols = (st == STAGE_Q ? c->n_heads : config_layer_kv_heads(c, layer)) * D;
+        round_rows(m->how, out, (size_t)n, cols,
+                   rotation(m->in, st == STAGE_V ? "attn_rot_v" : "attn_rot_k", D));
+    }
     return rc;
 }
 
@@ -224,10 +228,7 @@ void *cmp_xrt_modelled_source(const cmp_source *test, const cmp_xrt *x, cmp_sour
     modelled *m = malloc(sizeof *m);
     if (!m)
         return NULL;
-    const int D = test->cfg.head_dim;
-    *m = (modelled){.in = test, .how = rounding_of(x), .rot_k = rotation(test, "attn_rot_k", D),
-                    .rot_v = rotation(test, "attn_rot_v", D),
-                    .qf = test->cfg.n_heads * D, .kvf = test->cfg.n_kv_heads * D};
+    *m = (modelled){.in = test, .how = rounding_of(x)};
     *out = *test;
     out->ctx = m;
     out->info = m_info;
@@ -250,7 +251,7 @@ void *cmp_xrt_modelled_source(const cmp_source *test, const cmp_xrt *x, cmp_sour
 static bool reference_agrees(cmp_ctx *c, int layer, int64_t p, kv_err *e, int *rc)
 {
     const kv_config *cfg = c->cfg;
-    const int qf = cfg->n_heads * cfg->head_dim;
+    const int qf = cfg->n_heads * config_layer_head_dim(cfg, layer);
     float *q = malloc((size_t)qf * 2 * sizeof *q);
     double *out = malloc((size_t)qf * sizeof *out), *lse = malloc((size_t)cfg->n_heads *
                                                                    sizeof *lse);
@@ -265,7 +266,7 @@ static bool reference_agrees(cmp_ctx *c, int layer, int64_t p, kv_err *e, int *r
         if (r < 0)
             *rc = -1;
         else if (r == 0)
-            ok = cmp_attention_err(cfg, lse, out, NULL, q + qf, 0) <= CMP_MATCH_TOL;
+            ok = cmp_attention_err(cfg, layer, lse, out, NULL, q + qf, 0) <= CMP_MATCH_TOL;
     }
     free(q);
     free(out);
@@ -281,7 +282,8 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
 {
     const cmp_xrt *m = &c->r->xrt;
     const kv_config *cfg = c->cfg;
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, KV = config_layer_kv_heads(cfg, layer);
+    const int D = config_layer_head_dim(cfg, layer);
     const int qf = H * D, kvf = KV * D, owner = cfg->kv_owner[layer];
     const int W = config_layer_window(cfg, layer);
     *first = -1;
@@ -385,7 +387,6 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
         cfg->n_heads % cfg->n_kv_heads || c->r->compared.pos_hi < 0 ||
         c->r->compared.pos_hi >= INT32_MAX)
         return 0;
-    const int qf = cfg->n_heads * cfg->head_dim, kvf = cfg->n_kv_heads * cfg->head_dim;
     const int L = cfg->n_layers;
     const int64_t P = c->r->compared.pos_hi + 1;
     float *res = malloc((size_t)L * (size_t)P * sizeof *res);
@@ -400,6 +401,8 @@ int cmp_xrt_audit(cmp_ctx *c, int64_t *pos, int *stage_i, double *err, kv_err *e
     int best_layer = -1, rc = 0;
     for (int l = 0; rc == 0 && l < L; l++) {
         const int owner = cfg->kv_owner[l], si = stage_index(c->r, l);
+        const int qf = cfg->n_heads * config_layer_head_dim(cfg, l);
+        const int kvf = config_layer_kv_heads(cfg, l) * config_layer_head_dim(cfg, l);
         int64_t qlo, qhi, olo, ohi, klo, khi, vlo, vhi;
         if (si < 0 || cmp_source_held(c->test, l, STAGE_Q, qf, &qlo, &qhi) ||
             cmp_source_held(c->test, l, STAGE_ATTN_OUT, qf, &olo, &ohi) ||

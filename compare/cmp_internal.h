@@ -255,7 +255,7 @@ static inline double cmp_residual_value(const cmp_residual *r, double rms_weight
 /* Error of a recomputed (lse, out) against recorded rows: the larger of
  * max_h |dlse| / max(1, |lse|), max |dout| / max |out| and rms_weight x
  * |dout|_2 / |out|_2 (0: none; see cmp_xrt.audit_rms_weight). */
-double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
+double cmp_attention_err(const kv_config *cfg, int layer, const double *lse, const double *out,
                          const float *lse_rec, const float *out_rec, double rms_weight);
 
 /* Offsets the RoPE solver reaches: every one a 32-bit position counter

@@ -45,6 +45,12 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
         {"num_key_value_heads", x->n_kv_heads, y->n_kv_heads},
         {"head_dim", x->head_dim, y->head_dim},
         {"vocab_size", x->vocab, y->vocab},
+        /* Gemma 4's full layers: 0 where a config has no such field. */
+        {"global_head_dim", x->head_dim_full ? x->head_dim_full : x->head_dim,
+         y->head_dim_full ? y->head_dim_full : y->head_dim},
+        {"num_global_key_value_heads", x->n_kv_heads_full ? x->n_kv_heads_full : x->n_kv_heads,
+         y->n_kv_heads_full ? y->n_kv_heads_full : y->n_kv_heads},
+        {"hidden_size_per_layer_input", x->per_layer_dim, y->per_layer_dim},
     };
     if (strcmp(x->model_type, y->model_type))
         snprintf(why, sizeof why, "model_type '%s' vs '%s'", x->model_type, y->model_type);
@@ -1081,7 +1087,7 @@ static void merge_block(walker *w, int64_t b0, int64_t b1, const first_bad *f)
 
 void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
 {
-    const int D = c->head_dim;
+    const int D = config_layer_head_dim(c, d->layer);
     d->col = col;
     d->head = d->dim = -1;
     switch (d->stage) {

@@ -89,8 +89,11 @@ void cmp_note(cmp_result *r, const char *fmt, ...)
 
 int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
 {
-    const int E = c->hidden, H = c->n_heads, KV = c->n_kv_heads, D = c->head_dim;
+    const int E = c->hidden, H = c->n_heads, KV = config_layer_kv_heads(c, layer);
+    const int D = config_layer_head_dim(c, layer);
     switch (st) {
+    case STAGE_PLE_IN:
+        return c->per_layer_dim;
     case STAGE_ATTN_NORM_STATS:
     case STAGE_FFN_NORM_STATS:
         return 3;

@@ -156,10 +156,10 @@ int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
     cmp_result *r = c->r;
     cmp_xrt *m = &r->xrt;
     const kv_config *cfg = c->cfg;
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
-    if (H <= 0 || KV <= 0 || D <= 0 || H % KV)
+    const int H = cfg->n_heads, Dmax = config_max_head_dim(cfg);
+    if (H <= 0 || Dmax <= 0)
         return 0;
-    const int qf = H * D, kvf = KV * D;
+    const int qfmax = config_max_q_width(cfg);
     const long batch = cmp_settings_int(c->test, "batch", 0);
     const long ubatch = cmp_settings_int(c->test, "ubatch", 0);
     const long ctx = cmp_settings_int(c->test, "max_ctx", 0);
@@ -167,9 +167,9 @@ int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
     const long ub = ubatch < nb ? ubatch : nb;
     const int64_t prompt = c->test->prompt_length > 0 ? c->test->prompt_length : base + P;
     const float scale = (float)cfg->attn_scale;
-    float *q = malloc((size_t)ACC_ROWS * qf * sizeof *q), *acc = malloc((size_t)D * sizeof *acc);
-    float *o16 = malloc((size_t)qf * sizeof *o16);
-    double *ex = malloc((size_t)D * sizeof *ex), *ox = malloc((size_t)qf * sizeof *ox);
+    float *q = malloc((size_t)ACC_ROWS * qfmax * sizeof *q);
+    float *acc = malloc((size_t)Dmax * sizeof *acc), *o16 = malloc((size_t)qfmax * sizeof *o16);
+    double *ex = malloc((size_t)Dmax * sizeof *ex), *ox = malloc((size_t)qfmax * sizeof *ox);
     int rc = q && acc && o16 && ex && ox ? 0 : kv_errf(e, "compare: out of memory");
     for (int i = 0; rc == 0 && i < r->n_stages; i++) {
         const cmp_stage_result *sr = &r->stages[i];
@@ -177,6 +177,10 @@ int cmp_xrt_f16acc(cmp_ctx *c, int64_t base, int64_t P, float *gap, kv_err *e)
             continue;
         const int l = sr->layer, owner = cfg->kv_owner[l];
         const int W = config_layer_window(cfg, l);
+        const int KV = config_layer_kv_heads(cfg, l), D = config_layer_head_dim(cfg, l);
+        if (KV <= 0 || D <= 0 || H % KV)
+            continue;
+        const int qf = H * D, kvf = KV * D;
         int64_t lo = sr->pos_lo, hi = sr->pos_hi;
         while (lo <= hi && !on_path(lo, prompt, nb, ub))
             lo++;

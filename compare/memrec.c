@@ -398,8 +398,9 @@ int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_
 {
     cmp_source s;
     cmp_memrec_source(rec, &s);
-    const int H = cfg->n_heads, D = cfg->head_dim;
-    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    const int H = cfg->n_heads;
+    double *lse = malloc((size_t)H * sizeof(double));
+    double *out = malloc((size_t)config_max_q_width(cfg) * sizeof(double));
     int rc = (!lse || !out) ? kv_errf(e, "plant: out of memory") : 0;
     for (int L = 0; rc == 0 && L < cfg->n_layers; L++) {
         mr_stage *qs = slot_of(rec, L, STAGE_Q);
@@ -419,6 +420,7 @@ int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_
                 break;
             }
             const int64_t n = cmp_hyp_nkeys(&h);
+            const int D = config_layer_head_dim(cfg, L);
             float *l = cmp_memrec_row(rec, L, STAGE_ATTN_LSE, q, NULL);
             float *k = cmp_memrec_row(rec, L, STAGE_ATTN_NKEYS, q, NULL);
             for (int i = 0; i < H; i++) {

@@ -25,7 +25,7 @@ static double attn_scale(const kv_config *c)
         return (float)c->attn_scale;   /* the engines multiply by it as a float */
     if (c->query_pre_attn_scalar > 0)
         return (float)(1.0 / sqrt(c->query_pre_attn_scalar));
-    return (float)(1.0 / sqrt((double)c->head_dim));
+    return (float)(1.0 / sqrt((double)config_max_head_dim(c)));
 }
 
 /* Online softmax state of every head. */
@@ -143,7 +143,8 @@ static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, 
 static int recompute_open(softmax_state *st, key_reader *kr, const cmp_source *src,
                           const kv_config *cfg, int layer, const float *q, kv_err *e)
 {
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, KV = config_layer_kv_heads(cfg, layer);
+    const int D = config_layer_head_dim(cfg, layer);
     memset(st, 0, sizeof *st);
     memset(kr, 0, sizeof *kr);
     if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
@@ -206,7 +207,7 @@ int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     const float *out_rec, double rms_weight, int64_t *best_hi, double *best_err,
                     kv_err *e)
 {
-    const int H = cfg->n_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, D = config_layer_head_dim(cfg, layer);
     *best_hi = -1;
     *best_err = INFINITY;
     if (hi_max <= p)
@@ -227,7 +228,7 @@ int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
             break;
         add_key(&st, kr.k1, kr.v1);
         softmax_result(&st, lse, out);
-        const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, rms_weight);
+        const double err = cmp_attention_err(cfg, layer, lse, out, lse_rec, out_rec, rms_weight);
         if (err < *best_err) {
             *best_err = err;
             *best_hi = j;
@@ -246,7 +247,8 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     int64_t lo, int64_t hi, const float *lse_rec, const float *out_rec,
                     int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e)
 {
-    const int H = cfg->n_heads, KV = cfg->n_kv_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, KV = config_layer_kv_heads(cfg, layer);
+    const int D = config_layer_head_dim(cfg, layer);
     const int64_t n = hi - lo + 1;
     *skip = *dup = -1;
     *skip_err = *dup_err = INFINITY;
@@ -309,7 +311,7 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
             }
             if (!ok)
                 continue;
-            const double err = cmp_attention_err(cfg, lse, out, lse_rec, out_rec, 0);
+            const double err = cmp_attention_err(cfg, layer, lse, out, lse_rec, out_rec, 0);
             double *best = sign < 0 ? skip_err : dup_err;
             if (err < *best) {
                 *best = err;
@@ -327,10 +329,10 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
     return rc;
 }
 
-double cmp_attention_err(const kv_config *cfg, const double *lse, const double *out,
+double cmp_attention_err(const kv_config *cfg, int layer, const double *lse, const double *out,
                          const float *lse_rec, const float *out_rec, double rms_weight)
 {
-    const int H = cfg->n_heads, n = cfg->n_heads * cfg->head_dim;
+    const int H = cfg->n_heads, n = cfg->n_heads * config_layer_head_dim(cfg, layer);
     double err = 0;
     for (int h = 0; lse_rec && h < H; h++) {
         if (!isfinite(lse[h]) || !isfinite(lse_rec[h])) {
@@ -359,7 +361,7 @@ double cmp_attention_err(const kv_config *cfg, const double *lse, const double *
  * base on sliding layers (unscaled), the global base and scaling elsewhere. */
 static void layer_inv_freq(const kv_config *c, int layer, double *inv)
 {
-    const int D = c->head_dim;
+    const int D = config_layer_head_dim(c, layer);
     const bool sliding = config_layer_window(c, layer) > 0;
     double theta = sliding && c->rope_local_theta > 0 ? c->rope_local_theta : c->rope_theta;
     kern_rope_inv_freq(theta, D, inv);
@@ -367,6 +369,9 @@ static void layer_inv_freq(const kv_config *c, int layer, double *inv)
     if (!sliding && rs->type != ROPE_SCALE_NONE)
         kern_rope_scale_inv_freq(inv, D / 2, (int)rs->type, rs->factor, rs->low_freq_factor,
                                  rs->high_freq_factor, rs->original_max_position);
+    /* Gemma 4's proportional RoPE: the pairs past the rotated ones stay. */
+    for (int j = config_layer_rope_pairs(c, layer); j < D / 2; j++)
+        inv[j] = 0.0;
 }
 
 /* Row-relative error of ref rotated by the angles (cs, sn) against test;
@@ -430,7 +435,7 @@ static bool rope_refine(double est, const double *inv, const double *theta, cons
 double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
                       int nheads, int64_t *delta)
 {
-    const int D = cfg->head_dim, half = D / 2;
+    const int D = config_layer_head_dim(cfg, layer), half = D / 2;
     double *inv = malloc((size_t)half * 5 * sizeof(double));
     int *order = malloc((size_t)half * sizeof(int));
     double best = INFINITY;
@@ -509,7 +514,7 @@ done:
 double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
                          const float *ref, const float *test, int nheads)
 {
-    const int D = cfg->head_dim, half = D / 2;
+    const int D = config_layer_head_dim(cfg, layer), half = D / 2;
     if (D < 2 || D % 2)
         return INFINITY;
     double *inv = malloc((size_t)half * 2 * sizeof(double));
@@ -565,7 +570,7 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
 void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,
                        double *out)
 {
-    const int D = cfg->head_dim, half = D / 2;
+    const int D = config_layer_head_dim(cfg, layer), half = D / 2;
     double *inv = malloc((size_t)(half > 0 ? half : 1) * sizeof(double));
     if (!inv || D < 2 || D % 2) {
         for (int i = 0; i < nheads * D; i++)

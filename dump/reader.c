@@ -562,7 +562,7 @@ const char *dump_index_row_problem(const uint64_t *r, int *layer, kv_stage *stag
     double sum;
     memcpy(&sum, &r[7], sizeof sum);
     *layer = r[0] <= KV_MAX_LAYERS ? (int)r[0] - 1 : -2;
-    *stage = r[1] < STAGE_COUNT ? (kv_stage)r[1] : STAGE_COUNT;
+    *stage = stage_from_wire(r[1]);
     if (*layer < -1 || *stage == STAGE_COUNT || !stage_fits(*stage, *layer))
         return "no such layer and stage";
     if (r[2] > INT64_MAX / 2 || r[3] > INT64_MAX / 2)

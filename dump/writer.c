@@ -970,9 +970,11 @@ static int tokens_create(dump_writer *w, kv_err *e)
  * attribute on each (and "units" where there are any), so a person reading
  * a dump with h5dump or h5py needs no doc for the common questions. Optional for readers: dumps
  * written before these attributes lack them (docs/dump-format.md). */
-static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv_stage st)
+static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv_stage st,
+                                   int layer)
 {
     const kv_config *c = &w->cfg;
+    const int D = config_layer_head_dim(c, layer), KV = config_layer_kv_heads(c, layer);
     char cols[96];
     const char *units = NULL;
     switch (st) {
@@ -982,13 +984,13 @@ static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv
         break;
     case STAGE_Q:
     case STAGE_ATTN_OUT:
-        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads, c->head_dim,
+        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads, D,
                  st == STAGE_Q ? "; after RoPE" : "");
         break;
     case STAGE_K:
     case STAGE_V:
-        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", c->n_kv_heads,
-                 c->head_dim, st == STAGE_K ? "; after RoPE" : "");
+        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", KV, D,
+                 st == STAGE_K ? "; after RoPE" : "");
         break;
     case STAGE_ATTN_LSE:
         snprintf(cols, sizeof cols, "one per head");
@@ -1000,6 +1002,9 @@ static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv
         break;
     case STAGE_LOGITS:
         snprintf(cols, sizeof cols, "one per token id");
+        break;
+    case STAGE_PLE_IN:
+        snprintf(cols, sizeof cols, "%d per-layer input dims", c->per_layer_dim);
         break;
     default:
         snprintf(cols, sizeof cols, "%d hidden dims", c->hidden);
@@ -1036,7 +1041,7 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
                    s->cols, w->first, e) < 0)
         return -1;
     if (!w->o.fingerprint && !w->o.row_hashes)
-        return describe_stage_datasets(w, s, st) < 0
+        return describe_stage_datasets(w, s, st, layer) < 0
                    ? h5err(w, e, "cannot describe the datasets of %s/%s", gpath, stage_name(st))
                    : 0;
     if (!(s->digest = XXH3_createState()) || XXH3_128bits_reset(s->digest) != XXH_OK)
@@ -1050,7 +1055,7 @@ static int sink_create(dump_writer *w, kv_stage st, int layer, hid_t group, cons
     if (app_create(w, &s->stats, group, gpath, name, H5T_IEEE_F32LE, H5T_NATIVE_FLOAT, 2,
                    w->first, e) < 0)
         return -1;
-    if (describe_stage_datasets(w, s, st) < 0)
+    if (describe_stage_datasets(w, s, st, layer) < 0)
         return h5err(w, e, "cannot describe the datasets of %s/%s", gpath, stage_name(st));
     return 0;
 }
@@ -1266,7 +1271,7 @@ static int check_args(const char *path, const dump_meta *m, const dump_opts *o, 
         return kv_errf(e, "%s: block_rows %d is outside 1..%d", path, o->block_rows, MAX_BLOCK_ROWS);
     if (o->topk < 1 || o->topk > c->vocab)
         return kv_errf(e, "%s: top-k %d is outside 1..%d (the vocabulary)", path, o->topk, c->vocab);
-    int widest = c->vocab > c->n_heads * c->head_dim ? c->vocab : c->n_heads * c->head_dim;
+    int widest = c->vocab > config_max_q_width(c) ? c->vocab : config_max_q_width(c);
     if ((size_t)o->block_rows * (size_t)widest * sizeof(float) > MAX_CHUNK_BYTES)
         return kv_errf(e, "%s: blocks of %d rows of %d floats exceed HDF5's chunk size limit",
                        path, o->block_rows, widest);
@@ -1530,7 +1535,7 @@ static int write_index(dump_writer *w, hid_t f)
             uint64_t *r = rows + (size_t)k++ * DUMP_INDEX_COLS, sum;
             memcpy(&sum, &s->sum_sq, sizeof sum);
             r[0] = (uint64_t)l;   /* layer + 1: 0 is the model */
-            r[1] = (uint64_t)st;
+            r[1] = (uint64_t)stage_wire_id((kv_stage)st);
             r[2] = (uint64_t)s->rows.first;
             r[3] = (uint64_t)s->rows.written;
             r[4] = (uint64_t)s->cols;

@@ -150,6 +150,14 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
     case TENSOR_TABLE:  scale = 1.0f / sqrtf((float)(c->per_layer_dim > 0 ? c->per_layer_dim : 1));
                         break;
     }
+    /* Gemma 4 scores q.k unscaled: q/k norm weights of D^-1/4 keep the
+     * scores of order 1, as a trained model's small weights do. */
+    if (c->arch == ARCH_GEMMA4 && s->kind == TENSOR_NORM &&
+        (strstr(s->name, "q_norm.weight") || strstr(s->name, "k_norm.weight"))) {
+        const float f = powf((float)s->shape[0], -0.25f);
+        scale *= f;
+        offset *= f;
+    }
     /* A 1-D tensor is one row of `shape[0]` values: draw it as one stream. */
     if (s->ndim == 1) {
         pcg32 r;

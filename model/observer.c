@@ -27,6 +27,27 @@ static const char *const stage_names[STAGE_COUNT] = {
     [STAGE_LOGITS] = "logits",
 };
 
+static const kv_stage wire_order[STAGE_COUNT] = {
+    STAGE_X_IN, STAGE_ATTN_NORM_STATS, STAGE_ATTN_NORM, STAGE_Q, STAGE_K, STAGE_V,
+    STAGE_ATTN_LSE, STAGE_ATTN_NKEYS, STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
+    STAGE_FFN_NORM_STATS, STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT,
+    STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS,
+    STAGE_PLE_IN, STAGE_PLE_OUT,
+};
+
+int stage_wire_id(kv_stage s)
+{
+    for (int i = 0; i < STAGE_COUNT; i++)
+        if (wire_order[i] == s)
+            return i;
+    return -1;
+}
+
+kv_stage stage_from_wire(uint64_t id)
+{
+    return id < STAGE_COUNT ? wire_order[id] : STAGE_COUNT;
+}
+
 const char *stage_name(kv_stage s)
 {
     return (s >= 0 && s < STAGE_COUNT) ? stage_names[s] : "?";

@@ -39,6 +39,14 @@ typedef enum {
 } kv_stage;
 
 const char *stage_name(kv_stage s);
+
+/* The stage's id in a dump's /row_hash_index (docs/dump-format.md): the
+ * ids of format 1 (x_in = 0 ... x_out = 14, embed 15, final_norm 16,
+ * logits 17) stay, stages added since come after (ple_in 18, ple_out 19),
+ * whatever their place in dataflow order. */
+int stage_wire_id(kv_stage s);
+/* The stage of a wire id; STAGE_COUNT when none. */
+kv_stage stage_from_wire(uint64_t id);
 /* -1 when unknown. */
 int stage_parse(const char *name);
 

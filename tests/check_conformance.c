@@ -65,7 +65,8 @@ static double run_case(const char *name, double eps_scale, char *worst_name, siz
             ck_assert_int_eq(sscanf(t->name, "layers.%d.%31s", &layer, stage), 2);
             st = !strcmp(stage, "q") ? STAGE_Q : !strcmp(stage, "k") ? STAGE_K
                : !strcmp(stage, "v") ? STAGE_V : !strcmp(stage, "attn_out") ? STAGE_ATTN_OUT
-               : STAGE_X_OUT;
+               : !strcmp(stage, "ple_in") ? STAGE_PLE_IN
+               : !strcmp(stage, "ple_out") ? STAGE_PLE_OUT : STAGE_X_OUT;
             ck_assert_msg(st != STAGE_X_OUT || !strcmp(stage, "x_out"), "unknown %s", t->name);
         }
         int ncols;
@@ -119,6 +120,9 @@ END_TEST
 START_TEST(test_qwen3_hd64) { check_case("qwen3-hd64"); }
 END_TEST
 
+START_TEST(test_gemma4) { check_case("gemma4"); }
+END_TEST
+
 Suite *conformance_suite(void)
 {
     Suite *s = suite_create("conformance");
@@ -129,6 +133,7 @@ Suite *conformance_suite(void)
     tcase_add_test(tc, test_qwen3);
     tcase_add_test(tc, test_llama3_bias);
     tcase_add_test(tc, test_qwen3_hd64);
+    tcase_add_test(tc, test_gemma4);
     suite_add_tcase(s, tc);
     return s;
 }

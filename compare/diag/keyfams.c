@@ -237,7 +237,7 @@ void ks_add(ks_run *run, cmp_diag_kind kind, int64_t n, int variant, ks_scope sc
 static int64_t solve_zero_slots(cmp_ctx *c, dg_case *a, kv_err *e, int *rc)
 {
     const kv_config *cfg = c->cfg;
-    const int H = cfg->n_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, D = config_layer_head_dim(cfg, c->d->layer);
     const float *q = a->q_test ? a->q_test : a->q_ref;
     const float *lse_rec = c->ev->lse_test, *out_rec = a->out_test;
     if (!q || (!lse_rec && !out_rec))

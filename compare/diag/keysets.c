@@ -671,7 +671,7 @@ static int beyond_recorded_keys(cmp_ctx *c, dg_case *a, char *buf, size_t n, kv_
     if (!lse_rec || !q ||
         cmp_source_held(c->test, owner, STAGE_K, cmp_stage_cols(cfg, owner, STAGE_K), &lo, &hi))
         return 0;
-    const int H = cfg->n_heads, D = cfg->head_dim;
+    const int H = cfg->n_heads, D = config_layer_head_dim(cfg, c->d->layer);
     double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
     cmp_hyp all = {.lo = lo, .hi = hi};
     int rc = (!lse || !out) ? kv_errf(e, "compare: out of memory")

@@ -95,7 +95,7 @@ static int norm_err_at(cmp_ctx *c, int64_t p, double sign, double *err, bool *wi
     const cmp_divergence *d = c->d;
     const kv_config *cfg = c->cfg;
     const int n = cmp_stage_cols(cfg, d->layer, d->stage);
-    const int g = d->stage == STAGE_Q || d->stage == STAGE_K ? cfg->head_dim : n;
+    const int g = d->stage == STAGE_Q || d->stage == STAGE_K ? config_layer_head_dim(cfg, d->layer) : n;
     float *a, *b, *x = NULL;
     *err = INFINITY;
     int rc = dg_row_pair(c, d->layer, d->stage, p, &a, &b, e);
@@ -215,7 +215,8 @@ int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e)
     if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL ||
         !cfg_qk_norm(cfg))
         return 0;
-    const int D = cfg->head_dim, nh = d->stage == STAGE_Q ? cfg->n_heads : cfg->n_kv_heads;
+    const int D = config_layer_head_dim(cfg, d->layer);
+    const int nh = d->stage == STAGE_Q ? cfg->n_heads : config_layer_kv_heads(cfg, d->layer);
     const size_t n = (size_t)nh * D;
     const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
     int64_t p2 = sr ? sr->pos_hi : -1;

@@ -107,17 +107,17 @@ static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
                      scale_name(gs->type), gs->factor);
     }
     n = add_conv(cv, n, theta, own, true, CMP_ROWS_SAME, "interleaved RoPE pairs (2i, 2i + 1) "
-                 "where the config rotates halves (i, i + %d)", cfg->head_dim / 2);
+                 "where the config rotates halves (i, i + %d)", config_layer_head_dim(cfg, layer) / 2);
     /* The same mix-up seen through a recorder that maps an interleaved
      * runtime's rows back to halves (kvdiff-llama on llama.cpp's Llama). */
     n = add_conv(cv, n, theta, own, false, CMP_ROWS_UNPERMUTED, "interleaved RoPE pairs (2i, 2i + "
                  "1) rotated on rows laid out for halves (i, i + %d): q/k weights without the "
                  "row permutation an interleaved runtime needs (a converter that skipped "
-                 "Llama's permute)", cfg->head_dim / 2);
+                 "Llama's permute)", config_layer_head_dim(cfg, layer) / 2);
     n = add_conv(cv, n, theta, own, false, CMP_ROWS_PERMUTED, "halves (i, i + %d) rotated on "
                  "rows laid out for interleaved pairs (2i, 2i + 1): q/k weights permuted for "
                  "an interleaved runtime where this one rotates halves, or permuted twice",
-                 cfg->head_dim / 2);
+                 config_layer_head_dim(cfg, layer) / 2);
     for (size_t i = 0; i < sizeof common_linear / sizeof common_linear[0]; i++) {
         const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = common_linear[i]};
         if (own->type == ROPE_SCALE_LINEAR && own->factor == lin.factor)
@@ -298,8 +298,8 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
     cmp_evidence *ev = c->ev;
     if ((d->stage != STAGE_Q && d->stage != STAGE_K) || d->row_rel <= CMP_DRIFT_REL)
         return 0;
-    const int D = c->cfg->head_dim;
-    const int nh = d->stage == STAGE_Q ? c->cfg->n_heads : c->cfg->n_kv_heads;
+    const int D = config_layer_head_dim(c->cfg, d->layer);
+    const int nh = d->stage == STAGE_Q ? c->cfg->n_heads : config_layer_kv_heads(c->cfg, d->layer);
     int rc = 0;
     float *a = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
     float *b = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
@@ -397,7 +397,7 @@ int dg_rule_scaled(cmp_ctx *c, kv_err *e)
     const char *what = d->stage == STAGE_Q ? "queries" : "keys";
     /* The config's score scale, and the factor that turns it into
      * 1/sqrt(head_dim) on q (1 when they agree). */
-    const double D = c->cfg->head_dim;
+    const double D = config_layer_head_dim(c->cfg, d->layer);
     const double cfg_scale = c->cfg->attn_scale > 0 ? c->cfg->attn_scale
                              : c->cfg->query_pre_attn_scalar > 0
                                  ? 1.0 / sqrt(c->cfg->query_pre_attn_scalar)

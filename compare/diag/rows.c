@@ -165,14 +165,15 @@ static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
     const kv_config *cfg = c->cfg;
     if ((d->stage != STAGE_K && d->stage != STAGE_V) || cfg->kv_owner[d->layer] != d->layer)
         return 0;
-    const int KV = cfg->n_kv_heads, D = cfg->head_dim, n = KV * D;
+    const int KV = config_layer_kv_heads(cfg, d->layer);
+    const int D = config_layer_head_dim(cfg, d->layer), n = KV * D;
     int64_t pos[ROWS_MAX_POS];
     const int np = same_input_positions(c, d->layer, pos, e);
     if (np < 0)
         return -1;
     /* With a single row a per-dimension gain fits anything: a norm's
      * gain needs several. */
-    const bool norm = cfg->qk_norm || cfg->arch == ARCH_GEMMA3;
+    const bool norm = cfg->qk_norm || cfg->arch == ARCH_GEMMA3 || cfg->arch == ARCH_GEMMA4;
     if (norm && np * KV < 4)
         return 0;
     double *ku = malloc((size_t)np * n * sizeof(double)), *ru = malloc((size_t)np * n * sizeof(double));
@@ -328,7 +329,7 @@ int dg_rule_zero_read(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     const cmp_evidence *ev = c->ev;
-    const int H = c->cfg->n_heads, n = H * c->cfg->head_dim;
+    const int H = c->cfg->n_heads, n = H * config_layer_head_dim(c->cfg, c->d->layer);
     if (!dg_is_attn_stage(d->stage) || !ev->lse_test || ev->nkeys_test < 1 ||
         !lse_is_log_n(ev->lse_test, H, ev->nkeys_test))
         return 0;

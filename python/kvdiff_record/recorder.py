@@ -29,12 +29,18 @@ try:  # Debian's python3-xxhash; without it the dump has no row hashes
 except ImportError:  # pragma: no cover - depends on the machine
     xxhash = None
 
+# In dataflow order; ple_in and ple_out are Gemma 4's per-layer input block.
 LAYER_STAGES = ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse",
                 "attn_nkeys", "attn_out", "attn_proj", "h_mid", "ffn_norm_stats",
-                "ffn_norm", "ffn_out", "x_out")
+                "ffn_norm", "ffn_out", "ple_in", "ple_out", "x_out")
 MODEL_STAGES = ("embed", "final_norm", "logits")
-# /row_hash_index stage ids: layer stages 0..14, then embed, final_norm, logits.
-_STAGE_ID = {s: i for i, s in enumerate(LAYER_STAGES + MODEL_STAGES)}
+# /row_hash_index stage ids (kvdiff's stage_wire_id): format 1's ids stay
+# (x_in 0 .. x_out 14, embed 15, final_norm 16, logits 17), stages added
+# since come after.
+_STAGE_ID = {s: i for i, s in enumerate(
+    ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse", "attn_nkeys",
+     "attn_out", "attn_proj", "h_mid", "ffn_norm_stats", "ffn_norm", "ffn_out", "x_out",
+     "embed", "final_norm", "logits", "ple_in", "ple_out"))}
 _REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
              "sliding_window", "layer_types", "kv_owner", "rms_norm_eps", "rope_theta",
@@ -106,33 +112,47 @@ def _lock_target(path):
     return fd
 
 
-def stage_width(config, stage):
-    """Floats per row of `stage` for the model_config dict `config`."""
-    e, h = config["hidden_size"], config["num_attention_heads"]
+def _layer_dims(config, layer):
+    """KV heads and head size of `layer`: Gemma 4's full-attention layers
+    have global_head_dim and num_global_key_value_heads when set."""
     kv, d = config["num_key_value_heads"], config["head_dim"]
+    types = config.get("layer_types") or []
+    if layer is not None and 0 <= layer < len(types) and types[layer] == "full_attention":
+        kv = config.get("num_global_key_value_heads") or kv
+        d = config.get("global_head_dim") or d
+    return kv, d
+
+
+def stage_width(config, stage, layer=None):
+    """Floats per row of `stage` (of `layer`, whose widths may differ on
+    Gemma 4) for the model_config dict `config`."""
+    e, h = config["hidden_size"], config["num_attention_heads"]
+    kv, d = _layer_dims(config, layer)
     widths = {"attn_norm_stats": 3, "ffn_norm_stats": 3, "q": h * d, "k": kv * d,
               "v": kv * d, "attn_lse": h, "attn_nkeys": h, "attn_out": h * d,
-              "logits": config["vocab_size"]}
+              "logits": config["vocab_size"],
+              "ple_in": config.get("hidden_size_per_layer_input") or 0}
     if stage not in _STAGE_ID:
         raise RecorderError(f"unknown stage {stage!r}; layer stages are "
                             f"{', '.join(LAYER_STAGES)}; model stages {', '.join(MODEL_STAGES)}")
     return widths.get(stage, e)
 
 
-def _width_words(config, stage):
-    h, kv, d = (config["num_attention_heads"], config["num_key_value_heads"],
-                config["head_dim"])
+def _width_words(config, stage, layer=None):
+    h = config["num_attention_heads"]
+    kv, d = _layer_dims(config, layer)
     return {"q": f"{h} heads x {d}", "attn_out": f"{h} heads x {d}",
             "k": f"{kv} KV heads x {d}", "v": f"{kv} KV heads x {d}",
             "attn_lse": f"{h} heads", "attn_nkeys": f"{h} heads",
             "attn_norm_stats": "mean, rms, absmax", "ffn_norm_stats": "mean, rms, absmax",
-            "logits": "vocab_size"}.get(stage, "hidden_size")
+            "logits": "vocab_size",
+            "ple_in": "hidden_size_per_layer_input"}.get(stage, "hidden_size")
 
 
-def _columns_attr(config, stage):
+def _columns_attr(config, stage, layer=None):
     """The descriptive "columns" attribute kvdiff writes (words for people)."""
-    h, kv, d = (config["num_attention_heads"], config["num_key_value_heads"],
-                config["head_dim"])
+    h = config["num_attention_heads"]
+    kv, d = _layer_dims(config, layer)
     if stage.endswith("_stats"):
         return "mean,rms,absmax of the norm's input"
     if stage in ("q", "k"):
@@ -194,6 +214,7 @@ class _Sink:
 
     def __init__(self, group, name, cols, start):
         self.group, self.name, self.cols = group, name, cols
+        self.layer = None                  # set by the recorder for layer stages
         self.start = self.next = start     # rows [start, next) are in the file
         self.pending = {}                  # first position -> rows, waiting for a gap
         self.dsets = None
@@ -465,13 +486,13 @@ class Recorder:
         where = f"layer {layer} {stage}" if layer >= 0 else f"model {stage}"
         pos = self._position(first_position, where)
         rows = to_float32_rows(array, where)
-        width = stage_width(self.config, stage)
+        width = stage_width(self.config, stage, layer if layer >= 0 else None)
         if rows.ndim == 1 and rows.size == width:
             rows = rows.reshape(1, width)
         if rows.ndim != 2 or rows.shape[1] != width:
             raise RecorderError(
                 f"{where}: rows of shape {tuple(rows.shape)}; expected [positions, {width}] "
-                f"({stage} is {_width_words(self.config, stage)} wide). A [heads, T, D] array "
+                f"({stage} is {_width_words(self.config, stage, layer)} wide). A [heads, T, D] array "
                 f"needs heads_first(), a padded head_dim unpad_head_dim()")
         if rows.shape[0] == 0:
             return
@@ -574,6 +595,7 @@ class Recorder:
                 if gname not in self._f:
                     self._f.create_group(gname)
             self._sinks[key] = _Sink(self._f[gname], stage, width, self.start)
+            self._sinks[key].layer = layer if layer >= 0 else None
         return self._sinks[key]
 
     def _create(self, s):
@@ -585,7 +607,7 @@ class Recorder:
             d.attrs.create("first_position", s.start, dtype="<i8")
             d.attrs.create("columns", columns, dtype=h5py.string_dtype())
             return d
-        rows = make(s.name, s.cols, "<f4", _columns_attr(self.config, s.name))
+        rows = make(s.name, s.cols, "<f4", _columns_attr(self.config, s.name, s.layer))
         if s.name in ("attn_lse", "attn_nkeys"):
             rows.attrs.create("units", "nats (natural log)" if s.name == "attn_lse"
                               else "keys attended", dtype=h5py.string_dtype())

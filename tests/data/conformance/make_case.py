@@ -8,6 +8,14 @@ numpy alone, from the Hugging Face transformers definitions:
                embeddings (modeling_qwen3.Qwen3Attention).
   qwen3-hd64   the same at head_dim 64 (llama.cpp rotates a quantized KV
                cache in blocks of 64 there).
+  gemma4       Gemma4ForCausalLM (modeling_gemma4, text model): sliding
+               layers with head_dim 16 and 2 KV heads, full layers with
+               global_head_dim 32, 1 KV head, v taken from k_proj
+               (attention_k_eq_v) and proportional RoPE rotating a quarter
+               of the pairs; q/k norms with weight w, v norm without one,
+               attention scale 1; the last two layers read layers 3
+               (sliding) and 2 (full) with double-wide MLPs; per-layer
+               inputs (8 wide) and layer scalars; final logit softcap 30.
   llama3-bias  LlamaForCausalLM with attention_bias (q, k, v and o_proj
                biased, modeling_llama.LlamaAttention) and rope_scaling llama3
                (modeling_rope_utils._compute_llama3_parameters), tied.
@@ -87,6 +95,46 @@ CASES = {
             "tie_word_embeddings": True,
             "bos_token_id": 1,
             "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+    "gemma4": {
+        "seed": 1606,
+        "config": {
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 6,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "num_global_key_value_heads": 1,
+            "head_dim": 16,
+            "global_head_dim": 32,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "rms_norm_eps": 1e-06,
+            "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                            "sliding_attention", "sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+            },
+            "attention_k_eq_v": True,
+            "num_kv_shared_layers": 2,
+            "use_double_wide_mlp": True,
+            "hidden_size_per_layer_input": 8,
+            "vocab_size_per_layer_input": 128,
+            "final_logit_softcapping": 30.0,
+            "attn_logit_softcapping": None,
+            "attention_bias": False,
+            "enable_moe_block": False,
+            "vocab_size": 128,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": True,
+            "bos_token_id": 2,
+            "eos_token_id": 1,
             "torch_dtype": "float32",
         },
     },
@@ -261,6 +309,171 @@ def forward(cfg, w, ids):
     return out
 
 
+# ---- Gemma 4 ---------------------------------------------------------------
+
+def g4_layer_dims(cfg, i):
+    """head size and KV heads of layer i."""
+    if cfg["layer_types"][i] == "full_attention":
+        return cfg["global_head_dim"], cfg["num_global_key_value_heads"]
+    return cfg["head_dim"], cfg["num_key_value_heads"]
+
+
+def g4_owner(cfg, i):
+    """The layer whose K/V layer i reads: the last non-shared layer of its
+    type when i is among the last num_kv_shared_layers."""
+    L, S = cfg["num_hidden_layers"], cfg["num_kv_shared_layers"]
+    first = L - S
+    if i < first:
+        return i
+    t = cfg["layer_types"][i]
+    return max(j for j in range(first) if cfg["layer_types"][j] == t)
+
+
+def make_weights_gemma4(cfg, rng):
+    """Gemma 4 names. RMSNorm weights are used as stored: 1 + 0.1 N(0, 1)
+    (q/k norms times D^-1/4); layer scalars the same; embeddings hidden^-1/2 N(0, 1), the per-layer
+    table P^-1/2 N(0, 1)."""
+    E, I, V, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    H, P = cfg["num_attention_heads"], cfg["hidden_size_per_layer_input"]
+    w = {}
+
+    def linear(name, n_out, n_in):
+        w[name] = rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)
+
+    def norm(name, n):
+        w[name] = 1.0 + 0.1 * rng.standard_normal(n)
+
+    w["model.embed_tokens.weight"] = rng.standard_normal((V, E)) / math.sqrt(E)
+    w["model.embed_tokens_per_layer.weight"] = (
+        rng.standard_normal((cfg["vocab_size_per_layer_input"], L * P)) / math.sqrt(P))
+    linear("model.per_layer_model_projection.weight", L * P, E)
+    norm("model.per_layer_projection_norm.weight", P)
+    for i in range(L):
+        p = f"model.layers.{i}."
+        D, KV = g4_layer_dims(cfg, i)
+        owns = g4_owner(cfg, i) == i
+        full = cfg["layer_types"][i] == "full_attention"
+        wide = I * 2 if (cfg["use_double_wide_mlp"] and not owns) else I
+        norm(p + "input_layernorm.weight", E)
+        linear(p + "self_attn.q_proj.weight", H * D, E)
+        if owns:
+            linear(p + "self_attn.k_proj.weight", KV * D, E)
+            if not (full and cfg["attention_k_eq_v"]):
+                linear(p + "self_attn.v_proj.weight", KV * D, E)
+        linear(p + "self_attn.o_proj.weight", E, H * D)
+        # Scores are q.k unscaled (attention scale 1): q/k norm weights of
+        # D^-1/4 keep them of order sqrt(D)^0, as trained models' are small.
+        norm(p + "self_attn.q_norm.weight", D)
+        w[p + "self_attn.q_norm.weight"] *= D ** -0.25
+        if owns:
+            norm(p + "self_attn.k_norm.weight", D)
+            w[p + "self_attn.k_norm.weight"] *= D ** -0.25
+        norm(p + "post_attention_layernorm.weight", E)
+        norm(p + "pre_feedforward_layernorm.weight", E)
+        norm(p + "post_feedforward_layernorm.weight", E)
+        linear(p + "mlp.gate_proj.weight", wide, E)
+        linear(p + "mlp.up_proj.weight", wide, E)
+        linear(p + "mlp.down_proj.weight", E, wide)
+        linear(p + "per_layer_input_gate.weight", P, E)
+        linear(p + "per_layer_projection.weight", E, P)
+        norm(p + "post_per_layer_input_norm.weight", E)
+        norm(p + "layer_scalar", 1)
+    norm("model.norm.weight", E)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def forward_gemma4(cfg, w, ids):
+    E, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    H, P, eps = cfg["num_attention_heads"], cfg["hidden_size_per_layer_input"], cfg["rms_norm_eps"]
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+    rp = cfg["rope_parameters"]
+
+    def lin(x, name):
+        return x @ W[name].T
+
+    def freqs(i):
+        D, _ = g4_layer_dims(cfg, i)
+        if cfg["layer_types"][i] == "sliding_attention":
+            return 1.0 / (rp["sliding_attention"]["rope_theta"] ** (np.arange(0, D, 2) / D))
+        # proportional: the first factor * D/2 pairs at theta^(-2j/D), the rest 0
+        full = rp["full_attention"]
+        n_rot = int(full["partial_rotary_factor"] * D // 2)
+        f = 1.0 / (full["rope_theta"] ** (np.arange(0, 2 * n_rot, 2) / D))
+        return np.concatenate([f, np.zeros(D // 2 - n_rot)])
+
+    pos = np.arange(T, dtype=np.float64)
+    out = {}
+    x = W["model.embed_tokens.weight"][ids] * math.sqrt(E)
+    out["embed"] = x
+    # per-layer inputs
+    pl_tab = W["model.embed_tokens_per_layer.weight"][ids].reshape(T, L, P) * math.sqrt(P)
+    pl_proj = (lin(x, "model.per_layer_model_projection.weight") / math.sqrt(E)).reshape(T, L, P)
+    pl_proj = rms_norm(pl_proj, W["model.per_layer_projection_norm.weight"], eps)
+    pl = (pl_proj + pl_tab) / math.sqrt(2.0)
+    kv = {}
+    for i in range(L):
+        p = f"model.layers.{i}."
+        D, KV = g4_layer_dims(cfg, i)
+        owner = g4_owner(cfg, i)
+        full = cfg["layer_types"][i] == "full_attention"
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = lin(xn, p + "self_attn.q_proj.weight").reshape(T, H, D)
+        q = rope(rms_norm(q, W[p + "self_attn.q_norm.weight"], eps), pos, freqs(i))
+        if owner == i:
+            kraw = lin(xn, p + "self_attn.k_proj.weight").reshape(T, KV, D)
+            vraw = kraw if (full and cfg["attention_k_eq_v"]) else \
+                lin(xn, p + "self_attn.v_proj.weight").reshape(T, KV, D)
+            k = rope(rms_norm(kraw, W[p + "self_attn.k_norm.weight"], eps), pos, freqs(i))
+            v = rms_norm(vraw, 1.0, eps)
+            kv[i] = (k, v)
+            out[f"layers.{i}.k"] = k
+            out[f"layers.{i}.v"] = v
+        k, v = kv[owner]
+        mask = np.tril(np.ones((T, T), dtype=bool))
+        if not full:
+            mask &= ~np.tril(np.ones((T, T), dtype=bool), -cfg["sliding_window"])
+        att = np.empty((T, H, D))
+        for h in range(H):
+            kh = h // (H // KV)
+            s = q[:, h, :] @ k[:, kh, :].T          # scaling 1.0
+            s = np.where(mask, s, -np.inf)
+            s = np.exp(s - s.max(axis=1, keepdims=True))
+            att[:, h, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
+        att = att.reshape(T, H * D)
+        a = rms_norm(lin(att, p + "self_attn.o_proj.weight"), W[p + "post_attention_layernorm.weight"], eps)
+        h_mid = x + a
+        hn = rms_norm(h_mid, W[p + "pre_feedforward_layernorm.weight"], eps)
+        g = gelu_tanh(lin(hn, p + "mlp.gate_proj.weight")) * lin(hn, p + "mlp.up_proj.weight")
+        f = rms_norm(lin(g, p + "mlp.down_proj.weight"), W[p + "post_feedforward_layernorm.weight"], eps)
+        x = h_mid + f
+        ple_in = pl[:, i, :]
+        gp = gelu_tanh(lin(x, p + "per_layer_input_gate.weight")) * ple_in
+        ple_out = rms_norm(lin(gp, p + "per_layer_projection.weight"),
+                           W[p + "post_per_layer_input_norm.weight"], eps)
+        x = (x + ple_out) * W[p + "layer_scalar"][0]
+        out[f"layers.{i}.q"] = q
+        out[f"layers.{i}.attn_out"] = att
+        out[f"layers.{i}.ple_in"] = ple_in
+        out[f"layers.{i}.ple_out"] = ple_out
+        out[f"layers.{i}.x_out"] = x
+    fn = rms_norm(x, W["model.norm.weight"], eps)
+    out["final_norm"] = fn
+    cap = cfg["final_logit_softcapping"]
+    out["logits"] = cap * np.tanh((fn @ W["model.embed_tokens.weight"].T) / cap)
+    assert out["logits"].shape == (T, V)
+    # dataflow order: embed, then per layer q, k, v, attn_out, ple_in, ple_out, x_out
+    order = ["embed"]
+    for i in range(L):
+        order += [f"layers.{i}.{s}" for s in ("q", "k", "v", "attn_out", "ple_in", "ple_out", "x_out")
+                  if f"layers.{i}.{s}" in out]
+    order += ["final_norm", "logits"]
+    return {n: out[n] for n in order}
+
+
 # ---- files ---------------------------------------------------------------
 
 def write_safetensors(path, tensors, metadata):
@@ -286,9 +499,10 @@ def make_case(name, root):
     spec = CASES[name]
     cfg = spec["config"]
     rng = np.random.default_rng(spec["seed"])
-    weights = make_weights(cfg, rng)
+    g4 = cfg["model_type"] == "gemma4_text"
+    weights = (make_weights_gemma4 if g4 else make_weights)(cfg, rng)
     ids = rng.integers(0, cfg["vocab_size"], size=T)
-    golden = forward(cfg, weights, ids)
+    golden = (forward_gemma4 if g4 else forward)(cfg, weights, ids)
     folder = os.path.join(root, name)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:
