@@ -94,6 +94,8 @@ int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
     switch (st) {
     case STAGE_PLE_IN:
         return c->per_layer_dim;
+    case STAGE_PLE_OUT:
+        return c->per_layer_dim > 0 ? E : 0;
     case STAGE_ATTN_NORM_STATS:
     case STAGE_FFN_NORM_STATS:
         return 3;

@@ -834,6 +834,11 @@ int dump_check_stage(const dump_file *f, int layer, kv_stage st, kv_err *e)
         return kv_errf(e, "%s: %s: layer %d reads layer %d's cache (kv_owner), so it records "
                        "no %s", f->path, exists(r) ? rp : exists(h) ? hp : sp, layer,
                        f->cfg.kv_owner[layer], stage_name(st));
+    if (layer >= 0 && f->cfg_ok && (st == STAGE_PLE_IN || st == STAGE_PLE_OUT) &&
+        f->cfg.per_layer_dim <= 0)
+        return kv_errf(e, "%s: %s: the model has no per-layer inputs "
+                       "(hidden_size_per_layer_input), so it records no %s", f->path,
+                       exists(r) ? rp : exists(h) ? hp : sp, stage_name(st));
     const int width = f->cfg_ok ? dump_stage_cols(&f->cfg, st, layer) : -1;
     if (exists(r) && check_shape(f, r, ELEM_F32, width, "the model config says", e) < 0)
         return -1;

@@ -561,6 +561,10 @@ static herr_t check_member(hid_t gid, const char *name, const H5L_info_t *info, 
         v->cfg.kv_owner[g->layer] != g->layer)
         violation(v, "%s: layer %d reads layer %d's cache (kv_owner), so it records no %s.", path,
                   g->layer, v->cfg.kv_owner[g->layer], stage_name((kv_stage)st));
+    if (g->layer >= 0 && v->cfg_ok && (st == STAGE_PLE_IN || st == STAGE_PLE_OUT) &&
+        v->cfg.per_layer_dim <= 0)
+        violation(v, "%s: the model has no per-layer inputs (hidden_size_per_layer_input), so "
+                  "it records no %s.", path, stage_name((kv_stage)st));
     hid_t d = open_member(v, gid, name, path, H5I_DATASET);
     if (d < 0)
         return 0;

@@ -1083,7 +1083,7 @@ static int layer_create(dump_writer *w, hid_t layers, int l, kv_err *e)
     int rc = layer_attrs(w, g, l, gpath, e);
     for (int st = 0; st < STAGE_LAYER_COUNT && rc == 0; st++) {
         /* KV-shared followers compute no K/V of their own. */
-        bool follower_kv = (st == STAGE_K || st == STAGE_V) && w->cfg.kv_owner[l] != l;
+        bool follower_kv = !config_layer_has_stage(&w->cfg, l, (kv_stage)st);
         if (w->o.stages[st] && !follower_kv)
             rc = sink_create(w, (kv_stage)st, l, g, gpath, e);
     }
@@ -1296,7 +1296,7 @@ size_t dump_position_bytes(const kv_config *c, const dump_opts *o)
     const int hi = o->layer_hi < c->n_layers - 1 ? o->layer_hi : c->n_layers - 1;
     for (int l = o->layer_lo < 0 ? 0 : o->layer_lo; l <= hi; l++)
         for (int st = 0; st < STAGE_LAYER_COUNT; st++) {
-            bool follower_kv = (st == STAGE_K || st == STAGE_V) && c->kv_owner[l] != l;
+            bool follower_kv = !config_layer_has_stage(c, l, (kv_stage)st);
             if (o->stages[st] && !follower_kv)
                 floats += (size_t)dump_stage_cols(c, (kv_stage)st, l);
         }

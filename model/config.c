@@ -11,6 +11,7 @@
  * with a message naming the field, never ignored. */
 #include "config.h"
 #include "infile.h"
+#include "observer.h"
 #include "outfile.h"
 
 #include <errno.h>
@@ -32,6 +33,7 @@
 #define MAX_POSITIONS    (1 << 24)
 #define MAX_PATTERN      (1 << 20)
 #define MAX_MATRIX       ((long long)INT32_MAX) /* elements of one weight matrix */
+#define MAX_TABLE        (1LL << 34)            /* elements of Gemma 4's per-layer table */
 #define MIN_THETA        1.0
 #define MAX_THETA        1e15
 #define MAX_FACTOR       1e6
@@ -1228,10 +1230,15 @@ static int check_sizes(const kv_config *c, kv_err *e)
         return -1;
     long long e_ = c->hidden, qd = config_max_q_width(c);
     long long ffn = config_max_intermediate(c);
-    if (e_ * qd > MAX_MATRIX || e_ * ffn > MAX_MATRIX || e_ * c->vocab > MAX_MATRIX
-        || (long long)c->per_layer_vocab * c->per_layer_dim * c->n_layers > MAX_MATRIX)
+    if (e_ * qd > MAX_MATRIX || e_ * ffn > MAX_MATRIX || e_ * c->vocab > MAX_MATRIX)
         return kv_errf(e, "a weight matrix has more than %lld elements (E=%d H*D=%lld "
                        "I=%lld V=%d)", MAX_MATRIX, c->hidden, qd, ffn, c->vocab);
+    /* The per-layer table is gathered, never multiplied: bounded apart
+     * (E2B's is 262144 x 8960). */
+    long long table = (long long)c->per_layer_vocab * c->per_layer_dim * c->n_layers;
+    if (table > MAX_TABLE)
+        return kv_errf(e, "the per-layer embedding table has %lld elements, more than %lld",
+                       table, MAX_TABLE);
     return 0;
 }
 
@@ -1406,6 +1413,17 @@ int config_layer_rope_pairs(const kv_config *c, int layer)
     if (full_layer(c, layer) && c->rope_partial_full > 0.0)
         return (int)(c->rope_partial_full * D / 2);
     return D / 2;
+}
+
+bool config_layer_has_stage(const kv_config *c, int layer, int st)
+{
+    if (!c || layer < 0 || layer >= KV_MAX_LAYERS)
+        return true;
+    if ((st == STAGE_K || st == STAGE_V) && c->kv_owner[layer] != layer)
+        return false;
+    if ((st == STAGE_PLE_IN || st == STAGE_PLE_OUT) && c->per_layer_dim <= 0)
+        return false;
+    return true;
 }
 
 bool config_layer_has_v_proj(const kv_config *c, int layer)
@@ -1742,13 +1760,15 @@ static const preset_spec PRESETS[] = {
       1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151645 }, NO_SCALING, NO_G4 },
     { "gemma3-1b-shape", ARCH_GEMMA3, 1152, 26, 4, 1, 256, 6912, 262144, 32768,
       1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 }, NO_SCALING, NO_G4 },
-    /* Gemma 4 in small: layers S S S F S | S S F (the last three read
-     * layers 4, 4 and 3), sliding heads 16 wide with 2 KV heads, full ones
+    /* Gemma 4 in small: layers S S S F | S S S F, the last four sharing
+     * (sliding ones read layer 2, the full one layer 3: the last layers
+     * before the shared block are sliding then full, as in E2B and as
+     * llama.cpp assumes), sliding heads 16 wide with 2 KV heads, full ones
      * 32 wide with 1 KV head and v taken from k, a quarter of the full
      * heads' pairs rotating, double-wide MLPs on the shared layers and
      * 8-wide per-layer inputs. */
     { "tiny-gemma4", ARCH_GEMMA4, 64, 8, 4, 2, 16, 96, 256, 4096,
-      1e-6, 1e6, 10000.0, 0, true, 12, 4, 3, 2, 1, { 1 }, NO_SCALING,
+      1e-6, 1e6, 10000.0, 0, true, 12, 4, 4, 2, 1, { 1 }, NO_SCALING,
       32, 1, 8, 0.25, 30.0, true, true },
     /* google/gemma-4-E2B's text model with synthetic weights. */
     { "gemma4-e2b-shape", ARCH_GEMMA4, 1536, 35, 8, 1, 256, 6144, 262144, 131072,

@@ -105,6 +105,9 @@ int config_max_head_dim(const kv_config *c);
 int config_max_kv_width(const kv_config *c);     /* KV heads x D */
 int config_max_q_width(const kv_config *c);      /* H x D */
 int config_max_intermediate(const kv_config *c);
+/* Does layer i have stage st (a kv_stage)? Not k and v on a layer reading
+ * another's cache, nor the per-layer input stages without per-layer inputs. */
+bool config_layer_has_stage(const kv_config *c, int layer, int st);
 /* Layer i owns a v projection (false on Gemma 4's K=V full layers). */
 bool config_layer_has_v_proj(const kv_config *c, int layer);
 

@@ -22,7 +22,7 @@
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
                                       "tiny-gemma3-kvshared", "tiny-llama3", "tiny-qwen3",
-                                      "tiny-llama+attention_bias"};
+                                      "tiny-llama+attention_bias", "tiny-gemma4"};
 #define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 typedef struct {
@@ -258,6 +258,10 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma3-kvshared", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, P, NEW, {7, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 8, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 8, STAGE_ATTN_LSE}},
+    /* Gemma 4: the first shared layer is 4 (sliding, reading layer 2). */
+    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 4, STAGE_ATTN_LSE}},
+    {"tiny-gemma4", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 4, STAGE_ATTN_LSE}},
+    {"tiny-gemma4", CACHE_RING, 5, "window=4", SHARE_PADDED, P, NEW, {4, 0, STAGE_ATTN_LSE}},
     {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", SHARE_PLAIN, P, NEW, {P, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P, NEW, {P + 1, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3", CACHE_DENSE, 16, "decode-index-stuck", SHARE_PLAIN, P, NEW, {P + 1, 0, STAGE_ATTN_LSE}},

@@ -148,6 +148,11 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma3", CACHE_DENSE, P, "stale-local", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_STALE_CACHE},
     {"tiny-gemma3-kvshared", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, 0, 8, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
     {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, 0, 8, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
+    /* Gemma 4: head sizes and KV heads differ between layer types. */
+    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, 0, 4, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
+    {"tiny-gemma4", CACHE_RING, 5, "window=4", SHARE_PADDED, 4, 0, STAGE_ATTN_LSE, CMP_DIAG_WINDOW},
+    {"tiny-gemma4", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, 7, 0, STAGE_ATTN_LSE, CMP_DIAG_STALE_CACHE},
+    {"tiny-gemma4", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
     {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_EXTRA_KEY},
     {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
     {"tiny-gemma3", CACHE_DENSE, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
@@ -297,7 +302,7 @@ END_TEST
 /* Correct strategies are identical; cascade is drift                   */
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                      "tiny-gemma3-kvshared"};
+                                      "tiny-gemma3-kvshared", "tiny-gemma4"};
 
 /* One correct strategy against the reference: identical, all of it. */
 static void check_identical(const kv_model *m, cmp_memrec *ref, chk_share_kind share,
@@ -315,7 +320,7 @@ static void check_identical(const kv_model *m, cmp_memrec *ref, chk_share_kind s
                   "%s share %s cache %s chunk %d:\n%s", m->cfg.model_type, chk_share_name(share),
                   chk_cache_name(cache), chunk, text);
     ck_assert_int_eq(r.compared.n_layers, m->cfg.n_layers);
-    ck_assert_int_eq(r.compared.n_stages, STAGE_LAYER_COUNT);
+    ck_assert_int_eq(r.compared.n_stages, test_layer_stages(&m->cfg));
     ck_assert_int_eq(r.compared.pos_lo, 0);
     ck_assert_int_eq(r.compared.pos_hi, P + NEW - 2);   /* the last token is not run */
     ck_assert(!r.compared.partial);
@@ -332,7 +337,8 @@ START_TEST(test_correct_strategies_identical)
     open_model(presets[_i], &m);
     cmp_memrec *ref = record_ref(&m, P, NEW);
     /* KV-shared models: every way of sharing too. */
-    const int shares = strcmp(presets[_i], "tiny-gemma3-kvshared") ? 1 : SHARE_KIND_COUNT;
+    const int shares = strcmp(presets[_i], "tiny-gemma3-kvshared") &&
+                       strcmp(presets[_i], "tiny-gemma4") ? 1 : SHARE_KIND_COUNT;
     for (int share = 0; share < shares; share++)
         for (int cache = 0; cache < CACHE_KIND_COUNT; cache++)
             for (size_t c = 0; c < sizeof chunks / sizeof *chunks; c++)

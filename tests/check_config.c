@@ -46,6 +46,12 @@ static void write_file(const char *path, const char *text)
     ck_assert_int_eq(fclose(f), 0);
 }
 
+/* A valid gemma4_text body, for the Gemma 4 tests and refusals. */
+#define G4_BASE "\"model_type\": \"gemma4_text\", \"hidden_size\": 64, " \
+    "\"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, " \
+    "\"num_key_value_heads\": 2, \"vocab_size\": 256, " \
+    "\"layer_types\": [\"sliding_attention\", \"full_attention\"]"
+
 static kv_config parse_ok(const char *json)
 {
     kv_config c;
@@ -546,6 +552,76 @@ START_TEST(parse_unterminated_buffer)
 }
 END_TEST
 
+/* ---- Gemma 4 ------------------------------------------------------------- */
+
+/* google/gemma-4-E2B's text config (as transformers writes it), nested in
+ * a Gemma4ForConditionalGeneration config: every field resolves. */
+START_TEST(gemma4_e2b_config)
+{
+    char json[4096], types[2048] = "";
+    for (int i = 0; i < 35; i++)
+        snprintf(types + strlen(types), sizeof types - strlen(types), "%s\"%s\"", i ? ", " : "",
+                 (i + 1) % 5 ? "sliding_attention" : "full_attention");
+    snprintf(json, sizeof json,
+             "{\"model_type\": \"gemma4\", \"text_config\": {\"model_type\": \"gemma4_text\", "
+             "\"hidden_size\": 1536, \"intermediate_size\": 6144, \"num_hidden_layers\": 35, "
+             "\"num_attention_heads\": 8, \"num_key_value_heads\": 1, "
+             "\"num_global_key_value_heads\": null, \"head_dim\": 256, \"global_head_dim\": 512, "
+             "\"vocab_size\": 262144, \"vocab_size_per_layer_input\": 262144, "
+             "\"hidden_size_per_layer_input\": 256, \"num_kv_shared_layers\": 20, "
+             "\"use_double_wide_mlp\": true, \"attention_k_eq_v\": false, "
+             "\"enable_moe_block\": false, \"num_experts\": null, "
+             "\"final_logit_softcapping\": 30.0, \"sliding_window\": 512, "
+             "\"use_bidirectional_attention\": null, \"layer_types\": [%s], "
+             "\"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": 0.25, "
+             "\"rope_theta\": 1000000.0, \"rope_type\": \"proportional\"}, "
+             "\"sliding_attention\": {\"rope_theta\": 10000.0, \"rope_type\": \"default\"}}, "
+             "\"hidden_activation\": \"gelu_pytorch_tanh\", \"rms_norm_eps\": 1e-06, "
+             "\"tie_word_embeddings\": true}}", types);
+    kv_config c = parse_ok(json);
+    ck_assert_int_eq(c.arch, ARCH_GEMMA4);
+    ck_assert_str_eq(c.tensor_prefix, "model.language_model.");
+    ck_assert_int_eq(config_layer_head_dim(&c, 0), 256);
+    ck_assert_int_eq(config_layer_head_dim(&c, 4), 512);
+    ck_assert_int_eq(config_layer_kv_heads(&c, 4), 1);
+    ck_assert_int_eq(config_layer_rope_pairs(&c, 4), 64);     /* 0.25 x 256 pairs */
+    ck_assert_int_eq(config_layer_rope_pairs(&c, 3), 128);
+    ck_assert_int_eq(config_layer_intermediate(&c, 14), 6144);
+    ck_assert_int_eq(config_layer_intermediate(&c, 15), 12288);
+    /* Shared layers read the last non-shared layer of their type: 13
+     * (sliding) and 14 (full), llama.cpp's n_layer_kv_from_start - 2 / - 1. */
+    ck_assert_int_eq(c.kv_owner[15], 13);
+    ck_assert_int_eq(c.kv_owner[19], 14);
+    ck_assert_int_eq(c.kv_owner[34], 14);
+    ck_assert(config_layer_has_v_proj(&c, 4));
+    ck_assert_int_eq(c.per_layer_dim, 256);
+    ck_assert(c.attn_scale == 1.0);
+    ck_assert(c.final_softcap == 30.0);
+    ck_assert(!c.norm_plus_one && c.v_norm && c.layer_scalar);
+    ck_assert_int_eq(c.sliding_window, 512);
+    /* config.json is written flat (gemma4_text): the prefix is the flat one. */
+    memset(c.tensor_prefix, 0, sizeof c.tensor_prefix);
+    memset(c.lm_head_name, 0, sizeof c.lm_head_name);
+    snprintf(c.tensor_prefix, sizeof c.tensor_prefix, "model.");
+    snprintf(c.lm_head_name, sizeof c.lm_head_name, "lm_head.weight");
+    assert_round_trip(&c);
+}
+END_TEST
+
+/* per_layer_config in place of global_head_dim (the converter reads both). */
+START_TEST(gemma4_per_layer_config)
+{
+    kv_config c = parse_ok("{" G4_BASE ", \"per_layer_config\": {\"1\": {\"head_dim\": 64, "
+                           "\"num_key_value_heads\": 1}}, \"attention_k_eq_v\": true}");
+    ck_assert_int_eq(config_layer_head_dim(&c, 1), 64);
+    ck_assert_int_eq(config_layer_kv_heads(&c, 1), 1);
+    ck_assert_int_eq(config_layer_head_dim(&c, 0), 256);
+    ck_assert(!config_layer_has_v_proj(&c, 1));
+    ck_assert(config_layer_has_v_proj(&c, 0));
+    ck_assert(c.rope_partial_full == 0.25);   /* Gemma4TextConfig's default */
+}
+END_TEST
+
 /* ---- presets ------------------------------------------------------------ */
 
 START_TEST(presets_validate_and_round_trip)
@@ -559,7 +635,7 @@ START_TEST(presets_validate_and_round_trip)
         ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
         assert_round_trip(&c);
     }
-    ck_assert_int_eq(n, 10);
+    ck_assert_int_eq(n, 12);
 }
 END_TEST
 
@@ -792,7 +868,24 @@ static const bad_case BAD[] = {
     { "{\"model_type\": 5}", "model_type is 5; expected a string" },
     { "{\"model_type\": \"mistral\", \"hidden_size\": 64}",
       "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, qwen3, gemma3_text, "
-      "gemma3)" },
+      "gemma3, gemma4_text, gemma4)" },
+    { "{" G4_BASE ", \"enable_moe_block\": true}",
+      "enable_moe_block is true; Gemma 4's mixture-of-experts block is not supported" },
+    { "{" G4_BASE ", \"num_experts\": 128}",
+      "num_experts is 128; Gemma 4's mixture-of-experts models are not supported" },
+    { "{" G4_BASE ", \"num_kv_shared_layers\": 3}",
+      "num_kv_shared_layers is 3 but the model has 2 layers" },
+    { "{" G4_BASE ", \"global_head_dim\": 33}",
+      "global_head_dim is 33; RoPE needs an even head size" },
+    { "{" G4_BASE ", \"num_global_key_value_heads\": 3}",
+      "num_global_key_value_heads is 3, which does not divide num_attention_heads 4" },
+    { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\"}}}",
+      "rope_parameters.full_attention rope_type 'yarn' is not supported" },
+    { "{\"model_type\": \"gemma4_text\", \"hidden_size\": 64, \"intermediate_size\": 96, "
+      "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
+      "\"vocab_size\": 256}", "layer_types is missing" },
+    { "{\"model_type\": \"gemma4\", \"text_config\": {\"model_type\": \"gemma3_text\"}}",
+      "text_config.model_type is the string \"gemma3_text\"; expected \"gemma4_text\"" },
     { "{\"model_type\": \"llama\", \"intermediate_size\": 96, \"num_hidden_layers\": 4,"
       " \"num_attention_heads\": 4, \"vocab_size\": 256}", "hidden_size is missing" },
     { "{\"model_type\": \"llama\", \"hidden_size\": -5}", "hidden_size is -5; expected 1..1048576" },
@@ -935,6 +1028,8 @@ Suite *config_suite(void)
     tcase_add_test(t, rope_parameters_v5);
     tcase_add_test(t, parse_unterminated_buffer);
     tcase_add_loop_test(t, bad_input_is_refused, 0, (int)(sizeof BAD / sizeof BAD[0]));
+    tcase_add_test(t, gemma4_e2b_config);
+    tcase_add_test(t, gemma4_per_layer_config);
     suite_add_tcase(s, t);
     TCase *p = tcase_create("presets");
     tcase_add_test(p, presets_validate_and_round_trip);

@@ -298,7 +298,7 @@ START_TEST(test_round_trip_full)
 
     check_tokens(f, c, T, P);
     /* Every layer stage of every layer, embed and final_norm; no logits. */
-    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
+    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * test_layer_stages(&m.cfg) + 1);
     ck_assert(!dump_stage_info(f, -1, STAGE_LOGITS).present);
     ck_assert(!dump_stage_info(f, m.cfg.n_layers, STAGE_Q).present);
     ck_assert(!dump_stage_info(f, 0, STAGE_EMBED).present);
@@ -365,7 +365,7 @@ START_TEST(test_kv_shared_and_logits)
     }
     ck_assert_int_gt(followers, 0);
     ck_assert_int_eq(compare_full(f, c, 0, ROWS),
-                     m.cfg.n_layers * STAGE_LAYER_COUNT - 2 * followers + 2);
+                     m.cfg.n_layers * test_layer_stages(&m.cfg) - 2 * followers + 2);
     ck_assert(dump_stage_info(f, -1, STAGE_LOGITS).present);
     check_output(f, c, m.cfg.vocab, 0, ROWS);
     dump_file_close(f);
@@ -420,7 +420,7 @@ START_TEST(test_fingerprint)
             }
             checked++;
         }
-    ck_assert_int_eq(checked, m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
+    ck_assert_int_eq(checked, m.cfg.n_layers * test_layer_stages(&m.cfg) + 1);
     /* Rows are not there to read; /output is as in full mode. */
     ck_assert_int_eq(dump_read_rows(f, 0, STAGE_Q, 0, 1, row, &e), -1);
     ck_assert_ptr_nonnull(strstr(e.msg, "fingerprint"));
@@ -507,7 +507,7 @@ START_TEST(test_compress)
     ck_assert(has_deflate(path, "/tokens"));
     dump_file *f = open_ok(path);
     check_tokens(f, c, T, P);
-    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
+    ck_assert_int_eq(compare_full(f, c, 0, ROWS), m.cfg.n_layers * test_layer_stages(&m.cfg) + 1);
     check_output(f, c, m.cfg.vocab, 0, ROWS);
     dump_file_close(f);
     assert_valid(path);
@@ -592,7 +592,7 @@ START_TEST(test_direct_reads)
     dump_file *h = open_ok(path);
     dump_set_direct_reads(true);
     dump_file *f = open_ok(path);
-    const int stages = m.cfg.n_layers * STAGE_LAYER_COUNT + 1;
+    const int stages = m.cfg.n_layers * test_layer_stages(&m.cfg) + 1;
     ck_assert_int_eq(same_as_libhdf5(f, h, m.cfg.n_layers, true), stages);
     /* the parallel reader checks its range like the others */
     float row[4096];
@@ -792,7 +792,7 @@ START_TEST(test_survey)
     o.block_rows = 7;
     dump_run(&m, false, path, &o);
     dump_run(&m, true, other, &o);
-    const int stages = m.cfg.n_layers * STAGE_LAYER_COUNT + 1;
+    const int stages = m.cfg.n_layers * test_layer_stages(&m.cfg) + 1;
     dump_file *plain = open_ok(path), *plain2 = open_ok(other);
     void (*hooks[])(int) = {NULL, garbage_child, dying_child};
     for (size_t k = 0; k < sizeof hooks / sizeof *hooks; k++) {
@@ -1147,7 +1147,7 @@ START_TEST(test_swmr_crash)
                       dump_attr(f, "status"), "%s", dump_attr(f, "status"));
     ck_assert(!dump_is_complete(f));
     check_tokens(f, c, 44, 0);  /* prompt_length is only set by dump_close */
-    ck_assert_int_eq(compare_full(f, c, 0, 44), m.cfg.n_layers * STAGE_LAYER_COUNT + 2);
+    ck_assert_int_eq(compare_full(f, c, 0, 44), m.cfg.n_layers * test_layer_stages(&m.cfg) + 2);
     check_output(f, c, m.cfg.vocab, 0, 44);
     dump_file_close(f);
     assert_valid(path);
@@ -1182,7 +1182,7 @@ START_TEST(test_interrupted)
     ck_assert_str_eq(dump_attr(f, "status"), "partial: interrupted by SIGINT");
     /* Token 43 was refused: positions 0..42 forwarded, 0..42 announced. */
     check_tokens(f, c, 43, P);
-    ck_assert_int_eq(compare_full(f, c, 0, 43), m.cfg.n_layers * STAGE_LAYER_COUNT + 1);
+    ck_assert_int_eq(compare_full(f, c, 0, 43), m.cfg.n_layers * test_layer_stages(&m.cfg) + 1);
     dump_file_close(f);
     assert_valid(path);
     capture_free(c);

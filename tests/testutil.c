@@ -131,3 +131,8 @@ int test_record_cut_short(const char *dir)
              "--chunk 5 --dump %s/part.h5 >/dev/null 2>&1'", bin ? bin : "./kvdiff", run, dir);
     return system(args) != 0 ? 0 : -1;   /* the limit must have stopped it */
 }
+
+int test_layer_stages(const kv_config *c)
+{
+    return STAGE_LAYER_COUNT - (c->per_layer_dim > 0 ? 0 : 2);
+}

@@ -44,4 +44,8 @@ int test_record_cut_short(const char *dir);
 /* max |a - b| / max |b| over n values. */
 double test_rel_err(const float *a, const float *b, size_t n);
 
+/* The stages one layer of a model of config c has (the per-layer input
+ * stages only with per-layer inputs; k and v counted). */
+int test_layer_stages(const kv_config *c);
+
 #endif
