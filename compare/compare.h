@@ -353,6 +353,7 @@ typedef enum {
     CMP_DIAG_KV_SWAPPED,         /* k and v projections swapped */
     CMP_DIAG_NORM_EPS,           /* an RMSNorm epsilon other than the config's */
     CMP_DIAG_FUTURE_KEYS,        /* the causal mask missing: keys after the query read */
+    CMP_DIAG_KV_OWNER,           /* a layer read another layer's KV cache than the config's */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

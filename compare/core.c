@@ -58,6 +58,7 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_KV_SWAPPED] = "kv_swapped",
         [CMP_DIAG_NORM_EPS] = "norm_eps",
         [CMP_DIAG_FUTURE_KEYS] = "future_keys",
+        [CMP_DIAG_KV_OWNER] = "kv_owner",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

@@ -1760,16 +1760,20 @@ static const preset_spec PRESETS[] = {
       1e-6, 1e6, 0, 0, true, 0, 0, 0, 151643, 1, { 151645 }, NO_SCALING, NO_G4 },
     { "gemma3-1b-shape", ARCH_GEMMA3, 1152, 26, 4, 1, 256, 6912, 262144, 32768,
       1e-6, 1e6, 10000.0, 256, true, 512, 6, 0, 2, 2, { 1, 106 }, NO_SCALING, NO_G4 },
-    /* Gemma 4 in small: layers S S S F | S S S F, the last four sharing
-     * (sliding ones read layer 2, the full one layer 3: the last layers
+    /* Gemma 4 in small: layers (S S S F) x 3, the last four sharing
+     * (sliding ones read layer 6, the full one layer 7: the last layers
      * before the shared block are sliding then full, as in E2B and as
-     * llama.cpp assumes), sliding heads 16 wide with 2 KV heads, full ones
-     * 32 wide with 1 KV head and v taken from k, a quarter of the full
-     * heads' pairs rotating, double-wide MLPs on the shared layers and
-     * 8-wide per-layer inputs. */
-    { "tiny-gemma4", ARCH_GEMMA4, 64, 8, 4, 2, 16, 96, 256, 4096,
+     * llama.cpp assumes), sliding heads 32 wide with 2 KV heads, full ones
+     * 64 wide with 1 KV head and v taken from k (both multiples of q8_0's
+     * block of 32), a quarter of the full heads' pairs rotating,
+     * double-wide MLPs on the shared layers and 16-wide per-layer inputs
+     * (E/4; E2B's are E/6: narrower ones let llama.cpp's table GELU swing
+     * the block's normalised output past any drift bound). Eight layers
+     * before the shared block let a wrong shared_kv_layers (8 for 4) still
+     * run in llama.cpp. */
+    { "tiny-gemma4", ARCH_GEMMA4, 64, 12, 4, 2, 32, 96, 256, 4096,
       1e-6, 1e6, 10000.0, 0, true, 12, 4, 4, 2, 1, { 1 }, NO_SCALING,
-      32, 1, 8, 0.25, 30.0, true, true },
+      64, 1, 16, 0.25, 30.0, true, true },
     /* google/gemma-4-E2B's text model with synthetic weights. */
     { "gemma4-e2b-shape", ARCH_GEMMA4, 1536, 35, 8, 1, 256, 6144, 262144, 131072,
       1e-6, 1e6, 10000.0, 0, true, 512, 5, 20, 2, 2, { 1, 106 }, NO_SCALING,

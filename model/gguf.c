@@ -147,6 +147,15 @@ static void kv_i32_arr(kvs *k, const char *key, const int32_t *v, uint64_t n)
     gb_put(&k->kv, v, n * 4);
 }
 
+static void kv_u32_arr(kvs *k, const char *key, const uint32_t *v, uint64_t n)
+{
+    char b[128];
+    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
+    gb_u32(&k->kv, GT_UINT32);
+    gb_u64(&k->kv, n);
+    gb_put(&k->kv, v, n * 4);
+}
+
 static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
 {
     char b[128];
@@ -163,14 +172,61 @@ static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
 static const char *arch_name(kv_arch a)
 {
     return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
-                                                                                : "gemma3";
+         : a == ARCH_GEMMA4 ? "gemma4" : "gemma3";
+}
+
+/* llama.cpp's gemma4 (llama_model's layer reuse callback): a shared layer
+ * reads layer n_kv - 2 if it slides, n_kv - 1 otherwise, n_kv the layers
+ * computing K/V. Right when the last two of those are sliding then full,
+ * as in every published Gemma 4; a model laid out otherwise it runs with
+ * the wrong caches. Returns the first layer where that rule and the
+ * config's differ, -1 when none. */
+static int gemma4_llama_reuse_mismatch(const kv_config *c, int *llama_owner)
+{
+    int n_kv = 0;
+    while (n_kv < c->n_layers && c->kv_owner[n_kv] == n_kv)
+        n_kv++;
+    for (int i = n_kv; i < c->n_layers; i++) {
+        int o = n_kv - (c->layer_type[i] == ATTN_SLIDING ? 2 : 1);
+        if (o != c->kv_owner[i]) {
+            *llama_owner = o;
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int gemma4_export_check(const kv_config *c, kv_err *e)
+{
+    int shared = 0, lo = -1;
+    for (int i = 0; i < c->n_layers; i++)
+        shared += c->kv_owner[i] != i;
+    if (shared > 0 && c->n_layers - shared < 2)
+        return kv_errf(e, "%d of %d layers share KV; llama.cpp's gemma4 needs at least two "
+                       "layers computing K/V", shared, c->n_layers);
+    int bad = shared > 0 ? gemma4_llama_reuse_mismatch(c, &lo) : -1;
+    if (bad >= 0)
+        return kv_errf(e, "layer %d reads layer %d's KV cache, but llama.cpp's gemma4 would "
+                       "read layer %d (it takes the last two layers before the shared block "
+                       "to be sliding then full), so it cannot run this model",
+                       bad, c->kv_owner[bad], lo);
+    if (c->rope_scaling.type != ROPE_SCALE_NONE)
+        return kv_errf(e, "RoPE scaling on gemma4: llama.cpp's gemma4 carries only the "
+                       "proportional RoPE of the full layers");
+    if (c->per_layer_dim > 0 && c->per_layer_vocab != c->vocab)
+        return kv_errf(e, "vocab_size_per_layer_input %d differs from vocab_size %d; "
+                       "llama.cpp's gemma4 indexes the per-layer table by token",
+                       c->per_layer_vocab, c->vocab);
+    return 0;
 }
 
 int gguf_export_check(const kv_config *c, kv_err *e)
 {
     if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3 &&
-        c->arch != ARCH_QWEN3)
+        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4)
         return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
+    if (c->arch == ARCH_GEMMA4)
+        return gemma4_export_check(c, e);
     /* llama_model_qwen3::load_arch_tensors creates no attn_output.bias. */
     if (c->arch == ARCH_QWEN3 && (c->qkv_bias || c->o_bias))
         return kv_errf(e, "attention_bias on qwen3: llama.cpp's qwen3 loads no "
@@ -247,6 +303,11 @@ static const char *gguf_layer_name(const kv_config *c, const char *sx)
         {"mlp.gate_proj.weight", "ffn_gate.weight"},
         {"mlp.up_proj.weight", "ffn_up.weight"},
         {"mlp.down_proj.weight", "ffn_down.weight"},
+        /* Gemma 4 */
+        {"per_layer_input_gate.weight", "inp_gate.weight"},
+        {"per_layer_projection.weight", "proj.weight"},
+        {"post_per_layer_input_norm.weight", "post_norm.weight"},
+        {"layer_scalar", "layer_output_scale.weight"},
     };
     /* Gemma's post_attention_layernorm normalizes the attention output
      * (sandwich); Llama's and Qwen2's is the FFN input norm. */
@@ -283,6 +344,12 @@ static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
             t->permute_heads = c->n_kv_heads;
         if (c->arch == ARCH_GEMMA3 && !strcmp(sx, "self_attn.q_norm.weight"))
             t->mul = (float)(c->attn_scale / llama_gemma3_scale(c));
+    } else if (s->kind == TENSOR_TABLE) {
+        snprintf(t->name, sizeof t->name, "per_layer_token_embd.weight");
+    } else if (strstr(s->name, "per_layer_model_projection.weight")) {
+        snprintf(t->name, sizeof t->name, "per_layer_model_proj.weight");
+    } else if (strstr(s->name, "per_layer_projection_norm.weight")) {
+        snprintf(t->name, sizeof t->name, "per_layer_proj_norm.weight");
     } else if (s->kind == TENSOR_NORM) {
         snprintf(t->name, sizeof t->name, "output_norm.weight");
     } else {
@@ -329,6 +396,24 @@ static int src_read(const wsource *src, const tensor_spec *s, float *out, kv_err
         return kv_errf(e, "%s: tensor '%s' has a shape config.json does not imply", t->file,
                        s->name);
     return st_read_f32(t, 0, n, out, e);
+}
+
+/* Rows [row0, row0 + nrows) of a 2-D tensor (src_read has checked the
+ * whole tensor's shape before the first block). */
+static int src_read_rows(const wsource *src, const tensor_spec *s, int64_t row0, int64_t nrows,
+                         float *out, kv_err *e)
+{
+    if (!src->st) {
+        synth_tensor_rows(src->cfg, s, src->seed, row0, nrows, out);
+        return 0;
+    }
+    const st_tensor *t = st_find(src->st, s->name);
+    const uint64_t cols = (uint64_t)s->shape[1];
+    if (!t || t->nelem != (uint64_t)s->shape[0] * cols || t->ndim != 2 ||
+        t->shape[0] != s->shape[0])
+        return kv_errf(e, "%s: tensor '%s' is missing or has a shape config.json does not "
+                       "imply", src->dir, s->name);
+    return st_read_f32(t, (uint64_t)row0 * cols, (uint64_t)nrows * cols, out, e);
 }
 
 /* LlamaModel.permute: within each head, row t*(D/2)+j moves to 2*j+t. */
@@ -439,9 +524,48 @@ static void convert(const float *src, size_t n, uint32_t type, void *dst)
         h[i] = type == GGML_F16 ? st_f32_to_f16(src[i]) : st_f32_to_bf16(src[i]);
 }
 
+/* Elements converted at a time when a tensor is written by blocks of
+ * rows (Gemma 4's per-layer table is 2.3G elements at E2B). */
+#define WRITE_BLOCK (1u << 22)
+
+/* A 2-D tensor written as is (no permutation), by blocks of rows. */
+static int write_rows(outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
+{
+    const int64_t rows = (int64_t)t->ne[1], cols = (int64_t)t->ne[0];
+    const int64_t block = cols >= WRITE_BLOCK ? 1 : WRITE_BLOCK / cols;
+    const size_t esz = t->type == GGML_F32 ? 4 : 2;
+    float *buf = malloc((size_t)(block * cols) * sizeof(float));
+    void *outb = t->type == GGML_F32 ? NULL : malloc((size_t)(block * cols) * esz);
+    int rc = -1;
+    if (!buf || (t->type != GGML_F32 && !outb)) {
+        kv_errf(e, "out of memory writing '%s'", t->name);
+        goto done;
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += block) {
+        const int64_t nr = rows - r0 < block ? rows - r0 : block;
+        const size_t n = (size_t)(nr * cols);
+        if (src_read_rows(src, t->spec, r0, nr, buf, e) < 0)
+            goto done;
+        if (t->add != 0.0f || t->mul != 1.0f)
+            for (size_t i = 0; i < n; i++)
+                buf[i] = (buf[i] + t->add) * t->mul;
+        if (t->type != GGML_F32)
+            convert(buf, n, t->type, outb);
+        if (of_write(o, outb ? outb : (void *)buf, n * esz, e) < 0)
+            goto done;
+    }
+    rc = of_pad(o, e);
+done:
+    free(buf);
+    free(outb);
+    return rc;
+}
+
 static int write_tensor(outfile *o, const wsource *src, const out_tensor *t,
                         const float *rope_freqs, kv_err *e)
 {
+    if (t->spec && !t->permute_heads && t->ndim == 2)
+        return write_rows(o, src, t, e);
     size_t n = (size_t)(t->ne[0] * t->ne[1]);
     float *buf = malloc(n * sizeof(float));
     float *tmp = t->permute_heads ? malloc(n * sizeof(float)) : NULL;
@@ -481,9 +605,39 @@ done:
 /* ------------------------------------------------------------------ */
 /* Metadata                                                             */
 
+/* As the converter's Gemma4Model.set_gguf_parameters writes them, with one
+ * difference: final_logit_softcapping is always written, 0 for none,
+ * since llama.cpp applies 30 when the key is absent (the converter leaves
+ * it out for a null, and such a model then runs capped). */
+static void put_gemma4_keys(kvs *k, const kv_config *c)
+{
+    uint32_t kv[KV_MAX_LAYERS], ff[KV_MAX_LAYERS];
+    uint8_t pattern[KV_MAX_LAYERS];
+    int shared = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        kv[i] = (uint32_t)config_layer_kv_heads(c, i);
+        ff[i] = (uint32_t)config_layer_intermediate(c, i);
+        pattern[i] = c->layer_type[i] == ATTN_SLIDING;
+        shared += c->kv_owner[i] != i;
+    }
+    kv_u32_arr(k, ".attention.head_count_kv", kv, (uint64_t)c->n_layers);
+    if (c->double_wide_mlp)
+        kv_u32_arr(k, ".feed_forward_length", ff, (uint64_t)c->n_layers);
+    kv_u32(k, ".attention.key_length_swa", (uint32_t)c->head_dim);
+    kv_u32(k, ".attention.value_length_swa", (uint32_t)c->head_dim);
+    kv_u32(k, ".rope.dimension_count_swa", (uint32_t)c->head_dim);
+    kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
+    kv_bool_arr(k, ".attention.sliding_window_pattern", pattern, (uint64_t)c->n_layers);
+    kv_f32(k, ".rope.freq_base_swa", (float)c->rope_local_theta);
+    kv_f32(k, ".final_logit_softcapping", (float)c->final_softcap);
+    kv_u32(k, ".attention.shared_kv_layers", (uint32_t)shared);
+    kv_u32(k, ".embedding_length_per_layer_input", (uint32_t)c->per_layer_dim);
+}
+
 static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const char *name,
                            float q_fold)
 {
+    const int D = c->arch == ARCH_GEMMA4 ? c->head_dim_full : c->head_dim;
     kv_str(k, "general.architecture", k->arch);
     kv_str(k, "general.name", name);
     kv_u32(k, "general.file_type", ot == GGUF_OUT_F32 ? FTYPE_F32
@@ -491,12 +645,15 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
     kv_u32(k, ".context_length", (uint32_t)c->max_positions);
     kv_u32(k, ".embedding_length", (uint32_t)c->hidden);
     kv_u32(k, ".block_count", (uint32_t)c->n_layers);
-    kv_u32(k, ".feed_forward_length", (uint32_t)c->intermediate);
+    if (!c->double_wide_mlp)
+        kv_u32(k, ".feed_forward_length", (uint32_t)c->intermediate);
     kv_u32(k, ".attention.head_count", (uint32_t)c->n_heads);
-    kv_u32(k, ".attention.head_count_kv", (uint32_t)c->n_kv_heads);
-    kv_u32(k, ".attention.key_length", (uint32_t)c->head_dim);
-    kv_u32(k, ".attention.value_length", (uint32_t)c->head_dim);
-    kv_u32(k, ".rope.dimension_count", (uint32_t)c->head_dim);
+    if (c->arch != ARCH_GEMMA4)
+        kv_u32(k, ".attention.head_count_kv", (uint32_t)c->n_kv_heads);
+    /* Gemma 4: the full layers' head; the sliding ones' under "_swa". */
+    kv_u32(k, ".attention.key_length", (uint32_t)D);
+    kv_u32(k, ".attention.value_length", (uint32_t)D);
+    kv_u32(k, ".rope.dimension_count", (uint32_t)D);
     kv_f32(k, ".attention.layer_norm_rms_epsilon", (float)c->rms_eps);
     kv_f32(k, ".rope.freq_base", (float)c->rope_theta);
     kv_u32(k, ".vocab_size", (uint32_t)c->vocab);
@@ -504,6 +661,8 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
         kv_str(k, ".rope.scaling.type", "linear");
         kv_f32(k, ".rope.scaling.factor", (float)c->rope_scaling.factor);
     }
+    if (c->arch == ARCH_GEMMA4)
+        put_gemma4_keys(k, c);
     if (c->arch == ARCH_GEMMA3) {
         int any_sliding = 0;
         uint8_t pattern[KV_MAX_LAYERS];
@@ -729,6 +888,23 @@ static float *llama3_factors(const kv_config *c)
     return out;
 }
 
+/* Gemma 4's full layers (Gemma4Model.generate_extra_tensors): factor 1
+ * on the rotated pairs, 1e30 on the rest, which llama.cpp divides the
+ * frequency by (angle 0: passed through). Required by llama.cpp even when
+ * every pair rotates. */
+static float *gemma4_factors(const kv_config *c)
+{
+    const int half = c->head_dim_full / 2;
+    int rot = half;
+    for (int l = 0; l < c->n_layers; l++)
+        if (c->layer_type[l] == ATTN_GLOBAL)
+            rot = config_layer_rope_pairs(c, l);
+    float *out = malloc((size_t)(half > 0 ? half : 1) * sizeof *out);
+    for (int d = 0; out && d < half; d++)
+        out[d] = d < rot ? 1.0f : 1e30f;
+    return out;
+}
+
 static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot,
                         const char *name, const char *path, kv_err *e)
 {
@@ -748,8 +924,8 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         goto done;
     }
     tensors_list(c, specs, n_specs);
-    if (c->rope_scaling.type == ROPE_SCALE_LLAMA3) {
-        rope_freqs = llama3_factors(c);
+    if (c->rope_scaling.type == ROPE_SCALE_LLAMA3 || c->arch == ARCH_GEMMA4) {
+        rope_freqs = c->arch == ARCH_GEMMA4 ? gemma4_factors(c) : llama3_factors(c);
         if (!rope_freqs) {
             kv_errf(e, "out of memory");
             goto done;
@@ -757,7 +933,7 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         out_tensor *t = &ts[n++];
         snprintf(t->name, sizeof t->name, "rope_freqs.weight");
         t->ndim = 1;
-        t->ne[0] = (uint64_t)c->head_dim / 2;
+        t->ne[0] = (uint64_t)(c->arch == ARCH_GEMMA4 ? c->head_dim_full : c->head_dim) / 2;
         t->ne[1] = 1;
         t->type = GGML_F32;
         t->nbytes = t->ne[0] * 4;

@@ -197,6 +197,12 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
     }
 }
 
+void synth_tensor_rows(const kv_config *c, const tensor_spec *s, uint64_t seed, int64_t row0,
+                       int64_t nrows, float *out)
+{
+    synth_rows(c, s, seed, row0, nrows, out);
+}
+
 void synth_tensor(const kv_config *c, const tensor_spec *s, uint64_t seed, float *out)
 {
     if (s->ndim == 1)

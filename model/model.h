@@ -42,6 +42,10 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap);
  * Scales keep activations of order 1 through every layer. */
 void synth_tensor(const kv_config *c, const tensor_spec *s, uint64_t seed, float *out);
 
+/* Rows [row0, row0 + nrows) of synth_tensor's result (of a 2-D tensor). */
+void synth_tensor_rows(const kv_config *c, const tensor_spec *s, uint64_t seed, int64_t row0,
+                       int64_t nrows, float *out);
+
 typedef struct {
     kern_linear wq, wk, wv, wo;     /* wk, wv empty (n_out 0) on KV-shared followers */
     kern_linear w_gate, w_up, w_down;

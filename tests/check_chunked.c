@@ -258,9 +258,9 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma3-kvshared", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, P, NEW, {7, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 8, STAGE_ATTN_LSE}},
     {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 8, STAGE_ATTN_LSE}},
-    /* Gemma 4: the first shared layer is 4 (sliding, reading layer 2). */
-    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 4, STAGE_ATTN_LSE}},
-    {"tiny-gemma4", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 4, STAGE_ATTN_LSE}},
+    /* Gemma 4: the first shared layer is 8 (sliding, reading layer 6). */
+    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, P, NEW, {0, 8, STAGE_ATTN_LSE}},
+    {"tiny-gemma4", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, P, NEW, {0, 8, STAGE_ATTN_LSE}},
     {"tiny-gemma4", CACHE_RING, 5, "window=4", SHARE_PADDED, P, NEW, {4, 0, STAGE_ATTN_LSE}},
     {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", SHARE_PLAIN, P, NEW, {P, 0, STAGE_ATTN_LSE}},
     {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P, NEW, {P + 1, 0, STAGE_ATTN_LSE}},

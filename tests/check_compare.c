@@ -149,7 +149,7 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma3-kvshared", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, 0, 8, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
     {"tiny-gemma3-kvshared", CACHE_RING, 16, "zero-shared-kv", SHARE_OWNER_READ_ONLY, 0, 8, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
     /* Gemma 4: head sizes and KV heads differ between layer types. */
-    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, 0, 4, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
+    {"tiny-gemma4", CACHE_DENSE, 16, "zero-shared-kv", SHARE_PLAIN, 0, 8, STAGE_ATTN_LSE, CMP_DIAG_ZERO_KV},
     {"tiny-gemma4", CACHE_RING, 5, "window=4", SHARE_PADDED, 4, 0, STAGE_ATTN_LSE, CMP_DIAG_WINDOW},
     {"tiny-gemma4", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, 7, 0, STAGE_ATTN_LSE, CMP_DIAG_STALE_CACHE},
     {"tiny-gemma4", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},

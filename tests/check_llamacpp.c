@@ -416,6 +416,115 @@ START_TEST(test_llama_gemma3_fold_from_gguf)
 END_TEST
 
 /* ------------------------------------------------------------------ */
+/* Gemma 4: the KV-shared family in real llama.cpp                      */
+
+/* compare's JSON: the verdict, and the first divergence's layer,
+ * position, stage and diagnosis kind (-1 / "" when none). */
+typedef struct {
+    char verdict[32], stage[32], kind[32];
+    long layer, pos;
+} g4_verdict;
+
+static g4_verdict compare_json(const char *dir, const char *test)
+{
+    char args[1024], path[512];
+    g4_verdict v = {"", "", "", -1, -1};
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s --json > %s/c.json", dir, test, dir);
+    test_run_cli(args, out, sizeof out);
+    snprintf(path, sizeof path, "%s/c.json", dir);
+    json_t *j = json_load_file(path, 0, NULL);
+    ck_assert_msg(j != NULL, "no JSON from compare: %.300s", out);
+    const char *s = json_string_value(json_object_get(j, "verdict"));
+    snprintf(v.verdict, sizeof v.verdict, "%s", s ? s : "");
+    json_t *f = json_object_get(j, "first_divergence");
+    if (json_is_object(f)) {
+        v.layer = (long)json_integer_value(json_object_get(f, "layer"));
+        v.pos = (long)json_integer_value(json_object_get(f, "position"));
+        s = json_string_value(json_object_get(f, "stage"));
+        snprintf(v.stage, sizeof v.stage, "%s", s ? s : "");
+    }
+    s = json_string_value(json_object_get(json_object_get(j, "diagnosis"), "kind"));
+    snprintf(v.kind, sizeof v.kind, "%s", s ? s : "");
+    json_decref(j);
+    return v;
+}
+
+/* tiny-gemma4 exported and run by llama.cpp with an f32 cache, an f16
+ * cache with flash attention, and q8_0: every one "no bug" against
+ * kvdiff's reference; shared layers record no k/v, every layer its
+ * per-layer input stages. */
+START_TEST(test_llama_tiny_gemma4)
+{
+    static const char *const caches[] = {"--cache-type f32 --threads 1",
+                                         "--cache-type f16 --flash-attn on --ubatch 7 --threads 2",
+                                         "--cache-type q8_0 --flash-attn on --ubatch 16"};
+    char dir[64], args[2048], gguf[512], path[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    ck_assert_msg(make_gguf("tiny-gemma4", dir, gguf, NULL) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    for (size_t i = 0; i < sizeof caches / sizeof *caches; i++) {
+        snprintf(path, sizeof path, "%s/llama%zu.h5", dir, i);
+        snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 "
+                 "--ignore-eos %s --dump %s", gguf, dir, dir, caches[i], path);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        snprintf(args, sizeof args, "validate %s", path);
+        ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+        g4_verdict v = compare_json(dir, path);
+        ck_assert_msg(!strcmp(v.verdict, "within_tolerance"), "%s: verdict %s at layer %ld position %ld "
+                      "%s (%s)", caches[i], v.verdict, v.layer, v.pos, v.stage, v.kind);
+    }
+    kv_err e;
+    snprintf(path, sizeof path, "%s/llama0.h5", dir);
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f, "%s", e.msg);
+    for (int l = 0; l < 12; l++) {
+        ck_assert_int_eq(dump_stage_info(f, l, STAGE_K).present, l < 8);
+        ck_assert_int_eq(dump_stage_info(f, l, STAGE_V).present, l < 8);
+        ck_assert(dump_stage_info(f, l, STAGE_PLE_IN).rows == 45);
+        ck_assert(dump_stage_info(f, l, STAGE_PLE_OUT).rows == 45);
+    }
+    dump_file_close(f);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A GGUF whose shared_kv_layers (8) differs from the model's (4): llama.cpp
+ * runs layers 4..7 on layers 2 and 3's caches. Found at layer 4, position
+ * 0, attn_out, and named: the layer whose cache it read, verified at every
+ * position. */
+START_TEST(test_llama_gemma4_shared_kv_layers_wrong)
+{
+    char dir[64], args[2048], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_msg(make_gguf("tiny-gemma4", dir, gguf, NULL) == 0, "%s", out);
+    ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 8), 0);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
+             "--cache-type f32 --dump %s/bad.h5", bad, dir, dir);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s/bad.h5", dir);
+    g4_verdict v = compare_json(dir, args);
+    ck_assert_msg(!strcmp(v.verdict, "diverged") && v.layer == 4 && v.pos == 0 &&
+                  !strcmp(v.stage, "attn_out") && !strcmp(v.kind, "kv_owner"),
+                  "verdict %s at layer %ld position %ld %s (%s)", v.verdict, v.layer, v.pos,
+                  v.stage, v.kind);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/bad.h5", dir, dir);
+    test_run_cli(args, out, sizeof out);
+    ck_assert_msg(strstr(out, "layer 4 read layer 2's KV cache where the config has it compute "
+                          "its own") && strstr(out, "shares the last 8 layers' caches, the "
+                          "reference's 4"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
 /* Bad input                                                            */
 
 static void one_line_exit2(const char *args, const char *expect, const char *dump)
@@ -549,6 +658,8 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_biased_llama);
     tcase_add_test(tc, test_llama_tiny_qwen3);
     tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
+    tcase_add_test(tc, test_llama_tiny_gemma4);
+    tcase_add_test(tc, test_llama_gemma4_shared_kv_layers_wrong);
     tcase_add_test(tc, test_llama_bad_input);
     tcase_add_test(tc, test_llama_abort_is_one_line);
     suite_add_tcase(s, tc);

@@ -6,7 +6,7 @@
  * over it — keysets.c (the key-set hypothesis engine and its families),
  * rows.c (rows written as zero, k and v swapped, a norm epsilon, attention
  * that read zeros), rope.c (rotations and scales), norms.c (norm
- * conventions) —; diagnose.c on top: the evidence at the point, drift,
+ * conventions), sharing.c (another layer's KV cache) —; diagnose.c on top: the evidence at the point, drift,
  * and the driver that runs the families in order. */
 #ifndef KV_DIAG_H
 #define KV_DIAG_H
@@ -83,6 +83,7 @@ int dg_rule_scaled(cmp_ctx *c, kv_err *e);            /* rope.c: q or k scaled a
 int dg_rule_norm_convention(cmp_ctx *c, kv_err *e);   /* norms.c: w vs (1 + w) */
 int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
 int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */
+int dg_rule_kv_owner(cmp_ctx *c, kv_err *e);          /* sharing.c: another layer's cache */
 
 /* The key-set families (keysets.c): a different set of keys read at the
  * point, named by scoring every candidate cause at every position and

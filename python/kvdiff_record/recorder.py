@@ -135,6 +135,9 @@ def stage_width(config, stage, layer=None):
     if stage not in _STAGE_ID:
         raise RecorderError(f"unknown stage {stage!r}; layer stages are "
                             f"{', '.join(LAYER_STAGES)}; model stages {', '.join(MODEL_STAGES)}")
+    if stage in ("ple_in", "ple_out") and not config.get("hidden_size_per_layer_input"):
+        raise RecorderError(f"{stage}: the model has no per-layer inputs "
+                            f"(hidden_size_per_layer_input is not set in the model config)")
     return widths.get(stage, e)
 
 

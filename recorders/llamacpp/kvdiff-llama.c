@@ -353,6 +353,131 @@ static int gemma3_layer_types(const meta *m, kv_config *c, kv_err *e)
     return 0;
 }
 
+/* A per-layer u32/i32 array key, or a scalar for every layer. */
+static int meta_layer_u32(const meta *m, const char *suffix, int n, uint32_t *out, bool *found)
+{
+    int64_t k = meta_key(m, suffix);
+    *found = k >= 0;
+    if (k < 0)
+        return 0;
+    if (gguf_get_kv_type(m->g, k) != GGUF_TYPE_ARRAY) {
+        bool f;
+        double v = meta_num(m, suffix, 0, &f);
+        for (int i = 0; i < n; i++)
+            out[i] = (uint32_t)v;
+        return f && v >= 0 && v <= UINT32_MAX ? 0 : -1;
+    }
+    enum gguf_type t = gguf_get_arr_type(m->g, k);
+    if ((t != GGUF_TYPE_UINT32 && t != GGUF_TYPE_INT32) || gguf_get_arr_n(m->g, k) < (size_t)n)
+        return -1;
+    const uint32_t *v = gguf_get_arr_data(m->g, k);
+    for (int i = 0; i < n; i++)
+        out[i] = v[i];
+    return 0;
+}
+
+/* Pairs of a full layer's head that rotate: rope_freqs.weight holds 1 for
+ * those and a huge divisor (1e30 from the converter) for the others. All
+ * of them when the tensor is absent or unreadable as F32. */
+static int gemma4_rotated_pairs(const struct gguf_context *g, const char *path, int half)
+{
+    int64_t id = gguf_find_tensor(g, "rope_freqs.weight");
+    if (id < 0 || gguf_get_tensor_type(g, id) != GGML_TYPE_F32 ||
+        gguf_get_tensor_size(g, id) != (size_t)half * sizeof(float))
+        return half;
+    float *f = malloc((size_t)half * sizeof *f);
+    FILE *fp = f ? fopen(path, "rb") : NULL;
+    int rot = half;
+    if (fp && fseeko(fp, (off_t)(gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id)),
+                     SEEK_SET) == 0 && fread(f, sizeof *f, (size_t)half, fp) == (size_t)half) {
+        rot = 0;
+        while (rot < half && f[rot] == 1.0f)
+            rot++;
+        for (int d = rot; d < half; d++)
+            if (!(f[d] >= 1e20f))
+                rot = half;   /* not the proportional pattern: taken as whole */
+    }
+    if (fp)
+        fclose(fp);
+    free(f);
+    return rot;
+}
+
+/* Gemma 4 as llama.cpp's gemma4 reads it (llama_model_gemma4::
+ * load_arch_hparams, llama-model.cpp's layer reuse rule). */
+static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_err *e)
+{
+    uint32_t kv[KV_MAX_LAYERS], ff[KV_MAX_LAYERS];
+    bool f_kv, f_ff;
+    c->head_dim_full = c->head_dim;
+    c->head_dim = (int)meta_num(m, "attention.key_length_swa", c->head_dim_full, NULL);
+    bool f_rot;
+    const double n_rot = meta_num(m, "rope.dimension_count_swa", 0, &f_rot);
+    if (c->head_dim < 2 || c->head_dim > c->head_dim_full * 4 ||
+        (f_rot && (n_rot < 2 || n_rot > c->head_dim || fmod(n_rot, 2) != 0)))
+        return kv_errf(e, "%s: %s.attention.key_length_swa %d or rope.dimension_count_swa %g: "
+                       "llama.cpp cannot rotate by it (an even count from 2 to the head size)",
+                       path, m->arch, c->head_dim, n_rot);
+    if (gemma3_layer_types(m, c, e) < 0)
+        return kv_err_prefix(e, path);
+    c->sliding_window = (int)meta_num(m, "attention.sliding_window", 0, NULL);
+    c->rope_local_theta = meta_num(m, "rope.freq_base_swa", 10000.0, NULL);
+    if (meta_layer_u32(m, "attention.head_count_kv", c->n_layers, kv, &f_kv) < 0 ||
+        meta_layer_u32(m, "feed_forward_length", c->n_layers, ff, &f_ff) < 0)
+        return kv_errf(e, "%s: %s.attention.head_count_kv or feed_forward_length is neither a "
+                       "number nor one per layer", path, m->arch);
+    c->n_kv_heads = c->n_kv_heads_full = 0;
+    for (int l = 0; l < c->n_layers && f_kv; l++) {
+        int *slot = c->layer_type[l] == ATTN_SLIDING ? &c->n_kv_heads : &c->n_kv_heads_full;
+        if (*slot == 0)
+            *slot = (int)kv[l];
+        else if (*slot != (int)kv[l])
+            return kv_errf(e, "%s: head_count_kv differs between layers of one type (layer "
+                           "%d): not a Gemma 4 kvdiff can describe", path, l);
+    }
+    if (c->n_kv_heads == 0)
+        c->n_kv_heads = c->n_kv_heads_full ? c->n_kv_heads_full : c->n_heads;
+    if (c->n_kv_heads_full == 0)
+        c->n_kv_heads_full = c->n_kv_heads;
+    /* llama.cpp: the last shared_kv_layers layers read layer n_kv - 2
+     * (sliding) or n_kv - 1 (full): what it runs, whatever the checkpoint's
+     * config said. */
+    int shared = (int)meta_num(m, "attention.shared_kv_layers", 0, NULL);
+    if (shared < 0 || shared > c->n_layers - 2)
+        shared = shared < 0 ? 0 : shared;
+    const int n_kv = c->n_layers - shared;
+    for (int l = 0; l < c->n_layers; l++)
+        c->kv_owner[l] = (int16_t)(l < n_kv ? l : n_kv - (c->layer_type[l] == ATTN_SLIDING ? 2 : 1));
+    c->intermediate = f_ff ? (int)ff[0] : c->intermediate;
+    for (int l = 0; l < c->n_layers && f_ff; l++) {
+        if ((int)ff[l] == c->intermediate)
+            continue;
+        if ((int)ff[l] == 2 * c->intermediate && c->kv_owner[l] != l)
+            c->double_wide_mlp = true;
+        else
+            return kv_errf(e, "%s: feed_forward_length of layer %d is %u where layer 0's is "
+                           "%d: not a Gemma 4 kvdiff can describe", path, l, ff[l],
+                           c->intermediate);
+    }
+    c->per_layer_dim = (int)meta_num(m, "embedding_length_per_layer_input", 0, NULL);
+    c->per_layer_vocab = c->per_layer_dim > 0 ? c->vocab : 0;
+    /* K=V: a full layer computing K/V with no attn_v (llama.cpp uses Kcur). */
+    for (int l = 0; l < c->n_layers; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_v.weight", l);
+        if (c->layer_type[l] == ATTN_GLOBAL && c->kv_owner[l] == l &&
+            gguf_find_tensor(m->g, name) < 0)
+            c->k_eq_v = true;
+    }
+    const int rot = gemma4_rotated_pairs(m->g, path, c->head_dim_full / 2);
+    c->rope_partial_full = rot < c->head_dim_full / 2 ? 2.0 * rot / c->head_dim_full : 0.0;
+    /* llama.cpp applies 30 when the key is absent. */
+    c->final_softcap = meta_num(m, "final_logit_softcapping", 30.0, NULL);
+    c->embed_scale = sqrtf((float)c->hidden);
+    c->attn_scale = 1.0;
+    return 0;
+}
+
 /* What llama.cpp runs, as a kv_config. llama_scale: the q.k multiplier
  * llama.cpp applies (Gemma 3: 1/sqrt(head_dim), or 1/sqrt(E/H) for the
  * 62-layer model, whatever query_pre_attn_scalar was). */
@@ -383,9 +508,13 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         snprintf(c->model_type, sizeof c->model_type, "gemma3_text");
         c->act = ACT_GELU_TANH;
         c->norm_plus_one = c->qk_norm = c->sandwich_norms = true;
+    } else if (!strcmp(m.arch, "gemma4")) {
+        c->arch = ARCH_GEMMA4;
+        snprintf(c->model_type, sizeof c->model_type, "gemma4_text");
+        config_family_flags(c);
     } else {
         return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2, "
-                          "qwen3 and gemma3)", path, m.arch);
+                          "qwen3, gemma3 and gemma4)", path, m.arch);
     }
     /* Llama's attention_bias: llama.cpp loads the biases when present. */
     if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
@@ -429,7 +558,11 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     snprintf(c->lm_head_name, sizeof c->lm_head_name, "%s",
              c->tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     *llama_scale = 1.0 / sqrt((double)c->head_dim);
-    if (c->arch == ARCH_GEMMA3) {
+    if (c->arch == ARCH_GEMMA4) {
+        if (gemma4_from_gguf(&m, path, c, e) < 0)
+            return -1;
+        *llama_scale = 1.0;   /* f_attention_scale */
+    } else if (c->arch == ARCH_GEMMA3) {
         c->embed_scale = sqrtf((float)c->hidden);
         c->sliding_window = (int)meta_num(&m, "attention.sliding_window", 0, NULL);
         if (c->sliding_window > 0) {
@@ -455,6 +588,8 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     /* Gemma 3: the model's scale (the recorder divides q by what llama.cpp
      * folded beyond its own); every other model: llama.cpp's. */
     c->attn_scale = c->arch == ARCH_GEMMA3 ? 1.0 / sqrt(c->query_pre_attn_scalar) : *llama_scale;
+    if (c->arch == ARCH_GEMMA4)
+        return 0;   /* no RoPE scaling: rope_freqs carries the proportional RoPE */
     bool f_rs;
     double rs = meta_num(&m, "rope.scaling.factor", 0, &f_rs);
     int64_t kt = meta_key(&m, "rope.scaling.type");
@@ -519,7 +654,7 @@ typedef struct {
     char err[512];
 } recorder;
 
-typedef enum { MAP_NONE, MAP_EMIT, MAP_PENDING_V, MAP_PENDING_PROJ } map_kind;
+typedef enum { MAP_NONE, MAP_EMIT, MAP_PENDING_V, MAP_PENDING_PROJ, MAP_PLE } map_kind;
 
 typedef struct {
     map_kind kind;
@@ -557,11 +692,57 @@ static int weight_layer(const struct ggml_tensor *w, const char *what)
 }
 
 /* Where a graph node goes (docs/recorders.md has the table). */
+/* Gemma 4's graph names (llama_model_gemma4::graph). */
+static mapping map_gemma4(const recorder *r, const struct ggml_tensor *t, const char *base,
+                          int il)
+{
+    mapping m = {MAP_EMIT, STAGE_X_IN, il};
+    (void)r;
+    if (il < 0) {
+        if (!strcmp(base, "inp_scaled"))
+            m.stage = STAGE_EMBED;
+        else if (!strcmp(base, "inp_per_layer"))
+            m = (mapping){MAP_PLE, STAGE_PLE_IN, -1};
+        else if (!strcmp(base, "result_norm"))
+            m.stage = STAGE_FINAL_NORM;
+        else if (!strcmp(base, "result_output"))
+            m.stage = STAGE_LOGITS;
+        else
+            m.kind = MAP_NONE;
+        return m;
+    }
+    if (!strcmp(base, "attn_norm"))
+        m.stage = STAGE_ATTN_NORM;
+    else if (!strcmp(base, "Qcur_pos") && t->op == GGML_OP_ROPE)
+        m.stage = STAGE_Q;
+    else if (!strcmp(base, "Kcur_pos") && t->op == GGML_OP_ROPE)
+        m.stage = STAGE_K;
+    else if (!strcmp(base, "Vcur_normed"))
+        m.stage = STAGE_V;
+    else if (!strcmp(base, "kqv_out"))
+        m.stage = STAGE_ATTN_OUT;
+    else if (!strcmp(base, "attn_post_norm"))
+        m.stage = STAGE_ATTN_PROJ;
+    else if (!strcmp(base, "attn_out"))
+        m.stage = STAGE_H_MID;
+    else if (!strcmp(base, "ffn_norm"))
+        m.stage = STAGE_FFN_NORM;
+    else if (!strcmp(base, "ffn_post_norm"))
+        m.stage = STAGE_FFN_OUT;
+    else if (!strcmp(base, "per_layer_embd_out"))
+        m.stage = STAGE_PLE_OUT;
+    else if (!strcmp(base, "l_out"))
+        m.stage = STAGE_X_OUT;
+    else
+        m.kind = MAP_NONE;
+    return m;
+}
+
 static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
 {
     mapping m = {MAP_NONE, STAGE_X_IN, -1};
     char base[64];
-    const bool gemma = r->cfg->arch == ARCH_GEMMA3;
+    const bool gemma = r->cfg->arch == ARCH_GEMMA3 || r->cfg->arch == ARCH_GEMMA4;
     /* Qwen2 names no tensor after o_proj (and its nodes no layer): take
      * the product with (and the sum with the bias of) blk.<il>.attn_output;
      * a node named after it comes later and wins (llama's "attn_out"). */
@@ -575,6 +756,8 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     int il = split_name(ggml_get_name(t), base, sizeof base);
     if (il >= r->cfg->n_layers)
         return m;
+    if (r->cfg->arch == ARCH_GEMMA4)
+        return map_gemma4(r, t, base, il);
     m.layer = il;
     m.kind = MAP_EMIT;
     if (il < 0) {
@@ -613,12 +796,14 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     return m;
 }
 
-static int stage_cols(const recorder *r, kv_stage s)
+static int stage_cols(const recorder *r, kv_stage s, int layer)
 {
     const kv_config *c = r->cfg;
+    const int D = config_layer_head_dim(c, layer);
     switch (s) {
-    case STAGE_Q: case STAGE_ATTN_OUT: return c->n_heads * c->head_dim;
-    case STAGE_K: case STAGE_V: return c->n_kv_heads * c->head_dim;
+    case STAGE_Q: case STAGE_ATTN_OUT: return c->n_heads * D;
+    case STAGE_K: case STAGE_V: return config_layer_kv_heads(c, layer) * D;
+    case STAGE_PLE_IN: return c->per_layer_dim;
     case STAGE_LOGITS: return r->V;
     default: return c->hidden;
     }
@@ -717,7 +902,7 @@ static void unpermute_rows(recorder *r, float *rows, int nrows, int cols)
 static bool emit_rows(recorder *r, kv_stage st, int layer, const float *rows, int nrows)
 {
     int64_t *next = &r->next[st][layer + 1];
-    kv_event ev = {st, layer, *next, nrows, stage_cols(r, st), rows};
+    kv_event ev = {st, layer, *next, nrows, stage_cols(r, st, layer), rows};
     *next += nrows;
     if (r->obs->emit(r->obs, &ev))
         return rec_fail(r, "the dump writer stopped the run");
@@ -744,8 +929,42 @@ static bool keep_pending(recorder *r, pending *p, const float *rows, int nrows, 
     return true;
 }
 
+/* Gemma 4's inp_per_layer, [P, L, T] (P fastest): layer l's P values of
+ * token t at (l + L t) P; each layer's rows go to its ple_in. */
+static bool emit_ple(recorder *r, const struct ggml_tensor *t)
+{
+    const int P = r->cfg->per_layer_dim, L = r->cfg->n_layers;
+    int64_t n = 0;
+    if (P <= 0 || !read_tensor(r, t, &n))
+        return P <= 0 ? rec_fail(r, "inp_per_layer in a model without per-layer inputs") : false;
+    if (n % ((int64_t)P * L))
+        return rec_fail(r, "inp_per_layer holds %lld values, not rows of %d x %d layers",
+                        (long long)n, P, L);
+    const int64_t T = n / ((int64_t)P * L);
+    float *rows = malloc((size_t)(T * P) * sizeof *rows);
+    if (!rows)
+        return rec_fail(r, "out of memory");
+    bool ok = true;
+    for (int l = 0; ok && l < L; l++) {
+        if (r->obs->wants && !r->obs->wants(r->obs, STAGE_PLE_IN, l))
+            continue;
+        for (int64_t tok = 0; tok < T; tok++)
+            memcpy(rows + tok * P, r->buf + (l + L * tok) * P, (size_t)P * sizeof *rows);
+        ok = emit_rows(r, STAGE_PLE_IN, l, rows, (int)T);
+    }
+    free(rows);
+    return ok;
+}
+
 static bool wanted(recorder *r, kv_stage st, int layer)
 {
+    /* Gemma 4's per-layer inputs come for every layer at once. */
+    if (st == STAGE_PLE_IN && layer < 0) {
+        for (int l = 0; l < r->cfg->n_layers; l++)
+            if (wanted(r, STAGE_PLE_IN, l))
+                return true;
+        return false;
+    }
     return !r->obs->wants || r->obs->wants(r->obs, st, layer) ||
            (st == STAGE_X_OUT && layer + 1 < r->cfg->n_layers &&
             r->obs->wants(r->obs, STAGE_X_IN, layer + 1)) ||
@@ -773,7 +992,9 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
         return false;
     if (ask)
         return true;
-    const int cols = stage_cols(r, m.stage);
+    if (m.kind == MAP_PLE)
+        return emit_ple(r, t);
+    const int cols = stage_cols(r, m.stage, m.layer);
     int64_t n = 0;
     if (!read_tensor(r, t, &n))
         return false;
@@ -1236,6 +1457,8 @@ int main(int argc, char **argv)
     if (!o.hf_dir) {
         /* The vocabulary size is llama.cpp's (the GGUF may not state it). */
         cfg.vocab = r->V;
+        if (cfg.per_layer_dim > 0)
+            cfg.per_layer_vocab = cfg.vocab;   /* llama.cpp's table has a row a token */
         if (config_validate(&cfg, &e) < 0) {
             kv_err_prefix(&e, o.gguf);
             goto fail;
