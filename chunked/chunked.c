@@ -432,7 +432,7 @@ static void set_rope_positions(chk_engine *c, int64_t s, int n)
     }
 }
 
-static int run_chunk(chk_engine *c, const int32_t *tokens, int n, bool last, float *logits,
+static int chunk_forward(chk_engine *c, const int32_t *tokens, int n, bool last, float *logits,
                      kv_err *e)
 {
     const kv_config *cfg = &c->m->cfg;
@@ -503,7 +503,7 @@ static int chk_forward(kv_engine *self, const int32_t *tokens, int n, float *log
         c->prefill_len = n;
     for (int i = 0; i < n; i += step) {
         int k = n - i < step ? n - i : step;
-        int rc = run_chunk(c, tokens + i, k, i + k == n, logits, e);
+        int rc = chunk_forward(c, tokens + i, k, i + k == n, logits, e);
         if (rc != 0)
             return rc;
     }

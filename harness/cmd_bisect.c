@@ -102,7 +102,8 @@ static int record(const run_opts *o, const dump_opts *d, const char *path, const
     run_progress bar;
     obs = run_progress_attach(&bar, obs, &m->cfg, cut ? d->pos_hi + 1 : ctx, "positions", true);
     progress_phase(&bar.bar, phase);
-    kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
+    engine_spec spec = run_engine_spec(o);
+    kv_engine *eng = engine_create(&spec, m, kc, ctx, obs, e);
     if (!eng) {
         run_progress_end(&bar);
         dump_close(w, "engine could not start", NULL);

@@ -138,7 +138,8 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
         return -1;
     run_progress bar;
     kv_observer *obs = run_progress_attach(&bar, w ? dump_observer(w) : NULL, c, ctx, "positions", true);
-    kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
+    engine_spec spec = run_engine_spec(o);
+    kv_engine *eng = engine_create(&spec, m, kc, ctx, obs, e);
     if (!eng) {
         if (w)
             dump_close(w, "engine could not start", NULL);

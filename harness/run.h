@@ -8,7 +8,7 @@
 
 #include "cli.h"
 #include "progress.h"
-#include "../chunked/chunked.h"
+#include "../chunked/engines.h"
 #include "../compare/compare.h"
 #include "../dump/dump.h"
 #include "../model/generate.h"
@@ -57,13 +57,12 @@ void run_opts_reference(const run_opts *o, run_opts *ref);
 /* Cache positions the run needs, checked against the model; -1 on error. */
 long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e);
 
-/* The chunk the chunked engine uses for a run of ctx positions: --chunk,
- * or ctx when --chunk is longer (the whole prompt in one chunk). */
-int run_chunk(const run_opts *o, long ctx);
+/* The engine the options name, for engine_create (chunked/engines.h). */
+engine_spec run_engine_spec(const run_opts *o);
 
-/* The engine o names, emitting to obs (may be NULL). */
-kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
-                      kv_observer *obs, kv_err *e);
+/* The chunk the chunked engine uses for a run of ctx positions (for the
+ * settings it records and reports). */
+int run_effective_chunk(const run_opts *o, long ctx);
 
 /* Engine settings as JSON text (malloc'd): enough to re-run the same engine. */
 char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m, long ctx);

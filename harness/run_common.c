@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "run.h"
-#include "../reference/reference.h"
+#include "../chunked/engines.h"
 
 volatile sig_atomic_t run_stop_signal;
 
@@ -307,7 +307,7 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
     if (!strcmp(o->engine, "chunked")) {
         char inj[256];
         chk_injections_describe(&o->co.inj, inj, sizeof inj);
-        json_object_set_new(j, "chunk", json_integer(run_chunk(o, ctx)));
+        json_object_set_new(j, "chunk", json_integer(run_effective_chunk(o, ctx)));
         json_object_set_new(j, "cache", json_string(chk_cache_name(o->co.cache)));
         json_object_set_new(j, "attention", json_string(o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade"));
         json_object_set_new(j, "kv_share", json_string(chk_share_name(o->co.share)));
@@ -344,25 +344,15 @@ long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e)
     return ctx;
 }
 
-int run_chunk(const run_opts *o, long ctx)
+engine_spec run_engine_spec(const run_opts *o)
 {
-    /* A chunk longer than the whole run prefills the prompt in one chunk:
-     * what --chunk 64 means to a user with a 40-token prompt, and the
-     * same computation as any chunk of at least the context. */
-    return o->co.chunk > ctx ? (int)ctx : o->co.chunk;
+    return (engine_spec){.name = o->engine, .prefill_step = o->prefill_step, .chunked = o->co};
 }
 
-kv_engine *run_engine(const run_opts *o, const kv_model *m, const kern_ctx *kc, long ctx,
-                      kv_observer *obs, kv_err *e)
+int run_effective_chunk(const run_opts *o, long ctx)
 {
-    if (!strcmp(o->engine, "chunked")) {
-        chk_opts co = o->co;
-        co.max_ctx = (int)ctx;
-        co.chunk = run_chunk(o, ctx);
-        return chk_create(m, kc, &co, obs, e);
-    }
-    ref_opts ro = {.max_ctx = (int)ctx, .prefill_step = o->prefill_step};
-    return ref_create(m, kc, &ro, obs, e);
+    engine_spec s = run_engine_spec(o);
+    return engine_chunked_opts(&s, ctx).chunk;
 }
 
 dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts *d,
@@ -371,13 +361,9 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
 {
     /* An engine that will refuse these options must not leave a dump
      * behind (nor truncate one already at path): check them first. */
-    if (!strcmp(o->engine, "chunked")) {
-        chk_opts co = o->co;
-        co.max_ctx = (int)ctx;
-        co.chunk = run_chunk(o, ctx);
-        if (chk_opts_check(&co, &m->cfg, e) < 0)
-            return NULL;
-    }
+    engine_spec spec = run_engine_spec(o);
+    if (engine_check(&spec, &m->cfg, ctx, e) < 0)
+        return NULL;
     char *settings = run_settings_json(o, kc, m, ctx);
     dump_meta meta = {.engine = o->engine, .engine_settings = settings ? settings : "{}",
                       .cfg = &m->cfg, .weight_fingerprint = m->fingerprint, .seed = o->po.seed,

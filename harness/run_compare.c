@@ -129,7 +129,8 @@ static int record_run(const run_opts *o, const kv_model *m, const kern_ctx *kc, 
     run_progress bar;
     obs = run_progress_attach(&bar, obs, &m->cfg, ctx, check ? "positions (test)" : "positions (ref)",
                               !o->quiet);
-    kv_engine *eng = run_engine(o, m, kc, ctx, obs, e);
+    engine_spec spec = run_engine_spec(o);
+    kv_engine *eng = engine_create(&spec, m, kc, ctx, obs, e);
     if (!eng) {
         run_progress_end(&bar);
         if (w)
@@ -217,7 +218,7 @@ static void describe_run(const run_opts *o, long ctx, char *buf, size_t n)
     }
     char inj[256];
     chk_injections_describe(&o->co.inj, inj, sizeof inj);
-    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", run_chunk(o, ctx),
+    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", run_effective_chunk(o, ctx),
              chk_cache_name(o->co.cache), o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade",
              chk_share_name(o->co.share), strcmp(inj, "none") ? " inject=" : "",
              strcmp(inj, "none") ? inj : "");
