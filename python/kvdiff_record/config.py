@@ -31,6 +31,14 @@ def model_config_from_hf(folder_or_config):
     on what kvdiff would refuse too."""
     cfg, name = _load(folder_or_config)
     mt = cfg.get("model_type")
+    if mt == "gemma4":
+        tc = cfg.get("text_config")
+        if not isinstance(tc, dict):
+            raise RecorderError(f"{name}: text_config is missing (model_type gemma4 nests the "
+                                f"text model there)")
+        cfg, mt = tc, "gemma4_text"
+    if mt == "gemma4_text":
+        return _gemma4(cfg, name)
     if mt == "gemma3":
         tc = cfg.get("text_config")
         if not isinstance(tc, dict):
@@ -87,6 +95,78 @@ def model_config_from_hf(folder_or_config):
     if scaling:
         out["rope_scaling"] = scaling
     return out
+
+
+def _gemma4(cfg, name):
+    """gemma4_text as kvdiff reads it (model/config.c): sliding layers with
+    head_dim and num_key_value_heads, full ones with global_head_dim and
+    num_global_key_value_heads (or per_layer_config), proportional RoPE on
+    full layers, scores scaled by 1, kv_owner from num_kv_shared_layers
+    and the layer types, per-layer inputs. MoE models are refused."""
+    def need(key):
+        v = cfg.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise RecorderError(f"{name}: {key} is missing or not a positive integer "
+                                f"(gemma4_text has no default)")
+        return v
+
+    if cfg.get("enable_moe_block") or cfg.get("num_experts"):
+        raise RecorderError(f"{name}: Gemma 4's mixture-of-experts models are not supported "
+                            f"(enable_moe_block / num_experts; dense E2B/E4B-style only)")
+    hidden, layers = need("hidden_size"), need("num_hidden_layers")
+    heads, kv = need("num_attention_heads"), need("num_key_value_heads")
+    types = cfg.get("layer_types")
+    if not isinstance(types, list) or len(types) != layers or any(
+            t not in ("sliding_attention", "full_attention") for t in types):
+        raise RecorderError(f"{name}: layer_types must list {layers} layers, each "
+                            f"sliding_attention or full_attention")
+    head_dim = int(cfg.get("head_dim") or 256)
+    plc = cfg.get("per_layer_config") or {}
+
+    def full_layer_value(key):
+        for i, t in enumerate(types):
+            v = (plc.get(str(i)) or {}).get(key) if isinstance(plc, dict) else None
+            if t == "full_attention" and v:
+                return int(v)
+        return None
+
+    head_full = int(cfg.get("global_head_dim") or full_layer_value("head_dim") or head_dim)
+    kv_full = int(cfg.get("num_global_key_value_heads") or
+                  full_layer_value("num_key_value_heads") or kv)
+    for what, n in (("num_key_value_heads", kv), ("num_global_key_value_heads", kv_full)):
+        if heads % n:
+            raise RecorderError(f"{name}: {what} is {n}, which does not divide "
+                                f"num_attention_heads {heads}")
+    rp = cfg.get("rope_parameters") or {}
+    full = rp.get("full_attention") or {"rope_type": "proportional",
+                                        "partial_rotary_factor": 0.25}
+    slide = rp.get("sliding_attention") or {}
+    partial = float(full.get("partial_rotary_factor", 1.0)) \
+        if full.get("rope_type", "default") == "proportional" else 1.0
+    window = 0
+    if "sliding_attention" in types:
+        w = cfg.get("sliding_window")
+        if not isinstance(w, int) or w <= 0:
+            raise RecorderError(f"{name}: sliding_window is missing but layer "
+                                f"{types.index('sliding_attention')} is a sliding_attention layer")
+        window = w
+    per_layer = int(cfg.get("hidden_size_per_layer_input") or 0)
+    vocab = need("vocab_size")
+    return {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+            "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
+            "sliding_window": window, "layer_types": list(types),
+            "kv_owner": _kv_owner(cfg, name, True, types),
+            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+            "rope_theta": float(full.get("rope_theta", 1e6)),
+            "rope_local_base_freq": float(slide.get("rope_theta", _GEMMA_LOCAL_THETA)),
+            "attn_scale": 1.0, "global_head_dim": head_full,
+            "num_global_key_value_heads": kv_full, "partial_rotary_factor_full": partial,
+            "attention_k_eq_v": bool(cfg.get("attention_k_eq_v", False)),
+            "use_double_wide_mlp": bool(cfg.get("use_double_wide_mlp", False)),
+            "hidden_size_per_layer_input": per_layer,
+            "vocab_size_per_layer_input": int(cfg.get("vocab_size_per_layer_input") or vocab)
+            if per_layer else 0}
 
 
 def _any_architecture(cfg, name, mt):
@@ -224,7 +304,7 @@ def _kv_owner(cfg, name, gemma, types):
     shared = int(cfg.get("num_kv_shared_layers") or 0)
     if shared and not gemma:
         raise RecorderError(f"{name}: num_kv_shared_layers is {shared}; KV sharing is read for "
-                            f"gemma3_text only")
+                            f"gemma3_text and gemma4_text only")
     if shared >= n and shared:
         raise RecorderError(f"{name}: num_kv_shared_layers is {shared} but the model has {n} "
                             f"layers")

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(ROOT, "python", "examples"))
 
 from kvdiff_record import (LAYER_STAGES, Recorder, RecorderError,  # noqa: E402
                            from_interleaved_rope, heads_first, model_config_from_hf,
-                           ring_rows, unpad_head_dim)
+                           ring_rows, stage_width, unpad_head_dim)
 
 # The stages of a model without Gemma 4's per-layer inputs.
 PLAIN_STAGES = tuple(st for st in LAYER_STAGES if st not in ("ple_in", "ple_out"))
@@ -38,7 +38,7 @@ class Base(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2"):
+                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2", "tiny-gemma4"):
             rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
             assert rc == 0, out
         cls.ref = os.path.join(cls.dir, "ref.h5")
@@ -68,7 +68,7 @@ class Base(unittest.TestCase):
 class TestRecorder(Base):
     def test_config_matches_kvdiff(self):
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
-                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2"):
+                       "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2", "tiny-gemma4"):
             dump = self.path(f"cfg-{preset}.h5")
             rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
                              "--max-new", "1", "--dump", dump)
@@ -76,6 +76,59 @@ class TestRecorder(Base):
             with h5py.File(dump, "r") as f:
                 theirs = json.loads(f.attrs["model_config"])
             self.assertEqual(model_config_from_hf(self.path(preset)), theirs, preset)
+
+    def test_config_gemma4(self):
+        """Gemma 4 nested or flat, per_layer_config for the full layers'
+        sizes, kv_owner from the layer types; MoE refused."""
+        with open(self.path("tiny-gemma4/config.json")) as f:
+            text = json.load(f)
+        flat = model_config_from_hf(text)
+        self.assertEqual(flat["kv_owner"], list(range(8)) + [6, 6, 6, 7])
+        self.assertEqual((flat["global_head_dim"], flat["num_global_key_value_heads"]), (64, 1))
+        self.assertEqual(flat["attn_scale"], 1.0)
+        nested = model_config_from_hf({"model_type": "gemma4", "text_config": text})
+        self.assertEqual(nested, flat)
+        alt = dict(text)
+        del alt["global_head_dim"], alt["num_global_key_value_heads"]
+        alt["per_layer_config"] = {"3": {"head_dim": 64, "num_key_value_heads": 1}}
+        self.assertEqual(model_config_from_hf(alt), flat)
+        self.assertEqual(stage_width(flat, "q", 3), 4 * 64)
+        self.assertEqual(stage_width(flat, "k", 0), 2 * 32)
+        self.assertEqual(stage_width(flat, "ple_in", 0), 16)
+        with self.assertRaisesRegex(RecorderError, "mixture-of-experts"):
+            model_config_from_hf(dict(text, enable_moe_block=True))
+        with self.assertRaisesRegex(RecorderError, "num_kv_shared_layers is 12 but the model "
+                                                   "has 12 layers"):
+            model_config_from_hf(dict(text, num_kv_shared_layers=12))
+        with self.assertRaisesRegex(RecorderError, "no per-layer inputs"):
+            stage_width(self.cfg_llama(), "ple_in", 0)
+
+    def test_gemma4_rows_compare_identical(self):
+        """A Gemma 4 recording made with the recorder from kvdiff's own rows
+        (per-layer widths, shared layers without k/v, the per-layer input
+        stages) is what kvdiff wrote: compare says identical."""
+        ref, out = self.path("g4-ref.h5"), self.path("g4-copy.h5")
+        rc, text = kvdiff("run", "--model", self.path("tiny-gemma4"), "--prompt-random", "14",
+                          "--max-new", "3", "--dump", ref)
+        self.assertEqual(rc, 0, text)
+        cfg = model_config_from_hf(self.path("tiny-gemma4"))
+        with h5py.File(ref, "r") as f:
+            with Recorder(out, cfg, engine="pytorch", settings={"cache": "dense"}) as rec:
+                self.copy_header(rec, f)
+                for layer in range(12):
+                    for st in LAYER_STAGES:
+                        if st in f[f"layers/{layer}"]:
+                            rec.rows(layer, st, 0, f[f"layers/{layer}/{st}"][:])
+                    if layer >= 8:
+                        with self.assertRaisesRegex(RecorderError, "k"):
+                            rec.rows(layer, "k", 0, f["layers/0/k"][:])
+                rec.model_rows("embed", 0, f["model/embed"][:])
+        rc, text = kvdiff("compare", ref, out)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("identical", text)
+
+    def cfg_llama(self):
+        return model_config_from_hf(self.path("tiny-llama"))
 
     def test_config_qwen3_head_dim_default(self):
         # Qwen3Config: head_dim 128 when absent, not hidden / heads (16 here).
