@@ -29,9 +29,10 @@ static void gen_usage(FILE *f)
             "row order, Gemma's (1 + w) norms, the attention scale, sliding window,\n"
             "layer pattern and RoPE settings as llama.cpp's own converter writes\n"
             "them (docs/gguf-export.md). With --from DIR it exports that Hugging\n"
-            "Face folder (llama, qwen2, qwen3, gemma3) instead of a preset, with the\n"
-            "tokens of its tokenizer.json. Models llama.cpp cannot run as kvdiff\n"
-            "does (KV-shared layers: tiny-gemma3-kvshared) are refused.\n"
+            "Face folder (llama, qwen2, qwen3, gemma3, gemma4) instead of a preset,\n"
+            "with the tokens of its tokenizer.json. Models llama.cpp cannot run as\n"
+            "kvdiff does (Gemma 3 with KV-shared layers: tiny-gemma3-kvshared; a\n"
+            "Gemma 4 whose sharing llama.cpp would wire otherwise) are refused.\n"
             "\n"
             "  --preset NAME   one of:");
     for (const char *const *p = config_preset_names(); *p; p++)
