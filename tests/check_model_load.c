@@ -48,6 +48,57 @@ static const struct {
     {"tiny-gemma3-kvshared", 1, 0xe6a8b889f46b1415ull},
 };
 
+/* config.json of dir with `from` replaced by `to` (once). */
+static void edit_config(const char *dir, const char *from, const char *to)
+{
+    char path[512], buf[8192], next[8400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *at = strstr(buf, from);
+    ck_assert_msg(at != NULL, "%s: no '%s'", path, from);
+    snprintf(next, sizeof next, "%.*s%s%s", (int)(at - buf), buf, to, at + strlen(from));
+    f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(next, f);
+    fclose(f);
+}
+
+/* Gemma 4 folders kvdiff refuses in one line, exit 2: a per-layer input
+ * table of another shape than config.json implies, a MoE config, more
+ * shared layers than layers. */
+START_TEST(test_gemma4_bad_folders)
+{
+    static const struct { const char *from, *to, *expect; } cases[] = {
+        {"\"hidden_size_per_layer_input\": 16", "\"hidden_size_per_layer_input\": 8",
+         "tensor 'model.embed_tokens_per_layer.weight' has shape [256, 192] but config.json "
+         "implies [256, 96]"},
+        {"\"enable_moe_block\": false", "\"enable_moe_block\": true",
+         "enable_moe_block is true; Gemma 4's mixture-of-experts block is not supported"},
+        {"\"num_kv_shared_layers\": 4", "\"num_kv_shared_layers\": 13",
+         "num_kv_shared_layers is 13 but the model has 12 layers"},
+    };
+    char dir[64], args[600], out[4096];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --preset tiny-gemma4 -o %s/hf", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "%s/hf", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        edit_config(args, cases[i].from, cases[i].to);
+        char cmd[800];
+        snprintf(cmd, sizeof cmd, "run --model %s --prompt-random 4 --max-new 1", args);
+        ck_assert_int_eq(test_run_cli(cmd, out, sizeof out), 2);
+        ck_assert_msg(strstr(out, cases[i].expect), "expected '%s' in: %s", cases[i].expect, out);
+        ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+        edit_config(args, cases[i].to, cases[i].from);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* On one thread, then on a pool of three (rows drawn by blocks on every
  * thread, the file written by a thread of its own): the same bytes. */
 START_TEST(test_gen_bytes_unchanged)
@@ -253,6 +304,7 @@ Suite *model_load_suite(void)
     tcase_add_loop_test(tc, test_load_on_pool_same_model, 0,
                         2 * (int)(sizeof presets / sizeof *presets));
     tcase_add_test(tc, test_nonfinite_counted_on_pool);
+    tcase_add_test(tc, test_gemma4_bad_folders);
     suite_add_tcase(s, tc);
     return s;
 }
