@@ -23,7 +23,9 @@
 #   or "llama.cpp-prebuilt"). Without either it times kvdiff alone and says
 #   why llama.cpp was skipped (LLAMA_SKIP, set by `make bench`).
 # Environment: BENCH_ROUNDS (3), BENCH_THREADS (2), BENCH_PP (512),
-#   BENCH_TG (128), BENCH_PRESET (qwen2.5-0.5b-shape), KVDIFF (./kvdiff),
+#   BENCH_TG (128), BENCH_PRESET (qwen2.5-0.5b-shape), BENCH_DTYPES ("f32 bf16";
+#   "bf16" alone for a model whose f32 copies do not fit twice in memory,
+#   gemma4-e2b-shape), KVDIFF (./kvdiff),
 #   BENCH_PP_TG (build/bench/bench_pp_tg).
 set -eu
 tsv=$1
@@ -40,6 +42,7 @@ threads=${BENCH_THREADS:-2}
 pp=${BENCH_PP:-512}
 tg=${BENCH_TG:-128}
 rounds=${BENCH_ROUNDS:-3}
+dtypes=${BENCH_DTYPES:-f32 bf16}
 kvdiff=${KVDIFF:-./kvdiff}
 kv=${BENCH_PP_TG:-build/bench/bench_pp_tg}
 kernels=${BENCH_KERNELS:-build/bench/bench_kernels}
@@ -50,7 +53,7 @@ trap 'rm -rf "$tmp"' EXIT INT TERM
 if [ -n "$llama" ]; then
     # Exported afresh each time: a GGUF left from another commit could hold
     # other weights than the preset kvdiff draws now.
-    for dt in f32 bf16; do
+    for dt in $dtypes; do
         "$kvdiff" gen --preset "$preset" --dtype "$dt" --gguf "$tmp/$dt.gguf" >/dev/null
     done
 fi
@@ -88,7 +91,7 @@ run() {
 }
 r=1
 while [ "$r" -le "$rounds" ]; do
-    for dt in f32 bf16; do
+    for dt in $dtypes; do
         run kvdiff "$dt" "$kv" "$preset" "$dt" "$threads" "$pp" "$tg"
         if [ "$build" = native ]; then
             run llama.cpp "$dt" llama_bench "$tmp/$dt.gguf" "$threads" "$pp" "$tg"
@@ -104,7 +107,7 @@ done
 # measured now (bench_kernels roof), after the rounds, on the same machine.
 roof=$("$kernels" roof 2>/dev/null | awk '/2 threads/ { print $(NF - 1) }')
 : > "$tmp/bytes"
-for dt in f32 bf16; do
+for dt in $dtypes; do
     [ -f "$tmp/$dt.gguf" ] && echo "$dt $(wc -c < "$tmp/$dt.gguf")" >> "$tmp/bytes"
 done
 
@@ -112,7 +115,7 @@ head=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 date=$(date -u +%Y-%m-%dT%H:%M:%S)
 awk -v pp="$pp" -v tg="$tg" -v tsv="$tsv" -v head="$head" -v date="$date" \
     -v preset="$preset" -v threads="$threads" -v have_llama="${llama:+1}" \
-    -v lname="$llama_name" '
+    -v lname="$llama_name" -v dtypes="$dtypes" '
     { k = $1 " " $2 " " $3
       if (!(k in best) || $4 > best[k]) best[k] = $4
       if (!(k in low) || $4 < low[k]) low[k] = $4 }
@@ -121,8 +124,8 @@ awk -v pp="$pp" -v tg="$tg" -v tsv="$tsv" -v head="$head" -v date="$date" \
           printf "%-12s %18s %18s %7s\n", "figure", "kvdiff", lname, "ratio"
       else
           printf "%-12s %18s\n", "figure", "kvdiff"
-      split("f32 bf16", dts, " ")
-      for (i = 1; i <= 2; i++) for (j = 1; j <= 2; j++) {
+      nd = split(dtypes, dts, " ")
+      for (i = 1; i <= nd; i++) for (j = 1; j <= 2; j++) {
           dt = dts[i]; f = j == 1 ? "pp" : "tg"; n = j == 1 ? pp : tg
           kk = "kvdiff " dt " " f; lk = "llama.cpp " dt " " f
           kvs = sprintf("%.1f (%.1f-%.1f)", best[kk], low[kk], best[kk])
@@ -160,6 +163,9 @@ if [ -s "$tmp/bytes" ] && [ -n "$roof" ]; then
         END {
           printf "decode tg%d, weights streamed (GGUF bytes x tok/s) against the 2-thread read " \
                  "roof measured now, %.1f GB/s:\n", tg, roof
+          if (preset ~ /gemma4/)
+              printf "  (Gemma 4: the GGUF's per-layer table, gathered one row a token, is " \
+                     "counted as streamed: subtract it, vocab x layers x P x 2 bytes in bf16)\n"
           printf "%s\t%s\tread roof\t-\t-\t%d\tread_roof_GB_s\t%.1f\n", date, head, threads,
                  roof >> tsv
           split("f32 bf16", dts, " ")

@@ -169,28 +169,51 @@ class Faults:
 
 
 class RMSNorm(nn.Module):
-    """gemma: Gemma's (1 + w), the statistics and the product in float32,
-    rounded once (Gemma3RMSNorm); else Llama's: the normalized row rounded
-    to the dtype, then times the weight in the dtype (LlamaRMSNorm)."""
+    """gemma True: Gemma 3's (1 + w), the statistics and the product in
+    float32, rounded once (Gemma3RMSNorm); "gemma4": the weight as stored,
+    rounded once, and with_scale False no weight at all (Gemma4RMSNorm, its
+    v_norm); else Llama's: the normalized row rounded to the dtype, then
+    times the weight in the dtype (LlamaRMSNorm)."""
 
-    def __init__(self, dim, eps, gemma, prec):
+    def __init__(self, dim, eps, gemma, prec, with_scale=True):
         super().__init__()
-        self.weight = nn.Parameter(torch.zeros(dim))
+        self.weight = nn.Parameter(torch.zeros(dim)) if with_scale else None
         self.eps, self.gemma, self.prec = eps, gemma, prec
 
     def forward(self, x):
         y = x * torch.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
+        if self.weight is None:
+            return self.prec.rnd(y)
+        if self.gemma == "gemma4":
+            return self.prec.rnd(y * self.weight)
         if self.gemma:
             return self.prec.rnd(y * (1.0 + self.weight))
         return self.prec.rnd(self.weight * self.prec.rnd(y))
 
 
-def rope_tables(positions, theta, d, prec, scaling=None):
+def norm_kind(arch):
+    """RMSNorm's gemma argument for a model_type."""
+    return "gemma4" if arch == "gemma4_text" else arch == "gemma3_text"
+
+
+def layer_dims(c, i):
+    """Head size and KV heads of layer i (Gemma 4's full layers have their
+    own) and whether its v is k's projection (attention_k_eq_v)."""
+    if c["layer_types"][i] == "full_attention" and c.get("global_head_dim"):
+        return (c["global_head_dim"], c["num_global_key_value_heads"],
+                bool(c.get("attention_k_eq_v")))
+    return c["head_dim"], c["num_key_value_heads"], False
+
+
+def rope_tables(positions, theta, d, prec, scaling=None, partial=1.0):
     """cos, sin [T, D] of rotate-half RoPE; angles in double (DESIGN.md),
     cast to the dtype as transformers casts them to the query's. scaling:
     model_config's rope_scaling (linear, or llama3's band-wise frequency
-    scaling)."""
+    scaling); partial < 1: Gemma 4's proportional RoPE, the first partial x
+    D/2 pairs at theta^(-2j/D), the others at frequency 0 (unrotated)."""
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if partial < 1.0:
+        inv[int(partial * d // 2):] = 0.0
     if scaling and scaling["rope_type"] == "linear":
         inv = inv / scaling["factor"]
     elif scaling and scaling["rope_type"] == "llama3":
@@ -270,8 +293,8 @@ class DynamicCache:
 class Attention(nn.Module):
     def __init__(self, c, arch, prec, attn, layer_idx):
         super().__init__()
-        h, kv, d, e = (c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
-                       c["hidden_size"])
+        h, e = c["num_attention_heads"], c["hidden_size"]
+        d, kv, self.k_eq_v = layer_dims(c, layer_idx)
         self.h, self.kv, self.d = h, kv, d
         self.layer_idx = layer_idx
         self.owner = c["kv_owner"][layer_idx]
@@ -279,13 +302,19 @@ class Attention(nn.Module):
         self.q_proj = Linear(e, h * d, bias, prec)
         if self.owner == layer_idx:   # a KV-shared layer has no k and v of its own
             self.k_proj = Linear(e, kv * d, bias, prec)
-            self.v_proj = Linear(e, kv * d, bias, prec)
+            if not self.k_eq_v:       # Gemma 4's K=V layers take v from k_proj
+                self.v_proj = Linear(e, kv * d, bias, prec)
         self.o_proj = Linear(h * d, e, False, prec)
-        self.qk_norm = arch in ("gemma3_text", "qwen3")
+        self.qk_norm = arch in ("gemma3_text", "qwen3", "gemma4_text")
+        kind = norm_kind(arch)
         if self.qk_norm:
-            self.q_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
+            self.q_norm = RMSNorm(d, c["rms_norm_eps"], kind, prec)
             if self.owner == layer_idx:
-                self.k_norm = RMSNorm(d, c["rms_norm_eps"], arch == "gemma3_text", prec)
+                self.k_norm = RMSNorm(d, c["rms_norm_eps"], kind, prec)
+        if arch == "gemma4_text" and self.owner == layer_idx:
+            self.v_norm = RMSNorm(d, c["rms_norm_eps"], kind, prec, with_scale=False)
+        full = c["layer_types"][layer_idx] == "full_attention"
+        self.partial = float(c.get("partial_rotary_factor_full", 1.0)) if full else 1.0
         self.q_rope = nn.Identity()   # q after RoPE [1, T, heads*D]: the hooks' tap
         self.prec, self.attn = prec, attn
         self.scaling = c.get("rope_scaling")   # global layers' RoPE scaling
@@ -299,7 +328,9 @@ class Attention(nn.Module):
         if self.owner != self.layer_idx:
             return q, None, None
         k = self.k_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
-        v = self.v_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
+        v = k if self.k_eq_v else self.v_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
+        if hasattr(self, "v_norm"):
+            v = self.v_norm(v)
         if self.qk_norm:
             k = self.k_norm(k)
         return q, k, v
@@ -315,7 +346,8 @@ class Attention(nn.Module):
     def forward(self, x, positions, cache, theta, window, scale, visible):
         t, p = x.shape[1], self.prec
         q, k, v = self.project(x, t)
-        cos, sin = rope_tables(positions, theta, self.d, p, None if window else self.scaling)
+        cos, sin = rope_tables(positions, theta, self.d, p, None if window else self.scaling,
+                               self.partial)
         q, k = self.rotate(q, k, cos, sin)
         self.q_rope(q[0].transpose(0, 1).reshape(1, t, self.h * self.d))
         layer = cache.layers[self.owner]
@@ -350,9 +382,9 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, c, gemma, prec):
+    def __init__(self, c, gemma, prec, wide=False):
         super().__init__()
-        e, i = c["hidden_size"], c["intermediate_size"]
+        e, i = c["hidden_size"], c["intermediate_size"] * (2 if wide else 1)
         self.gate_proj = Linear(e, i, False, prec)
         self.up_proj = Linear(e, i, False, prec)
         self.down_proj = Linear(i, e, False, prec)
@@ -368,24 +400,42 @@ class MLP(nn.Module):
 class Layer(nn.Module):
     def __init__(self, c, arch, prec, attn, layer_idx, attention=Attention):
         super().__init__()
-        eps, gemma = c["rms_norm_eps"], arch == "gemma3_text"
-        self.input_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
+        eps, kind = c["rms_norm_eps"], norm_kind(arch)
+        gemma = arch in ("gemma3_text", "gemma4_text")
+        e = c["hidden_size"]
+        self.input_layernorm = RMSNorm(e, eps, kind, prec)
         self.self_attn = attention(c, arch, prec, attn, layer_idx)
-        self.post_attention_layernorm = RMSNorm(c["hidden_size"], eps, gemma, prec)
+        self.post_attention_layernorm = RMSNorm(e, eps, kind, prec)
         if gemma:
-            self.pre_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True, prec)
-            self.post_feedforward_layernorm = RMSNorm(c["hidden_size"], eps, True, prec)
-        self.mlp = MLP(c, gemma, prec)
+            self.pre_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
+            self.post_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
+        shared = c["kv_owner"][layer_idx] != layer_idx
+        self.mlp = MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
+        self.ple = arch == "gemma4_text" and c.get("hidden_size_per_layer_input", 0) > 0
+        if self.ple:   # Gemma 4's per-layer input block and layer scalar
+            pl = c["hidden_size_per_layer_input"]
+            self.per_layer_input_gate = Linear(e, pl, False, prec)
+            self.per_layer_projection = Linear(pl, e, False, prec)
+            self.post_per_layer_input_norm = RMSNorm(e, eps, kind, prec)
+        if arch == "gemma4_text":
+            self.layer_scalar = nn.Parameter(torch.ones(1))
         self.gemma, self.prec = gemma, prec
 
-    def forward(self, x, positions, cache, theta, window, scale, visible):
+    def forward(self, x, positions, cache, theta, window, scale, visible, ple=None):
         r = self.prec.rnd
         a = self.self_attn(self.input_layernorm(x), positions, cache, theta, window, scale,
                            visible)
         if self.gemma:
             h = r(x + self.post_attention_layernorm(a))
-            return r(h + self.post_feedforward_layernorm(
+            out = r(h + self.post_feedforward_layernorm(
                 self.mlp(self.pre_feedforward_layernorm(h))))
+            if self.ple:
+                g = r(nn.functional.gelu(self.per_layer_input_gate(out), approximate="tanh"))
+                out = r(out + self.post_per_layer_input_norm(
+                    self.per_layer_projection(r(g * ple))))
+            if hasattr(self, "layer_scalar"):
+                out = r(out * self.layer_scalar)
+            return out
         h = r(x + a)
         return r(h + self.mlp(self.post_attention_layernorm(h)))
 
@@ -396,7 +446,27 @@ class Inner(nn.Module):
         self.embed_tokens = nn.Embedding(c["vocab_size"], c["hidden_size"])
         self.layers = nn.ModuleList([Layer(c, arch, prec, attn, i, attention)
                                      for i in range(c["num_hidden_layers"])])
-        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"], arch == "gemma3_text", prec)
+        self.norm = RMSNorm(c["hidden_size"], c["rms_norm_eps"], norm_kind(arch), prec)
+        pl = c.get("hidden_size_per_layer_input", 0) if arch == "gemma4_text" else 0
+        if pl:   # Gemma 4's per-layer inputs
+            n = pl * c["num_hidden_layers"]
+            self.embed_tokens_per_layer = nn.Embedding(c["vocab_size_per_layer_input"], n)
+            self.per_layer_model_projection = Linear(c["hidden_size"], n, False, prec)
+            self.per_layer_projection_norm = RMSNorm(pl, c["rms_norm_eps"], "gemma4", prec)
+        self.prec = prec
+
+    def per_layer_inputs(self, ids, x, c):
+        """Gemma 4: (table(ids) * sqrt(P) + norm(proj(x) * E^-1/2)) * 2^-1/2,
+        [1, T, L, P], each product and sum rounded to the dtype."""
+        r = self.prec.rnd
+        pl, n_layers = c["hidden_size_per_layer_input"], c["num_hidden_layers"]
+        tab = r(self.embed_tokens_per_layer(ids) *
+                r(torch.tensor(float(np.float32(math.sqrt(pl))))))
+        proj = r(self.per_layer_model_projection(x) *
+                 r(torch.tensor(float(np.float32(c["hidden_size"] ** -0.5)))))
+        proj = self.per_layer_projection_norm(proj.view(1, -1, n_layers, pl))
+        return r(r(proj + tab.view(1, -1, n_layers, pl)) *
+                 r(torch.tensor(float(np.float32(2 ** -0.5)))))
 
 
 class HFConfig(dict):
@@ -457,7 +527,7 @@ class TinyCausalLM(nn.Module):
         self.cache_kind = cache
         self.faults = Faults(faults, c["num_hidden_layers"])
         self.prompt_length = prompt_length
-        self.gemma = arch == "gemma3_text"
+        self.gemma = arch in ("gemma3_text", "gemma4_text")
         self.model = Inner(c, arch, self.prec, attn, attention)
         self.lm_head = Linear(c["hidden_size"], c["vocab_size"], False, self.prec)
         w = load_safetensors(os.path.join(folder, "model.safetensors"))
@@ -505,6 +575,9 @@ class TinyCausalLM(nn.Module):
         x = self.model.embed_tokens(input_ids)
         if self.gemma:
             x = p.rnd(x * self.embed_scale)
+        ple = (self.model.per_layer_inputs(input_ids, x, c)
+               if hasattr(self.model, "per_layer_inputs") and
+               hasattr(self.model, "embed_tokens_per_layer") else None)
         for i, layer in enumerate(self.model.layers):
             sliding = f.layer_type(c["layer_types"], i) == "sliding_attention"
             theta = c["rope_local_base_freq"] if sliding else c["rope_theta"]
@@ -513,7 +586,8 @@ class TinyCausalLM(nn.Module):
             if sliding and f.rope_local is not None:
                 theta = f.rope_local
             window = (f.window or c["sliding_window"]) if sliding else (f.global_window or 0)
-            x = layer(x, positions, cache, theta, window, c["attn_scale"], visible)
+            x = layer(x, positions, cache, theta, window, c["attn_scale"], visible,
+                      None if ple is None else ple[:, :, i])
         x = self.model.norm(x)
         if logits_to_keep:   # after the final norm, of every row, as transformers
             x = x[:, x.shape[1] - logits_to_keep:]

@@ -53,10 +53,19 @@ HF_GEMMA3_NAMES = dict(HF_LLAMA_NAMES, **{
 })
 
 
+# Gemma 4 (Gemma4TextDecoderLayer): Gemma 3's norms, and the per-layer
+# input block's output after post_per_layer_input_norm (ple_out); x_out,
+# the layer's output, is after its layer_scalar.
+HF_GEMMA4_NAMES = dict(HF_GEMMA3_NAMES, **{
+    "ple_out": ("model.layers.{i}.post_per_layer_input_norm", "out"),
+})
+
+
 def hf_names(model_type, prefix=""):
     """The default module-name map for a Hugging Face model_type, each name
     prefixed with `prefix` (e.g. "language_model." for a multimodal Gemma 3)."""
-    base = HF_GEMMA3_NAMES if model_type.startswith("gemma3") else HF_LLAMA_NAMES
+    base = HF_GEMMA4_NAMES if model_type.startswith("gemma4") else \
+        HF_GEMMA3_NAMES if model_type.startswith("gemma3") else HF_LLAMA_NAMES
     return {stage: (prefix + name, kind) for stage, (name, kind) in base.items()}
 
 
