@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 (text) that loads a
+"""A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 / Gemma 4 (text:
+per-layer head sizes, v from k, proportional RoPE, KV-shared layers,
+double-wide MLPs, per-layer inputs, layer scalars) that loads a
 Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
 names, and records its greedy generation with kvdiff_record.TorchHooks. It
 stands in for transformers (not packaged by Debian) so the recorder, the
@@ -327,10 +329,13 @@ class Attention(nn.Module):
             q = self.q_norm(q)
         if self.owner != self.layer_idx:
             return q, None, None
-        k = self.k_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
-        v = k if self.k_eq_v else self.v_proj(x).view(1, t, self.kv, self.d).transpose(1, 2)
+        # [1, T, heads, D] until the norms, as Gemma 4's attention has them
+        # (its v_norm sees that layout; the recorder takes v there).
+        k = self.k_proj(x).view(1, t, self.kv, self.d)
+        v = k if self.k_eq_v else self.v_proj(x).view(1, t, self.kv, self.d)
         if hasattr(self, "v_norm"):
             v = self.v_norm(v)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
         if self.qk_norm:
             k = self.k_norm(k)
         return q, k, v

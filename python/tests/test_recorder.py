@@ -502,7 +502,9 @@ class TestTransformers(Base):
                  ("tiny-gemma3-h288", "pair", None, "bf16"),
                  ("tiny-gemma3-h288", "single", 16, "bf16"),
                  ("tiny-gemma3-kvshared", "pair", 7, "f32"),
-                 ("tiny-gemma3-kvshared", "single", None, "f32")]
+                 ("tiny-gemma3-kvshared", "single", None, "f32"),
+                 ("tiny-gemma4", "pair", None, "f32"), ("tiny-gemma4", "single", 7, "f32"),
+                 ("tiny-gemma4", "pair", 16, "bf16")]
         for preset, rotary, chunk, dtype in cases:
             with self.subTest(preset=preset, rotary=rotary, chunk=chunk, dtype=dtype):
                 bf16 = dtype == "bf16"
