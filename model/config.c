@@ -643,6 +643,20 @@ static int parse_rope_entry(const jctx *cx, const char *path, const json_t *v,
                                  json_object_get(v, "partial_rotary_factor"));
 }
 
+/* rope_parameters.sliding_attention (Gemma 3 and 4): the local base,
+ * unscaled. */
+static int parse_sliding_rope(const jctx *cx, const json_t *slide, kv_config *c)
+{
+    kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
+    if (parse_rope_entry(cx, "rope_parameters.sliding_attention", slide, &s,
+                         &c->rope_local_theta))
+        return -1;
+    if (s.type != ROPE_SCALE_NONE)
+        return failf(cx, "rope_parameters.sliding_attention", "is scaled; kvdiff "
+                     "scales RoPE on full-attention layers only");
+    return 0;
+}
+
 /* Gemma 4's full-attention entry: rope_type "proportional" (or "default")
  * with partial_rotary_factor, the first factor * D/2 frequency pairs
  * rotating at theta^(-2j/D), the rest passing through. */
@@ -682,16 +696,7 @@ static int parse_gemma4_rope(const jctx *cx, const json_t *full, const json_t *s
                      "sliding_attention; gemma4_text keys them by layer type");
     if (full && parse_gemma4_full_rope(cx, full, c))
         return -1;
-    if (slide) {
-        kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
-        if (parse_rope_entry(cx, "rope_parameters.sliding_attention", slide, &s,
-                             &c->rope_local_theta))
-            return -1;
-        if (s.type != ROPE_SCALE_NONE)
-            return failf(cx, "rope_parameters.sliding_attention", "is scaled; Gemma 4's "
-                         "sliding layers use default RoPE");
-    }
-    return 0;
+    return slide ? parse_sliding_rope(cx, slide, c) : 0;
 }
 
 /* transformers 5 writes rope_parameters instead of rope_theta/rope_scaling:
@@ -719,16 +724,7 @@ static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
     if (full && parse_rope_entry(cx, "rope_parameters.full_attention", full,
                                  &c->rope_scaling, &c->rope_theta))
         return -1;
-    if (slide) {
-        kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
-        if (parse_rope_entry(cx, "rope_parameters.sliding_attention", slide, &s,
-                             &c->rope_local_theta))
-            return -1;
-        if (s.type != ROPE_SCALE_NONE)
-            return failf(cx, "rope_parameters.sliding_attention", "is scaled; kvdiff "
-                         "scales RoPE on full-attention layers only");
-    }
-    return 0;
+    return slide ? parse_sliding_rope(cx, slide, c) : 0;
 }
 
 static int parse_rope(const jctx *cx, const json_t *obj, kv_config *c)

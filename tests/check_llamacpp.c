@@ -418,6 +418,8 @@ END_TEST
 /* ------------------------------------------------------------------ */
 /* Gemma 4: the KV-shared family in real llama.cpp                      */
 
+static void one_line_exit2(const char *args, const char *expect, const char *dump);
+
 /* compare's JSON: the verdict, and the first divergence's layer,
  * position, stage and diagnosis kind (-1 / "" when none). */
 typedef struct {
@@ -520,6 +522,14 @@ START_TEST(test_llama_gemma4_shared_kv_layers_wrong)
     ck_assert_msg(strstr(out, "layer 4 read layer 2's KV cache where the config has it compute "
                           "its own") && strstr(out, "shares the last 8 layers' caches, the "
                           "reference's 4"), "%s", out);
+    /* More shared layers than llama.cpp can run (it asserts on fewer than
+     * two computing K/V): one line, exit 2, no dump. */
+    ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 11), 0);
+    snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 1 --dump %s/worse.h5", bad,
+             dir, dir);
+    snprintf(gguf, sizeof gguf, "%s/worse.h5", dir);
+    one_line_exit2(args, "attention.shared_kv_layers is 11: llama.cpp needs at least two of "
+                   "the 12 layers computing K/V", gguf);
     test_rmtree(dir);
 }
 END_TEST

@@ -413,7 +413,7 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     c->head_dim = (int)meta_num(m, "attention.key_length_swa", c->head_dim_full, NULL);
     bool f_rot;
     const double n_rot = meta_num(m, "rope.dimension_count_swa", 0, &f_rot);
-    if (c->head_dim < 2 || c->head_dim > c->head_dim_full * 4 ||
+    if (c->head_dim < 2 || c->head_dim > 16384 || c->head_dim % 2 != 0 ||
         (f_rot && (n_rot < 2 || n_rot > c->head_dim || fmod(n_rot, 2) != 0)))
         return kv_errf(e, "%s: %s.attention.key_length_swa %d or rope.dimension_count_swa %g: "
                        "llama.cpp cannot rotate by it (an even count from 2 to the head size)",
@@ -442,10 +442,12 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     /* llama.cpp: the last shared_kv_layers layers read layer n_kv - 2
      * (sliding) or n_kv - 1 (full): what it runs, whatever the checkpoint's
      * config said. */
-    int shared = (int)meta_num(m, "attention.shared_kv_layers", 0, NULL);
-    if (shared < 0 || shared > c->n_layers - 2)
-        shared = shared < 0 ? 0 : shared;
-    const int n_kv = c->n_layers - shared;
+    const double shared_v = meta_num(m, "attention.shared_kv_layers", 0, NULL);
+    if (!(shared_v >= 0 && shared_v <= c->n_layers - 2))
+        return kv_errf(e, "%s: %s.attention.shared_kv_layers is %g: llama.cpp needs at least "
+                       "two of the %d layers computing K/V", path, m->arch, shared_v,
+                       c->n_layers);
+    const int shared = (int)shared_v, n_kv = c->n_layers - shared;
     for (int l = 0; l < c->n_layers; l++)
         c->kv_owner[l] = (int16_t)(l < n_kv ? l : n_kv - (c->layer_type[l] == ATTN_SLIDING ? 2 : 1));
     c->intermediate = f_ff ? (int)ff[0] : c->intermediate;
@@ -692,25 +694,12 @@ static int weight_layer(const struct ggml_tensor *w, const char *what)
 }
 
 /* Where a graph node goes (docs/recorders.md has the table). */
-/* Gemma 4's graph names (llama_model_gemma4::graph). */
+/* Gemma 4's graph names of a layer's nodes (llama_model_gemma4::graph). */
 static mapping map_gemma4(const recorder *r, const struct ggml_tensor *t, const char *base,
                           int il)
 {
     mapping m = {MAP_EMIT, STAGE_X_IN, il};
     (void)r;
-    if (il < 0) {
-        if (!strcmp(base, "inp_scaled"))
-            m.stage = STAGE_EMBED;
-        else if (!strcmp(base, "inp_per_layer"))
-            m = (mapping){MAP_PLE, STAGE_PLE_IN, -1};
-        else if (!strcmp(base, "result_norm"))
-            m.stage = STAGE_FINAL_NORM;
-        else if (!strcmp(base, "result_output"))
-            m.stage = STAGE_LOGITS;
-        else
-            m.kind = MAP_NONE;
-        return m;
-    }
     if (!strcmp(base, "attn_norm"))
         m.stage = STAGE_ATTN_NORM;
     else if (!strcmp(base, "Qcur_pos") && t->op == GGML_OP_ROPE)
@@ -756,13 +745,13 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     int il = split_name(ggml_get_name(t), base, sizeof base);
     if (il >= r->cfg->n_layers)
         return m;
-    if (r->cfg->arch == ARCH_GEMMA4)
-        return map_gemma4(r, t, base, il);
     m.layer = il;
     m.kind = MAP_EMIT;
     if (il < 0) {
         if (!strcmp(base, gemma ? "inp_scaled" : "embd"))
             m.stage = STAGE_EMBED;
+        else if (!strcmp(base, "inp_per_layer"))   /* Gemma 4: every layer's ple_in */
+            m = (mapping){MAP_PLE, STAGE_PLE_IN, -1};
         else if (!strcmp(base, "result_norm"))
             m.stage = STAGE_FINAL_NORM;
         else if (!strcmp(base, "result_output"))
@@ -771,6 +760,8 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
             m.kind = MAP_NONE;
         return m;
     }
+    if (r->cfg->arch == ARCH_GEMMA4)
+        return map_gemma4(r, t, base, il);
     if (!strcmp(base, "attn_norm"))
         m.stage = STAGE_ATTN_NORM;
     else if (!strcmp(base, "Qcur") && t->op == GGML_OP_ROPE)
