@@ -851,31 +851,32 @@ static int per_layer_full(const jctx *cx, const json_t *obj, const kv_config *c,
     return 0;
 }
 
+/* A full layer's size: key (global_head_dim, num_global_key_value_heads),
+ * else per_layer_config's pkey for the first full layer, else fallback. */
+static int full_layer_size(const jctx *cx, const json_t *obj, const kv_config *c,
+                           const char *key, const char *pkey, int hi, int fallback, int *out)
+{
+    const json_t *v = json_object_get(obj, key);
+    *out = 0;
+    if (present(v) ? want_int(cx, key, v, 1, hi, out) : per_layer_full(cx, obj, c, pkey, out))
+        return -1;
+    if (*out == 0)
+        *out = fallback;
+    return 0;
+}
+
 /* Gemma 4's full-layer head size and KV heads, K=V, double-wide MLPs and
  * per-layer inputs (after layer types and KV sharing are known). */
 static int parse_gemma4_layers(const jctx *cx, const json_t *obj, kv_config *c)
 {
-    const json_t *g = json_object_get(obj, "global_head_dim");
-    if (present(g)) {
-        if (want_int(cx, "global_head_dim", g, 2, MAX_HEAD_DIM, &c->head_dim_full))
-            return -1;
-    } else if (per_layer_full(cx, obj, c, "head_dim", &c->head_dim_full)) {
+    if (full_layer_size(cx, obj, c, "global_head_dim", "head_dim", MAX_HEAD_DIM, c->head_dim,
+                        &c->head_dim_full)
+        || full_layer_size(cx, obj, c, "num_global_key_value_heads", "num_key_value_heads",
+                           MAX_HEADS, c->n_kv_heads, &c->n_kv_heads_full))
         return -1;
-    }
-    if (c->head_dim_full == 0)
-        c->head_dim_full = c->head_dim;
     if (c->head_dim_full % 2 != 0)
         return failf(cx, "global_head_dim", "is %d; RoPE needs an even head size",
                      c->head_dim_full);
-    const json_t *gk = json_object_get(obj, "num_global_key_value_heads");
-    if (present(gk)) {
-        if (want_int(cx, "num_global_key_value_heads", gk, 1, MAX_HEADS, &c->n_kv_heads_full))
-            return -1;
-    } else if (per_layer_full(cx, obj, c, "num_key_value_heads", &c->n_kv_heads_full)) {
-        return -1;
-    }
-    if (c->n_kv_heads_full == 0)
-        c->n_kv_heads_full = c->n_kv_heads;
     if (c->n_heads % c->n_kv_heads_full != 0)
         return failf(cx, "num_global_key_value_heads", "is %d, which does not divide "
                      "num_attention_heads %d", c->n_kv_heads_full, c->n_heads);

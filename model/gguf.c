@@ -129,31 +129,16 @@ static void kv_str(kvs *k, const char *key, const char *v)
     gb_str(&k->kv, v);
 }
 
-static void kv_bool_arr(kvs *k, const char *key, const uint8_t *v, uint64_t n)
+/* An array of n numbers of GGUF type `type`, esize bytes each, as v holds
+ * them (little-endian; bool is one byte). */
+static void kv_num_arr(kvs *k, const char *key, uint32_t type, const void *v, size_t esize,
+                       uint64_t n)
 {
     char b[128];
     kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
-    gb_u32(&k->kv, GT_BOOL);
+    gb_u32(&k->kv, type);
     gb_u64(&k->kv, n);
-    gb_put(&k->kv, v, n);
-}
-
-static void kv_i32_arr(kvs *k, const char *key, const int32_t *v, uint64_t n)
-{
-    char b[128];
-    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
-    gb_u32(&k->kv, GT_INT32);
-    gb_u64(&k->kv, n);
-    gb_put(&k->kv, v, n * 4);
-}
-
-static void kv_u32_arr(kvs *k, const char *key, const uint32_t *v, uint64_t n)
-{
-    char b[128];
-    kv_key(k, akey(k, key, b, sizeof b), GT_ARRAY);
-    gb_u32(&k->kv, GT_UINT32);
-    gb_u64(&k->kv, n);
-    gb_put(&k->kv, v, n * 4);
+    gb_put(&k->kv, v, n * esize);
 }
 
 static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
@@ -620,14 +605,15 @@ static void put_gemma4_keys(kvs *k, const kv_config *c)
         pattern[i] = c->layer_type[i] == ATTN_SLIDING;
         shared += c->kv_owner[i] != i;
     }
-    kv_u32_arr(k, ".attention.head_count_kv", kv, (uint64_t)c->n_layers);
+    kv_num_arr(k, ".attention.head_count_kv", GT_UINT32, kv, 4, (uint64_t)c->n_layers);
     if (c->double_wide_mlp)
-        kv_u32_arr(k, ".feed_forward_length", ff, (uint64_t)c->n_layers);
+        kv_num_arr(k, ".feed_forward_length", GT_UINT32, ff, 4, (uint64_t)c->n_layers);
     kv_u32(k, ".attention.key_length_swa", (uint32_t)c->head_dim);
     kv_u32(k, ".attention.value_length_swa", (uint32_t)c->head_dim);
     kv_u32(k, ".rope.dimension_count_swa", (uint32_t)c->head_dim);
     kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
-    kv_bool_arr(k, ".attention.sliding_window_pattern", pattern, (uint64_t)c->n_layers);
+    kv_num_arr(k, ".attention.sliding_window_pattern", GT_BOOL, pattern, 1,
+                   (uint64_t)c->n_layers);
     kv_f32(k, ".rope.freq_base_swa", (float)c->rope_local_theta);
     kv_f32(k, ".final_logit_softcapping", (float)c->final_softcap);
     kv_u32(k, ".attention.shared_kv_layers", (uint32_t)shared);
@@ -674,7 +660,8 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
             kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
             /* Per layer, so any layer_types list survives (llama.cpp's
              * load_swa_pattern reads a bool array before the period). */
-            kv_bool_arr(k, ".attention.sliding_window_pattern", pattern, (uint64_t)c->n_layers);
+            kv_num_arr(k, ".attention.sliding_window_pattern", GT_BOOL, pattern, 1,
+                   (uint64_t)c->n_layers);
             kv_f32(k, ".rope.freq_base_swa", (float)c->rope_local_theta);
         }
         if (c->final_softcap != 0)
@@ -854,7 +841,7 @@ static void put_vocab_keys(kvs *k, const kv_config *c, const vocab_out *v)
     kv_str(k, "tokenizer.ggml.model", "gpt2");
     kv_str(k, "tokenizer.ggml.pre", "default");
     kv_str_arr(k, "tokenizer.ggml.tokens", v->tokens, (uint64_t)v->n);
-    kv_i32_arr(k, "tokenizer.ggml.token_type", v->types, (uint64_t)v->n);
+    kv_num_arr(k, "tokenizer.ggml.token_type", GT_INT32, v->types, 4, (uint64_t)v->n);
     kv_str_arr(k, "tokenizer.ggml.merges", v->merges, (uint64_t)v->n_merges);
     if (c->bos_id >= 0 && c->bos_id < c->vocab)
         kv_u32(k, "tokenizer.ggml.bos_token_id", (uint32_t)c->bos_id);

@@ -311,18 +311,44 @@ static int load_vector(const row_source *src, const tensor_spec *s, float **dst,
  * placed on its own. */
 #define PACK_ROWS (2 * KERN_PANEL)
 
+/* Rows of one tensor converted by blocks on the pool's threads, into a
+ * packed matrix (L) or a row-major table (t). */
 typedef struct {
     const row_source *src;
     const tensor_spec *s;
     kern_linear *L;
+    model_table *t;
     atomic_ullong bad;          /* NaN and infinite values read */
     atomic_int failed;          /* the first task to fail sets it and fills err */
     kv_err err;
-} pack_job;
+} fill_job;
+
+/* A task's end: its NaN count, and its error when it is the first. */
+static void fill_task_done(fill_job *j, int rc, uint64_t bad, const kv_err *e)
+{
+    atomic_fetch_add(&j->bad, bad);
+    int none = 0;
+    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
+        j->err = *e;
+}
+
+/* Runs ntasks of fn over j; 0, or -1 with the first task's error. */
+static int fill_run(fill_job *j, pool_fn fn, int64_t ntasks, kv_err *e)
+{
+    atomic_init(&j->bad, 0);
+    atomic_init(&j->failed, 0);
+    pool_run(j->src->pool, fn, j, (int)ntasks);
+    if (atomic_load(&j->failed)) {
+        *e = j->err;
+        return -1;
+    }
+    *j->src->nonfinite += atomic_load(&j->bad);
+    return 0;
+}
 
 static void pack_task(void *ctx, int task)
 {
-    pack_job *j = ctx;
+    fill_job *j = ctx;
     const int64_t rows = spec_rows(j->s), cols = spec_cols(j->s);
     const int64_t r0 = (int64_t)task * PACK_ROWS;
     const int64_t nr = rows - r0 < PACK_ROWS ? rows - r0 : PACK_ROWS;
@@ -334,10 +360,7 @@ static void pack_task(void *ctx, int task)
     if (rc == 0)
         kern_linear_set_rows(j->L, (int)r0, (int)nr, buf);
     free(buf);
-    atomic_fetch_add(&j->bad, bad);
-    int none = 0;
-    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
-        j->err = e;
+    fill_task_done(j, rc, bad, &e);
 }
 
 /* Converts and packs the rows of a matrix on the pool's threads (both
@@ -355,15 +378,9 @@ static int load_linear(const row_source *src, const tensor_spec *s, kern_wtype w
         return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
                        (long long)rows, (long long)cols);
     }
-    pack_job job = {.src = src, .s = s, .L = L};
-    atomic_init(&job.bad, 0);
-    atomic_init(&job.failed, 0);
-    pool_run(src->pool, pack_task, &job, (int)((rows + PACK_ROWS - 1) / PACK_ROWS));
-    if (atomic_load(&job.failed)) {
-        *e = job.err;
+    fill_job job = {.src = src, .s = s, .L = L};
+    if (fill_run(&job, pack_task, (rows + PACK_ROWS - 1) / PACK_ROWS, e) < 0)
         return -1;
-    }
-    *src->nonfinite += atomic_load(&job.bad);
     size_t esz = wt == KERN_BF16 ? 2 : 4;
     size_t panels = ((size_t)rows + KERN_PANEL - 1) / KERN_PANEL;
     XXH3_64bits_update(h, L->panels, panels * (size_t)cols * KERN_PANEL * esz);
@@ -423,18 +440,9 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
 /* Rows per table task. */
 #define TABLE_ROWS 256
 
-typedef struct {
-    const row_source *src;
-    const tensor_spec *s;
-    model_table *t;
-    atomic_ullong bad;
-    atomic_int failed;
-    kv_err err;
-} table_job;
-
 static void table_task(void *ctx, int task)
 {
-    table_job *j = ctx;
+    fill_job *j = ctx;
     const int64_t cols = j->t->cols, r0 = (int64_t)task * TABLE_ROWS;
     const int64_t nr = j->t->rows - r0 < TABLE_ROWS ? j->t->rows - r0 : TABLE_ROWS;
     kv_err e = {{0}};
@@ -448,10 +456,7 @@ static void table_task(void *ctx, int task)
         kern_bf16_from_f32(buf, count, (uint16_t *)j->t->data + (size_t)r0 * (size_t)cols);
     if (j->t->wtype == KERN_BF16)
         free(buf);
-    atomic_fetch_add(&j->bad, bad);
-    int none = 0;
-    if (rc < 0 && atomic_compare_exchange_strong(&j->failed, &none, 1))
-        j->err = e;
+    fill_task_done(j, rc, bad, &e);
 }
 
 /* A gathered table, stored row-major in the model's weight type, blocks
@@ -467,15 +472,9 @@ static int load_table(const row_source *src, const tensor_spec *s, kern_wtype wt
     if (!t->data)
         return kv_errf(e, "out of memory for '%s' (%lld x %lld)", s->name,
                        (long long)t->rows, (long long)t->cols);
-    table_job job = {.src = src, .s = s, .t = t};
-    atomic_init(&job.bad, 0);
-    atomic_init(&job.failed, 0);
-    pool_run(src->pool, table_task, &job, (int)((t->rows + TABLE_ROWS - 1) / TABLE_ROWS));
-    if (atomic_load(&job.failed)) {
-        *e = job.err;
+    fill_job job = {.src = src, .s = s, .t = t};
+    if (fill_run(&job, table_task, (t->rows + TABLE_ROWS - 1) / TABLE_ROWS, e) < 0)
         return -1;
-    }
-    *src->nonfinite += atomic_load(&job.bad);
     XXH3_64bits_update(h, t->data, (size_t)t->rows * (size_t)t->cols * esz);
     return 0;
 }

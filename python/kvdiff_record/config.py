@@ -31,20 +31,14 @@ def model_config_from_hf(folder_or_config):
     on what kvdiff would refuse too."""
     cfg, name = _load(folder_or_config)
     mt = cfg.get("model_type")
-    if mt == "gemma4":
+    if mt in ("gemma3", "gemma4"):   # multimodal: the text model under text_config
         tc = cfg.get("text_config")
         if not isinstance(tc, dict):
-            raise RecorderError(f"{name}: text_config is missing (model_type gemma4 nests the "
+            raise RecorderError(f"{name}: text_config is missing (model_type {mt} nests the "
                                 f"text model there)")
-        cfg, mt = tc, "gemma4_text"
+        cfg, mt = tc, mt + "_text"
     if mt == "gemma4_text":
         return _gemma4(cfg, name)
-    if mt == "gemma3":
-        tc = cfg.get("text_config")
-        if not isinstance(tc, dict):
-            raise RecorderError(f"{name}: text_config is missing (model_type gemma3 nests the "
-                                f"text model there)")
-        cfg, mt = tc, "gemma3_text"
     if mt not in _ARCH:
         return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"

@@ -256,6 +256,20 @@ def rope(x, pos, freqs):
     return x * cos + rot * sin
 
 
+def attend(q, k, v, mask, div):
+    """softmax(q k^T / div + mask) v per head, grouped KV heads, heads
+    concatenated: [T, H*D]."""
+    t, heads, d = q.shape
+    group = heads // k.shape[1]
+    att = np.empty((t, heads, d))
+    for h in range(heads):
+        s = (q[:, h, :] @ k[:, h // group, :].T) / div
+        s = np.where(mask, s, -np.inf)
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        att[:, h, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, h // group, :]
+    return att.reshape(t, heads * d)
+
+
 def forward(cfg, w, ids):
     E, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
@@ -283,14 +297,7 @@ def forward(cfg, w, ids):
             q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
         q, k = rope(q, pos, freqs), rope(k, pos, freqs)
-        att = np.empty((T, H, D))
-        for h in range(H):
-            kh = h // (H // KV)
-            s = (q[:, h, :] @ k[:, kh, :].T) / math.sqrt(D)
-            s = np.where(mask, s, -np.inf)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            att[:, h, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
-        att = att.reshape(T, H * D)
+        att = attend(q, k, v, mask, math.sqrt(D))
         h_mid = x + lin(att, p + "self_attn.o_proj.weight", p + "self_attn.o_proj.bias")
         hn = rms_norm(h_mid, W[p + "post_attention_layernorm.weight"], eps)
         g = lin(hn, p + "mlp.gate_proj.weight")
@@ -436,14 +443,7 @@ def forward_gemma4(cfg, w, ids):
         mask = np.tril(np.ones((T, T), dtype=bool))
         if not full:
             mask &= ~np.tril(np.ones((T, T), dtype=bool), -cfg["sliding_window"])
-        att = np.empty((T, H, D))
-        for h in range(H):
-            kh = h // (H // KV)
-            s = q[:, h, :] @ k[:, kh, :].T          # scaling 1.0
-            s = np.where(mask, s, -np.inf)
-            s = np.exp(s - s.max(axis=1, keepdims=True))
-            att[:, h, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, kh, :]
-        att = att.reshape(T, H * D)
+        att = attend(q, k, v, mask, 1.0)   # Gemma 4 scales scores by 1
         a = rms_norm(lin(att, p + "self_attn.o_proj.weight"), W[p + "post_attention_layernorm.weight"], eps)
         h_mid = x + a
         hn = rms_norm(h_mid, W[p + "pre_feedforward_layernorm.weight"], eps)
