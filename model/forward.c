@@ -107,12 +107,10 @@ int fw_emit(kv_observer *obs, kv_stage st, int layer, int64_t pos0, int n, int n
 /* ------------------------------------------------------------------ */
 /* Layer pieces                                                         */
 
-static void norm_rows(const kv_model *m, const float *in, const float *w, int n, int width,
-                      float *out, float *stats)
+static void norm_rows(const kern_ctx *kc, const kv_model *m, const float *in, const float *w,
+                      int n, int width, float *out, float *stats)
 {
-    for (int i = 0; i < n; i++)
-        kern_rmsnorm(in + (size_t)i * width, w, width, m->cfg.rms_eps, m->cfg.norm_plus_one,
-                     out + (size_t)i * width, stats ? stats + 3 * i : NULL);
+    kern_rmsnorm_rows(kc, in, w, n, width, m->cfg.rms_eps, m->cfg.norm_plus_one, out, stats);
 }
 
 /* Gemma 4's per-layer inputs of n rows from their tokens and scaled
@@ -131,7 +129,7 @@ static void per_layer_inputs(const kern_ctx *kc, const kv_model *m, fw_state *s,
         float *row = s->ple + (size_t)i * LP;
         for (int j = 0; j < LP; j++)
             row[j] *= proj_scale;
-        norm_rows(m, row, m->pl_proj_norm, c->n_layers, P, row, NULL);
+        norm_rows(kc, m, row, m->pl_proj_norm, c->n_layers, P, row, NULL);
         /* Tokens past the per-layer vocabulary get no table row. */
         if (tokens[i] < c->per_layer_vocab)
             model_table_row(&m->pl_embed, tokens[i], s->ple_tab);
@@ -188,7 +186,7 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     const bool owns = c->kv_owner[layer] == layer;
 
     EMIT(STAGE_X_IN, layer, E, s->x);
-    norm_rows(m, s->x, ly->attn_norm, n, E, s->xn, s->stats);
+    norm_rows(kc, m, s->x, ly->attn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_ATTN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_ATTN_NORM, layer, E, s->xn);
 
@@ -201,15 +199,13 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
         else
             memcpy(s->v, s->k, (size_t)n * KV * D * sizeof(float));
         if (c->v_norm)
-            for (int i = 0; i < n * KV; i++)
-                kern_rmsnorm(s->v + (size_t)i * D, NULL, D, c->rms_eps, false,
-                             s->v + (size_t)i * D, NULL);
+            kern_rmsnorm_rows(kc, s->v, NULL, n * KV, D, c->rms_eps, false, s->v, NULL);
     }
     if (c->qk_norm) {
         /* q_norm / k_norm normalise each head's D values. */
-        norm_rows(m, s->q, ly->q_norm, n * c->n_heads, D, s->q, NULL);
+        norm_rows(kc, m, s->q, ly->q_norm, n * c->n_heads, D, s->q, NULL);
         if (owns)
-            norm_rows(m, s->k, ly->k_norm, n * KV, D, s->k, NULL);
+            norm_rows(kc, m, s->k, ly->k_norm, n * KV, D, s->k, NULL);
     }
     rope_rows(m, layer, s, n, rope_pos, owns);
     EMIT(STAGE_Q, layer, c->n_heads * D, s->q);
@@ -253,9 +249,9 @@ static int per_layer_block(const kern_ctx *kc, const kv_model *m, int layer, fw_
                (size_t)P * sizeof(float));
     EMIT(STAGE_PLE_IN, layer, P, s->ple_l);
     kern_matmul(kc, &ly->w_pl_gate, s->x, n, s->gate);
-    kern_gelu_tanh_mul(s->gate, s->ple_l, n * P);
+    kern_act_mul(kc, KERN_ACT_GELU_TANH, s->gate, s->ple_l, (size_t)n * P);
     kern_matmul(kc, &ly->w_pl_proj, s->gate, n, s->proj);
-    norm_rows(m, s->proj, ly->pl_norm, n, E, s->proj, NULL);
+    norm_rows(kc, m, s->proj, ly->pl_norm, n, E, s->proj, NULL);
     EMIT(STAGE_PLE_OUT, layer, E, s->proj);
     add_rows(s->x, s->proj, (size_t)n * E);
     return 0;
@@ -270,23 +266,21 @@ int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
 
     kern_matmul(kc, &ly->wo, s->att, n, s->proj);
     if (c->sandwich_norms)
-        norm_rows(m, s->proj, ly->post_attn_norm, n, E, s->proj, NULL);
+        norm_rows(kc, m, s->proj, ly->post_attn_norm, n, E, s->proj, NULL);
     EMIT(STAGE_ATTN_PROJ, layer, E, s->proj);
     add_rows(s->x, s->proj, (size_t)n * E);
     EMIT(STAGE_H_MID, layer, E, s->x);
 
-    norm_rows(m, s->x, ly->ffn_norm, n, E, s->xn, s->stats);
+    norm_rows(kc, m, s->x, ly->ffn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_FFN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_FFN_NORM, layer, E, s->xn);
     kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
     kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
-    if (c->act == ACT_GELU_TANH)
-        kern_gelu_tanh_mul(s->gate, s->up, n * I);
-    else
-        kern_silu_mul(s->gate, s->up, n * I);
+    kern_act_mul(kc, c->act == ACT_GELU_TANH ? KERN_ACT_GELU_TANH : KERN_ACT_SILU, s->gate, s->up,
+                 (size_t)n * I);
     kern_matmul(kc, &ly->w_down, s->gate, n, s->proj);
     if (c->sandwich_norms)
-        norm_rows(m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);
+        norm_rows(kc, m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);
     EMIT(STAGE_FFN_OUT, layer, E, s->proj);
     add_rows(s->x, s->proj, (size_t)n * E);
     if (c->per_layer_dim > 0 && per_layer_block(kc, m, layer, s, n, pos0, obs))
@@ -306,7 +300,7 @@ int fw_logits(const kern_ctx *kc, const kv_model *m, fw_state *s, int row0, int 
     const kv_config *c = &m->cfg;
     const int E = c->hidden;
     float *xn = s->xn + (size_t)row0 * E;
-    norm_rows(m, s->x + (size_t)row0 * E, m->final_norm, n, E, xn, NULL);
+    norm_rows(kc, m, s->x + (size_t)row0 * E, m->final_norm, n, E, xn, NULL);
     EMIT(STAGE_FINAL_NORM, -1, E, xn);
     kern_matmul(kc, model_lm_head(m), xn, n, logits);
     if (c->final_softcap > 0) {

@@ -9,7 +9,9 @@
  * call, and fma is exactly rounded either way, so the result is the same. */
 #include "kernels.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -559,6 +561,71 @@ void kern_gelu_tanh_mul(float *gate, const float *up, int n)
         double act = 0.5 * g * (1.0 + tanh(k * (g + 0.044715 * g * g * g)));
         gate[i] = (float)(act * (double)up[i]);
     }
+}
+
+/* Elementwise and row-wise work split across the pool: task t takes the
+ * t-th of T contiguous ranges. Small inputs stay on the caller, where the
+ * hand-off would cost more than the work. */
+#define KERN_SPLIT_MIN 8192
+
+typedef struct {
+    kern_act act;
+    float *gate;
+    const float *up;
+    size_t n;
+    int ntasks;
+} act_job;
+
+static void act_task(void *ctx, int t)
+{
+    const act_job *j = ctx;
+    size_t a = j->n * (size_t)t / (size_t)j->ntasks;
+    size_t b = j->n * (size_t)(t + 1) / (size_t)j->ntasks;
+    while (a < b) {
+        int len = b - a > (size_t)INT_MAX ? INT_MAX : (int)(b - a);
+        if (j->act == KERN_ACT_GELU_TANH)
+            kern_gelu_tanh_mul(j->gate + a, j->up + a, len);
+        else
+            kern_silu_mul(j->gate + a, j->up + a, len);
+        a += (size_t)len;
+    }
+}
+
+void kern_act_mul(const kern_ctx *c, kern_act act, float *gate, const float *up, size_t n)
+{
+    int T = pool_threads(c->pool);
+    act_job j = { .act = act, .gate = gate, .up = up, .n = n,
+                  .ntasks = n >= KERN_SPLIT_MIN && T > 1 ? T : 1 };
+    pool_run(j.ntasks > 1 ? c->pool : NULL, act_task, &j, j.ntasks);
+}
+
+typedef struct {
+    const float *x, *w;
+    int nrows, width, ntasks;
+    double eps;
+    bool plus_one;
+    float *out, *stats;
+} norm_job;
+
+static void norm_task(void *ctx, int t)
+{
+    const norm_job *j = ctx;
+    int r0 = (int)((int64_t)j->nrows * t / j->ntasks);
+    int r1 = (int)((int64_t)j->nrows * (t + 1) / j->ntasks);
+    for (int r = r0; r < r1; r++)
+        kern_rmsnorm(j->x + (size_t)r * j->width, j->w, j->width, j->eps, j->plus_one,
+                     j->out + (size_t)r * j->width, j->stats ? j->stats + 3 * (size_t)r : NULL);
+}
+
+void kern_rmsnorm_rows(const kern_ctx *c, const float *x, const float *w, int nrows, int width,
+                       double eps, bool plus_one, float *out, float *stats)
+{
+    int T = pool_threads(c->pool);
+    norm_job j = { .x = x, .w = w, .nrows = nrows, .width = width, .eps = eps,
+                   .plus_one = plus_one, .out = out, .stats = stats, .ntasks = 1 };
+    if (T > 1 && (size_t)nrows * (size_t)width >= KERN_SPLIT_MIN)
+        j.ntasks = nrows < T ? nrows : T;
+    pool_run(j.ntasks > 1 ? c->pool : NULL, norm_task, &j, j.ntasks);
 }
 
 /* ------------------------------------------------------------------------

@@ -142,6 +142,16 @@ void kern_hadamard_blocks(float *x, size_t n, int b);
 void kern_silu_mul(float *gate, const float *up, int n);
 void kern_gelu_tanh_mul(float *gate, const float *up, int n);
 
+/* The same, gate = act(gate) * up over n values, split across c's pool
+ * (each value is computed alone, so the split changes no bit). */
+typedef enum { KERN_ACT_SILU = 0, KERN_ACT_GELU_TANH = 1 } kern_act;
+void kern_act_mul(const kern_ctx *c, kern_act act, float *gate, const float *up, size_t n);
+
+/* kern_rmsnorm over nrows rows of width values, rows split across c's
+ * pool; stats (may be NULL) gets 3 values a row. */
+void kern_rmsnorm_rows(const kern_ctx *c, const float *x, const float *w, int nrows, int width,
+                       double eps, bool plus_one, float *out, float *stats);
+
 /* Attention for M query rows.
  *   q     (M, H*D) queries (RoPE applied, not scaled)
  *   krow, vrow: pointers to key/value rows (KV*D floats each) in the order

@@ -991,6 +991,73 @@ START_TEST(test_isa)
 }
 END_TEST
 
+/* The pooled activations and row norms split work across threads; the
+ * split must change no bit, on both sides of the size below which they
+ * stay on the caller, with ranges that do not divide evenly. */
+START_TEST(test_pooled_elementwise)
+{
+    test_rng r = rng_seed(41);
+    kern_pool *p = pool_create(3);
+    ck_assert_ptr_nonnull(p);
+    const kern_ctx serial = { kern_isa_best(), NULL }, pooled = { kern_isa_best(), p };
+    const size_t sizes[] = { 1, 37, 8191, 8192, 20011 };
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        const size_t n = sizes[si];
+        float *g = rand_vec(&r, (int)n, 8.0f), *u = rand_vec(&r, (int)n, 2.0f);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        ck_assert(a && b);
+        for (int act = KERN_ACT_SILU; act <= KERN_ACT_GELU_TANH; act++) {
+            memcpy(a, g, n * sizeof *a);
+            memcpy(b, g, n * sizeof *b);
+            if (act == KERN_ACT_SILU)
+                kern_silu_mul(a, u, (int)n);
+            else
+                kern_gelu_tanh_mul(a, u, (int)n);
+            kern_act_mul(&pooled, (kern_act)act, b, u, n);
+            ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "act %d, n %zu", act, n);
+            memcpy(b, g, n * sizeof *b);
+            kern_act_mul(&serial, (kern_act)act, b, u, n);
+            ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "act %d, n %zu, serial", act, n);
+        }
+        free(g);
+        free(u);
+        free(a);
+        free(b);
+    }
+    /* rows x width: one row, fewer rows than threads, many short rows, long rows */
+    const int shapes[][2] = { { 1, 37 }, { 2, 5000 }, { 1001, 64 }, { 7, 4096 } };
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int rows = shapes[si][0], width = shapes[si][1];
+        const size_t n = (size_t)rows * width;
+        float *x = rand_vec(&r, (int)n, 3.0f), *w = rand_vec(&r, width, 1.0f);
+        float *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        float *sa = malloc(3 * (size_t)rows * sizeof *sa), *sb = malloc(3 * (size_t)rows * sizeof *sb);
+        ck_assert(a && b && sa && sb);
+        for (int variant = 0; variant < 3; variant++) {
+            const float *wv = variant == 2 ? NULL : w;
+            const bool plus_one = variant == 1;
+            for (int i = 0; i < rows; i++)
+                kern_rmsnorm(x + (size_t)i * width, wv, width, 1e-6, plus_one,
+                             a + (size_t)i * width, sa + 3 * i);
+            kern_rmsnorm_rows(&pooled, x, wv, rows, width, 1e-6, plus_one, b, sb);
+            ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "rows %d x %d", rows, width);
+            ck_assert(memcmp(sa, sb, 3 * (size_t)rows * sizeof *sa) == 0);
+            /* in place, no stats */
+            memcpy(b, x, n * sizeof *b);
+            kern_rmsnorm_rows(&pooled, b, wv, rows, width, 1e-6, plus_one, b, NULL);
+            ck_assert_msg(memcmp(a, b, n * sizeof *a) == 0, "rows %d x %d in place", rows, width);
+        }
+        free(x);
+        free(w);
+        free(a);
+        free(b);
+        free(sa);
+        free(sb);
+    }
+    pool_free(p);
+}
+END_TEST
+
 /* Tasks record how often they ran; odd tasks spin a little so that
  * threads finish their blocks at different times and steal from others. */
 static void probe_task(void *ctx, int t)
@@ -1059,6 +1126,7 @@ Suite *kernels_suite(void)
     tcase_add_test(tc, test_activations);
     tcase_add_test(tc, test_isa);
     tcase_add_test(tc, test_pool);
+    tcase_add_test(tc, test_pooled_elementwise);
     suite_add_tcase(s, tc);
     return s;
 }
