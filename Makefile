@@ -188,7 +188,8 @@ check-report-render: kvdiff
 	  echo "check-report-render: FAILED for $$rep/index.html: $${got:-no result from Chromium (see $$work/chromium.log)}" >&2; exit 1; \
 	fi
 
-# Kernel throughput (printed), then engine prefill/decode speed (printed and
+# Kernel throughput (printed), what f32 activations cost a bf16 prefill
+# against a bf16-activation prototype (bench/bench_bf16_act.c), then engine prefill/decode speed (printed and
 # appended to bench/results.tsv, one row per figure, to compare commits).
 # Then recording cost, and compare throughput next to h5diff. Last, kvdiff
 # and llama.cpp side by side (bench/side_by_side.sh) when the llama.cpp
@@ -196,8 +197,9 @@ check-report-render: kvdiff
 # scripts/fetch-llama-cpp fetched for the recorder; never fetched here),
 # else kvdiff alone with the reason.
 bench: kvdiff $(BUILD)/bench/bench_kernels $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_dump \
-       $(BUILD)/bench/bench_compare $(BUILD)/bench/bench_encode
+       $(BUILD)/bench/bench_compare $(BUILD)/bench/bench_encode $(BUILD)/bench/bench_bf16_act
 	./$(BUILD)/bench/bench_kernels
+	./$(BUILD)/bench/bench_bf16_act bench/results.tsv
 	./$(BUILD)/bench/bench_encode
 	./$(BUILD)/bench/bench_engine bench/results.tsv
 	./$(BUILD)/bench/bench_dump bench/results.tsv /tmp

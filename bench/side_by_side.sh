@@ -164,7 +164,7 @@ if [ -s "$tmp/bytes" ] && [ -n "$roof" ]; then
           printf "decode tg%d, weights streamed (GGUF bytes x tok/s) against the 2-thread read " \
                  "roof measured now, %.1f GB/s:\n", tg, roof
           if (preset ~ /gemma4/)
-              printf "  (Gemma 4: the GGUF's per-layer table, gathered one row a token, is " \
+              printf "  (Gemma 4: the per-layer table of the GGUF, gathered one row a token, is " \
                      "counted as streamed: subtract it, vocab x layers x P x 2 bytes in bf16)\n"
           printf "%s\t%s\tread roof\t-\t-\t%d\tread_roof_GB_s\t%.1f\n", date, head, threads,
                  roof >> tsv
