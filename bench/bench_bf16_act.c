@@ -138,20 +138,12 @@ static ATTR2 double fma_roof(void)
     const __m256 s = _mm256_set1_ps(0.9999f), t = _mm256_set1_ps(1e-5f);
     const long n = 20000000;
     double c0 = cpu_s();
+#define CHAIN(i) a##i = _mm256_fmadd_ps(a##i, s, t);
     for (long r = 0; r < n; r++) {
-        a0 = _mm256_fmadd_ps(a0, s, t);
-        a1 = _mm256_fmadd_ps(a1, s, t);
-        a2 = _mm256_fmadd_ps(a2, s, t);
-        a3 = _mm256_fmadd_ps(a3, s, t);
-        a4 = _mm256_fmadd_ps(a4, s, t);
-        a5 = _mm256_fmadd_ps(a5, s, t);
-        a6 = _mm256_fmadd_ps(a6, s, t);
-        a7 = _mm256_fmadd_ps(a7, s, t);
-        a8 = _mm256_fmadd_ps(a8, s, t);
-        a9 = _mm256_fmadd_ps(a9, s, t);
-        a10 = _mm256_fmadd_ps(a10, s, t);
-        a11 = _mm256_fmadd_ps(a11, s, t);
+        CHAIN(0) CHAIN(1) CHAIN(2) CHAIN(3) CHAIN(4) CHAIN(5)
+        CHAIN(6) CHAIN(7) CHAIN(8) CHAIN(9) CHAIN(10) CHAIN(11)
     }
+#undef CHAIN
     double el = cpu_s() - c0;
     __m256 sum = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                                _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));

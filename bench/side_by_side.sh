@@ -180,7 +180,8 @@ if [ -s "$tmp/bytes" ] && [ -n "$roof" ]; then
                   printf "%s\t%s\tside-by-side %s\t%s\t%s\t%d\ttg%d_GB_s\t%.1f\n", date, head,
                          es[j], preset, dt, threads, tg, gbs >> tsv
               }
-              printf "  %-5s%s\n", dt, line
+              if (line != "")
+                  printf "  %-5s%s\n", dt, line
           }
         }' "$tmp/bytes" "$tmp/all"
 fi
