@@ -1561,6 +1561,35 @@ static void write_common(jwriter *w, const kv_config *c, const char *torch_dtype
     jw_str(w, ARCHES[c->arch].act_key, c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
 }
 
+/* The pieces Gemma 3's and Gemma 4's configs share: the window (null
+ * when no layer slides), each layer's type, and the softcaps of a model
+ * without attention biases. */
+static void jw_window(jwriter *w, const kv_config *c)
+{
+    if (c->sliding_window > 0)
+        jw_int(w, "sliding_window", c->sliding_window);
+    else
+        jw_raw(w, "sliding_window", "null");
+}
+
+static void jw_layer_types(jwriter *w, const kv_config *c)
+{
+    jw_key(w, "layer_types");
+    for (int i = 0; i < c->n_layers; i++)
+        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", type_name(c->layer_type[i]));
+    fputs("\n  ]", w->f);
+}
+
+static void jw_softcaps_unbiased(jwriter *w, const kv_config *c)
+{
+    if (c->final_softcap > 0)
+        jw_num(w, "final_logit_softcapping", c->final_softcap);
+    else
+        jw_raw(w, "final_logit_softcapping", "null");
+    jw_raw(w, "attn_logit_softcapping", "null");
+    jw_bool(w, "attention_bias", false);
+}
+
 /* P such that layer i slides iff (i+1) % P != 0, or 0 when there is none. */
 static int regular_pattern(const kv_config *c)
 {
@@ -1583,24 +1612,13 @@ static void write_gemma(jwriter *w, const kv_config *c)
         jw_int(w, "query_pre_attn_scalar", (long long)q);
     else
         jw_num(w, "query_pre_attn_scalar", q);
-    if (c->sliding_window > 0)
-        jw_int(w, "sliding_window", c->sliding_window);
-    else
-        jw_raw(w, "sliding_window", "null");
+    jw_window(w, c);
     int p = regular_pattern(c);
     if (p > 0)
         jw_int(w, "sliding_window_pattern", p);
-    jw_key(w, "layer_types");
-    for (int i = 0; i < c->n_layers; i++)
-        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", type_name(c->layer_type[i]));
-    fputs("\n  ]", w->f);
+    jw_layer_types(w, c);
     jw_num(w, "rope_local_base_freq", c->rope_local_theta);
-    if (c->final_softcap > 0)
-        jw_num(w, "final_logit_softcapping", c->final_softcap);
-    else
-        jw_raw(w, "final_logit_softcapping", "null");
-    jw_raw(w, "attn_logit_softcapping", "null");
-    jw_bool(w, "attention_bias", false);
+    jw_softcaps_unbiased(w, c);
     int shared = count_shared(c);
     if (shared > 0)
         jw_int(w, "num_kv_shared_layers", shared);
@@ -1613,14 +1631,8 @@ static void write_gemma4(jwriter *w, const kv_config *c)
     char lt[40], gt[40], pf[40];
     jw_int(w, "global_head_dim", c->head_dim_full);
     jw_int(w, "num_global_key_value_heads", c->n_kv_heads_full);
-    if (c->sliding_window > 0)
-        jw_int(w, "sliding_window", c->sliding_window);
-    else
-        jw_raw(w, "sliding_window", "null");
-    jw_key(w, "layer_types");
-    for (int i = 0; i < c->n_layers; i++)
-        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", type_name(c->layer_type[i]));
-    fputs("\n  ]", w->f);
+    jw_window(w, c);
+    jw_layer_types(w, c);
     fmt_double(lt, sizeof lt, c->rope_local_theta);
     fmt_double(gt, sizeof gt, c->rope_theta);
     fmt_double(pf, sizeof pf, c->rope_partial_full > 0 ? c->rope_partial_full : 1.0);
@@ -1628,12 +1640,7 @@ static void write_gemma4(jwriter *w, const kv_config *c)
     fprintf(w->f, "{\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": %s}, "
             "\"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": "
             "%s, \"rope_theta\": %s}}", lt, pf, gt);
-    if (c->final_softcap > 0)
-        jw_num(w, "final_logit_softcapping", c->final_softcap);
-    else
-        jw_raw(w, "final_logit_softcapping", "null");
-    jw_raw(w, "attn_logit_softcapping", "null");
-    jw_bool(w, "attention_bias", false);
+    jw_softcaps_unbiased(w, c);
     jw_bool(w, "attention_k_eq_v", c->k_eq_v);
     jw_int(w, "num_kv_shared_layers", count_shared(c));
     jw_bool(w, "use_double_wide_mlp", c->double_wide_mlp);

@@ -574,35 +574,38 @@ START_TEST(test_gemma4_export_agrees)
 }
 END_TEST
 
-/* A Gemma 4 whose layers before the shared block do not end sliding, full
- * is refused: llama.cpp's gemma4 would read other layers' caches. */
-START_TEST(test_gemma4_layout_llama_misreads_refused)
+/* `kvdiff gen SOURCE --gguf` into an empty folder is refused: exit 2, one
+ * line naming want1 (and want2 unless NULL), and nothing written. */
+static void assert_gguf_refused(const char *source, const char *want1, const char *want2)
 {
-    char dir[256], path[512], args[1024], out[4096];
+    char dir[256], args[1024], out[4096];
     test_tmpdir(dir, sizeof dir);
-    snprintf(path, sizeof path, "%s/g.gguf", dir);
-    snprintf(args, sizeof args, "gen --from tests/data/conformance/gemma4 --gguf '%s'", path);
+    snprintf(args, sizeof args, "gen %s --gguf '%s/x.gguf'", source, dir);
     ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
-    ck_assert_msg(strstr(out, "layer 4 reads layer 3's KV cache, but llama.cpp's gemma4 would "
-                          "read layer 2"), "%s", out);
+    ck_assert_msg(strstr(out, want1) && (!want2 || strstr(out, want2)), "%s", out);
     ck_assert_int_eq(count_lines(out), 1);
     static const char *const none[] = {NULL};
     ck_assert_int_eq(stray_files(dir, none), 0);
     test_rmtree(dir);
 }
+
+/* A Gemma 4 whose layers before the shared block do not end sliding, full
+ * is refused: llama.cpp's gemma4 would read other layers' caches. */
+START_TEST(test_gemma4_layout_llama_misreads_refused)
+{
+    assert_gguf_refused("--from tests/data/conformance/gemma4",
+                        "layer 4 reads layer 3's KV cache, but llama.cpp's gemma4 would read "
+                        "layer 2", NULL);
+}
 END_TEST
 
 START_TEST(test_kvshared_refused_without_a_file)
 {
+    assert_gguf_refused("--preset tiny-gemma3-kvshared", "KV-shared", "llama.cpp");
     char dir[256], path[512], args[1024], out[4096];
     test_tmpdir(dir, sizeof dir);
     snprintf(path, sizeof path, "%s/k.gguf", dir);
     snprintf(args, sizeof args, "gen --preset tiny-gemma3-kvshared --gguf '%s'", path);
-    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 2);
-    ck_assert_msg(strstr(out, "KV-shared") && strstr(out, "llama.cpp"), "%s", out);
-    ck_assert_int_eq(count_lines(out), 1);
-    static const char *const none[] = {NULL};
-    ck_assert_int_eq(stray_files(dir, none), 0);
     /* An existing file at the target is left as it was. */
     FILE *f = fopen(path, "w");
     fputs("keep", f);

@@ -287,6 +287,16 @@ static int make_model_gguf(const char *preset, const char *dir, const char *gguf
 /* ------------------------------------------------------------------ */
 /* Real runs                                                            */
 
+/* kvdiff's reference on the exported folder dir/hf: 40 random tokens
+ * (seed 3) and max_new more, dumped to dir/ref.h5. */
+static void run_reference(const char *dir, int max_new)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new %d "
+             "--ignore-eos --dump %s/ref.h5", dir, max_new, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
 /* kvdiff's reference and llama.cpp on the same prompt; returns the
  * compare exit status with out holding its JSON. */
 static int record_and_compare(const char *preset, const char *dir, const char *rec_opts,
@@ -295,9 +305,7 @@ static int record_and_compare(const char *preset, const char *dir, const char *r
     char args[2048], gguf[512];
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
     ck_assert_msg(make_model_gguf(preset, dir, gguf) == 0, "%s", out);
-    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
-             "--ignore-eos --dump %s/ref.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    run_reference(dir, 6);
     snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
              "%s --dump %s/llama.h5", gguf, dir, dir, rec_opts, dir);
     ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
@@ -386,9 +394,7 @@ START_TEST(test_llama_gemma3_fold_from_gguf)
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
     ck_assert_msg(make_gguf("tiny-gemma3", dir, gguf, NULL) == 0, "%s", out);
-    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 2 "
-             "--ignore-eos --dump %s/ref.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    run_reference(dir, 2);
     snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 2 --ignore-eos "
              "--cache-type f32 --threads 1 --dump %s/llama.h5", gguf, dir, dir);
     ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
@@ -464,9 +470,7 @@ START_TEST(test_llama_tiny_gemma4)
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
     ck_assert_msg(make_gguf("tiny-gemma4", dir, gguf, NULL) == 0, "%s", out);
-    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
-             "--ignore-eos --dump %s/ref.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    run_reference(dir, 6);
     for (size_t i = 0; i < sizeof caches / sizeof *caches; i++) {
         snprintf(path, sizeof path, "%s/llama%zu.h5", dir, i);
         snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 "
@@ -505,9 +509,7 @@ START_TEST(test_llama_gemma4_shared_kv_layers_wrong)
     snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
     ck_assert_msg(make_gguf("tiny-gemma4", dir, gguf, NULL) == 0, "%s", out);
     ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 8), 0);
-    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 4 "
-             "--ignore-eos --dump %s/ref.h5", dir, dir);
-    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    run_reference(dir, 4);
     snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
              "--cache-type f32 --dump %s/bad.h5", bad, dir, dir);
     ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
@@ -527,9 +529,10 @@ START_TEST(test_llama_gemma4_shared_kv_layers_wrong)
     ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 11), 0);
     snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 1 --dump %s/worse.h5", bad,
              dir, dir);
-    snprintf(gguf, sizeof gguf, "%s/worse.h5", dir);
+    char worse[512];
+    snprintf(worse, sizeof worse, "%s/worse.h5", dir);
     one_line_exit2(args, "attention.shared_kv_layers is 11: llama.cpp needs at least two of "
-                   "the 12 layers computing K/V", gguf);
+                   "the 12 layers computing K/V", worse);
     test_rmtree(dir);
 }
 END_TEST
