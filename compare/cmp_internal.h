@@ -111,6 +111,39 @@ typedef struct {
     kern_pool *pool;             /* the walker's threads, idle after the walk (NULL: none) */
 } cmp_ctx;
 
+/* --- structure.c: errors judged by their structure --- */
+
+#define CMP_FIT_MIN_COLS 16   /* narrower rows (per-head statistics) are not fitted */
+
+/* One row's error split by a row scale: test = (1 + dev) * ref + residual. */
+typedef struct {
+    bool fitted;                 /* finite, wide enough, ref not all zero */
+    double dev;                  /* a - 1: the scale's part, row-relative */
+    double noise;                /* RMS(residual) / RMS(ref) */
+    bool groups_agree;           /* four interleaved column groups each see the
+                                  * scale (within half of dev): no single large
+                                  * element's rounding passes for one */
+} cmp_scalefit;
+
+void cmp_row_scale_fit(const float *test, const float *ref, int n, cmp_scalefit *f);
+
+/* A map of the reference's logits onto the test's (/output's top-k). */
+typedef enum { CMP_MAP_NONE, CMP_MAP_SOFTCAP, CMP_MAP_SCALE } cmp_map_kind;
+typedef struct {
+    cmp_map_kind kind;
+    double param;                /* the softcap (+inf: none) or the scale */
+    double config_cap;           /* the reference's cap (0 none), undone first */
+    double ssr, ssr_identity;    /* squared residual under the map / under none */
+    size_t pairs;
+} cmp_logitmap;
+
+double cmp_logit_map(const cmp_logitmap *m, double ref_value);
+/* The map among the candidates (a softcap, a scale) leaving the least
+ * residual over the n pairs (ref[i], test[i]); kind NONE when none beats
+ * the identity. */
+void cmp_logit_map_fit(const double *ref, const double *test, size_t n, double config_cap,
+                       cmp_logitmap *best);
+
 /* --- attn_audit.c --- */
 /* The test's attention against its own q, k, v: for every layer whose q,
  * attn_out and KV owner's k, v the test records, attention over the
@@ -160,6 +193,11 @@ int cmp_output_exact(cmp_ctx *c, kv_err *e);
  * divergence, as cmp_output_exact does. Both 0, or -1 with e filled. */
 int cmp_output_errors(cmp_ctx *c, int64_t base, int64_t P, double *err, kv_err *e);
 int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e);
+/* /output as a map of the reference's logits (structure.c's candidates),
+ * fitted once over the first positions both hold from base: per position
+ * (P of them) the map's part and the residual it leaves, row-relative as
+ * cmp_output_errors' (NaN where not fitted). Fills r->xrt.map_*. */
+int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *noise, kv_err *e);
 /* Top-1 minus top-2 logit of src at pos, NaN when unknown (tokens.c). */
 double cmp_logit_margin(const cmp_source *src, int64_t pos, kv_err *e, int *rc);
 

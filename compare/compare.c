@@ -73,6 +73,9 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
         }
         cmp_note(r, "compared despite different models (forced): %s", why);
     }
+    if (x->final_softcap != y->final_softcap)
+        cmp_note(r, "configs differ: final_logit_softcapping %g (%s) vs %g (%s)",
+                 x->final_softcap, a->label, y->final_softcap, b->label);
     if (x->sliding_window != y->sliding_window)
         cmp_note(r, "configs differ: sliding_window %d (%s) vs %d (%s)", x->sliding_window,
                  a->label, y->sliding_window, b->label);

@@ -298,6 +298,10 @@ typedef struct {
     double xrt_threshold;        /* the threshold at the last position judged */
     double xrt_err;              /* the largest error observed, the step's row included */
     double xrt_ratio;            /* the largest error / threshold over drift rows (< 1) */
+    /* The structure test (structure.c): the largest row scale |a - 1| of
+     * the rows judged (the step's included), and the largest of it over
+     * its threshold among rows judged drift. */
+    double xrt_sys, xrt_sys_ratio;
 } cmp_stage_result;
 
 typedef struct {
@@ -354,6 +358,9 @@ typedef enum {
     CMP_DIAG_NORM_EPS,           /* an RMSNorm epsilon other than the config's */
     CMP_DIAG_FUTURE_KEYS,        /* the causal mask missing: keys after the query read */
     CMP_DIAG_KV_OWNER,           /* a layer read another layer's KV cache than the config's */
+    CMP_DIAG_ROW_SCALE,          /* rows scaled by one factor (the structure test) */
+    CMP_DIAG_LOGIT_MAP,          /* the logits through another softcap or scale */
+    CMP_DIAG_STATED_PRECISION,   /* the test states f32 but its rows are coarser */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 
@@ -558,6 +565,29 @@ typedef struct {
     double acc_largest;          /* the largest modelled gap, at: */
     int64_t acc_pos;             /* (-1 none) */
     int acc_layer;
+    /* The structure test (structure.c, docs/cross-runtime.md "Structure"):
+     * a row's scale part |a - 1| is a step where it is above
+     *   max(sys_noise_factor x its residual's noise,
+     *       sys_compute_factor x compute_eps, gain x upstream)
+     * and the stage's next rows show the same sign. */
+    bool sys_on;
+    double sys_noise_factor, sys_compute_factor;
+    bool sys_step;               /* the step is a row scale the size walk let pass */
+    double sys_dev, sys_noise;   /* at the step: a - 1, the residual's noise */
+    double sys_threshold, sys_drift_threshold;  /* the structure's, the size walk's */
+    double sys_worst_ratio;      /* the largest |a - 1| / threshold below the step */
+    int64_t sys_worst_pos;       /* where (-1 none) */
+    int sys_worst_layer;
+    kv_stage sys_worst_stage;
+    /* /output as a map of the reference's logits (structure.c): fitted over
+     * every position both hold; a step at /output when its part is above
+     * the noise it leaves and what flowed in. */
+    bool map_fitted;
+    int map_kind;                /* cmp_map_kind: 0 none, 1 softcap, 2 scale */
+    double map_param, map_config_cap;
+    double map_gain;             /* RMS residual without the map / with it */
+    bool map_step;               /* the step at /output is the map's */
+    double map_part, map_noise;  /* at the step, row-relative */
 } cmp_xrt;
 
 #define CMP_MAX_NOTES 16

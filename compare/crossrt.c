@@ -33,6 +33,14 @@
                                * of layers 0-3 (docs/cross-runtime.md) */
 #define XRT_ACC_FACTOR 2.0   /* f16-summed attention rows: times the modelled
                               * gap of llama.cpp's f16 accumulator (f16acc.c) */
+#define XRT_SYS_NOISE 4.0     /* a row scale is systematic past this x the residual's
+                               * noise (structure.c) ... */
+#define XRT_SYS_COMPUTE 8.0   /* ... and past this x the compute type's unit roundoff:
+                               * a scalar the runtime rounds (Gemma's embedding scale
+                               * in bf16: 0.44 U, a norm's 1/rms) scales a whole row
+                               * legitimately, by at most 1.5 U measured */
+#define XRT_SYS_CONFIRM 3     /* and the stage's next rows (up to this many) show the
+                               * same sign above their own noise */
 #define XRT_WINDOW 16         /* positions that "recent" covers: a row judged drift
                                * teaches the positions right after it, not every
                                * later one (one early outlier below the floor
@@ -151,6 +159,12 @@ double cmp_xrt_compute_term(const cmp_xrt *m)
 /* ------------------------------------------------------------------ */
 /* Reading: one record and one error per (stage, position)              */
 
+/* A row's scale fit, kept small: one per (stage, position). */
+typedef struct {
+    float dev, noise;            /* cmp_scalefit's */
+    bool ok;                     /* fitted, and every column group sees the scale */
+} xrt_fit;
+
 typedef struct {
     cmp_ctx *c;
     int n;                       /* stages */
@@ -159,8 +173,18 @@ typedef struct {
     double *err;                 /* (n, P): row-relative error, +inf for NaN/Inf */
     bool *kv_rounds;             /* (n): kv_rounds_here */
     float *acc_gap;              /* (n, P): f16acc.c's modelled gap, or NULL */
+    xrt_fit *fit;                /* (n, P): each row's scale fit (structure.c) */
     double *out_err;             /* (P): /output's error (cmp_output_errors), NaN none */
+    double *map_part, *map_noise;/* (P): /output's map part and residual (cmp_output_map) */
 } xrt_walk;
+
+/* Stages whose rows are vectors a map can act on: not per-head
+ * statistics or key counts. */
+static bool fit_stage(kv_stage st)
+{
+    return st != STAGE_ATTN_NORM_STATS && st != STAGE_FFN_NORM_STATS && st != STAGE_ATTN_LSE &&
+           st != STAGE_ATTN_NKEYS;
+}
 
 static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_err *e)
 {
@@ -176,6 +200,12 @@ static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_
             cmp_rowrec *rec = &x->recs[at];
             cmp_row_compare(ta + k * sr->cols, rb + k * sr->cols, sr->cols, &exact, rec);
             x->err[at] = rec->nonfinite ? INFINITY : cmp_rowrec_rel(rec);
+            if (fit_stage(sr->stage) && !rec->bitequal) {
+                cmp_scalefit f;
+                cmp_row_scale_fit(ta + k * sr->cols, rb + k * sr->cols, sr->cols, &f);
+                x->fit[at] = (xrt_fit){.dev = (float)f.dev, .noise = (float)f.noise,
+                                       .ok = f.fitted && f.groups_agree};
+            }
         }
     }
     return 0;
@@ -345,6 +375,99 @@ static double recent(const xrt_walk *x, const cmp_stage_result *sr, int i, int64
     return m;
 }
 
+/* The structure test's threshold for a row scale at (i, p): its own
+ * noise, scalar rounding in the compute type, what flowed in. */
+static double sys_threshold(const xrt_walk *x, size_t at, double upstream)
+{
+    const cmp_xrt *m = &x->c->r->xrt;
+    double t = XRT_SYS_NOISE * x->fit[at].noise;
+    t = fmax(t, XRT_SYS_COMPUTE * m->compute_eps);
+    return fmax(t, m->gain * upstream);
+}
+
+/* Row (i, q) shows a scale of sign `sign` above its noise and scalar
+ * rounding: the confirmation a step needs from the stage's next rows. */
+static bool sys_row(const xrt_walk *x, int i, int64_t q, double sign)
+{
+    const xrt_fit *f = &x->fit[(size_t)i * (size_t)x->P + (size_t)(q - x->base)];
+    const double u = XRT_SYS_COMPUTE * x->c->r->xrt.compute_eps;
+    return f->ok && f->dev * sign > 0 && fabs(f->dev) > XRT_SYS_NOISE * f->noise &&
+           fabs(f->dev) > u;
+}
+
+/* Is row (i, p) a systematic step: a row scale above sys_threshold that
+ * the stage's next rows (up to XRT_SYS_CONFIRM of them) show too? */
+static bool sys_steps(xrt_walk *x, cmp_stage_result *sr, int i, int64_t p, double upstream,
+                      double *thr)
+{
+    const size_t at = (size_t)i * (size_t)x->P + (size_t)(p - x->base);
+    const xrt_fit *f = &x->fit[at];
+    if (!f->ok || sr->stage == STAGE_ATTN_NKEYS)
+        return false;
+    *thr = sys_threshold(x, at, upstream);
+    const double dev = fabs(f->dev), ratio = *thr > 0 ? dev / *thr : 0;
+    if (!(dev > *thr)) {
+        cmp_xrt *m = &x->c->r->xrt;
+        sr->xrt_sys = fmax(sr->xrt_sys, dev);
+        sr->xrt_sys_ratio = fmax(sr->xrt_sys_ratio, ratio);
+        if (ratio > m->sys_worst_ratio) {
+            m->sys_worst_ratio = ratio;
+            m->sys_worst_pos = p;
+            m->sys_worst_layer = sr->layer;
+            m->sys_worst_stage = sr->stage;
+        }
+        return false;
+    }
+    const double sign = f->dev > 0 ? 1 : -1;
+    for (int64_t q = p + 1; q <= p + XRT_SYS_CONFIRM && q <= sr->pos_hi &&
+                            q < x->base + x->P; q++)
+        if (!sys_row(x, i, q, sign))
+            return false;
+    sr->xrt_sys = fmax(sr->xrt_sys, dev);
+    return true;
+}
+
+/* Whether the fitted map's parameter is another than the config's by
+ * more than a rounding of it in the compute type could make. */
+static bool map_differs(const cmp_xrt *m)
+{
+    const double u = XRT_SYS_COMPUTE * m->compute_eps;
+    if (m->map_kind == CMP_MAP_SCALE)
+        return fabs(m->map_param - 1) > u;
+    if (m->map_kind != CMP_MAP_SOFTCAP)
+        return false;
+    if (isinf(m->map_param) || !(m->map_config_cap > 0))
+        return isinf(m->map_param) != !(m->map_config_cap > 0);
+    return fabs(m->map_param / m->map_config_cap - 1) > u;
+}
+
+/* Is /output at p, drift by its size, a map of the reference's logits (a
+ * softcap, a scale) of another parameter than the config's, which over
+ * the whole run leaves a residual XRT_SYS_NOISE times smaller than none
+ * does, and whose part here and at the next positions is above that
+ * factor times the residual? What flowed in from upstream is in the
+ * residual: a map its rounding does not make. */
+static bool map_steps(const xrt_walk *x, int64_t p, double *thr, double *err)
+{
+    cmp_xrt *m = &x->c->r->xrt;
+    const int64_t i = p - x->base;
+    if (!x->map_part || isnan(x->map_part[i]) || !(m->map_gain >= XRT_SYS_NOISE) ||
+        !map_differs(m))
+        return false;
+    const double t = XRT_SYS_NOISE * x->map_noise[i];
+    if (!(x->map_part[i] > t))
+        return false;
+    for (int64_t q = i + 1; q <= i + XRT_SYS_CONFIRM && q < x->P; q++)
+        if (!isnan(x->map_part[q]) && !(x->map_part[q] > XRT_SYS_NOISE * x->map_noise[q]))
+            return false;
+    m->map_step = true;
+    m->map_part = x->map_part[i];
+    m->map_noise = x->map_noise[i];
+    *thr = t;
+    *err = x->map_part[i];
+    return true;
+}
+
 /* Is /output at p above drift? Its threshold as any stage's: the floor,
  * gain x the largest error upstream at p, history x its own over the
  * window before. */
@@ -360,7 +483,7 @@ static bool output_steps(const xrt_walk *x, int64_t p, double upstream, double *
     const cmp_stage_result out = {.layer = -1, .stage = STAGE_LOGITS};
     *thr = threshold(&x->c->r->xrt, &out, false, 0, upstream, own);
     *err = x->out_err[p - x->base];
-    return !(*err <= *thr);
+    return !(*err <= *thr) || map_steps(x, p, thr, err);
 }
 
 /* Positions ascending, at each the stages in dataflow order: the first
@@ -400,13 +523,24 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                     m->audit_step = true;
                     m->audit_drift_threshold = thr;
                 }
+                /* Drift by its size, but a scale rounding does not make. */
+                double sthr = 0;
+                if (!rec->bad && sys_steps(x, sr, i, p, upstream, &sthr)) {
+                    rec->bad = true;
+                    m->sys_step = true;
+                    m->sys_dev = x->fit[at].dev;
+                    m->sys_noise = x->fit[at].noise;
+                    m->sys_threshold = sthr;
+                    m->sys_drift_threshold = thr;
+                }
                 sr->xrt_threshold = thr;
                 sr->xrt_err = err > sr->xrt_err || isnan(err) ? err : sr->xrt_err;
                 cmp_stats_add(&sr->all, rec, p);
                 if (rec->bad) {
                     stop = p;
                     stop_i = i;
-                    stop_thr = m->audit_step ? m->audit_threshold : thr;
+                    stop_thr = m->audit_step ? m->audit_threshold
+                               : m->sys_step ? m->sys_threshold : thr;
                     break;
                 }
                 cmp_stats_add(&sr->upto, rec, p);
@@ -442,6 +576,7 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
     }
     m->step = true;
     m->step_err = m->audit_step ? audit_err
+                  : m->sys_step ? fabs(m->sys_dev)
                                 : x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
     m->step_threshold = stop_thr;
     return fill_step(x, stop_i, stop, stop_thr, e);
@@ -459,6 +594,11 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     m->history = XRT_HISTORY;
     m->worst_pos = -1;
     m->worst_layer = -1;
+    m->sys_on = true;
+    m->sys_noise_factor = XRT_SYS_NOISE;
+    m->sys_compute_factor = XRT_SYS_COMPUTE;
+    m->sys_worst_pos = -1;
+    m->sys_worst_layer = -1;
     kv_precision(c->test, m);
     compute_precision(c->test, m);
     if (m->compute_stated && m->compute_eps > 0x1p-20)
@@ -481,10 +621,16 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     for (int i = 0; x.kv_rounds && i < x.n; i++)
         x.kv_rounds[i] = kv_rounds_here(r, i);
     x.out_err = calloc((size_t)x.P, sizeof *x.out_err);
-    int rc = x.recs && x.err && x.kv_rounds && x.out_err ? read_all(&x, e)
+    x.fit = calloc((size_t)x.n * (size_t)x.P, sizeof *x.fit);
+    int rc = x.recs && x.err && x.kv_rounds && x.out_err && x.fit ? read_all(&x, e)
                                                          : kv_errf(e, "compare: out of memory");
     if (rc == 0)
         rc = cmp_output_errors(c, x.base, x.P, x.out_err, e);
+    x.map_part = calloc((size_t)x.P, sizeof *x.map_part);
+    x.map_noise = calloc((size_t)x.P, sizeof *x.map_noise);
+    if (rc == 0)
+        rc = x.map_part && x.map_noise ? cmp_output_map(c, x.base, x.P, x.map_part, x.map_noise, e)
+                                       : kv_errf(e, "compare: out of memory");
     /* llama.cpp's f16 summation of attention values, modelled. */
     m->acc_pos = -1;
     m->acc_layer = -1;
@@ -508,5 +654,8 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     free(x.kv_rounds);
     free(x.acc_gap);
     free(x.out_err);
+    free(x.fit);
+    free(x.map_part);
+    free(x.map_noise);
     return rc;
 }

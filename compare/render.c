@@ -692,6 +692,37 @@ static json_t *jlogits(const cmp_logit_stats *l)
                      (json_int_t)l->kl_max_pos);
 }
 
+static const char *map_kind_name(int k)
+{
+    return k == CMP_MAP_SOFTCAP ? "softcap" : k == CMP_MAP_SCALE ? "scale" : "none";
+}
+
+/* The structure test's constants and figures (null in results without it). */
+static json_t *jstructure(const cmp_xrt *x)
+{
+    if (!x->sys_on)
+        return json_null();
+    json_t *closest = x->sys_worst_pos < 0 ? json_null()
+        : json_pack("{sI si ss so}", "position", (json_int_t)x->sys_worst_pos, "layer",
+                    x->sys_worst_layer, "stage", stage_name(x->sys_worst_stage), "ratio",
+                    jnum(x->sys_worst_ratio));
+    json_t *step = !x->sys_step ? json_null()
+        : json_pack("{so so so so}", "scale", jnum(1 + x->sys_dev), "noise", jnum(x->sys_noise),
+                    "threshold", jnum(x->sys_threshold), "drift_threshold",
+                    jnum(x->sys_drift_threshold));
+    /* an infinite softcap (none) is written as null */
+    json_t *map = !x->map_fitted ? json_null()
+        : json_pack("{ss so so so sb so so}", "kind", map_kind_name(x->map_kind), "value",
+                    isfinite(x->map_param) ? jnum(x->map_param) : json_null(), "config_cap",
+                    jnum(x->map_config_cap), "gain", isfinite(x->map_gain) ? jnum(x->map_gain)
+                                                                           : json_null(),
+                    "step", x->map_step, "part", x->map_step ? jnum(x->map_part) : json_null(),
+                    "noise", x->map_step ? jnum(x->map_noise) : json_null());
+    return json_pack("{ss so so so so so}", "test", "row_scale", "noise_factor",
+                     jnum(x->sys_noise_factor), "compute_factor", jnum(x->sys_compute_factor),
+                     "step", step, "closest", closest, "logit_map", map);
+}
+
 /* The cross-runtime model and its figures; null when it did not judge. */
 static json_t *jxrt(const cmp_result *r)
 {
@@ -701,10 +732,13 @@ static json_t *jxrt(const cmp_result *r)
     json_t *st = json_array();
     for (int i = 0; i < r->n_stages; i++) {
         const cmp_stage_result *s = &r->stages[i];
-        json_array_append_new(st, json_pack("{si ss so so so so}", "layer", s->layer, "stage",
-                                            stage_name(s->stage), "scale", jnum(s->xrt_scale),
-                                            "threshold", jnum(s->xrt_threshold), "error",
-                                            jnum(s->xrt_err), "ratio", jnum(s->xrt_ratio)));
+        json_array_append_new(st, json_pack("{si ss so so so so so so}", "layer", s->layer,
+                                            "stage", stage_name(s->stage), "scale",
+                                            jnum(s->xrt_scale), "threshold",
+                                            jnum(s->xrt_threshold), "error", jnum(s->xrt_err),
+                                            "ratio", jnum(s->xrt_ratio), "systematic",
+                                            jnum(s->xrt_sys), "systematic_ratio",
+                                            jnum(s->xrt_sys_ratio)));
     }
     json_t *worst = x->worst_pos < 0 ? json_null()
         : json_pack("{sI si ss so}", "position", (json_int_t)x->worst_pos, "layer",
@@ -738,6 +772,8 @@ static json_t *jxrt(const cmp_result *r)
                      x->step ? jnum(x->step_err) : json_null(), "step_threshold",
                      x->step ? jnum(x->step_threshold) : json_null(), "drift_closest", worst,
                      "attention_check", audit, "f16_accumulation", acc, "stages", st);
+    if (j)
+        json_object_set_new(j, "structure", jstructure(x));
     if (j)   /* /output, walked last at each position; null where it is bit-identical */
         json_object_set_new(j, "output_max_rel", x->output_drift ? jnum(x->output_max_rel)
                                                                  : json_null());

@@ -544,3 +544,115 @@ int cmp_output_step(cmp_ctx *c, int64_t p, kv_err *e)
     out_pair_free(&A, &B);
     return rc;
 }
+
+/* ------------------------------------------------------------------ */
+/* /output as a map of the reference's logits (structure.c)             */
+
+#define MAP_MAX_POS 4096   /* positions the map is fitted over (the first ones) */
+
+/* Each position's top-k values both lists hold, matched by id, for up to
+ * MAP_MAX_POS positions from the first both hold at or after base;
+ * at[i]..at[i + 1] are position first + i's
+ * pairs, scale[i] its reference magnitude (lse and values). */
+typedef struct {
+    double *ref, *test, *scale;
+    size_t *at;
+    int64_t first, P;            /* positions first .. first + P - 1 */
+} map_pairs;
+
+static void map_pairs_free(map_pairs *m)
+{
+    free(m->ref);
+    free(m->test);
+    free(m->scale);
+    free(m->at);
+}
+
+static int map_pairs_read(cmp_ctx *c, int64_t base, int64_t P, map_pairs *m, kv_err *e)
+{
+    memset(m, 0, sizeof *m);
+    int64_t lo, hi;
+    int ka, kb;
+    if (!output_overlap(c, &lo, &hi, &ka, &kb))
+        return 0;
+    m->first = lo > base ? lo : base;
+    hi = hi < base + P - 1 ? hi : base + P - 1;
+    if (hi < m->first)
+        return 0;
+    m->P = hi - m->first + 1 < MAP_MAX_POS ? hi - m->first + 1 : MAP_MAX_POS;
+    const size_t cap = (size_t)m->P * (size_t)(ka < kb ? ka : kb);
+    m->ref = malloc((cap + 1) * sizeof *m->ref);
+    m->test = malloc((cap + 1) * sizeof *m->test);
+    m->scale = malloc((size_t)m->P * sizeof *m->scale);
+    m->at = malloc(((size_t)m->P + 1) * sizeof *m->at);
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, ka, kb, e);
+    if (rc == 0 && (!m->ref || !m->test || !m->scale || !m->at))
+        rc = kv_errf(e, "compare: out of memory");
+    size_t n = 0;
+    const int64_t end = m->first + m->P;
+    for (int64_t p = m->first; rc == 0 && p < end; p += 64) {
+        const int64_t rows = end - p < 64 ? end - p : 64;
+        if (out_pair_read(c, p, rows, &A, &B, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const size_t i = (size_t)(p + r - m->first);
+            m->at[i] = n;
+            double s = fabs((double)A.lse[r]);
+            for (int a = 0; a < ka; a++) {
+                const double va = A.vals[r * ka + a];
+                s = fmax(s, fabs(va));
+                for (int b = 0; b < kb; b++)
+                    if (B.ids[r * kb + b] == A.ids[r * ka + a] && n < cap && isfinite(va) &&
+                        isfinite(B.vals[r * kb + b])) {
+                        m->ref[n] = va;
+                        m->test[n++] = B.vals[r * kb + b];
+                        break;
+                    }
+            }
+            m->scale[i] = s;
+        }
+    }
+    if (m->at)
+        m->at[m->P] = n;
+    out_pair_free(&A, &B);
+    if (rc < 0)
+        map_pairs_free(m);
+    return rc;
+}
+
+int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *noise, kv_err *e)
+{
+    for (int64_t i = 0; i < P; i++)
+        part[i] = noise[i] = NAN;
+    map_pairs m;
+    if (map_pairs_read(c, base, P, &m, e) < 0)
+        return -1;
+    if (m.P <= 0)
+        return 0;
+    cmp_xrt *x = &c->r->xrt;
+    cmp_logitmap fit;
+    cmp_logit_map_fit(m.ref, m.test, m.at[m.P], c->cfg->final_softcap, &fit);
+    x->map_fitted = true;
+    x->map_kind = (int)fit.kind;
+    x->map_param = fit.param;
+    x->map_config_cap = fit.config_cap;
+    x->map_gain = fit.ssr > 0 ? sqrt(fit.ssr_identity / fit.ssr) : fit.ssr_identity > 0
+                                                                      ? INFINITY : 1;
+    for (int64_t i = 0; fit.kind != CMP_MAP_NONE && i < m.P; i++) {
+        double pt = 0, ns = 0;
+        for (size_t j = m.at[i]; j < m.at[i + 1]; j++) {
+            const double f = cmp_logit_map(&fit, m.ref[j]);
+            pt = fmax(pt, fabs(f - m.ref[j]));
+            ns = fmax(ns, fabs(m.test[j] - f));
+        }
+        if (m.at[i + 1] > m.at[i] && m.scale[i] > 0) {
+            part[m.first + i - base] = pt / m.scale[i];
+            noise[m.first + i - base] = ns / m.scale[i];
+        }
+    }
+    map_pairs_free(&m);
+    return 0;
+}

@@ -888,6 +888,15 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         c.attn_scale = json_number_value(scale);
     else if (c.head_dim > 0)
         c.attn_scale = 1.0 / sqrt((double)c.head_dim);
+    /* Optional: Gemma's final logit softcap (0 or absent: none). */
+    json_t *cap = json_object_get(o, "final_logit_softcapping");
+    if (cap && !json_is_null(cap)) {
+        if (!json_is_number(cap) || !(json_number_value(cap) >= 0) ||
+            !isfinite(json_number_value(cap)))
+            problem(&p, "model_config field \"final_logit_softcapping\" must be a number >= 0.");
+        else
+            c.final_softcap = json_number_value(cap);
+    }
     rope_scaling_field(o, &c, &p);
     if (c.n_layers > 0)
         layer_fields(o, &c, &p);

@@ -915,6 +915,10 @@ static char *config_json(const kv_config *c)
         json_object_set_new(o, "hidden_size_per_layer_input", json_integer(c->per_layer_dim));
         json_object_set_new(o, "vocab_size_per_layer_input", json_integer(c->per_layer_vocab));
     }
+    /* Gemma's final logit softcap: the comparer fits /output as a map of
+     * the reference's logits, and must undo the cap the reference applied. */
+    if (c->final_softcap > 0)
+        json_object_set_new(o, "final_logit_softcapping", json_real(c->final_softcap));
     text = json_dumps(o, JSON_COMPACT);
 done:
     json_decref(types);

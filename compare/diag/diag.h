@@ -84,6 +84,10 @@ int dg_rule_norm_convention(cmp_ctx *c, kv_err *e);   /* norms.c: w vs (1 + w) *
 int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
 int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */
 int dg_rule_kv_owner(cmp_ctx *c, kv_err *e);          /* sharing.c: another layer's cache */
+int dg_rule_row_scale(cmp_ctx *c, kv_err *e);         /* maps.c: the structure test's scale */
+int dg_rule_stated_precision(cmp_ctx *c, kv_err *e);  /* maps.c: f32 stated, coarser seen */
+/* maps.c: /output's step is a map of the logits (softcap, scale): names it. */
+bool dg_rule_logit_map(cmp_ctx *c);
 
 /* The key-set families (keysets.c): a different set of keys read at the
  * point, named by scoring every candidate cause at every position and

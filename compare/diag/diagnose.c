@@ -303,6 +303,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         rule_nonfinite(c);
         return 0;
     }
+    if ((rc = dg_rule_stated_precision(c, e)) != 0)
+        return rc;
     if (d->layer >= 0 && (rc = dg_rule_rows(c, e)) != 0)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = dg_rule_rope(c, e)) != 0)
@@ -317,6 +319,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = dg_rule_kv_owner(c, e)) != 0)
         return rc < 0 ? -1 : 0;
+    if ((rc = dg_rule_row_scale(c, e)) != 0)
+        return rc;
     if ((rc = rule_drift(c, d->layer >= 0 ? a : NULL, e)) != 0)
         return rc < 0 ? -1 : rc == 2 ? 2 : 0;
     if (d->layer >= 0 && (rc = dg_rule_keyset(c, a, e)) != 0)
@@ -364,6 +368,8 @@ static int diagnose_point(cmp_ctx *c, kv_err *e)
  * position is identical, so what differs comes after them. */
 static void diagnose_output(cmp_ctx *c)
 {
+    if (dg_rule_logit_map(c))
+        return;
     dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
     dg_say(c->g->detail, sizeof c->g->detail, "(/output differs at position %lld, %d of its "
         "entries, while every recorded stage there is %s: the final norm, the LM head or the "

@@ -1,0 +1,210 @@
+/* check_structure.c — errors judged by their structure (compare/structure.c,
+ * docs/cross-runtime.md "Structure"): the row-scale fit tells a scale from
+ * noise and from one large element's rounding; the logit map recovers a
+ * softcap, no softcap and a scale; and with the real llama.cpp a GGUF whose
+ * RMSNorm epsilon is 1e-4 where the config says 1e-6, and one whose final
+ * softcap is 15 where the config says 30, both "no bug: drift" before
+ * this test, are steps at their first stage and named, while the correct
+ * GGUF stays drift. */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../compare/cmp_internal.h"
+#include "../model/pcg32.h"
+#include "gguf_patch.h"
+#include "testutil.h"
+
+static char out[1 << 16];
+
+/* ------------------------------------------------------------------ */
+/* The fits                                                             */
+
+static float gauss(pcg32 *g)
+{
+    double u = (pcg32_next(g) + 0.5) / 4294967296.0, v = (pcg32_next(g) + 0.5) / 4294967296.0;
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+START_TEST(structure_row_scale_fit)
+{
+    enum { N = 256 };
+    float ref[N], test[N];
+    pcg32 g;
+    pcg32_seed(&g, 7, 1);
+    for (int i = 0; i < N; i++)
+        ref[i] = gauss(&g);
+    /* Rounding-like noise, 1e-3 of each value: no scale to speak of. */
+    for (int i = 0; i < N; i++)
+        test[i] = ref[i] * (1 + 1e-3f * gauss(&g));
+    cmp_scalefit f;
+    cmp_row_scale_fit(test, ref, N, &f);
+    ck_assert(f.fitted);
+    ck_assert_msg(fabs(f.dev) < f.noise, "noise: dev %g noise %g", f.dev, f.noise);
+    /* A scale of 1 - 5e-5 under noise of 1e-7: many times the noise, in
+     * every column group. */
+    for (int i = 0; i < N; i++)
+        test[i] = ref[i] * (1 - 5e-5f) * (1 + 1e-7f * gauss(&g));
+    cmp_row_scale_fit(test, ref, N, &f);
+    ck_assert_msg(fabs(f.dev + 5e-5) < 1e-6 && f.groups_agree && fabs(f.dev) > 40 * f.noise,
+                  "scale: dev %g noise %g agree %d", f.dev, f.noise, f.groups_agree);
+    /* One massive element whose own rounding moves it by 1e-4: it looks
+     * like a scale of the whole row, but three column groups do not see it. */
+    memcpy(test, ref, sizeof ref);
+    ref[5] = 1000;
+    test[5] = 1000 * (1 + 1e-4f);
+    cmp_row_scale_fit(test, ref, N, &f);
+    ck_assert_msg(!f.groups_agree, "massive element: dev %g", f.dev);
+    /* Too narrow to fit (per-head statistics). */
+    cmp_row_scale_fit(test, ref, CMP_FIT_MIN_COLS - 1, &f);
+    ck_assert(!f.fitted);
+}
+END_TEST
+
+START_TEST(structure_logit_map_fit)
+{
+    enum { N = 400 };
+    double ref[N], test[N];
+    pcg32 g;
+    pcg32_seed(&g, 11, 3);
+    /* Logits capped at 30 in the reference, at 15 in the test. */
+    for (int i = 0; i < N; i++) {
+        const double z = 12 * gauss(&g);
+        ref[i] = 30 * tanh(z / 30);
+        test[i] = 15 * tanh(z / 15) + 1e-4 * gauss(&g);
+    }
+    cmp_logitmap m;
+    cmp_logit_map_fit(ref, test, N, 30, &m);
+    ck_assert_int_eq(m.kind, CMP_MAP_SOFTCAP);
+    ck_assert_msg(fabs(m.param - 15) < 0.05, "cap %g", m.param);
+    ck_assert(m.ssr_identity > 100 * m.ssr);
+    /* No cap at all in the test. */
+    for (int i = 0; i < N; i++)
+        test[i] = 30 * atanh(ref[i] / 30);
+    cmp_logit_map_fit(ref, test, N, 30, &m);
+    ck_assert_int_eq(m.kind, CMP_MAP_SOFTCAP);
+    ck_assert_msg(isinf(m.param), "cap %g", m.param);
+    /* A temperature: every logit times 0.9. */
+    for (int i = 0; i < N; i++)
+        test[i] = 0.9 * ref[i];
+    cmp_logit_map_fit(ref, test, N, 30, &m);
+    ck_assert_int_eq(m.kind, CMP_MAP_SCALE);
+    ck_assert_msg(fabs(m.param - 0.9) < 1e-9, "scale %g", m.param);
+    /* Noise alone: no map beats none by much. */
+    for (int i = 0; i < N; i++)
+        test[i] = ref[i] + 1e-3 * gauss(&g);
+    cmp_logit_map_fit(ref, test, N, 30, &m);
+    ck_assert(m.ssr_identity < 1.1 * m.ssr || m.kind == CMP_MAP_NONE);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ */
+/* With llama.cpp                                                       */
+
+/* Records gguf with llama.cpp (config from dir/hf), compares it against
+ * dir/ref.h5: the exit code, the JSON in *j. */
+static int record_compare(const char *dir, const char *gguf, json_t **j)
+{
+    char args[2048];
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
+             "--threads 1 --cache-type f32 --dump %s/llama.h5", gguf, dir, dir, dir);
+    char rm[600];
+    snprintf(rm, sizeof rm, "%s/llama.h5", dir);
+    remove(rm);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json", dir, dir);
+    int rc = test_run_cli(args, out, sizeof out);
+    *j = json_loads(out, 0, NULL);
+    ck_assert_msg(*j, "%.2000s", out);
+    return rc;
+}
+
+static void model(const char *dir, const char *preset)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "gen --preset %s -o %s/hf --gguf %s/m.gguf", preset, dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 60 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+static const char *kind_of(json_t *j)
+{
+    return json_string_value(json_object_get(json_object_get(j, "diagnosis"), "kind"));
+}
+
+START_TEST(structure_llama_norm_eps)
+{
+    char dir[512], gguf[600], bad[600];
+    test_tmpdir(dir, sizeof dir);
+    model(dir, "tiny-gemma3");
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/eps.gguf", dir);
+    ck_assert(gguf_patch(gguf, bad, "gemma3.attention.layer_norm_rms_epsilon", 1e-4) == 0);
+    json_t *j;
+    int rc = record_compare(dir, bad, &j);
+    ck_assert_msg(rc == 1, "exit %d\n%.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_int_eq(json_integer_value(json_object_get(d, "position")), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(d, "layer")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(d, "stage")), "attn_norm");
+    ck_assert_str_eq(kind_of(j), "norm_eps");
+    json_t *st = json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
+                                 "structure");
+    json_t *step = json_object_get(st, "step");
+    ck_assert_msg(json_is_object(step), "%.3000s", out);
+    /* under the size floor: the structure found it */
+    ck_assert(json_number_value(json_object_get(step, "drift_threshold")) > 1e-3);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(structure_llama_softcap)
+{
+    char dir[512], gguf[600], bad[600];
+    test_tmpdir(dir, sizeof dir);
+    model(dir, "tiny-gemma4");
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    json_t *j;
+    /* The correct GGUF: drift, and the fitted cap is the config's. */
+    int rc = record_compare(dir, gguf, &j);
+    ck_assert_msg(rc == 0, "exit %d\n%.3000s", rc, out);
+    json_t *map = json_object_get(json_object_get(json_object_get(json_object_get(j, "mode"),
+                                  "cross_runtime"), "structure"), "logit_map");
+    ck_assert(json_is_false(json_object_get(map, "step")));
+    json_decref(j);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/cap.gguf", dir);
+    ck_assert(gguf_patch(gguf, bad, "gemma4.final_logit_softcapping", 15) == 0);
+    rc = record_compare(dir, bad, &j);
+    ck_assert_msg(rc == 1, "exit %d\n%.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_str_eq(json_string_value(json_object_get(d, "stage")), "logits");
+    ck_assert_str_eq(kind_of(j), "logit_map");
+    const char *sum = json_string_value(json_object_get(json_object_get(j, "diagnosis"),
+                                                        "summary"));
+    ck_assert_msg(strstr(sum, "caps the logits at 15 where the config says 30"), "%s", sum);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
+Suite *structure_suite(void)
+{
+    Suite *s = suite_create("structure");
+    TCase *fit = tcase_create("fit");
+    tcase_add_test(fit, structure_row_scale_fit);
+    tcase_add_test(fit, structure_logit_map_fit);
+    suite_add_tcase(s, fit);
+    TCase *tc = tcase_create("llama");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, structure_llama_norm_eps);
+    tcase_add_test(tc, structure_llama_softcap);
+    suite_add_tcase(s, tc);
+    return s;
+}
