@@ -1410,7 +1410,8 @@ static void set_verdict(cmp_result *r, const cmp_source *ref, const cmp_source *
     bitequal &= !r->xrt.output_drift;   /* across runtimes /output is walked too */
     const bool count_differs = r->tokens.kind == CMP_TOKENS_LENGTH &&
                                !shorter_side_partial(ref, test);
-    if (r->first.found || r->tokens.kind == CMP_TOKENS_DIFFER || count_differs ||
+    const bool flip = r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift;
+    if (r->first.found || flip || count_differs ||
         r->tokens.self_pos[1] >= 0) {
         r->verdict = CMP_DIVERGED;
         return;
@@ -1500,15 +1501,18 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (r->first.found && getenv("KVDIFF_DIAG_TIME"))
         fprintf(stderr, "diagnosis: %.3f s\n",
                 (double)(d1.tv_sec - d0.tv_sec) + 1e-9 * (double)(d1.tv_nsec - d0.tv_nsec));
-    if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER) {
+    if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift) {
         r->diag.kind = CMP_DIAG_UNCLASSIFIED;
         snprintf(r->diag.summary, sizeof r->diag.summary, "unclassified");
         if (r->xrt.on)   /* the stages do differ there: within the drift model */
             snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
-                     "%lld but no recorded stage steps above drift before it: a bug smaller "
-                     "than this runtime's rounding, a near-tie between two tokens, or a stage "
-                     "not recorded; record the logits and every stage)",
-                     (long long)r->tokens.pos);
+                     "%lld but no recorded stage steps above drift before it, and neither the "
+                     "logit error this pair shows there (%.3g; NaN: /output not recorded on both "
+                     "sides) nor the test's own logits explain the flip (the reference's top-2 "
+                     "margin %.3g): a bug smaller "
+                     "than this runtime's rounding, or a stage not recorded; record /output and "
+                     "every stage)", (long long)r->tokens.pos, r->tokens.logit_err,
+                     r->tokens.ref_margin);
         else
             snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
                      "%lld but no recorded stage does before it: record the logits and every "

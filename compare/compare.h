@@ -457,6 +457,13 @@ typedef struct {
      * not checkable (not greedy, no /output); the id chosen and the top-1. */
     int64_t self_pos[2];         /* [0] reference, [1] test */
     int32_t self_token[2], self_top1[2];
+    /* Across runtimes: the pair's own logit error at pos - 1 (the largest
+     * |test - ref| over the ids both /output top-k lists hold; NaN unknown),
+     * and whether it explains the flip: the reference's top-2 margin is
+     * at most twice it, nothing stepped above drift before, and the test
+     * chose its own top-1. Such a flip is drift: the verdict passes. */
+    double logit_err;
+    bool flip_drift;
     bool test_stopped;           /* the test was stopped on purpose past its first
                                   * divergence (run --compare): a shorter token
                                   * list there is no finding */

@@ -61,6 +61,12 @@ static void tokens_phrase(FILE *f, const cmp_tokens *t)
         break;
     case CMP_TOKENS_DIFFER:
         fprintf(f, "tokens differ at position %lld", (long long)t->pos);
+        if (t->flip_drift)
+            fprintf(f, " (a near-tie flip: the reference's margin between the two tokens is "
+                    "within twice the logit error this pair shows there, %.3g: drift; the positions after it "
+                    "were fed other tokens and are not compared: run the reference on the "
+                    "test's tokens, kvdiff run --model M --follow TEST.h5 --dump R.h5, and "
+                    "compare R.h5 with TEST.h5)", t->logit_err);
         break;
     }
 }
@@ -676,6 +682,10 @@ static json_t *jtokens(const cmp_tokens *t)
                      d ? jopt(t->test_margin) : json_null(), "near_tie", t->near_tie);
     if (j && t->test_stopped)
         json_object_set_new(j, "test_stopped", json_true());
+    if (j && d) {   /* across runtimes: the flip judged by the pair's logit error */
+        json_object_set_new(j, "logit_error", jopt(t->logit_err));
+        json_object_set_new(j, "flip_drift", json_boolean(t->flip_drift));
+    }
     if (j)
         json_object_set_new(j, "contradicts_own_topk",
                             json_pack("{so so}", "reference", jself(t, 0), "test", jself(t, 1)));

@@ -120,6 +120,33 @@ static int self_check(const cmp_source *s, int64_t *at, int32_t *token, int32_t 
     return rc < 0 ? -1 : 0;
 }
 
+static int flip_row(cmp_ctx *c, int64_t pos, int32_t ref_id, int32_t test_id, double *err,
+                    double *margin, bool *shown, kv_err *e);
+
+/* Across runtimes a flip is judged by the evidence at its position: the
+ * logit error this pair shows there (measured over the ids both /output
+ * lists hold, not a constant), which the walk has judged drift, against
+ * the reference's own top-2 margin. Two logits each off by at most err
+ * swap only where they are within 2 err of each other; and the test's own
+ * logits must rank its token above the reference's (else its choice is
+ * no rounding of them: a sampler, a token written otherwise). */
+static int flip_evidence(cmp_ctx *c, kv_err *e)
+{
+    cmp_tokens *t = &c->r->tokens;
+    t->logit_err = NAN;
+    t->flip_drift = false;
+    if (!c->r->xrt.on || t->pos < 1)
+        return 0;
+    bool shown = false;
+    double margin = NAN;
+    if (flip_row(c, t->pos - 1, t->ref_id, t->test_id, &t->logit_err, &margin, &shown, e) < 0)
+        return -1;
+    const bool before = c->r->first.found && c->r->first.pos < t->pos;
+    t->flip_drift = !before && shown && t->self_pos[1] < 0 && isfinite(margin) &&
+                    isfinite(t->logit_err) && margin <= 2 * t->logit_err;
+    return 0;
+}
+
 int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
 {
     cmp_tokens *t = &c->r->tokens;
@@ -129,7 +156,7 @@ int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
     t->n_test = b->n_tokens;
     t->prompt_length = a->prompt_length;
     t->pos = t->step = -1;
-    t->ref_margin = t->test_margin = NAN;
+    t->ref_margin = t->test_margin = t->logit_err = NAN;
     if (self_check(a, &t->self_pos[0], &t->self_token[0], &t->self_top1[0], e) < 0 ||
         self_check(b, &t->self_pos[1], &t->self_token[1], &t->self_top1[1], e) < 0)
         return -1;
@@ -160,7 +187,7 @@ int cmp_tokens_compare(cmp_ctx *c, kv_err *e)
         return -1;
     t->near_tie = isfinite(t->ref_margin) && isfinite(t->test_margin) &&
                   t->ref_margin < CMP_NEAR_TIE && t->test_margin < CMP_NEAR_TIE;
-    return 0;
+    return flip_evidence(c, e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -655,4 +682,46 @@ int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *no
     }
     map_pairs_free(&m);
     return 0;
+}
+
+/* At pos: the largest |test - ref| over the ids both top-k lists hold
+ * (NaN: /output not held there on both sides), the reference's margin of
+ * its token over the test's in the same lists, and whether the test's
+ * list holds both tokens with its own above the reference's. */
+static int flip_row(cmp_ctx *c, int64_t pos, int32_t ref_id, int32_t test_id, double *err,
+                    double *margin, bool *shown, kv_err *e)
+{
+    *err = *margin = NAN;
+    *shown = false;
+    int64_t lo, hi;
+    int ka, kb;
+    if (!output_overlap(c, &lo, &hi, &ka, &kb) || pos < lo || pos > hi)
+        return 0;
+    out_block A, B;
+    int rc = out_pair_alloc(&A, &B, ka, kb, e);
+    if (rc == 0 && out_pair_read(c, pos, 1, &A, &B, e) < 0)
+        rc = -1;
+    double worst = -1, v_ref = NAN, v_test = NAN;
+    for (int i = 0; rc == 0 && i < ka; i++)
+        for (int j = 0; j < kb; j++)
+            if (A.ids[i] == B.ids[j]) {
+                const double d = fabs((double)A.vals[i] - (double)B.vals[j]);
+                worst = isfinite(d) && d > worst ? d : worst;
+                break;
+            }
+    for (int j = 0; rc == 0 && j < kb; j++) {
+        v_ref = B.ids[j] == ref_id ? B.vals[j] : v_ref;
+        v_test = B.ids[j] == test_id ? B.vals[j] : v_test;
+    }
+    double r_ref = NAN, r_test = NAN;
+    for (int i = 0; rc == 0 && i < ka; i++) {
+        r_ref = A.ids[i] == ref_id ? A.vals[i] : r_ref;
+        r_test = A.ids[i] == test_id ? A.vals[i] : r_test;
+    }
+    *margin = r_ref - r_test;
+    if (worst >= 0)
+        *err = worst;
+    *shown = v_test >= v_ref;   /* false when either is not held */
+    out_pair_free(&A, &B);
+    return rc;
 }

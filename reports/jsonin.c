@@ -596,6 +596,13 @@ static void read_tokens(jr *c, json_t *root, cmp_result *r)
     o->ref_margin = num(c, t, "tokens", "ref_margin", true);
     o->test_margin = num(c, t, "tokens", "test_margin", true);
     o->near_tie = boolean(c, t, "tokens", "near_tie");
+    /* absent in results older than the flip rule */
+    o->logit_err = json_object_get(t, "logit_error") ? num(c, t, "tokens", "logit_error", true)
+                                                     : NAN;
+    const json_t *fd = json_object_get(t, "flip_drift");
+    if (fd && !json_is_boolean(fd))
+        bad(c, "tokens", "flip_drift", "is not true or false");
+    o->flip_drift = json_is_true(fd);
     /* written only when true (run --compare stopped the test) */
     const json_t *stopped = json_object_get(t, "test_stopped");
     if (stopped && !json_is_boolean(stopped))

@@ -14,7 +14,9 @@
 #include <string.h>
 
 #include "../compare/cmp_internal.h"
+#include "../model/generate.h"
 #include "../model/pcg32.h"
+#include "../reference/reference.h"
 #include "gguf_patch.h"
 #include "testutil.h"
 
@@ -194,6 +196,145 @@ START_TEST(structure_llama_softcap)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* A token flip judged by the evidence at its position                  */
+
+/* The reference's run on tiny-gemma3 into memory, under an engine name. */
+static cmp_memrec *record_as(const kv_model *m, const char *engine, const char *settings,
+                             int p, int nnew)
+{
+    kv_err e = {{0}};
+    kern_ctx kc = {.isa = kern_isa_best(), .pool = NULL};
+    cmp_memrec *rec = cmp_memrec_new(&m->cfg, engine, settings, NULL, &e);
+    ck_assert_msg(rec != NULL, "%s", e.msg);
+    kv_observer *obs = cmp_memrec_observer(rec);
+    ref_opts ro = {.max_ctx = p + nnew, .prefill_step = 0};
+    kv_engine *eng = ref_create(m, &kc, &ro, obs, &e);
+    ck_assert_msg(eng != NULL, "%s", e.msg);
+    int32_t prompt[64];
+    for (int i = 0; i < p; i++)
+        prompt[i] = (int32_t)((i * 53 + 7) % m->cfg.vocab);
+    gen_opts go = {.max_new = nnew, .ignore_eos = true, .samp = {.temperature = 0, .top_p = 1}};
+    gen_result res;
+    ck_assert_msg(generate(eng, &m->cfg, prompt, p, &go, obs, &res, &e) == 0, "%s", e.msg);
+    gen_result_free(&res);
+    engine_free(eng);
+    return rec;
+}
+
+/* Both sides' /output, edited at one position to a near tie: the
+ * reference's second choice 0.002 under its first; on the test side the
+ * two ids at ranks 0 and 1 swapped (its logits show the flip, each of the
+ * two off by 0.002) or not (its logits do not show it). */
+#define NEAR_TIE 0.002f
+static struct {
+    cmp_source ref, test;
+    int64_t at;
+    bool swap;
+} flip;
+
+static int near_tie(const cmp_source *in, bool swap, int64_t pos0, int64_t n, float *lse,
+                    int32_t *ids, float *vals, kv_err *e)
+{
+    int64_t first, rows;
+    int k;
+    if (in->output(in->ctx, pos0, n, lse, ids, vals, e) < 0 ||
+        in->output_info(in->ctx, &first, &rows, &k) != 0)
+        return -1;
+    for (int64_t r = 0; r < n; r++)
+        if (pos0 + r == flip.at) {
+            float *v = vals + r * k;
+            ck_assert(k < 3 || v[2] < v[0] - NEAR_TIE);
+            v[1] = v[0] - NEAR_TIE;
+            if (swap) {
+                const int32_t t = ids[r * k];
+                ids[r * k] = ids[r * k + 1];
+                ids[r * k + 1] = t;
+            }
+        }
+    return 0;
+}
+
+static int ref_output(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *ids, float *vals,
+                      kv_err *e)
+{
+    (void)ctx;
+    return near_tie(&flip.ref, false, pos0, n, lse, ids, vals, e);
+}
+
+static int test_output(void *ctx, int64_t pos0, int64_t n, float *lse, int32_t *ids,
+                       float *vals, kv_err *e)
+{
+    (void)ctx;
+    return near_tie(&flip.test, flip.swap, pos0, n, lse, ids, vals, e);
+}
+
+/* Compares the reference against a copy whose token at pos is the
+ * reference's second choice there, at a near tie; swap: the test's
+ * /output shows that flip. */
+static void flip_compare(bool swap, cmp_result *r)
+{
+    kv_model m;
+    kv_err e = {{0}};
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_preset("tiny-gemma3", 0, &mo, &m, &e) == 0, "%s", e.msg);
+    enum { P = 20, NEW = 6 };
+    cmp_memrec *a = record_as(&m, "reference", "{\"engine\":\"reference\"}", P, NEW);
+    cmp_memrec *b = record_as(&m, "pytorch", "{\"compute_dtype\":\"f32\"}", P, NEW);
+    cmp_source sa, sb;
+    cmp_memrec_source(a, &sa);
+    cmp_memrec_source(b, &sb);
+    const int64_t at = P + 2;   /* the third generated token */
+    int64_t first, rows;
+    int k;
+    ck_assert(sb.output_info(sb.ctx, &first, &rows, &k) == 0 && k >= 2);
+    float lse, vals[64];
+    int32_t ids[64];
+    ck_assert(k <= 64 && sb.output(sb.ctx, at - 1, 1, &lse, ids, vals, &e) == 0);
+    int32_t *tokens = malloc((size_t)sb.n_tokens * sizeof *tokens);
+    memcpy(tokens, sb.tokens, (size_t)sb.n_tokens * sizeof *tokens);
+    ck_assert_int_eq(tokens[at], ids[0]);
+    tokens[at] = ids[1];
+    flip.ref = sa;
+    flip.test = sb;
+    flip.at = at - 1;
+    flip.swap = swap;
+    sb.tokens = tokens;
+    sa.output = ref_output;
+    sb.output = test_output;
+    ck_assert_msg(cmp_compare(&sa, &sb, NULL, r, &e) == 0, "%s", e.msg);
+    free(tokens);
+    cmp_memrec_free(a);
+    cmp_memrec_free(b);
+    model_free(&m);
+}
+
+START_TEST(structure_flip_explained)
+{
+    cmp_result r;
+    flip_compare(true, &r);
+    char *t = cmp_render_text(&r, 0);
+    ck_assert_msg(r.xrt.on && r.tokens.kind == CMP_TOKENS_DIFFER && r.tokens.flip_drift, "%s", t);
+    ck_assert_msg(r.verdict == CMP_WITHIN_TOLERANCE, "%s", t);
+    ck_assert_msg(fabs(r.tokens.logit_err - NEAR_TIE) <= 1e-6, "err %g", r.tokens.logit_err);
+    ck_assert_msg(strstr(t, "near-tie flip") && strstr(t, "--follow"), "%s", t);
+    free(t);
+    cmp_result_free(&r);
+}
+END_TEST
+
+START_TEST(structure_flip_unexplained)
+{
+    cmp_result r;
+    flip_compare(false, &r);
+    char *t = cmp_render_text(&r, 0);
+    ck_assert_msg(r.tokens.kind == CMP_TOKENS_DIFFER && !r.tokens.flip_drift, "%s", t);
+    ck_assert_msg(r.verdict == CMP_DIVERGED, "%s", t);
+    free(t);
+    cmp_result_free(&r);
+}
+END_TEST
+
 Suite *structure_suite(void)
 {
     Suite *s = suite_create("structure");
@@ -201,6 +342,10 @@ Suite *structure_suite(void)
     tcase_add_test(fit, structure_row_scale_fit);
     tcase_add_test(fit, structure_logit_map_fit);
     suite_add_tcase(s, fit);
+    TCase *fl = tcase_create("flip");
+    tcase_add_test(fl, structure_flip_explained);
+    tcase_add_test(fl, structure_flip_unexplained);
+    suite_add_tcase(s, fl);
     TCase *tc = tcase_create("llama");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, structure_llama_norm_eps);
