@@ -128,7 +128,6 @@ typedef struct {
 void cmp_row_scale_fit(const float *test, const float *ref, int n, cmp_scalefit *f);
 
 /* A map of the reference's logits onto the test's (/output's top-k). */
-typedef enum { CMP_MAP_NONE, CMP_MAP_SOFTCAP, CMP_MAP_SCALE } cmp_map_kind;
 typedef struct {
     cmp_map_kind kind;
     double param;                /* the softcap (+inf: none) or the scale */

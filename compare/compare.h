@@ -358,7 +358,9 @@ typedef enum {
     CMP_DIAG_NORM_EPS,           /* an RMSNorm epsilon other than the config's */
     CMP_DIAG_FUTURE_KEYS,        /* the causal mask missing: keys after the query read */
     CMP_DIAG_KV_OWNER,           /* a layer read another layer's KV cache than the config's */
-    CMP_DIAG_ROW_SCALE,          /* rows scaled by one factor (the structure test) */
+    CMP_DIAG_ROW_SCALE,          /* each row scaled by a factor (one, or its own) */
+    CMP_DIAG_CHANNEL_SCALE,      /* channels scaled, the same at every position */
+    CMP_DIAG_BIAS,               /* a per-channel offset: a bias missing or another */
     CMP_DIAG_LOGIT_MAP,          /* the logits through another softcap or scale */
     CMP_DIAG_STATED_PRECISION,   /* the test states f32 but its rows are coarser */
     CMP_DIAG_COUNT
@@ -510,6 +512,9 @@ typedef struct {
     int64_t pos;
 } cmp_hash_check;
 
+/* A map of the reference's logits onto the test's (structure.c). */
+typedef enum { CMP_MAP_NONE, CMP_MAP_SOFTCAP, CMP_MAP_SCALE } cmp_map_kind;
+
 /* Which model judged a cross-runtime compare and with what figures
  * (docs/cross-runtime.md). A row (layer l, stage s, position p) with
  * row-relative error err is drift while
@@ -590,7 +595,7 @@ typedef struct {
      * every position both hold; a step at /output when its part is above
      * the noise it leaves and what flowed in. */
     bool map_fitted;
-    int map_kind;                /* cmp_map_kind: 0 none, 1 softcap, 2 scale */
+    cmp_map_kind map_kind;
     double map_param, map_config_cap;
     double map_gain;             /* RMS residual without the map / with it */
     bool map_step;               /* the step at /output is the map's */

@@ -60,6 +60,8 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_FUTURE_KEYS] = "future_keys",
         [CMP_DIAG_KV_OWNER] = "kv_owner",
         [CMP_DIAG_ROW_SCALE] = "row_scale",
+        [CMP_DIAG_CHANNEL_SCALE] = "channel_scale",
+        [CMP_DIAG_BIAS] = "bias",
         [CMP_DIAG_LOGIT_MAP] = "logit_map",
         [CMP_DIAG_STATED_PRECISION] = "stated_precision",
     };

@@ -101,6 +101,36 @@ static void incomplete_line(FILE *f, const cmp_result *r)
                 "whole runs needs complete dumps (exit 2)\n", r->incomplete_why);
 }
 
+/* The structure test's figures: how close a row scale came to its
+ * threshold, and the map /output was fitted to. */
+static void structure_line(FILE *f, const cmp_xrt *x)
+{
+    if (!x->sys_on)
+        return;
+    fprintf(f, "  structure: a row scale is a step above %g x its residual's noise, %g x the "
+            "compute type's rounding and the upstream allowance", x->sys_noise_factor,
+            x->sys_compute_factor);
+    if (x->sys_worst_pos >= 0 && !x->sys_step) {
+        fprintf(f, "; it came closest at position %lld, ", (long long)x->sys_worst_pos);
+        if (x->sys_worst_layer >= 0)
+            fprintf(f, "layer %d, ", x->sys_worst_layer);
+        fprintf(f, "%s (%.2g)", stage_name(x->sys_worst_stage), x->sys_worst_ratio);
+    }
+    if (x->map_fitted && x->map_kind != CMP_MAP_NONE) {
+        fprintf(f, "; /output fits best a %s of ", x->map_kind == CMP_MAP_SOFTCAP ? "softcap"
+                                                                                   : "scale");
+        if (isinf(x->map_param))
+            fprintf(f, "none");
+        else
+            fprintf(f, "%.4g", x->map_param);
+        if (x->map_kind == CMP_MAP_SOFTCAP && x->map_config_cap > 0)
+            fprintf(f, " (config %g)", x->map_config_cap);
+        fprintf(f, ", leaving %.3g of the residual none leaves", x->map_gain > 0
+                ? 1 / x->map_gain : 1);
+    }
+    fprintf(f, "\n");
+}
+
 /* Which drift model judged and how close drift came to it. */
 static void xrt_line(FILE *f, const cmp_result *r)
 {
@@ -129,6 +159,7 @@ static void xrt_line(FILE *f, const cmp_result *r)
     if (x->compute_precision[0] && !x->compute_stated)
         fprintf(f, "  compute precision: the test's engine_settings give no compute_dtype; %s "
                 "assumed (%s)\n", x->compute_precision, x->compute_assumed_why);
+    structure_line(f, x);
     if (x->audit_skip[0])
         fprintf(f, "  attention check: not run: %s\n", x->audit_skip);
     else if (x->audit_layers > 0) {
@@ -458,6 +489,17 @@ static void diverged_report(FILE *f, const cmp_result *r)
                     "against the reference this row is %.2g, within the drift threshold of "
                     "%.2g (%s)\n", r->xrt.step_err, r->xrt.step_threshold, d->row_rel,
                     r->xrt.audit_drift_threshold, r->xrt.why);
+        else if (r->xrt.sys_step)
+            fprintf(f, "  a step by its structure: the row is the reference's times %.6g, a - 1 "
+                    "= %.2g against %.2g (%g x the residual's noise %.2g, a scale rounding "
+                    "does not make), under the size threshold %.2g (%s)\n", 1 + r->xrt.sys_dev,
+                    r->xrt.sys_dev, r->xrt.sys_threshold, r->xrt.sys_noise_factor,
+                    r->xrt.sys_noise, r->xrt.sys_drift_threshold, r->xrt.why);
+        else if (r->xrt.map_step)
+            fprintf(f, "  a step by its structure: /output is a map of the reference's logits "
+                    "(%s), its part %.2g here against %.2g (%g x the residual it leaves) (%s)\n",
+                    r->xrt.map_kind == CMP_MAP_SOFTCAP ? "a softcap" : "a scale",
+                    r->xrt.map_part, r->xrt.step_threshold, r->xrt.sys_noise_factor, r->xrt.why);
         else if (r->xrt.step)
             fprintf(f, "  a step: relative error %.2g here against a drift threshold of %.2g "
                     "(%s)\n", r->xrt.step_err, r->xrt.step_threshold, r->xrt.why);
@@ -702,7 +744,7 @@ static json_t *jlogits(const cmp_logit_stats *l)
                      (json_int_t)l->kl_max_pos);
 }
 
-static const char *map_kind_name(int k)
+static const char *map_kind_name(cmp_map_kind k)
 {
     return k == CMP_MAP_SOFTCAP ? "softcap" : k == CMP_MAP_SCALE ? "scale" : "none";
 }

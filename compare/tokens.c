@@ -663,7 +663,7 @@ int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *no
     cmp_logitmap fit;
     cmp_logit_map_fit(m.ref, m.test, m.at[m.P], c->cfg->final_softcap, &fit);
     x->map_fitted = true;
-    x->map_kind = (int)fit.kind;
+    x->map_kind = fit.kind;
     x->map_param = fit.param;
     x->map_config_cap = fit.config_cap;
     x->map_gain = fit.ssr > 0 ? sqrt(fit.ssr_identity / fit.ssr) : fit.ssr_identity > 0

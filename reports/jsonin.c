@@ -146,6 +146,69 @@ static void read_mode(jr *c, json_t *root, cmp_result *r)
     r->noise_factor = num(c, m, "mode", "noise_factor", false);
 }
 
+/* mode.cross_runtime.structure.logit_map (null: not fitted). */
+static void read_logit_map(jr *c, json_t *s, cmp_xrt *o)
+{
+    const char *w = "mode.cross_runtime.structure.logit_map";
+    json_t *m = c->failed ? NULL : object(c, s, "mode.cross_runtime.structure", "logit_map",
+                                          true);
+    if (!m)
+        return;
+    o->map_fitted = true;
+    const char *k = string(c, m, w, "kind");
+    o->map_kind = !k ? CMP_MAP_NONE : !strcmp(k, "softcap") ? CMP_MAP_SOFTCAP
+                : !strcmp(k, "scale") ? CMP_MAP_SCALE : CMP_MAP_NONE;
+    if (k && !c->failed && o->map_kind == CMP_MAP_NONE && strcmp(k, "none"))
+        bad(c, w, "kind", "is not softcap, scale or none");
+    o->map_param = num(c, m, w, "value", true);
+    if (isnan(o->map_param))   /* null: a softcap of none */
+        o->map_param = INFINITY;
+    o->map_config_cap = num(c, m, w, "config_cap", false);
+    o->map_gain = num(c, m, w, "gain", true);
+    if (isnan(o->map_gain))
+        o->map_gain = INFINITY;
+    o->map_step = boolean(c, m, w, "step");
+    o->map_part = num(c, m, w, "part", true);
+    o->map_noise = num(c, m, w, "noise", true);
+    if (!c->failed && o->map_step != isfinite(o->map_part))
+        bad(c, w, "part", "does not agree with step");
+}
+
+/* mode.cross_runtime.structure (absent in results older than it). */
+static void read_structure(jr *c, json_t *x, cmp_xrt *o)
+{
+    o->sys_worst_pos = -1;
+    o->sys_worst_layer = -1;
+    json_t *s = c->failed || !json_object_get(x, "structure")
+                    ? NULL : object(c, x, "mode.cross_runtime", "structure", true);
+    if (!s)
+        return;
+    const char *w = "mode.cross_runtime.structure";
+    o->sys_on = true;
+    o->sys_noise_factor = num(c, s, w, "noise_factor", false);
+    o->sys_compute_factor = num(c, s, w, "compute_factor", false);
+    json_t *st = c->failed ? NULL : object(c, s, w, "step", true);
+    if (st) {
+        const char *ws = "mode.cross_runtime.structure.step";
+        o->sys_step = true;
+        o->sys_dev = num(c, st, ws, "scale", false) - 1;
+        o->sys_noise = num(c, st, ws, "noise", false);
+        o->sys_threshold = num(c, st, ws, "threshold", false);
+        o->sys_drift_threshold = num(c, st, ws, "drift_threshold", false);
+        if (!c->failed && !o->step)
+            bad(c, w, "step", "is set without a step");
+    }
+    json_t *cl = c->failed ? NULL : object(c, s, w, "closest", true);
+    if (cl) {
+        const char *wc = "mode.cross_runtime.structure.closest";
+        o->sys_worst_pos = integer(c, cl, wc, "position", 0, JR_MAX_POS, INT64_MIN);
+        o->sys_worst_layer = (int)integer(c, cl, wc, "layer", -1, KV_MAX_LAYERS - 1, INT64_MIN);
+        o->sys_worst_stage = stage_of(c, cl, wc, "stage");
+        o->sys_worst_ratio = num(c, cl, wc, "ratio", false);
+    }
+    read_logit_map(c, s, o);
+}
+
 /* mode.cross_runtime: which drift model judged and with what figures
  * (null, or absent in results older than the model, when none did). */
 static void read_xrt(jr *c, json_t *root, cmp_result *r)
@@ -225,6 +288,7 @@ static void read_xrt(jr *c, json_t *root, cmp_result *r)
         if (!c->failed && (o->acc_pos >= 0) != (o->acc_rows > 0))
             bad(c, wf, "at", "does not agree with rows");
     }
+    read_structure(c, x, o);
     /* The attention check (absent in results older than it). */
     o->audit_worst_pos = -1;
     o->audit_worst_layer = -1;
@@ -306,6 +370,11 @@ static void read_xrt_stages(jr *c, json_t *root, cmp_result *r)
         o->xrt_threshold = num(c, s, w, "threshold", false);
         o->xrt_err = num(c, s, w, "error", false);
         o->xrt_ratio = num(c, s, w, "ratio", false);
+        /* the structure test's (absent in results older than it) */
+        if (json_object_get(s, "systematic")) {
+            o->xrt_sys = num(c, s, w, "systematic", false);
+            o->xrt_sys_ratio = num(c, s, w, "systematic_ratio", false);
+        }
     }
 }
 

@@ -84,8 +84,11 @@ int dg_rule_norm_convention(cmp_ctx *c, kv_err *e);   /* norms.c: w vs (1 + w) *
 int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
 int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */
 int dg_rule_kv_owner(cmp_ctx *c, kv_err *e);          /* sharing.c: another layer's cache */
-int dg_rule_row_scale(cmp_ctx *c, kv_err *e);         /* maps.c: the structure test's scale */
-int dg_rule_stated_precision(cmp_ctx *c, kv_err *e);  /* maps.c: f32 stated, coarser seen */
+int dg_rule_maps(cmp_ctx *c, kv_err *e);              /* maps.c: a row or channel scale, a bias */
+/* maps.c: f32 stated, a coarser type seen: exact (the rows hold only its
+ * values; tried first) or not (an error of its size at the first stage
+ * that errs, no map explaining it; tried last) */
+int dg_rule_stated_precision(cmp_ctx *c, kv_err *e, bool exact);
 /* maps.c: /output's step is a map of the logits (softcap, scale): names it. */
 bool dg_rule_logit_map(cmp_ctx *c);
 

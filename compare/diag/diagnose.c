@@ -303,7 +303,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         rule_nonfinite(c);
         return 0;
     }
-    if ((rc = dg_rule_stated_precision(c, e)) != 0)
+    /* the rows' own type first: a bf16 row read as f32 looks rotated */
+    if ((rc = dg_rule_stated_precision(c, e, true)) != 0)
         return rc;
     if (d->layer >= 0 && (rc = dg_rule_rows(c, e)) != 0)
         return rc < 0 ? -1 : 0;
@@ -319,7 +320,9 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = dg_rule_kv_owner(c, e)) != 0)
         return rc < 0 ? -1 : 0;
-    if ((rc = dg_rule_row_scale(c, e)) != 0)
+    if (d->layer >= 0 && (rc = dg_rule_maps(c, e)) != 0)
+        return rc;
+    if ((rc = dg_rule_stated_precision(c, e, false)) != 0)
         return rc;
     if ((rc = rule_drift(c, d->layer >= 0 ? a : NULL, e)) != 0)
         return rc < 0 ? -1 : rc == 2 ? 2 : 0;

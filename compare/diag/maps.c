@@ -11,30 +11,237 @@
 #include "diag.h"
 
 /* ------------------------------------------------------------------ */
-/* A row scale                                                          */
+/* Maps of a stage's rows: a row scale, a per-channel scale or offset    */
 
-int dg_rule_row_scale(cmp_ctx *c, kv_err *e)
+#define MAP_POS 16     /* positions from the point the maps are fitted over */
+#define MAP_MIN_POS 4  /* fewer: a per-channel fit explains anything */
+#define MAP_GAIN 4.0   /* the map must leave this many times less residual */
+
+typedef struct {
+    int N, n;                    /* positions, columns */
+    int64_t p0;
+    float *ref, *test;           /* (N, n) */
+} map_rows;
+
+static void map_rows_free(map_rows *m)
 {
-    (void)e;
-    const cmp_xrt *x = &c->r->xrt;
+    free(m->ref);
+    free(m->test);
+}
+
+/* The stage's rows at the point and the positions after it the test
+ * holds, up to MAP_POS, before the token cut. 0, -1 on error. */
+static int map_rows_read(cmp_ctx *c, map_rows *m, kv_err *e)
+{
     const cmp_divergence *d = c->d;
-    if (!x->sys_step || c->beyond)
+    memset(m, 0, sizeof *m);
+    m->n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    m->p0 = d->pos;
+    if (m->n < CMP_FIT_MIN_COLS)
         return 0;
-    const double a = 1 + x->sys_dev;
-    char s[256];
-    dg_say(s, sizeof s, "the test's %s rows are the reference's scaled by %.6g: a norm weight "
-           "or scale applied otherwise", stage_name(d->stage), a);
-    dg_set(c, CMP_DIAG_ROW_SCALE, CMP_BASIS_EXACT_CHECK, s);
-    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d, position %lld: a - 1 = %.3g, %.3g "
-           "times the residual's noise %.2g; under the size floor, above what this pair's "
-           "rounding makes)", d->layer, (long long)d->pos, x->sys_dev,
-           x->sys_noise > 0 ? fabs(x->sys_dev) / x->sys_noise : INFINITY, x->sys_noise);
-    dg_say(c->g->evidence, sizeof c->g->evidence, "the row fitted as a * ref leaves a residual "
-           "of RMS %.2g of the reference's; every quarter of its columns sees the same scale, "
-           "and so do the stage's next rows; threshold %.2g (%g x noise, %g x the compute "
-           "type's unit roundoff, %g x upstream)", x->sys_noise, x->sys_threshold,
-           x->sys_noise_factor, x->sys_compute_factor, x->gain);
-    return 1;
+    m->ref = malloc((size_t)MAP_POS * (size_t)m->n * sizeof *m->ref);
+    m->test = malloc((size_t)MAP_POS * (size_t)m->n * sizeof *m->test);
+    if (!m->ref || !m->test)
+        return kv_errf(e, "compare: out of memory");
+    for (int64_t p = d->pos; m->N < MAP_POS; p++) {
+        if (c->pos_limit >= 0 && p >= c->pos_limit)
+            break;
+        float *a, *b;
+        const int rc = dg_row_pair(c, d->layer, d->stage, p, &a, &b, e);
+        if (rc)
+            return rc < 0 ? -1 : 0;
+        float *rr = m->ref + (size_t)m->N * m->n, *tt = m->test + (size_t)m->N * m->n;
+        if (d->stage == STAGE_Q || d->stage == STAGE_K) {
+            /* a bias or a scale acts before RoPE: fit the rows rotated back */
+            const int D = config_layer_head_dim(c->cfg, d->layer);
+            double *u = malloc((size_t)m->n * sizeof *u);
+            if (!u) {
+                free(a);
+                free(b);
+                return kv_errf(e, "compare: out of memory");
+            }
+            cmp_rope_unrotate(c->cfg, d->layer, p, a, m->n / D, u);
+            for (int j = 0; j < m->n; j++)
+                rr[j] = (float)u[j];
+            cmp_rope_unrotate(c->cfg, d->layer, p, b, m->n / D, u);
+            for (int j = 0; j < m->n; j++)
+                tt[j] = (float)u[j];
+            free(u);
+        } else {
+            memcpy(rr, a, (size_t)m->n * sizeof *a);
+            memcpy(tt, b, (size_t)m->n * sizeof *b);
+        }
+        m->N++;
+        free(a);
+        free(b);
+    }
+    return 0;
+}
+
+enum { MAP_ROW, MAP_CHANNEL, MAP_OFFSET, MAP_KINDS };
+
+/* Each map's parameters, fitted by least squares: per row a[p], per
+ * channel s[j], per channel o[j]; and the residual each leaves, as the
+ * largest |test - map(ref)| over the largest |ref| (the rows' measure). */
+typedef struct {
+    double *a, *s, *o;
+    double res[MAP_KINDS], res_rms[MAP_KINDS], id_rms, ref_max;
+} map_fit;
+
+static int fit_maps(const map_rows *m, map_fit *f, kv_err *e)
+{
+    const int N = m->N, n = m->n;
+    f->a = calloc((size_t)N, sizeof *f->a);
+    f->s = calloc((size_t)n, sizeof *f->s);
+    f->o = calloc((size_t)n, sizeof *f->o);
+    double *rr = calloc((size_t)n, sizeof *rr);
+    if (!f->a || !f->s || !f->o || !rr) {
+        free(rr);
+        return kv_errf(e, "compare: out of memory");
+    }
+    for (int p = 0; p < N; p++) {
+        double tr = 0, r2 = 0;
+        for (int j = 0; j < n; j++) {
+            const double t = m->test[(size_t)p * n + j], r = m->ref[(size_t)p * n + j];
+            tr += t * r;
+            r2 += r * r;
+            f->s[j] += t * r;
+            rr[j] += r * r;
+            f->o[j] += (t - r) / N;
+        }
+        f->a[p] = r2 > 0 ? tr / r2 : 1;
+    }
+    for (int j = 0; j < n; j++)
+        f->s[j] = rr[j] > 0 ? f->s[j] / rr[j] : 1;
+    free(rr);
+    double sq[MAP_KINDS] = {0}, id = 0, r2 = 0;
+    f->ref_max = 0;
+    for (int k = 0; k < MAP_KINDS; k++)
+        f->res[k] = 0;
+    for (int p = 0; p < N; p++)
+        for (int j = 0; j < n; j++) {
+            const double t = m->test[(size_t)p * n + j], r = m->ref[(size_t)p * n + j];
+            const double d[MAP_KINDS] = {t - f->a[p] * r, t - f->s[j] * r, t - r - f->o[j]};
+            for (int k = 0; k < MAP_KINDS; k++) {
+                sq[k] += d[k] * d[k];
+                f->res[k] = fmax(f->res[k], fabs(d[k]));
+            }
+            id += (t - r) * (t - r);
+            r2 += r * r;
+            f->ref_max = fmax(f->ref_max, fabs(r));
+        }
+    for (int k = 0; k < MAP_KINDS; k++) {
+        f->res[k] = f->ref_max > 0 ? f->res[k] / f->ref_max : INFINITY;
+        f->res_rms[k] = r2 > 0 ? sqrt(sq[k] / r2) : INFINITY;
+    }
+    f->id_rms = r2 > 0 ? sqrt(id / r2) : INFINITY;
+    return 0;
+}
+
+static void map_fit_free(map_fit *f)
+{
+    free(f->a);
+    free(f->s);
+    free(f->o);
+}
+
+static void range_of(const double *x, int n, double *lo, double *hi)
+{
+    *lo = INFINITY;
+    *hi = -INFINITY;
+    for (int i = 0; i < n; i++) {
+        *lo = fmin(*lo, x[i]);
+        *hi = fmax(*hi, x[i]);
+    }
+}
+
+/* The map that reproduces the test within the step's threshold, leaving
+ * MAP_GAIN times less residual than none; the simplest when several do
+ * (a scale of every row is a row scale and a channel scale at once). */
+static int best_map(const map_fit *f, const map_rows *m, double tol)
+{
+    int best = -1;
+    for (int k = 0; k < MAP_KINDS; k++) {
+        if (k != MAP_ROW && m->N < MAP_MIN_POS)
+            continue;
+        if (!(f->res[k] <= tol) || !(f->res_rms[k] * MAP_GAIN <= f->id_rms))
+            continue;
+        if (best < 0 || f->res_rms[k] * 2 < f->res_rms[best])
+            best = k;
+    }
+    return best;
+}
+
+int dg_rule_maps(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if (d->layer < 0 && d->stage != STAGE_EMBED && d->stage != STAGE_FINAL_NORM)
+        return 0;
+    /* attention's own rows are the key-set families' (keysets.c), after */
+    if (dg_is_attn_stage(d->stage) || d->stage == STAGE_ATTN_NORM_STATS ||
+        d->stage == STAGE_FFN_NORM_STATS || c->beyond)
+        return 0;
+    map_rows m;
+    if (map_rows_read(c, &m, e) < 0) {
+        map_rows_free(&m);
+        return -1;
+    }
+    map_fit f = {0};
+    int rc = m.N > 0 ? fit_maps(&m, &f, e) : 0;
+    const double tol = fmax(c->row_tol, CMP_MATCH_TOL);
+    const int k = rc == 0 && m.N > 0 ? best_map(&f, &m, tol) : -1;
+    if (k >= 0) {
+        char s[256], where[64];
+        if (d->layer >= 0)
+            dg_say(where, sizeof where, "layer %d", d->layer);
+        else
+            dg_say(where, sizeof where, "model level");
+        double lo, hi;
+        if (k == MAP_ROW) {
+            range_of(f.a, m.N, &lo, &hi);
+            if (hi - lo <= 0.1 * fmax(fabs(hi - 1), fabs(lo - 1)))
+                dg_say(s, sizeof s, "the test's %s rows are the reference's scaled by %.6g: a "
+                       "norm weight or a scale applied otherwise", stage_name(d->stage),
+                       0.5 * (lo + hi));
+            else
+                dg_say(s, sizeof s, "the test's %s rows are the reference's, each scaled by "
+                       "its own factor (%.6g..%.6g): a normalisation computed otherwise (its "
+                       "epsilon or its statistic)", stage_name(d->stage), lo, hi);
+        } else if (k == MAP_CHANNEL) {
+            range_of(f.s, m.n, &lo, &hi);
+            int off = 0;
+            for (int j = 0; j < m.n; j++)
+                off += fabs(f.s[j] - 1) > 10 * tol;
+            dg_say(s, sizeof s, "a per-channel scale at %s: %d of its %d channels scaled "
+                   "(%.4g..%.4g), the same at every position: a norm weight or a "
+                   "projection's rows scaled", stage_name(d->stage), off, m.n, lo, hi);
+        } else {
+            double ss = 0, rs = 0;
+            for (int j = 0; j < m.n; j++)
+                ss += f.o[j] * f.o[j];
+            for (size_t i = 0; i < (size_t)m.N * m.n; i++)
+                rs += (double)m.ref[i] * m.ref[i];
+            dg_say(s, sizeof s, "a per-channel offset at %s, the same vector at every position "
+                   "(RMS %.3g of the reference's): a bias missing, added or another",
+                   stage_name(d->stage), sqrt(ss / m.n) / sqrt(rs / ((double)m.N * m.n)));
+        }
+        dg_set(c, k == MAP_ROW ? CMP_DIAG_ROW_SCALE
+                  : k == MAP_CHANNEL ? CMP_DIAG_CHANNEL_SCALE : CMP_DIAG_BIAS,
+               CMP_BASIS_RECOMPUTED, s);
+        dg_say(c->g->detail, sizeof c->g->detail, "(%s, positions %lld..%lld: the map leaves "
+               "%.3g of the difference no map leaves, RMS)", where, (long long)m.p0,
+               (long long)(m.p0 + m.N - 1), f.id_rms > 0 ? f.res_rms[k] / f.id_rms : 0);
+        dg_say(c->g->evidence, sizeof c->g->evidence, "fitted over %d position%s, the %s map "
+               "reproduces the test's rows to %.2g (within %.2g, the step's threshold); the "
+               "other maps leave %.2g, %.2g, %.2g (row, channel, offset)", m.N,
+               m.N == 1 ? "" : "s", k == MAP_ROW ? "row-scale" : k == MAP_CHANNEL
+               ? "per-channel scale" : "per-channel offset", f.res[k], tol, f.res[MAP_ROW],
+               f.res[MAP_CHANNEL], f.res[MAP_OFFSET]);
+        rc = 1;
+    }
+    map_fit_free(&f);
+    map_rows_free(&m);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -108,19 +315,56 @@ static bool row_in_type(const float *v, int n, int bits)
     return nonzero >= CMP_FIT_MIN_COLS;
 }
 
-int dg_rule_stated_precision(cmp_ctx *c, kv_err *e)
+/* Whether the error at the point looks like rounding: no map of the
+ * stage's rows (a row or channel scale, an offset) explains it. */
+static bool noise_like(cmp_ctx *c, kv_err *e)
+{
+    map_rows m;
+    bool yes = false;
+    if (map_rows_read(c, &m, e) == 0 && m.N > 0) {
+        map_fit f = {0};
+        if (fit_maps(&m, &f, e) == 0) {
+            yes = true;
+            for (int k = 0; k < MAP_KINDS; k++)
+                if (k == MAP_ROW || m.N >= MAP_MIN_POS)
+                    yes &= f.res_rms[k] * 2 > f.id_rms;
+        }
+        map_fit_free(&f);
+    }
+    map_rows_free(&m);
+    return yes;
+}
+
+/* Whether every stage before the point errs by f32 rounding at most at
+ * its position: the point is the first stage that errs. */
+static bool first_to_err(const cmp_ctx *c)
+{
+    const cmp_divergence *d = c->d;
+    for (int i = 0; i < c->r->n_stages; i++) {
+        const cmp_stage_result *sr = &c->r->stages[i];
+        if (sr->layer == d->layer && sr->stage == d->stage)
+            return true;
+        if (sr->xrt_err > 1e-5)
+            return false;
+    }
+    return true;
+}
+
+int dg_rule_stated_precision(cmp_ctx *c, kv_err *e, bool exact)
 {
     const cmp_xrt *x = &c->r->xrt;
     const cmp_divergence *d = c->d;
+    /* Rows a cache holds (k, v, attention's) may be of the cache's type. */
     if (!x->on || !x->compute_stated || !(x->compute_eps < 0x1p-20) || c->beyond ||
-        d->from_output || x->sys_step)
+        d->from_output || x->sys_step || dg_is_attn_stage(d->stage) || d->stage == STAGE_K ||
+        d->stage == STAGE_V || !first_to_err(c))
         return 0;
     int rc = 0;
     const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
     float *t = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
     float *r = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
     const char *seen = NULL;
-    if (t && r && n > 0) {
+    if (exact && t && r && n > 0) {
         if (row_in_type(t, n, 8) && !row_in_type(r, n, 8))
             seen = "bf16";
         else if (row_in_type(t, n, 11) && !row_in_type(r, n, 11))
@@ -131,19 +375,9 @@ int dg_rule_stated_precision(cmp_ctx *c, kv_err *e)
     if (rc < 0)
         return -1;
     /* Without that evidence: an error of a coarse type's size at the
-     * first stage that errs at all (nothing upstream above f32 rounding). */
+     * first stage that errs at all, which no map of the rows explains. */
     const double bf = 0x1p-8;
-    bool first = false;
-    if (!seen && d->row_rel >= 0.25 * bf && d->row_rel <= 4 * bf) {
-        first = true;
-        for (int i = 0; i < c->r->n_stages && first; i++) {
-            const cmp_stage_result *sr = &c->r->stages[i];
-            if (sr->layer == d->layer && sr->stage == d->stage)
-                break;
-            first = !(sr->xrt_err > 1e-5);
-        }
-    }
-    if (!seen && !first)
+    if (exact ? !seen : !(d->row_rel >= 0.25 * bf && d->row_rel <= 4 * bf && noise_like(c, e)))
         return 0;
     char s[256];
     dg_say(s, sizeof s, "the stated precision looks wrong: the test says compute_dtype %s, but "

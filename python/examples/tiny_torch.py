@@ -596,7 +596,11 @@ class TinyCausalLM(nn.Module):
         x = self.model.norm(x)
         if logits_to_keep:   # after the final norm, of every row, as transformers
             x = x[:, x.shape[1] - logits_to_keep:]
-        return Output(self.lm_head(x), cache)
+        logits = self.lm_head(x)
+        cap = c.get("final_logit_softcapping")
+        if cap:   # Gemma's final softcap, as transformers applies it (in float32)
+            logits = (torch.tanh(logits.float() / cap) * cap).to(logits.dtype)
+        return Output(logits, cache)
 
 
 def tiny_names(model_type):

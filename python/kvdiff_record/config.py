@@ -88,7 +88,17 @@ def model_config_from_hf(folder_or_config):
     scaling = _rope_scaling(cfg, name, gemma)
     if scaling:
         out["rope_scaling"] = scaling
+    _softcap(cfg, out, gemma)
     return out
+
+
+def _softcap(cfg, out, gemma):
+    """Gemma's final logit softcap, as kvdiff's dumps carry it (absent when
+    none: null, 0 or not a Gemma): the comparer fits /output as a map of
+    the reference's logits and undoes this cap first."""
+    cap = cfg.get("final_logit_softcapping") if gemma else None
+    if cap:
+        out["final_logit_softcapping"] = float(cap)
 
 
 def _gemma4(cfg, name):
@@ -146,21 +156,23 @@ def _gemma4(cfg, name):
         window = w
     per_layer = int(cfg.get("hidden_size_per_layer_input") or 0)
     vocab = need("vocab_size")
-    return {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
-            "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
-            "sliding_window": window, "layer_types": list(types),
-            "kv_owner": _kv_owner(cfg, name, True, types),
-            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-            "rope_theta": float(full.get("rope_theta", 1e6)),
-            "rope_local_base_freq": float(slide.get("rope_theta", _GEMMA_LOCAL_THETA)),
-            "attn_scale": 1.0, "global_head_dim": head_full,
-            "num_global_key_value_heads": kv_full, "partial_rotary_factor_full": partial,
-            "attention_k_eq_v": bool(cfg.get("attention_k_eq_v", False)),
-            "use_double_wide_mlp": bool(cfg.get("use_double_wide_mlp", False)),
-            "hidden_size_per_layer_input": per_layer,
-            "vocab_size_per_layer_input": int(cfg.get("vocab_size_per_layer_input") or vocab)
-            if per_layer else 0}
+    out = {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+           "intermediate_size": need("intermediate_size"), "vocab_size": vocab,
+           "sliding_window": window, "layer_types": list(types),
+           "kv_owner": _kv_owner(cfg, name, True, types),
+           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+           "rope_theta": float(full.get("rope_theta", 1e6)),
+           "rope_local_base_freq": float(slide.get("rope_theta", _GEMMA_LOCAL_THETA)),
+           "attn_scale": 1.0, "global_head_dim": head_full,
+           "num_global_key_value_heads": kv_full, "partial_rotary_factor_full": partial,
+           "attention_k_eq_v": bool(cfg.get("attention_k_eq_v", False)),
+           "use_double_wide_mlp": bool(cfg.get("use_double_wide_mlp", False)),
+           "hidden_size_per_layer_input": per_layer,
+           "vocab_size_per_layer_input": int(cfg.get("vocab_size_per_layer_input") or vocab)
+           if per_layer else 0}
+    _softcap(cfg, out, True)
+    return out
 
 
 def _any_architecture(cfg, name, mt):
