@@ -282,6 +282,7 @@ class Recorder:
         self._prompt_length = None
         self._output = {}         # position -> (lse, ids, values)
         self._closed = False
+        self._before_close = []   # callables close() runs first (before_close)
         self._room = 0            # bytes _make_room may hand out unasked
         self._lock_fd = _lock_target(self.path)
         try:
@@ -398,12 +399,23 @@ class Recorder:
     def setting_default(self, key, value):
         """Sets engine_settings[key] to value unless the settings given to
         the Recorder already hold key (what the caller said wins). Used by
-        TorchHooks to state compute_dtype from the model's dtype."""
+        TorchHooks to state the device, and compute_dtype once the run has
+        shown it (before_close)."""
         if key in self.settings or self._closed:
             return
         self.settings[key] = value
         self._f.attrs.create("engine_settings", json.dumps(self.settings),
                              dtype=h5py.string_dtype())
+
+    def before_close(self, callback):
+        """callback() runs when close() begins, before the status is
+        written: for settings only the finished run can tell (TorchHooks
+        states compute_dtype there, from what the forwards computed in;
+        engine_settings is written when the file is created, before any
+        forward). Its setting_default() calls overwrite engine_settings
+        while the dump still says "partial: running", so a crash in between
+        leaves it partial. Callbacks run in the order given."""
+        self._before_close.append(callback)
 
     # ------------------------------------------------------------- closing
 
@@ -418,6 +430,8 @@ class Recorder:
             return
         problems = [] if status is None else [status]
         try:
+            for callback in self._before_close:
+                callback()
             # /output, the tokens and the index: a few rows each
             self._make_room(len(self._output) * (8 + 8 * self.topk) +
                             (0 if self._tokens is None else self._tokens.nbytes) +

@@ -16,6 +16,7 @@ model returns (post-RoPE, as the dump wants), by record_cache().
 """
 
 import contextlib
+import sys
 
 import numpy as np
 
@@ -70,22 +71,160 @@ def hf_names(model_type, prefix=""):
 
 
 def torch_settings(model):
-    """engine_settings a torch model states about itself: compute_dtype from
-    its floating-point parameters' dtype (float32 on a GPU that allows TF32
-    matmuls is "tf32"), the device, and attn_accumulator "f32" (torch's
-    matmuls and attention kernels sum in float32 whatever the dtype)."""
-    import torch
+    """engine_settings a torch model states about itself before it runs:
+    the device of its parameters, and attn_accumulator "f32" (torch's
+    matmuls and attention kernels sum in float32 whatever the dtype). The
+    type it computes in is not among them: the run shows it
+    (ComputeEvidence), which a parameter dtype does not (float32 weights
+    under autocast compute in bf16)."""
     p = next((t for t in model.parameters() if t.is_floating_point()), None)
     if p is None:
         return {}
-    names = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
-    out = {"device": str(p.device), "attn_accumulator": "f32"}
-    dt = names.get(p.dtype)
-    if dt == "f32" and p.device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32:
-        dt = "tf32"
-    if dt:
-        out["compute_dtype"] = dt
-    return out
+    return {"device": str(p.device), "attn_accumulator": "f32"}
+
+
+def _dtype_name(dtype):
+    import torch
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
+            torch.float64: "f64"}.get(dtype, str(dtype).replace("torch.", ""))
+
+
+def _autocast_state(device_type):
+    """The dtype name autocast casts to on device_type now, "off" when it is
+    off, or None when this torch cannot say (a device type old torch has no
+    query for). torch >= 2.4 takes the device type; older torch has one
+    function per device, and its is_autocast_enabled() means CUDA."""
+    import torch
+    try:
+        if hasattr(torch, "get_autocast_dtype"):
+            on = torch.is_autocast_enabled(device_type)
+            return _dtype_name(torch.get_autocast_dtype(device_type)) if on else "off"
+        if device_type == "cpu":
+            on = torch.is_autocast_cpu_enabled()
+            return _dtype_name(torch.get_autocast_cpu_dtype()) if on else "off"
+        if device_type == "cuda":
+            on = torch.is_autocast_enabled()
+            return _dtype_name(torch.get_autocast_gpu_dtype()) if on else "off"
+    except (RuntimeError, TypeError, ValueError):
+        pass   # a device type autocast does not know
+    return None
+
+
+def _tf32_allowed():
+    """Whether float32 matmuls on CUDA may round their inputs to TF32 now:
+    allow_tf32, or a float32 matmul precision other than "highest" (which
+    sets it in current torch, and means TF32 or coarser)."""
+    import torch
+    precision = getattr(torch, "get_float32_matmul_precision", lambda: "highest")()
+    return bool(torch.backends.cuda.matmul.allow_tf32) or precision != "highest"
+
+
+# Stages whose values say nothing of the arithmetic: the embedding rows
+# (embed, and layer 0's input) are the checkpoint's storage type, exactly
+# bf16 in a bf16 checkpoint run in float32; the norm statistics are
+# computed here in double; attn_nkeys counts keys; attn_lse is a float32
+# reduction every runtime keeps in float32.
+_NOT_COMPUTED = ("embed", "attn_norm_stats", "ffn_norm_stats", "attn_lse", "attn_nkeys")
+_COARSE = ("bf16", "f16")
+# Nonzero values that must all be exact in a coarse type before rows held
+# in float32 are taken as computed in it: a float32 result is exact in
+# bf16 by chance with odds 2^-16 a value.
+MIN_EXACT_VALUES = 64
+
+
+class ComputeEvidence:
+    """The type a torch model really computes in, from what its forwards
+    show, for engine_settings.compute_dtype: a parameter dtype alone says
+    "f32" of a model run under torch.autocast, or of one whose kernels round
+    every result to bf16 and hands it back in float32, and kvdiff's compare
+    then holds bf16 rounding to a float32 floor (correct runs on
+    tiny-gemma3-h288 stepped at (0, embed) and, under autocast, at
+    (0, 0, q)). The evidence:
+
+    - the autocast state, sampled in every hook (hooks run inside the
+      user's autocast context), per device type;
+    - the dtype of the activations the hooks see, before the float32 cast
+      for the dump;
+    - the parameters' floating dtypes;
+    - recorded rows held in float32 whose nonzero values are all exact in
+      bf16 (or f16), over at least MIN_EXACT_VALUES of them (stages that
+      are not computed left out, _NOT_COMPUTED);
+    - on CUDA, float32 activations with TF32 matmuls allowed: "tf32".
+
+    Each of the first four names a coarse type or none (float32 residuals
+    beside bf16 matmuls under autocast name none). decide() gives the one
+    type named; "f32" (or "tf32") where none is named, something ran and
+    a value was seen that is exact in neither coarse type; and no type,
+    with the reason, where the evidence cannot tell: nothing ran, too few
+    values, an autocast or TF32 state that changed between forwards, or
+    two coarse types named (f16 autocast over bf16 parameters rounds in
+    both: left out, the compare assumes bf16, the coarser, rather than
+    hold bf16 rounding to an f16 floor)."""
+
+    def __init__(self, model):
+        self.params = {_dtype_name(t.dtype) for t in model.parameters() if t.is_floating_point()}
+        self.autocast = {}        # device type -> autocast states seen ("off", "bf16", ...)
+        self.tf32 = set()         # TF32 allowed, per CUDA float32 activation seen
+        self.activations = set()  # dtype names of the activations seen
+        self.values = 0           # nonzero finite values checked for exactness
+        self.exact = {"bf16": True, "f16": True}
+
+    def saw(self, tensor, rows, stage, layer):
+        """One hooked activation: `tensor` as the model computed it, `rows`
+        its float32 numpy copy (as recorded), of `stage` of `layer` (None
+        for a model stage)."""
+        if not tensor.is_floating_point():
+            return
+        device = tensor.device.type
+        state = _autocast_state(device)
+        if state is not None:
+            self.autocast.setdefault(device, set()).add(state)
+        dtype = _dtype_name(tensor.dtype)
+        self.activations.add(dtype)
+        if device == "cuda" and dtype == "f32":
+            self.tf32.add(_tf32_allowed())
+        if stage in _NOT_COMPUTED or (stage == "x_in" and layer == 0) or \
+                not any(self.exact.values()):
+            return
+        a = np.asarray(rows, dtype=np.float32)
+        a = a[np.isfinite(a) & (a != 0)]
+        self.values += a.size
+        if self.exact["bf16"]:   # bf16 is float32 with the low 16 bits zero
+            self.exact["bf16"] = not np.any(a.view(np.uint32) & 0xFFFF)
+        if self.exact["f16"]:
+            with np.errstate(over="ignore"):
+                self.exact["f16"] = bool(np.all(a.astype(np.float16).astype(np.float32) == a))
+
+    def decide(self):
+        """(compute_dtype, None), or (None, why the evidence cannot tell)."""
+        for device, states in sorted(self.autocast.items()):
+            if len(states) > 1:
+                return None, (f"autocast state changed during the run ({device}: "
+                              f"{', '.join(sorted(states))})")
+        if len(self.tf32) > 1:
+            return None, "TF32 matmuls were allowed in some forwards and not in others"
+        named = {}   # coarse type -> the sources naming it
+        for device, states in sorted(self.autocast.items()):
+            for t in states & set(_COARSE):
+                named.setdefault(t, []).append(f"{device} autocast to {t}")
+        for t in sorted(self.activations & set(_COARSE)):
+            named.setdefault(t, []).append(f"{t} activations")
+        for t in sorted(self.params & set(_COARSE)):
+            named.setdefault(t, []).append(f"{t} parameters")
+        exact = next((t for t in _COARSE if self.exact[t]), None)
+        if exact and self.values >= MIN_EXACT_VALUES:
+            named.setdefault(exact, []).append(f"float32 values all exact in {exact}")
+        if len(named) > 1:
+            return None, "the evidence conflicts: " + ", ".join(
+                w for t in sorted(named) for w in named[t])
+        if named:
+            return next(iter(named)), None
+        if not self.activations:
+            return None, "no activations were recorded (the model never ran inside the hooks)"
+        if exact:
+            return None, (f"only {self.values} nonzero values recorded, all exact in {exact}: "
+                          f"too few to tell float32 arithmetic from {exact} held in float32")
+        return ("tf32" if True in self.tf32 else "f32"), None
 
 
 def _first_tensor(x):
@@ -108,7 +247,13 @@ class TorchHooks:
     the model lacks raises RecorderError at once (a typo records nothing
     otherwise). output_from: /output is computed from the "logits" rows of
     positions >= output_from (kvdiff starts at the last prompt position);
-    None records no /output. Tensors must be a batch of one."""
+    None records no /output. Tensors must be a batch of one.
+
+    engine_settings.compute_dtype is stated when the recorder closes, from
+    what the forwards showed (ComputeEvidence); where that cannot tell, it
+    is left out (kvdiff then assumes bf16 and says so) and one line on
+    stderr says why. A compute_dtype given to the Recorder wins, and no
+    evidence is gathered."""
 
     def __init__(self, recorder, model, names=None, output_from=0, record_logits=False):
         self.rec = recorder
@@ -121,6 +266,7 @@ class TorchHooks:
         cfg = recorder.config
         for key, value in torch_settings(model).items():
             recorder.setting_default(key, value)
+        self.evidence = None if "compute_dtype" in recorder.settings else ComputeEvidence(model)
         names = names or hf_names(cfg["model_type"])
         modules = dict(model.named_modules())
         for stage, (template, kind) in names.items():
@@ -132,6 +278,18 @@ class TorchHooks:
                 if name not in modules:
                     raise RecorderError(f"names[{stage!r}]: the model has no module {name!r}")
                 self._hook(modules[name], stage, layer, kind)
+        recorder.before_close(self._state_compute_dtype)
+
+    def _state_compute_dtype(self):
+        if self.evidence is None or "compute_dtype" in self.rec.settings:
+            return
+        dtype, why = self.evidence.decide()
+        if dtype:
+            self.rec.setting_default("compute_dtype", dtype)
+        else:
+            print(f"kvdiff_record: {self.rec.path}: compute_dtype not stated: {why} "
+                  f"(kvdiff compare will assume bf16; settings={{'compute_dtype': ...}} "
+                  f"states it)", file=sys.stderr)
 
     def _hook(self, module, stage, layer, kind):
         def take(tensor):
@@ -143,6 +301,8 @@ class TorchHooks:
                     raise RecorderError(f"{stage}: batch of {t.shape[0]}; record one sequence")
                 t = t[0]
             rows = t.detach().float().cpu().numpy()
+            if self.evidence is not None:
+                self.evidence.saw(t, rows, stage, layer)
             self._seen_to = max(self._seen_to, self.position + rows.shape[0])
             if kind == "in_stats":
                 rows = norm_stats(rows)

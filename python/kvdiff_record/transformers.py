@@ -43,7 +43,10 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     generated token but the last, as `kvdiff run` does; stops after
     max_new tokens or at an end-of-sequence id (unless ignore_eos).
     model_config: the dump's (default: from model.config, any
-    architecture); settings: more engine_settings (what you say wins).
+    architecture); settings: more engine_settings (what you say wins;
+    compute_dtype, and cache_type with it, is otherwise decided from what
+    the forwards computed in: autocast, the activations' dtype, the
+    parameters', bf16 values held in float32; TorchHooks).
     Returns the generated ids. Raises RecorderError on what it cannot
     record (no rotary function to wrap, a batch of more than one, a model
     on the meta device, a config field kvdiff needs)."""
@@ -57,8 +60,6 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     tap = _RotaryTap(model, cfg)
     names, left_out = _present_names(model, names or hf_names(cfg["model_type"]))
     st = dict(torch_settings(model))
-    if "compute_dtype" in st:   # transformers keeps its KV cache in the model's dtype
-        st["cache_type"] = "f32" if st["compute_dtype"] == "tf32" else st["compute_dtype"]
     st.update({"chunk": chunk, "cache": "dynamic", "runtime": _runtime(),
                "attn_implementation": _attn_impl(model)})
     if left_out:
@@ -69,7 +70,8 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     generated = []
     with Recorder(path, cfg, engine=engine, settings=st) as rec:
         hooks = TorchHooks(rec, model, names, output_from=None)
-        tap.attach(rec)
+        rec.before_close(lambda: _state_cache_type(rec))   # after the hooks state compute_dtype
+        tap.attach(rec, hooks.evidence)
         try:
             seq, past, pos = list(ids), None, 0
             while True:
@@ -94,6 +96,16 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
             hooks.remove()
             tap.detach()
     return generated
+
+
+def _state_cache_type(rec):
+    """transformers' KV cache holds what the k and v projections output, so
+    it is in the type the model computes in (bf16 under a bf16 autocast of
+    float32 weights; tf32 is a matmul mode, the cache float32). Left out
+    where compute_dtype is: kvdiff then assumes bf16 for both."""
+    dtype = rec.settings.get("compute_dtype")
+    if dtype:
+        rec.setting_default("cache_type", "f32" if dtype == "tf32" else dtype)
 
 
 # ---------------------------------------------------------------- the tap
@@ -125,14 +137,18 @@ class _RotaryTap:
                                 f"{ROTARY}(): q and k after RoPE cannot be taken (record them "
                                 f"with TorchHooks and your own tap, docs/python-recorder.md)")
         self.rec = None
+        self.evidence = None
         self.position = None
         self.layer = None
         self.calls = 0
         self._saved = []
         self._handles = []
 
-    def attach(self, rec):
+    def attach(self, rec, evidence):
+        """Taps into rec; the rows also go to evidence (the hooks'
+        ComputeEvidence; None where the caller stated compute_dtype)."""
         self.rec = rec
+        self.evidence = evidence
         for mod in self.modules:
             original = getattr(mod, ROTARY)
             self._saved.append((mod, original))
@@ -205,6 +221,8 @@ class _RotaryTap:
     def _rows(self, layer, stage, t, heads_dim):
         a = t.detach().float().cpu().numpy()
         rows = heads_first(a) if heads_dim == 0 else a.reshape(a.shape[0], -1)
+        if self.evidence is not None:
+            self.evidence.saw(t, rows, stage, layer)
         self.rec.rows(layer, stage, self.position, rows)
 
     def _value(self, layer):
@@ -214,6 +232,8 @@ class _RotaryTap:
             # v_proj's [1, T, KV*D] or v_norm's [1, T, KV, D]: before any transpose
             t = _batch_one(out if not isinstance(out, (tuple, list)) else out[0], "v")
             a = t.detach().float().cpu().numpy()
+            if self.evidence is not None:
+                self.evidence.saw(t, a, "v", layer)
             self.rec.rows(layer, "v", self.position, a.reshape(a.shape[0], -1))
         return take
 

@@ -2,6 +2,8 @@
 validate` and compared by `kvdiff compare` against kvdiff's reference.
 KVDIFF_BIN names the kvdiff binary (default: build/kvdiff)."""
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -512,11 +514,10 @@ class TestTransformers(Base):
                                                    3 if bf16 else 5)
                 dump = self.path(f"hf-{preset}-{rotary}-{chunk}-{dtype}.h5")
                 model = TinyCausalLM(self.path(preset), dtype=dtype, rotary=rotary)
-                # tiny_torch carries bf16 values in float32 tensors: its dtype is
-                # said (transformers' parameters are bf16, and say it themselves)
-                st = {"compute_dtype": dtype, "cache_type": dtype} if bf16 else None
+                # tiny_torch carries bf16 values in float32 tensors: record()
+                # finds the dtype from the values (TestComputeDtype)
                 got = record(model, prompt, dump, max_new=len(want), chunk=chunk,
-                             ignore_eos=True, settings=st)
+                             ignore_eos=True)
                 self.assertEqual(got, want)
                 self.assert_valid(dump)
                 rc, text = kvdiff("compare", ref, dump)
@@ -529,7 +530,7 @@ class TestTransformers(Base):
                                 "chunk", "cache", "runtime"):
                         self.assertIn(key, st)
                     self.assertEqual(st["chunk"], chunk or len(prompt))
-                    self.assertEqual(st["compute_dtype"], dtype)
+                    self.assertEqual((st["compute_dtype"], st["cache_type"]), (dtype, dtype))
                     cfg = json.loads(f.attrs["model_config"])
                     for layer, owner in enumerate(cfg["kv_owner"]):
                         held = set(f[f"layers/{layer}"])
@@ -608,6 +609,221 @@ class TestTransformers(Base):
             record(model, [1, 2, 3], self.path("r.h5"))
         for p in ("b.h5", "m.h5", "r.h5"):
             self.assertFalse(os.path.exists(self.path(p)), p)
+
+
+def _scale_stack(config, dtype):
+    """A model of config's layers, each x * weight (elementwise: CPU torch
+    runs it in bf16 and f16, where it has no f16 matmul), with parameters
+    in dtype; its modules are "layers.<i>"."""
+    import torch
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.linspace(0.5, 1.5, config["hidden_size"]))
+
+        def forward(self, x):
+            return x * self.weight
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList(Scale() for _ in range(config["num_hidden_layers"]))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    return Stack().to(dtype)
+
+
+class TestComputeDtype(Base):
+    """engine_settings.compute_dtype is what the forwards computed in
+    (kvdiff_record.torch_hooks.ComputeEvidence), not the parameters' dtype
+    alone: float32 weights under autocast, or rounding every result to
+    bf16, compute in bf16, and a compare told "f32" cries wolf
+    (TestPrecision.test_autocast_stated_bf16). Where the run cannot tell,
+    compute_dtype is left out and one line on stderr says why."""
+
+    PROMPT = list(range(3, 23))
+
+    def settings(self, dump):
+        with h5py.File(dump, "r") as f:
+            self.assertEqual(f.attrs["status"], "complete")
+            return json.loads(f.attrs["engine_settings"])
+
+    def run_record(self, name, model, autocast=False, **kw):
+        """record() of model on a 20-token prompt, under a cpu bf16
+        autocast or none: (engine_settings, what went to stderr)."""
+        import torch
+        from kvdiff_record.transformers import record
+        dump = self.path(name + ".h5")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), \
+                torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            record(model, self.PROMPT, dump, max_new=3, ignore_eos=True, **kw)
+        return self.settings(dump), err.getvalue()
+
+    def run_hooks(self, name, forwards, settings=None):
+        """TorchHooks on tiny_torch's tiny-llama (float32), made outside any
+        autocast; forwards: (token ids, autocast dtype or None), run one
+        after another as prefill and decode steps. (engine_settings, what
+        went to stderr)."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.torch_hooks import TorchHooks
+        model = TinyCausalLM(self.path("tiny-llama"))
+        dump = self.path(name + ".h5")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            with Recorder(dump, model.config, settings=settings) as rec:
+                hooks = TorchHooks(rec, model, output_from=None)
+                pos, past, ids = 0, None, []
+                for feed, dtype in forwards:
+                    with hooks.step(pos), torch.autocast("cpu", dtype=dtype or torch.bfloat16,
+                                                         enabled=dtype is not None):
+                        past = model(torch.tensor([feed]), past_key_values=past,
+                                     logits_to_keep=1).past_key_values
+                    pos, ids = pos + len(feed), ids + feed
+                hooks.remove()
+                rec.tokens(ids, len(ids))
+        return self.settings(dump), err.getvalue()
+
+    def test_autocast(self):
+        """(a) float32 parameters under torch.autocast("cpu", bf16): bf16,
+        and transformers' KV cache with it; autocast is read inside the
+        forward, not when the hooks are made."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        st, err = self.run_record("cd-autocast", TinyCausalLM(self.path("tiny-llama")),
+                                  autocast=True)
+        self.assertEqual((st["compute_dtype"], st["cache_type"]), ("bf16", "bf16"))
+        self.assertEqual(err, "")
+        st, err = self.run_hooks("cd-autocast-hooks", [(self.PROMPT, torch.bfloat16),
+                                                        ([7], torch.bfloat16)])
+        self.assertEqual(st["compute_dtype"], "bf16")
+        self.assertEqual(err, "")
+
+    def test_coarse_values_held_in_float32(self):
+        """(b) float32 parameters whose forward rounds every result to bf16
+        (or f16) and keeps it in float32, as GPU kernels hand back and
+        tiny_torch --dtype computes: the recorded values are all exact in
+        that type."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        for dtype in ("bf16", "f16"):
+            with self.subTest(dtype=dtype):
+                model = TinyCausalLM(self.path("tiny-gemma3"), dtype=dtype)
+                self.assertEqual({p.dtype for p in model.parameters()}, {torch.float32})
+                st, err = self.run_record(f"cd-held-{dtype}", model)
+                self.assertEqual((st["compute_dtype"], st["cache_type"]), (dtype, dtype))
+                self.assertEqual(err, "")
+
+    def test_plain_f32(self):
+        """(c) float32 throughout is "f32", and stays so for a bf16
+        checkpoint run in float32, whose embedding rows are exactly bf16
+        (they are the checkpoint's storage, not arithmetic)."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        model = TinyCausalLM(self.path("tiny-gemma3"))
+        st, err = self.run_record("cd-f32", model)
+        self.assertEqual((st["compute_dtype"], st["cache_type"]), ("f32", "f32"))
+        self.assertEqual(err, "")
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        st, err = self.run_record("cd-f32-bf16-weights", model)
+        self.assertEqual(st["compute_dtype"], "f32")
+        self.assertEqual(err, "")
+
+    def test_coarse_parameters(self):
+        """(d) parameters (and so activations) in bf16 or f16."""
+        import torch
+        from kvdiff_record.torch_hooks import TorchHooks
+        cfg = model_config_from_hf(self.path("tiny-llama"))
+        names = {"x_in": ("layers.{i}", "in"), "x_out": ("layers.{i}", "out")}
+        for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "f16")):
+            with self.subTest(dtype=name):
+                model = _scale_stack(cfg, dtype)
+                dump = self.path(f"cd-params-{name}.h5")
+                with Recorder(dump, cfg) as rec:
+                    hooks = TorchHooks(rec, model, names, output_from=None)
+                    with hooks.step(0):
+                        model(torch.randn(1, 5, cfg["hidden_size"]).to(dtype))
+                    rec.tokens([1] * 5, 5)
+                self.assertEqual(self.settings(dump)["compute_dtype"], name)
+
+    def test_stated_wins(self):
+        """(e) the caller's compute_dtype wins, silently, where the run
+        shows another type or cannot tell; transformers' cache_type
+        follows the type stated."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        st, err = self.run_record("cd-stated", TinyCausalLM(self.path("tiny-llama"), dtype="f16"),
+                                  settings={"compute_dtype": "bf16"})
+        self.assertEqual((st["compute_dtype"], st["cache_type"]), ("bf16", "bf16"))
+        self.assertEqual(err, "")
+        st, err = self.run_hooks("cd-stated-hooks", [(self.PROMPT, torch.bfloat16), ([7], None)],
+                                 settings={"compute_dtype": "f32"})
+        self.assertEqual(st["compute_dtype"], "f32")
+        self.assertEqual(err, "")
+
+    def test_cannot_tell(self):
+        """(f) a prefill under autocast and a decode step without it, or no
+        forward at all: no compute_dtype (kvdiff assumes bf16 and says so),
+        and one line on stderr saying why."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.torch_hooks import TorchHooks
+        st, err = self.run_hooks("cd-changed", [(self.PROMPT, torch.bfloat16), ([7], None)])
+        self.assertNotIn("compute_dtype", st)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("kvdiff_record: " + self.path("cd-changed.h5") + ": compute_dtype not "
+                      "stated: autocast state changed during the run (cpu: bf16, off)", err)
+        dump = self.path("cd-nothing.h5")
+        model = TinyCausalLM(self.path("tiny-llama"))
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            with Recorder(dump, model.config) as rec:
+                TorchHooks(rec, model).remove()
+                rec.tokens([1], 1)
+        self.assertNotIn("compute_dtype", self.settings(dump))
+        self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
+        self.assertIn("compute_dtype not stated: no activations were recorded", err.getvalue())
+
+    def test_evidence(self):
+        """Both of torch's autocast APIs (a device type argument since 2.4,
+        one function per device before); TF32 on CUDA; too few values to
+        tell float32 from bf16 held in float32."""
+        import types
+        from unittest import mock
+        import torch
+        from kvdiff_record.torch_hooks import ComputeEvidence, _autocast_state
+        self.assertEqual(_autocast_state("cpu"), "off")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            self.assertEqual((_autocast_state("cpu"), _autocast_state("cuda")), ("bf16", "off"))
+        on = {"cpu": False, "cuda": True}
+        with mock.patch.object(torch, "get_autocast_dtype", create=True,
+                               new=lambda device: torch.float16), \
+                mock.patch.object(torch, "is_autocast_enabled", new=lambda device: on[device]):
+            self.assertEqual((_autocast_state("cpu"), _autocast_state("cuda")), ("off", "f16"))
+
+        def decide(tensor, rows):
+            ev = ComputeEvidence(torch.nn.Linear(2, 2))
+            ev.saw(tensor, rows, "attn_norm", 1)
+            return ev.decide()
+        rows = np.random.RandomState(0).randn(2, 64).astype(np.float32)
+        cuda = types.SimpleNamespace(device=types.SimpleNamespace(type="cuda"),
+                                     dtype=torch.float32, is_floating_point=lambda: True)
+        with mock.patch.object(torch, "get_float32_matmul_precision", new=lambda: "highest"):
+            self.assertEqual(decide(cuda, rows), ("f32", None))
+        with mock.patch.object(torch, "get_float32_matmul_precision", new=lambda: "high"):
+            self.assertEqual(decide(cuda, rows), ("tf32", None))
+        few = np.full((2, 8), 1.5, np.float32)
+        dtype, why = decide(torch.from_numpy(few), few)
+        self.assertIsNone(dtype)
+        self.assertIn("only 16 nonzero values recorded, all exact in bf16", why)
 
 
 class TestPrecision(Base):
@@ -777,23 +993,23 @@ class TestPrecision(Base):
         rc, j = self.compare(self.scaled("rms-drift", 2, 30, 1.004))
         self.assertEqual(rc, 0, json.dumps(j)[:2000])
 
-    def test_hooks_state_the_model_dtype(self):
+    def test_autocast_stated_bf16(self):
+        """float32 weights run under torch.autocast compute in bf16: record()
+        states it, and the compare is drift. Stated f32 (the parameters'
+        dtype, as before), the same run stepped at (0, 0, q), 0.006 against
+        0.004."""
         import torch
         from tiny_torch import TinyCausalLM
-        from kvdiff_record.torch_hooks import TorchHooks
-        model = TinyCausalLM(self.path("tiny-llama")).to(torch.bfloat16)
-        with Recorder(self.path("dtype.h5"), model.config, settings={"chunk": 4}) as rec:
-            TorchHooks(rec, model).remove()
-            self.assertEqual(rec.settings, {"chunk": 4, "compute_dtype": "bf16",
-                                            "device": "cpu", "attn_accumulator": "f32"})
-            rec.close(status="test")
-        with h5py.File(self.path("dtype.h5"), "r") as f:
-            self.assertEqual(json.loads(f.attrs["engine_settings"])["compute_dtype"], "bf16")
-        with Recorder(self.path("dtype2.h5"), model.config,
-                      settings={"compute_dtype": "f16"}) as rec:
-            TorchHooks(rec, model).remove()
-            self.assertEqual(rec.settings["compute_dtype"], "f16")   # what the caller said
-            rec.close(status="test")
+        from kvdiff_record.transformers import record
+        dump = self.path("autocast-h288.h5")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            record(TinyCausalLM(self.model), self.prompt, dump, max_new=4, ignore_eos=True)
+        self.assert_valid(dump)
+        rc, j = self.compare(dump)
+        self.assertEqual(rc, 0, json.dumps(j)[:3000])
+        self.assertEqual(j["verdict"], "within_tolerance")
+        c = j["mode"]["cross_runtime"]["compute"]
+        self.assertEqual((c["precision"], c["stated"]), ("bf16", True))
 
 
 if __name__ == "__main__":
