@@ -142,6 +142,10 @@ double cmp_logit_map(const cmp_logitmap *m, double ref_value);
  * the identity. */
 void cmp_logit_map_fit(const double *ref, const double *test, size_t n, double config_cap,
                        cmp_logitmap *best);
+/* F(1, d)'s critical value at 1 - CMP_MAP_ALPHA (+inf for d < 1). */
+#define CMP_MAP_ALPHA 1e-4
+#define CMP_MAP_MIN_GAIN 1.5   /* and the map must leave 1/1.5 of the RMS residual or less */
+double cmp_map_f_critical(int64_t d);
 
 /* --- attn_audit.c --- */
 /* The test's attention against its own q, k, v: for every layer whose q,

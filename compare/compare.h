@@ -598,6 +598,11 @@ typedef struct {
     cmp_map_kind map_kind;
     double map_param, map_config_cap;
     double map_gain;             /* RMS residual without the map / with it */
+    int64_t map_positions;       /* positions fitted (each holding matched pairs) */
+    double map_F, map_F_crit;    /* the fit's F statistic, positions as the units,
+                                  * and its critical value (1 - CMP_MAP_ALPHA) */
+    bool map_significant;        /* F above it, gain >= CMP_MAP_MIN_GAIN, and the
+                                  * parameter another than the config's */
     bool map_step;               /* the step at /output is the map's */
     double map_part, map_noise;  /* at the step, row-relative */
 } cmp_xrt;

@@ -441,29 +441,22 @@ static bool map_differs(const cmp_xrt *m)
     return fabs(m->map_param / m->map_config_cap - 1) > u;
 }
 
-/* Is /output at p, drift by its size, a map of the reference's logits (a
- * softcap, a scale) of another parameter than the config's, which over
- * the whole run leaves a residual XRT_SYS_NOISE times smaller than none
- * does, and whose part here and at the next positions is above that
- * factor times the residual? What flowed in from upstream is in the
- * residual: a map its rounding does not make. */
+/* Is /output at p, drift by its size, where a map of the reference's
+ * logits (a softcap, a scale) of another parameter than the config's
+ * explains the run significantly (map_significant, set once) and its
+ * part here is above the residual it leaves? The first such position is
+ * the step; what flowed in from upstream is in the residual. */
 static bool map_steps(const xrt_walk *x, int64_t p, double *thr, double *err)
 {
     cmp_xrt *m = &x->c->r->xrt;
     const int64_t i = p - x->base;
-    if (!x->map_part || isnan(x->map_part[i]) || !(m->map_gain >= XRT_SYS_NOISE) ||
-        !map_differs(m))
+    if (!x->map_part || !m->map_significant || isnan(x->map_part[i]) ||
+        !(x->map_part[i] > x->map_noise[i]))
         return false;
-    const double t = XRT_SYS_NOISE * x->map_noise[i];
-    if (!(x->map_part[i] > t))
-        return false;
-    for (int64_t q = i + 1; q <= i + XRT_SYS_CONFIRM && q < x->P; q++)
-        if (!isnan(x->map_part[q]) && !(x->map_part[q] > XRT_SYS_NOISE * x->map_noise[q]))
-            return false;
     m->map_step = true;
     m->map_part = x->map_part[i];
     m->map_noise = x->map_noise[i];
-    *thr = t;
+    *thr = x->map_noise[i];
     *err = x->map_part[i];
     return true;
 }
@@ -631,6 +624,8 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     if (rc == 0)
         rc = x.map_part && x.map_noise ? cmp_output_map(c, x.base, x.P, x.map_part, x.map_noise, e)
                                        : kv_errf(e, "compare: out of memory");
+    m->map_significant = m->map_fitted && m->map_F > m->map_F_crit &&
+                         m->map_gain >= CMP_MAP_MIN_GAIN && map_differs(m);
     /* llama.cpp's f16 summation of attention values, modelled. */
     m->acc_pos = -1;
     m->acc_layer = -1;

@@ -497,9 +497,11 @@ static void diverged_report(FILE *f, const cmp_result *r)
                     r->xrt.sys_noise, r->xrt.sys_drift_threshold, r->xrt.why);
         else if (r->xrt.map_step)
             fprintf(f, "  a step by its structure: /output is a map of the reference's logits "
-                    "(%s), its part %.2g here against %.2g (%g x the residual it leaves) (%s)\n",
+                    "(%s) over %lld positions, F %.3g against %.3g (a chance of 1e-4), its part "
+                    "%.2g here above the residual it leaves, %.2g (%s)\n",
                     r->xrt.map_kind == CMP_MAP_SOFTCAP ? "a softcap" : "a scale",
-                    r->xrt.map_part, r->xrt.step_threshold, r->xrt.sys_noise_factor, r->xrt.why);
+                    (long long)r->xrt.map_positions, r->xrt.map_F, r->xrt.map_F_crit,
+                    r->xrt.map_part, r->xrt.map_noise, r->xrt.why);
         else if (r->xrt.step)
             fprintf(f, "  a step: relative error %.2g here against a drift threshold of %.2g "
                     "(%s)\n", r->xrt.step_err, r->xrt.step_threshold, r->xrt.why);
@@ -764,12 +766,16 @@ static json_t *jstructure(const cmp_xrt *x)
                     jnum(x->sys_drift_threshold));
     /* an infinite softcap (none) is written as null */
     json_t *map = !x->map_fitted ? json_null()
-        : json_pack("{ss so so so sb so so}", "kind", map_kind_name(x->map_kind), "value",
-                    isfinite(x->map_param) ? jnum(x->map_param) : json_null(), "config_cap",
-                    jnum(x->map_config_cap), "gain", isfinite(x->map_gain) ? jnum(x->map_gain)
-                                                                           : json_null(),
-                    "step", x->map_step, "part", x->map_step ? jnum(x->map_part) : json_null(),
-                    "noise", x->map_step ? jnum(x->map_noise) : json_null());
+        : json_pack("{ss so so so sI so so sb sb so so}", "kind", map_kind_name(x->map_kind),
+                    "value", isfinite(x->map_param) ? jnum(x->map_param) : json_null(),
+                    "config_cap", jnum(x->map_config_cap), "gain",
+                    isfinite(x->map_gain) ? jnum(x->map_gain) : json_null(), "positions",
+                    (json_int_t)x->map_positions, "F", isfinite(x->map_F) ? jnum(x->map_F)
+                                                                          : json_null(),
+                    "F_critical", isfinite(x->map_F_crit) ? jnum(x->map_F_crit) : json_null(),
+                    "significant", x->map_significant, "step", x->map_step, "part",
+                    x->map_step ? jnum(x->map_part) : json_null(), "noise",
+                    x->map_step ? jnum(x->map_noise) : json_null());
     return json_pack("{ss so so so so so}", "test", "row_scale", "noise_factor",
                      jnum(x->sys_noise_factor), "compute_factor", jnum(x->sys_compute_factor),
                      "step", step, "closest", closest, "logit_map", map);

@@ -151,6 +151,27 @@ static void fit_scale(cmp_logitmap *m, const double *ref, const double *test, si
     m->ssr = ssr(m, ref, test, n);
 }
 
+/* ------------------------------------------------------------------ */
+/* Significance                                                         */
+
+/* F(1, d) at 1 - 1e-4, d = 1..30, then 40, 60, 120, infinity: a map's
+ * one parameter fitted by chance lowers the residual of d + 1 independent
+ * positions (the logits of one position share its hidden state's error,
+ * so positions, not pairs, are the units) this much at most, in 1 of 10^4
+ * runs. */
+double cmp_map_f_critical(int64_t d)
+{
+    static const double f[] = {0, 4.05e7, 9999.5, 784.0, 241.6, 124.8, 82.49, 62.17, 50.69,
+                               43.48, 38.58, 35.06, 32.43, 30.39, 28.77, 27.45, 26.36, 25.44,
+                               24.66, 23.99, 23.40, 22.89, 22.44, 22.03, 21.67, 21.35, 21.05,
+                               20.78, 20.54, 20.31, 20.11};
+    if (d < 1)
+        return INFINITY;
+    if (d <= 30)
+        return f[d];
+    return d <= 40 ? 19.07 : d <= 60 ? 17.55 : d <= 120 ? 16.26 : 15.14;
+}
+
 void cmp_logit_map_fit(const double *ref, const double *test, size_t n, double config_cap,
                        cmp_logitmap *best)
 {

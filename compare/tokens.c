@@ -668,6 +668,15 @@ int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *no
     x->map_config_cap = fit.config_cap;
     x->map_gain = fit.ssr > 0 ? sqrt(fit.ssr_identity / fit.ssr) : fit.ssr_identity > 0
                                                                       ? INFINITY : 1;
+    x->map_positions = 0;
+    for (int64_t i = 0; i < m.P; i++)
+        x->map_positions += m.at[i + 1] > m.at[i];
+    /* positions the units: what the map lowers, over what it leaves per
+     * remaining degree of freedom */
+    x->map_F = fit.ssr > 0 ? (fit.ssr_identity - fit.ssr) / (fit.ssr /
+               (double)(x->map_positions > 1 ? x->map_positions - 1 : 1))
+                           : fit.ssr_identity > 0 ? INFINITY : 0;
+    x->map_F_crit = cmp_map_f_critical(x->map_positions - 1);
     for (int64_t i = 0; fit.kind != CMP_MAP_NONE && i < m.P; i++) {
         double pt = 0, ns = 0;
         for (size_t j = m.at[i]; j < m.at[i + 1]; j++) {

@@ -167,6 +167,15 @@ static void read_logit_map(jr *c, json_t *s, cmp_xrt *o)
     o->map_gain = num(c, m, w, "gain", true);
     if (isnan(o->map_gain))
         o->map_gain = INFINITY;
+    /* (absent in results older than the F test) */
+    if (json_object_get(m, "positions")) {
+        o->map_positions = integer(c, m, w, "positions", 0, JR_MAX_POS, INT64_MIN);
+        o->map_F = num(c, m, w, "F", true);
+        o->map_F_crit = num(c, m, w, "F_critical", true);
+        if (isnan(o->map_F_crit))
+            o->map_F_crit = INFINITY;
+        o->map_significant = boolean(c, m, w, "significant");
+    }
     o->map_step = boolean(c, m, w, "step");
     o->map_part = num(c, m, w, "part", true);
     o->map_noise = num(c, m, w, "noise", true);

@@ -287,9 +287,11 @@ bool dg_rule_logit_map(cmp_ctx *c)
            "over every position's top-k values, %.4g)", (long long)c->d->pos,
            x->map_kind == CMP_MAP_SOFTCAP ? "cap" : "scale", x->map_param);
     dg_say(c->g->evidence, sizeof c->g->evidence, "mapping the reference's top-k logits "
-           "through it leaves %.3g of the residual no map leaves (RMS); at position %lld its "
-           "part is %.2g of the logits' scale, %.3g times the residual there (%.2g)",
-           x->map_gain > 0 ? 1 / x->map_gain : 0, (long long)c->d->pos, x->map_part,
+           "through it leaves %.3g of the residual no map leaves (RMS) over %lld positions (F "
+           "%.3g against %.3g: a chance of 1e-4); at position %lld its part is %.2g of the "
+           "logits' scale, %.3g times the residual there (%.2g)",
+           x->map_gain > 0 ? 1 / x->map_gain : 0, (long long)x->map_positions, x->map_F,
+           x->map_F_crit, (long long)c->d->pos, x->map_part,
            x->map_noise > 0 ? x->map_part / x->map_noise : INFINITY, x->map_noise);
     return true;
 }
@@ -354,10 +356,14 @@ int dg_rule_stated_precision(cmp_ctx *c, kv_err *e, bool exact)
 {
     const cmp_xrt *x = &c->r->xrt;
     const cmp_divergence *d = c->d;
-    /* Rows a cache holds (k, v, attention's) may be of the cache's type. */
+    /* Rows a cache holds (k, v, attention's) may be of the cache's type,
+     * and so may q where the cache is coarser than f32: llama.cpp converts
+     * the query to the cache's type for the dot products (a bf16 cache: q
+     * rows of bf16 values, measured). */
+    const bool q_cached = d->stage == STAGE_Q && x->kv_eps > 0x1p-20;
     if (!x->on || !x->compute_stated || !(x->compute_eps < 0x1p-20) || c->beyond ||
         d->from_output || x->sys_step || dg_is_attn_stage(d->stage) || d->stage == STAGE_K ||
-        d->stage == STAGE_V || !first_to_err(c))
+        d->stage == STAGE_V || q_cached || !first_to_err(c))
         return 0;
     int rc = 0;
     const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);

@@ -1011,6 +1011,24 @@ class TestPrecision(Base):
         c = j["mode"]["cross_runtime"]["compute"]
         self.assertEqual((c["precision"], c["stated"]), ("bf16", True))
 
+    def test_stated_f32_under_autocast(self):
+        """The same autocast run stated f32 by hand: a step at its first
+        stage that errs, and the diagnosis says the stated precision looks
+        wrong and how to state it (not a RoPE base, as before)."""
+        import torch
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.transformers import record
+        dump = self.path("autocast-f32-h288.h5")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            record(TinyCausalLM(self.model), self.prompt, dump, max_new=4, ignore_eos=True,
+                   settings={"compute_dtype": "f32", "cache_type": "f32"})
+        rc, j = self.compare(dump)
+        self.assertEqual(rc, 1, json.dumps(j)[:3000])
+        d = j["diagnosis"]
+        self.assertEqual(d["kind"], "stated_precision", json.dumps(d))
+        self.assertIn("stated precision looks wrong", d["summary"])
+        self.assertIn('"compute_dtype": "bf16"', d["detail"])
+
 
 if __name__ == "__main__":
     unittest.main()
