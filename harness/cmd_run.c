@@ -30,6 +30,11 @@ static void run_usage(FILE *f)
             "  --prompt-tokens L  ids, e.g. 5,17,42\n"
             "  --prompt-ids-file F  file of ids separated by spaces, commas or newlines\n"
             "  --prompt-random N  N ids drawn with --seed (default: 32 random ids)\n"
+            "  --follow TEST.h5   teacher forcing: TEST.h5's prompt, then its generated tokens\n"
+            "                     fed back one at a time in place of sampled ones (--max-new\n"
+            "                     implied, no EOS stop); compare the dump with TEST.h5 when\n"
+            "                     their tokens differ. Not with --prompt-*, --temperature,\n"
+            "                     --top-k, --top-p, --seed\n"
             "generation:\n"
             "  --max-new N        tokens to generate (default 16)\n"
             "  --temperature T    0 = greedy (default); > 0 samples with PCG32\n"
@@ -89,6 +94,7 @@ static void run_usage(FILE *f)
             "  kvdiff run --model tiny-gemma3 --engine chunked --chunk 5 --cache ring --dump chk.h5\n"
             "  kvdiff run --compare --model tiny-gemma3 --prompt-random 40 --engine chunked \\\n"
             "             --chunk 5 --inject window=4\n"
+            "  kvdiff run --model tiny-gemma3 --follow test.h5 --dump ref-followed.h5\n"
             "  kvdiff run --list-injections\n");
 }
 
@@ -173,6 +179,9 @@ static int run_generation(const run_opts *o, const kv_model *m, const kern_ctx *
             print_text("prompt text    ", tok, res.tokens, res.n_prompt);
             print_text("generated text ", tok, res.tokens + res.n_prompt, res.n_new);
         }
+        if (o->follow_path)
+            printf("followed  %s: its prompt and its %d generated tokens, fed as given\n",
+                   o->follow_path, res.n_new);
         if (res.stopped_at_eos)
             printf("stopped at end-of-sequence token %d\n", res.tokens[res.n_prompt + res.n_new - 1]);
     }
@@ -209,6 +218,7 @@ static int check_outputs(const run_opts *o, kv_err *e)
             continue;
         if (cli_output_not_input(names[i], outs[i], "--prompt-file", o->po.text_file, e) < 0 ||
             cli_output_not_input(names[i], outs[i], "--prompt-ids-file", o->po.ids_file, e) < 0 ||
+            cli_output_not_input(names[i], outs[i], "--follow", o->follow_path, e) < 0 ||
             cli_output_not_model_file(names[i], outs[i], o->mo.model, e) < 0)
             return -1;
     }
@@ -263,7 +273,8 @@ int cmd_run(int argc, char **argv)
     kv_tokenizer *tok = NULL;
     if (cli_open_tokenizer("run", &o.mo, &m, &tok, &e) < 0)
         rc = EXIT_USAGE;
-    else if (cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) < 0)
+    else if (o.follow_path ? run_follow_load(&o, &m, &prompt, &n_prompt, &e) < 0
+                           : cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) < 0)
         rc = EXIT_USAGE;
     else if (o.compare) {
         tok_free(tok);

@@ -17,6 +17,10 @@ typedef struct {
     cli_model_opts mo;
     cli_prompt_opts po;
     gen_opts go;
+    bool max_new_given;
+    const char *sampling_opt;    /* the first of --temperature, --top-k, --top-p, --seed given */
+    const char *follow_path;     /* --follow TEST.h5: its prompt, then its generated tokens
+                                  * fed back in place of sampling (run_follow_load) */
     const char *engine;          /* "reference" or "chunked" */
     int prefill_step;            /* reference: 0 all, else tokens per step */
     bool prefill_given;
@@ -49,6 +53,16 @@ void run_opts_init(run_opts *o);
 /* Parses the options of `run` (and of `bisect`, which takes the same engine,
  * model and prompt options). Returns 1 for --help, 0, or -1 with e filled. */
 int run_parse(int argc, char **argv, run_opts *o, kv_err *e);
+
+/* --follow: reads o->follow_path's /tokens (refused, one line naming the
+ * file, when it is no dump, has no tokens, a prompt_length of 0 or past
+ * them, a model other than m's (shapes, or weight fingerprints when both
+ * are known), or an id past m's vocabulary, or when an
+ * explicit --max-new disagrees). *prompt (malloc'd, the caller frees) is
+ * then the whole token list, *n_prompt its prompt_length; o->go.follow
+ * views the generated ids inside *prompt (valid while it lives), and
+ * o->go.max_new is their count. */
+int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e);
 
 /* The reference side of a comparison: o with the engine set to the
  * reference and every chunked-engine option dropped. */

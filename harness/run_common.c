@@ -159,6 +159,29 @@ static int parse_prefill(const char *s, int *step, kv_err *e)
     return 0;
 }
 
+/* --follow takes the prompt and the generated tokens from its file: an
+ * option that would choose either must not pass for one that took effect. */
+static int follow_conflict(const run_opts *o, kv_err *e)
+{
+    const cli_prompt_opts *p = &o->po;
+    if (!o->follow_path)
+        return 0;
+    if (o->bisect)
+        return kv_errf(e, "--follow is an option of kvdiff run");
+    const char *prompt = p->tokens ? "--prompt-tokens" : p->ids_file ? "--prompt-ids-file"
+                         : p->text ? "--prompt-text" : p->text_file ? "--prompt-file"
+                         : p->random_len > 0 ? "--prompt-random" : NULL;
+    if (prompt)
+        return kv_errf(e, "--follow %s and %s: the prompt is %s's own (its first prompt_length "
+                          "tokens); give one or the other", o->follow_path, prompt,
+                       o->follow_path);
+    if (o->sampling_opt)
+        return kv_errf(e, "--follow %s and --%s: a followed run samples nothing (it feeds %s's "
+                          "generated tokens back)", o->follow_path, o->sampling_opt,
+                       o->follow_path);
+    return 0;
+}
+
 int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
 {
     static const struct option longopts[] = {
@@ -185,7 +208,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         {"json", no_argument, 0, 0},              {"stages", no_argument, 0, 0},
         {"compare-memory", required_argument, 0, 0}, {"force", no_argument, 0, 0},
         {"out", required_argument, 0, 'o'},       {"help", no_argument, 0, 'h'},
-        {"quiet", no_argument, 0, 'q'},
+        {"quiet", no_argument, 0, 'q'},           {"follow", required_argument, 0, 0},
         {0, 0, 0, 0}};
     int idx, ch;
     long v;
@@ -216,6 +239,9 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
             return -1;
         if (r > 0)
             continue;
+        if (!o->sampling_opt && (!strcmp(name, "temperature") || !strcmp(name, "top-k") ||
+                                 !strcmp(name, "top-p") || !strcmp(name, "seed")))
+            o->sampling_opt = longopts[idx].name;
         if (!strcmp(name, "prompt-tokens")) o->po.tokens = optarg;
         else if (!strcmp(name, "prompt-file")) o->po.text_file = optarg;
         else if (!strcmp(name, "prompt-text")) o->po.text = optarg;
@@ -227,7 +253,9 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
             if (cli_int("--max-new", optarg, 0, 1 << 24, &v, e) < 0)
                 return -1;
             o->go.max_new = (int)v;
-        } else if (!strcmp(name, "temperature")) {
+            o->max_new_given = true;
+        } else if (!strcmp(name, "follow")) o->follow_path = optarg;
+        else if (!strcmp(name, "temperature")) {
             if (cli_double("--temperature", optarg, 0, 1e6, &o->go.samp.temperature, e) < 0)
                 return -1;
         } else if (!strcmp(name, "top-k")) {
@@ -272,6 +300,8 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
     if (o->prefill_given && !strcmp(o->engine, "chunked"))
         return kv_errf(e, "--prefill and --engine chunked: --prefill is an option of the "
                           "reference engine (the chunked one prefills by --chunk)");
+    if (follow_conflict(o, e) < 0)
+        return -1;
     if (o->bisect) {
         if (o->compare || o->dump_path || o->dump_ref_path || o->dump_opts_given ||
             o->tolerance_given || o->compare_memory > 0 || o->force)
@@ -315,14 +345,114 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
     } else {
         json_object_set_new(j, "prefill_step", json_integer(o->prefill_step));
     }
-    json_object_set_new(j, "temperature", json_real(o->go.samp.temperature));
-    json_object_set_new(j, "top_k", json_integer(o->go.samp.top_k));
-    json_object_set_new(j, "top_p", json_real(o->go.samp.top_p));
+    if (o->follow_path) {
+        /* Fed, not sampled: no temperature, so that no reader takes the
+         * followed tokens for this engine's own greedy choices. */
+        json_t *f = json_string(o->follow_path);
+        json_object_set_new(j, "follow", f ? f : json_string("(a path that is not UTF-8)"));
+    } else {
+        json_object_set_new(j, "temperature", json_real(o->go.samp.temperature));
+        json_object_set_new(j, "top_k", json_integer(o->go.samp.top_k));
+        json_object_set_new(j, "top_p", json_real(o->go.samp.top_p));
+    }
     char *text = json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS);
     json_decref(j);
     return text;
 }
 
+/* ------------------------------------------------------------------ */
+/* --follow                                                             */
+
+/* The shapes compare refuses to pair when they differ (compare.c's
+ * check_models; the weight fingerprints are checked beside it): a test of
+ * another model cannot be followed either. */
+static int follow_same_model(const char *path, const char *model, const kv_config *ours,
+                             const kv_config *theirs, kv_err *e)
+{
+    const struct { const char *name; long file, model; } f[] = {
+        {"num_hidden_layers", theirs->n_layers, ours->n_layers},
+        {"hidden_size", theirs->hidden, ours->hidden},
+        {"num_attention_heads", theirs->n_heads, ours->n_heads},
+        {"num_key_value_heads", theirs->n_kv_heads, ours->n_kv_heads},
+        {"head_dim", theirs->head_dim, ours->head_dim},
+        {"vocab_size", theirs->vocab, ours->vocab},
+    };
+    if (strcmp(theirs->model_type, ours->model_type))
+        return kv_errf(e, "%s: recorded with another model: its model_type is '%s', --model "
+                          "%s's is '%s'", path, theirs->model_type, model, ours->model_type);
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (f[i].file != f[i].model)
+            return kv_errf(e, "%s: recorded with another model: its %s is %ld, --model %s's "
+                              "is %ld", path, f[i].name, f[i].file, model, f[i].model);
+    return 0;
+}
+
+/* The checks on the file's token list, once read: a prompt inside it, and
+ * ids the model has. */
+static int follow_check_tokens(const char *path, const int32_t *ids, int64_t n, int64_t p,
+                               int vocab, kv_err *e)
+{
+    if (n < 1)
+        return kv_errf(e, "%s: /tokens is empty: there is no prompt to follow", path);
+    if (p < 1 || p > n)
+        return kv_errf(e, "%s: prompt_length %lld is not within its %lld tokens (1..%lld)",
+                       path, (long long)p, (long long)n, (long long)n);
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= vocab)
+            return kv_errf(e, "%s: token %lld at position %lld is outside the model's "
+                              "vocabulary (0..%d)", path, (long long)ids[i], (long long)i,
+                           vocab - 1);
+    return 0;
+}
+
+int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e)
+{
+    const char *path = o->follow_path;
+    *prompt = NULL;
+    *n_prompt = 0;
+    dump_file *f = dump_open(path, e);
+    if (!f)
+        return -1;
+    kv_config cfg;
+    int32_t *ids = NULL;
+    int64_t n = dump_n_tokens(f), p = dump_prompt_length(f);
+    int rc = dump_check_file(f, e);
+    if (rc == 0)
+        rc = dump_model_config(f, &cfg, e);
+    if (rc == 0)
+        rc = follow_same_model(path, o->mo.model, &m->cfg, &cfg, e);
+    /* compare would refuse the pair too; say it before the run */
+    const char *theirs = dump_attr(f, "weight_fingerprint");
+    char ours[32];
+    snprintf(ours, sizeof ours, "%016llx", (unsigned long long)m->fingerprint);
+    if (rc == 0 && theirs && theirs[0] && m->fingerprint && strcmp(theirs, ours))
+        rc = kv_errf(e, "%s: recorded with other weights: its weight_fingerprint is %s, "
+                        "--model %s's is %s", path, theirs, o->mo.model, ours);
+    if (rc == 0 && n > (int64_t)m->cfg.max_positions)
+        rc = kv_errf(e, "%s: %lld tokens, but the model allows %d positions", path,
+                     (long long)n, m->cfg.max_positions);
+    if (rc == 0 && n > 0 && !(ids = malloc((size_t)n * sizeof *ids)))
+        rc = kv_errf(e, "out of memory for the %lld tokens of %s", (long long)n, path);
+    if (rc == 0 && n > 0)
+        rc = dump_read_tokens(f, ids, e);
+    if (rc == 0)
+        rc = follow_check_tokens(path, ids, n, p, m->cfg.vocab, e);
+    dump_file_close(f);
+    if (rc == 0 && o->max_new_given && o->go.max_new != n - p)
+        rc = kv_errf(e, "--max-new %d and --follow %s: it generated %lld tokens, and a followed "
+                        "run generates as many (leave --max-new out)", o->go.max_new, path,
+                     (long long)(n - p));
+    if (rc < 0) {
+        free(ids);
+        return -1;
+    }
+    *prompt = ids;
+    *n_prompt = (int)p;
+    o->go.max_new = (int)(n - p);
+    o->go.follow = ids + p;
+    o->go.ignore_eos = true;
+    return 0;
+}
 
 long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e)
 {

@@ -22,6 +22,7 @@ int generate(kv_engine *eng, const kv_config *c, const int32_t *prompt, int n_pr
 {
     const size_t V = (size_t)c->vocab;
     sampler smp;
+    memset(&smp, 0, sizeof smp);
     memset(out, 0, sizeof *out);
     if (n_prompt <= 0)
         return kv_errf(e, "the prompt is empty");
@@ -33,7 +34,11 @@ int generate(kv_engine *eng, const kv_config *c, const int32_t *prompt, int n_pr
         out->step_logits = malloc((size_t)o->max_new * V * sizeof(float));
     if (!out->tokens || !out->prefill_logits || (o->keep_logits && o->max_new > 0 && !out->step_logits))
         return kv_errf(e, "out of memory for %d tokens", n_prompt + o->max_new);
-    if (sampler_init(&smp, &o->samp, o->seed, c->vocab, e) < 0)
+    for (int i = 0; o->follow && i < o->max_new; i++)
+        if (o->follow[i] < 0 || o->follow[i] >= c->vocab)
+            return kv_errf(e, "followed token %d (generated token %d) is outside the "
+                           "vocabulary (0..%d)", o->follow[i], i, c->vocab - 1);
+    if (!o->follow && sampler_init(&smp, &o->samp, o->seed, c->vocab, e) < 0)
         return -1;
 
     memcpy(out->tokens, prompt, (size_t)n_prompt * sizeof(int32_t));
@@ -52,14 +57,15 @@ int generate(kv_engine *eng, const kv_config *c, const int32_t *prompt, int n_pr
     while (rc == 0 && out->n_new < o->max_new) {
         if (o->keep_logits)
             memcpy(out->step_logits + (size_t)out->n_new * V, logits, V * sizeof(float));
-        int32_t next = sampler_pick(&smp, logits);
+        /* followed: the other run's token, whatever these logits prefer */
+        int32_t next = o->follow ? o->follow[out->n_new] : sampler_pick(&smp, logits);
         out->tokens[n_prompt + out->n_new++] = next;
         if (announce(obs, eng->position(eng), next, 0)) {
             rc = 1;
             kv_errf(e, "stopped by the observer");
             break;
         }
-        if (!o->ignore_eos && config_is_eos(c, next)) {
+        if (!o->ignore_eos && !o->follow && config_is_eos(c, next)) {
             out->stopped_at_eos = true;
             break;
         }

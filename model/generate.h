@@ -15,6 +15,10 @@ typedef struct {
     sampler_opts samp;
     uint64_t seed;          /* sampler seed */
     bool keep_logits;       /* store the logits each new token was chosen from */
+    const int32_t *follow;  /* (max_new) or NULL: teacher forcing, the ids fed in
+                             * place of sampled ones (another run's tokens, read
+                             * by the caller, who owns them); nothing is sampled
+                             * and an end-of-sequence id does not stop the run */
 } gen_opts;
 
 typedef struct {
@@ -25,7 +29,8 @@ typedef struct {
     bool stopped_at_eos;
 } gen_result;
 
-/* Runs the prompt through eng, then samples up to max_new tokens, feeding
+/* Runs the prompt through eng, then samples up to max_new tokens (or takes
+ * them from o->follow, each checked below the vocabulary first), feeding
  * each back. Announces every token to obs (may be NULL). Returns 0, 1 when
  * the observer stopped the run (out holds what was generated), -1 on
  * error. out is always safe to gen_result_free. */

@@ -209,7 +209,10 @@ typedef struct {
 /* Runs the n cases sel[] of s, results[i] for sel[i]. Each case runs in a
  * forked worker that executes `kvdiff run` for A and B and `kvdiff compare`
  * (files a.h5, b.h5, compare.json, log.txt in workdir/<case>/, replaced if
- * there); a passing case's folder is removed, a failing one is kept.
+ * there; a no-bug case whose outside side generated other tokens also
+ * re-runs its kvdiff side with --follow into a-followed.h5 or b-followed.h5
+ * and is judged by compare-followed.json); a passing case's folder is
+ * removed, a failing one is kept.
  * Returns 0 (whatever the outcomes) or -1 with e filled when the runner
  * itself cannot work (no processes, no pipes); results are then not all
  * filled. */

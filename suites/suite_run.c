@@ -2,7 +2,9 @@
  *
  * Each case runs in a forked worker, so --jobs N runs N cases at once and a
  * crash stays inside its case. The worker executes the kvdiff binary itself
- * for every step (run A, run B, compare --json, report on failure) with
+ * for every step (run A, run B, compare --json; for a no-bug case whose
+ * outside side generated other tokens, the kvdiff side again on those
+ * tokens and its compare; report on failure) with
  * output going to the case's log.txt, reads compare.json with jansson,
  * judges the expectation and sends its suite_result back through a pipe.
  * The parent only waits on those pipes (poll), never on a stranger's child. */
@@ -314,8 +316,11 @@ static void arg(argbuf *b, const char *s)
     b->v[b->n] = NULL;
 }
 
+/* kvdiff run's arguments for a side with settings eng; follow (NULL but
+ * for the followed re-run) is a dump whose tokens the run is fed in place
+ * of the case's prompt and sampled tokens. */
 static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng, int neng,
-                     const char *dump)
+                     const char *dump, const char *follow)
 {
     b->n = 0;
     arg(b, bin);
@@ -327,7 +332,10 @@ static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng
         arg(b, "--weights-seed");
         arg(b, b->num[0]);
     }
-    if (c->prompt.kind == SUITE_PROMPT_RANDOM) {
+    if (follow) {   /* its prompt, its length, no EOS stop: the file's */
+        arg(b, "--follow");
+        arg(b, follow);
+    } else if (c->prompt.kind == SUITE_PROMPT_RANDOM) {
         put(b->num[1], sizeof b->num[1], "%ld", c->prompt.random_len);
         put(b->num[2], sizeof b->num[2], "%llu", (unsigned long long)c->prompt.seed);
         arg(b, "--prompt-random");
@@ -341,12 +349,14 @@ static void run_args(argbuf *b, const char *bin, const suite_case *c, char **eng
         arg(b, opt[c->prompt.kind]);
         arg(b, c->prompt.text);
     }
-    put(b->num[3], sizeof b->num[3], "%ld", c->max_new);
-    arg(b, "--max-new");
-    arg(b, b->num[3]);
     /* Every case generates max_new tokens, so positions are predictable; the
      * cases run in parallel processes, so one thread each unless a/b say. */
-    arg(b, "--ignore-eos");
+    if (!follow) {
+        put(b->num[3], sizeof b->num[3], "%ld", c->max_new);
+        arg(b, "--max-new");
+        arg(b, b->num[3]);
+        arg(b, "--ignore-eos");
+    }
     arg(b, "--threads");
     arg(b, "1");
     for (int i = 0; i < neng; i++)
@@ -790,7 +800,7 @@ static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char *
         : kind == SUITE_SIDE_EXEC ? "exec" : "dump");
     if (kind == SUITE_SIDE_KVDIFF) {
         argbuf b;
-        run_args(&b, x->bin, c, argv, argc, dump);
+        run_args(&b, x->bin, c, argv, argc, dump, NULL);
         int code = run_step(b.v, x->log_fd, x->log_fd);
         if (code != 0) {
             step_error(r, x->log, step, code);
@@ -869,6 +879,98 @@ static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char *
     return validate_side(x, step, dump, r);
 }
 
+/* `kvdiff compare ref test --json` (with a within's tolerances) into js.
+ * Returns the parsed result and *code (0 or 1), or NULL with r an ERROR
+ * (compare failed, wrote no JSON, or judged only part of a run). A js
+ * left empty (compare crashed or was killed) is removed. */
+static json_t *compare_pair(const suite_case *c, const char *bin, const char *ref,
+                            const char *test, const char *js, const char *log, int log_fd,
+                            int *code, suite_result *r)
+{
+    argbuf args = {.n = 0};
+    arg(&args, bin);
+    arg(&args, "compare");
+    arg(&args, ref);
+    arg(&args, test);
+    arg(&args, "--json");
+    const suite_expect *x = &c->expect;
+    if (x->kind == SUITE_EXPECT_WITHIN) {
+        const char *names[3] = {"--atol", "--rtol", "--ulp"};
+        for (int i = 0; i < 3; i++) {
+            if ((i == 0 && !(x->atol > 0)) || (i == 1 && !(x->rtol > 0)) || (i == 2 && !x->ulp))
+                continue;
+            if (i < 2)
+                put(args.num[i], sizeof args.num[i], "%.17g", i ? x->rtol : x->atol);
+            else
+                put(args.num[i], sizeof args.num[i], "%llu", (unsigned long long)x->ulp);
+            arg(&args, names[i]);
+            arg(&args, args.num[i]);
+        }
+    }
+    int js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (js_fd < 0) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "cannot write %s: %s", js, strerror(errno));
+        return NULL;
+    }
+    *code = run_step(args.v, js_fd, log_fd);
+    /* compare that wrote nothing (crashed, killed) leaves no empty
+     * compare.json for a user to open */
+    struct stat st;
+    if (fstat(js_fd, &st) == 0 && st.st_size == 0)
+        unlink(js);
+    close(js_fd);
+    json_error_t jerr;
+    json_t *j = *code == 0 || *code == 2 || *code == 1 ? json_load_file(js, 0, &jerr) : NULL;
+    if (*code == 2 && json_is_true(json_object_get(j, "incomplete"))) {
+        /* no divergence, but over part of a run: no pass rests on it */
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "incomplete: %s",
+            jstr(j, "incomplete_why"));
+        put(r->got, sizeof r->got, "incomplete");
+        put(r->where, sizeof r->where, "-");
+        json_decref(j);
+        return NULL;
+    }
+    if (*code != 0 && *code != 1) {
+        json_decref(j);
+        step_error(r, log, "kvdiff compare", *code);
+        return NULL;
+    }
+    if (!json_is_object(j)) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "%s: not the JSON of kvdiff compare: %s", js,
+                 jerr.text);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
+/* Following. An outside runtime that flips a generated token at a near
+ * tie feeds itself another token than kvdiff's side from there on, and
+ * every later position compares two different contexts: uncompared. A
+ * no-bug case whose kvdiff side (one side only) and outside side generated
+ * different tokens, where the compare judged that flip drift by the
+ * evidence at its position (tokens.flip_drift, with exit 0), therefore
+ * re-runs the kvdiff side on the outside side's tokens (`kvdiff run
+ * --follow`, teacher forcing) and takes the verdict of that pair, where
+ * every position is compared. A flip the evidence does not explain keeps
+ * the first compare's failure: following it would compare past a bug.
+ * Other expectations ask for the tokens themselves (identical, within) or
+ * for an injection's divergence: they judge the pair as run. Returns the
+ * kvdiff side (0 A, 1 B) to re-run, or -1. */
+static int side_to_follow(const suite_case *c, json_t *j, int code, long long *pos)
+{
+    json_t *tok = json_object_get(j, "tokens");
+    if (c->expect.kind != SUITE_EXPECT_NO_BUG || (c->ka == SUITE_SIDE_KVDIFF) ==
+        (c->kb == SUITE_SIDE_KVDIFF) || strcmp(jstr(tok, "verdict"), "differ") ||
+        !json_is_true(json_object_get(tok, "flip_drift")) || code != 0)
+        return -1;
+    *pos = json_integer_value(json_object_get(tok, "position"));
+    return c->ka == SUITE_SIDE_KVDIFF ? 0 : 1;
+}
+
 /* Runs the steps of c in folder (existing, empty); fills r but for time. */
 static void run_steps(const suite_case *c, const char *bin, const char *folder, bool report,
                       suite_result *r)
@@ -885,8 +987,8 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     put(rep, sizeof rep, "%s/report", folder);
     argbuf args;
     int code;
+    json_t *j = NULL;
     int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
-    int js_fd = -1;   /* compare.json: made only when compare runs */
     if (log_fd < 0) {
         r->outcome = SUITE_ERROR;
         put(r->message, sizeof r->message, "cannot write in %s: %s", folder, strerror(errno));
@@ -897,58 +999,49 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     if (run_side(&sx, "engine A", c->ka, c->a, c->na, a, r) < 0 ||
         run_side(&sx, "engine B", c->kb, c->b, c->nb, b, r) < 0)
         goto done;
-    args.n = 0;
-    arg(&args, bin);
-    arg(&args, "compare");
-    arg(&args, a);
-    arg(&args, b);
-    arg(&args, "--json");
-    const suite_expect *x = &c->expect;
-    if (x->kind == SUITE_EXPECT_WITHIN) {
-        const char *names[3] = {"--atol", "--rtol", "--ulp"};
-        for (int i = 0; i < 3; i++) {
-            if ((i == 0 && !(x->atol > 0)) || (i == 1 && !(x->rtol > 0)) || (i == 2 && !x->ulp))
-                continue;
-            if (i < 2)
-                put(args.num[i], sizeof args.num[i], "%.17g", i ? x->rtol : x->atol);
-            else
-                put(args.num[i], sizeof args.num[i], "%llu", (unsigned long long)x->ulp);
-            arg(&args, names[i]);
-            arg(&args, args.num[i]);
+    if (!(j = compare_pair(c, bin, a, b, js, log, log_fd, &code, r)))
+        goto done;
+    long long flip = -1;
+    int side = side_to_follow(c, j, code, &flip);
+    if (side >= 0) {
+        /* the kvdiff side again, on the other side's tokens; its dump and
+         * the compare of the pair take the place of the first ones (the
+         * report on a FAIL explains this pair) */
+        char *ours = side ? b : a;
+        const char *theirs = side ? a : b;
+        char step[64];
+        put(step, sizeof step, "engine %c followed (kvdiff run --follow)", side ? 'B' : 'A');
+        put(ours, sizeof a, "%s/%c-followed.h5", folder, side ? 'b' : 'a');
+        put(js, sizeof js, "%s/compare-followed.json", folder);
+        json_decref(j);
+        j = NULL;
+        run_args(&args, bin, c, side ? c->b : c->a, side ? c->nb : c->na, ours, theirs);
+        int rc = run_step(args.v, log_fd, log_fd);
+        if (rc != 0) {
+            step_error(r, log, step, rc);
+            goto done;
+        }
+        if (!(j = compare_pair(c, bin, a, b, js, log, log_fd, &code, r)))
+            goto done;
+    }
+    judge(c, j, code, r);
+    if (side >= 0) {
+        /* say so wherever the case is shown: its row, its message */
+        char was[sizeof r->where];
+        put(was, sizeof was, "%s", r->where);
+        put(r->where, sizeof r->where, "%s (followed from position %lld)", was, flip);
+        size_t used = strlen(r->got);
+        put(r->got + used, sizeof r->got - used, "; engine %c re-run on engine %c's tokens "
+            "(kvdiff run --follow), which differed from position %lld", side ? 'B' : 'A',
+            side ? 'A' : 'B', flip);
+        if (r->outcome == SUITE_FAIL) {   /* the message quotes got: refresh it */
+            char want[256];
+            suite_expect_describe(&c->expect, want, sizeof want);
+            put(r->message, sizeof r->message, "expected %s; got %s", want, r->got);
         }
     }
-    if ((js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
-        r->outcome = SUITE_ERROR;
-        put(r->message, sizeof r->message, "cannot write %s: %s", js, strerror(errno));
-        goto done;
-    }
-    code = run_step(args.v, js_fd, log_fd);
-    json_error_t jerr;
-    json_t *j = code == 0 || code == 2 || code == 1 ? json_load_file(js, 0, &jerr) : NULL;
-    if (code == 2 && json_is_true(json_object_get(j, "incomplete"))) {
-        /* no divergence, but over part of a run: no pass rests on it */
-        r->outcome = SUITE_ERROR;
-        put(r->message, sizeof r->message, "incomplete: %s",
-            jstr(j, "incomplete_why"));
-        put(r->got, sizeof r->got, "incomplete");
-        put(r->where, sizeof r->where, "-");
-        json_decref(j);
-        goto done;
-    }
-    if (code != 0 && code != 1) {
-        json_decref(j);
-        step_error(r, log, "kvdiff compare", code);
-        goto done;
-    }
-    if (!json_is_object(j)) {
-        r->outcome = SUITE_ERROR;
-        put(r->message, sizeof r->message, "%s: not the JSON of kvdiff compare: %s", js,
-                 jerr.text);
-    } else {
-        judge(c, j, code, r);
-    }
-    json_decref(j);
 done:
+    json_decref(j);
     /* A report explains a comparison that ran and missed its expectation;
      * after an ERROR the dumps may be partial or absent, and a report of
      * them would only mislead. The report says what the case expected. */
@@ -974,14 +1067,6 @@ done:
     }
     if (log_fd >= 0)
         close(log_fd);
-    if (js_fd >= 0) {
-        /* compare that wrote nothing (crashed, killed) leaves no empty
-         * compare.json for a user to open */
-        struct stat st;
-        if (fstat(js_fd, &st) == 0 && st.st_size == 0)
-            unlink(js);
-        close(js_fd);
-    }
 }
 
 static void run_case(const suite_case *c, const suite_run_opts *o, suite_result *r)
