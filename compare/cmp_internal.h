@@ -127,6 +127,21 @@ typedef struct {
 
 void cmp_row_scale_fit(const float *test, const float *ref, int n, cmp_scalefit *f);
 
+/* Per channel over W rows (positions) of n columns: test = s_j ref + o_j,
+ * and how the offsets o_j stand against the residual (a bias missing or
+ * another; a scale alone, a weight rounded, leaves o_j near 0). */
+#define CMP_OFFSET_MIN_ROWS 8
+typedef struct {
+    bool fitted;
+    double part;                 /* RMS of o_j over RMS(ref): the offset's share */
+    double noise;                /* RMS of the residual's sd over RMS(ref) */
+    int channels;                /* channels fitted (a near-constant reference left out) */
+    int significant;             /* channels whose o_j is 8 standard errors or more */
+} cmp_offsetfit;
+
+void cmp_channel_offset_fit(const float *test, const float *ref, int W, int n,
+                            cmp_offsetfit *f);
+
 /* A map of the reference's logits onto the test's (/output's top-k). */
 typedef struct {
     cmp_map_kind kind;

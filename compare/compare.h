@@ -587,6 +587,13 @@ typedef struct {
     bool sys_step;               /* the step is a row scale the size walk let pass */
     double sys_dev, sys_noise;   /* at the step: a - 1, the residual's noise */
     double sys_threshold, sys_drift_threshold;  /* the structure's, the size walk's */
+    /* ... or a per-channel offset over the stage's first positions
+     * (structure.c): its part over the residual's noise, above the same
+     * threshold (sys_threshold), with off_channels channels 8 standard
+     * errors off or more. */
+    bool off_step;
+    double off_part, off_noise;
+    int off_channels;
     double sys_worst_ratio;      /* the largest |a - 1| / threshold below the step */
     int64_t sys_worst_pos;       /* where (-1 none) */
     int sys_worst_layer;

@@ -41,6 +41,7 @@
                                * legitimately, by at most 1.5 U measured */
 #define XRT_SYS_CONFIRM 3     /* and the stage's next rows (up to this many) show the
                                * same sign above their own noise */
+#define XRT_OFFSET_ROWS 64    /* positions the per-channel offset test fits over */
 #define XRT_WINDOW 16         /* positions that "recent" covers: a row judged drift
                                * teaches the positions right after it, not every
                                * later one (one early outlier below the floor
@@ -159,6 +160,15 @@ double cmp_xrt_compute_term(const cmp_xrt *m)
 /* ------------------------------------------------------------------ */
 /* Reading: one record and one error per (stage, position)              */
 
+/* A stage's per-channel offset test over its first positions: a step at
+ * `first` where it holds. */
+typedef struct {
+    int64_t first;
+    cmp_offsetfit fit;
+    double threshold;            /* the offset's part must be above it */
+    bool steps;
+} xrt_off;
+
 /* A row's scale fit, kept small: one per (stage, position). */
 typedef struct {
     float dev, noise;            /* cmp_scalefit's */
@@ -174,6 +184,7 @@ typedef struct {
     bool *kv_rounds;             /* (n): kv_rounds_here */
     float *acc_gap;              /* (n, P): f16acc.c's modelled gap, or NULL */
     xrt_fit *fit;                /* (n, P): each row's scale fit (structure.c) */
+    xrt_off *off;                /* (n): each stage's per-channel offset test */
     double *out_err;             /* (P): /output's error (cmp_output_errors), NaN none */
     double *map_part, *map_noise;/* (P): /output's map part and residual (cmp_output_map) */
 } xrt_walk;
@@ -225,6 +236,69 @@ static int read_all(xrt_walk *x, kv_err *e)
         rc = read_stage(x, i, ta, rb, cap, e);
     free(ta);
     free(rb);
+    return rc;
+}
+
+/* The per-channel offset test of stage i over its first positions (up to
+ * XRT_OFFSET_ROWS), q and k with RoPE undone (a bias acts before the
+ * rotation). A step where the offsets' part is above 4 x the residual's
+ * noise, 8 x the compute type's unit roundoff and gain x the largest
+ * error upstream over those positions (an error flowing in from a key
+ * every query reads, an attention sink's, is near constant too), with an
+ * eighth of the channels or more each 8 standard errors off. */
+static int offset_stage(xrt_walk *x, int i, float *ta, float *rb, double *u, kv_err *e)
+{
+    const cmp_stage_result *sr = &x->c->r->stages[i];
+    xrt_off *o = &x->off[i];
+    o->first = sr->pos_lo > x->base ? sr->pos_lo : x->base;
+    const int64_t last = sr->pos_hi < x->base + x->P - 1 ? sr->pos_hi : x->base + x->P - 1;
+    const int64_t W = last - o->first + 1 < XRT_OFFSET_ROWS ? last - o->first + 1
+                                                            : XRT_OFFSET_ROWS;
+    if (!fit_stage(sr->stage) || W < CMP_OFFSET_MIN_ROWS || sr->cols < CMP_FIT_MIN_COLS)
+        return 0;
+    const int n = sr->cols;
+    if (x->c->test->read(x->c->test->ctx, sr->layer, sr->stage, o->first, W, ta, e) < 0 ||
+        x->c->ref->read(x->c->ref->ctx, sr->layer, sr->stage, o->first, W, rb, e) < 0)
+        return -1;
+    if (sr->stage == STAGE_Q || sr->stage == STAGE_K) {
+        const int D = config_layer_head_dim(x->c->cfg, sr->layer);
+        for (int64_t p = 0; p < W; p++)
+            for (int k = 0; k < 2; k++) {
+                float *row = (k ? ta : rb) + p * n;
+                cmp_rope_unrotate(x->c->cfg, sr->layer, o->first + p, row, n / D, u);
+                for (int j = 0; j < n; j++)
+                    row[j] = (float)u[j];
+            }
+    }
+    cmp_channel_offset_fit(ta, rb, (int)W, n, &o->fit);
+    if (!o->fit.fitted)
+        return 0;
+    double upstream = 0;
+    for (int64_t p = o->first; p < o->first + W; p++)
+        for (int j = 0; j < i; j++)
+            upstream = fmax(upstream, x->err[(size_t)j * (size_t)x->P + (size_t)(p - x->base)]);
+    const cmp_xrt *m = &x->c->r->xrt;
+    o->threshold = fmax(fmax(XRT_SYS_NOISE * o->fit.noise, XRT_SYS_COMPUTE * m->compute_eps),
+                        m->gain * upstream);
+    o->steps = o->fit.part > o->threshold && o->fit.significant >= 2 &&
+               o->fit.significant * 8 >= o->fit.channels;
+    return 0;
+}
+
+static int offset_all(xrt_walk *x, kv_err *e)
+{
+    int maxc = 1;
+    for (int i = 0; i < x->n; i++)
+        maxc = x->c->r->stages[i].cols > maxc ? x->c->r->stages[i].cols : maxc;
+    float *ta = malloc((size_t)XRT_OFFSET_ROWS * (size_t)maxc * sizeof *ta);
+    float *rb = malloc((size_t)XRT_OFFSET_ROWS * (size_t)maxc * sizeof *rb);
+    double *u = malloc((size_t)maxc * sizeof *u);
+    int rc = ta && rb && u ? 0 : kv_errf(e, "compare: out of memory");
+    for (int i = 0; rc == 0 && i < x->n; i++)
+        rc = offset_stage(x, i, ta, rb, u, e);
+    free(ta);
+    free(rb);
+    free(u);
     return rc;
 }
 
@@ -516,6 +590,17 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                     m->audit_step = true;
                     m->audit_drift_threshold = thr;
                 }
+                /* Drift by its size, but an offset per channel from here on
+                 * that rounding does not make. */
+                if (!rec->bad && p == x->off[i].first && x->off[i].steps) {
+                    rec->bad = true;
+                    m->off_step = true;
+                    m->off_part = x->off[i].fit.part;
+                    m->off_noise = x->off[i].fit.noise;
+                    m->off_channels = x->off[i].fit.significant;
+                    m->sys_threshold = x->off[i].threshold;
+                    m->sys_drift_threshold = thr;
+                }
                 /* Drift by its size, but a scale rounding does not make. */
                 double sthr = 0;
                 if (!rec->bad && sys_steps(x, sr, i, p, upstream, &sthr)) {
@@ -533,7 +618,7 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                     stop = p;
                     stop_i = i;
                     stop_thr = m->audit_step ? m->audit_threshold
-                               : m->sys_step ? m->sys_threshold : thr;
+                               : m->sys_step || m->off_step ? m->sys_threshold : thr;
                     break;
                 }
                 cmp_stats_add(&sr->upto, rec, p);
@@ -569,7 +654,7 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
     }
     m->step = true;
     m->step_err = m->audit_step ? audit_err
-                  : m->sys_step ? fabs(m->sys_dev)
+                  : m->sys_step ? fabs(m->sys_dev) : m->off_step ? m->off_part
                                 : x->err[(size_t)stop_i * (size_t)x->P + (size_t)(stop - x->base)];
     m->step_threshold = stop_thr;
     return fill_step(x, stop_i, stop, stop_thr, e);
@@ -615,8 +700,11 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
         x.kv_rounds[i] = kv_rounds_here(r, i);
     x.out_err = calloc((size_t)x.P, sizeof *x.out_err);
     x.fit = calloc((size_t)x.n * (size_t)x.P, sizeof *x.fit);
-    int rc = x.recs && x.err && x.kv_rounds && x.out_err && x.fit ? read_all(&x, e)
-                                                         : kv_errf(e, "compare: out of memory");
+    x.off = calloc((size_t)x.n, sizeof *x.off);
+    int rc = x.recs && x.err && x.kv_rounds && x.out_err && x.fit && x.off
+                 ? read_all(&x, e) : kv_errf(e, "compare: out of memory");
+    if (rc == 0)
+        rc = offset_all(&x, e);
     if (rc == 0)
         rc = cmp_output_errors(c, x.base, x.P, x.out_err, e);
     x.map_part = calloc((size_t)x.P, sizeof *x.map_part);
@@ -650,6 +738,7 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     free(x.acc_gap);
     free(x.out_err);
     free(x.fit);
+    free(x.off);
     free(x.map_part);
     free(x.map_noise);
     return rc;

@@ -495,6 +495,14 @@ static void diverged_report(FILE *f, const cmp_result *r)
                     "does not make), under the size threshold %.2g (%s)\n", 1 + r->xrt.sys_dev,
                     r->xrt.sys_dev, r->xrt.sys_threshold, r->xrt.sys_noise_factor,
                     r->xrt.sys_noise, r->xrt.sys_drift_threshold, r->xrt.why);
+        else if (r->xrt.off_step)
+            fprintf(f, "  a step by its structure: over the stage's first positions each channel "
+                    "is offset by one value (%d channels 8 standard errors off), the offsets' "
+                    "part %.2g against %.2g (%g x the residual's noise %.2g, what rounding and "
+                    "what flowed in make), under the size threshold %.2g (%s)\n",
+                    r->xrt.off_channels, r->xrt.off_part, r->xrt.sys_threshold,
+                    r->xrt.sys_noise_factor, r->xrt.off_noise, r->xrt.sys_drift_threshold,
+                    r->xrt.why);
         else if (r->xrt.map_step)
             fprintf(f, "  a step by its structure: /output is a map of the reference's logits "
                     "(%s) over %lld positions, F %.3g against %.3g (a chance of 1e-4), its part "
@@ -776,9 +784,13 @@ static json_t *jstructure(const cmp_xrt *x)
                     "significant", x->map_significant, "step", x->map_step, "part",
                     x->map_step ? jnum(x->map_part) : json_null(), "noise",
                     x->map_step ? jnum(x->map_noise) : json_null());
-    return json_pack("{ss so so so so so}", "test", "row_scale", "noise_factor",
+    json_t *off = !x->off_step ? json_null()
+        : json_pack("{so so si so so}", "part", jnum(x->off_part), "noise", jnum(x->off_noise),
+                    "channels", x->off_channels, "threshold", jnum(x->sys_threshold),
+                    "drift_threshold", jnum(x->sys_drift_threshold));
+    return json_pack("{ss so so so so so so}", "test", "row_scale", "noise_factor",
                      jnum(x->sys_noise_factor), "compute_factor", jnum(x->sys_compute_factor),
-                     "step", step, "closest", closest, "logit_map", map);
+                     "step", step, "offset_step", off, "closest", closest, "logit_map", map);
 }
 
 /* The cross-runtime model and its figures; null when it did not judge. */

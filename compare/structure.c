@@ -194,3 +194,57 @@ void cmp_logit_map_fit(const double *ref, const double *test, size_t n, double c
         best->pairs = n;
     }
 }
+
+/* ------------------------------------------------------------------ */
+/* Per-channel offset                                                   */
+
+#define OFFSET_Z 8.0   /* a channel's offset, in its standard errors, that counts */
+
+void cmp_channel_offset_fit(const float *test, const float *ref, int W, int n,
+                            cmp_offsetfit *f)
+{
+    memset(f, 0, sizeof *f);
+    if (W < CMP_OFFSET_MIN_ROWS || n < CMP_FIT_MIN_COLS)
+        return;
+    double o2 = 0, s2 = 0, r2 = 0;
+    for (int j = 0; j < n; j++) {
+        double mr = 0, mt = 0;
+        for (int p = 0; p < W; p++) {
+            const double r = ref[(size_t)p * n + j], t = test[(size_t)p * n + j];
+            if (!isfinite(r) || !isfinite(t))
+                return;
+            mr += r / W;
+            mt += t / W;
+        }
+        double vr = 0, cv = 0, q2 = 0;
+        for (int p = 0; p < W; p++) {
+            const double dr = ref[(size_t)p * n + j] - mr, dt = test[(size_t)p * n + j] - mt;
+            vr += dr * dr / W;
+            cv += dr * dt / W;
+            q2 += (double)ref[(size_t)p * n + j] * ref[(size_t)p * n + j] / W;
+        }
+        r2 += q2;
+        /* A channel whose reference hardly moves (a massive activation held
+         * near one value) cannot tell an offset from a scale: left out. */
+        if (!(vr > 1e-6 * q2))
+            continue;
+        const double s = cv / vr, o = mt - s * mr;
+        double res = 0;
+        for (int p = 0; p < W; p++) {
+            const double d = test[(size_t)p * n + j] - s * ref[(size_t)p * n + j] - o;
+            res += d * d;
+        }
+        const double var = res / (W - 2);
+        const double se = sqrt(var * (1.0 / W + mr * mr / (W * vr)));
+        f->channels++;
+        f->significant += fabs(o) > OFFSET_Z * se;
+        o2 += o * o;
+        s2 += var;
+    }
+    if (f->channels == 0 || !(r2 > 0))
+        return;
+    const double rms = sqrt(r2 / n);
+    f->part = sqrt(o2 / f->channels) / rms;
+    f->noise = sqrt(s2 / f->channels) / rms;
+    f->fitted = true;
+}

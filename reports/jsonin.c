@@ -207,6 +207,20 @@ static void read_structure(jr *c, json_t *x, cmp_xrt *o)
         if (!c->failed && !o->step)
             bad(c, w, "step", "is set without a step");
     }
+    /* (absent in results older than the offset test) */
+    json_t *of = c->failed || !json_object_get(s, "offset_step")
+                     ? NULL : object(c, s, w, "offset_step", true);
+    if (of) {
+        const char *wo = "mode.cross_runtime.structure.offset_step";
+        o->off_step = true;
+        o->off_part = num(c, of, wo, "part", false);
+        o->off_noise = num(c, of, wo, "noise", false);
+        o->off_channels = (int)integer(c, of, wo, "channels", 0, INT32_MAX, INT64_MIN);
+        o->sys_threshold = num(c, of, wo, "threshold", false);
+        o->sys_drift_threshold = num(c, of, wo, "drift_threshold", false);
+        if (!c->failed && (!o->step || o->sys_step))
+            bad(c, w, "offset_step", "is set without a step, or beside a row-scale step");
+    }
     json_t *cl = c->failed ? NULL : object(c, s, w, "closest", true);
     if (cl) {
         const char *wc = "mode.cross_runtime.structure.closest";

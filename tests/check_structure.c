@@ -3,9 +3,10 @@
  * noise and from one large element's rounding; the logit map recovers a
  * softcap, no softcap and a scale; and with the real llama.cpp a GGUF whose
  * RMSNorm epsilon is 1e-4 where the config says 1e-6, and one whose final
- * softcap is 15 where the config says 30, both "no bug: drift" before
- * this test, are steps at their first stage and named, while the correct
- * GGUF stays drift. */
+ * softcap is 15 where the config says 30, and one with 1% of a q bias
+ * missing, all "no bug: drift" before this test, are steps at their first
+ * stage and named, while the correct GGUF stays drift. The per-channel
+ * offset fit tells a bias from noise and from per-channel scales. */
 #include <check.h>
 #include <jansson.h>
 #include <math.h>
@@ -62,6 +63,42 @@ START_TEST(structure_row_scale_fit)
     ck_assert_msg(!f.groups_agree, "massive element: dev %g", f.dev);
     /* Too narrow to fit (per-head statistics). */
     cmp_row_scale_fit(test, ref, CMP_FIT_MIN_COLS - 1, &f);
+    ck_assert(!f.fitted);
+}
+END_TEST
+
+START_TEST(structure_channel_offset_fit)
+{
+    enum { W = 32, N = 64 };
+    static float ref[W * N], test[W * N];
+    pcg32 g;
+    pcg32_seed(&g, 5, 9);
+    for (int i = 0; i < W * N; i++)
+        ref[i] = gauss(&g);
+    /* Noise of 1e-3 per value: no offset stands out. */
+    for (int i = 0; i < W * N; i++)
+        test[i] = ref[i] + 1e-3f * gauss(&g);
+    cmp_offsetfit f;
+    cmp_channel_offset_fit(test, ref, W, N, &f);
+    ck_assert(f.fitted && f.channels == N);
+    ck_assert_msg(f.significant == 0 && f.part < f.noise, "noise: %d significant, part %g "
+                  "noise %g", f.significant, f.part, f.noise);
+    /* Every channel scaled by its own factor near 1 (a weight rounded):
+     * no offset either. */
+    for (int p = 0; p < W; p++)
+        for (int j = 0; j < N; j++)
+            test[p * N + j] = ref[p * N + j] * (1 + 0.004f * (j % 5 - 2)) + 1e-6f * gauss(&g);
+    cmp_channel_offset_fit(test, ref, W, N, &f);
+    ck_assert_msg(f.part < 1e-5, "scales: part %g", f.part);
+    /* A bias of 1e-3 per channel under noise of 1e-5: every channel. */
+    for (int p = 0; p < W; p++)
+        for (int j = 0; j < N; j++)
+            test[p * N + j] = ref[p * N + j] + 1e-3f * (j % 2 ? 1 : -1) + 1e-5f * gauss(&g);
+    cmp_channel_offset_fit(test, ref, W, N, &f);
+    ck_assert_msg(f.significant == N && f.part > 50 * f.noise, "bias: %d significant, part %g "
+                  "noise %g", f.significant, f.part, f.noise);
+    /* Too few positions to tell. */
+    cmp_channel_offset_fit(test, ref, CMP_OFFSET_MIN_ROWS - 1, N, &f);
     ck_assert(!f.fitted);
 }
 END_TEST
@@ -161,6 +198,32 @@ START_TEST(structure_llama_norm_eps)
     ck_assert_msg(json_is_object(step), "%.3000s", out);
     /* under the size floor: the structure found it */
     ck_assert(json_number_value(json_object_get(step, "drift_threshold")) > 1e-3);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* 1% of layer 0's q bias missing (tiny-qwen2): 0.3% of q, under the size
+ * floor, the same vector at every position: a step at (0, 0, q), named. */
+START_TEST(structure_llama_bias)
+{
+    char dir[512], gguf[600], bad[600];
+    test_tmpdir(dir, sizeof dir);
+    model(dir, "tiny-qwen2");
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bias.gguf", dir);
+    ck_assert(gguf_scale_tensors(gguf, bad, "blk.0.attn_q.bias", 0.99) == 1);
+    json_t *j;
+    int rc = record_compare(dir, bad, &j);
+    ck_assert_msg(rc == 1, "exit %d\n%.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_int_eq(json_integer_value(json_object_get(d, "position")), 0);
+    ck_assert_int_eq(json_integer_value(json_object_get(d, "layer")), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(d, "stage")), "q");
+    ck_assert_str_eq(kind_of(j), "bias");
+    json_t *st = json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
+                                 "structure");
+    ck_assert_msg(json_is_object(json_object_get(st, "offset_step")), "%.3000s", out);
     json_decref(j);
     test_rmtree(dir);
 }
@@ -340,6 +403,7 @@ Suite *structure_suite(void)
     Suite *s = suite_create("structure");
     TCase *fit = tcase_create("fit");
     tcase_add_test(fit, structure_row_scale_fit);
+    tcase_add_test(fit, structure_channel_offset_fit);
     tcase_add_test(fit, structure_logit_map_fit);
     suite_add_tcase(s, fit);
     TCase *fl = tcase_create("flip");
@@ -350,6 +414,7 @@ Suite *structure_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, structure_llama_norm_eps);
     tcase_add_test(tc, structure_llama_softcap);
+    tcase_add_test(tc, structure_llama_bias);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -363,7 +363,7 @@ int dg_rule_stated_precision(cmp_ctx *c, kv_err *e, bool exact)
     const bool q_cached = d->stage == STAGE_Q && x->kv_eps > 0x1p-20;
     if (!x->on || !x->compute_stated || !(x->compute_eps < 0x1p-20) || c->beyond ||
         d->from_output || x->sys_step || dg_is_attn_stage(d->stage) || d->stage == STAGE_K ||
-        d->stage == STAGE_V || q_cached || !first_to_err(c))
+        d->stage == STAGE_V || q_cached || x->off_step || !first_to_err(c))
         return 0;
     int rc = 0;
     const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
