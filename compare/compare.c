@@ -33,11 +33,8 @@ void cmp_opts_default(cmp_opts *o)
 /* Compatibility                                                        */
 
 /* Same architecture and shapes, same weights when both say which. */
-static int check_models(const cmp_source *a, const cmp_source *b, const char *what, bool force,
-                        cmp_result *r, kv_err *e)
+bool cmp_model_mismatch(const kv_config *x, const kv_config *y, char *why, size_t n)
 {
-    const kv_config *x = &a->cfg, *y = &b->cfg;
-    char why[512] = "";
     struct { const char *name; long u, v; } f[] = {
         {"num_hidden_layers", x->n_layers, y->n_layers},
         {"hidden_size", x->hidden, y->hidden},
@@ -52,11 +49,24 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
          y->n_kv_heads_full ? y->n_kv_heads_full : y->n_kv_heads},
         {"hidden_size_per_layer_input", x->per_layer_dim, y->per_layer_dim},
     };
-    if (strcmp(x->model_type, y->model_type))
-        snprintf(why, sizeof why, "model_type '%s' vs '%s'", x->model_type, y->model_type);
-    for (size_t i = 0; i < sizeof f / sizeof *f && !why[0]; i++)
-        if (f[i].u != f[i].v)
-            snprintf(why, sizeof why, "%s %ld vs %ld", f[i].name, f[i].u, f[i].v);
+    if (strcmp(x->model_type, y->model_type)) {
+        snprintf(why, n, "model_type '%s' vs '%s'", x->model_type, y->model_type);
+        return true;
+    }
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
+        if (f[i].u != f[i].v) {
+            snprintf(why, n, "%s %ld vs %ld", f[i].name, f[i].u, f[i].v);
+            return true;
+        }
+    return false;
+}
+
+static int check_models(const cmp_source *a, const cmp_source *b, const char *what, bool force,
+                        cmp_result *r, kv_err *e)
+{
+    const kv_config *x = &a->cfg, *y = &b->cfg;
+    char why[512] = "";
+    cmp_model_mismatch(x, y, why, sizeof why);
     if (!why[0] && a->weights && b->weights && a->weights[0] && b->weights[0] &&
         strcmp(a->weights, b->weights))
         snprintf(why, sizeof why, "weight fingerprints %s vs %s", a->weights, b->weights);

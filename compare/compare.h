@@ -652,6 +652,11 @@ typedef struct {
     cmp_xrt xrt;                 /* cross-runtime mode (xrt.on) */
 } cmp_result;
 
+/* Whether two configs are of different models, as compare refuses them
+ * (model_type, then the shapes); why: "hidden_size 64 vs 128", x's value
+ * first. */
+bool cmp_model_mismatch(const kv_config *x, const kv_config *y, char *why, size_t n);
+
 /* Compares test against ref. Returns 0 with *r filled (the verdict says
  * identical / within tolerance / diverged), or -1 with e filled: a read
  * error, nothing in common to compare, or a refusal (different model,

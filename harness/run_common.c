@@ -363,27 +363,15 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
 /* ------------------------------------------------------------------ */
 /* --follow                                                             */
 
-/* The shapes compare refuses to pair when they differ (compare.c's
- * check_models; the weight fingerprints are checked beside it): a test of
- * another model cannot be followed either. */
+/* What compare refuses to pair (cmp_model_mismatch; the weight
+ * fingerprints are checked beside it) cannot be followed either. */
 static int follow_same_model(const char *path, const char *model, const kv_config *ours,
                              const kv_config *theirs, kv_err *e)
 {
-    const struct { const char *name; long file, model; } f[] = {
-        {"num_hidden_layers", theirs->n_layers, ours->n_layers},
-        {"hidden_size", theirs->hidden, ours->hidden},
-        {"num_attention_heads", theirs->n_heads, ours->n_heads},
-        {"num_key_value_heads", theirs->n_kv_heads, ours->n_kv_heads},
-        {"head_dim", theirs->head_dim, ours->head_dim},
-        {"vocab_size", theirs->vocab, ours->vocab},
-    };
-    if (strcmp(theirs->model_type, ours->model_type))
-        return kv_errf(e, "%s: recorded with another model: its model_type is '%s', --model "
-                          "%s's is '%s'", path, theirs->model_type, model, ours->model_type);
-    for (size_t i = 0; i < sizeof f / sizeof *f; i++)
-        if (f[i].file != f[i].model)
-            return kv_errf(e, "%s: recorded with another model: its %s is %ld, --model %s's "
-                              "is %ld", path, f[i].name, f[i].file, model, f[i].model);
+    char why[256];
+    if (cmp_model_mismatch(theirs, ours, why, sizeof why))
+        return kv_errf(e, "%s: recorded with another model than --model %s: %s (the file's "
+                          "first)", path, model, why);
     return 0;
 }
 

@@ -358,8 +358,8 @@ START_TEST(test_follow_bad_files)
     }
     /* another model */
     snprintf(args, sizeof args, "run --model tiny-gemma3 --follow %s --dump %s", good, o);
-    refused(args, "good.h5: recorded with another model: its model_type is 'llama', --model "
-                  "tiny-gemma3's is 'gemma3_text'", o);
+    refused(args, "good.h5: recorded with another model than --model tiny-gemma3: model_type "
+                  "'llama' vs 'gemma3_text' (the file's first)", o);
     /* other weights (compare would refuse the pair) */
     snprintf(args, sizeof args, "run --model tiny-llama --weights-seed 7 --follow %s --dump %s",
              good, o);

@@ -176,6 +176,19 @@ static const char *kind_of(json_t *j)
     return json_string_value(json_object_get(json_object_get(j, "diagnosis"), "kind"));
 }
 
+/* The step at (pos, layer, stage), diagnosed kind: the structure block. */
+static json_t *expect_step(json_t *j, long pos, int layer, const char *stage, const char *kind)
+{
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == pos &&
+                  json_integer_value(json_object_get(d, "layer")) == layer &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), stage) &&
+                  !strcmp(kind_of(j), kind), "expected %ld/%d/%s %s\n%.3000s", pos, layer,
+                  stage, kind, out);
+    return json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
+                           "structure");
+}
+
 START_TEST(structure_llama_norm_eps)
 {
     char dir[512], gguf[600], bad[600];
@@ -187,13 +200,7 @@ START_TEST(structure_llama_norm_eps)
     json_t *j;
     int rc = record_compare(dir, bad, &j);
     ck_assert_msg(rc == 1, "exit %d\n%.3000s", rc, out);
-    json_t *d = json_object_get(j, "first_divergence");
-    ck_assert_int_eq(json_integer_value(json_object_get(d, "position")), 0);
-    ck_assert_int_eq(json_integer_value(json_object_get(d, "layer")), 0);
-    ck_assert_str_eq(json_string_value(json_object_get(d, "stage")), "attn_norm");
-    ck_assert_str_eq(kind_of(j), "norm_eps");
-    json_t *st = json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
-                                 "structure");
+    json_t *st = expect_step(j, 0, 0, "attn_norm", "norm_eps");
     json_t *step = json_object_get(st, "step");
     ck_assert_msg(json_is_object(step), "%.3000s", out);
     /* under the size floor: the structure found it */
@@ -216,13 +223,7 @@ START_TEST(structure_llama_bias)
     json_t *j;
     int rc = record_compare(dir, bad, &j);
     ck_assert_msg(rc == 1, "exit %d\n%.3000s", rc, out);
-    json_t *d = json_object_get(j, "first_divergence");
-    ck_assert_int_eq(json_integer_value(json_object_get(d, "position")), 0);
-    ck_assert_int_eq(json_integer_value(json_object_get(d, "layer")), 0);
-    ck_assert_str_eq(json_string_value(json_object_get(d, "stage")), "q");
-    ck_assert_str_eq(kind_of(j), "bias");
-    json_t *st = json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
-                                 "structure");
+    json_t *st = expect_step(j, 0, 0, "q", "bias");
     ck_assert_msg(json_is_object(json_object_get(st, "offset_step")), "%.3000s", out);
     json_decref(j);
     test_rmtree(dir);
