@@ -312,10 +312,12 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         if (rc < 0)
             return -1;
         /* "rotation-like" without an offset that fits is no finding: a
-         * runtime stated f32 that rounds like bf16 looks so at q */
+         * bias under bf16 rounding, or a runtime stated f32 that rounds
+         * like bf16, looks so at q */
         if (c->g->kind == CMP_DIAG_UNCLASSIFIED) {
             const cmp_diagnosis weak = *c->g;
-            if ((rc = dg_rule_stated_precision(c, e, false)) != 0)
+            if ((rc = dg_rule_maps(c, e)) != 0 ||
+                (rc = dg_rule_stated_precision(c, e, false)) != 0)
                 return rc < 0 ? -1 : 0;
             *c->g = weak;
         }
@@ -415,6 +417,10 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     if (r->xrt.on) {
         c->attn_tol = c->attn_checked ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
+        /* A step by its structure is under the size threshold: a cause
+         * reproduces the test when what it leaves is drift by its size. */
+        if (r->xrt.sys_step || r->xrt.off_step)
+            c->row_tol = fmax(c->row_tol, r->xrt.sys_drift_threshold);
     }
     /* Hypotheses recomputed from the test's q, k, v as the check
      * recomputes them, rounded as the runtime holds them. */

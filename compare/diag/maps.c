@@ -172,9 +172,31 @@ static int best_map(const map_fit *f, const map_rows *m, double tol)
     return best;
 }
 
+/* The walk's per-channel offset test made the step: its figures name it. */
+static int offset_step_named(cmp_ctx *c)
+{
+    const cmp_xrt *x = &c->r->xrt;
+    const cmp_divergence *d = c->d;
+    char s[256];
+    dg_say(s, sizeof s, "a per-channel offset at %s, the same vector at every position (RMS "
+           "%.3g of the reference's): a bias missing, added or another", stage_name(d->stage),
+           x->off_part);
+    dg_set(c, CMP_DIAG_BIAS, CMP_BASIS_RECOMPUTED, s);
+    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: %d channels each "
+           "offset by 8 standard errors or more)", d->layer, (long long)d->pos, x->off_channels);
+    dg_say(c->g->evidence, sizeof c->g->evidence, "fitted per channel over the stage's first "
+           "positions%s as test = s ref + o, the offsets' RMS is %.3g of the reference's, "
+           "%.3g times the residual's noise %.2g", d->stage == STAGE_Q || d->stage == STAGE_K
+           ? " (RoPE undone)" : "", x->off_part, x->off_noise > 0 ? x->off_part / x->off_noise
+           : INFINITY, x->off_noise);
+    return 1;
+}
+
 int dg_rule_maps(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
+    if (c->r->xrt.off_step && !c->beyond)
+        return offset_step_named(c);
     if (d->layer < 0 && d->stage != STAGE_EMBED && d->stage != STAGE_FINAL_NORM)
         return 0;
     /* attention's own rows are the key-set families' (keysets.c), after */
