@@ -8,7 +8,7 @@
 # legitimate runs' closest approach to each threshold (size walk, row-scale
 # structure test, /output map).
 #
-#   sh bench/verdict_sweep.sh [-n "100"] [-s "3 4"] [-p "PRESETS"] [-B] [DIR]
+#   sh bench/verdict_sweep.sh [-n "100"] [-s "3 4"] [-p "PRESETS"] [-B] [-o TSV] [DIR]
 #
 #   -n  prompt lengths (default 100; the tiny presets' window is 12)
 #   -s  prompt seeds (default "3 4")
@@ -16,6 +16,9 @@
 #       gemma3-1b-shape runs four legitimate cells and three bugs at 640
 #       tokens, bf16 weights, the GGUF exported from the folder)
 #   -B  no bug runs
+#   -o  append the counts to TSV (bench/verdict_sweep.tsv keeps them across
+#       commits: date, commit, presets, class, runs, false alarms or
+#       missed, found at the first stage, named right)
 #
 # Legitimate cells: KV f32, f16, bf16, q8_0 x flash attention off, on x
 # ubatch 1, 7, 512, 1 thread, and 2 threads on f16 + flash; 8 new tokens.
@@ -27,9 +30,11 @@
 # local RoPE base set to the global one (tiny-gemma3, tiny-gemma4).
 set -u
 N_LIST=100; SEEDS="3 4"; PRESETS="tiny-gemma3 tiny-gemma4 tiny-qwen2 tiny-llama"; BUGS=1
-while getopts n:s:p:B o; do
+TSV=""
+while getopts n:s:p:Bo: o; do
   case $o in
-    n) N_LIST=$OPTARG;; s) SEEDS=$OPTARG;; p) PRESETS=$OPTARG;; B) BUGS=0;; *) exit 2;;
+    n) N_LIST=$OPTARG;; s) SEEDS=$OPTARG;; p) PRESETS=$OPTARG;; B) BUGS=0;;
+    o) TSV=$(cd "$(dirname "$OPTARG")" && pwd)/$(basename "$OPTARG");; *) exit 2;;
   esac
 done
 shift $((OPTIND - 1))
@@ -144,8 +149,10 @@ if [ "$BUGS" = 1 ]; then
 fi
 
 # The counts, per class.
-python3 - <<'PY'
-import re, collections
+COMMIT=$(git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo unknown)
+python3 - "$TSV" "$COMMIT" "$PRESETS" <<'PY'
+import re, collections, sys, time
+tsv, commit, presets = sys.argv[1:4]
 legit = alarms = notrun = flips = 0
 closest = {'size': 0, 'struct': 0}
 per = collections.OrderedDict()
@@ -178,4 +185,10 @@ print(f"legitimate runs {legit}: false alarms {alarms}, near-tie flips judged dr
 for cls, (n, f, k) in per.items():
     print(f"bug {cls}: {n} runs, found at the first stage {f}, named right {k}")
 for b in bad: print(b)
+if tsv:
+    day = time.strftime('%Y-%m-%d')
+    with open(tsv, 'a') as out:
+        out.write(f"{day}\t{commit}\t{presets}\tlegitimate\t{legit}\t{alarms}\t-\t-\n")
+        for cls, (n, f, k) in per.items():
+            out.write(f"{day}\t{commit}\t{presets}\t{cls}\t{n}\t{n - f}\t{f}\t{k}\n")
 PY
