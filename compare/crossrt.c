@@ -110,6 +110,10 @@ static void kv_precision(const cmp_source *test, cmp_xrt *x)
     if (t >= 0) {
         snprintf(x->kv_precision, sizeof x->kv_precision, "%s", TYPES[t].canon);
         x->kv_eps = TYPES[t].eps;
+    } else if (test->engine && ours(test->engine)) {
+        /* kvdiff's own engines keep their caches in f32 */
+        snprintf(x->kv_precision, sizeof x->kv_precision, "f32");
+        x->kv_eps = 0x1p-24;
     }
     /* llama.cpp's CPU flash attention reads keys and values in f16 whatever
      * the cache holds: measured, its attn_out errs by 2e-3 to 3e-3 with an
@@ -136,6 +140,13 @@ static void compute_precision(const cmp_source *test, cmp_xrt *x)
         snprintf(x->compute_precision, sizeof x->compute_precision, "%s", TYPES[t].canon);
         x->compute_eps = TYPES[t].eps;
         x->compute_stated = true;
+        return;
+    }
+    if (test->engine && ours(test->engine)) {
+        snprintf(x->compute_precision, sizeof x->compute_precision, "f32");
+        x->compute_eps = 0x1p-24;
+        snprintf(x->compute_assumed_why, sizeof x->compute_assumed_why,
+                 "kvdiff's own engines compute in f32");
         return;
     }
     if (cmp_settings_is(test, "runtime", "llama.cpp") ||

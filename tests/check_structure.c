@@ -399,6 +399,42 @@ START_TEST(structure_flip_unexplained)
 }
 END_TEST
 
+/* kvdiff's own chunked engine, cascade attention, judged as another
+ * runtime (--cross-runtime): it computes in f32 with an f32 cache, and is
+ * held to that, not to an assumed bf16 (whose floor let a decode index
+ * that does not advance pass: no step, 5.7% at attn_lse). */
+START_TEST(structure_own_engines_f32)
+{
+    char dir[256], args[1536];
+    test_tmpdir(dir, sizeof dir);
+    const char *common = "--model tiny-gemma3 --prompt-random 100 --seed 3 --max-new 8 "
+                         "--ignore-eos";
+    snprintf(args, sizeof args, "run %s --dump %s/ref.h5", common, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run %s --engine chunked --attn cascade --chunk 16 --dump "
+             "%s/cascade.h5", common, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run %s --engine chunked --attn cascade --chunk 16 --inject "
+             "decode-index-stuck --dump %s/stuck.h5", common, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/cascade.h5 --cross-runtime --json", dir,
+             dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%.3000s", out);
+    json_t *j = json_loads(out, 0, NULL);
+    json_t *c = json_object_get(json_object_get(json_object_get(j, "mode"), "cross_runtime"),
+                                "compute");
+    ck_assert_str_eq(json_string_value(json_object_get(c, "precision")), "f32");
+    json_decref(j);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/stuck.h5 --cross-runtime --json", dir,
+             dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 1, "%.3000s", out);
+    j = json_loads(out, 0, NULL);
+    expect_step(j, 101, 0, "attn_lse", "decode_index_stuck");
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *structure_suite(void)
 {
     Suite *s = suite_create("structure");
@@ -416,6 +452,7 @@ Suite *structure_suite(void)
     tcase_add_test(tc, structure_llama_norm_eps);
     tcase_add_test(tc, structure_llama_softcap);
     tcase_add_test(tc, structure_llama_bias);
+    tcase_add_test(tc, structure_own_engines_f32);
     suite_add_tcase(s, tc);
     return s;
 }
