@@ -606,6 +606,7 @@ typedef struct {
     double map_param, map_config_cap;
     double map_gain;             /* RMS residual without the map / with it */
     int64_t map_positions;       /* positions fitted (each holding matched pairs) */
+    double map_zmax;             /* the largest |logit| fitted, the config's cap undone */
     double map_F, map_F_crit;    /* the fit's F statistic, positions as the units,
                                   * and its critical value (1 - CMP_MAP_ALPHA) */
     bool map_significant;        /* F above it, gain >= CMP_MAP_MIN_GAIN, and the

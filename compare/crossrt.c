@@ -521,8 +521,10 @@ static bool map_differs(const cmp_xrt *m)
         return fabs(m->map_param - 1) > u;
     if (m->map_kind != CMP_MAP_SOFTCAP)
         return false;
-    if (isinf(m->map_param) || !(m->map_config_cap > 0))
-        return isinf(m->map_param) != !(m->map_config_cap > 0);
+    /* a cap far above every logit fitted is none, as far as the data tell */
+    const bool none = isinf(m->map_param) || m->map_param > 10 * m->map_zmax;
+    if (none || !(m->map_config_cap > 0))
+        return none != !(m->map_config_cap > 0);
     return fabs(m->map_param / m->map_config_cap - 1) > u;
 }
 

@@ -671,6 +671,11 @@ int cmp_output_map(cmp_ctx *c, int64_t base, int64_t P, double *part, double *no
     x->map_positions = 0;
     for (int64_t i = 0; i < m.P; i++)
         x->map_positions += m.at[i + 1] > m.at[i];
+    const cmp_logitmap uncapped = {.kind = CMP_MAP_SOFTCAP, .param = INFINITY,
+                                   .config_cap = fit.config_cap};
+    x->map_zmax = 0;
+    for (size_t j = 0; j < m.at[m.P]; j++)
+        x->map_zmax = fmax(x->map_zmax, fabs(cmp_logit_map(&uncapped, m.ref[j])));
     /* positions the units: what the map lowers, over what it leaves per
      * remaining degree of freedom */
     x->map_F = fit.ssr > 0 ? (fit.ssr_identity - fit.ssr) / (fit.ssr /

@@ -292,7 +292,14 @@ bool dg_rule_logit_map(cmp_ctx *c)
         return false;
     char s[256];
     const double v = round_value(x->map_param);
-    if (x->map_kind == CMP_MAP_SOFTCAP && isinf(x->map_param))
+    /* a cap far above every logit is no cap the data can tell from none */
+    const bool none = x->map_kind == CMP_MAP_SOFTCAP &&
+                      (isinf(x->map_param) || x->map_param > 10 * x->map_zmax);
+    if (none && isfinite(x->map_param) && x->map_config_cap > 0)
+        dg_say(s, sizeof s, "final logit softcap: the test applies none (or one above %.3g, "
+               "ten times its largest logit) where the config caps the logits at %g",
+               10 * x->map_zmax, x->map_config_cap);
+    else if (none)
         dg_say(s, sizeof s, "final logit softcap: the test applies none where the config caps "
                "the logits at %g", x->map_config_cap);
     else if (x->map_kind == CMP_MAP_SOFTCAP && x->map_config_cap > 0)
