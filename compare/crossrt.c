@@ -198,6 +198,7 @@ typedef struct {
     xrt_off *off;                /* (n): each stage's per-channel offset test */
     double *out_err;             /* (P): /output's error (cmp_output_errors), NaN none */
     double *map_part, *map_noise;/* (P): /output's map part and residual (cmp_output_map) */
+    int64_t map_at;              /* where a significant map steps (-1 none) */
 } xrt_walk;
 
 /* Stages whose rows are vectors a map can act on: not per-head
@@ -530,15 +531,16 @@ static bool map_differs(const cmp_xrt *m)
 
 /* Is /output at p, drift by its size, where a map of the reference's
  * logits (a softcap, a scale) of another parameter than the config's
- * explains the run significantly (map_significant, set once) and its
- * part here is above the residual it leaves? The first such position is
- * the step; what flowed in from upstream is in the residual. */
+ * explains the run significantly (map_significant, set once), the step?
+ * At the first position where the map's part is above the residual it
+ * leaves (map_at), or the first it was fitted at where the noise hides it
+ * at every one: the evidence is the run's, not a row's. What flowed in
+ * from upstream is in the residual. */
 static bool map_steps(const xrt_walk *x, int64_t p, double *thr, double *err)
 {
     cmp_xrt *m = &x->c->r->xrt;
     const int64_t i = p - x->base;
-    if (!x->map_part || !m->map_significant || isnan(x->map_part[i]) ||
-        !(x->map_part[i] > x->map_noise[i]))
+    if (!x->map_part || !m->map_significant || i != x->map_at)
         return false;
     m->map_step = true;
     m->map_part = x->map_part[i];
@@ -546,6 +548,20 @@ static bool map_steps(const xrt_walk *x, int64_t p, double *thr, double *err)
     *thr = x->map_noise[i];
     *err = x->map_part[i];
     return true;
+}
+
+/* Where a significant map steps (map_steps): an index into map_part. */
+static int64_t map_first(const xrt_walk *x)
+{
+    int64_t first = -1;
+    for (int64_t i = 0; i < x->P; i++) {
+        if (isnan(x->map_part[i]))
+            continue;
+        if (x->map_part[i] > x->map_noise[i])
+            return i;
+        first = first < 0 ? i : first;
+    }
+    return first;
 }
 
 /* Is /output at p above drift? Its threshold as any stage's: the floor,
@@ -727,6 +743,7 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
                                        : kv_errf(e, "compare: out of memory");
     m->map_significant = m->map_fitted && m->map_F > m->map_F_crit &&
                          m->map_gain >= CMP_MAP_MIN_GAIN && map_differs(m);
+    x.map_at = rc == 0 && m->map_significant ? map_first(&x) : -1;
     /* llama.cpp's f16 summation of attention values, modelled. */
     m->acc_pos = -1;
     m->acc_layer = -1;

@@ -127,6 +127,11 @@ static void structure_line(FILE *f, const cmp_xrt *x)
             fprintf(f, " (config %g)", x->map_config_cap);
         fprintf(f, ", leaving %.3g of the residual none leaves", x->map_gain > 0
                 ? 1 / x->map_gain : 1);
+        /* the map's evidence grows with the positions: say how to get more */
+        if (!x->map_step && x->map_positions > 0 && x->map_positions < 32)
+            fprintf(f, " over %lld position%s (record final_norm on both sides, --dump-stages "
+                    "...,final_norm, for /output at every prompt position)",
+                    (long long)x->map_positions, x->map_positions == 1 ? "" : "s");
     }
     fprintf(f, "\n");
 }
