@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "h5edit.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -51,19 +52,6 @@ static void set_int_attr(hid_t obj, const char *name, long long v)
     ck_assert(a >= 0 && H5Awrite(a, H5T_NATIVE_LLONG, &v) >= 0);
     H5Aclose(a);
     H5Sclose(s);
-}
-
-static void set_str_attr(hid_t obj, const char *name, const char *value)
-{
-    if (H5Aexists(obj, name) > 0)
-        ck_assert(H5Adelete(obj, name) >= 0);
-    hid_t t = H5Tcopy(H5T_C_S1), s = H5Screate(H5S_SCALAR);
-    H5Tset_size(t, H5T_VARIABLE);
-    hid_t a = H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
-    H5Aclose(a);
-    H5Sclose(s);
-    H5Tclose(t);
 }
 
 static void set_first(hid_t h, const char *path, long long first)
@@ -287,7 +275,7 @@ static void break_dump(hid_t h, breakage b, const char *dir, const char *ref)
         H5Gclose(g);
         break;
     }
-    case B_SETTINGS: set_str_attr(h, "engine_settings", "chunk=5"); break;
+    case B_SETTINGS: test_set_str_attr(h, "engine_settings", "chunk=5"); break;
     case B_LAYER_NAME:
         ck_assert(H5Lcreate_hard(h, "layers/1", h, "layers/abc", H5P_DEFAULT, H5P_DEFAULT) >= 0);
         break;

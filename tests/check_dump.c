@@ -27,6 +27,7 @@
 #include "model/pool.h"
 #include "model/generate.h"
 #include "reference/reference.h"
+#include "h5edit.h"
 #include "testutil.h"
 
 #define P 40            /* prompt: longer than tiny-gemma3's window (12) */
@@ -1444,19 +1445,6 @@ static hid_t open_rw(const char *path)
     return h;
 }
 
-static void set_str_attr(hid_t obj, const char *name, const char *value)
-{
-    if (H5Aexists(obj, name) > 0)
-        H5Adelete(obj, name);
-    hid_t t = H5Tcopy(H5T_C_S1), s = H5Screate(H5S_SCALAR);
-    H5Tset_size(t, H5T_VARIABLE);
-    hid_t a = H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
-    H5Aclose(a);
-    H5Sclose(s);
-    H5Tclose(t);
-}
-
 static void set_int_attr(hid_t obj, const char *name, long long v)
 {
     if (H5Aexists(obj, name) > 0)
@@ -1563,20 +1551,20 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
 {
     static float rows[47 * 64];
     switch (b) {
-    case BREAK_FORMAT: set_str_attr(h, "format", "foo"); break;
+    case BREAK_FORMAT: test_set_str_attr(h, "format", "foo"); break;
     case BREAK_VERSION: set_int_attr(h, "format_version", 2); break;
     case BREAK_NO_SEED: H5Adelete(h, "seed"); break;
-    case BREAK_SEED_TYPE: set_str_attr(h, "seed", "7"); break;
-    case BREAK_MODE: set_str_attr(h, "mode", "sparse"); break;
-    case BREAK_SETTINGS: set_str_attr(h, "engine_settings", "[1]"); break;
+    case BREAK_SEED_TYPE: test_set_str_attr(h, "seed", "7"); break;
+    case BREAK_MODE: test_set_str_attr(h, "mode", "sparse"); break;
+    case BREAK_SETTINGS: test_set_str_attr(h, "engine_settings", "[1]"); break;
     case BREAK_CONFIG:
-        set_str_attr(h, "model_config", "{\"model_type\":\"llama\",\"hidden_size\":64,"
+        test_set_str_attr(h, "model_config", "{\"model_type\":\"llama\",\"hidden_size\":64,"
                      "\"num_hidden_layers\":6,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
                      "\"head_dim\":\"16\",\"intermediate_size\":128,\"vocab_size\":256,"
                      "\"sliding_window\":0,\"layer_types\":[],\"kv_owner\":[0,1,2,3,4,5],"
                      "\"rms_norm_eps\":1e-6,\"rope_theta\":10000,\"rope_local_base_freq\":10000}");
         break;
-    case BREAK_STATUS: set_str_attr(h, "status", "done"); break;
+    case BREAK_STATUS: test_set_str_attr(h, "status", "done"); break;
     case BREAK_NO_TOKENS: H5Ldelete(h, "tokens", H5P_DEFAULT); break;
     case BREAK_TOKENS_TYPE: put_dataset(h, "tokens", H5T_IEEE_F32LE, 48, 0, NULL, -1); break;
     case BREAK_PROMPT_LENGTH: {
@@ -1605,7 +1593,7 @@ static void apply_breakage(hid_t h, breakage b, int E, int H)
         ck_assert_ptr_nonnull(j);
         json_object_set_new(j, "rope_theta", json_string("ten thousand"));
         char *text = json_dumps(j, JSON_COMPACT);
-        set_str_attr(h, "model_config", text);
+        test_set_str_attr(h, "model_config", text);
         free(text);
         json_decref(j);
         free(cfg);

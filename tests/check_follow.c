@@ -20,6 +20,7 @@
 
 #include "dump/dump.h"
 #include "gguf_patch.h"
+#include "h5edit.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -148,19 +149,6 @@ static bool x_in_differs_at(const char *a, const char *b, int64_t p)
     return d;
 }
 
-static void set_str_attr(hid_t obj, const char *name, const char *value)
-{
-    if (H5Aexists(obj, name) > 0)
-        ck_assert(H5Adelete(obj, name) >= 0);
-    hid_t t = H5Tcopy(H5T_C_S1), s = H5Screate(H5S_SCALAR);
-    H5Tset_size(t, H5T_VARIABLE);
-    hid_t a = H5Acreate2(obj, name, t, s, H5P_DEFAULT, H5P_DEFAULT);
-    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
-    H5Aclose(a);
-    H5Sclose(s);
-    H5Tclose(t);
-}
-
 static void set_prompt_length(const char *path, long long v)
 {
     hid_t h = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
@@ -196,7 +184,7 @@ static void rename_engine(const char *path, const char *engine)
 {
     hid_t h = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
     ck_assert(h >= 0);
-    set_str_attr(h, "engine", engine);
+    test_set_str_attr(h, "engine", engine);
     H5Fclose(h);
 }
 

@@ -19,6 +19,7 @@
 
 #include "gguf_patch.h"
 #include "model/model.h"
+#include "h5edit.h"
 #include "testutil.h"
 
 static char out[1 << 16];
@@ -557,19 +558,6 @@ END_TEST
  * and its other branch, q normalised per head but not weighted, which
  * no GGUF makes llama.cpp do. */
 
-static void set_str_attr(hid_t obj, const char *name, const char *value)
-{
-    if (H5Aexists(obj, name) > 0)
-        H5Adelete(obj, name);
-    hid_t t = H5Tcopy(H5T_C_S1), sp = H5Screate(H5S_SCALAR);
-    H5Tset_size(t, H5T_VARIABLE);
-    hid_t a = H5Acreate2(obj, name, t, sp, H5P_DEFAULT, H5P_DEFAULT);
-    ck_assert(a >= 0 && H5Awrite(a, t, &value) >= 0);
-    H5Aclose(a);
-    H5Sclose(sp);
-    H5Tclose(t);
-}
-
 /* Rotates (sign 1) or rotates back (-1) each head of row at pos, RoPE
  * rotate-half with base theta (tiny-gemma3's layer 0: 1e4, D = 32). */
 static void rope_row(float *row, int nh, int D, double theta, long pos, int sign)
@@ -635,8 +623,8 @@ static void make_qnorm_missing(const char *dir, const char *engine, bool unit)
     if (H5Lexists(f, "row_hash_index", H5P_DEFAULT) > 0)
         H5Ldelete(f, "row_hash_index", H5P_DEFAULT);
     if (engine) {
-        set_str_attr(f, "engine", engine);
-        set_str_attr(f, "engine_settings", "{\"cache_type\":\"f32\"}");
+        test_set_str_attr(f, "engine", engine);
+        test_set_str_attr(f, "engine_settings", "{\"cache_type\":\"f32\"}");
     }
     H5Fclose(f);
     model_free(&m);
