@@ -25,14 +25,7 @@ static char out[1 << 16];
 
 static void copy_file(const char *from, const char *to)
 {
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    ck_assert(a && b);
-    char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
-        ck_assert(fwrite(buf, 1, n, b) == n);
-    fclose(a);
-    ck_assert_int_eq(fclose(b), 0);
+    ck_assert_msg(test_copy_file(from, to) == 0, "copying %s to %s", from, to);
 }
 
 static void record(const char *dir, const char *name)

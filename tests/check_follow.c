@@ -35,14 +35,7 @@ static void run_ok(const char *args)
 
 static void copy_file(const char *from, const char *to)
 {
-    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
-    ck_assert(a && b);
-    char buf[1 << 16];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
-        ck_assert(fwrite(buf, 1, n, b) == n);
-    fclose(a);
-    ck_assert_int_eq(fclose(b), 0);
+    ck_assert_msg(test_copy_file(from, to) == 0, "copying %s to %s", from, to);
 }
 
 /* The tokens of a dump (malloc'd) and their count. */

@@ -78,9 +78,7 @@ static void write_text(const char *path, const char *text)
 
 static void copy_file(const char *from, const char *to)
 {
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
-    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_msg(test_copy_file(from, to) == 0, "copying %s to %s", from, to);
 }
 
 /* A generated folder plus a variant folder holding its config. */

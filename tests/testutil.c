@@ -136,3 +136,20 @@ int test_layer_stages(const kv_config *c)
 {
     return STAGE_LAYER_COUNT - (c->per_layer_dim > 0 ? 0 : 2);
 }
+
+int test_copy_file(const char *from, const char *to)
+{
+    FILE *a = fopen(from, "rb"), *b = a ? fopen(to, "wb") : NULL;
+    char buf[1 << 16];
+    size_t n;
+    int rc = a && b ? 0 : -1;
+    while (rc == 0 && (n = fread(buf, 1, sizeof buf, a)) > 0)
+        rc = fwrite(buf, 1, n, b) == n ? 0 : -1;
+    if (a && ferror(a))
+        rc = -1;
+    if (a)
+        fclose(a);
+    if (b && fclose(b) != 0)
+        rc = -1;
+    return rc;
+}

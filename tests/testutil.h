@@ -26,6 +26,8 @@ const float *capture_get(const capture *c, kv_stage st, int layer, int *ncols);
 char *test_tmpdir(char *buf, size_t n);
 /* rm -rf of a test's temp folder. */
 void test_rmtree(const char *dir);
+/* Copies the file from to to (created or replaced): 0, -1 on any error. */
+int test_copy_file(const char *from, const char *to);
 
 /* Runs the kvdiff binary (KVDIFF_BIN or ./kvdiff) with the given
  * arguments (a shell-quoted string); captures stdout+stderr into out

@@ -247,3 +247,16 @@ int dg_row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float 
     *a = *b = NULL;
     return rc < 0 ? -1 : 1;
 }
+
+double dg_config_value(double lo, double hi, double dflt)
+{
+    const double mid = 0.5 * (lo + hi);
+    if (!(mid > 0) || !isfinite(mid))
+        return dflt;
+    const double dec = pow(10, floor(log10(mid)));
+    static const double steps[] = {1, 2, 5, 10};
+    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
+        if (steps[i] * dec >= lo && steps[i] * dec <= hi)
+            return steps[i] * dec;
+    return dflt;
+}

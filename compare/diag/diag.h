@@ -46,6 +46,10 @@ typedef struct {
 int dg_case_init(cmp_ctx *c, dg_case *a, kv_err *e);
 void dg_case_free(dg_case *a);
 
+/* A value as configs write it, 1, 2 or 5 times a power of ten (that of
+ * the middle of lo..hi), the first within lo..hi; dflt when none is. */
+double dg_config_value(double lo, double hi, double dflt);
+
 /* The config's key set at the point. */
 cmp_hyp dg_hyp_config(const cmp_divergence *d, const dg_case *a);
 

@@ -277,12 +277,7 @@ static double round_value(double v)
         return v;
     if (fabs(v - round(v)) <= 0.02 * v)
         return round(v);
-    const double dec = pow(10, floor(log10(v)));
-    static const double steps[] = {1, 2, 5, 10};
-    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
-        if (fabs(steps[i] * dec / v - 1) <= 0.02)
-            return steps[i] * dec;
-    return v;
+    return dg_config_value(0.98 * v, 1.02 * v, v);
 }
 
 bool dg_rule_logit_map(cmp_ctx *c)

@@ -283,16 +283,8 @@ static int rule_norm_eps(cmp_ctx *c, kv_err *e)
     }
     if (!(lo > 0) || hi > lo * 1.05 || fabs(eps_t[0] - cfg->rms_eps) <= 0.05 * cfg->rms_eps)
         return 0;
-    /* A round value (1, 2 or 5 times a power of ten: what configs hold)
-     * where the estimates allow it, their middle otherwise. */
-    double eps = 0.5 * (lo + hi);
-    const double dec = pow(10, floor(log10(eps)));
-    static const double steps[] = {1, 2, 5, 10};
-    for (size_t i = 0; i < sizeof steps / sizeof *steps; i++)
-        if (steps[i] * dec >= lo * 0.99 && steps[i] * dec <= hi * 1.01) {
-            eps = steps[i] * dec;
-            break;
-        }
+    /* A round value where the estimates allow it, their middle otherwise. */
+    const double eps = dg_config_value(lo * 0.99, hi * 1.01, 0.5 * (lo + hi));
     char s[256];
     dg_say(s, sizeof s, "RMSNorm epsilon: the test normalises %s with eps %.3g where the config "
            "says %.3g", stage_name(d->stage), eps, cfg->rms_eps);
