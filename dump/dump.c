@@ -2,6 +2,7 @@
  * messages, opening a file for reading (SWMR-flagged ones too), attribute
  * readers, stage widths and the model_config parser (dump_internal.h). */
 #include "dump_internal.h"
+#include "../model/outfile.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -16,7 +17,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 
 /* ------------------------------------------------------------------ */
 /* Errors                                                               */
@@ -211,6 +214,9 @@ static char guard_path[1024];
 void dump_child_begin(void)
 {
     alarm(0);
+    struct itimerval off;
+    memset(&off, 0, sizeof off);
+    setitimer(ITIMER_PROF, &off, NULL);
     guard_seconds = 0;
     /* Whatever it says as it dies is not the user's business. */
     int null = open("/dev/null", O_WRONLY);
@@ -246,6 +252,9 @@ static void on_guard_alarm(int sig)
     _exit(guard_hook ? guard_hook(guard_path) : 2);
 }
 
+/* The guard counts the process's CPU time (ITIMER_PROF), not the clock:
+ * a loop inside libhdf5 burns CPU, a busy machine only slows a sound
+ * read down, and no verdict may depend on how busy the machine is. */
 void dump_hang_guard(unsigned seconds, int (*on_hang)(const char *path))
 {
     guard_seconds = seconds;
@@ -253,19 +262,27 @@ void dump_hang_guard(unsigned seconds, int (*on_hang)(const char *path))
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = seconds ? on_guard_alarm : SIG_DFL;
-    sigaction(SIGALRM, &sa, NULL);
+    sigaction(SIGPROF, &sa, NULL);
+}
+
+static void guard_set(unsigned seconds)
+{
+    struct itimerval it;
+    memset(&it, 0, sizeof it);
+    it.it_value.tv_sec = seconds;
+    setitimer(ITIMER_PROF, &it, NULL);
 }
 
 static void guard_begin(void)
 {
     if (guard_seconds)
-        alarm(guard_seconds);
+        guard_set(guard_seconds);
 }
 
 static void guard_end(void)
 {
     if (guard_seconds)
-        alarm(0);
+        guard_set(0);
 }
 
 static char *read_vlstr(hid_t a, hid_t ftype);
@@ -309,26 +326,37 @@ static void pf_member(hid_t loc, const char *name, bool walk)
  * heaps under variable-length strings: HDFGroup/hdf5 issue 1707, and a
  * memcpy of a corrupt length in H5HG_read). Every such string kvdiff reads
  * (the root's, and those of the groups under /layers) is read once in a
- * child process first; a child that dies or does not finish within
- * 5 s (or the guard's time, if shorter) marks the file damaged, and the
- * reads that follow are safe because they read the same bytes. */
-static int preflight(const char *path, bool walk, kv_err *e)
+ * child process first; a child that crashes, or spends 5 s of CPU time
+ * (or the guard's time, if shorter) on it, marks the file damaged, and
+ * the reads that follow are safe because they read the same bytes.
+ *
+ * Nothing here depends on how busy the machine is: the limit is CPU time
+ * (RLIMIT_CPU: reading a sound file's strings takes milliseconds of it),
+ * and a child killed from outside (no verdict on the file) is tried again
+ * before anything is said. A child blocked without using CPU (no damage
+ * seen does that) is stopped after a minute as a backstop. */
+enum { PF_SOUND, PF_CRASH, PF_LOOP, PF_STUCK, PF_UNSURE };
+
+static int preflight_once(const char *path, bool walk, unsigned cpu_limit)
 {
     fflush(NULL);
     /* The child holds the pipe's write end until it exits: the parent
      * wakes when it does, not on a timer. */
     int done[2];
     if (dump_child_pipe(done) != 0)
-        return 0;   /* cannot check: read as usual */
+        return PF_SOUND;   /* cannot check: read as usual */
     pid_t pid = fork();
     if (pid < 0) {
         close(done[0]);
         close(done[1]);
-        return 0;
+        return PF_SOUND;
     }
     if (pid == 0) {
         close(done[0]);
         dump_child_begin();
+        struct rlimit cpu = {cpu_limit, cpu_limit + 1};
+        setrlimit(RLIMIT_CPU, &cpu);   /* past it: SIGXCPU */
+        signal(SIGXCPU, SIG_DFL);
         if (preflight_hook)
             preflight_hook();
         kv_err ignored;
@@ -365,15 +393,15 @@ static int preflight(const char *path, bool walk, kv_err *e)
         _exit(0);
     }
     close(done[1]);
-    /* Reading a sound file's strings takes milliseconds. */
-    const int limit_ms = 1000 * (guard_seconds && guard_seconds < 5 ? (int)guard_seconds : 5);
+    /* A backstop only: the CPU limit decides. */
+    const int wall_ms = 60000;
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         const long waited = (t.tv_sec - t0.tv_sec) * 1000L + (t.tv_nsec - t0.tv_nsec) / 1000000L;
         struct pollfd p = {.fd = done[0], .events = POLLIN};
-        const int r = waited < limit_ms ? poll(&p, 1, (int)(limit_ms - waited)) : 0;
+        const int r = waited < wall_ms ? poll(&p, 1, (int)(wall_ms - waited)) : 0;
         if (r < 0 && errno == EINTR)
             continue;
         if (r > 0)
@@ -381,21 +409,46 @@ static int preflight(const char *path, bool walk, kv_err *e)
         close(done[0]);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
-        if (r < 0)
-            return 0;   /* cannot wait for it: read as usual */
-        return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
-                          "metadata (a damaged file: libhdf5 loops on some corrupt "
-                          "variable-length strings)", path);
+        return r < 0 ? PF_SOUND : PF_STUCK;
     }
     close(done[0]);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0) {
         if (errno != EINTR)
-            return 0;
+            return PF_SOUND;
     }
-    if (WIFSIGNALED(st) || (WIFEXITED(st) && WEXITSTATUS(st) != 0))
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st) == 0 ? PF_SOUND : PF_CRASH;
+    if (!WIFSIGNALED(st))
+        return PF_SOUND;
+    switch (WTERMSIG(st)) {
+    case SIGXCPU: return PF_LOOP;
+    case SIGSEGV: case SIGBUS: case SIGABRT: case SIGFPE: case SIGILL: case SIGTRAP:
+        return PF_CRASH;
+    default: return PF_UNSURE;   /* SIGKILL from outside (the OOM killer), ... */
+    }
+}
+
+static int preflight(const char *path, bool walk, kv_err *e)
+{
+    const unsigned limit = guard_seconds && guard_seconds < 5 ? guard_seconds : 5;
+    int v = PF_UNSURE;
+    for (int attempt = 0; attempt < 3 && v == PF_UNSURE; attempt++)
+        v = preflight_once(path, walk, limit);
+    if (v == PF_CRASH)
         return kv_errf(e, "%s: the HDF5 library crashes reading this file's metadata (a "
                           "damaged file)", path);
+    if (v == PF_LOOP)
+        return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
+                          "metadata (a damaged file: libhdf5 loops on some corrupt "
+                          "variable-length strings)", path);
+    if (v == PF_STUCK)
+        return kv_errf(e, "%s: the HDF5 library does not return from reading this file's "
+                          "metadata (a damaged file: blocked for a minute without using CPU)",
+                       path);
+    if (v == PF_UNSURE)
+        return kv_errf(e, "%s: reading this file's metadata was killed from outside three "
+                          "times; its strings were not checked and it is not read", path);
     return 0;
 }
 
@@ -429,6 +482,7 @@ static hid_t open_read(const char *path, kv_err *e)
     dump_h5_quiet();
     if (stat(path, &st) != 0)
         return kv_errf(e, "%s: %s", path, strerror(errno)), H5I_INVALID_HID;
+    outfile_note_input(path);   /* a dump read is never an output of the run */
     if (S_ISDIR(st.st_mode))
         return kv_errf(e, "%s: is a folder, not a dump", path), H5I_INVALID_HID;
     if (st.st_size == 0)

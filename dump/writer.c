@@ -1157,17 +1157,17 @@ static int lock_target(dump_writer *w, bool *created, kv_err *e)
 {
     *created = false;
     struct stat sb;
-    int fd = open(w->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    /* O_EXCL: a new file, never through a link (outfile.h). */
+    int fd = open(w->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
     if (fd >= 0)
         *created = true;
     else if (errno == EEXIST) {
-        /* A device, a FIFO or a socket is no place for a dump: refused
-         * before it is opened (opening a device can act on it), and never
-         * truncated or removed. */
-        if (stat(w->path, &sb) == 0 && !S_ISREG(sb.st_mode))
-            return kv_errf(e, "%s: not a regular file (%s); a dump is written to a regular "
-                              "file or a new path", w->path, outfile_kind(sb.st_mode));
-        fd = open(w->path, O_RDWR | O_CLOEXEC);
+        /* A link, a device, a FIFO, a socket or one of the run's inputs is
+         * no place for a dump: refused before it is opened (opening a
+         * device can act on it), and never truncated or removed. */
+        if (outfile_check_target(w->path, e) < 0)
+            return -1;
+        fd = open(w->path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
     }
     if (fd < 0)
         return kv_errf(e, "%s: cannot create the dump: %s", w->path, strerror(errno));

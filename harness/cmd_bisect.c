@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../model/outfile.h"
 #include "run.h"
 #include "verbs.h"
 
@@ -140,11 +141,10 @@ static int compare_files(const char *a, const char *b, cmp_result *r, kv_err *e)
 static int make_dir(run_opts *o, char *buf, size_t n, kv_err *e)
 {
     if (o->out_dir) {
-        if (mkdir(o->out_dir, 0777) < 0 && errno != EEXIST)
-            return kv_errf(e, "%s: cannot create the folder: %s", o->out_dir, strerror(errno));
-        struct stat st;
-        if (stat(o->out_dir, &st) < 0 || !S_ISDIR(st.st_mode))
-            return kv_errf(e, "%s: not a folder", o->out_dir);
+        /* The user's folder (links and all); the dumps kvdiff names inside
+         * it refuse a planted link (outfile.h, the dump writer). */
+        if (outfile_user_dir(o->out_dir, NULL, e) < 0)
+            return -1;
         cli_dir(buf, n, o->out_dir);   /* "out/" prints as out/ref.h5, not out//ref.h5 */
         return 0;
     }
@@ -306,6 +306,15 @@ int cmd_bisect(int argc, char **argv)
         cli_make_prompt(&o.po, &o.mo, &m, tok, &prompt, &n_prompt, &e) == 0)
         code = bisect(&o, &m, &kc, prompt, n_prompt, &e);
     tok_free(tok);
+    /* Stopped by a signal: its status, as `kvdiff run` (128 + the signal);
+     * the message still says which dump holds what was computed. */
+    const int stop = run_stop_signal;
+    if (code == EXIT_USAGE && stop) {
+        cli_error("bisect", &e);
+        free(prompt);
+        cli_close_model(&m, &kc);
+        return 128 + stop;
+    }
     if (code == EXIT_USAGE && o.json)
         cli_json_error("bisect", &e, code);
     if (code == EXIT_USAGE)

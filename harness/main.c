@@ -12,6 +12,7 @@
 
 #include "cli.h"
 #include "../dump/dump.h"
+#include "../model/outfile.h"
 #include "verbs.h"
 
 typedef struct {
@@ -83,8 +84,11 @@ static int default_job(void)
            "a 40-token prompt and 16 generated tokens, through the reference engine and\n"
            "through the chunked engine (chunks of 5, ring-buffer cache) with one injected\n"
            "bug: a sliding window hard-coded to 4.\n\n", KVDIFF_VERSION);
-    if (mkdir(dir, 0777) < 0 && errno != EEXIST) {
-        fprintf(stderr, "kvdiff: %s: cannot create the folder: %s\n", dir, strerror(errno));
+    /* kvdiff names this folder: a link planted at its name is refused,
+     * never followed (outfile.h). */
+    kv_err de = {0};
+    if (outfile_tool_dir(dir, NULL, &de) < 0) {
+        fprintf(stderr, "kvdiff: %s\n", de.msg);
         return EXIT_USAGE;
     }
     char *ref[] = {"run", "--model", "tiny-gemma3", "--prompt-random", "40", "--seed", "1",
@@ -165,6 +169,11 @@ static int dispatch(int argc, char **argv)
      * SIGXFSZ killing the process mid-write: past the limit write() then
      * fails with EFBIG, which every writer reports. */
     signal(SIGXFSZ, SIG_IGN);
+    /* Ctrl-C during a whole-file write (a GGUF, a report) leaves no
+     * temporary file behind; verbs that record dumps handle it themselves. */
+    outfile_clean_on_signal();
+    /* One process, one run: no output may replace a file it read. */
+    outfile_track_inputs(true);
     /* A file libhdf5 could not close (its last flush failed on a full disk
      * or at the size limit) is closed again by libhdf5's exit handler,
      * which crashes on it (H5F__close_cb, 1.10.8). kvdiff closes every file

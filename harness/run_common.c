@@ -13,6 +13,8 @@
 
 volatile sig_atomic_t run_stop_signal;
 
+static struct sigaction saved[3];   /* SIGINT, SIGTERM, SIGHUP before a dump */
+
 static void on_stop_signal(int signo)
 {
     run_stop_signal = signo;
@@ -497,9 +499,9 @@ dump_writer *run_open_dump(const run_opts *o, const char *path, const dump_opts 
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
         sa.sa_handler = on_stop_signal;
-        sigaction(SIGINT, &sa, NULL);
-        sigaction(SIGTERM, &sa, NULL);
-        sigaction(SIGHUP, &sa, NULL);   /* a closed terminal stops it as Ctrl-C does */
+        sigaction(SIGINT, &sa, &saved[0]);
+        sigaction(SIGTERM, &sa, &saved[1]);
+        sigaction(SIGHUP, &sa, &saved[2]);   /* a closed terminal stops it as Ctrl-C does */
     }
     return w;
 }
@@ -525,9 +527,11 @@ int run_close_dump(dump_writer *w, const char *path, int gen_rc, const kv_err *g
         snprintf(why, sizeof why, "engine error: %s", gen_err->msg);
     if (run_stop_signal || dump_error(w) || stopped || gen_rc != 0)
         reason = why;
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGHUP, SIG_DFL);
+    /* What was there before the dump (outfile.h's clean-up, or the
+     * default) handles a signal from here on. */
+    sigaction(SIGINT, &saved[0], NULL);
+    sigaction(SIGTERM, &saved[1], NULL);
+    sigaction(SIGHUP, &saved[2], NULL);
     int crc = dump_close(w, reason, &ce);
     if (we.msg[0]) {
         *e = we;

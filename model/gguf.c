@@ -4,6 +4,7 @@
  * docs/gguf-export.md), streamed tensor by tensor to a temporary file
  * renamed into place when whole. */
 #include "gguf.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -416,13 +417,13 @@ static void permute_rows(const float *in, float *out, int rows, int cols, int he
 /* Writing                                                              */
 
 typedef struct {
-    int fd;
-    char tmp[4096];
+    outfile out;      /* the temporary file and its target */
+    int fd;           /* out's descriptor; -1 once handed back */
     const char *path;
     uint64_t written;
-} outfile;
+} gguf_outfile;
 
-static int of_write(outfile *o, const void *p, size_t n, kv_err *e)
+static int of_write(gguf_outfile *o, const void *p, size_t n, kv_err *e)
 {
     const uint8_t *b = p;
     while (n > 0) {
@@ -438,63 +439,34 @@ static int of_write(outfile *o, const void *p, size_t n, kv_err *e)
     return 0;
 }
 
-static int of_pad(outfile *o, kv_err *e)
+static int of_pad(gguf_outfile *o, kv_err *e)
 {
     static const uint8_t zeros[GGUF_ALIGN];
     size_t pad = (size_t)((GGUF_ALIGN - o->written % GGUF_ALIGN) % GGUF_ALIGN);
     return of_write(o, zeros, pad, e);
 }
 
-/* A temporary file beside path (same folder, so rename is atomic),
- * created with O_EXCL so it never clobbers anything. */
-static int of_open(outfile *o, const char *path, kv_err *e)
+/* The output discipline (outfile.h): a fresh temporary file beside path,
+ * renamed over it only if path is absent or a regular file that is none
+ * of the run's inputs (the Hugging Face folder being exported). */
+static int of_open(gguf_outfile *o, const char *path, kv_err *e)
 {
     memset(o, 0, sizeof *o);
     o->fd = -1;
     o->path = path;
-    if (!path[0])
-        return kv_errf(e, "empty output path");
-    struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode))
-        return kv_errf(e, "%s: is a directory", path);
-    for (unsigned tries = 0; tries < 100; tries++) {
-        int n = snprintf(o->tmp, sizeof o->tmp, "%s.tmp-%ld-%u", path, (long)getpid(), tries);
-        if (n < 0 || (size_t)n >= sizeof o->tmp)
-            return kv_errf(e, "%s: path too long", path);
-        o->fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-        if (o->fd >= 0)
-            return 0;
-        if (errno != EEXIST)
-            return kv_errf(e, "%s: cannot create a file there: %s", path, strerror(errno));
-    }
-    return kv_errf(e, "%s: cannot create a temporary file beside it", path);
+    return outfile_open_fd(&o->out, path, &o->fd, e);
 }
 
-static void of_abort(outfile *o)
+static void of_abort(gguf_outfile *o)
 {
-    if (o->fd >= 0) {
-        close(o->fd);
-        unlink(o->tmp);
-        o->fd = -1;
-    }
-}
-
-static int of_finish(outfile *o, kv_err *e)
-{
-    int rc = fsync(o->fd);
-    int err = errno;
-    if (close(o->fd) < 0 && rc == 0) {
-        rc = -1;
-        err = errno;
-    }
+    outfile_abort(&o->out);
     o->fd = -1;
-    if (rc < 0 || rename(o->tmp, o->path) < 0) {
-        if (rc == 0)
-            err = errno;
-        unlink(o->tmp);
-        return kv_errf(e, "%s: cannot complete the file: %s", o->path, strerror(err));
-    }
-    return 0;
+}
+
+static int of_finish(gguf_outfile *o, kv_err *e)
+{
+    o->fd = -1;
+    return outfile_commit(&o->out, e);
 }
 
 /* Converts n floats into the tensor's type in dst. */
@@ -514,7 +486,7 @@ static void convert(const float *src, size_t n, uint32_t type, void *dst)
 #define WRITE_BLOCK (1u << 22)
 
 /* A 2-D tensor written as is (no permutation), by blocks of rows. */
-static int write_rows(outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
+static int write_rows(gguf_outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
 {
     const int64_t rows = (int64_t)t->ne[1], cols = (int64_t)t->ne[0];
     const int64_t block = cols >= WRITE_BLOCK ? 1 : WRITE_BLOCK / cols;
@@ -546,7 +518,7 @@ done:
     return rc;
 }
 
-static int write_tensor(outfile *o, const wsource *src, const out_tensor *t,
+static int write_tensor(gguf_outfile *o, const wsource *src, const out_tensor *t,
                         const float *rope_freqs, kv_err *e)
 {
     if (t->spec && !t->permute_heads && t->ndim == 2)
@@ -904,7 +876,7 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
     float *rope_freqs = NULL;
     kvs k = {.arch = arch_name(c->arch)};
     gbuf info = {0};
-    outfile o = {.fd = -1};
+    gguf_outfile o = {.fd = -1};
     int n = 0, rc = -1;
     if (!specs || !ts) {
         kv_errf(e, "out of memory");

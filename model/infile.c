@@ -31,6 +31,8 @@ FILE *infile_open(const char *path, long long max_bytes, kv_err *e)
                      max_bytes);
     else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
         rc = kv_errf(e, "%s: %s", path, strerror(errno));
+    if (rc == 0)
+        outfile_note_input_fd(fd);   /* no output of this run may replace it */
     FILE *f = rc == 0 ? fdopen(fd, "rb") : NULL;
     if (!f) {
         if (rc == 0)

@@ -10,6 +10,7 @@
 #define _GNU_SOURCE
 #include "safetensors.h"
 #include "infile.h"
+#include "outfile.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -618,6 +619,7 @@ static int map_file(const char *path, void **map, size_t *len, kv_err *e)
     else if ((unsigned long long)sb.st_size > SIZE_MAX)
         st_errf(e, "%s: file too large to map", path);
     else {
+        outfile_note_input_fd(fd);   /* no output of this run may replace it */
         *len = (size_t)sb.st_size;
         *map = mmap(NULL, *len, PROT_READ, MAP_PRIVATE, fd, 0);
         if (*map == MAP_FAILED)
@@ -932,8 +934,8 @@ typedef struct {
 
 struct st_writer {
     char *path;                  /* final name */
-    char *tmp;                   /* "<path>.tmp.<pid>", renamed on finish */
-    int fd;                      /* -1 once closed */
+    outfile out;                 /* the temporary file beside path (outfile.h) */
+    int fd;                      /* out's descriptor; -1 once closed */
     bool failed;                 /* a write failed; the temp file is gone */
     st_wtensor *tensors;         /* (count) declaration order */
     size_t count;
@@ -947,18 +949,15 @@ static void writer_free(st_writer *w)
     for (size_t i = 0; i < w->count; i++)
         free(w->tensors[i].name);
     free(w->tensors);
-    free(w->tmp);
+    outfile_abort(&w->out);
     free(w->path);
     free(w);
 }
 
 static void writer_discard(st_writer *w)
 {
-    if (w->fd >= 0)
-        close(w->fd);
+    outfile_abort(&w->out);   /* closes fd, removes the temporary file */
     w->fd = -1;
-    if (!w->failed)
-        unlink(w->tmp);
     w->failed = true;
 }
 
@@ -967,7 +966,7 @@ static int writer_fail(st_writer *w, const char *what, kv_err *e)
 {
     int err = errno;
     writer_discard(w);
-    return st_errf(e, "%s: %s %s: %s", w->path, what, w->tmp, strerror(err));
+    return st_errf(e, "%s: %s: %s", w->path, what, strerror(err));
 }
 
 /* A checkpoint of gigabytes stays dirty in the page cache until the
@@ -1144,16 +1143,13 @@ static st_writer *writer_new(const char *path, size_t n, kv_err *e)
     }
     w->fd = -1;
     w->count = n;
-    size_t tmp_size = strlen(path) + 32;
     w->path = strdup(path);
-    w->tmp = malloc(tmp_size);
     w->tensors = calloc(n ? n : 1, sizeof *w->tensors);
-    if (!w->path || !w->tmp || !w->tensors) {
+    if (!w->path || !w->tensors) {
         st_errf(e, "%s: out of memory", path);
         writer_free(w);
         return NULL;
     }
-    snprintf(w->tmp, tmp_size, "%s.tmp.%ld", path, (long)getpid());
     return w;
 }
 
@@ -1173,18 +1169,10 @@ st_writer *st_writer_open(const char *path, const st_decl *decls, size_t n,
         writer_free(w);
         return NULL;
     }
-    /* O_EXCL: never through a symlink or over a file someone put at the
-     * temporary name; another name when one is taken. */
-    const size_t tmp_size = strlen(path) + 32;
-    w->fd = -1;
-    for (unsigned tries = 0; w->fd < 0 && tries < 100; tries++) {
-        snprintf(w->tmp, tmp_size, "%s.tmp.%ld.%u", path, (long)getpid(), tries);
-        w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
-        if (w->fd < 0 && errno != EEXIST)
-            break;
-    }
-    int rc = w->fd < 0 ? st_errf(e, "%s: cannot create %s: %s", path, w->tmp, strerror(errno))
-                       : write_header(w, text, hlen, e);
+    /* The output discipline (outfile.h): a fresh temporary file beside
+     * path, renamed over it only if path is absent or a regular file that
+     * is none of the run's inputs. */
+    int rc = outfile_open_fd(&w->out, path, &w->fd, e) < 0 ? -1 : write_header(w, text, hlen, e);
     free(text);
     if (rc < 0) {
         if (w->fd >= 0)
@@ -1275,14 +1263,11 @@ static int writer_complete(st_writer *w, kv_err *e)
         return st_errf(e, "%s: only %zu of %zu declared tensors were written (next: '%s')",
                        w->path, w->next, w->count, w->tensors[w->next].name);
     }
-    if (fsync(w->fd) != 0)
-        return writer_fail(w, "syncing", e);
-    int fd = w->fd;
-    w->fd = -1;
-    if (close(fd) != 0)
-        return writer_fail(w, "closing", e);
-    if (rename(w->tmp, w->path) != 0)
-        return writer_fail(w, "renaming into place", e);
+    w->fd = -1;   /* outfile_commit fsyncs, closes and renames it */
+    if (outfile_commit(&w->out, e) < 0) {
+        w->failed = true;
+        return -1;
+    }
     return 0;
 }
 

@@ -120,18 +120,21 @@ static double grid_max(const report_grid *g)
     return g->any_nonfinite ? INFINITY : hi;
 }
 
-/* Script opening: both terminals are driven from one plot via `replot`. */
+/* Script opening: both terminals are driven from one plot via `replot`.
+ * The images go to outdir (default: this folder); the report sets it to a
+ * private scratch folder and moves the images into place itself. */
 static void gp_head(FILE *f, const char *name, const char *what)
 {
     fprintf(f, "# kvdiff report: %s\n# Data: %s.dat. Re-run from this folder: gnuplot %s.gp\n"
+               "if (!exists(\"outdir\")) outdir = ''\n"
                "set terminal pngcairo noenhanced size 1000,560 font 'sans,10'\n"
-               "set output '%s.png'\n", what, name, name, name);
+               "set output outdir.'%s.png'\n", what, name, name, name);
 }
 
 static void gp_tail(FILE *f, const char *name, const char *plot)
 {
     fprintf(f, "%s\n\nset terminal svg noenhanced size 1000,560 dynamic font 'sans,10'\n"
-               "set output '%s.svg'\nreplot\nunset output\n", plot, name);
+               "set output outdir.'%s.svg'\nreplot\nunset output\n", plot, name);
 }
 
 enum { LINE_WINDOW = 1, LINE_CHUNKS = 2, LINE_TOKENS = 4, LINE_CHUNKS_DENSE = 8 };
@@ -689,11 +692,14 @@ static void first_error(const char *text, char *out, size_t n)
     snprintf(out, n, "%.*s", (int)(end ? end - l : (ptrdiff_t)strlen(l)), l);
 }
 
-/* Runs `prog script` in dir with stderr captured. Returns its exit status,
- * 127 when it could not be started, -1 when fork/pipe failed. */
-static int run_gnuplot(const char *prog, const char *dir, const char *script, char *err,
-                       size_t n)
+/* Runs `prog -e "outdir='scratch/'" script` in dir with stderr captured.
+ * Returns its exit status, 127 when it could not be started, -1 when
+ * fork/pipe failed. */
+static int run_gnuplot(const char *prog, const char *dir, const char *scratch, const char *script,
+                       char *err, size_t n)
 {
+    char set_out[128];
+    snprintf(set_out, sizeof set_out, "outdir='%s/'", scratch);
     int fd[2];
     err[0] = 0;
     if (pipe(fd) < 0)
@@ -715,7 +721,7 @@ static int run_gnuplot(const char *prog, const char *dir, const char *script, ch
         close(fd[0]);
         close(fd[1]);
         if (chdir(dir) == 0)
-            execl(prog, prog, script, (char *)NULL);
+            execl(prog, prog, "-e", set_out, script, (char *)NULL);
         _exit(127);
     }
     close(fd[1]);
@@ -740,37 +746,84 @@ static bool nonempty(const char *dir, const char *name, const char *ext)
     char p[4200];
     struct stat sb;
     snprintf(p, sizeof p, "%s/%s.%s", dir, name, ext);
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
+    return lstat(p, &sb) == 0 && S_ISREG(sb.st_mode) && sb.st_size > 0;
+}
+
+/* Moves scratch/NAME.png and .svg to dir under the output discipline
+ * (outfile.h): a link or an input planted at plots/NAME.png is refused,
+ * never followed or removed. */
+static int place_images(const char *dir, const char *scratch, const char *name, kv_err *e)
+{
+    static const char *const exts[2] = {"png", "svg"};
+    int rc = 0;
+    for (int k = 0; k < 2; k++) {
+        char from[4300], to[4200];
+        snprintf(from, sizeof from, "%s/%s/%s.%s", dir, scratch, name, exts[k]);
+        snprintf(to, sizeof to, "%s/%s.%s", dir, name, exts[k]);
+        if (rc == 0)
+            rc = outfile_place(from, to, e);
+        else
+            unlink(from);
+    }
+    return rc;
+}
+
+/* Empties and removes the scratch folder this run made: only the names
+ * gnuplot was told to write are in it. */
+static void drop_scratch(const char *dir, const char *scratch, const rep_ctx *c)
+{
+    char p[4300];
+    for (int i = 0; i < PLOT_COUNT; i++)
+        for (int k = 0; k < 2; k++) {
+            snprintf(p, sizeof p, "%s/%s/%s.%s", dir, scratch, c->plots[i].name, k ? "svg" : "png");
+            unlink(p);
+        }
+    snprintf(p, sizeof p, "%s/%s", dir, scratch);
+    rmdir(p);
 }
 
 static void draw(rep_ctx *c, const char *dir)
 {
     char prog[4096], out[8192], line[768];
     bool missing = find_gnuplot(c->o->gnuplot, prog, sizeof prog) < 0;
+    /* gnuplot opens its outputs by name and would follow a link planted
+     * there: it writes into a fresh folder only this run can have made
+     * (mkdtemp), and each image is moved into place when it is whole. */
+    char scratch_path[4200], scratch[64] = "";
+    snprintf(scratch_path, sizeof scratch_path, "%s/.draw.XXXXXX", dir);
+    if (!missing && !mkdtemp(scratch_path)) {
+        snprintf(c->gnuplot_error, sizeof c->gnuplot_error,
+                 "cannot make a scratch folder in %s: %s", dir, strerror(errno));
+        for (int i = 0; i < PLOT_COUNT; i++)
+            if (c->plots[i].data)
+                snprintf(c->plots[i].why, sizeof c->plots[i].why, "not drawn: %.900s",
+                         c->gnuplot_error);
+        return;
+    }
+    if (!missing)
+        snprintf(scratch, sizeof scratch, "%s", strrchr(scratch_path, '/') + 1);
     for (int i = 0; i < PLOT_COUNT && !missing; i++) {
         rep_plot *pl = &c->plots[i];
         if (!pl->data)
             continue;
-        char script[64], img[4200];
+        char script[64], sdir[4300];
         snprintf(script, sizeof script, "%s.gp", pl->name);
-        /* gnuplot opens its outputs by name and would follow a symlink
-         * planted there: remove whatever is at those names first. */
-        static const char *const exts[2] = {"png", "svg"};
-        for (int k = 0; k < 2; k++) {
-            snprintf(img, sizeof img, "%s/%s.%s", dir, pl->name, exts[k]);
-            unlink(img);
-        }
-        int rc = run_gnuplot(prog, dir, script, out, sizeof out);
+        snprintf(sdir, sizeof sdir, "%s/%s", dir, scratch);
+        int rc = run_gnuplot(prog, dir, scratch, script, out, sizeof out);
         if (rc == 127 && !out[0]) {
             missing = true;
             break;
         }
-        if (rc == 0 && nonempty(dir, pl->name, "png") && nonempty(dir, pl->name, "svg")) {
-            pl->drawn = true;
-            continue;
-        }
-        if (rc == 0)
-            snprintf(line, sizeof line, "no %s.png / %s.svg came out", pl->name, pl->name);
+        kv_err pe = {0};
+        if (rc == 0 && nonempty(sdir, pl->name, "png") && nonempty(sdir, pl->name, "svg")) {
+            if (place_images(dir, scratch, pl->name, &pe) == 0) {
+                pl->drawn = true;
+                continue;
+            }
+            snprintf(line, sizeof line, "%.700s", pe.msg);
+        } else if (rc == 0)
+            snprintf(line, sizeof line, "no whole %s.png / %s.svg came out (a full disk?)",
+                     pl->name, pl->name);
         else if (rc < 0)
             snprintf(line, sizeof line, "could not start it: %s", strerror(errno));
         else
@@ -780,6 +833,8 @@ static void draw(rep_ctx *c, const char *dir)
             snprintf(c->gnuplot_error, sizeof c->gnuplot_error, "gnuplot failed on %s/%s: %s",
                      dir, script, line);
     }
+    if (scratch[0])
+        drop_scratch(dir, scratch, c);
     if (!missing)
         return;
     c->gnuplot_missing = true;

@@ -59,18 +59,26 @@ void report_verdict_line(const cmp_result *r, char *buf, size_t n)
 /* ------------------------------------------------------------------ */
 /* The folder                                                           */
 
-static int ensure_dir(const char *path, kv_err *e)
+/* Every name the report writes, checked before anything is written: a
+ * link, a device or one of the run's inputs (a noise floor kept in the
+ * report folder) at any of them stops the report whole (outfile.h). */
+static int check_targets(const char *outdir, const char *plots, kv_err *e)
 {
-    struct stat sb;
-    if (stat(path, &sb) == 0) {
-        if (!S_ISDIR(sb.st_mode))
-            return kv_errf(e, "%s: exists and is not a folder", path);
-        if (access(path, W_OK | X_OK) != 0)
-            return kv_errf(e, "%s: folder is not writable", path);
-        return 0;
+    static const char *const top[] = {"result.json", "summary.md", "index.html"};
+    static const char *const names[] = {"heatmap", "growth", "positions", "steps"};
+    static const char *const exts[] = {"dat", "gp", "png", "svg"};
+    char path[4300];
+    for (size_t i = 0; i < sizeof top / sizeof *top; i++) {
+        snprintf(path, sizeof path, "%s/%s", outdir, top[i]);
+        if (outfile_check_target(path, e) < 0)
+            return -1;
     }
-    if (mkdir(path, 0777) != 0)
-        return kv_errf(e, "%s: cannot create the folder: %s", path, strerror(errno));
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        for (size_t k = 0; k < sizeof exts / sizeof *exts; k++) {
+            snprintf(path, sizeof path, "%s/%s.%s", plots, names[i], exts[k]);
+            if (outfile_check_target(path, e) < 0)
+                return -1;
+        }
     return 0;
 }
 
@@ -149,8 +157,13 @@ int report_write(const char *outdir, const cmp_result *r, const cmp_source *ref,
     char plots[4200], index[4200];
     snprintf(plots, sizeof plots, "%s/plots", outdir);
     snprintf(index, sizeof index, "%s/index.html", outdir);
-    if (ensure_dir(outdir, e) < 0 || ensure_dir(plots, e) < 0)
+    /* The folder the user named is taken as given; plots/ inside it is
+     * kvdiff's and must be a real folder, never a link to elsewhere. */
+    if (outfile_user_dir(outdir, NULL, e) < 0 || outfile_tool_dir(plots, NULL, e) < 0 ||
+        check_targets(outdir, plots, e) < 0)
         return -1;
+    /* The earlier report's page goes first (a regular file, checked
+     * above): a report that fails midway leaves no page that looks whole. */
     if (unlink(index) != 0 && errno != ENOENT)
         return kv_errf(e, "%s: cannot replace the earlier report: %s", index, strerror(errno));
     rep_ctx c;

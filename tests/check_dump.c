@@ -828,10 +828,11 @@ START_TEST(test_survey)
 }
 END_TEST
 
+/* What libhdf5 does on a damaged heap: loops, burning CPU. */
 static void preflight_hangs(void)
 {
-    for (;;)
-        pause();
+    for (volatile unsigned long x = 0;; x++)
+        ;
 }
 
 static void preflight_crashes(void)
@@ -855,10 +856,8 @@ START_TEST(test_preflight)
     dump_run(&m, false, path, &o);
     dump_hang_guard(1, NULL);
     dump_preflight_child_hook(preflight_hangs);
-    time_t t0 = time(NULL);
     ck_assert_ptr_null(dump_open(path, &e));
     ck_assert_msg(strstr(e.msg, "does not return") != NULL, "%s", e.msg);
-    ck_assert_int_le(time(NULL) - t0, 3);
     dump_preflight_child_hook(preflight_crashes);
     ck_assert_ptr_null(dump_open(path, &e));
     ck_assert_msg(strstr(e.msg, "crashes reading") != NULL, "%s", e.msg);
@@ -874,16 +873,11 @@ START_TEST(test_preflight)
         kv_err ce = {{0}};
         _exit(!dump_open(path, &ce) && strstr(ce.msg, "does not return") ? 0 : 1);
     }
+    /* No clock: the child's CPU limit ends the loop (a hang would meet
+     * the test's own time-out). */
     int st = -1;
-    for (int waited = 0; waited < 100 && waitpid(pid, &st, WNOHANG) == 0; waited++) {
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
-    }
-    if (st == -1) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-    }
-    ck_assert_msg(st != -1 && WIFEXITED(st) && WEXITSTATUS(st) == 0,
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
                   "with the standard descriptors closed the open hangs or succeeds");
     dump_preflight_child_hook(NULL);
     dump_hang_guard(0, NULL);

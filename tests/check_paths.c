@@ -275,12 +275,31 @@ START_TEST(test_report_symlinks_not_followed)
         snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
         ck_assert_int_eq(symlink(victim, at), 0);
     }
+    /* A link where the report writes one of its names is refused before
+     * anything is written: never followed, never removed (it is not the
+     * run's to remove). */
     int rc = cli("report %s %s -o %s", a, b, rep);
-    ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+    ck_assert_msg(rc == 2 && strstr(out, "is a symbolic link") && strstr(out, "plots/heatmap."),
+                  "exit %d\n%s", rc, out);
     ck_assert_str_eq(file_text(victim), "untouched\n");
+    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+        snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
+        ck_assert_msg(is_symlink(at), "%s: the planted link was removed", planted[i]);
+    }
+    snprintf(at, sizeof at, "%s/index.html", rep);
+    ck_assert(!is_regular(at));
+    /* The old temporary names are no longer used: with only those planted
+     * the report is written, and they stay as they were. */
     for (size_t i = 3; i < sizeof planted / sizeof *planted; i++) {
         snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
-        ck_assert_msg(!is_symlink(at), "%s is still the planted link", planted[i]);
+        ck_assert_int_eq(unlink(at), 0);
+    }
+    rc = cli("report %s %s -o %s", a, b, rep);
+    ck_assert_msg(rc == 1, "exit %d\n%s", rc, out);
+    ck_assert_str_eq(file_text(victim), "untouched\n");
+    for (size_t i = 0; i < 3; i++) {
+        snprintf(at, sizeof at, "%s/%s", rep, planted[i]);
+        ck_assert_msg(is_symlink(at), "%s: the planted link was removed", planted[i]);
     }
     snprintf(at, sizeof at, "%s/index.html", rep);
     ck_assert(is_regular(at));

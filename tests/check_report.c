@@ -265,7 +265,7 @@ START_TEST(test_divergent_report)
     ck_assert_ptr_nonnull(strstr(gp, "set label 'window 12'"));
     ck_assert_ptr_nonnull(strstr(gp, "set arrow from 4.5, graph 0"));
     ck_assert_ptr_nonnull(strstr(gp, "set label 'first divergence (attn_lse)' at 4, 0"));
-    ck_assert_ptr_nonnull(strstr(gp, "set output 'heatmap.svg'"));
+    ck_assert_ptr_nonnull(strstr(gp, "set output outdir.'heatmap.svg'"));
     /* positions 0..3 of layer 0 bit-identical, position 4 not */
     ck_assert_ptr_nonnull(strstr(dat, "\n3 0 -12 0\n4 0 "));
     ck_assert_ptr_null(strstr(dat, "\n4 0 -12 0\n"));
@@ -421,7 +421,8 @@ START_TEST(test_gnuplot_fails)
     snprintf(fake, sizeof fake, "%s/fake-gnuplot", dumps);
     FILE *f = fopen(fake, "w");
     fprintf(f, "#!/bin/sh\necho 'warning: font not found' >&2\necho '         ^' >&2\n"
-               "echo \"\\\"$1\\\" line 7: undefined variable: nope\" >&2\nexit 1\n");
+               "for a; do last=$a; done\n"
+               "echo \"\\\"$last\\\" line 7: undefined variable: nope\" >&2\nexit 1\n");
     fclose(f);
     chmod(fake, 0755);
     snprintf(dir, sizeof dir, "%s/failing", dumps);
@@ -509,7 +510,8 @@ START_TEST(test_unwritable_output)
     fclose(f);
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o %s", dumps, dumps, path);
     report_cli(args, 2);
-    ck_assert_msg(strstr(out, "in-the-way: exists and is not a folder"), "%s", out);
+    ck_assert_msg(strstr(out, "in-the-way: exists and is a regular file, not a folder"), "%s",
+                  out);
     ck_assert_int_eq(count(out, "\n"), 1);
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o %s/sub", dumps, dumps, path);
     report_cli(args, 2);
@@ -520,7 +522,8 @@ START_TEST(test_unwritable_output)
     ck_assert_int_eq(system(args), 0);
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o %s", dumps, dumps, path);
     report_cli(args, 2);
-    ck_assert_msg(strstr(out, "plots-in-the-way/plots: exists and is not a folder"), "%s", out);
+    ck_assert_msg(strstr(out, "plots-in-the-way/plots: exists and is a regular file, not a folder"),
+                  "%s", out);
     ck_assert(!exists(path, "index.html"));
     /* a folder nobody may write into (even root cannot create files in /proc/self) */
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o /proc/self", dumps, dumps);

@@ -1115,11 +1115,32 @@ static void on_ggml_abort(const char *message)
     _exit(2);
 }
 
-static volatile sig_atomic_t g_stop;
+static volatile sig_atomic_t g_stop;   /* the signal that stopped the run, or 0 */
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_stop = 1;
+    g_stop = sig;
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : sig == SIGTERM ? "SIGTERM"
+                                                                                : "a signal";
+}
+
+/* What this tool printed must have reached its reader (--help, --time,
+ * --list-tensors): a full disk or a closed pipe behind standard output is
+ * exit 2, as in kvdiff, whichever path led to the exit. */
+static void check_stdout(void)
+{
+    errno = 0;
+    if (fflush(stdout) == 0 && !ferror(stdout))
+        return;
+    char line[200];
+    int n = snprintf(line, sizeof line, TOOL ": cannot write to standard output: %s\n",
+                     errno ? strerror(errno) : "write error");
+    if (n > 0)
+        (void)!write(STDERR_FILENO, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    _exit(2);
 }
 
 /* compute_dtype: llama.cpp's CPU backend keeps activations in f32 (with
@@ -1349,6 +1370,9 @@ static int decode(struct llama_context *ctx, struct llama_batch *b, const int32_
 int main(int argc, char **argv)
 {
     rec_opts o;
+    atexit(check_stdout);
+    outfile_clean_on_signal();
+    outfile_track_inputs(true);   /* no output may replace a file this run read */
     if (parse_args(argc, argv, &o) < 0)
         return 2;
     g_log.verbose = o.verbose;
@@ -1561,8 +1585,12 @@ int main(int argc, char **argv)
         goto fail;
     g_abort.dump = o.out;
     dump_watch_flag(w, &g_stop);
-    signal(SIGINT, on_signal);
-    signal(SIGTERM, on_signal);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);   /* a closed terminal stops it as Ctrl-C does */
     r->obs = dump_observer(w);
 
     const char *why = NULL;
@@ -1591,11 +1619,13 @@ int main(int argc, char **argv)
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (o.timing)
         printf("%.3f\n", (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9);
-    if (!why && r->failed) {
+    char sigwhy[64];
+    if (g_stop) {   /* first: the writer may have stopped the run because of it */
+        snprintf(sigwhy, sizeof sigwhy, "interrupted by %s", signal_name(g_stop));
+        why = sigwhy;
+    } else if (!why && r->failed) {
         snprintf(whybuf, sizeof whybuf, "%s", r->err);
         why = whybuf;
-    } else if (!why && rc == -100) {
-        why = "interrupted";
     } else if (!why && rc == -101) {
         snprintf(whybuf, sizeof whybuf, "llama.cpp's memory refused the planted fault");
         why = whybuf;
@@ -1621,6 +1651,8 @@ int main(int argc, char **argv)
     w = NULL;
     if (why) {
         fprintf(stderr, TOOL ": %s: %s (the dump is marked partial)\n", o.out, why);
+        if (g_stop)   /* as kvdiff run: 128 + the signal */
+            status = 128 + g_stop;
         goto out;
     }
     status = 0;
