@@ -24,6 +24,11 @@
 #define DUMP_FORMAT "kvdiff-dump"
 #define DUMP_VERSION 1
 
+/* The most positions (/tokens entries) a dump may hold: readers load
+ * /tokens whole, and validate refuses what a reader would not read.
+ * 2^26, far past any context a model is run at. */
+#define DUMP_MAX_POSITIONS (1LL << 26)
+
 /* ---------------------------------------------------------------- */
 /* Selection                                                          */
 

@@ -1021,6 +1021,10 @@ int dump_check_file(const dump_file *f, kv_err *e)
         return -1;
     if (t->rank != 1 || t->kind != ELEM_I32)
         return kv_errf(e, "%s: /tokens is not a 1-D int32 dataset", f->path);
+    if (f->n_tokens > DUMP_MAX_POSITIONS)
+        return kv_errf(e, "%s: /tokens claims %lld positions; a dump holds at most %lld (a "
+                          "damaged or hand-made extent)", f->path, (long long)f->n_tokens,
+                       DUMP_MAX_POSITIONS);
     if (!f->has_prompt_length)
         return kv_errf(e, "%s: /tokens has no integer prompt_length attribute", f->path);
     if (H5Lexists(f->file, "model", H5P_DEFAULT) > 0 && !is_group(f->file, "model"))

@@ -467,6 +467,10 @@ static void check_tokens(vstate *v)
         violation(v, "/tokens is not int32.");
     if (s < 0 || H5Sget_simple_extent_ndims(s) != 1 || H5Sget_simple_extent_dims(s, &n, NULL) < 0)
         violation(v, "/tokens is not 1-D.");
+    else if (n > (hsize_t)DUMP_MAX_POSITIONS)
+        /* what every reader refuses: it loads /tokens whole */
+        violation(v, "/tokens claims %llu positions; a dump holds at most %lld, and no reader "
+                     "reads more.", (unsigned long long)n, DUMP_MAX_POSITIONS);
     else
         v->have_tokens = true, v->n_tokens = (int64_t)n;
     dump_h5_close(t);

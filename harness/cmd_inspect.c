@@ -174,10 +174,13 @@ int cmd_validate(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (n > 0) {
-        fprintf(stderr, "kvdiff validate: %s: %d violation%s of the dump schema v%d\n", argv[1], n,
-                n == 1 ? "" : "s", DUMP_VERSION);
+        fputs("kvdiff validate: ", stderr);
+        cli_fputs_escaped(argv[1], stderr, false);   /* a file name: anything */
+        fprintf(stderr, ": %d violation%s of the dump schema v%d\n", n, n == 1 ? "" : "s",
+                DUMP_VERSION);
         return EXIT_USAGE;
     }
-    printf("%s: conforms to the kvdiff dump schema v%d\n", argv[1], DUMP_VERSION);
+    cli_fputs_escaped(argv[1], stdout, false);
+    printf(": conforms to the kvdiff dump schema v%d\n", DUMP_VERSION);
     return EXIT_OK;
 }

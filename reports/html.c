@@ -17,7 +17,13 @@ static void esc(FILE *f, const char *s)
         case '>': fputs("&gt;", f); break;
         case '"': fputs("&quot;", f); break;
         case '\'': fputs("&#39;", f); break;
-        default: fputc(*s, f);
+        default:
+            /* a control byte from a file name or a dump string is shown,
+             * not passed on to whatever displays the page's text */
+            if (((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n') || *s == 0x7f)
+                fprintf(f, "\\x%02x", (unsigned char)*s);
+            else
+                fputc(*s, f);
         }
     }
 }

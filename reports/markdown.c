@@ -5,13 +5,16 @@
 #include <string.h>
 
 #include "rep_internal.h"
+#include "../model/text.h"
 
 /* Backslash-escapes what Markdown (and the HTML it allows) would act on. */
 static void md(FILE *f, const char *s)
 {
     for (; s && *s; s++) {
-        if (*s == '\n' || *s == '\r') {
-            fputc(' ', f);
+        /* a control byte from a file name or a dump string is shown as
+         * \xNN (its backslash escaped for Markdown), never passed on */
+        if (((unsigned char)*s < 0x20 && *s != '\t') || *s == 0x7f) {
+            fprintf(f, "\\\\x%02x", (unsigned char)*s);
             continue;
         }
         if (strchr("\\`*_{}[]|<>&~", *s))
@@ -143,7 +146,7 @@ void rep_markdown_write(const rep_ctx *c, FILE *f)
     const int n = fence_len(c->text);
     fprintf(f, "\n<details><summary>kvdiff compare output</summary>\n\n%.*s\n", n,
             "~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~");
-    fputs(c->text ? c->text : "", f);
+    kv_fputs_escaped(c->text ? c->text : "", f, true);
     if (c->text && c->text[0] && c->text[strlen(c->text) - 1] != '\n')
         fputs("\n", f);
     fprintf(f, "%.*s\n\n</details>\n", n,

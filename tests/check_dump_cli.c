@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <hdf5.h>
+
 #include "dump/dump.h"
 #include "testutil.h"
 
@@ -339,6 +341,72 @@ START_TEST(test_refused_run_writes_no_dump)
 }
 END_TEST
 
+/* validate says "conforms" only for what every reader reads: /tokens
+ * extended (unwritten) to 2^33 entries is a violation there and an error
+ * in compare, both naming the limit, never "out of memory". */
+START_TEST(test_validate_refuses_what_readers_refuse)
+{
+    char dir[64], path[128], args[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/big.h5", dir);
+    snprintf(args, sizeof args, "run --model tiny-llama --prompt-random 6 --max-new 2 --dump %s",
+             path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert_int_ge(f, 0);
+    hid_t d = H5Dopen2(f, "tokens", H5P_DEFAULT);
+    hsize_t n = 1ULL << 33;
+    ck_assert_int_ge(H5Dset_extent(d, &n), 0);
+    H5Dclose(d);
+    H5Fclose(f);
+    snprintf(args, sizeof args, "validate %s", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "/tokens claims 8589934592 positions; a dump holds at most "
+                              "67108864") && !strstr(out, "conforms"), "%s", out);
+    snprintf(args, sizeof args, "compare %s %s", path, path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 2, "%s", out);
+    ck_assert_msg(strstr(out, "/tokens claims 8589934592 positions") &&
+                      !strstr(out, "out of memory"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* A file name with ESC, CR and LF in it: every line a terminal or a
+ * Markdown viewer shows carries it escaped, never raw. */
+START_TEST(test_control_characters_escaped)
+{
+    char dir[64], path[160], args[1024], rep[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/a\033[31mRED\rb\nc.h5", dir);
+    snprintf(args, sizeof args, "run --model tiny-llama --prompt-random 6 --max-new 2 "
+             "--dump '%s'", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "validate '%s'", path);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "a\\x1b[31mRED\\x0db\\x0ac.h5: conforms") &&
+                      !strchr(out, '\033') && !strchr(out, '\r'), "%s", out);
+    ck_assert_int_eq(strchr(out, '\n')[1], 0);   /* one line */
+    snprintf(rep, sizeof rep, "%s/rp", dir);
+    snprintf(args, sizeof args, "report '%s' '%s' -o %s", path, path, rep);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    static const char *const pages[] = {"summary.md", "index.html"};
+    for (int i = 0; i < 2; i++) {
+        char p[256];
+        snprintf(p, sizeof p, "%s/%s", rep, pages[i]);
+        FILE *f = fopen(p, "rb");
+        ck_assert_ptr_nonnull(f);
+        int c, esc = 0, cr = 0;
+        while ((c = fgetc(f)) != EOF) {
+            esc += c == 033;
+            cr += c == '\r';
+        }
+        fclose(f);
+        ck_assert_msg(esc == 0 && cr == 0, "%s: %d ESC, %d CR", pages[i], esc, cr);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *dump_cli_suite(void)
 {
     Suite *s = suite_create("dump_cli");
@@ -351,6 +419,8 @@ Suite *dump_cli_suite(void)
     tcase_add_test(tc, test_file_size_limit);
     tcase_add_test(tc, test_file_size_limit_every_writer);
     tcase_add_test(tc, test_refused_run_writes_no_dump);
+    tcase_add_test(tc, test_validate_refuses_what_readers_refuse);
+    tcase_add_test(tc, test_control_characters_escaped);
     suite_add_tcase(s, tc);
     return s;
 }
