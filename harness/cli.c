@@ -229,7 +229,7 @@ static int encode_prompt(const char *opt, const char *text, size_t len,
     if (!tok)
         return kv_errf(e, "%s: text needs a tokenizer.json and %s has none; give ids with "
                        "--prompt-tokens or --prompt-ids-file", opt, mo->model);
-    if (tok_encode_prompt(tok, text, len, m->cfg.vocab, ids, n, e) < 0)
+    if (tok_encode_prompt(tok, text, len, m->cfg.vocab, m->cfg.max_positions, ids, n, e) < 0)
         return kv_err_prefix(e, opt);
     return 0;
 }

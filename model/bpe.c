@@ -61,6 +61,7 @@ typedef struct {
     int32_t *v;
     size_t n, cap;
     bool oom;
+    size_t max;   /* the most ids wanted (0: any number) */
 } ibuf;
 
 static void ib_put(ibuf *b, int32_t id)
@@ -271,6 +272,7 @@ struct bpe_encoder {
     size_t n_pre;
     int32_t *prefix, *suffix;   /* post-processor's special tokens */
     size_t n_prefix, n_suffix;
+    size_t longest;             /* bytes of the longest vocabulary entry */
 };
 
 static const char *type_of(const json_t *o)
@@ -329,6 +331,8 @@ static int build_vocab(bpe_encoder *b, const json_t *model, build_ctx *c)
         size_t n = json_object_iter_key_len(json_object_key_to_iter(key));
         if (sm_set(&b->vocab, key, n, (int32_t)json_integer_value(v)) < 0)
             return oom(c);
+        /* an id covers a vocabulary entry, or one character (unk): 4 bytes */
+        b->longest = n > b->longest ? n : b->longest < 4 ? 4 : b->longest;
     }
     for (int i = 0; i < 256; i++) {
         char tok[8];
@@ -784,7 +788,7 @@ static int build_template(bpe_encoder *b, const json_t *p, build_ctx *c)
     if (!json_is_array(single))
         return kv_errf(c->e, "%s: post_processor TemplateProcessing has no single template",
                        c->name);
-    ibuf pre = { NULL, 0, 0, false }, post = { NULL, 0, 0, false };
+    ibuf pre = { NULL, 0, 0, false, 0 }, post = { NULL, 0, 0, false, 0 };
     bool seen_a = false;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i < json_array_size(single); i++) {
@@ -1437,11 +1441,23 @@ typedef struct {
 
 /* Normalizes, pre-tokenizes and merges one stretch of text with no added
  * token in it. first: the stretch starts the text. */
+static int too_many(const ibuf *out, kv_err *e)
+{
+    return kv_errf(e, "the text makes more than %zu tokens", out->max);
+}
+
 static int encode_plain(const bpe_encoder *b, scratch *w, const char *s, size_t n, bool first,
                         ibuf *out, kv_err *e)
 {
     if (n == 0)
         return 0;
+    /* One id covers at most the longest entry's bytes: a text that needs
+     * more ids than are wanted is refused before it is split (a long
+     * prompt through a normalizer that grows it must not take gigabytes
+     * first). */
+    const size_t room = out->max > out->n ? out->max - out->n : 0;
+    if (out->max && b->longest && n / b->longest > room)
+        return too_many(out, e);
     pieces *cur = &w->pre.a, *next = &w->pre.b;
     pc_clear(cur);
     pc_add(cur, s, n);
@@ -1455,6 +1471,9 @@ static int encode_plain(const bpe_encoder *b, scratch *w, const char *s, size_t 
     }
     if (cur->oom)
         return kv_errf(e, "out of memory pre-tokenizing the text");
+    /* every piece makes at least one id */
+    if (out->max && cur->n > out->max - (out->n < out->max ? out->n : out->max))
+        return too_many(out, e);
     for (size_t i = 0; i < cur->n; i++)
         if (bpe_word(b, &w->bpe, cur->buf.p + cur->off[i], cur->len[i], out, e) < 0)
             return -1;
@@ -1552,7 +1571,7 @@ static int split_added(const bpe_encoder *b, scratch *w, const trie *t, const ch
 }
 
 int bpe_encode(const bpe_encoder *b, const char *text, size_t len, int add_special,
-               int32_t **ids, size_t *n, kv_err *e)
+               size_t max_ids, int32_t **ids, size_t *n, kv_err *e)
 {
     *ids = NULL;
     *n = 0;
@@ -1563,7 +1582,7 @@ int bpe_encode(const bpe_encoder *b, const char *text, size_t len, int add_speci
     memset(&w, 0, sizeof w);
     w.pre.md = pcre2_match_data_create(1, NULL);
     byte_level_chars(w.pre.bl, w.pre.bl_len);
-    ibuf out = { NULL, 0, 0, false };
+    ibuf out = { NULL, 0, 0, false, max_ids };
     int rc = w.pre.md ? 0 : kv_errf(e, "out of memory");
     for (size_t i = 0; rc == 0 && add_special && i < b->n_prefix; i++)
         ib_put(&out, b->prefix[i]);
@@ -1573,6 +1592,8 @@ int bpe_encode(const bpe_encoder *b, const char *text, size_t len, int add_speci
         ib_put(&out, b->suffix[i]);
     if (rc == 0 && out.oom)
         rc = kv_errf(e, "out of memory for the token ids");
+    if (rc == 0 && max_ids && out.n > max_ids)
+        rc = too_many(&out, e);
     pc_free(&w.pre.a);
     pc_free(&w.pre.b);
     free(w.pre.tmp.p);

@@ -35,9 +35,12 @@ int bpe_build(const json_t *root, const char *name, bpe_encoder **out, char *why
 /* Encodes len bytes of UTF-8 text (no NUL needed) into *ids (malloc'd,
  * caller frees) and *n, with the post-processor's special tokens when
  * add_special is nonzero. Returns -1 with e filled when the text is not
- * valid UTF-8 or a piece has no token (no byte fallback and no unk_token). */
+ * valid UTF-8 or a piece has no token (no byte fallback and no unk_token).
+ * max_ids > 0: a text that makes more ids is refused ("the text makes
+ * more than N tokens"), as early as the work done shows it, before the
+ * memory a long text's pieces would take. */
 int bpe_encode(const bpe_encoder *b, const char *text, size_t len, int add_special,
-               int32_t **ids, size_t *n, kv_err *e);
+               size_t max_ids, int32_t **ids, size_t *n, kv_err *e);
 
 /* Frees b (NULL is fine). */
 void bpe_free(bpe_encoder *b);

@@ -546,8 +546,8 @@ void tok_free(kv_tokenizer *t)
 
 /* ---- encoding ----------------------------------------------------------- */
 
-int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_special,
-               int32_t **ids, int *n, kv_err *e)
+static int encode_max(const kv_tokenizer *t, const char *text, size_t len, int add_special,
+                      size_t max_ids, int32_t **ids, int *n, kv_err *e)
 {
     if (!ids || !n)
         return kv_errf(e, "tok_encode: nowhere to put the ids");
@@ -561,7 +561,7 @@ int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_spec
         return kv_errf(e, "tok_encode: no text");
     int32_t *out = NULL;
     size_t count = 0;
-    if (bpe_encode(t->enc, text ? text : "", len, add_special, &out, &count, e) < 0)
+    if (bpe_encode(t->enc, text ? text : "", len, add_special, max_ids, &out, &count, e) < 0)
         return kv_err_prefix(e, t->name);
     if (count > INT32_MAX) {
         free(out);
@@ -571,6 +571,12 @@ int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_spec
     *ids = out;
     *n = (int)count;
     return 0;
+}
+
+int tok_encode(const kv_tokenizer *t, const char *text, size_t len, int add_special,
+               int32_t **ids, int *n, kv_err *e)
+{
+    return encode_max(t, text, len, add_special, 0, ids, n, e);
 }
 
 int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t note_n,
@@ -602,12 +608,16 @@ int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t n
 }
 
 int tok_encode_prompt(const kv_tokenizer *t, const char *text, size_t len, int model_vocab,
-                      int32_t **ids, int *n, kv_err *e)
+                      int max_ids, int32_t **ids, int *n, kv_err *e)
 {
     *ids = NULL;
     *n = 0;
-    if (tok_encode(t, text, len, 1, ids, n, e) < 0)
+    if (encode_max(t, text, len, 1, max_ids > 0 ? (size_t)max_ids : 0, ids, n, e) < 0) {
+        if (max_ids > 0 && strstr(e->msg, "the text makes more than"))
+            kv_errf(e, "the text makes more than %d tokens, the most positions the model "
+                       "runs (max_position_embeddings)", max_ids);
         return -1;
+    }
     for (int i = 0; i < *n; i++) {
         if ((*ids)[i] >= model_vocab) {
             char piece[64] = "";

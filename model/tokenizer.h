@@ -65,9 +65,11 @@ int tok_check_vocab(const kv_tokenizer *t, int model_vocab, char *note, size_t n
  * `text:` prompts encode it: tok_encode with the special tokens, then
  * refused (-1, e without a prefix: the caller names the option or file) when
  * an id lies past the model's model_vocab ids (an added token such as
- * Gemma 3's image placeholder) or when the text makes no tokens. */
+ * Gemma 3's image placeholder) or when the text makes no tokens; max_ids
+ * > 0 (the model's positions): a text making more is refused as soon as
+ * that shows, before a long text takes its memory. */
 int tok_encode_prompt(const kv_tokenizer *t, const char *text, size_t len, int model_vocab,
-                      int32_t **ids, int *n, kv_err *e);
+                      int max_ids, int32_t **ids, int *n, kv_err *e);
 
 /* The largest prompt text file tok_read_text reads. */
 #define TOK_TEXT_MAX (64 << 20)

@@ -492,7 +492,7 @@ static int encode_text_prompt(const suite_case *c, int32_t **ids, int *n, kv_err
     if (rc == 0 && file)
         rc = tok_read_text(c->prompt.text, &text, &len, e);
     if (rc == 0)
-        rc = tok_encode_prompt(tok, text, len, cfg.vocab, ids, n, e);
+        rc = tok_encode_prompt(tok, text, len, cfg.vocab, cfg.max_positions, ids, n, e);
     if (file && text != c->prompt.text)
         free(text);
     tok_free(tok);

@@ -234,6 +234,39 @@ START_TEST(normalizer_growth_bounded)
 }
 END_TEST
 
+/* A legal normalizer that makes the text 15 times longer, and a 2 MB
+ * prompt: refused for its length (the model's positions) as soon as the
+ * normalized text shows it, before pre-tokenizing and merging it. */
+START_TEST(long_prompt_refused_before_encoding)
+{
+    static const char json[] =
+        "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"String\": \"a\"}, "
+        "\"content\": \"aaaaaaaaaaaaaaa\"}, \"model\": {\"type\": \"BPE\", "
+        "\"byte_fallback\": false, \"unk_token\": \"<unk>\", \"vocab\": {\"<unk>\": 0, "
+        "\"a\": 1, \"aa\": 2}, \"merges\": [[\"a\", \"a\"]]}}";
+    kv_tokenizer *t = load_json(json);
+    const size_t len = 2u << 20;
+    char *text = malloc(len);
+    ck_assert_ptr_nonnull(text);
+    memset(text, 'a', len);
+    int32_t *ids = NULL;
+    int n = 0;
+    kv_err e = {{0}};
+    ck_assert_int_eq(tok_encode_prompt(t, text, len, 3, 4096, &ids, &n, &e), -1);
+    ck_assert_msg(strstr(e.msg, "the text makes more than 4096 tokens, the most positions the "
+                                "model runs"), "%s", e.msg);
+    ck_assert_ptr_null(ids);
+    /* within the limit it encodes as before: 15 "a" make 7 "aa" and one "a" */
+    ck_assert_int_eq(tok_encode_prompt(t, text, 1, 3, 8, &ids, &n, &e), 0);
+    ck_assert_int_eq(n, 8);
+    free(ids);
+    ck_assert_int_eq(tok_encode_prompt(t, text, 1, 3, 7, &ids, &n, &e), -1);
+    ck_assert_msg(strstr(e.msg, "more than 7 tokens"), "%s", e.msg);
+    free(text);
+    tok_free(t);
+}
+END_TEST
+
 /* Gemma's way: spaces become "▁", BOS comes from the template, characters
  * without a token fall back to their bytes. */
 START_TEST(sentencepiece_bos_and_byte_fallback)
@@ -531,6 +564,7 @@ Suite *encode_suite(void)
     tcase_add_test(tc, merges_follow_rank);
     tcase_add_test(tc, long_word_merges);
     tcase_add_test(tc, normalizer_growth_bounded);
+    tcase_add_test(tc, long_prompt_refused_before_encoding);
     tcase_add_test(tc, sentencepiece_bos_and_byte_fallback);
     tcase_add_test(tc, added_tokens_and_flags);
     tcase_add_test(tc, nfc_normalizer);
