@@ -301,9 +301,12 @@ START_TEST(test_file_size_limit_every_writer)
             snprintf(ls, sizeof ls, "%s/%s", dir, c[i].left);
             ck_assert_msg(access(ls, F_OK) != 0, "%s left %s", verb, ls);
         }
-        /* no temporary file anywhere in the folder */
-        snprintf(ls, sizeof ls, "find %s -name '*.tmp*' | grep -q .", dir);
+        /* no temporary file (".NAME.XXXXXXXXXX", gnuplot's .draw.XXXXXX)
+         * and no empty file (a plot cut short) anywhere in the folder */
+        snprintf(ls, sizeof ls, "find %s -name '.*' ! -name . | grep -q .", dir);
         ck_assert_msg(system(ls) != 0, "%s left a temporary file", verb);
+        snprintf(ls, sizeof ls, "find %s -type f -size 0 | grep -q .", dir);
+        ck_assert_msg(system(ls) != 0, "%s left an empty file", verb);
     }
     test_rmtree(dir);
 }
