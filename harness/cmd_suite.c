@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "progress.h"
 #include "verbs.h"
+#include "../model/outfile.h"
 #include "../suites/suite.h"
 
 static void suite_usage(FILE *f)
@@ -36,11 +37,16 @@ static void suite_usage(FILE *f)
             "  --shard I/N     run the I-th of N shards (I from 1): cases I, I+N, I+2N, ...\n"
             "                  of those the filter selects, in file order\n"
             "  --filter RE     only cases whose name matches RE (POSIX extended)\n"
-            "  --junit FILE    also write JUnit XML\n"
+            "  --junit FILE    also write JUnit XML (checked before any case runs: a link,\n"
+            "                  FIFO or device there, or a file the suite reads, is refused)\n"
             "  --keep DIR      work folder (created if missing); default a fresh\n"
             "                  $TMPDIR/kvdiff-suite.XXXXXX, removed when every case passes.\n"
-            "                  A failed case keeps DIR/CASE/ (a.h5, b.h5, compare.json,\n"
-            "                  log.txt, report/); a passing case's files are deleted\n"
+            "                  Each case works in DIR/CASE/, marked by a .kvdiff-case file;\n"
+            "                  a failed case keeps it (a.h5, b.h5, compare.json, log.txt,\n"
+            "                  report/), a passing case's folder is deleted. A DIR/CASE\n"
+            "                  that is there without the mark (not made by kvdiff suite),\n"
+            "                  or that holds a file the suite reads, stops the suite before\n"
+            "                  any case runs (exit 2) and is left alone\n"
             "  --timeout S     seconds one kvdiff process of a case may take before it is\n"
             "                  killed and the case counts as an error (default 600; 0: none)\n"
             "  --list          print the selected cases and exit\n"
@@ -51,7 +57,7 @@ static void suite_usage(FILE *f)
             "  kvdiff suite suites/release.suite --jobs 2 --junit junit.xml\n"
             "  kvdiff suite suites/release.suite --list --filter window\n"
             "  kvdiff suite suites/release.suite --shard 2/4 -q     # CI machine 2 of 4\n"
-            "  kvdiff suite my.suite --keep work/                     # keep every case's files\n");
+            "  kvdiff suite my.suite --keep work/     # failed cases' files stay in work/CASE/\n");
 }
 
 typedef struct {
@@ -205,19 +211,18 @@ static int print_failures(const suite *s, const int *sel, int n, const suite_res
 /* ------------------------------------------------------------------ */
 /* Work folder and binary                                               */
 
-/* Fills dir with the work folder: --keep DIR (made if missing) or a fresh
- * one under $TMPDIR. *fresh says which. */
-static int work_folder(const char *keep, char *dir, size_t n, bool *fresh, kv_err *e)
+/* Fills dir with the work folder: --keep DIR (made if missing: *made) or
+ * a fresh one under $TMPDIR. *fresh says which. */
+static int work_folder(const char *keep, char *dir, size_t n, bool *fresh, bool *made,
+                       kv_err *e)
 {
     *fresh = keep == NULL;
+    *made = false;
     if (keep) {
-        struct stat st;
-        if (mkdir(keep, 0755) < 0 && errno != EEXIST)
-            return kv_errf(e, "--keep %s: cannot create: %s", keep, strerror(errno));
-        if (stat(keep, &st) < 0 || !S_ISDIR(st.st_mode))
-            return kv_errf(e, "--keep %s: not a folder", keep);
         if ((size_t)snprintf(dir, n, "%s", keep) >= n)
             return kv_errf(e, "--keep %s: path too long", keep);
+        if (outfile_user_dir(keep, made, e) < 0)
+            return kv_err_prefix(e, "--keep");
         return 0;
     }
     const char *tmp = getenv("TMPDIR");
@@ -227,6 +232,36 @@ static int work_folder(const char *keep, char *dir, size_t n, bool *fresh, kv_er
         return kv_errf(e, "TMPDIR %s: path too long", tmp);
     if (!mkdtemp(dir))
         return kv_errf(e, "cannot create a work folder under %s: %s", tmp, strerror(errno));
+    return 0;
+}
+
+/* Before any case runs, what would fail or do harm only once they ran:
+ * the JUnit target (a link, FIFO, device or one of the run's inputs
+ * there), a DIR/CASE of --keep DIR the suite did not make (a user's
+ * folder, a model folder a case reads), and a JUnit file inside a case
+ * folder (emptied when its case starts, removed when it passes). */
+static int check_outputs(const suite_args *a, const suite *s, const int *sel, int n,
+                         const char *dir, kv_err *e)
+{
+    char folder[PATH_MAX], real_case[PATH_MAX], jdir[PATH_MAX], real_j[PATH_MAX];
+    bool junit_dir = false;
+    if (a->junit) {
+        cli_parent_dir(a->junit, strrchr(a->junit, '/'), jdir, sizeof jdir);
+        junit_dir = realpath(jdir, real_j) != NULL;
+    }
+    for (int i = 0; a->keep && i < n; i++) {
+        const char *name = s->cases[sel[i]].name;
+        if ((size_t)snprintf(folder, sizeof folder, "%s/%s", dir, name) >= sizeof folder)
+            return kv_errf(e, "--keep %s: path too long", dir);
+        if (suite_case_folder_check(folder, e) < 0)
+            return kv_err_prefix(e, "--keep");
+        size_t len = realpath(folder, real_case) ? strlen(real_case) : 0;
+        if (junit_dir && len && !strncmp(real_j, real_case, len) &&
+            (real_j[len] == '/' || !real_j[len]))
+            return kv_errf(e, "--junit %s: is inside case %s's folder %s, which the suite "
+                           "empties when the case starts; write it elsewhere", a->junit, name,
+                           folder);
+    }
     return 0;
 }
 
@@ -290,9 +325,21 @@ static void print_summary(int n, const suite_result *res, int jobs)
 static int run_selected(const suite_args *a, const suite *s, const int *sel, int n, kv_err *e)
 {
     char dir[PATH_MAX], bin[PATH_MAX];
-    bool fresh;
-    if (self_path(bin, sizeof bin, e) < 0 || work_folder(a->keep, dir, sizeof dir, &fresh, e) < 0)
+    bool fresh, made;
+    if (self_path(bin, sizeof bin, e) < 0)
         return -1;
+    /* every file the cases read is an input no output may replace; the
+     * JUnit target is checked now, not after minutes of cases */
+    suite_note_inputs(s, sel, n, bin);
+    if (a->junit && outfile_check_target(a->junit, e) < 0)
+        return kv_err_prefix(e, "--junit");
+    if (work_folder(a->keep, dir, sizeof dir, &fresh, &made, e) < 0)
+        return -1;
+    if (check_outputs(a, s, sel, n, dir, e) < 0) {
+        if (made)
+            rmdir(dir);   /* made a moment ago, empty */
+        return -1;
+    }
     suite_result *res = calloc((size_t)n + 1, sizeof *res);
     if (!res)
         return kv_errf(e, "out of memory");

@@ -7,6 +7,7 @@
  * keys) and refuses lines longer than inih's buffer (inih would silently
  * cut them in two). After the pass, [defaults] fills what cases leave out
  * and every case must be complete. */
+#include <ctype.h>
 #include <errno.h>
 #include <ini.h>
 #include <jansson.h>
@@ -585,6 +586,1065 @@ int suite_split_command(const char *text, char ***argv, int *argc, kv_err *e)
     return 0;
 }
 
+/* ------------------------------------------------------------------ */
+/* exec: commands: which words a shell reads as code                    */
+
+/* An exec: side runs its command without a shell, but the command may
+ * start one (sh -c CODE), itself or through wrappers that run the rest of
+ * their words as a command (env, timeout, nice, xargs, ...). A value put
+ * in for a placeholder names a path the user chose (--keep, TMPDIR) and
+ * must reach the program as that path, never as code: in a POSIX shell's
+ * code each value is quoted as the shell reads it where it stands. So the
+ * words are read the way their programs read them: a wrapper's options
+ * by that wrapper's grammar, a shell's options up to its code, and the
+ * code walked as the shell walks it (quotes, $(...), subshells) down to
+ * its simple commands, each read the same way. Where a value would be
+ * parsed by something the suite cannot quote for (a shell inside shell
+ * code, eval, python -c, a program it does not know followed by a shell,
+ * `...`, ${...}), the file is refused: a guess would run the folder's
+ * name. {max_new} is digits and may stand anywhere. */
+
+enum { PH_MAX_NEW = 2 };
+
+static int ph_at(const char *p)
+{
+    if (*p != '{')
+        return -1;
+    for (int k = 0; placeholders[k]; k++)
+        if (!strncmp(p, placeholders[k], strlen(placeholders[k])))
+            return k;
+    return -1;
+}
+
+/* The first placeholder in w whose value is a path ({model}, {tokens},
+ * {dump}), or NULL. */
+static const char *path_ph(const char *w)
+{
+    for (const char *p = strchr(w, '{'); p; p = strchr(p + 1, '{')) {
+        int k = ph_at(p);
+        if (k >= 0 && k != PH_MAX_NEW)
+            return placeholders[k];
+    }
+    return NULL;
+}
+
+/* The same in s[0..n) (s goes on past n). */
+static const char *path_ph_in(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int k = ph_at(s + i);
+        if (k >= 0 && k != PH_MAX_NEW && i + strlen(placeholders[k]) <= n)
+            return placeholders[k];
+    }
+    return NULL;
+}
+
+/* The same over the words w[from..n). */
+static const char *path_ph_from(char *const *w, int from, int n)
+{
+    for (int i = from; i < n; i++) {
+        const char *ph = path_ph(w[i]);
+        if (ph)
+            return ph;
+    }
+    return NULL;
+}
+
+static const char *base_of(const char *w)
+{
+    const char *s = strrchr(w, '/');
+    return s ? s + 1 : w;
+}
+
+static bool in_list(const char *w, const char *const *list)
+{
+    for (int i = 0; list && list[i]; i++)
+        if (!strcmp(w, list[i]))
+            return true;
+    return false;
+}
+
+/* name[0..len) is a long option of list or, as getopt takes it, the
+ * start of one. */
+static bool long_match(const char *name, size_t len, const char *const *list)
+{
+    for (int i = 0; len > 0 && list && list[i]; i++)
+        if (!strncmp(list[i], name, len))
+            return true;
+    return false;
+}
+
+static bool all_digits(const char *s)
+{
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (*s < '0' || *s > '9')
+            return false;
+    return true;
+}
+
+/* "-c", "-ec", "-xc": a shell's flags with c among them. */
+static bool c_flag(const char *o)
+{
+    if (o[0] != '-' || !o[1] || !strchr(o, 'c'))
+        return false;
+    for (const char *p = o + 1; *p; p++)
+        if (!isalpha((unsigned char)*p))
+            return false;
+    return true;
+}
+
+static const char *const posix_shells[] = {"sh", "bash", "dash", "zsh", "ksh", "ksh93", "mksh",
+                                           "pdksh", "lksh", "oksh", "ash", "hush", "yash",
+                                           "posh", "rbash", NULL};
+/* Shells whose quoting is not POSIX's: their code is not quoted for. */
+static const char *const other_shells[] = {"csh", "tcsh", "fish", "rc", "es", "nu", "xonsh",
+                                           "elvish", "pwsh", "powershell", NULL};
+
+static bool is_shell(const char *name)
+{
+    return in_list(name, posix_shells) || in_list(name, other_shells);
+}
+
+/* A program that runs the rest of its words as a command, after its own
+ * options (GNU coreutils' and util-linux' grammars, and the shell
+ * builtins that do the same inside shell code). */
+typedef struct {
+    const char *name;
+    const char *arg;              /* short options taking an argument */
+    const char *const *larg;      /* long options taking one (--opt VALUE, --opt=VALUE) */
+    const char *stop;             /* short options after which no command runs (chrt -p PID) */
+    const char *const *lstop;
+    const char *shell;            /* short options handing the command to a shell or a
+                                   * splitter of its own (env -S, sudo -s) */
+    const char *const *lshell;
+    int operands;                 /* words before the command (timeout DURATION, taskset MASK) */
+    bool numeric_operand;         /* ... taken only when a number (chrt PRIORITY) */
+    bool assignments;             /* NAME=VALUE words before the command (env) */
+} wrapper;
+
+static const char *const env_larg[] = {"unset", "chdir", "split-string", NULL};
+static const char *const env_lshell[] = {"split-string", NULL};
+static const char *const timeout_larg[] = {"kill-after", "signal", NULL};
+static const char *const nice_larg[] = {"adjustment", NULL};
+static const char *const stdbuf_larg[] = {"input", "output", "error", NULL};
+static const char *const xargs_larg[] = {"arg-file", "delimiter", "max-args", "max-procs",
+                                         "max-chars", "process-slot-var", NULL};
+static const char *const time_larg[] = {"format", "output", NULL};
+static const char *const ionice_larg[] = {"class", "classdata", NULL};
+static const char *const ionice_lstop[] = {"pid", "pgid", "uid", NULL};
+static const char *const chrt_larg[] = {"sched-runtime", "sched-period", "sched-deadline", NULL};
+static const char *const chrt_lstop[] = {"pid", "max", NULL};
+static const char *const taskset_lstop[] = {"pid", NULL};
+static const char *const sudo_larg[] = {"user", "group", "close-from", "chdir", "host",
+                                        "prompt", "role", "type", "command-timeout",
+                                        "other-user", NULL};
+static const char *const sudo_lshell[] = {"shell", "login", NULL};
+
+static const wrapper wrappers[] = {
+    {.name = "env", .arg = "uCS", .larg = env_larg, .shell = "S", .lshell = env_lshell,
+     .assignments = true},
+    {.name = "timeout", .arg = "ks", .larg = timeout_larg, .operands = 1},
+    {.name = "nice", .arg = "n", .larg = nice_larg},
+    {.name = "stdbuf", .arg = "ioe", .larg = stdbuf_larg},
+    {.name = "nohup"},
+    {.name = "setsid"},
+    {.name = "xargs", .arg = "adEILnPs", .larg = xargs_larg},
+    {.name = "time", .arg = "fo", .larg = time_larg},
+    {.name = "command", .stop = "vV"},
+    {.name = "exec", .arg = "a"},
+    {.name = "builtin"},
+    {.name = "ionice", .arg = "cn", .larg = ionice_larg, .stop = "pPu", .lstop = ionice_lstop},
+    {.name = "chrt", .arg = "TPD", .larg = chrt_larg, .stop = "pm", .lstop = chrt_lstop,
+     .operands = 1, .numeric_operand = true},
+    {.name = "taskset", .stop = "p", .lstop = taskset_lstop, .operands = 1},
+    {.name = "sudo", .arg = "ugCDprtTU", .larg = sudo_larg, .stop = "elLvKV", .shell = "si",
+     .lshell = sudo_lshell},
+    {.name = "doas", .arg = "uC", .shell = "s"},
+};
+
+static const wrapper *find_wrapper(const char *name)
+{
+    for (size_t i = 0; i < sizeof wrappers / sizeof *wrappers; i++)
+        if (!strcmp(name, wrappers[i].name))
+            return &wrappers[i];
+    return NULL;
+}
+
+/* An interpreter whose code may come on its command line. */
+typedef struct {
+    const char *name;             /* base name; a version may follow (python3.11, lua5.4) */
+    const char *lang;
+    const char *code;             /* short options whose argument is code (python -c) */
+    const char *const *lcode;
+    const char *file;             /* short options naming a program file (awk -f) */
+    const char *const *lfile;
+    const char *arg;              /* short options with another argument */
+    const char *const *larg;
+    const char *attached;         /* options whose argument is the rest of the group only */
+    const char *digits;           /* options followed by digits only (perl -l, -0) */
+    const char *stop;             /* short options after which the words are arguments (python -m) */
+    bool code_ends;               /* the words after the code are arguments (python) */
+    bool program_operand;         /* the first operand is the program unless a code or
+                                   * file option came (awk, sed) */
+} interp;
+
+static const char *const node_lcode[] = {"eval", "print", NULL};
+static const char *const node_larg[] = {"require", "import", "loader", "input-type", NULL};
+static const char *const awk_lcode[] = {"source", NULL};
+static const char *const awk_lfile[] = {"file", NULL};
+static const char *const awk_larg[] = {"assign", "field-separator", "include", "load", NULL};
+static const char *const sed_lcode[] = {"expression", NULL};
+static const char *const sed_larg[] = {"line-length", NULL};
+
+static const interp interps[] = {
+    {.name = "python", .lang = "Python", .code = "c", .arg = "WX", .stop = "m", .code_ends = true},
+    {.name = "pypy", .lang = "Python", .code = "c", .arg = "WX", .stop = "m", .code_ends = true},
+    {.name = "perl", .lang = "Perl", .code = "eE", .arg = "I", .attached = "MmidxDCF",
+     .digits = "l0"},
+    {.name = "ruby", .lang = "Ruby", .code = "e", .arg = "IrCE", .attached = "FxTWK",
+     .digits = "0"},
+    {.name = "node", .lang = "JavaScript", .code = "ep", .lcode = node_lcode, .arg = "r",
+     .larg = node_larg},
+    {.name = "nodejs", .lang = "JavaScript", .code = "ep", .lcode = node_lcode, .arg = "r",
+     .larg = node_larg},
+    {.name = "php", .lang = "PHP", .code = "rBRE", .file = "f", .arg = "cdz"},
+    {.name = "lua", .lang = "Lua", .code = "e", .arg = "l"},
+    {.name = "Rscript", .lang = "R", .code = "e"},
+    {.name = "awk", .lang = "awk", .code = "e", .lcode = awk_lcode, .file = "f",
+     .lfile = awk_lfile, .arg = "vF", .larg = awk_larg, .program_operand = true},
+    {.name = "gawk", .lang = "awk", .code = "e", .lcode = awk_lcode, .file = "f",
+     .lfile = awk_lfile, .arg = "vF", .larg = awk_larg, .program_operand = true},
+    {.name = "mawk", .lang = "awk", .file = "f", .arg = "vF", .program_operand = true},
+    {.name = "nawk", .lang = "awk", .file = "f", .arg = "vF", .program_operand = true},
+    {.name = "sed", .lang = "sed", .code = "e", .lcode = sed_lcode, .file = "f",
+     .lfile = awk_lfile, .arg = "l", .larg = sed_larg, .attached = "i",
+     .program_operand = true},
+};
+
+static const interp *find_interp(const char *name)
+{
+    for (size_t i = 0; i < sizeof interps / sizeof *interps; i++) {
+        size_t n = strlen(interps[i].name);
+        if (strncmp(name, interps[i].name, n))
+            continue;
+        const char *v = name + n;   /* python3, python3.11, lua5.4 */
+        while (*v && ((*v >= '0' && *v <= '9') || *v == '.'))
+            v++;
+        if (!*v)
+            return &interps[i];
+    }
+    return NULL;
+}
+
+/* Programs that parse words as shell code themselves, or hand them to a
+ * shell the suite cannot see (a remote one, another user's). */
+typedef struct {
+    const char *name;
+    const char *code;             /* NULL: every word after the name is code */
+    const char *const *lcode;
+} runner;
+
+static const char *const su_lcode[] = {"command", "session-command", NULL};
+static const char *const script_lcode[] = {"command", NULL};
+
+static const runner runners[] = {
+    {"eval", NULL, NULL},   {"trap", NULL, NULL},     {"alias", NULL, NULL},
+    {"watch", NULL, NULL},  {"ssh", NULL, NULL},      {"parallel", NULL, NULL},
+    {"sg", NULL, NULL},     {"su", "c", su_lcode},    {"runuser", "c", su_lcode},
+    {"script", "c", script_lcode}, {"flock", "c", script_lcode},
+};
+
+static const runner *find_runner(const char *name)
+{
+    for (size_t i = 0; i < sizeof runners / sizeof *runners; i++)
+        if (!strcmp(name, runners[i].name))
+            return &runners[i];
+    return NULL;
+}
+
+#define PASS_ARG "pass the value as an argument instead (docs/suite-format.md, \"Shell code\")"
+#define ARG_INSTEAD "; " PASS_ARG
+
+static int analyse(unsigned char *kinds, char *const *w, const unsigned char *x, int n, int i,
+                   int level, kv_err *e);
+static int shell_code_check(const char *code, int level, kv_err *e);
+static int unknown_words(char *const *w, int n, int i, int level, kv_err *e);
+
+/* The index of the command the wrapper at w[i] runs (n: none), or -1. */
+static int wrapper_command(const wrapper *wr, char *const *w, int n, int i, kv_err *e)
+{
+    int j = i + 1, opt = -1;
+    while (j < n && opt < 0) {
+        const char *o = w[j];
+        if (!strcmp(o, "--")) {
+            j++;
+            break;
+        }
+        if (wr->assignments && !strcmp(o, "-")) {   /* env -: env -i */
+            j++;
+            continue;
+        }
+        if (o[0] != '-' || !o[1])
+            break;
+        if (o[1] == '-') {
+            const char *name = o + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            if (long_match(name, len, wr->lshell))
+                opt = j;
+            else if (long_match(name, len, wr->lstop))
+                return n;
+            j += long_match(name, len, wr->larg) && !eq ? 2 : 1;
+            continue;
+        }
+        int next = 1;
+        for (const char *p = o + 1; *p; p++) {
+            if (wr->shell && strchr(wr->shell, *p)) {
+                opt = j;
+                break;
+            }
+            if (wr->stop && strchr(wr->stop, *p))
+                return n;
+            if (wr->arg && strchr(wr->arg, *p)) {
+                next = p[1] ? 1 : 2;
+                break;
+            }
+        }
+        j += next;
+    }
+    if (opt >= 0) {
+        const char *ph = path_ph_from(w, i + 1, n);
+        if (ph)
+            return kv_errf(e, "'%s' after '%s %s': it hands the command to a shell or splits "
+                           "it itself, so the suite cannot tell how %s will be parsed" ARG_INSTEAD,
+                           ph, w[i], w[opt], ph);
+        return n;
+    }
+    if (wr->assignments)
+        while (j < n && strchr(w[j], '='))
+            j++;
+    for (int k = 0; k < wr->operands && j < n; k++) {
+        if (wr->numeric_operand && !all_digits(w[j]))
+            break;
+        j++;
+    }
+    return j;
+}
+
+/* Refuses code (an interpreter's, the argument of opt) that holds a path
+ * placeholder. */
+static int code_check(const interp *in, const char *prog, const char *opt, const char *code,
+                      kv_err *e)
+{
+    const char *ph = code ? path_ph(code) : NULL;
+    if (!ph)
+        return 0;
+    return kv_errf(e, "'%s' in the %s code of '%s%s%s': the suite quotes values for POSIX "
+                   "shells only, and %s would be read as %s" ARG_INSTEAD, ph, in->lang, prog,
+                   opt ? " " : "", opt ? opt : "", ph, in->lang);
+}
+
+/* The code or script of an interpreter may run its arguments as a
+ * command: they are read as a wrapper the suite does not know. */
+static int interp_words(const interp *in, char *const *w, int n, int i, int level, kv_err *e)
+{
+    bool program = false;   /* a code or file option came */
+    int j = i + 1;
+    while (j < n) {
+        const char *o = w[j];
+        if (!strcmp(o, "--")) {
+            j++;
+            break;
+        }
+        if (o[0] != '-' || !o[1])
+            break;
+        if (o[1] == '-') {
+            const char *name = o + 2, *eq = strchr(name, '=');
+            size_t len = eq ? (size_t)(eq - name) : strlen(name);
+            const char *val = eq ? eq + 1 : j + 1 < n ? w[j + 1] : NULL;
+            bool code = long_match(name, len, in->lcode);
+            bool file = long_match(name, len, in->lfile);
+            if (code && code_check(in, w[i], o, val, e) < 0)
+                return -1;
+            program |= code || file;
+            j += (code || file || long_match(name, len, in->larg)) && !eq ? 2 : 1;
+            if (code && in->code_ends)
+                return unknown_words(w, n, i, level, e);
+            continue;
+        }
+        int next = 1;
+        for (const char *p = o + 1; *p; p++) {
+            if (in->stop && strchr(in->stop, *p))
+                return unknown_words(w, n, i, level, e);
+            if (in->digits && strchr(in->digits, *p)) {
+                while (p[1] >= '0' && p[1] <= '9')
+                    p++;
+                continue;
+            }
+            if (in->attached && strchr(in->attached, *p))
+                break;
+            bool code = in->code && strchr(in->code, *p);
+            bool file = in->file && strchr(in->file, *p);
+            if (!code && !file && !(in->arg && strchr(in->arg, *p)))
+                continue;
+            const char *val = p[1] ? p + 1 : j + 1 < n ? w[j + 1] : NULL;
+            next = p[1] ? 1 : 2;
+            if (code && code_check(in, w[i], o, val, e) < 0)
+                return -1;
+            if (code && in->code_ends)
+                return unknown_words(w, n, i, level, e);
+            program |= code || file;
+            break;
+        }
+        j += next;
+    }
+    if (in->program_operand && !program && j < n && code_check(in, w[i], NULL, w[j], e) < 0)
+        return -1;
+    return unknown_words(w, n, i, level, e);
+}
+
+/* A program the suite does not know: if it runs a later word as a
+ * command, that could be a shell reading a value as code. */
+static int unknown_words(char *const *w, int n, int i, int level, kv_err *e)
+{
+    for (int k = i + 1; k < n; k++) {
+        const char *b = base_of(w[k]);
+        const char *ph = path_ph_from(w, k + 1, n);
+        if (!ph)
+            break;
+        if (is_shell(b) || !strcmp(b, "eval"))
+            return kv_errf(e, "'%s' comes after '%s' in a command run by '%s', which is no "
+                           "wrapper the suite knows (env, timeout, nice, stdbuf, nohup, setsid, "
+                           "xargs, time, ionice, chrt, taskset): if it runs '%s', %s is read as "
+                           "code the suite cannot quote for; start with the shell, or "
+                           PASS_ARG, ph, w[k], w[i], w[k], ph);
+        if (find_interp(b) || find_runner(b)) {
+            kv_err sub = {{0}};
+            if (analyse(NULL, w, NULL, n, k, level, &sub) < 0)
+                return kv_errf(e, "'%s' is no wrapper the suite knows, and if it runs '%s': %s",
+                               w[i], w[k], sub.msg);
+        }
+    }
+    return 0;
+}
+
+static int runner_words(const runner *ru, char *const *w, int n, int i, int level, kv_err *e)
+{
+    const char *ph;
+    if (!ru->code) {
+        if ((ph = path_ph_from(w, i + 1, n)))
+            return kv_errf(e, "'%s' after '%s': it parses its words as shell code (or hands "
+                           "them to another shell), which the suite cannot quote for"
+                           ARG_INSTEAD, ph, w[i]);
+        return 0;
+    }
+    for (int j = i + 1; j < n; j++) {
+        const char *o = w[j];
+        bool code = false;
+        if (o[0] == '-' && o[1] == '-') {
+            const char *eq = strchr(o + 2, '=');
+            code = long_match(o + 2, eq ? (size_t)(eq - o - 2) : strlen(o + 2), ru->lcode);
+        } else if (o[0] == '-') {
+            code = strpbrk(o + 1, ru->code) != NULL;
+        }
+        if (code && (ph = path_ph_from(w, j, n)))
+            return kv_errf(e, "'%s' after '%s %s': that command is run by a shell the suite "
+                           "cannot quote for" ARG_INSTEAD, ph, w[i], o);
+    }
+    return unknown_words(w, n, i, level, e);
+}
+
+static int shell_words(unsigned char *kinds, char *const *w, int n, int i, int level,
+                       kv_err *e)
+{
+    const bool posix = in_list(base_of(w[i]), posix_shells);
+    bool code = false;
+    int j = i + 1;
+    while (j < n) {
+        const char *o = w[j];
+        if (!strcmp(o, "-") || !strcmp(o, "--")) {
+            j++;
+            break;
+        }
+        if (o[0] == '-' && o[1] == '-') {
+            j += !strcmp(o, "--rcfile") || !strcmp(o, "--init-file") ? 2 : 1;
+            continue;
+        }
+        if ((o[0] != '-' && o[0] != '+') || !o[1])
+            break;
+        int extra = 0;   /* -o NAME, -O NAME */
+        for (const char *p = o + 1; *p; p++) {
+            code |= *p == 'c' && o[0] == '-';
+            extra += *p == 'o' || *p == 'O';
+        }
+        j += 1 + extra;
+    }
+    if (!code) {
+        /* a script (w[j]) and its arguments: values reach it as they are,
+         * unless a -c after it says the script is meant to run one */
+        for (int k = j + 1; k < n; k++) {
+            const char *ph = c_flag(w[k]) ? path_ph_from(w, k, n) : NULL;
+            if (ph)
+                return kv_errf(e, "'%s' after '%s %s ... %s': there '%s' is an argument of "
+                               "the script %s, not the shell's option, and the suite cannot "
+                               "tell whether the script runs %s as code; put -c before the "
+                               "script's code, or " PASS_ARG, ph, w[i], w[j], w[k], w[k],
+                               w[j], ph);
+        }
+        return j < n ? unknown_words(w, n, j, level, e) : 0;
+    }
+    if (j >= n)
+        return 0;
+    if (kinds && posix)
+        kinds[j] = SUITE_WORD_SHELL;
+    /* the words after the code are $0, $1, ...: values, unless the code
+     * runs them ("$@"); a $0 that names a shell is the usual name
+     * (sh -c '...' sh ARG), not a command */
+    const int args = j + 1 < n && is_shell(base_of(w[j + 1])) ? j + 1 : j;
+    const char *ph = path_ph(w[j]);
+    if (!ph)
+        return unknown_words(w, n, args, level, e);
+    if (!posix)
+        return kv_errf(e, "'%s' in the code of '%s -c': the suite quotes values for POSIX "
+                       "shells (sh, bash, dash, ksh, zsh, ...) only" ARG_INSTEAD, ph, w[i]);
+    if (level > 0)
+        return kv_errf(e, "'%s' in the code of '%s -c' inside shell code: that code is parsed "
+                       "twice and the value is quoted for the outer shell only; pass it to the "
+                       "inner shell as an argument: %s -c '... \"$1\" ...' sh %s", ph, w[i],
+                       w[i], ph);
+    if (shell_code_check(w[j], level + 1, e) < 0)
+        return -1;
+    return unknown_words(w, n, args, level, e);
+}
+
+static const char *const reserved[] = {"!", "{", "}", "(", ")", "if", "then", "else", "elif",
+                                       "fi", "do", "done", "while", "until", NULL};
+static const char *const not_commands[] = {"for", "case", "select", "function", "in", "esac",
+                                           NULL};
+
+static bool assignment(const char *w)
+{
+    if (!isalpha((unsigned char)*w) && *w != '_')
+        return false;
+    while (isalnum((unsigned char)*w) || *w == '_')
+        w++;
+    return *w == '=' || (w[0] == '+' && w[1] == '=');
+}
+
+/* Reads the command at w[i] (n words; x: which hold an expansion, level
+ * > 0 only), filling kinds at level 0. */
+static int analyse(unsigned char *kinds, char *const *w, const unsigned char *x, int n, int i,
+                   int level, kv_err *e)
+{
+    for (;;) {
+        if (level > 0)
+            while (i < n && !(x && x[i]) && (assignment(w[i]) || in_list(w[i], reserved)))
+                i++;
+        if (i >= n || (level > 0 && !(x && x[i]) && in_list(w[i], not_commands)))
+            return 0;
+        if (x && x[i]) {
+            const char *ph = path_ph_from(w, i + 1, n);
+            if (ph)
+                return kv_errf(e, "'%s' in a command whose program comes from an expansion "
+                               "('%s'): the suite cannot tell what reads it" ARG_INSTEAD, ph,
+                               w[i]);
+            return 0;
+        }
+        if (kinds)
+            kinds[i] = SUITE_WORD_PROGRAM;
+        if (!strcmp(base_of(w[i]), "busybox") && i + 1 < n && w[i + 1][0] != '-')
+            i++;   /* busybox APPLET: read as the applet */
+        const char *name = base_of(w[i]);
+        if (is_shell(name))
+            return shell_words(kinds, w, n, i, level, e);
+        const wrapper *wr = find_wrapper(name);
+        if (wr) {
+            int j = wrapper_command(wr, w, n, i, e);
+            if (j < 0 || j >= n)
+                return j < 0 ? -1 : 0;
+            i = j;
+            continue;
+        }
+        const interp *in = find_interp(name);
+        if (in)
+            return interp_words(in, w, n, i, level, e);
+        const runner *ru = find_runner(name);
+        if (ru)
+            return runner_words(ru, w, n, i, level, e);
+        return unknown_words(w, n, i, level, e);
+    }
+}
+
+int suite_exec_words(char *const *argv, int argc, unsigned char *kinds, kv_err *e)
+{
+    if (kinds)
+        memset(kinds, SUITE_WORD_ARG, (size_t)argc);
+    return analyse(kinds, argv, NULL, argc, 0, 0, e);
+}
+
+/* ------------------------------------------------------------------ */
+/* Walking shell code                                                   */
+
+/* Where a fill writes (o NULL: counts only). */
+typedef struct {
+    char *o;
+    size_t n;
+} outbuf;
+
+static void emit(outbuf *b, const char *s, size_t len)
+{
+    if (b->o)
+        memcpy(b->o + b->n, s, len);
+    b->n += len;
+}
+
+/* value as the shell reads it literally in quoting state q (0 none, '\''
+ * or '"'); q < 0: as it is. */
+static void put_value(outbuf *b, const char *value, int q)
+{
+    if (q < 0) {
+        emit(b, value, strlen(value));
+        return;
+    }
+    if (q == 0)
+        emit(b, "'", 1);
+    for (const char *v = value; *v; v++) {
+        if (q == '"' && strchr("\\\"$`", *v)) {
+            emit(b, "\\", 1);
+            emit(b, v, 1);
+        } else if (q != '"' && *v == '\'') {
+            emit(b, "'\\''", 4);   /* close, a quote, reopen */
+        } else {
+            emit(b, v, 1);
+        }
+    }
+    if (q == 0)
+        emit(b, "'", 1);
+}
+
+/* One simple command read out of shell code, for analyse. */
+typedef struct {
+    char **w;                    /* its words: quotes removed, placeholders as written */
+    unsigned char *x;            /* per word: it holds an expansion ($x, $(...), `...`) */
+    int n, cap;
+    char *cur;                   /* the word being read */
+    size_t len, cap_cur;
+    bool in_word, expanded;
+    bool redirect;               /* the next word is a redirection's target */
+} shcmd;
+
+/* The walk: the same pass checks (check) or fills (out). */
+typedef struct {
+    const char *s;
+    size_t i;
+    bool check;                  /* analyse each simple command at level */
+    int level;
+    outbuf *out;                 /* fill: the code with values put in */
+    const char *const *vals;
+    kv_err *e;
+    int err;                     /* -1 once e is set */
+    int depth;                   /* ( and $( open */
+    bool saw_case;
+} shwalk;
+
+static void sw_fail(shwalk *w, const char *ph, const char *where)
+{
+    if (!w->err)
+        kv_errf(w->e, "'%s' %s in shell code: the suite does not quote values there" ARG_INSTEAD,
+                ph, where);
+    w->err = -1;
+}
+
+/* Copies n bytes of the code to the output as they are. */
+static void raw(shwalk *w, size_t n)
+{
+    if (w->out)
+        emit(w->out, w->s + w->i, n);
+    w->i += n;
+}
+
+static void cur_add(shwalk *w, shcmd *c, const char *p, size_t n)
+{
+    c->in_word = true;
+    if (!w->check || w->err)
+        return;
+    if (c->len + n + 1 > c->cap_cur) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *b = realloc(c->cur, cap);
+        if (!b) {
+            w->err = kv_errf(w->e, "out of memory");
+            return;
+        }
+        c->cur = b;
+        c->cap_cur = cap;
+    }
+    memcpy(c->cur + c->len, p, n);
+    c->len += n;
+    c->cur[c->len] = 0;
+}
+
+static void word_end(shwalk *w, shcmd *c)
+{
+    if (!c->in_word)
+        return;
+    bool keep = !c->redirect && w->check && !w->err;
+    if (keep && c->n == c->cap) {
+        int cap = c->cap ? c->cap * 2 : 8;
+        char **nw = realloc(c->w, (size_t)cap * sizeof *nw);
+        if (nw)
+            c->w = nw;
+        unsigned char *nx = nw ? realloc(c->x, (size_t)cap) : NULL;
+        if (nx)
+            c->x = nx;
+        if (!nw || !nx)
+            w->err = kv_errf(w->e, "out of memory");
+        else
+            c->cap = cap;
+    }
+    if (keep && !w->err) {
+        c->w[c->n] = dup_str(c->cur ? c->cur : "");
+        if (!c->w[c->n])
+            w->err = kv_errf(w->e, "out of memory");
+        else
+            c->x[c->n++] = c->expanded;
+    }
+    c->redirect = false;
+    c->in_word = c->expanded = false;
+    c->len = 0;
+    if (c->cur)
+        c->cur[0] = 0;
+}
+
+static void cmd_end(shwalk *w, shcmd *c)
+{
+    word_end(w, c);
+    if (w->check && !w->err && c->n > 0) {
+        if (!strcmp(c->w[0], "case"))
+            w->saw_case = true;
+        if (analyse(NULL, c->w, c->x, c->n, 0, w->level, w->e) < 0)
+            w->err = -1;
+    }
+    for (int k = 0; k < c->n; k++)
+        free(c->w[k]);
+    c->n = 0;
+}
+
+/* A placeholder at the walk's place, in quoting state q: its value goes
+ * to the output quoted for q, its name to the word. */
+static bool placeholder(shwalk *w, shcmd *c, int q)
+{
+    int k = ph_at(w->s + w->i);
+    if (k < 0)
+        return false;
+    if (w->out)
+        put_value(w->out, w->vals[k], k == PH_MAX_NEW ? -1 : q);
+    cur_add(w, c, placeholders[k], strlen(placeholders[k]));
+    w->i += strlen(placeholders[k]);
+    return true;
+}
+
+/* A placeholder where no quoting is sure (where names the place):
+ * {max_new} goes in as its digits, the others are refused. */
+static bool opaque_placeholder(shwalk *w, const char *where)
+{
+    int k = ph_at(w->s + w->i);
+    if (k < 0)
+        return false;
+    if (k != PH_MAX_NEW) {
+        sw_fail(w, placeholders[k], where);
+        w->i += strlen(placeholders[k]);
+        return true;
+    }
+    if (w->out)
+        put_value(w->out, w->vals[k], -1);
+    w->i += strlen(placeholders[k]);
+    return true;
+}
+
+static void sw_list(shwalk *w, bool closing);
+static void dquote(shwalk *w, shcmd *c);
+
+/* A command read from the walk's place (a $(...), a <(...)) whose output
+ * becomes part of the word: a value inside it may come out in that word,
+ * so the word carries the placeholder's name for analyse. */
+static void substitution(shwalk *w, shcmd *c, size_t open)
+{
+    const size_t start = w->i;
+    raw(w, open);
+    c->in_word = c->expanded = true;
+    sw_list(w, true);
+    const char *ph = path_ph_in(w->s + start, w->i - start);
+    if (ph)
+        cur_add(w, c, ph, strlen(ph));
+}
+
+/* `...`: the shell strips a level of backslashes before it parses the
+ * command inside, so no quoting of ours holds there. */
+static void backquote(shwalk *w, shcmd *c)
+{
+    raw(w, 1);
+    while (!w->err && w->s[w->i] && w->s[w->i] != '`') {
+        if (opaque_placeholder(w, "inside `...` (write $(...) instead)"))
+            continue;
+        raw(w, w->s[w->i] == '\\' && w->s[w->i + 1] ? 2 : 1);
+    }
+    if (w->s[w->i] == '`')
+        raw(w, 1);
+    c->in_word = c->expanded = true;
+}
+
+/* $((...)) and ((...)): arithmetic, opened by n bytes. */
+static void arith(shwalk *w, shcmd *c, size_t n)
+{
+    int depth = 2;
+    raw(w, n);
+    while (!w->err && w->s[w->i] && depth > 0) {
+        if (opaque_placeholder(w, "inside $((...))"))
+            continue;
+        depth += w->s[w->i] == '(' ? 1 : w->s[w->i] == ')' ? -1 : 0;
+        raw(w, 1);
+    }
+    c->in_word = c->expanded = true;
+}
+
+/* ${...}: the shell's own parsing of the word inside depends on the
+ * operator and the shell. */
+static void braces(shwalk *w, shcmd *c)
+{
+    int depth = 1;
+    raw(w, 2);
+    while (!w->err && w->s[w->i] && depth > 0) {
+        if (opaque_placeholder(w, "inside ${...}"))
+            continue;
+        char ch = w->s[w->i];
+        depth += ch == '{' ? 1 : ch == '}' ? -1 : 0;
+        raw(w, ch == '\\' && w->s[w->i + 1] ? 2 : 1);
+    }
+    c->in_word = c->expanded = true;
+}
+
+/* $'...': backslash escapes inside, which no quoting of a value survives. */
+static void ansi(shwalk *w, shcmd *c)
+{
+    raw(w, 2);
+    while (!w->err && w->s[w->i] && w->s[w->i] != '\'') {
+        if (opaque_placeholder(w, "inside $'...'"))
+            continue;
+        cur_add(w, c, w->s + w->i, 1);
+        raw(w, w->s[w->i] == '\\' && w->s[w->i + 1] ? 2 : 1);
+    }
+    if (w->s[w->i] == '\'')
+        raw(w, 1);
+    c->in_word = true;
+}
+
+static void dollar(shwalk *w, shcmd *c, int q)
+{
+    const char *s = w->s + w->i;
+    int k = ph_at(s + 1);
+    if (k >= 0) {   /* ${dump}: the shell's variable, not ours */
+        w->i++;
+        sw_fail(w, placeholders[k], "right after '$' (the shell reads ${...} as its variable)");
+        return;
+    }
+    if (s[1] == '(' && s[2] == '(') {
+        arith(w, c, 3);
+    } else if (s[1] == '(') {
+        substitution(w, c, 2);
+    } else if (s[1] == '{') {
+        braces(w, c);
+    } else if (s[1] == '\'' && q == 0) {
+        ansi(w, c);
+    } else if (s[1] == '"' && q == 0) {
+        raw(w, 1);
+        dquote(w, c);
+    } else if (isalpha((unsigned char)s[1]) || s[1] == '_') {
+        size_t n = 2;
+        while (isalnum((unsigned char)s[n]) || s[n] == '_')
+            n++;
+        raw(w, n);
+        c->in_word = c->expanded = true;
+    } else if (s[1] && strchr("0123456789@*#?$!-", s[1])) {
+        raw(w, 2);
+        c->in_word = c->expanded = true;
+    } else {
+        cur_add(w, c, s, 1);
+        raw(w, 1);
+    }
+}
+
+static void squote(shwalk *w, shcmd *c)
+{
+    raw(w, 1);
+    c->in_word = true;
+    while (!w->err && w->s[w->i] && w->s[w->i] != '\'') {
+        if (placeholder(w, c, '\''))
+            continue;
+        cur_add(w, c, w->s + w->i, 1);
+        raw(w, 1);
+    }
+    if (w->s[w->i] == '\'')
+        raw(w, 1);
+}
+
+static void dquote(shwalk *w, shcmd *c)
+{
+    raw(w, 1);
+    c->in_word = true;
+    while (!w->err && w->s[w->i] && w->s[w->i] != '"') {
+        const char *s = w->s + w->i;
+        if (placeholder(w, c, '"'))
+            continue;
+        if (s[0] == '\\' && s[1]) {
+            if (strchr("$`\"\\\n", s[1]))
+                cur_add(w, c, s + 1, 1);
+            else
+                cur_add(w, c, s, 2);
+            raw(w, 2);
+        } else if (s[0] == '$') {
+            dollar(w, c, '"');
+        } else if (s[0] == '`') {
+            backquote(w, c);
+        } else {
+            cur_add(w, c, s, 1);
+            raw(w, 1);
+        }
+    }
+    if (w->s[w->i] == '"')
+        raw(w, 1);
+}
+
+/* One piece of a word outside quotes. */
+static void word_part(shwalk *w, shcmd *c)
+{
+    const char *s = w->s + w->i;
+    if (placeholder(w, c, 0))
+        return;
+    if (s[0] == '\\') {
+        if (s[1])
+            cur_add(w, c, s + 1, 1);
+        raw(w, s[1] ? 2 : 1);
+    } else if (s[0] == '\'') {
+        squote(w, c);
+    } else if (s[0] == '"') {
+        dquote(w, c);
+    } else if (s[0] == '$') {
+        dollar(w, c, 0);
+    } else if (s[0] == '`') {
+        backquote(w, c);
+    } else {
+        cur_add(w, c, s, 1);
+        raw(w, 1);
+    }
+}
+
+/* Reads commands to the end of the code or, closing, to the ')' that
+ * ends them (a $(...) or a subshell). */
+static void sw_list(shwalk *w, bool closing)
+{
+    shcmd c;
+    memset(&c, 0, sizeof c);
+    if (++w->depth > 64 && !w->err)
+        w->err = kv_errf(w->e, "shell code nested more than 64 deep");
+    while (!w->err && w->s[w->i]) {
+        const char *s = w->s + w->i;
+        if (s[0] == ' ' || s[0] == '\t') {
+            word_end(w, &c);
+            raw(w, 1);
+        } else if (strchr("\n;&|", s[0])) {
+            cmd_end(w, &c);
+            raw(w, 1);
+        } else if (s[0] == ')') {
+            cmd_end(w, &c);
+            raw(w, 1);
+            if (closing)
+                break;
+        } else if (s[0] == '(') {
+            if (!c.in_word && c.n == 0 && s[1] == '(') {
+                arith(w, &c, 2);
+                continue;
+            }
+            cmd_end(w, &c);
+            raw(w, 1);
+            sw_list(w, true);
+        } else if (s[0] == '<' || s[0] == '>') {
+            if (c.in_word && c.len > 0 && all_digits(c.cur))   /* 2>FILE: a descriptor */
+                c.in_word = c.expanded = false, c.len = 0;
+            else
+                word_end(w, &c);
+            if (s[1] == '(') {   /* <(...): a command's output as a file name */
+                substitution(w, &c, 2);
+                continue;
+            }
+            while (w->s[w->i] && strchr("<>&|-", w->s[w->i]))
+                raw(w, 1);
+            c.redirect = true;
+        } else if (s[0] == '#' && !c.in_word) {
+            while (!w->err && w->s[w->i] && w->s[w->i] != '\n')
+                if (!opaque_placeholder(w, "in a comment"))
+                    raw(w, 1);
+        } else {
+            word_part(w, &c);
+        }
+    }
+    cmd_end(w, &c);
+    free(c.w);
+    free(c.x);
+    free(c.cur);
+    w->depth--;
+}
+
+/* Checks shell code whose simple commands are read at level. */
+static int shell_code_check(const char *code, int level, kv_err *e)
+{
+    shwalk w = {.s = code, .check = true, .level = level, .e = e};
+    sw_list(&w, false);
+    if (w.err)
+        return -1;
+    const char *ph = path_ph(code);
+    if (w.saw_case && ph)
+        return kv_errf(e, "'%s' in shell code that has 'case': the suite does not follow case "
+                       "patterns, so it cannot tell how the value is read" ARG_INSTEAD, ph);
+    return 0;
+}
+
+static void fill(const char *word, suite_word_kind kind, const char *const vals[4], outbuf *b,
+                 int *err)
+{
+    if (kind == SUITE_WORD_SHELL) {
+        kv_err e = {{0}};
+        shwalk w = {.s = word, .out = b, .vals = vals, .e = &e};
+        sw_list(&w, false);
+        *err = w.err;
+        return;
+    }
+    for (const char *p = word; *p;) {
+        int k = ph_at(p);
+        if (k >= 0) {
+            put_value(b, vals[k], -1);
+            p += strlen(placeholders[k]);
+        } else {
+            emit(b, p++, 1);
+        }
+    }
+}
+
+char *suite_exec_fill(const char *word, suite_word_kind kind, const char *const vals[4])
+{
+    outbuf b = {NULL, 0};
+    int err = 0;
+    if (!strchr(word, '{'))
+        return dup_str(word);
+    fill(word, kind, vals, &b, &err);
+    if (err || !(b.o = malloc(b.n + 1)))
+        return NULL;
+    b.n = 0;
+    fill(word, kind, vals, &b, &err);
+    b.o[b.n] = 0;
+    return b.o;
+}
+
 /* llama.cpp recorder options the runner sets itself. */
 static int check_llama_words(char **w, int n, kv_err *e)
 {
@@ -631,10 +1691,12 @@ int suite_parse_side(const char *text, const char *base_dir, suite_side_kind *ki
         if (kinds[i].k == SUITE_SIDE_EXEC) {
             if (suite_split_command(rest, argv, argc, e) < 0)
                 return -1;
-            if (*argc == 0) {
+            if (*argc == 0 || suite_exec_words(*argv, *argc, NULL, e) < 0) {
+                if (*argc == 0)
+                    kv_errf(e, "'exec:' needs a command");
                 suite_argv_free(*argv);
                 *argv = NULL;
-                return kv_errf(e, "'exec:' needs a command");
+                return -1;
             }
             return 0;
         }

@@ -125,7 +125,7 @@ void suite_prompt_free(suite_prompt *p);
 /* One side (`a` or `b`): kvdiff run options (suite_parse_engine),
  * "llama.cpp: OPTIONS" (split on blanks; --dump, --prompt-*, -o and a
  * model are the runner's and refused), "exec: COMMAND" (suite_split_command,
- * placeholders checked) or "dump: PATH" (PATH relative to base_dir unless
+ * placeholders checked, then suite_exec_words) or "dump: PATH" (PATH relative to base_dir unless
  * absolute). Fills *kind and a NULL-terminated argv. */
 int suite_parse_side(const char *text, const char *base_dir, suite_side_kind *kind,
                      char ***argv, int *argc, kv_err *e);
@@ -136,6 +136,36 @@ int suite_parse_side(const char *text, const char *base_dir, suite_side_kind *ki
  * error. Every {NAME} must be one of {model}, {tokens}, {max_new}, {dump};
  * a '{' without a closing '}' is an error. */
 int suite_split_command(const char *text, char ***argv, int *argc, kv_err *e);
+
+/* How the programs of an exec: command read each of its words
+ * (docs/suite-format.md, "Shell code"). */
+typedef enum {
+    SUITE_WORD_ARG,              /* an argument: placeholders go in as they are */
+    SUITE_WORD_PROGRAM,          /* a program the side runs, or a wrapper before it runs
+                                  * (env, timeout, ...): looked up in PATH as execvp does */
+    SUITE_WORD_SHELL             /* the code of a POSIX shell (sh -c CODE, after any
+                                  * wrappers): each value is quoted as the shell reads
+                                  * it where it stands */
+} suite_word_kind;
+
+/* Reads an exec: command (placeholders still in it) as its programs will:
+ * known wrappers (env, timeout, nice, stdbuf, nohup, setsid, xargs, time,
+ * command, exec, ionice, chrt, taskset, sudo, busybox) by their own option
+ * grammar, shells (sh, bash, dash, zsh, ksh, ...) up to their -c code, and
+ * that code down to its simple commands. Fills kinds[0..argc) when kinds
+ * is not NULL. Returns 0, or -1 with e = why (no file:line) when a
+ * {model}, {tokens} or {dump} sits where something re-parses it that the
+ * suite cannot quote for: a shell inside shell code, eval, python -c,
+ * perl -e, awk and sed programs, a non-POSIX shell's code, a program the
+ * suite does not know followed by a shell, a script given -c after it,
+ * `...`, ${...}, $'...' or a comment in shell code. ({max_new} is digits:
+ * it may stand anywhere.) */
+int suite_exec_words(char *const *argv, int argc, unsigned char *kinds, kv_err *e);
+
+/* word with its placeholders replaced by vals (the values of {model},
+ * {tokens}, {max_new}, {dump}, in that order), quoted where kind is
+ * SUITE_WORD_SHELL; malloc'd, NULL when out of memory. */
+char *suite_exec_fill(const char *word, suite_word_kind kind, const char *const vals[4]);
 
 /* "llama.cpp", "exec", "dump" or "kvdiff". */
 const char *suite_side_name(suite_side_kind k);
@@ -208,11 +238,15 @@ typedef struct {
 
 /* Runs the n cases sel[] of s, results[i] for sel[i]. Each case runs in a
  * forked worker that executes `kvdiff run` for A and B and `kvdiff compare`
- * (files a.h5, b.h5, compare.json, log.txt in workdir/<case>/, replaced if
- * there; a no-bug case whose outside side generated other tokens also
- * re-runs its kvdiff side with --follow into a-followed.h5 or b-followed.h5
- * and is judged by compare-followed.json); a passing case's folder is
- * removed, a failing one is kept.
+ * (files a.h5, b.h5, compare.json, log.txt in workdir/<case>/; a no-bug
+ * case whose outside side generated other tokens also re-runs its kvdiff
+ * side with --follow into a-followed.h5 or b-followed.h5 and is judged by
+ * compare-followed.json); a passing case's folder is removed, a failing
+ * one is kept. The runner makes each case folder (with its mark,
+ * SUITE_CASE_MARK) before the worker starts; a folder already there is
+ * emptied and reused only when it is one the suite made
+ * (suite_case_folder_check), else the case is an ERROR and the folder is
+ * left alone.
  * Returns 0 (whatever the outcomes) or -1 with e filled when the runner
  * itself cannot work (no processes, no pipes); results are then not all
  * filled. */
@@ -226,8 +260,30 @@ int suite_write_junit(const char *path, const suite *s, const int *sel, int n,
 void suite_junit_stream(FILE *f, const suite *s, const int *sel, int n,
                         const suite_result *results);
 
-/* Removes a folder tree (no symlinks followed). 0 or -1 with e filled. */
-int suite_rmtree(const char *path, kv_err *e);
+/* The file that marks a case folder as made by the suite: only a real
+ * folder (not a link) holding it is ever emptied, reused or removed. */
+#define SUITE_CASE_MARK ".kvdiff-case"
+
+/* 0 when a case may work in folder: nothing is there, or a real folder
+ * holding SUITE_CASE_MARK and none of the run's inputs
+ * (outfile_note_input); else -1 with e = "FOLDER: why; it is left alone
+ * ...". Checks only: changes nothing. */
+int suite_case_folder_check(const char *folder, kv_err *e);
+
+/* Removes a case folder the suite made (its mark last, so that a removal
+ * cut short leaves a folder still marked); a folder without the mark, or
+ * a link, is left as it is (-1 with e). Links inside are removed, never
+ * followed. 0 also when nothing is there. */
+int suite_case_folder_remove(const char *folder, kv_err *e);
+
+/* Notes every file the selected cases read (outfile_note_input), so that
+ * no output of the run (--junit) replaces one: the suite file, the kvdiff
+ * binary, prompt files, GGUFs, dump: recordings, the files of a model
+ * folder, the llama.cpp recorder, and for exec: sides every program
+ * (argv[0] and what its wrappers run, found through PATH as execvp finds
+ * it) and every argument word naming an existing file (also after
+ * --opt=). */
+void suite_note_inputs(const suite *s, const int *sel, int n, const char *kvdiff);
 
 /* Whether `kvdiff VERB --help` exits 0 (the binary has that verb). */
 bool suite_has_verb(const char *kvdiff, const char *verb);

@@ -10,6 +10,7 @@
  * The parent only waits on those pipes (poll), never on a stranger's child. */
 /* nftw */
 #define _XOPEN_SOURCE 700
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -110,20 +111,121 @@ int suite_select(const suite *s, const char *filter, int shard_i, int shard_n, i
 /* ------------------------------------------------------------------ */
 /* Files                                                                */
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    return (flag == FTW_DP ? rmdir(path) : unlink(path)) < 0 ? -1 : 0;
-}
+/* A case folder is the suite's own only when it is a real folder (not a
+ * link to one) holding SUITE_CASE_MARK, which the runner writes when it
+ * makes the folder: a folder that merely has a case's name (the model
+ * folder a case reads, a user's work in --keep DIR) is never emptied or
+ * removed, and nothing is followed out of one. The mark is removed last,
+ * so a removal cut short leaves a folder the next run still knows. */
 
-int suite_rmtree(const char *path, kv_err *e)
+/* 0: nothing at folder; 1: a case folder the suite made; -1 (e): else. */
+static int case_folder_state(const char *folder, kv_err *e)
 {
     struct stat st;
-    if (lstat(path, &st) < 0)
-        return errno == ENOENT ? 0 : kv_errf(e, "%s: %s", path, strerror(errno));
-    if (nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-        return kv_errf(e, "%s: cannot remove: %s", path, strerror(errno));
+    char mark[PATH_MAX];
+    if (lstat(folder, &st) < 0)
+        return errno == ENOENT ? 0 : kv_errf(e, "%s: %s", folder, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return kv_errf(e, "%s: is %s where the suite keeps a case's folder; it is left alone "
+                       "(remove it, or choose another --keep folder)", folder,
+                       outfile_kind(st.st_mode));
+    if ((size_t)snprintf(mark, sizeof mark, "%s/%s", folder, SUITE_CASE_MARK) >= sizeof mark)
+        return kv_errf(e, "%s: path too long", folder);
+    if (lstat(mark, &st) < 0 || !S_ISREG(st.st_mode))
+        return kv_errf(e, "%s: exists and is no case folder kvdiff suite made (it has no %s); "
+                       "it is left alone (move it, or choose another --keep folder)", folder,
+                       SUITE_CASE_MARK);
+    return 1;
+}
+
+/* nftw hands its callbacks no context: the walks run one at a time. */
+static kv_err *walk_err;
+static const char *walk_root;
+
+static int input_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    kv_err ignored = {{0}};
+    (void)ftw;
+    if (flag != FTW_F || !S_ISREG(st->st_mode) || outfile_check_target(path, &ignored) == 0)
+        return 0;
+    kv_errf(walk_err, "%s: holds %s, one of this run's inputs, and the suite empties the "
+            "folder; it is left alone (move the file out, or choose another --keep folder)",
+            walk_root, path);
+    return 1;
+}
+
+static int clear_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    if (ftw->level == 0 || (ftw->level == 1 && !strcmp(path + ftw->base, SUITE_CASE_MARK)))
+        return 0;
+    if ((flag == FTW_DP ? rmdir(path) : unlink(path)) == 0)
+        return 0;
+    kv_errf(walk_err, "%s: cannot remove: %s", path, strerror(errno));
+    return 1;
+}
+
+/* nftw over folder (FTW_PHYS: links are entries, never followed). */
+static int walk(const char *folder, int (*fn)(const char *, const struct stat *, int,
+                                              struct FTW *), int flags, kv_err *e)
+{
+    walk_err = e;
+    walk_root = folder;
+    int rc = nftw(folder, fn, 16, flags | FTW_PHYS);
+    walk_err = NULL;
+    if (rc == 0 || rc == 1)
+        return rc ? -1 : 0;
+    return kv_errf(e, "%s: %s", folder, strerror(errno));
+}
+
+int suite_case_folder_check(const char *folder, kv_err *e)
+{
+    int st = case_folder_state(folder, e);
+    return st <= 0 ? st : walk(folder, input_entry, 0, e);
+}
+
+int suite_case_folder_remove(const char *folder, kv_err *e)
+{
+    char mark[PATH_MAX];
+    int st = case_folder_state(folder, e);
+    if (st <= 0)
+        return st;
+    snprintf(mark, sizeof mark, "%s/%s", folder, SUITE_CASE_MARK);
+    if (walk(folder, clear_entry, FTW_DEPTH, e) < 0)
+        return -1;
+    if (unlink(mark) < 0 || rmdir(folder) < 0)
+        return kv_errf(e, "%s: cannot remove: %s", folder, strerror(errno));
+    return 0;
+}
+
+/* Makes the folder a case works in, empty but for its mark: a new one, or
+ * one the suite made before, emptied. In the runner, before the worker
+ * starts, so that no folder it made is ever left without its mark. */
+static int case_folder_make(const char *folder, kv_err *e)
+{
+    char mark[PATH_MAX];
+    if ((size_t)snprintf(mark, sizeof mark, "%s/%s", folder, SUITE_CASE_MARK) >= sizeof mark)
+        return kv_errf(e, "%s: path too long", folder);
+    int st = case_folder_state(folder, e);
+    if (st < 0 || (st == 1 && walk(folder, input_entry, 0, e) < 0))
+        return -1;
+    if (st == 1)
+        return walk(folder, clear_entry, FTW_DEPTH, e);
+    bool created = false;
+    if (outfile_tool_dir(folder, &created, e) < 0)
+        return -1;
+    if (!created)
+        return kv_errf(e, "%s: appeared while the suite was making it; it is left alone",
+                       folder);
+    /* An empty file, new in a folder this call just made: it takes no
+     * room, so a full disk still lets the case run and say why it fails. */
+    int fd = open(mark, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        int err = errno;
+        rmdir(folder);
+        return kv_errf(e, "%s: cannot create: %s", mark, strerror(err));
+    }
+    close(fd);
     return 0;
 }
 
@@ -529,18 +631,16 @@ static int write_prompt(const suite_case *c, const char *path, kv_err *e)
         for (int i = 0; i < n; i++)
             ids[i] = (int32_t)pcg32_bounded(&rng, (uint32_t)cfg.vocab);
     }
-    FILE *f = fopen(path, "w");
-    if (!f) {
+    outfile o;
+    if (outfile_open(&o, path, e) < 0) {
         free(ids);
-        return kv_errf(e, "%s: %s", path, strerror(errno));
+        return -1;
     }
     for (int i = 0; i < n; i++)
-        fprintf(f, i ? " %d" : "%d", ids[i]);
-    fputc('\n', f);
+        fprintf(o.f, i ? " %d" : "%d", ids[i]);
+    fputc('\n', o.f);
     free(ids);
-    if (fclose(f) != 0)
-        return kv_errf(e, "%s: %s", path, strerror(errno));
-    return 0;
+    return outfile_commit(&o, e);
 }
 
 /* What a case's outside sides share, made once when first needed. */
@@ -656,114 +756,6 @@ static void llama_bin(const char *kvdiff, char *out, size_t n)
         put(out, n, "kvdiff-llama");
 }
 
-/* Where substitute writes: o NULL counts only. */
-typedef struct {
-    char *o;
-    size_t n;
-} outbuf;
-
-static void emit(outbuf *b, const char *s, size_t len)
-{
-    if (b->o)
-        memcpy(b->o + b->n, s, len);
-    b->n += len;
-}
-
-/* value as the shell reads it literally in quoting state q (0 none, '\''
- * or '"'); q < 0: as it is (not shell code). */
-static void put_value(outbuf *b, const char *value, int q)
-{
-    if (q < 0) {
-        emit(b, value, strlen(value));
-        return;
-    }
-    if (q == 0)
-        emit(b, "'", 1);
-    for (const char *v = value; *v; v++) {
-        if (q == '"' && strchr("\\\"$`", *v)) {
-            emit(b, "\\", 1);
-            emit(b, v, 1);
-        } else if (q != '"' && *v == '\'') {
-            emit(b, "'\\''", 4);   /* close, a quote, reopen */
-        } else {
-            emit(b, v, 1);
-        }
-    }
-    if (q == 0)
-        emit(b, "'", 1);
-}
-
-static void fill(const char *word, const char *const *names, const char *const *vals,
-                 bool shell, outbuf *b)
-{
-    int q = 0, stack[16], depth = 0;   /* the shell's quoting state; states outside each $( */
-    for (const char *p = word; *p;) {
-        int k = 0;
-        while (k < 4 && strncmp(p, names[k], strlen(names[k])))
-            k++;
-        if (k < 4) {
-            put_value(b, vals[k], shell ? q : -1);
-            p += strlen(names[k]);
-            continue;
-        }
-        if (shell) {
-            if (*p == '\\' && q != '\'' && p[1]) {
-                emit(b, p, 2);
-                p += 2;
-                continue;
-            }
-            if ((*p == '\'' && q != '"') || (*p == '"' && q != '\''))
-                q = q == *p ? 0 : *p;
-            else if (*p == '$' && p[1] == '(' && q != '\'' && depth < 16) {
-                stack[depth++] = q, q = 0;   /* a command of its own: unquoted */
-                emit(b, p, 2);
-                p += 2;
-                continue;
-            } else if (*p == ')' && q == 0 && depth > 0) {
-                q = stack[--depth];
-            }
-        }
-        emit(b, p, 1);
-        p++;
-    }
-}
-
-/* word with every placeholder replaced (malloc'd). In shell code (shell:
- * the word after `-c` of sh, bash, dash, ksh or zsh) each value is quoted
- * as the shell reads it where it stands, so that a folder name with `;`,
- * `$(...)` or blanks stays one literal word. */
-static char *substitute(const char *word, const side_ctx *x, const char *dump, const char *maxn,
-                        bool shell)
-{
-    const char *const names[4] = {"{model}", "{tokens}", "{max_new}", "{dump}"};
-    const char *const vals[4] = {x->model, x->tokens, maxn, dump};
-    outbuf b = {NULL, 0};
-    fill(word, names, vals, shell, &b);
-    b.o = malloc(b.n + 1);
-    if (!b.o)
-        return NULL;
-    b.n = 0;
-    fill(word, names, vals, shell, &b);
-    b.o[b.n] = 0;
-    return b.o;
-}
-
-/* Whether argv[i] is the code of a shell: argv[0] is sh, bash, dash, ksh
- * or zsh and argv[i - 1] is -c (or a flag group ending in c: -ec). */
-static bool shell_code(char **argv, int i)
-{
-    if (i < 2)
-        return false;
-    const char *base = strrchr(argv[0], '/');
-    base = base ? base + 1 : argv[0];
-    static const char *const shells[] = {"sh", "bash", "dash", "ksh", "zsh"};
-    bool sh = false;
-    for (size_t k = 0; k < sizeof shells / sizeof *shells; k++)
-        sh |= !strcmp(base, shells[k]);
-    const char *f = argv[i - 1];
-    return sh && f[0] == '-' && f[1] && f[strlen(f) - 1] == 'c' && !strchr(f + 1, '-');
-}
-
 /* Checks an outside side's dump with `kvdiff validate`. */
 static int validate_side(side_ctx *x, const char *step, const char *dump, suite_result *r)
 {
@@ -819,7 +811,6 @@ static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char *
         return -1;
     char maxn[32];
     put(maxn, sizeof maxn, "%ld", c->max_new);
-    unlink(dump);
     if (kind == SUITE_SIDE_LLAMA) {
         char rec[1100];
         llama_bin(x->bin, rec, sizeof rec);
@@ -858,13 +849,20 @@ static int run_side(side_ctx *x, const char *label, suite_side_kind kind, char *
         wants_model |= strstr(argv[i], "{model}") != NULL;
     if (wants_model && need_model(x, r) < 0)
         return -1;
+    /* each value put in as the word's programs read it: quoted in a
+     * POSIX shell's code (the parser refused every other place a value
+     * would be parsed) */
+    const char *const vals[4] = {x->model, x->tokens, maxn, dump};
     char **v = calloc((size_t)argc + 1, sizeof *v);
-    bool ok = v != NULL;
+    unsigned char *kinds = malloc((size_t)argc + 1);
+    kv_err we = {{0}};
+    bool ok = v && kinds && suite_exec_words(argv, argc, kinds, &we) == 0;
     for (int i = 0; ok && i < argc; i++)
-        ok = (v[i] = substitute(argv[i], x, dump, maxn, shell_code(argv, i))) != NULL;
+        ok = (v[i] = suite_exec_fill(argv[i], (suite_word_kind)kinds[i], vals)) != NULL;
+    free(kinds);
     if (!ok) {
         suite_argv_free(v);
-        side_fail(r, "%s: out of memory", step);
+        side_fail(r, "%s: %s", step, we.msg[0] ? we.msg : "out of memory");
         return -1;
     }
     int code = run_step(v, x->log_fd, x->log_fd);
@@ -907,10 +905,12 @@ static json_t *compare_pair(const suite_case *c, const char *bin, const char *re
             arg(&args, args.num[i]);
         }
     }
-    int js_fd = open(js, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (js_fd < 0) {
+    outfile jo;
+    kv_err je = {{0}};
+    int js_fd;
+    if (outfile_open_fd(&jo, js, &js_fd, &je) < 0) {
         r->outcome = SUITE_ERROR;
-        put(r->message, sizeof r->message, "cannot write %s: %s", js, strerror(errno));
+        put(r->message, sizeof r->message, "cannot write %s", je.msg);
         return NULL;
     }
     *code = run_step(args.v, js_fd, log_fd);
@@ -918,8 +918,12 @@ static json_t *compare_pair(const suite_case *c, const char *bin, const char *re
      * compare.json for a user to open */
     struct stat st;
     if (fstat(js_fd, &st) == 0 && st.st_size == 0)
-        unlink(js);
-    close(js_fd);
+        outfile_abort(&jo);
+    else if (outfile_commit(&jo, &je) < 0) {
+        r->outcome = SUITE_ERROR;
+        put(r->message, sizeof r->message, "cannot write %s", je.msg);
+        return NULL;
+    }
     json_error_t jerr;
     json_t *j = *code == 0 || *code == 2 || *code == 1 ? json_load_file(js, 0, &jerr) : NULL;
     if (*code == 2 && json_is_true(json_object_get(j, "incomplete"))) {
@@ -988,7 +992,8 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     argbuf args;
     int code;
     json_t *j = NULL;
-    int log_fd = open(log, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    /* the folder is new or emptied: nothing is there to follow or replace */
+    int log_fd = open(log, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_APPEND | O_CLOEXEC, 0666);
     if (log_fd < 0) {
         r->outcome = SUITE_ERROR;
         put(r->message, sizeof r->message, "cannot write in %s: %s", folder, strerror(errno));
@@ -1069,24 +1074,26 @@ done:
         close(log_fd);
 }
 
-static void run_case(const suite_case *c, const suite_run_opts *o, suite_result *r)
+/* Runs case c in its folder, which the runner made (folder_error: why it
+ * could not, and the case is an ERROR without one). */
+static void run_case(const suite_case *c, const suite_run_opts *o, const char *folder_error,
+                     suite_result *r)
 {
     kv_err e = {{0}};
     double t0 = now_s();
     memset(r, 0, sizeof *r);
     put(r->folder, sizeof r->folder, "%s/%s", o->workdir, c->name);
     put(r->where, sizeof r->where, "-");
-    if (suite_rmtree(r->folder, &e) < 0 || mkdir(r->folder, 0755) < 0) {
+    if (folder_error) {
         r->outcome = SUITE_ERROR;
         put(r->got, sizeof r->got, "error");
-        if (!e.msg[0])
-            kv_errf(&e, "%s: cannot create: %s", r->folder, strerror(errno));
-        put(r->message, sizeof r->message, "%s", e.msg);
+        put(r->message, sizeof r->message, "%s", folder_error);
+        r->folder[0] = 0;   /* not the suite's: nothing of it is shown as kept */
     } else {
         run_steps(c, o->kvdiff, r->folder, o->report, r);
     }
     if (r->outcome == SUITE_PASS) {
-        if (suite_rmtree(r->folder, &e) < 0) {
+        if (suite_case_folder_remove(r->folder, &e) < 0) {
             r->outcome = SUITE_ERROR;
             put(r->message, sizeof r->message, "passed, but %s", e.msg);
         } else {
@@ -1094,6 +1101,106 @@ static void run_case(const suite_case *c, const suite_run_opts *o, suite_result 
         }
     }
     r->seconds = now_s() - t0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Inputs                                                               */
+
+/* The file execvp runs for name: name itself when it holds a '/', else
+ * the first executable regular file name in PATH (unset: /bin:/usr/bin;
+ * an empty entry: the current folder). False when there is none. */
+static bool find_program(const char *name, char *out, size_t n)
+{
+    struct stat st;
+    if (strchr(name, '/')) {
+        put(out, n, "%s", name);
+        return true;
+    }
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : "/bin:/usr/bin";;) {
+        const char *colon = strchr(p, ':');
+        int len = colon ? (int)(colon - p) : (int)strlen(p);
+        put(out, n, "%.*s%s%s", len, p, len ? "/" : "", name);
+        if (stat(out, &st) == 0 && S_ISREG(st.st_mode) && access(out, X_OK) == 0)
+            return true;
+        if (!colon)
+            return false;
+        p = colon + 1;
+    }
+}
+
+static bool has_placeholder(const char *w)
+{
+    return strstr(w, "{model}") || strstr(w, "{tokens}") || strstr(w, "{max_new}") ||
+           strstr(w, "{dump}");
+}
+
+/* An exec: side's programs and the files its words name. */
+static void note_exec(char **argv, int argc)
+{
+    char path[PATH_MAX];
+    kv_err e = {{0}};
+    unsigned char *kinds = malloc((size_t)argc + 1);
+    if (!kinds || suite_exec_words(argv, argc, kinds, &e) < 0) {
+        free(kinds);
+        return;
+    }
+    for (int i = 0; i < argc; i++) {
+        if (has_placeholder(argv[i]) || kinds[i] == SUITE_WORD_SHELL)
+            continue;
+        if (kinds[i] == SUITE_WORD_PROGRAM) {
+            if (find_program(argv[i], path, sizeof path))
+                outfile_note_input(path);
+            continue;
+        }
+        outfile_note_input(argv[i]);
+        const char *eq = strchr(argv[i], '=');
+        if (eq && eq[1])
+            outfile_note_input(eq + 1);
+    }
+    free(kinds);
+}
+
+/* Every file of a model folder (a preset has none). */
+static void note_model(const char *model)
+{
+    DIR *d = opendir(model);
+    if (!d)
+        return;
+    char path[PATH_MAX];
+    for (struct dirent *de; (de = readdir(d));)
+        if ((size_t)snprintf(path, sizeof path, "%s/%s", model, de->d_name) < sizeof path)
+            outfile_note_input(path);
+    closedir(d);
+}
+
+void suite_note_inputs(const suite *s, const int *sel, int n, const char *kvdiff)
+{
+    bool llama = false;
+    outfile_note_input(s->path);
+    outfile_note_input(kvdiff);
+    for (int i = 0; i < n; i++) {
+        const suite_case *c = &s->cases[sel[i]];
+        if (c->prompt.kind == SUITE_PROMPT_FILE || c->prompt.kind == SUITE_PROMPT_TEXT_FILE)
+            outfile_note_input(c->prompt.text);
+        outfile_note_input(c->gguf);
+        note_model(c->model);
+        for (int side = 0; side < 2; side++) {
+            char **argv = side ? c->b : c->a;
+            const suite_side_kind k = side ? c->kb : c->ka;
+            if (k == SUITE_SIDE_DUMP && argv)
+                outfile_note_input(argv[0]);
+            else if (k == SUITE_SIDE_EXEC && argv)
+                note_exec(argv, side ? c->nb : c->na);
+            llama |= k == SUITE_SIDE_LLAMA;
+        }
+    }
+    if (llama) {
+        char rec[1100], path[PATH_MAX];
+        llama_bin(kvdiff, rec, sizeof rec);
+        if (find_program(rec, path, sizeof path))
+            outfile_note_input(path);
+    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1111,6 +1218,16 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
                         slot *sl, kv_err *e)
 {
     int fds[2];
+    /* the case's folder, made here in the runner: a worker killed by a
+     * stop cannot leave one behind without its mark */
+    char folder[sizeof ((suite_result *)0)->folder];
+    kv_err ferr = {{0}};
+    int frc;
+    if ((size_t)snprintf(folder, sizeof folder, "%s/%s", o->workdir, s->cases[sel[idx]].name) >=
+        sizeof folder)
+        frc = kv_errf(&ferr, "%s/%s: path too long", o->workdir, s->cases[sel[idx]].name);
+    else
+        frc = case_folder_make(folder, &ferr);
     if (pipe(fds) < 0)
         return kv_errf(e, "cannot make a pipe: %s", strerror(errno));
     fcntl(fds[0], F_SETFD, FD_CLOEXEC);
@@ -1137,7 +1254,7 @@ static int start_worker(const suite *s, const int *sel, int idx, const suite_run
          * case reports, instead of killing the worker without one. */
         signal(SIGXFSZ, SIG_IGN);
         suite_result r;
-        run_case(&s->cases[sel[idx]], o, &r);
+        run_case(&s->cases[sel[idx]], o, frc < 0 ? ferr.msg : NULL, &r);
         const char *p = (const char *)&r;
         size_t left = sizeof r;
         while (left > 0) {
@@ -1223,7 +1340,7 @@ static void stop_run(const suite *s, const int *sel, int n, const suite_run_opts
         kv_err ignored = {{0}};
         if ((size_t)snprintf(folder, sizeof folder, "%s/%s", o->workdir,
                              s->cases[sel[idx]].name) < sizeof folder)
-            suite_rmtree(folder, &ignored);
+            suite_case_folder_remove(folder, &ignored);   /* only one the suite made */
         skipped(&results[idx], "interrupted while running (its files were removed)");
     }
     for (int k = next; k < n; k++)
