@@ -480,6 +480,15 @@ typedef struct {
     int64_t top1_agree;
     double kl_mean, kl_max;
     int64_t kl_max_pos;
+    /* Positions left out of the KL and the top-1 count: a side's logits
+     * (or, from top-k, its log-sum-exp or a top-k value) there are NaN or
+     * infinite, which no KL measures. nonfinite_what says the first:
+     * "b.h5's log-sum-exp is nan" (and a note of the result says it; the
+     * JSON has the note only). present stays false when no position is
+     * left. */
+    int64_t nonfinite;
+    int64_t nonfinite_pos;       /* the first such position; -1 none */
+    char nonfinite_what[200];
 } cmp_logit_stats;
 
 typedef struct {
@@ -683,7 +692,8 @@ const char *cmp_basis_name(cmp_basis b);         /* "recomputed", "exact_check",
 /* KL(ref || test) of one position from each side's /output: log-sum-exp
  * (lr, lt) and top-k ids and values, over the reference's top-k ids; a
  * test logit missing from its top-k is taken as its k-th value (the
- * largest it can be), so the result is approximate. Never negative. */
+ * largest it can be), so the result is approximate. Never negative; NaN
+ * when a value it reads is not finite (not a KL of 0). */
 double cmp_kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const int32_t *it,
                    const float *vt, int k);
 

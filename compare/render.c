@@ -556,11 +556,17 @@ char *cmp_render_text(const cmp_result *r, unsigned flags)
         same_report(f, r);
     if (r->verdict != CMP_DIVERGED)
         self_lines(f, &r->tokens);
-    if (r->logits.present && r->verdict == CMP_DIVERGED)
+    /* Positions whose logits are not finite are out of the KL; the note
+     * below says which dump and where. */
+    if (!r->logits.present && r->verdict == CMP_DIVERGED && r->logits.nonfinite > 0)
+        fprintf(f, "LOGITS     no KL: a dump's logits are not finite at every compared "
+                "position (%lld; note below)\n", (long long)r->logits.nonfinite);
+    else if (r->logits.present && r->verdict == CMP_DIVERGED)
         fprintf(f, "LOGITS     KL(ref || test) mean %.3g, max %.3g at position %lld%s; top-1 "
-                "agrees at %lld of %lld positions\n", r->logits.kl_mean, r->logits.kl_max,
+                "agrees at %lld of %lld positions%s\n", r->logits.kl_mean, r->logits.kl_max,
                 (long long)r->logits.kl_max_pos, r->logits.from_topk ? " (from top-k only)" : "",
-                (long long)r->logits.top1_agree, (long long)r->logits.positions);
+                (long long)r->logits.top1_agree, (long long)r->logits.positions,
+                r->logits.nonfinite > 0 ? " with finite logits (note below)" : "");
     for (int i = 0; i < r->n_notes; i++)
         fprintf(f, "note: %s\n", r->notes[i]);
     if (flags & CMP_RENDER_STAGES)
@@ -753,6 +759,8 @@ static json_t *jlogits(const cmp_logit_stats *l)
 {
     if (!l->present)
         return json_null();
+    /* Positions with logits not finite are said in a note (the notes
+     * round-trip through kvdiff report's reader; these keys would not). */
     return json_pack("{sb sI sI so so sI}", "from_topk", l->from_topk, "positions",
                      (json_int_t)l->positions, "top1_agree", (json_int_t)l->top1_agree,
                      "kl_mean", jnum(l->kl_mean), "kl_max", jnum(l->kl_max), "kl_max_position",

@@ -218,13 +218,74 @@ static void add_kl(cmp_logit_stats *ls, double kl, bool agree, int64_t pos)
     }
 }
 
+static const char *nonfinite_word(double v)
+{
+    return isnan(v) ? "nan" : v > 0 ? "inf" : "-inf";
+}
+
+/* A position where a side's logits are not all finite: no KL measures it
+ * (NaN folds to 0 in a sum of max(kl, 0)), so it is left out, counted,
+ * and the first one said: which dump, which value, where. side: 0 the
+ * reference, 1 the test; what: "log-sum-exp", "logit of token 17". */
+static void note_nonfinite(const cmp_ctx *c, cmp_logit_stats *ls, int64_t pos, int side,
+                           const char *what, double v)
+{
+    if (ls->nonfinite++ > 0)
+        return;
+    ls->nonfinite_pos = pos;
+    snprintf(ls->nonfinite_what, sizeof ls->nonfinite_what, "%s's %s is %s",
+             side ? c->test->label : c->ref->label, what, nonfinite_word(v));
+}
+
+/* The first value of n that is not finite, or -1. */
+static int first_nonfinite(const float *x, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return i;
+    return -1;
+}
+
+/* Whether both sides' full logits rows at pos are finite; noted if not. */
+static bool logits_finite(const cmp_ctx *c, cmp_logit_stats *ls, int64_t pos, const float *p,
+                          const float *q, int V)
+{
+    const float *row[2] = {p, q};
+    for (int side = 0; side < 2; side++) {
+        const int i = first_nonfinite(row[side], V);
+        if (i >= 0) {
+            char what[64];
+            snprintf(what, sizeof what, "logit of token %d", i);
+            note_nonfinite(c, ls, pos, side, what, row[side][i]);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The same for /output rows: the log-sum-exp and the top-k values. */
+static bool output_finite(const cmp_ctx *c, cmp_logit_stats *ls, int64_t pos, const float lse[2],
+                          const int32_t *const ids[2], const float *const vals[2],
+                          const int k[2])
+{
+    for (int side = 0; side < 2; side++) {
+        if (!isfinite(lse[side])) {
+            note_nonfinite(c, ls, pos, side, "log-sum-exp", lse[side]);
+            return false;
+        }
+        const int i = first_nonfinite(vals[side], k[side]);
+        if (i >= 0) {
+            char what[64];
+            snprintf(what, sizeof what, "top-k logit of token %d", ids[side][i]);
+            note_nonfinite(c, ls, pos, side, what, vals[side][i]);
+            return false;
+        }
+    }
+    return true;
+}
+
 static double kl_full(const float *p, const float *q, int V, bool *agree)
 {
-    for (int i = 0; i < V; i++)
-        if (!isfinite(p[i]) || !isfinite(q[i])) {
-            *agree = false;
-            return INFINITY;
-        }
     int ap, aq;
     const double lp = row_lse(p, V, &ap), lq = row_lse(q, V, &aq);
     double kl = 0;
@@ -253,8 +314,11 @@ static int stats_from_logits(cmp_ctx *c, const cmp_stage_result *sr, kv_err *e)
             break;
         }
         for (int64_t r = 0; r < n; r++) {
+            const float *ra = a + (size_t)r * V, *rb = b + (size_t)r * V;
+            if (!logits_finite(c, ls, p + r, ra, rb, V))
+                continue;
             bool agree;
-            double kl = kl_full(a + (size_t)r * V, b + (size_t)r * V, V, &agree);
+            double kl = kl_full(ra, rb, V, &agree);
             add_kl(ls, kl, agree, p + r);
         }
     }
@@ -275,7 +339,7 @@ double cmp_kl_topk(float lr, const int32_t *ir, const float *vr, float lt, const
         const double lp = (double)vr[i] - lr;
         kl += exp(lp) * (lp - lq);
     }
-    return kl > 0 ? kl : 0;
+    return kl > 0 || isnan(kl) ? kl : 0;
 }
 
 /* The positions lo..hi both sides' /output hold, before the token cut,
@@ -343,6 +407,12 @@ static int stats_from_output(cmp_ctx *c, int64_t lo, int64_t hi, int kr, int kt,
         }
         for (int64_t r = 0; r < n; r++) {
             const int32_t *ir = A.ids + r * kr, *it = B.ids + r * kt;
+            const float lse[2] = {A.lse[r], B.lse[r]};
+            const int32_t *const ids[2] = {ir, it};
+            const float *const vals[2] = {A.vals + r * kr, B.vals + r * kt};
+            const int widths[2] = {kr, kt};
+            if (!output_finite(c, ls, p + r, lse, ids, vals, widths))
+                continue;
             double kl = cmp_kl_topk(A.lse[r], ir, A.vals + r * kr, B.lse[r], it, B.vals + r * kt, k);
             add_kl(ls, kl, ir[0] == it[0], p + r);
         }
@@ -355,6 +425,7 @@ int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e)
 {
     cmp_logit_stats *ls = &c->r->logits;
     memset(ls, 0, sizeof *ls);
+    ls->nonfinite_pos = -1;
     const cmp_stage_result *sr = cmp_result_stage(c->r, -1, STAGE_LOGITS);
     int rc = 0;
     if (sr && !sr->hashed) {
@@ -367,9 +438,16 @@ int cmp_logit_stats_compute(cmp_ctx *c, kv_err *e)
         ls->from_topk = true;
         rc = stats_from_output(c, lo, hi, ka, kb, e);
     }
+    /* No position measured: no KL to show (JSON null, no report line);
+     * the note below says why. */
     ls->present = ls->positions > 0;
     if (ls->positions > 0)
         ls->kl_mean /= (double)ls->positions;
+    if (ls->nonfinite > 0)
+        cmp_note(c->r, "%s at position %lld (%lld position%s with logits not finite): left out "
+                 "of the KL, %s", ls->nonfinite_what, (long long)ls->nonfinite_pos,
+                 (long long)ls->nonfinite, ls->nonfinite == 1 ? "" : "s",
+                 ls->positions > 0 ? "which covers the others" : "which has no position left");
     return rc;
 }
 

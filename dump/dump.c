@@ -287,18 +287,60 @@ static void guard_end(void)
 
 static char *read_vlstr(hid_t a, hid_t ftype);
 
+/* The preflight child's verdicts besides a crash or a loop: its exit
+ * status, with a line on its pipe saying which string. */
+enum { PF_EXIT_LONG = 3 };
+
+/* In the preflight child: a string attribute past DUMP_MAX_STR_ATTR ends
+ * the child at once (before it is read again), telling the parent which
+ * one on the pipe. where: "the root" or "/layers/3". */
+static void pf_length(int out, const char *where, const char *name, unsigned long long len)
+{
+    if (len <= (unsigned long long)DUMP_MAX_STR_ATTR)
+        return;
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s attribute %s is a string of %llu bytes, past the "
+                     "limit of %lld bytes (%lld MiB) kvdiff reads", where, name, len,
+                     DUMP_MAX_STR_ATTR, DUMP_MAX_STR_ATTR >> 20);
+    if (n > 0 && write(out, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1) < 0)
+        _exit(2);
+    _exit(PF_EXIT_LONG);
+}
+
+typedef struct {
+    const char *where;   /* "the root", "/layers/3" */
+    int out;             /* the pipe to the parent */
+} pf_ctx;
+
+/* The string attributes kvdiff reads besides the root's (those are read
+ * by name first): a layer group's "attention". Only these are held to
+ * DUMP_MAX_STR_ATTR; another program's own attributes may be longer. */
+static bool pf_read_by_kvdiff(const char *name)
+{
+    return !strcmp(name, "attention");
+}
+
 /* Preflight, in a child process: variable-length string attributes read
  * as the reader would. */
 static herr_t pf_attr(hid_t loc, const char *name, const H5A_info_t *ai, void *op)
 {
     (void)ai;
-    (void)op;
+    const pf_ctx *ctx = op;
     hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
     hid_t t = a >= 0 ? H5Aget_type(a) : H5I_INVALID_HID;
     hid_t sp = a >= 0 ? H5Aget_space(a) : H5I_INVALID_HID;
-    if (t >= 0 && sp >= 0 && H5Tget_class(t) == H5T_STRING && H5Tis_variable_str(t) > 0 &&
-        H5Sget_simple_extent_npoints(sp) == 1)
-        free(read_vlstr(a, t));
+    if (t >= 0 && sp >= 0 && H5Tget_class(t) == H5T_STRING &&
+        H5Sget_simple_extent_npoints(sp) == 1) {
+        const bool limited = ctx && pf_read_by_kvdiff(name);
+        if (H5Tis_variable_str(t) > 0) {
+            char *v = read_vlstr(a, t);
+            if (v && limited)
+                pf_length(ctx->out, ctx->where, name, strlen(v));
+            free(v);
+        } else if (limited) {
+            pf_length(ctx->out, ctx->where, name, H5Tget_size(t));
+        }
+    }
     H5E_BEGIN_TRY {
         H5Sclose(sp);
         H5Tclose(t);
@@ -309,11 +351,14 @@ static herr_t pf_attr(hid_t loc, const char *name, const H5A_info_t *ai, void *o
 
 /* A member of /layers: its own attributes (the reader reads "attention"),
  * and with walk, its members listed as validate lists them. */
-static void pf_member(hid_t loc, const char *name, bool walk)
+static void pf_member(hid_t loc, const char *where, const char *name, bool walk, int out)
 {
     hid_t o = H5Oopen(loc, name, H5P_DEFAULT);
     if (o >= 0) {
-        H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
+        char path[300];
+        snprintf(path, sizeof path, "%s/%s", where, name);
+        pf_ctx ctx = {path, out};
+        H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, &ctx);
         dump_link *links;
         size_t n;
         if (walk && H5Iget_type(o) == H5I_GROUP && dump_h5_list(o, &links, &n) == 0)
@@ -335,9 +380,11 @@ static void pf_member(hid_t loc, const char *name, bool walk)
  * and a child killed from outside (no verdict on the file) is tried again
  * before anything is said. A child blocked without using CPU (no damage
  * seen does that) is stopped after a minute as a backstop. */
-enum { PF_SOUND, PF_CRASH, PF_LOOP, PF_STUCK, PF_UNSURE };
+enum { PF_SOUND, PF_CRASH, PF_LOOP, PF_STUCK, PF_UNSURE, PF_LONG };
 
-static int preflight_once(const char *path, bool walk, unsigned cpu_limit)
+/* why: the child's line for PF_LONG (which string, how long). */
+static int preflight_once(const char *path, bool walk, unsigned cpu_limit, char *why,
+                          size_t why_n)
 {
     fflush(NULL);
     /* The child holds the pipe's write end until it exits: the parent
@@ -369,8 +416,10 @@ static int preflight_once(const char *path, bool walk, unsigned cpu_limit)
                                                 "status", "tool_version"};
             for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
                 char *v = NULL;
-                if (dump_h5_attr_str(f, names[i], &v) == 0)
+                if (dump_h5_attr_str(f, names[i], &v) == 0) {
+                    pf_length(done[1], "the root", names[i], strlen(v));
                     free(v);
+                }
             }
             H5Aiterate2(f, H5_INDEX_NAME, H5_ITER_INC, NULL, pf_attr, NULL);
             /* Then the groups under /layers, whose string attributes are the
@@ -381,14 +430,14 @@ static int preflight_once(const char *path, bool walk, unsigned cpu_limit)
                 hid_t g = H5Gopen2(f, "layers", H5P_DEFAULT);
                 if (g >= 0 && dump_h5_list(g, &links, &n) == 0) {
                     for (size_t i = 0; i < n; i++)
-                        pf_member(g, links[i].name, walk);
+                        pf_member(g, "/layers", links[i].name, walk, done[1]);
                     dump_links_free(links, n);
                 }
                 if (g >= 0)
                     H5Gclose(g);
             }
             if (walk && H5Lexists(f, "model", H5P_DEFAULT) > 0)
-                pf_member(f, "model", walk);
+                pf_member(f, "", "model", walk, done[1]);
         }
         _exit(0);
     }
@@ -405,18 +454,32 @@ static int preflight_once(const char *path, bool walk, unsigned cpu_limit)
         if (r < 0 && errno == EINTR)
             continue;
         if (r > 0)
-            break;   /* closed: the child is gone */
+            break;   /* closed: the child is gone (or its line came first) */
         close(done[0]);
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         return r < 0 ? PF_SOUND : PF_STUCK;
     }
+    /* The child's line, if any: it exits right after writing it. */
+    size_t got = 0;
+    for (;;) {
+        ssize_t k = got + 1 < why_n ? read(done[0], why + got, why_n - 1 - got) : 0;
+        if (k < 0 && errno == EINTR)
+            continue;
+        if (k <= 0)
+            break;
+        got += (size_t)k;
+    }
+    if (why_n)
+        why[got] = 0;
     close(done[0]);
     int st = 0;
     while (waitpid(pid, &st, 0) < 0) {
         if (errno != EINTR)
             return PF_SOUND;
     }
+    if (WIFEXITED(st) && WEXITSTATUS(st) == PF_EXIT_LONG && got > 0)
+        return PF_LONG;
     if (WIFEXITED(st))
         return WEXITSTATUS(st) == 0 ? PF_SOUND : PF_CRASH;
     if (!WIFSIGNALED(st))
@@ -433,8 +496,11 @@ static int preflight(const char *path, bool walk, kv_err *e)
 {
     const unsigned limit = guard_seconds && guard_seconds < 5 ? guard_seconds : 5;
     int v = PF_UNSURE;
+    char why[512] = "";
     for (int attempt = 0; attempt < 3 && v == PF_UNSURE; attempt++)
-        v = preflight_once(path, walk, limit);
+        v = preflight_once(path, walk, limit, why, sizeof why);
+    if (v == PF_LONG)
+        return kv_errf(e, "%s: %s", path, why);
     if (v == PF_CRASH)
         return kv_errf(e, "%s: the HDF5 library crashes reading this file's metadata (a "
                           "damaged file)", path);
@@ -485,6 +551,10 @@ static hid_t open_read(const char *path, kv_err *e)
     outfile_note_input(path);   /* a dump read is never an output of the run */
     if (S_ISDIR(st.st_mode))
         return kv_errf(e, "%s: is a folder, not a dump", path), H5I_INVALID_HID;
+    /* Before the size: a FIFO or a device has none, and is not "empty". */
+    if (!S_ISREG(st.st_mode))
+        return kv_errf(e, "%s: is %s, not a regular file (a dump is an HDF5 file on disk)",
+                       path, outfile_kind(st.st_mode)), H5I_INVALID_HID;
     if (st.st_size == 0)
         return kv_errf(e, "%s: empty file (not an HDF5 file)", path), H5I_INVALID_HID;
     htri_t is = H5Fis_hdf5(path);

@@ -29,6 +29,12 @@
  * 2^26, far past any context a model is run at. */
 #define DUMP_MAX_POSITIONS (1LL << 26)
 
+/* The longest string attribute (in bytes) kvdiff reads: the longest it
+ * writes, a model_config or engine_settings, is a few kilobytes. A longer
+ * one is refused by name and size before it is read again (a file of
+ * another program's, or a damaged one). 1 MiB. */
+#define DUMP_MAX_STR_ATTR (1LL << 20)
+
 /* ---------------------------------------------------------------- */
 /* Selection                                                          */
 
@@ -256,7 +262,8 @@ int dump_read_output(const dump_file *f, int64_t row0, int64_t n, float *lse, in
  * num_hidden_layers; /output (when there) with k from 1 to vocab_size,
  * lse, topk_ids and topk_values of that shape over the same positions
  * inside the tokens, and every id below vocab_size (the one read of data:
- * top-k ids, small). A file whose model_config does not parse fails here.
+ * top-k ids, small). A file whose model_config does not parse fails here,
+ * and so, first, does one a run is still writing (dump_check_not_written).
  *
  * dump_check_stage: the datasets of one stage (rows; .hash and .stats in
  * fingerprint mode and with row hashes): each opens (not a dangling or
@@ -269,6 +276,12 @@ int dump_read_output(const dump_file *f, int64_t row0, int64_t n, float *lse, in
  * the libhdf5 calls for it. */
 int dump_check_file(const dump_file *f, kv_err *e);
 int dump_check_stage(const dump_file *f, int layer, kv_stage stage, kv_err *e);
+
+/* 0 unless a writer (a kvdiff run recording to path, in this process or
+ * another) holds its lock on the file now; then -1 with e = "PATH: is
+ * being written by another process now ...: wait for that run to
+ * finish". dump_check_file does the same on an open file. */
+int dump_check_not_written(const char *path, kv_err *e);
 
 /* Checks the file against schema v1; calls report(ctx, line) once per
  * violation (each a sentence naming the object). Returns the number of

@@ -213,6 +213,8 @@ static dset_meta *meta_of(const dump_file *f, const char *path)
          * source files' */
         m->problem = dump_h5_storage(d, &m->filter);
         m->rank = m->problem == DUMP_STORAGE_OK ? shape_of(d, m->dims) : -1;
+        /* Past what a reader indexes: read as no shape (dims stay as the
+         * file says them, for past_limits to name). */
         if (m->rank > 0 && (m->dims[0] > INT64_MAX || m->dims[1] > INT32_MAX))
             m->rank = -1;
         m->kind = kind_of(d);
@@ -346,6 +348,22 @@ static const char *elem_name(elem_kind k)
     return k == ELEM_F32 ? "float32" : k == ELEM_I32 ? "int32" : "uint64";
 }
 
+/* A dataset whose extent is past what a reader indexes (meta_of read its
+ * shape as none, keeping the dims): said as such, not as a wrong rank. */
+static int past_limits(const dump_file *f, const dset_meta *m, kv_err *e)
+{
+    if (m->rank >= 0)
+        return 0;
+    if (m->dims[1] > INT32_MAX)
+        return kv_errf(e, "%s: %s is %llu columns wide, past the limit of %d (2^31 - 1) columns "
+                       "a dataset may have", f->path, m->path, (unsigned long long)m->dims[1],
+                       INT32_MAX);
+    if (m->dims[0] > INT64_MAX)
+        return kv_errf(e, "%s: %s has %llu rows, past the limit of %lld (2^63 - 1)", f->path,
+                       m->path, (unsigned long long)m->dims[0], (long long)INT64_MAX);
+    return 0;
+}
+
 /* Shape, type and range of a read, checked against what the file says. */
 static int check_read(const dump_file *f, const dset_meta *m, elem_kind k, int cols, int64_t row0,
                       int64_t n, kv_err *e)
@@ -354,6 +372,8 @@ static int check_read(const dump_file *f, const dset_meta *m, elem_kind k, int c
         return kv_errf(e, "%s: out of memory", f->path);
     if (!m->present)
         return kv_errf(e, "%s: no dataset %s", f->path, m->path);
+    if (past_limits(f, m, e) < 0)
+        return -1;
     if (m->rank < 0 || (cols == 0) != (m->rank == 1) ||
         (cols > 0 && m->dims[1] != (hsize_t)cols))
         return kv_errf(e, "%s: %s has the wrong shape (expected %s)", f->path, m->path,
@@ -771,7 +791,7 @@ static int check_openable(const dump_file *f, const dset_meta *m, kv_err *e)
 static int check_shape(const dump_file *f, const dset_meta *m, elem_kind k, int cols,
                        const char *width_says, kv_err *e)
 {
-    if (check_openable(f, m, e) < 0)
+    if (check_openable(f, m, e) < 0 || past_limits(f, m, e) < 0)
         return -1;
     if (m->rank != (cols == 0 ? 1 : 2))
         return kv_errf(e, "%s: %s is not %s", f->path, m->path,
@@ -1001,10 +1021,53 @@ static int check_output(const dump_file *f, kv_err *e)
     return rc;
 }
 
+/* Whether a writer holds its lock on fd's file (writer.c lock_target: a
+ * write lock on the whole file from create to the final status): 1 held,
+ * 0 free, -1 cannot tell (no OFD locks, or the query failed). */
+static int writer_lock_state(int fd)
+{
+#ifdef F_OFD_GETLK
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    if (fcntl(fd, F_OFD_GETLK, &fl) != 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
+#else
+    (void)fd;
+    return -1;
+#endif
+}
+
+static int being_written(const char *path, kv_err *e)
+{
+    return kv_errf(e, "%s: is being written by another process now (status \"partial: "
+                      "running\", its writer holds the file's lock): wait for that run to "
+                      "finish, then read it", path);
+}
+
+int dump_check_not_written(const char *path, kv_err *e)
+{
+    /* O_NONBLOCK: a FIFO at path does not hang the open (the read that
+     * follows names it). */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0)
+        return 0;   /* the read that follows says why */
+    const bool live = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && writer_lock_state(fd) == 1;
+    close(fd);
+    return live ? being_written(path, e) : 0;
+}
+
 int dump_check_file(const dump_file *f, kv_err *e)
 {
     if (!f)
         return kv_errf(e, "dump: no file");
+    /* First: a file still growing fails the checks below by a few rows
+     * (rows land before /tokens grows), which would read as damage. */
+    if (f->fd >= 0 && writer_lock_state(f->fd) == 1)
+        return being_written(f->path, e);
     if (!f->cfg_ok)
         return kv_errf(e, "%s: %s", f->path, f->cfg_err);
     json_t *j = json_loads(dump_attr(f, "engine_settings"), 0, NULL);
@@ -1068,16 +1131,8 @@ static void settle_running(dump_file *f)
     root_attr *a = (root_attr *)find_attr(f, "status");
     if (!a || !a->str || strcmp(a->str, "partial: running") != 0 || f->fd < 0)
         return;
-    struct flock fl;
-    memset(&fl, 0, sizeof fl);
-    fl.l_type = F_WRLCK;
-    fl.l_whence = SEEK_SET;
-#ifdef F_OFD_GETLK
-    if (fcntl(f->fd, F_OFD_GETLK, &fl) != 0 || fl.l_type != F_UNLCK)
+    if (writer_lock_state(f->fd) != 0)
         return;
-#else
-    return;
-#endif
     char *words = strdup("partial: its writer ended without closing it (killed, or out of "
                          "disk space or file size)");
     if (words) {

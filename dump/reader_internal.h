@@ -34,8 +34,10 @@ typedef struct dset_meta {
     struct dset_meta *next;      /* hash chain */
     char *path;
     bool present;                /* the dataset exists */
-    int rank;                    /* 1 or 2; -1 another shape */
-    hsize_t dims[2];             /* dims[1] = 1 for rank 1 */
+    int rank;                    /* 1 or 2; -1 another shape, or one past the
+                                  * limits (more than INT32_MAX columns) */
+    hsize_t dims[2];             /* dims[1] = 1 for rank 1; kept as the file says
+                                  * when past the limits, 0 for another shape */
     int kind;                    /* elem_kind of the stored type; -1 another */
     int64_t first_position;      /* 0 when the attribute is absent */
     bool has_first;              /* the attribute is there, an integer */

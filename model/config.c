@@ -25,12 +25,12 @@
 
 /* ---- limits: beyond these a value is a typo or an attack ---------------- */
 
-#define MAX_HIDDEN       (1 << 20)
-#define MAX_HEADS        (1 << 12)
-#define MAX_HEAD_DIM     (1 << 14)
-#define MAX_INTERMEDIATE (1 << 22)
+#define MAX_HIDDEN       KV_MAX_HIDDEN
+#define MAX_HEADS        KV_MAX_HEADS
+#define MAX_HEAD_DIM     KV_MAX_HEAD_DIM
+#define MAX_INTERMEDIATE KV_MAX_INTERMEDIATE
 #define MAX_VOCAB        (1 << 24)
-#define MAX_POSITIONS    (1 << 24)
+#define MAX_POSITIONS    KV_MAX_POSITIONS
 #define MAX_PATTERN      (1 << 20)
 #define MAX_MATRIX       ((long long)INT32_MAX) /* elements of one weight matrix */
 #define MAX_TABLE        (1LL << 34)            /* elements of Gemma 4's per-layer table */
@@ -541,9 +541,10 @@ static int rope_str(const jctx *cx, const char *path, const json_t *v, const cha
     return 0;
 }
 
-/* The scaling type: rope_type, or the older key type (they must agree). */
-static int scaling_type(const jctx *cx, const char *path, const json_t *v,
-                        bool required, const char **type)
+/* The scaling type: rope_type, or the older key type (they must agree).
+ * *key (may be NULL): which of the two said it, for messages. */
+static int scaling_type_key(const jctx *cx, const char *path, const json_t *v,
+                            bool required, const char **type, const char **key)
 {
     const char *rt = NULL, *ty = NULL;
     if (rope_str(cx, path, v, "rope_type", &rt) || rope_str(cx, path, v, "type", &ty))
@@ -551,9 +552,17 @@ static int scaling_type(const jctx *cx, const char *path, const json_t *v,
     if (*rt && *ty && strcmp(rt, ty) != 0)
         return failf(cx, path, "has rope_type '%.40s' and type '%.40s'; they must agree", rt, ty);
     *type = *rt ? rt : *ty ? ty : NULL;
+    if (key)
+        *key = *rt || !*ty ? "rope_type" : "type";
     if (!*type && required)
         return failf(cx, path, "has no rope_type");
     return 0;
+}
+
+static int scaling_type(const jctx *cx, const char *path, const json_t *v,
+                        bool required, const char **type)
+{
+    return scaling_type_key(cx, path, v, required, type, NULL);
 }
 
 static int parse_llama3_scaling(const jctx *cx, const char *path, const json_t *v,
@@ -648,7 +657,17 @@ static int parse_rope_entry(const jctx *cx, const char *path, const json_t *v,
 static int parse_sliding_rope(const jctx *cx, const json_t *slide, kv_config *c)
 {
     kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
-    if (parse_rope_entry(cx, "rope_parameters.sliding_attention", slide, &s,
+    const char *path = "rope_parameters.sliding_attention", *type = NULL, *tkey = "rope_type";
+    char k[128];
+    /* "proportional" here is Gemma 4's full-layer RoPE put on the wrong
+     * layers, not a scaling kvdiff lacks: said so, under the key that has it. */
+    if (json_is_object(slide) && scaling_type_key(cx, path, slide, false, &type, &tkey))
+        return -1;
+    if (type && !strcmp(type, "proportional"))
+        return failf(cx, subkey(k, sizeof k, path, tkey), "is 'proportional'; sliding layers "
+                     "rotate whole heads with default RoPE (Gemma 4 rotates part of a head, "
+                     "proportional, on full-attention layers only)");
+    if (parse_rope_entry(cx, path, slide, &s,
                          &c->rope_local_theta))
         return -1;
     if (s.type != ROPE_SCALE_NONE)
@@ -666,12 +685,13 @@ static int parse_gemma4_full_rope(const jctx *cx, const json_t *v, kv_config *c)
     char k[128], d[64];
     if (!json_is_object(v))
         return failf(cx, path, "is %s; expected an object", jdesc(v, d, sizeof d));
-    if (scaling_type(cx, path, v, false, &type))
+    const char *tkey = "rope_type";
+    if (scaling_type_key(cx, path, v, false, &type, &tkey))
         return -1;
     bool prop = type && !strcmp(type, "proportional");
     if (type && !prop && strcmp(type, "default") != 0)
-        return failf(cx, path, "rope_type '%.40s' is not supported (Gemma 4's full "
-                     "layers use proportional)", type);
+        return failf(cx, path, "%s '%.40s' is not supported (Gemma 4's full "
+                     "layers use proportional)", tkey, type);
     const json_t *t = json_object_get(v, "rope_theta");
     if (t && want_num(cx, subkey(k, sizeof k, path, "rope_theta"), t, MIN_THETA, false,
                       MAX_THETA, &c->rope_theta))
@@ -681,6 +701,11 @@ static int parse_gemma4_full_rope(const jctx *cx, const json_t *v, kv_config *c)
     subkey(k, sizeof k, path, "partial_rotary_factor");
     if (present(f) && want_num(cx, k, f, 0.0, true, 1.0, &factor))
         return -1;
+    /* No rope_type at all is not "rope_type default": the entry lacks the
+     * key the factor needs, and the message says so. */
+    if (factor != 1.0 && !type)
+        return failf(cx, k, "is %g but %s has no rope_type (read as default); kvdiff "
+                     "rotates part of a head for rope_type proportional only", factor, path);
     if (factor != 1.0 && !prop)
         return failf(cx, k, "is %g with rope_type default; kvdiff rotates part of a "
                      "head for proportional RoPE only", factor);

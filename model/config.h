@@ -16,6 +16,15 @@
 #define KV_MAX_LAYERS 256
 #define KV_MAX_EOS 8
 
+/* Sizes past which a config value is a typo or an attack (config_validate
+ * refuses them); public so that readers of other formats (the GGUF
+ * recorder) refuse them under their own key names. */
+#define KV_MAX_HIDDEN       (1 << 20)
+#define KV_MAX_HEADS        (1 << 12)
+#define KV_MAX_HEAD_DIM     (1 << 14)
+#define KV_MAX_INTERMEDIATE (1 << 22)
+#define KV_MAX_POSITIONS    (1 << 24)
+
 typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4 } kv_arch;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
 typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;

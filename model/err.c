@@ -37,9 +37,17 @@ int kv_errf(kv_err *e, const char *fmt, ...)
     return -1;
 }
 
+/* Whether msg already starts with prefix and a colon ("X.h5: ...",
+ * "suite.txt:10: ..."): a callee that names its file itself. */
+static int has_prefix(const char *msg, const char *prefix)
+{
+    const size_t n = strlen(prefix);
+    return n > 0 && strncmp(msg, prefix, n) == 0 && msg[n] == ':';
+}
+
 int kv_err_prefix(kv_err *e, const char *prefix)
 {
-    if (e) {
+    if (e && prefix && !has_prefix(e->msg, prefix)) {
         /* The result is cut to the message size (checked, not an accident). */
         char tmp[sizeof e->msg];
         int n = snprintf(tmp, sizeof tmp, "%s: %s", prefix, e->msg);

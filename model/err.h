@@ -22,7 +22,9 @@ int kv_errf(kv_err *e, const char *fmt, ...)
  * formatter of its own calls it. */
 void kv_err_words(kv_err *e);
 
-/* Prepends "prefix: " to an existing message (used to add a file name). */
+/* Prepends "prefix: " to an existing message (used to add a file name),
+ * unless the message already starts with prefix and a colon: a file is
+ * named once, however many callers add it. */
 int kv_err_prefix(kv_err *e, const char *prefix);
 
 #endif

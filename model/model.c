@@ -226,14 +226,76 @@ typedef struct {
     kern_linear *ready;     /* NULL, or by catalogue index: matrices allocated ahead */
 } row_source;
 
+static const char *suffix_of(const tensor_spec *s);
+
+/* Gemma 4's layers differ by type and by K/V sharing: which config.json
+ * fields gave a layer tensor its shape, or made it needed, so that a file
+ * that disagrees names the field to look at ("num_attention_heads 4 x the
+ * full layers' head size 64 ..."). Empty for the others, whose shapes read
+ * off the config as they are. */
+static void gemma4_origin(const kv_config *c, const tensor_spec *s, bool missing, char *buf,
+                          size_t n)
+{
+    buf[0] = 0;
+    const int l = s->layer;
+    if (c->arch != ARCH_GEMMA4)
+        return;
+    if (s->kind == TENSOR_TABLE && !missing) {
+        snprintf(buf, n, "vocab_size_per_layer_input %d, num_hidden_layers %d x "
+                 "hidden_size_per_layer_input %d", c->per_layer_vocab, c->n_layers,
+                 c->per_layer_dim);
+        return;
+    }
+    if (l < 0 || l >= c->n_layers)
+        return;
+    const char *sx = suffix_of(s);
+    const bool full = c->layer_type[l] == ATTN_GLOBAL, owns = c->kv_owner[l] == l;
+    int shared = 0;
+    for (int i = 0; i < c->n_layers; i++)
+        shared += c->kv_owner[i] != i;
+    /* A full layer's size falls back to the sliding one's when its own
+     * key is absent (config.c). */
+    const char *hd = full ? "global_head_dim (else head_dim)" : "head_dim";
+    const char *kvh = full ? "num_global_key_value_heads (else num_key_value_heads)"
+                           : "num_key_value_heads";
+    const char *type = full ? "full_attention" : "sliding_attention";
+    if (missing && strstr(sx, "k_proj") && owns)
+        snprintf(buf, n, "layer %d computes its own K/V: num_kv_shared_layers is %d", l, shared);
+    else if (missing && strstr(sx, "v_proj"))
+        snprintf(buf, n, "layer %d is %s and attention_k_eq_v is %s", l, type,
+                 c->k_eq_v ? "true" : "false");
+    else if (missing)
+        return;
+    else if (strstr(sx, "q_proj") || strstr(sx, "o_proj"))
+        snprintf(buf, n, "num_attention_heads %d x %s %d: layer %d is %s", c->n_heads, hd,
+                 config_layer_head_dim(c, l), l, type);
+    else if (strstr(sx, "k_proj") || strstr(sx, "v_proj"))
+        snprintf(buf, n, "%s %d x %s %d: layer %d is %s", kvh, config_layer_kv_heads(c, l), hd,
+                 config_layer_head_dim(c, l), l, type);
+    else if (strstr(sx, "mlp.") && c->double_wide_mlp && !owns)
+        snprintf(buf, n, "2 x intermediate_size %d: use_double_wide_mlp, and layer %d shares "
+                 "K/V as one of the last num_kv_shared_layers %d", c->intermediate, l, shared);
+    else if (strstr(sx, "mlp.") && c->double_wide_mlp)
+        snprintf(buf, n, "intermediate_size %d: layer %d computes its own K/V, outside the "
+                 "last num_kv_shared_layers %d, so use_double_wide_mlp does not double it",
+                 c->intermediate, l, shared);
+    else if (strstr(sx, "mlp."))
+        snprintf(buf, n, "intermediate_size %d: use_double_wide_mlp is false", c->intermediate);
+    else if (strstr(sx, "per_layer"))
+        snprintf(buf, n, "hidden_size_per_layer_input %d", c->per_layer_dim);
+}
+
 static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
 {
     if (!src->st)
         return 0;
     const st_tensor *t = st_find(src->st, s->name);
-    if (!t)
-        return kv_errf(e, "%s: tensor '%s' is missing (needed by config.json)",
-                       src->dir, s->name);
+    char why[300];
+    if (!t) {
+        gemma4_origin(src->cfg, s, true, why, sizeof why);
+        return kv_errf(e, "%s: tensor '%s' is missing (needed by config.json%s%s)",
+                       src->dir, s->name, why[0] ? ": " : "", why);
+    }
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
         return kv_errf(e, "%s: tensor '%s' has dtype %s; kvdiff reads F32, F16 and BF16",
                        t->file, s->name, st_dtype_name(t->dtype));
@@ -249,8 +311,9 @@ static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
         else
             snprintf(want, sizeof want, "%lld, %lld", (long long)s->shape[0],
                      (long long)s->shape[1]);
-        return kv_errf(e, "%s: tensor '%s' has shape [%s] but config.json implies [%s]",
-                       t->file, s->name, got, want);
+        gemma4_origin(src->cfg, s, false, why, sizeof why);
+        return kv_errf(e, "%s: tensor '%s' has shape [%s] but config.json implies [%s]%s%s%s",
+                       t->file, s->name, got, want, why[0] ? " (" : "", why, why[0] ? ")" : "");
     }
     return 0;
 }

@@ -881,6 +881,14 @@ static const bad_case BAD[] = {
       "num_global_key_value_heads is 3, which does not divide num_attention_heads 4" },
     { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\"}}}",
       "rope_parameters.full_attention rope_type 'yarn' is not supported" },
+    /* the key at fault named: a missing rope_type said missing (not
+     * "default"); the sliding entry's rope_type, not "linear and llama3" */
+    { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": "
+      "0.25}}}", "rope_parameters.full_attention.partial_rotary_factor is 0.25 but "
+      "rope_parameters.full_attention has no rope_type (read as default)" },
+    { "{" G4_BASE ", \"rope_parameters\": {\"sliding_attention\": {\"rope_type\": "
+      "\"proportional\"}}}", "rope_parameters.sliding_attention.rope_type is 'proportional'; "
+      "sliding layers rotate whole heads" },
     { "{\"model_type\": \"gemma4_text\", \"hidden_size\": 64, \"intermediate_size\": 96, "
       "\"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, "
       "\"vocab_size\": 256}", "layer_types is missing" },

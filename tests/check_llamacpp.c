@@ -618,6 +618,50 @@ START_TEST(test_llama_bad_input)
 }
 END_TEST
 
+/* Each GGUF key checked is named on its own, with its value as written:
+ * a key present with value 0 is not "missing", 2^31 is not -2147483648
+ * (an int32 cast), and a wrong key_length is named, not the RoPE count
+ * checked against it. */
+START_TEST(test_llama_gguf_keys_named)
+{
+    char dir[64], gguf[256], bad[256], args[1024];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gguf, sizeof gguf, "%s/g.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert(make_gguf("tiny-llama", dir, gguf, NULL) == 0);
+    static const struct {
+        const char *key;
+        double v;
+        const char *want, *not_want;
+    } cases[] = {
+        {"llama.block_count", 0, "llama.block_count is 0: the number of layers must be from 1 "
+         "to 256", "missing"},
+        {"llama.attention.head_count", 0, "llama.attention.head_count is 0: the number of "
+         "attention heads must be from 1", "missing"},
+        {"llama.embedding_length", 2147483648.0, "llama.embedding_length is 2147483648: the "
+         "model width must be from 1 to 1048576", "-2147483648"},
+        {"llama.context_length", 2147483648.0, "llama.context_length is 2147483648: the "
+         "context length must be from 1 to 16777216", "-2147483648"},
+        {"llama.rope.dimension_count", 2147483648.0, "llama.rope.dimension_count is "
+         "2147483648", "e+09"},
+        {"llama.attention.key_length", 8, "llama.attention.key_length is 8, but "
+         "blk.0.attn_k.weight holds 2 K/V heads of 16 dimensions", "rope.dimension_count"},
+        {"llama.attention.key_length", 0, "llama.attention.key_length is 0: the head size must "
+         "be from 2 to 16384", "rope.dimension_count"},
+        {"llama.attention.key_length", 2147483648.0, "llama.attention.key_length is "
+         "2147483648", "-2147483648"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_int_eq(gguf_patch(gguf, bad, cases[i].key, cases[i].v), 0);
+        snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --dump %s/x.h5", bad,
+                 dir);
+        one_line_exit2(args, cases[i].want, NULL);
+        ck_assert_msg(!strstr(out, cases[i].not_want), "'%s' in: %s", cases[i].not_want, out);
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A GGUF llama.cpp loads but cannot compute with made it abort (exit 134,
  * a debugger's backtrace, a dump half written): a RoPE dimension count its
  * rope op asserts on is refused before loading, and any other failed
@@ -674,6 +718,7 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_tiny_gemma4);
     tcase_add_test(tc, test_llama_gemma4_shared_kv_layers_wrong);
     tcase_add_test(tc, test_llama_bad_input);
+    tcase_add_test(tc, test_llama_gguf_keys_named);
     tcase_add_test(tc, test_llama_abort_is_one_line);
     suite_add_tcase(s, tc);
     return s;

@@ -104,7 +104,8 @@ static int parse_int(const char *s, const char *opt, int lo, int *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > 1 << 30) {
-        fprintf(stderr, TOOL ": %s: '%s' is not an integer >= %d\n", opt, s, lo);
+        fprintf(stderr, TOOL ": %s: '%s' is not an integer from %d to %d\n", opt, s, lo,
+                1 << 30);
         return -1;
     }
     *out = (int)v;
@@ -333,21 +334,196 @@ static double meta_num(const meta *m, const char *suffix, double dflt, bool *fou
     }
 }
 
+/* A numeric key as written: an integer's exact value (a u64 past
+ * INT64_MAX saturates there, its text keeps every digit), a float's. */
+typedef struct {
+    bool found;        /* present and a number (not an array, not a string) */
+    bool is_int;       /* an integer type, or a float holding a whole number */
+    long long v;       /* the value when is_int */
+    char text[40];     /* the value as written, for messages */
+} meta_val;
+
+static meta_val meta_get(const meta *m, const char *suffix)
+{
+    meta_val r = {.found = false};
+    int64_t k = suffix[0] == '=' ? gguf_find_key(m->g, suffix + 1) : meta_key(m, suffix);
+    if (k < 0)
+        return r;
+    r.found = r.is_int = true;
+    switch (gguf_get_kv_type(m->g, k)) {
+    case GGUF_TYPE_UINT8: r.v = gguf_get_val_u8(m->g, k); break;
+    case GGUF_TYPE_INT8: r.v = gguf_get_val_i8(m->g, k); break;
+    case GGUF_TYPE_UINT16: r.v = gguf_get_val_u16(m->g, k); break;
+    case GGUF_TYPE_INT16: r.v = gguf_get_val_i16(m->g, k); break;
+    case GGUF_TYPE_UINT32: r.v = gguf_get_val_u32(m->g, k); break;
+    case GGUF_TYPE_INT32: r.v = gguf_get_val_i32(m->g, k); break;
+    case GGUF_TYPE_INT64: r.v = gguf_get_val_i64(m->g, k); break;
+    case GGUF_TYPE_UINT64: {
+        const uint64_t u = gguf_get_val_u64(m->g, k);
+        r.v = u > INT64_MAX ? INT64_MAX : (long long)u;
+        snprintf(r.text, sizeof r.text, "%llu", (unsigned long long)u);
+        return r;
+    }
+    case GGUF_TYPE_FLOAT32:
+    case GGUF_TYPE_FLOAT64: {
+        const double d = meta_num(m, suffix, 0, NULL);
+        r.is_int = isfinite(d) && d == floor(d) && fabs(d) < 9e18;
+        r.v = r.is_int ? (long long)d : 0;
+        snprintf(r.text, sizeof r.text, "%.17g", d);
+        return r;
+    }
+    default:
+        r.found = r.is_int = false;
+        return r;
+    }
+    snprintf(r.text, sizeof r.text, "%lld", r.v);
+    return r;
+}
+
+/* The key's full name, "llama.block_count" (or the name after '='). */
+static const char *meta_name(const meta *m, const char *suffix, char *buf, size_t n)
+{
+    if (suffix[0] == '=')
+        return suffix + 1;
+    snprintf(buf, n, "%s.%s", m->arch, suffix);
+    return buf;
+}
+
+/* An integer key from lo to hi into *out: dflt when absent (an error when
+ * required). what names what it counts, for the message that says which
+ * key holds what and why it is refused ("llama.block_count is 0: the
+ * number of layers must be from 1 to 256"). Present as another type (a
+ * string, an array): as absent, unless required. */
+static int meta_int(const meta *m, const char *path, const char *suffix, long long lo,
+                    long long hi, bool required, long long dflt, const char *what, int *out,
+                    kv_err *e)
+{
+    char buf[160];
+    const char *name = meta_name(m, suffix, buf, sizeof buf);
+    meta_val v = meta_get(m, suffix);
+    if (!v.found) {
+        if (required)
+            return kv_errf(e, "%s: the GGUF has no number %s (%s)", path, name, what);
+        *out = (int)dflt;
+        return 0;
+    }
+    if (!v.is_int)
+        return kv_errf(e, "%s: %s is %s, not a whole number (%s)", path, name, v.text, what);
+    if (v.v < lo || v.v > hi)
+        return kv_errf(e, "%s: %s is %s: %s must be from %lld to %lld", path, name, v.text, what,
+                       lo, hi);
+    *out = (int)v.v;
+    return 0;
+}
+
+/* A head size (key_length, key_length_swa) must be even: RoPE rotates
+ * pairs of its dimensions. */
+static int head_even(const meta *m, const char *path, const char *key, int head_dim, kv_err *e)
+{
+    if (head_dim >= 2 && head_dim % 2 == 0)
+        return 0;
+    char buf[160];
+    if (meta_get(m, key).found)
+        return kv_errf(e, "%s: %s is %d: the head size must be even (RoPE rotates pairs of its "
+                       "dimensions)", path, meta_name(m, key, buf, sizeof buf), head_dim);
+    return kv_errf(e, "%s: the GGUF has no %s, and embedding_length / head_count gives a head "
+                   "size of %d: it must be even, from 2", path, meta_name(m, key, buf, sizeof buf),
+                   head_dim);
+}
+
+/* The rows of blk.0.attn_k.weight (K/V heads x head size), from its byte
+ * size and a row of hidden values; -1 when that does not tell. */
+static long long k_rows(const struct gguf_context *g, int hidden)
+{
+    int64_t id = gguf_find_tensor(g, "blk.0.attn_k.weight");
+    if (id < 0 || hidden <= 0)
+        return -1;
+    const enum ggml_type t = gguf_get_tensor_type(g, id);
+    const size_t ts = ggml_type_size(t), bytes = gguf_get_tensor_size(g, id);
+    const long long bs = ggml_blck_size(t);
+    if (ts == 0 || bs <= 0 || bytes % ts != 0)
+        return -1;
+    const long long n = (long long)(bytes / ts) * bs;
+    return n % hidden == 0 ? n / hidden : -1;
+}
+
+/* attention.key_length against what the K weight holds (Llama, Qwen,
+ * Gemma 3: n_kv_heads x head size rows): a wrong key_length is named
+ * here, before the RoPE count checked against it is blamed. 1: the
+ * weight confirms it; 0: no word (absent key or weight); -1: refused. */
+static int key_length_fits(const meta *m, const char *path, const kv_config *c, kv_err *e)
+{
+    char buf[160];
+    const long long rows = k_rows(m->g, c->hidden);
+    if (!meta_get(m, "attention.key_length").found || rows <= 0 || rows % c->n_kv_heads != 0)
+        return 0;
+    if (rows / c->n_kv_heads == c->head_dim)
+        return 1;
+    return kv_errf(e, "%s: %s is %d, but blk.0.attn_k.weight holds %d K/V heads of %lld "
+                   "dimensions (%lld rows): the key length is wrong", path,
+                   meta_name(m, "attention.key_length", buf, sizeof buf), c->head_dim,
+                   c->n_kv_heads, rows / c->n_kv_heads, rows);
+}
+
+/* A RoPE dimension count llama.cpp's rope op can take: even, from 2 to
+ * the head size (head_key's, checked before). More than a head size the
+ * K weight confirmed (head_ok) is the count's fault; more than one
+ * nothing confirmed names both keys: either may be the wrong one. */
+static int rope_count(const meta *m, const char *path, const char *key, const char *head_key,
+                      int head_dim, bool head_ok, kv_err *e)
+{
+    const meta_val r = meta_get(m, key);
+    char a[160], b[160];
+    if (!r.found)
+        return 0;
+    if (!r.is_int || r.v < 2 || r.v % 2 != 0 || (head_ok && r.v > head_dim))
+        return kv_errf(e, "%s: %s is %s: llama.cpp cannot rotate by it (an even count from 2 "
+                       "to the head size, %d)", path, meta_name(m, key, a, sizeof a), r.text,
+                       head_dim);
+    if (r.v > head_dim && meta_get(m, head_key).found)
+        return kv_errf(e, "%s: %s is %s, more than the head size %s = %d: llama.cpp cannot "
+                       "rotate by more than a head (one of the two is wrong)", path,
+                       meta_name(m, key, a, sizeof a), r.text, meta_name(m, head_key, b, sizeof b),
+                       head_dim);
+    if (r.v > head_dim)
+        return kv_errf(e, "%s: %s is %s, more than the head size %d (embedding_length / "
+                       "head_count; the GGUF has no %s): llama.cpp cannot rotate by more than a "
+                       "head", path, meta_name(m, key, a, sizeof a), r.text, head_dim,
+                       meta_name(m, head_key, b, sizeof b));
+    return 0;
+}
+
+/* A token id key: absent, -1 or 2^32 - 1 (llama.cpp's "none" written as
+ * u32) read as none (-1); else an id from 0 to 2^31 - 1. */
+static int token_key(const meta *m, const char *path, const char *key, int *out, kv_err *e)
+{
+    const meta_val t = meta_get(m, key);
+    if (t.found && t.is_int && (t.v == -1 || t.v == UINT32_MAX)) {
+        *out = -1;
+        return 0;
+    }
+    return meta_int(m, path, key, 0, INT32_MAX, false, -1, "a token id", out, e);
+}
+
 /* Which layers slide, as llama.cpp decides (llama_hparams::set_swa_pattern
  * and load_swa_pattern): a bool array, or every n-th layer global. */
-static int gemma3_layer_types(const meta *m, kv_config *c, kv_err *e)
+static int gemma3_layer_types(const meta *m, const char *path, kv_config *c, kv_err *e)
 {
     int64_t k = meta_key(m, "attention.sliding_window_pattern");
     if (k >= 0 && gguf_get_kv_type(m->g, k) == GGUF_TYPE_ARRAY) {
         if (gguf_get_arr_type(m->g, k) != GGUF_TYPE_BOOL ||
             gguf_get_arr_n(m->g, k) < (size_t)c->n_layers)
-            return kv_errf(e, "%s.attention.sliding_window_pattern: not a bool per layer", m->arch);
+            return kv_errf(e, "%s: %s.attention.sliding_window_pattern: not a bool per layer",
+                           path, m->arch);
         const int8_t *v = gguf_get_arr_data(m->g, k);
         for (int l = 0; l < c->n_layers; l++)
             c->layer_type[l] = v[l] ? ATTN_SLIDING : ATTN_GLOBAL;
         return 0;
     }
-    int n = (int)meta_num(m, "attention.sliding_window_pattern", 6, NULL);
+    int n;
+    if (meta_int(m, path, "attention.sliding_window_pattern", 0, INT32_MAX, false, 6,
+                 "the sliding window pattern (every n-th layer global)", &n, e) < 0)
+        return -1;
     for (int l = 0; l < c->n_layers; l++)
         c->layer_type[l] = (n == 0 || l % n < n - 1) ? ATTN_SLIDING : ATTN_GLOBAL;
     return 0;
@@ -410,22 +586,37 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     uint32_t kv[KV_MAX_LAYERS], ff[KV_MAX_LAYERS];
     bool f_kv, f_ff;
     c->head_dim_full = c->head_dim;
-    c->head_dim = (int)meta_num(m, "attention.key_length_swa", c->head_dim_full, NULL);
-    bool f_rot;
-    const double n_rot = meta_num(m, "rope.dimension_count_swa", 0, &f_rot);
-    if (c->head_dim < 2 || c->head_dim > 16384 || c->head_dim % 2 != 0 ||
-        (f_rot && (n_rot < 2 || n_rot > c->head_dim || fmod(n_rot, 2) != 0)))
-        return kv_errf(e, "%s: %s.attention.key_length_swa %d or rope.dimension_count_swa %g: "
-                       "llama.cpp cannot rotate by it (an even count from 2 to the head size)",
-                       path, m->arch, c->head_dim, n_rot);
-    if (gemma3_layer_types(m, c, e) < 0)
-        return kv_err_prefix(e, path);
-    c->sliding_window = (int)meta_num(m, "attention.sliding_window", 0, NULL);
+    if (meta_int(m, path, "attention.key_length_swa", 2, KV_MAX_HEAD_DIM, false,
+                 c->head_dim_full, "the sliding layers' head size", &c->head_dim, e) < 0 ||
+        head_even(m, path, "attention.key_length_swa", c->head_dim, e) < 0 ||
+        rope_count(m, path, "rope.dimension_count_swa", "attention.key_length_swa",
+                   c->head_dim, false, e) < 0)
+        return -1;
+    if (gemma3_layer_types(m, path, c, e) < 0)
+        return -1;
+    bool sliding = false;
+    for (int l = 0; l < c->n_layers; l++)
+        sliding |= c->layer_type[l] == ATTN_SLIDING;
+    if (meta_int(m, path, "attention.sliding_window", sliding ? 1 : 0, KV_MAX_POSITIONS, false,
+                 0, sliding ? "the sliding window (the model has sliding layers)"
+                            : "the sliding window", &c->sliding_window, e) < 0)
+        return -1;
     c->rope_local_theta = meta_num(m, "rope.freq_base_swa", 10000.0, NULL);
-    if (meta_layer_u32(m, "attention.head_count_kv", c->n_layers, kv, &f_kv) < 0 ||
-        meta_layer_u32(m, "feed_forward_length", c->n_layers, ff, &f_ff) < 0)
-        return kv_errf(e, "%s: %s.attention.head_count_kv or feed_forward_length is neither a "
-                       "number nor one per layer", path, m->arch);
+    if (meta_layer_u32(m, "attention.head_count_kv", c->n_layers, kv, &f_kv) < 0)
+        return kv_errf(e, "%s: %s.attention.head_count_kv is neither a number nor one per "
+                       "layer", path, m->arch);
+    if (meta_layer_u32(m, "feed_forward_length", c->n_layers, ff, &f_ff) < 0)
+        return kv_errf(e, "%s: %s.feed_forward_length is neither a number nor one per layer",
+                       path, m->arch);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (f_kv && (kv[l] < 1 || kv[l] > (uint32_t)c->n_heads))
+            return kv_errf(e, "%s: %s.attention.head_count_kv of layer %d is %u: the number of "
+                           "K/V heads must be from 1 to the attention heads, %d", path, m->arch,
+                           l, kv[l], c->n_heads);
+        if (f_ff && (ff[l] < 1 || ff[l] > KV_MAX_INTERMEDIATE))
+            return kv_errf(e, "%s: %s.feed_forward_length of layer %d is %u: the MLP width must "
+                           "be from 1 to %d", path, m->arch, l, ff[l], KV_MAX_INTERMEDIATE);
+    }
     c->n_kv_heads = c->n_kv_heads_full = 0;
     for (int l = 0; l < c->n_layers && f_kv; l++) {
         int *slot = c->layer_type[l] == ATTN_SLIDING ? &c->n_kv_heads : &c->n_kv_heads_full;
@@ -442,12 +633,12 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     /* llama.cpp: the last shared_kv_layers layers read layer n_kv - 2
      * (sliding) or n_kv - 1 (full): what it runs, whatever the checkpoint's
      * config said. */
-    const double shared_v = meta_num(m, "attention.shared_kv_layers", 0, NULL);
-    if (!(shared_v >= 0 && shared_v <= c->n_layers - 2))
-        return kv_errf(e, "%s: %s.attention.shared_kv_layers is %g: llama.cpp needs at least "
-                       "two of the %d layers computing K/V", path, m->arch, shared_v,
+    const meta_val shared_v = meta_get(m, "attention.shared_kv_layers");
+    if (shared_v.found && !(shared_v.is_int && shared_v.v >= 0 && shared_v.v <= c->n_layers - 2))
+        return kv_errf(e, "%s: %s.attention.shared_kv_layers is %s: llama.cpp needs at least "
+                       "two of the %d layers computing K/V", path, m->arch, shared_v.text,
                        c->n_layers);
-    const int shared = (int)shared_v, n_kv = c->n_layers - shared;
+    const int shared = shared_v.found ? (int)shared_v.v : 0, n_kv = c->n_layers - shared;
     for (int l = 0; l < c->n_layers; l++)
         c->kv_owner[l] = (int16_t)(l < n_kv ? l : n_kv - (c->layer_type[l] == ATTN_SLIDING ? 2 : 1));
     c->intermediate = f_ff ? (int)ff[0] : c->intermediate;
@@ -456,12 +647,20 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
             continue;
         if ((int)ff[l] == 2 * c->intermediate && c->kv_owner[l] != l)
             c->double_wide_mlp = true;
+        else if ((int)ff[l] == 2 * c->intermediate)
+            return kv_errf(e, "%s: %s.feed_forward_length of layer %d is %u, twice layer 0's "
+                           "%d, but layer %d computes its own K/V (%s.attention."
+                           "shared_kv_layers is %d): Gemma 4 doubles the MLP only on layers "
+                           "that share K/V; one of the two is wrong", path, m->arch, l, ff[l],
+                           c->intermediate, l, m->arch, shared);
         else
-            return kv_errf(e, "%s: feed_forward_length of layer %d is %u where layer 0's is "
-                           "%d: not a Gemma 4 kvdiff can describe", path, l, ff[l],
+            return kv_errf(e, "%s: %s.feed_forward_length of layer %d is %u where layer 0's is "
+                           "%d: not a Gemma 4 kvdiff can describe", path, m->arch, l, ff[l],
                            c->intermediate);
     }
-    c->per_layer_dim = (int)meta_num(m, "embedding_length_per_layer_input", 0, NULL);
+    if (meta_int(m, path, "embedding_length_per_layer_input", 0, KV_MAX_HIDDEN, false, 0,
+                 "the per-layer input width", &c->per_layer_dim, e) < 0)
+        return -1;
     c->per_layer_vocab = c->per_layer_dim > 0 ? c->vocab : 0;
     /* K=V: a full layer computing K/V with no attn_v (llama.cpp uses Kcur). */
     for (int l = 0; l < c->n_layers; l++) {
@@ -521,37 +720,43 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     /* Llama's attention_bias: llama.cpp loads the biases when present. */
     if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
         c->qkv_bias = c->o_bias = true;
-    bool f_e, f_l, f_h;
-    c->hidden = (int)meta_num(&m, "embedding_length", 0, &f_e);
-    c->n_layers = (int)meta_num(&m, "block_count", 0, &f_l);
-    c->n_heads = (int)meta_num(&m, "attention.head_count", 0, &f_h);
-    if (!f_e || !f_l || !f_h || c->hidden <= 0 || c->n_layers <= 0 || c->n_heads <= 0)
-        return kv_errf(e, "%s: %s.embedding_length, block_count or attention.head_count missing",
-                       path, m.arch);
-    if (c->n_layers > KV_MAX_LAYERS)
-        return kv_errf(e, "%s: %d layers (at most %d)", path, c->n_layers, KV_MAX_LAYERS);
-    c->n_kv_heads = (int)meta_num(&m, "attention.head_count_kv", c->n_heads, NULL);
-    c->head_dim = (int)meta_num(&m, "attention.key_length", c->hidden / c->n_heads, NULL);
+    /* Each key checked and named on its own: a key present with value 0 is
+     * not missing, and 2^31 is not -2^31. */
+    if (meta_int(&m, path, "embedding_length", 1, KV_MAX_HIDDEN, true, 0, "the model width",
+                 &c->hidden, e) < 0 ||
+        meta_int(&m, path, "block_count", 1, KV_MAX_LAYERS, true, 0, "the number of layers",
+                 &c->n_layers, e) < 0 ||
+        meta_int(&m, path, "attention.head_count", 1, KV_MAX_HEADS, true, 0,
+                 "the number of attention heads", &c->n_heads, e) < 0 ||
+        meta_int(&m, path, "attention.head_count_kv", 1, c->n_heads, false, c->n_heads,
+                 "the number of K/V heads", &c->n_kv_heads, e) < 0 ||
+        meta_int(&m, path, "attention.key_length", 2, KV_MAX_HEAD_DIM, false,
+                 c->hidden / c->n_heads, "the head size", &c->head_dim, e) < 0 ||
+        head_even(&m, path, "attention.key_length", c->head_dim, e) < 0)
+        return -1;
+    const int head_ok = c->arch == ARCH_GEMMA4 ? 0 : key_length_fits(&m, path, c, e);
     /* What llama.cpp's rope asserts on (odd, or more than a head) or spins
      * on (0): refused here. Any other count it runs, and a compare shows. */
-    bool f_rot;
-    const double n_rot = meta_num(&m, "rope.dimension_count", 0, &f_rot);
-    if (f_rot && (n_rot < 2 || n_rot > c->head_dim || fmod(n_rot, 2) != 0))
-        return kv_errf(e, "%s: %s.rope.dimension_count is %g: llama.cpp cannot rotate by it "
-                       "(an even count from 2 to the head size, %d)", path, m.arch, n_rot,
-                       c->head_dim);
-    c->intermediate = (int)meta_num(&m, "feed_forward_length", 0, NULL);
-    c->max_positions = (int)meta_num(&m, "context_length", 4096, NULL);
+    if (head_ok < 0 || rope_count(&m, path, "rope.dimension_count", "attention.key_length",
+                                  c->head_dim, head_ok == 1, e) < 0)
+        return -1;
+    /* Gemma 4's is one per layer (read by gemma4_from_gguf). */
+    if (meta_int(&m, path, "feed_forward_length", 1, KV_MAX_INTERMEDIATE,
+                 c->arch != ARCH_GEMMA4, 0, "the MLP width", &c->intermediate, e) < 0 ||
+        meta_int(&m, path, "context_length", 1, KV_MAX_POSITIONS, false, 4096,
+                 "the context length", &c->max_positions, e) < 0)
+        return -1;
     c->rms_eps = meta_num(&m, "attention.layer_norm_rms_epsilon", 1e-6, NULL);
     c->rope_theta = meta_num(&m, "rope.freq_base", 10000.0, NULL);
     c->rope_local_theta = c->rope_theta;
     c->final_softcap = meta_num(&m, "final_logit_softcapping", 0, NULL);
     c->embed_scale = 1.0f;
     c->tie_embeddings = gguf_find_tensor(g, "output.weight") < 0;
-    c->bos_id = (int)meta_num(&m, "=tokenizer.ggml.bos_token_id", -1, NULL);
-    bool f_eos;
-    int eos = (int)meta_num(&m, "=tokenizer.ggml.eos_token_id", -1, &f_eos);
-    if (f_eos && eos >= 0)
+    int eos;
+    if (token_key(&m, path, "=tokenizer.ggml.bos_token_id", &c->bos_id, e) < 0 ||
+        token_key(&m, path, "=tokenizer.ggml.eos_token_id", &eos, e) < 0)
+        return -1;
+    if (eos >= 0)
         c->eos_ids[c->n_eos++] = eos;
     for (int l = 0; l < c->n_layers; l++)
         c->kv_owner[l] = (int16_t)l;
@@ -566,11 +771,13 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         *llama_scale = 1.0;   /* f_attention_scale */
     } else if (c->arch == ARCH_GEMMA3) {
         c->embed_scale = sqrtf((float)c->hidden);
-        c->sliding_window = (int)meta_num(&m, "attention.sliding_window", 0, NULL);
+        if (meta_int(&m, path, "attention.sliding_window", 0, KV_MAX_POSITIONS, false, 0,
+                     "the sliding window", &c->sliding_window, e) < 0)
+            return -1;
         if (c->sliding_window > 0) {
             c->rope_local_theta = meta_num(&m, "rope.freq_base_swa", 10000.0, NULL);
-            if (gemma3_layer_types(&m, c, e) < 0)
-                return kv_err_prefix(e, path);
+            if (gemma3_layer_types(&m, path, c, e) < 0)
+                return -1;
         }
         if (c->n_layers == 62)
             *llama_scale = 1.0 / sqrt((double)(c->hidden / c->n_heads));
