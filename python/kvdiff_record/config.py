@@ -2,10 +2,9 @@
 Face folder's config.json, with the defaults kvdiff applies (model/config.c)
 so a recording of the same model states the same config kvdiff's does."""
 
-import json
 import math
-import os
 
+from . import config_rules
 from .recorder import RecorderError
 
 # model/config.c ARCHES: per model_type the default heads, KV heads, head_dim
@@ -27,10 +26,17 @@ def model_config_from_hf(folder_or_config):
     text_config. Layer types come from layer_types, else Gemma 3's
     sliding_window_pattern (layer i slides iff (i+1) % pattern != 0,
     default 6); kv_owner from num_kv_shared_layers (a shared layer reads the
-    last non-shared layer of its type). Raises RecorderError naming the key
-    on what kvdiff would refuse too."""
+    last non-shared layer of its type). For the model types kvdiff runs,
+    refuses exactly what `kvdiff run --model` refuses, with kvdiff's
+    limits and type rules (config_rules.py), raising RecorderError naming
+    the key."""
     cfg, name = _load(folder_or_config)
     mt = cfg.get("model_type")
+    if mt is not None and not isinstance(mt, str):
+        raise RecorderError(f"{name}: model_type is {config_rules.jdesc(mt)}; expected a string")
+    rules = None
+    if isinstance(mt, str) and (mt in config_rules.ARCHES or mt in ("gemma3", "gemma4")):
+        rules = config_rules.check(cfg, name)
     if mt in ("gemma3", "gemma4"):   # multimodal: the text model under text_config
         tc = cfg.get("text_config")
         if not isinstance(tc, dict):
@@ -38,7 +44,7 @@ def model_config_from_hf(folder_or_config):
                                 f"text model there)")
         cfg, mt = tc, mt + "_text"
     if mt == "gemma4_text":
-        return _gemma4(cfg, name)
+        return _gemma4(cfg, name, rules)
     if mt not in _ARCH:
         return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"
@@ -101,12 +107,15 @@ def _softcap(cfg, out, gemma):
         out["final_logit_softcapping"] = float(cap)
 
 
-def _gemma4(cfg, name):
+def _gemma4(cfg, name, rules):
     """gemma4_text as kvdiff reads it (model/config.c): sliding layers with
     head_dim and num_key_value_heads, full ones with global_head_dim and
     num_global_key_value_heads (or per_layer_config), proportional RoPE on
     full layers, scores scaled by 1, kv_owner from num_kv_shared_layers
-    and the layer types, per-layer inputs. MoE models are refused."""
+    and the layer types, per-layer inputs. MoE models are refused. RoPE
+    and the window as config_rules resolved them (rules): the top-level
+    rope_theta under a full_attention entry without one, rope_type or
+    type, the 4096 default window, rope_scaling."""
     def need(key):
         v = cfg.get(key)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -129,7 +138,8 @@ def _gemma4(cfg, name):
 
     def full_layer_value(key):
         for i, t in enumerate(types):
-            v = (plc.get(str(i)) or {}).get(key) if isinstance(plc, dict) else None
+            lc = plc.get(str(i)) if isinstance(plc, dict) else None
+            v = lc.get(key) if isinstance(lc, dict) else None
             if t == "full_attention" and v:
                 return int(v)
         return None
@@ -141,19 +151,7 @@ def _gemma4(cfg, name):
         if heads % n:
             raise RecorderError(f"{name}: {what} is {n}, which does not divide "
                                 f"num_attention_heads {heads}")
-    rp = cfg.get("rope_parameters") or {}
-    full = rp.get("full_attention") or {"rope_type": "proportional",
-                                        "partial_rotary_factor": 0.25}
-    slide = rp.get("sliding_attention") or {}
-    partial = float(full.get("partial_rotary_factor", 1.0)) \
-        if full.get("rope_type", "default") == "proportional" else 1.0
-    window = 0
-    if "sliding_attention" in types:
-        w = cfg.get("sliding_window")
-        if not isinstance(w, int) or w <= 0:
-            raise RecorderError(f"{name}: sliding_window is missing but layer "
-                                f"{types.index('sliding_attention')} is a sliding_attention layer")
-        window = w
+    window = rules["sliding_window"]
     per_layer = int(cfg.get("hidden_size_per_layer_input") or 0)
     vocab = need("vocab_size")
     out = {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
@@ -162,15 +160,18 @@ def _gemma4(cfg, name):
            "sliding_window": window, "layer_types": list(types),
            "kv_owner": _kv_owner(cfg, name, True, types),
            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-           "rope_theta": float(full.get("rope_theta", 1e6)),
-           "rope_local_base_freq": float(slide.get("rope_theta", _GEMMA_LOCAL_THETA)),
+           "rope_theta": rules["rope_theta"],
+           "rope_local_base_freq": rules["rope_local_base_freq"],
            "attn_scale": 1.0, "global_head_dim": head_full,
-           "num_global_key_value_heads": kv_full, "partial_rotary_factor_full": partial,
+           "num_global_key_value_heads": kv_full,
+           "partial_rotary_factor_full": rules["partial_rotary_factor_full"],
            "attention_k_eq_v": bool(cfg.get("attention_k_eq_v", False)),
            "use_double_wide_mlp": bool(cfg.get("use_double_wide_mlp", False)),
            "hidden_size_per_layer_input": per_layer,
            "vocab_size_per_layer_input": int(cfg.get("vocab_size_per_layer_input") or vocab)
            if per_layer else 0}
+    if rules["rope_scaling"]:
+        out["rope_scaling"] = rules["rope_scaling"]
     _softcap(cfg, out, True)
     return out
 
@@ -182,6 +183,7 @@ def _any_architecture(cfg, name, mt):
     reads them; one kvdiff needs and cannot default is named."""
     if not isinstance(mt, str) or not mt:
         raise RecorderError(f"{name}: model_type is missing")
+    config_rules.check_other(cfg, name)
 
     def need(key, *alts):
         for k in (key,) + alts:
@@ -234,18 +236,15 @@ def _any_architecture(cfg, name, mt):
 
 
 def _load(src):
+    """The config object and the name messages give it: a dict as it is,
+    a folder's config.json or a file read as kvdiff reads one (a regular
+    file of at most 16 MiB, JSON as jansson takes it: config_rules)."""
     if isinstance(src, dict):
         return src, "config"
-    path = os.fspath(src)
-    if os.path.isdir(path):
-        path = os.path.join(path, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise RecorderError(f"{path}: cannot read the config: {exc}") from exc
+    cfg, path = config_rules.load_json(src)
     if not isinstance(cfg, dict):
-        raise RecorderError(f"{path}: top level is not an object")
+        raise RecorderError(f"{path}: top level is {config_rules.jdesc(cfg)}; expected an "
+                            f"object")
     return cfg, path
 
 

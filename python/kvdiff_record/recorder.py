@@ -18,11 +18,13 @@ import math
 import os
 import re
 import resource
-import stat
 import struct
 
 import h5py
 import numpy as np
+
+from . import outfile
+from .errors import RecorderError
 
 try:  # Debian's python3-xxhash; without it the dump has no row hashes
     import xxhash
@@ -66,50 +68,116 @@ def _write_errno(exc):
     return int(m.group(1)) if m else getattr(exc, "errno", None)
 
 
-class RecorderError(ValueError):
-    """Bad input to the recorder (shape, position, dtype, config) or a file
-    that cannot be written. The message names the layer, stage and positions."""
-
-
-# kvdiff's own words for them (model/outfile.c, outfile_kind)
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFCHR: "a device", stat.S_IFBLK: "a device",
-          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
-
-
-def _lock_target(path):
-    """Opens path (creating it) and takes kvdiff's write lock on it: an
-    open-file-description lock on the whole file, the one kvdiff's dump
-    writer takes (docs/dump-format.md), so that neither overwrites a dump
-    the other is still writing. A path that exists and is not a regular
-    file (a device, a FIFO, a folder) is refused before it is opened.
-    Returns the descriptor, held until the dump is closed."""
-    try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            kind = _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
-            raise RecorderError(f"{path}: not a regular file ({kind}); a dump is written to a "
-                                f"regular file or a new path")
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise RecorderError(f"{path}: cannot create the dump: {exc.strerror}") from exc
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-    except OSError as exc:
-        raise RecorderError(f"{path}: cannot create the dump: {exc.strerror}") from exc
+def _lock_target(path, inputs):
+    """Opens path in place by the output discipline (outfile.py: a new
+    file, or the regular file there; never a link, a device, a FIFO, a
+    socket, a folder or one of inputs) and takes kvdiff's write lock on
+    it: an open-file-description lock on the whole file, the one kvdiff's
+    dump writer takes (docs/dump-format.md), so that neither overwrites a
+    dump the other is still writing. Nothing is truncated here. Returns
+    (descriptor, created), the descriptor held until the dump is closed."""
+    fd, created = outfile.open_in_place(path, inputs)
     # struct flock: l_type, l_whence, l_start, l_len, l_pid (0 for OFD locks)
     lock = struct.pack("@hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
     try:
         fcntl.fcntl(fd, getattr(fcntl, "F_OFD_SETLK", 37), lock)
     except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
+            return fd, created   # a file system without locks: written unguarded, as kvdiff does
+        # Not removed even when created here: between the create and the
+        # lock another run may have opened it and taken the lock.
         os.close(fd)
         if exc.errno in (errno.EAGAIN, errno.EACCES):
             raise RecorderError(f"{path}: another kvdiff is writing this file; two runs cannot "
                                 f"record to one dump (choose another path, or wait for that "
                                 f"run to end)") from exc
-        if exc.errno not in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP):
-            raise RecorderError(f"{path}: cannot lock the dump: {exc.strerror}") from exc
-    return fd
+        raise RecorderError(f"{path}: cannot lock the dump: {exc.strerror}") from exc
+    return fd, created
+
+
+class _DumpIO:
+    """The dump's bytes as libhdf5 reaches them (h5py's "fileobj" driver),
+    through the descriptor the recorder opened and locked: libhdf5 never
+    opens the path itself, so what it writes is the file that was judged.
+
+    A write or truncate the file system refuses (no space, the file-size
+    limit, an I/O error) is not passed on to libhdf5: it is noted in
+    .failed (the errno) and it and every later one are dropped. libhdf5
+    handed a failed write cannot close the file again (its metadata cache
+    stays "slist already enabled"), and the file id h5py still holds
+    crashed the interpreter at exit (SIGSEGV in H5F__close_cb); told
+    nothing, it closes cleanly, and the recorder, seeing .failed, abandons
+    the dump."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.pos = 0
+        self.failed = None     # errno of the first refused write
+        self.size = 0          # the size libhdf5 believes in, once writes are dropped
+
+    def seekable(self):
+        return True
+
+    def readable(self):
+        return True
+
+    def writable(self):
+        return True
+
+    def seek(self, offset, whence=os.SEEK_SET):
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos}.get(whence)
+        self.pos = (self._eof() if base is None else base) + offset
+        return self.pos
+
+    def tell(self):
+        return self.pos
+
+    def _eof(self):
+        real = os.fstat(self.fd).st_size
+        return max(real, self.size) if self.failed else real
+
+    def readinto(self, buf):
+        view = memoryview(buf).cast("B")
+        n = os.preadv(self.fd, [view], self.pos)
+        self.pos += n
+        return n
+
+    def read(self, n=-1):
+        if n is None or n < 0:
+            n = max(0, self._eof() - self.pos)
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+    def write(self, data):
+        view = memoryview(data).cast("B")
+        n = len(view)
+        done = 0
+        while not self.failed and done < n:
+            try:
+                done += os.pwrite(self.fd, view[done:], self.pos + done)
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                self.failed = exc.errno or errno.EIO
+        if self.failed:
+            self.size = max(self.size, self.pos + n)
+        self.pos += n
+        return n
+
+    def truncate(self, size=None):
+        size = self.pos if size is None else size
+        if not self.failed:
+            try:
+                os.ftruncate(self.fd, size)
+            except OSError as exc:
+                self.failed = exc.errno or errno.EIO
+        if self.failed:
+            self.size = size
+        return size
+
+    def flush(self):
+        pass
 
 
 def _layer_dims(config, layer):
@@ -244,7 +312,10 @@ class _Sink:
 class Recorder:
     """Writes one kvdiff dump. Use as a context manager (or call close()).
 
-    path: the HDF5 file to create (replaced if it exists).
+    path: the HDF5 file to create, in place: a new path, or a regular file
+        there (truncated, once kvdiff's write lock on it is taken). A
+        symlink, a device, a FIFO, a socket, a folder or one of inputs
+        there is refused (outfile.py), before anything is written.
     model_config: the model_config dict of docs/dump-format.md
         (model_config_from_hf(folder) builds it from a Hugging Face folder).
     engine: who computed the rows ("pytorch", "jax", "coreml", ...); kvdiff
@@ -260,23 +331,40 @@ class Recorder:
     topk: K of /output's top-k (kvdiff's default 8).
     row_hashes: write <stage>.hash/.stats and /row_hash_index (default:
         when the xxhash module is there).
-    Raises RecorderError when the config is malformed or the file cannot be
-    created; the error names the path."""
+    inputs: the files the run read (paths; a folder stands for the files
+        in it, e.g. the model folder): the dump may be none of them.
+    Raises RecorderError when an argument would make a dump `kvdiff
+    validate` refuses (a malformed config, settings holding NaN or
+    something JSON cannot say, topk outside 1..vocab_size) or the file
+    cannot be created; the error names the problem, and no file is left."""
 
     def __init__(self, path, model_config, engine="python", settings=None, *, seed=0,
                  weight_fingerprint="", start_position=0, topk=8, row_hashes=None,
-                 tool_version=None):
+                 tool_version=None, inputs=None):
         from . import __version__
         self.path = str(path)
+        # Every argument is judged before the file is touched: a refused
+        # one leaves nothing behind.
         self.config = _check_config(model_config)
         if row_hashes and xxhash is None:
             raise RecorderError("row_hashes=True needs the xxhash module "
                                 "(Debian: apt-get install python3-xxhash)")
         self.hashes = xxhash is not None if row_hashes is None else bool(row_hashes)
-        if int(start_position) < 0:
-            raise RecorderError(f"start_position is {start_position}; it must be >= 0")
-        self.start = int(start_position)
-        self.topk = int(topk)
+        self.start = _whole(start_position, "start_position", 0)
+        vocab = self.config["vocab_size"]
+        self.topk = _whole(topk, "topk", 1, vocab, f"1..{vocab} (vocab_size)")
+        seed = _whole(seed, "seed", 0, 2**64 - 1)
+        fp = str(weight_fingerprint or "")
+        if fp and (len(fp) != 16 or any(c not in "0123456789abcdef" for c in fp)):
+            raise RecorderError(f"weight_fingerprint {fp!r}: expected 16 lowercase hex digits "
+                                f"or \"\"")
+        try:
+            self.settings = dict(settings or {})
+        except (TypeError, ValueError) as exc:
+            raise RecorderError(f"engine_settings: expected a dict, got "
+                                f"{type(settings).__name__}") from exc
+        settings_text = _json_text(self.settings, "engine_settings")
+        inputs = outfile.input_ids(inputs)
         self._sinks = {}          # (layer or -1, stage) -> _Sink
         self._tokens = None
         self._prompt_length = None
@@ -284,37 +372,37 @@ class Recorder:
         self._closed = False
         self._before_close = []   # callables close() runs first (before_close)
         self._room = 0            # bytes _make_room may hand out unasked
-        self._lock_fd = _lock_target(self.path)
+        self._lock_fd, self._created = _lock_target(self.path, inputs)
+        self._io = _DumpIO(self._lock_fd)
         try:
-            self._f = h5py.File(self.path, "w", track_order=False)
-        except (OSError, ValueError) as exc:
-            os.close(self._lock_fd)
-            raise RecorderError(f"{self.path}: cannot create the dump: {exc}") from exc
-        fp = str(weight_fingerprint or "")
-        if fp and (len(fp) != 16 or any(c not in "0123456789abcdef" for c in fp)):
-            self._f.close()
-            os.close(self._lock_fd)
-            raise RecorderError(f"weight_fingerprint {fp!r}: expected 16 lowercase hex digits "
-                                f"or \"\"")
-        a = self._f.attrs
-        a.create("format", "kvdiff-dump", dtype=h5py.string_dtype())
-        a.create("format_version", 1, dtype="<i8")
-        a.create("mode", "full", dtype=h5py.string_dtype())
-        a.create("row_hashes", 1 if self.hashes else 0, dtype="<i8")
-        a.create("engine", str(engine), dtype=h5py.string_dtype())
-        self.settings = dict(settings or {})
-        a.create("engine_settings", json.dumps(self.settings), dtype=h5py.string_dtype())
-        a.create("model_config", json.dumps(self.config), dtype=h5py.string_dtype())
-        a.create("weight_fingerprint", fp, dtype=h5py.string_dtype())
-        a.create("seed", int(seed), dtype="<u8")
-        a.create("status", "partial: running", dtype=h5py.string_dtype())
-        a.create("tool_version", tool_version or f"kvdiff_record {__version__} (python)",
-                 dtype=h5py.string_dtype())
-        self._make_room(0)
+            if not self._created:
+                os.ftruncate(self._lock_fd, 0)   # locked: no other writer's dump
+            self._f = h5py.File(self._io, "w", track_order=False)
+        except (OSError, ValueError, RuntimeError) as exc:
+            self._closed = True
+            self._discard()
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise RecorderError(f"{self.path}: cannot create the dump: {why}") from exc
         try:
+            a = self._f.attrs
+            a.create("format", "kvdiff-dump", dtype=h5py.string_dtype())
+            a.create("format_version", 1, dtype="<i8")
+            a.create("mode", "full", dtype=h5py.string_dtype())
+            a.create("row_hashes", 1 if self.hashes else 0, dtype="<i8")
+            a.create("engine", str(engine), dtype=h5py.string_dtype())
+            a.create("engine_settings", settings_text, dtype=h5py.string_dtype())
+            a.create("model_config", _json_text(self.config, "model_config"),
+                     dtype=h5py.string_dtype())
+            a.create("weight_fingerprint", fp, dtype=h5py.string_dtype())
+            a.create("seed", seed, dtype="<u8")
+            a.create("status", "partial: running", dtype=h5py.string_dtype())
+            a.create("tool_version", str(tool_version or f"kvdiff_record {__version__} (python)"),
+                     dtype=h5py.string_dtype())
+            self._make_room(0)
             self._f.flush()
         except (OSError, RuntimeError) as exc:
-            self._abandon(_write_errno(exc), exc)
+            self._abandon(self._io.failed or _write_errno(exc), exc)
+        self._check_io()
 
     # -------------------------------------------------------------- inputs
 
@@ -385,7 +473,17 @@ class Recorder:
         elif lse is None or topk_ids is None or topk_values is None:
             raise RecorderError("output: give the logits, or lse, topk_ids and topk_values")
         lse = np.asarray(to_float32_rows(lse, "output lse")).reshape(-1)
-        ids = np.asarray(topk_ids).reshape(len(lse), -1).astype(np.int32)
+        if hasattr(topk_ids, "detach") and hasattr(topk_ids, "cpu"):   # torch.Tensor
+            topk_ids = topk_ids.detach().cpu().numpy()
+        ids = np.asarray(topk_ids)
+        vocab = self.config["vocab_size"]
+        if ids.size and ids.dtype.kind not in "iu":
+            raise RecorderError(f"output: topk_ids of dtype {ids.dtype}; expected integer "
+                                f"token ids")
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+            raise RecorderError(f"output: topk_ids must be in 0..{vocab - 1} (vocab_size); "
+                                f"got {ids.min()}..{ids.max()}")
+        ids = ids.reshape(len(lse), -1).astype(np.int32)
         vals = to_float32_rows(topk_values, "output topk_values").reshape(len(lse), -1)
         if ids.shape[1] != self.topk or vals.shape != ids.shape:
             raise RecorderError(f"output: topk_ids {ids.shape} and topk_values {vals.shape} "
@@ -403,9 +501,13 @@ class Recorder:
         shown it (before_close)."""
         if key in self.settings or self._closed:
             return
+        text = _json_text(dict(self.settings, **{key: value}), "engine_settings")
         self.settings[key] = value
-        self._f.attrs.create("engine_settings", json.dumps(self.settings),
-                             dtype=h5py.string_dtype())
+        try:
+            self._f.attrs.create("engine_settings", text, dtype=h5py.string_dtype())
+        except (OSError, RuntimeError) as exc:
+            self._abandon(self._io.failed or _write_errno(exc), exc)
+        self._check_io()
 
     def before_close(self, callback):
         """callback() runs when close() begins, before the status is
@@ -439,15 +541,16 @@ class Recorder:
             self._write_closing(problems)
             self._f.flush()
         except (OSError, RuntimeError) as exc:
-            self._abandon(_write_errno(exc), exc)
+            self._abandon(self._io.failed or _write_errno(exc), exc)
         except BaseException:
-            self._closed = True
-            self._f.close()
-            os.close(self._lock_fd)
+            if not self._closed:
+                self._closed = True
+                self._release()
             raise
         self._closed = True
-        self._f.close()
-        os.close(self._lock_fd)
+        self._release()
+        if self._io.failed:   # refused while libhdf5 wrote out its caches
+            self._abandon(self._io.failed)
         if problems and status is None:
             raise RecorderError(f"{self.path}: written as partial: {'; '.join(problems)}")
 
@@ -526,15 +629,17 @@ class Recorder:
             try:
                 self._append(s, r)
             except (OSError, RuntimeError) as exc:
-                self._abandon(_write_errno(exc), exc)
+                self._abandon(self._io.failed or _write_errno(exc), exc)
+            self._check_io()
 
     def _make_room(self, nbytes):
-        """Writes no further than there is room for: a write that fails
-        inside libhdf5 leaves it unable to close the file, and it crashes
-        at exit closing it again. So the disk's free space and the
-        file-size limit (ulimit -f) are asked before a write of nbytes
-        (and room for libhdf5's own), and a write that would not fit is not
-        made: the dump is abandoned with one error instead. The room found
+        """Writes no further than there is room for: the disk's free space
+        and the file-size limit (ulimit -f) are asked before a write of
+        nbytes (and room for libhdf5's own), and a write that would not fit
+        is not made: the dump is abandoned with one error instead, before
+        libhdf5 has spent time on rows that cannot be kept (a write the
+        file system refuses anyway, another program having filled the disk
+        meanwhile, is caught by _DumpIO). The room found
         is spent down by the writes that follow, and asked again only when
         they would pass it (a decode step's rows are small; three system
         calls each would cost more than writing them)."""
@@ -553,7 +658,7 @@ class Recorder:
                 self._abandon(errno.EFBIG)
             room = soft - size - need
         try:
-            st = os.statvfs(os.path.dirname(os.path.abspath(self.path)))
+            st = os.fstatvfs(self._lock_fd)
         except OSError:
             st = None
         if st is not None:
@@ -566,31 +671,56 @@ class Recorder:
         self._room = room / 2 if room != float("inf") else 0
 
     def _abandon(self, code, exc=None):
-        """No room for the dump: the half file this recorder created is
-        removed (its descriptor first pointed at /dev/null, so that libhdf5
-        closes it without writing where there is no room) and one error
-        says why. Raises RecorderError."""
-        words = _NO_ROOM.get(code) or f"write failed ({str(exc).splitlines()[0]})"
-        try:
-            fd = self._f.id.get_vfd_handle()
-            null = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(null, fd)
-            os.close(null)
-        except (OSError, RuntimeError, ValueError):
-            pass   # libhdf5 then closes as it can
-        try:
-            self._f.close()
-        except (OSError, RuntimeError, ValueError):
-            pass   # the file is removed below in any case
+        """No room for the dump (or a write the file system refused): every
+        later write is dropped (_DumpIO), so libhdf5 closes the file
+        cleanly, the half file is discarded (_discard) and one error says
+        why. Raises RecorderError."""
+        words = _NO_ROOM.get(code) or (f"write failed ({str(exc).splitlines()[0]})" if exc
+                                       else f"write failed ({os.strerror(code or errno.EIO)})")
+        self._io.failed = self._io.failed or code or errno.EIO
         self._closed = True
+        self._release()
+        self._discard()
+        raise RecorderError(f"{self.path}: {words}: no dump written") from None
+
+    def _check_io(self):
+        """Abandons the dump when the file system refused a write."""
+        if self._io.failed:
+            self._abandon(self._io.failed)
+
+    def _release(self):
+        """Closes the HDF5 file (libhdf5 writes out its caches) and, with
+        nothing left to discard, the descriptor and its lock."""
+        f = getattr(self, "_f", None)
+        if f is not None:
+            try:
+                f.close()
+            except (OSError, RuntimeError, ValueError):
+                pass   # writes past a refusal are dropped: not expected
+        if not self._io.failed and self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def _discard(self):
+        """The half-made dump is not left looking like one: removed when
+        this recorder created the path (and the path is still that file),
+        emptied when it was a file there before (kvdiff's writer removes
+        only what it made). Closes the descriptor, which holds the lock
+        until then, so no other run's new file is touched."""
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd < 0:
+            return
         try:
-            mine, there = os.fstat(self._lock_fd), os.stat(self.path)
+            mine, there = os.fstat(fd), os.lstat(self.path)
             if (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino):
-                os.unlink(self.path)
+                if self._created:
+                    os.unlink(self.path)
+                else:
+                    os.ftruncate(fd, 0)
         except OSError:
             pass
-        os.close(self._lock_fd)
-        raise RecorderError(f"{self.path}: {words}: no dump written") from None
+        finally:
+            os.close(fd)
 
     def _sink(self, layer, stage, width):
         key = (layer, stage)
@@ -691,7 +821,89 @@ class Recorder:
                                    track_times=False)
 
 
+# What kvdiff's dump reader accepts in model_config (dump/dump.c,
+# dump_config_parse): the bounds keep every product far from overflow.
+_CONFIG_INTS = (("hidden_size", 1, 1 << 20), ("num_hidden_layers", 1, 256),
+                ("num_attention_heads", 1, 1 << 12), ("num_key_value_heads", 1, 1 << 12),
+                ("head_dim", 1, 1 << 12), ("intermediate_size", 1, 1 << 22),
+                ("vocab_size", 1, 1 << 24))
+# Gemma 4's fields, optional there (null or absent) and read nowhere else.
+_GEMMA4_INTS = (("global_head_dim", 2, 1 << 12), ("num_global_key_value_heads", 1, 1 << 12),
+                ("hidden_size_per_layer_input", 0, 1 << 16),
+                ("vocab_size_per_layer_input", 0, 1 << 24))
+_INT32_MAX = 2**31 - 1
+
+
+def _as_int(v):
+    """v as a Python int when it is an integer (numpy's too), else None."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        return None
+    return int(v)
+
+
+def _as_number(v):
+    """v as a finite Python int or float, else None."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer,
+                                                              np.floating)):
+        return None
+    v = int(v) if isinstance(v, (int, np.integer)) else float(v)
+    return v if math.isfinite(v) else None
+
+
+def _whole(value, what, lo, hi=None, words=None):
+    """value as an int in lo..hi (hi None: no bound), else RecorderError."""
+    v = _as_int(value)
+    if v is None or v < lo or (hi is not None and v > hi):
+        want = f">= {lo}" if hi is None else f"in {words or f'{lo}..{hi}'}"
+        raise RecorderError(f"{what} is {value!r}; expected an integer {want}")
+    return v
+
+
+def _json_problem(v, where):
+    """What JSON (as kvdiff's jansson reads it) cannot hold in v, or None:
+    NaN and infinities, NUL characters and lone surrogates in strings,
+    objects that are not dicts, lists, strings, numbers, booleans or None."""
+    if isinstance(v, str):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"{where} holds a lone surrogate; JSON text must be UTF-8"
+        return f"{where} holds a NUL character; kvdiff's JSON reader refuses it" \
+            if "\0" in v else None
+    if isinstance(v, float):
+        return None if math.isfinite(v) else f"{where} is {v!r}; JSON has no NaN or infinity"
+    if v is None or isinstance(v, int):
+        return None
+    if isinstance(v, dict):
+        for k, x in v.items():
+            if not isinstance(k, str):
+                return f"{where} has the key {k!r}; JSON keys are strings"
+            p = _json_problem(k, f"{where} key {k!r}") or _json_problem(x, f"{where}[{k!r}]")
+            if p:
+                return p
+        return None
+    if isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            p = _json_problem(x, f"{where}[{i}]")
+            if p:
+                return p
+        return None
+    return f"{where} is a {type(v).__name__}; JSON cannot hold it"
+
+
+def _json_text(obj, what):
+    """obj as the JSON text of a root attribute, or RecorderError naming
+    what kvdiff validate would refuse in it."""
+    problem = _json_problem(obj, what)
+    if problem:
+        raise RecorderError(f"{problem} (kvdiff validate refuses such a dump)")
+    return json.dumps(obj, allow_nan=False)
+
+
 def _check_config(config):
+    """A copy of model_config as kvdiff's dump reader accepts it (dump/dump.c
+    dump_config_parse), numpy scalars made Python ones; else RecorderError
+    naming the field."""
     if not isinstance(config, dict):
         raise RecorderError(f"model_config: expected a dict, got {type(config).__name__}")
     missing = [k for k in _REQUIRED if k not in config]
@@ -699,23 +911,83 @@ def _check_config(config):
         raise RecorderError(f"model_config: missing {', '.join(missing)} "
                             f"(model_config_from_hf(folder) fills them)")
     c = dict(config)
+    mt = c["model_type"]
+    if not isinstance(mt, str) or not mt or len(mt.encode("utf-8", "replace")) > 31:
+        raise RecorderError(f"model_config: model_type is {mt!r}; expected a string of 1 to 31 "
+                            f"characters")
+    for key, lo, hi in _CONFIG_INTS:
+        c[key] = _whole(c[key], f"model_config: {key}", lo, hi)
     n = c["num_hidden_layers"]
-    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size"):
-        if not isinstance(c[key], int) or c[key] < 1:
-            raise RecorderError(f"model_config: {key} is {c[key]!r}; expected a positive "
-                                f"integer")
+    if c["sliding_window"] is not None:
+        c["sliding_window"] = _whole(c["sliding_window"], "model_config: sliding_window", 0,
+                                     _INT32_MAX)
     for key in ("layer_types", "kv_owner"):
         if not isinstance(c[key], (list, tuple)) or len(c[key]) != n:
             raise RecorderError(f"model_config: {key} must list {n} layers "
                                 f"(num_hidden_layers)")
-    c["layer_types"], c["kv_owner"] = list(c["layer_types"]), [int(o) for o in c["kv_owner"]]
+    c["layer_types"] = list(c["layer_types"])
+    c["kv_owner"] = [_whole(o, f"model_config: kv_owner[{i}]", 0, i)
+                     for i, o in enumerate(c["kv_owner"])]
     for i, (t, o) in enumerate(zip(c["layer_types"], c["kv_owner"])):
         if t not in ("sliding_attention", "full_attention"):
             raise RecorderError(f"model_config: layer_types[{i}] is {t!r}")
-        if not 0 <= o <= i:
-            raise RecorderError(f"model_config: kv_owner[{i}] is {o}; expected 0..{i}")
+        if c["kv_owner"][o] != o:
+            raise RecorderError(f"model_config: kv_owner[{i}] is {o}, which does not own a "
+                                f"cache itself")
     for key in ("rms_norm_eps", "rope_theta", "rope_local_base_freq"):
-        if not isinstance(c[key], (int, float)) or not math.isfinite(c[key]):
-            raise RecorderError(f"model_config: {key} is {c[key]!r}; expected a number")
+        c[key] = _as_number(c[key])
+        if c[key] is None:
+            raise RecorderError(f"model_config: {key} is {config[key]!r}; expected a number")
+    for key, positive in (("attn_scale", True), ("final_logit_softcapping", False)):
+        if c.get(key) is not None:
+            v = _as_number(c[key])
+            if v is None or v < 0 or (positive and v == 0):
+                raise RecorderError(f"model_config: {key} is {c[key]!r}; expected a number "
+                                    f"{'>' if positive else '>='} 0")
+            c[key] = v
+    _check_rope_scaling(c)
+    _check_gemma4_fields(c)
+    _json_text(c, "model_config")
     return c
+
+
+def _check_rope_scaling(c):
+    rs = c.get("rope_scaling")
+    if rs is None:
+        return
+    kind = rs.get("rope_type") if isinstance(rs, dict) else None
+    if kind not in ("linear", "llama3"):
+        raise RecorderError("model_config: rope_scaling must be null or an object whose "
+                            "rope_type is \"linear\" or \"llama3\"")
+    keys = ("factor",) + (("low_freq_factor", "high_freq_factor") if kind == "llama3" else ())
+    v = {k: _as_number(rs.get(k)) for k in keys}
+    if kind == "llama3":
+        _whole(rs.get("original_max_position_embeddings"),
+               "model_config: rope_scaling.original_max_position_embeddings", 1, _INT32_MAX)
+    if any(x is None for x in v.values()) or v["factor"] <= 0 or (
+            kind == "llama3" and not v["high_freq_factor"] > v["low_freq_factor"] > 0):
+        raise RecorderError("model_config: rope_scaling: factor must be a number > 0 (and "
+                            "high_freq_factor > low_freq_factor > 0 for llama3)")
+
+
+def _check_gemma4_fields(c):
+    """Gemma 4's full-layer widths and per-layer inputs size rows here
+    (stage_width); kvdiff reads them for gemma4 only, so elsewhere they
+    would make rows of widths its reader does not expect."""
+    gemma4 = c["model_type"] in ("gemma4_text", "gemma4")
+    for key, lo, hi in _GEMMA4_INTS:
+        if c.get(key) is None:
+            continue
+        if not gemma4:
+            if c[key]:
+                raise RecorderError(f"model_config: {key} is {c[key]!r}, but kvdiff reads it "
+                                    f"for gemma4_text only (model_type {c['model_type']!r})")
+            continue
+        c[key] = _whole(c[key], f"model_config: {key}", lo, hi)
+    f = c.get("partial_rotary_factor_full")
+    if gemma4 and f is not None:
+        v = _as_number(f)
+        if v is None or not 0 < v <= 1:
+            raise RecorderError(f"model_config: partial_rotary_factor_full is {f!r}; expected "
+                                f"a number in (0, 1]")
+        c["partial_rotary_factor_full"] = v

@@ -21,6 +21,7 @@ module the model lacks leaves its stage out, and engine_settings says so."""
 
 import contextlib
 import inspect
+import os
 import re
 import sys
 
@@ -36,12 +37,17 @@ _ATTN = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn$")
 
 
 def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers",
-           settings=None, ignore_eos=False, model_config=None, names=None):
+           settings=None, ignore_eos=False, model_config=None, names=None, inputs=None):
     """Greedy generation of `model` on `prompt_ids` (a list of ids, or a
     tensor [T] or [1, T]), recorded to `path`: the prompt in one forward
     (chunk None) or in forwards of `chunk` tokens, then one forward per
     generated token but the last, as `kvdiff run` does; stops after
-    max_new tokens or at an end-of-sequence id (unless ignore_eos).
+    max_new tokens (0..2^24, as `kvdiff run --max-new`; 0: the prompt
+    alone, /output at its last position) or at an end-of-sequence id
+    (unless ignore_eos). chunk: None or at least 1 (a chunk longer than
+    the prompt takes it whole). inputs: files the run read, which the dump
+    may not replace (Recorder); the model's folder (model.name_or_path,
+    when it is one) is always among them.
     model_config: the dump's (default: from model.config, any
     architecture); settings: more engine_settings (what you say wins;
     compute_dtype, and cache_type with it, is otherwise decided from what
@@ -49,14 +55,16 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     parameters', bf16 values held in float32; TorchHooks).
     Returns the generated ids. Raises RecorderError on what it cannot
     record (no rotary function to wrap, a batch of more than one, a model
-    on the meta device, a config field kvdiff needs)."""
+    on the meta device, a config field kvdiff needs, max_new or chunk out
+    of range), before any file is made."""
     import torch
     ids = _prompt(prompt_ids)
+    max_new = _count(max_new, "max_new", 0, 1 << 24)
+    if chunk is not None:
+        chunk = _count(chunk, "chunk", 1, None, "a prefill chunk holds at least one token")
     _check_device(model)
     cfg = model_config or model_config_from_hf(_config_dict(model))
-    chunk = len(ids) if not chunk or chunk >= len(ids) else int(chunk)
-    if chunk < 1:
-        raise RecorderError(f"chunk {chunk}: a prefill chunk holds at least one token")
+    chunk = len(ids) if chunk is None or chunk >= len(ids) else chunk
     tap = _RotaryTap(model, cfg)
     names, left_out = _present_names(model, names or hf_names(cfg["model_type"]))
     st = dict(torch_settings(model))
@@ -68,7 +76,8 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     eos = set() if ignore_eos else _eos_ids(model, cfg)
     keep = "logits_to_keep" in inspect.signature(model.forward).parameters
     generated = []
-    with Recorder(path, cfg, engine=engine, settings=st) as rec:
+    with Recorder(path, cfg, engine=engine, settings=st,
+                  inputs=_model_inputs(model, inputs)) as rec:
         hooks = TorchHooks(rec, model, names, output_from=None)
         rec.before_close(lambda: _state_cache_type(rec))   # after the hooks state compute_dtype
         tap.attach(rec, hooks.evidence)
@@ -86,6 +95,9 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
                     continue
                 row = out.logits[0, -1].detach().float().cpu().numpy()
                 rec.output(pos - 1, row)
+                if max_new == 0:   # the prompt alone, as kvdiff run --max-new 0
+                    rec.tokens(seq, len(ids))
+                    break
                 nxt = int(np.argmax(row))
                 generated.append(nxt)
                 seq.append(nxt)
@@ -245,6 +257,32 @@ def _batch_one(t, what):
     if t.shape[0] != 1:
         raise RecorderError(f"{what}: a batch of {t.shape[0]}; record one sequence")
     return t[0]
+
+
+def _count(value, what, lo, hi, why=None):
+    """value as an int in lo..hi (hi None: no bound), else RecorderError."""
+    ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not ok or value < lo or (hi is not None and value > hi):
+        want = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+        raise RecorderError(f"{what} is {value!r}; expected an integer {want}"
+                            + (f" ({why})" if why else ""))
+    return int(value)
+
+
+def _model_inputs(model, inputs):
+    """The files the run read: inputs, and the model's own folder
+    (transformers' name_or_path, when it names a folder here)."""
+    if inputs is None:
+        paths = []
+    elif isinstance(inputs, (str, bytes, os.PathLike)):
+        paths = [inputs]
+    else:
+        paths = list(inputs)
+    folder = getattr(model, "name_or_path", None) or getattr(
+        getattr(model, "config", None), "_name_or_path", None)
+    if isinstance(folder, str) and os.path.isdir(folder):
+        paths.append(folder)
+    return paths
 
 
 def _prompt(prompt_ids):
