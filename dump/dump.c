@@ -907,10 +907,10 @@ static int opt_int(const json_t *o, const char *key, long long lo, long long hi,
  * RoPE, one MLP width and no per-layer inputs. */
 static void gemma4_fields(const json_t *o, kv_config *c, problems *p)
 {
-    c->head_dim_full = opt_int(o, "global_head_dim", 2, 1 << 12, p);
-    c->n_kv_heads_full = opt_int(o, "num_global_key_value_heads", 1, 1 << 12, p);
-    c->per_layer_dim = opt_int(o, "hidden_size_per_layer_input", 0, 1 << 16, p);
-    c->per_layer_vocab = opt_int(o, "vocab_size_per_layer_input", 0, 1 << 24, p);
+    c->head_dim_full = opt_int(o, "global_head_dim", 2, KV_MAX_HEAD_DIM, p);
+    c->n_kv_heads_full = opt_int(o, "num_global_key_value_heads", 1, KV_MAX_HEADS, p);
+    c->per_layer_dim = opt_int(o, "hidden_size_per_layer_input", 0, KV_MAX_HIDDEN, p);
+    c->per_layer_vocab = opt_int(o, "vocab_size_per_layer_input", 0, KV_MAX_VOCAB, p);
     c->k_eq_v = json_is_true(json_object_get(o, "attention_k_eq_v"));
     c->double_wide_mlp = json_is_true(json_object_get(o, "use_double_wide_mlp"));
     const json_t *f = json_object_get(o, "partial_rotary_factor_full");
@@ -994,13 +994,13 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         snprintf(c.model_type, sizeof c.model_type, "%s", mt);
     arch_of(&c);
     /* Bounds keep every product (H*D, rows*cols) far from overflow. */
-    c.hidden = int_field(o, "hidden_size", 1, 1 << 20, false, &p);
+    c.hidden = int_field(o, "hidden_size", 1, KV_MAX_HIDDEN, false, &p);
     c.n_layers = int_field(o, "num_hidden_layers", 1, KV_MAX_LAYERS, false, &p);
-    c.n_heads = int_field(o, "num_attention_heads", 1, 1 << 12, false, &p);
-    c.n_kv_heads = int_field(o, "num_key_value_heads", 1, 1 << 12, false, &p);
-    c.head_dim = int_field(o, "head_dim", 1, 1 << 12, false, &p);
-    c.intermediate = int_field(o, "intermediate_size", 1, 1 << 22, false, &p);
-    c.vocab = int_field(o, "vocab_size", 1, 1 << 24, false, &p);
+    c.n_heads = int_field(o, "num_attention_heads", 1, KV_MAX_HEADS, false, &p);
+    c.n_kv_heads = int_field(o, "num_key_value_heads", 1, KV_MAX_HEADS, false, &p);
+    c.head_dim = int_field(o, "head_dim", 1, KV_MAX_HEAD_DIM, false, &p);
+    c.intermediate = int_field(o, "intermediate_size", 1, KV_MAX_INTERMEDIATE, false, &p);
+    c.vocab = int_field(o, "vocab_size", 1, KV_MAX_VOCAB, false, &p);
     c.sliding_window = int_field(o, "sliding_window", 0, INT32_MAX, true, &p);
     c.rms_eps = num_field(o, "rms_norm_eps", &p);
     c.rope_theta = num_field(o, "rope_theta", &p);

@@ -29,7 +29,7 @@
 #define MAX_HEADS        KV_MAX_HEADS
 #define MAX_HEAD_DIM     KV_MAX_HEAD_DIM
 #define MAX_INTERMEDIATE KV_MAX_INTERMEDIATE
-#define MAX_VOCAB        (1 << 24)
+#define MAX_VOCAB        KV_MAX_VOCAB
 #define MAX_POSITIONS    KV_MAX_POSITIONS
 #define MAX_PATTERN      (1 << 20)
 #define MAX_MATRIX       ((long long)INT32_MAX) /* elements of one weight matrix */

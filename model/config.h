@@ -24,6 +24,7 @@
 #define KV_MAX_HEAD_DIM     (1 << 14)
 #define KV_MAX_INTERMEDIATE (1 << 22)
 #define KV_MAX_POSITIONS    (1 << 24)
+#define KV_MAX_VOCAB        (1 << 24)
 
 typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4 } kv_arch;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;

@@ -822,14 +822,15 @@ class Recorder:
 
 
 # What kvdiff's dump reader accepts in model_config (dump/dump.c,
-# dump_config_parse): the bounds keep every product far from overflow.
+# dump_config_parse): config.json's own limits (model/config.h, KV_MAX_*),
+# so that every model kvdiff runs writes a dump kvdiff reads.
 _CONFIG_INTS = (("hidden_size", 1, 1 << 20), ("num_hidden_layers", 1, 256),
                 ("num_attention_heads", 1, 1 << 12), ("num_key_value_heads", 1, 1 << 12),
-                ("head_dim", 1, 1 << 12), ("intermediate_size", 1, 1 << 22),
+                ("head_dim", 1, 1 << 14), ("intermediate_size", 1, 1 << 22),
                 ("vocab_size", 1, 1 << 24))
 # Gemma 4's fields, optional there (null or absent) and read nowhere else.
-_GEMMA4_INTS = (("global_head_dim", 2, 1 << 12), ("num_global_key_value_heads", 1, 1 << 12),
-                ("hidden_size_per_layer_input", 0, 1 << 16),
+_GEMMA4_INTS = (("global_head_dim", 2, 1 << 14), ("num_global_key_value_heads", 1, 1 << 12),
+                ("hidden_size_per_layer_input", 0, 1 << 20),
                 ("vocab_size_per_layer_input", 0, 1 << 24))
 _INT32_MAX = 2**31 - 1
 

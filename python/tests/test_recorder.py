@@ -1299,8 +1299,8 @@ class TestUpFrontRefusals(Base):
                 self.assertFalse(os.path.lexists(path))
 
     def test_model_config_as_the_dump_reader_takes_it(self):
-        for change, says in ((dict(head_dim=8192), "head_dim is 8192; expected an integer in "
-                                                   "1..4096"),
+        for change, says in ((dict(head_dim=32768), "head_dim is 32768; expected an integer "
+                                                    "in 1..16384"),
                              (dict(rope_theta=float("nan")), "rope_theta is nan"),
                              (dict(rope_theta=True), "rope_theta is True"),
                              (dict(kv_owner=[0, 0, 1, 3]), "kv_owner\\[2\\] is 1, which does "
