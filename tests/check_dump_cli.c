@@ -122,9 +122,8 @@ static void run_and_signal(const char *path, int sig, int *status)
      * alone allocates ~1.4 MB of chunks); this only decides when to pull
      * the plug, nothing is asserted about time. */
     struct stat sb;
-    for (int i = 0; i < 4000; i++) {
-        if (stat(path, &sb) == 0 && sb.st_size > (8 << 20))
-            break;
+    while (stat(path, &sb) != 0 || sb.st_size <= (8 << 20)) {
+        ck_assert_msg(waitpid(pid, status, WNOHANG) == 0, "the run ended before it wrote 8 MB");
         usleep(5000);
     }
     kill(pid, sig);

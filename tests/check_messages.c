@@ -88,37 +88,14 @@ END_TEST
 /* ------------------------------------------------------------------ */
 /* 2. A dump a live run is writing                                      */
 
-/* Starts a long recorded run writing path; returns once it has written
- * a few MB (the writer locks the path before writing anything). */
-static pid_t start_long_run(const char *path)
-{
-    const char *bin = getenv("KVDIFF_BIN");
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        execl(bin ? bin : "./kvdiff", "kvdiff", "run", "--model", "tiny-gemma3", "--prompt-random",
-              "96", "--max-new", "4000", "--ignore-eos", "--dump", path, (char *)NULL);
-        _exit(127);
-    }
-    /* Decides only when to go on; nothing is asserted about time. */
-    struct stat sb;
-    for (int i = 0; i < 4000; i++) {
-        if (stat(path, &sb) == 0 && sb.st_size > (4 << 20))
-            break;
-        usleep(5000);
-    }
-    return pid;
-}
 
 START_TEST(test_live_writer_is_named)
 {
     char dir[64], path[128], args[512];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     snprintf(path, sizeof path, "%s/live.h5", dir);
-    pid_t writer = start_long_run(path);
+    pid_t writer = test_start_long_run(path);
+    ck_assert_msg(writer > 0, "the run ended before it wrote 4 MB");
     /* Held still mid-write: rows of the running batch may be in the file
      * before /tokens grows to cover them. */
     int status;

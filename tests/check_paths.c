@@ -355,7 +355,7 @@ START_TEST(test_config_fifo_refused)
     char p[128];
     snprintf(p, sizeof p, "%s/config.json", tmp);
     ck_assert_int_eq(mkfifo(p, 0644), 0);
-    alarm(20);
+    alarm(120);
     kv_config c;
     kv_err e = {{0}};
     ck_assert_int_eq(config_load_json(p, &c, &e), -1);
@@ -375,7 +375,7 @@ START_TEST(test_index_fifo_refused)
     ck_assert_int_eq(unlink(p), 0);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
     ck_assert_int_eq(mkfifo(p, 0644), 0);
-    alarm(20);
+    alarm(120);
     int rc = cli("run --model %s --prompt-random 3 --max-new 1%s%s", dir, "", "");
     alarm(0);
     ck_assert_msg(rc == 2 && strstr(out, "model.safetensors.index.json: not a regular file (a "
@@ -392,7 +392,7 @@ START_TEST(test_report_suite_recorder_fifos_refused)
     snprintf(s, sizeof s, "%s/s-fifo.suite", tmp);
     snprintf(g, sizeof g, "%s/m-fifo.gguf", tmp);
     ck_assert(mkfifo(j, 0644) == 0 && mkfifo(s, 0644) == 0 && mkfifo(g, 0644) == 0);
-    alarm(30);
+    alarm(120);
     int rc = cli("report %s -o %s/rep-fifo%s", j, tmp, "");
     ck_assert_msg(rc == 2 && strstr(out, "r-fifo.json: cannot read it (not a regular file (a "
                                          "FIFO))"), "exit %d\n%s", rc, out);
@@ -412,7 +412,7 @@ START_TEST(test_tokenizer_fifo_refused)
     char p[128];
     snprintf(p, sizeof p, "%s/tokenizer.json", tmp);
     ck_assert_int_eq(mkfifo(p, 0644), 0);
-    alarm(20);
+    alarm(120);
     kv_tokenizer *t = NULL;
     kv_err e = {{0}};
     ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
@@ -428,7 +428,7 @@ START_TEST(test_prompt_files_fifo_refused)
     char p[128];
     snprintf(p, sizeof p, "%s/prompt.txt", tmp);
     ck_assert_int_eq(mkfifo(p, 0644), 0);
-    alarm(20);
+    alarm(120);
     int32_t *ids = NULL;
     int n = 0;
     kv_err e = {{0}};
@@ -451,7 +451,7 @@ START_TEST(test_tokenizer_device_and_size_refused)
     ck_assert_int_eq(symlink("/dev/zero", p), 0);
     kv_tokenizer *t = NULL;
     kv_err e = {{0}};
-    alarm(20);
+    alarm(120);
     ck_assert_int_eq(tok_load(tmp, &t, &e), -1);
     ck_assert_msg(strstr(e.msg, "not a regular file (a device)"), "%s", e.msg);
     ck_assert_int_eq(unlink(p), 0);
@@ -476,7 +476,7 @@ START_TEST(test_run_model_fifo_refused)
     ck_assert_int_eq(cli("gen --preset tiny-gemma3 -o %s%s%s", gm, "", ""), 0);
     ck_assert_int_eq(unlink(cfg), 0);
     ck_assert_int_eq(mkfifo(cfg, 0644), 0);
-    alarm(60);
+    alarm(300);
     int rc = cli("run --model %s --max-new 1%s%s", gm, "", "");
     alarm(0);
     ck_assert_msg(rc == 2 && strstr(out, "config.json: not a regular file"), "exit %d\n%s", rc,

@@ -25,38 +25,14 @@ static char out[1 << 16];
 /* ------------------------------------------------------------------ */
 /* Two writers of one path                                              */
 
-/* Starts a long recorded run writing path; returns once it is decoding
- * (the writer locks the path before writing anything). */
-static pid_t start_long_run(const char *path)
-{
-    const char *bin = getenv("KVDIFF_BIN");
-    pid_t pid = fork();
-    ck_assert_int_ge(pid, 0);
-    if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, 1);
-        dup2(devnull, 2);
-        execl(bin ? bin : "./kvdiff", "kvdiff", "run", "--model", "tiny-gemma3", "--prompt-random",
-              "96", "--max-new", "4000", "--ignore-eos", "--dump", path, (char *)NULL);
-        _exit(127);
-    }
-    /* Decides only when to go on; nothing is asserted about time. The
-     * prompt's rows are about 2 MB. */
-    struct stat sb;
-    for (int i = 0; i < 4000; i++) {
-        if (stat(path, &sb) == 0 && sb.st_size > (4 << 20))
-            break;
-        usleep(5000);
-    }
-    return pid;
-}
 
 START_TEST(test_second_writer_is_refused)
 {
     char dir[64], path[128], args[512];
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     snprintf(path, sizeof path, "%s/shared.h5", dir);
-    pid_t first = start_long_run(path);
+    pid_t first = test_start_long_run(path);
+    ck_assert_msg(first > 0, "the run ended before it wrote 4 MB");
     /* Held still while the second run tries, so it is surely running. */
     int status;
     ck_assert_int_eq(kill(first, SIGSTOP), 0);

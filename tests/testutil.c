@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 static int capture_emit(kv_observer *self, const kv_event *ev)
 {
@@ -152,4 +155,29 @@ int test_copy_file(const char *from, const char *to)
     if (b && fclose(b) != 0)
         rc = -1;
     return rc;
+}
+
+pid_t test_start_long_run(const char *path)
+{
+    const char *bin = getenv("KVDIFF_BIN");
+    pid_t pid = fork();
+    if (pid < 0)
+        return -1;
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, 1);
+        dup2(devnull, 2);
+        execl(bin ? bin : "./kvdiff", "kvdiff", "run", "--model", "tiny-gemma3", "--prompt-random",
+              "96", "--max-new", "4000", "--ignore-eos", "--dump", path, (char *)NULL);
+        _exit(127);
+    }
+    /* The prompt's rows are about 2 MB; past 4 MB it is decoding. */
+    struct stat sb;
+    while (stat(path, &sb) != 0 || sb.st_size <= (4 << 20)) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid)
+            return -1;
+        usleep(5000);
+    }
+    return pid;
 }

@@ -4,6 +4,7 @@
 #define KV_TESTUTIL_H
 
 #include <stdint.h>
+#include <sys/types.h>
 #include "model/observer.h"
 #include "model/config.h"
 
@@ -42,6 +43,13 @@ int test_run_program(const char *bin, const char *args, char *out, size_t n);
  * of 5, positions 0..59, reach the file). Returns 0, or -1 when a run did
  * not go that way. */
 int test_record_cut_short(const char *dir);
+
+/* Starts `kvdiff run` of tiny-gemma3 (a 96-token prompt, 4000 decode
+ * steps) writing the dump path, and returns its pid once the file holds
+ * more than 4 MB (the writer locks the path before writing anything).
+ * Nothing is timed: it waits for the file or for the run's end, so a busy
+ * machine only makes it slower. Returns -1 when the run ended first. */
+pid_t test_start_long_run(const char *path);
 
 /* max |a - b| / max |b| over n values. */
 double test_rel_err(const float *a, const float *b, size_t n);
