@@ -40,9 +40,11 @@ static void gen_usage(FILE *f)
     fprintf(f, "\n"
                "  --weights-seed N  weight seed (default 0), as `kvdiff run --weights-seed`;\n"
                "                  --seed N is its old name, still accepted with a note\n"
-               "  --dtype T       f32 (default) or bf16 tensors; f16 too for --gguf alone\n"
-               "                  (GGUF keeps norms and biases f32, as llama.cpp's\n"
-               "                  converter does)\n"
+               "  --dtype T       f32 or bf16 tensors; f16 too for --gguf alone (GGUF keeps\n"
+               "                  norms and biases f32, as llama.cpp's converter does).\n"
+               "                  Default: f32 for --preset; for --from, the type of the\n"
+               "                  folder's own matrices (a bf16 checkpoint stays bf16),\n"
+               "                  f32 when they mix types (the one type holding all)\n"
                "  -o, --out DIR   output folder (created if missing)\n"
                "  --gguf FILE     output GGUF file (written whole or not at all)\n"
                "  --from DIR      Hugging Face folder to export (needs --gguf)\n"
@@ -79,13 +81,27 @@ static int export_with_bar(const char *preset, uint64_t seed, const char *from, 
                            const char *gguf, kv_err *e)
 {
     progress bar;
+    char note[600] = "";
     progress_start(&bar, stderr, "weights", 0);
     progress_phase(&bar, "GGUF");
     gguf_progress p = {.fn = cli_model_progress, .ctx = &bar};
-    int rc = from ? gguf_export_dir_progress(from, gt, gguf, &p, e)
+    int rc = from ? gguf_export_dir_progress(from, gt, gguf, &p, note, sizeof note, e)
                   : gguf_export_preset_progress(preset, seed, gt, gguf, &p, e);
     progress_end(&bar);
+    if (rc == 0 && note[0])
+        fprintf(stderr, "kvdiff gen: note: %s\n", note);
     return rc;
+}
+
+/* --from without --dtype: the checkpoint's own type. */
+static int from_out_type(const char *from, gguf_out_type *gt, kv_err *e)
+{
+    char note[600];
+    if (gguf_dir_out_type(from, gt, note, sizeof note, e) < 0)
+        return -1;
+    if (note[0])
+        fprintf(stderr, "kvdiff gen: note: %s\n", note);
+    return 0;
 }
 
 int cmd_gen(int argc, char **argv)
@@ -101,7 +117,7 @@ int cmd_gen(int argc, char **argv)
     const char *preset = NULL, *out = NULL, *gguf = NULL, *from = NULL, *dtype = "f32";
     uint64_t seed = 0;
     gguf_out_type gt = GGUF_OUT_F32;
-    int ch, seed_given = 0;
+    int ch, seed_given = 0, dtype_given = 0;
     long online = sysconf(_SC_NPROCESSORS_ONLN), threads = online < 1 ? 1 : online > 64 ? 64 : online;
     kv_err e = {{0}};
     optind = 0;
@@ -133,6 +149,7 @@ int cmd_gen(int argc, char **argv)
                 goto usage_error;
             }
             dtype = optarg;
+            dtype_given = 1;
             break;
         case 'h': gen_usage(stdout); return EXIT_OK;
         default:
@@ -159,9 +176,11 @@ int cmd_gen(int argc, char **argv)
             kv_errf(&e, "--from needs --gguf FILE");
             goto usage_error;
         }
+        if (!dtype_given && from_out_type(from, &gt, &e) < 0)
+            goto input_error;
         if (export_with_bar(NULL, 0, from, gt, gguf, &e) < 0)
             goto input_error;
-        printf("wrote %s (from %s, %s)\n", gguf, from, dtype);
+        printf("wrote %s (from %s, %s)\n", gguf, from, gguf_out_type_name(gt));
         return EXIT_OK;
     }
     if (!preset || (!out && !gguf)) {

@@ -677,10 +677,27 @@ static int cmp_strp(const void *a, const void *b)
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Added tokens past the model's vocab_size: the converter leaves them out
+ * (_create_vocab_sentencepiece: "ignore token N: id is out of range"), as
+ * the model has no embedding row for them; Gemma 3's <image_soft_token>,
+ * id 262144 of a 262144-row table, is one. note (may be NULL) says so. */
+static void note_added_past(const char *path, size_t n_past, json_int_t first_id,
+                            const char *first, int vocab_size, char *note, size_t note_n)
+{
+    if (!note || note_n == 0 || n_past == 0)
+        return;
+    snprintf(note, note_n, "%s: %zu added token%s past vocab_size %d (%s'%.40s', id %lld) "
+             "left out, as llama.cpp's converter does: the model has no embedding for %s",
+             path, n_past, n_past > 1 ? "s" : "", vocab_size, n_past > 1 ? "the first " : "",
+             first, (long long)first_id, n_past > 1 ? "them" : "it");
+}
+
 /* Reads <dir>/tokenizer.json's BPE vocabulary into v (vocab_size ids;
- * ids it lacks become "[PADn]" unused tokens, as the converter writes). A
- * folder without tokenizer.json gives v->bpe = 0. */
-static int vocab_from_dir(const char *dir, int vocab_size, vocab_out *v, kv_err *e)
+ * ids it lacks become "[PADn]" unused tokens, as the converter writes;
+ * added tokens past vocab_size are left out, said in note). A folder
+ * without tokenizer.json gives v->bpe = 0. */
+static int vocab_from_dir(const char *dir, int vocab_size, vocab_out *v, char *note,
+                          size_t note_n, kv_err *e)
 {
     char path[4096];
     memset(v, 0, sizeof *v);
@@ -723,15 +740,24 @@ static int vocab_from_dir(const char *dir, int vocab_size, vocab_out *v, kv_err 
         v->tokens[id] = strdup(tok);
         v->types[id] = byte_fallback && is_byte_token(tok) ? TOK_BYTE : TOK_NORMAL;
     }
-    size_t i;
+    size_t i, n_past = 0;
+    json_int_t past_id = 0;
+    const char *past = NULL;   /* the first added token past vocab_size */
     json_t *a;
     json_array_foreach(added, i, a) {
-        json_int_t id = json_integer_value(json_object_get(a, "id"));
+        json_t *id_json = json_object_get(a, "id");
+        json_int_t id = json_integer_value(id_json);
         const char *content = json_string_value(json_object_get(a, "content"));
-        if (!content || id < 0 || id >= vocab_size) {
-            kv_errf(e, "%s: added_tokens[%zu] has no content or an id outside vocab_size %d",
-                    path, i, vocab_size);
+        if (!content || !json_is_integer(id_json) || id < 0) {
+            kv_errf(e, "%s: added_tokens[%zu] has no content or no id from 0 up", path, i);
             goto done;
+        }
+        if (id >= vocab_size) {
+            if (n_past++ == 0) {
+                past = content;
+                past_id = id;
+            }
+            continue;
         }
         free(v->tokens[id]);
         v->tokens[id] = strdup(content);
@@ -794,6 +820,7 @@ static int vocab_from_dir(const char *dir, int vocab_size, vocab_out *v, kv_err 
         }
     }
     v->bpe = 1;
+    note_added_past(path, n_past, past_id, past, vocab_size, note, note_n);
     rc = 0;
 done:
     json_decref(root);
@@ -978,13 +1005,95 @@ static int same_file(const struct stat *out, const char *path)
 }
 
 
+/* ------------------------------------------------------------------ */
+/* The checkpoint's own type                                            */
+
+const char *gguf_out_type_name(gguf_out_type t)
+{
+    return t == GGUF_OUT_F32 ? "f32" : t == GGUF_OUT_F16 ? "f16" : "bf16";
+}
+
+/* Counts, over the matrices the export writes (the only tensors it
+ * writes in 16 bits), the folder's tensors of each dtype. Tensors the
+ * folder lacks are not counted: the export names them. */
+static void count_matrix_dtypes(const kv_config *c, const st_file *st,
+                                size_t counts[ST_DTYPE_COUNT])
+{
+    int n = tensors_list(c, NULL, 0);
+    tensor_spec *specs = calloc((size_t)(n > 0 ? n : 1), sizeof *specs);
+    memset(counts, 0, ST_DTYPE_COUNT * sizeof *counts);
+    if (!specs)
+        return;
+    tensors_list(c, specs, n);
+    for (int i = 0; i < n; i++) {
+        const st_tensor *t = specs[i].ndim == 2 ? st_find(st, specs[i].name) : NULL;
+        if (t)
+            counts[t->dtype]++;
+    }
+    free(specs);
+}
+
+/* One dtype among F32, F16, BF16 holding every counted matrix: that
+ * type. Several: f32, the one type holding bf16 and f16 values alike
+ * exactly (bf16 lacks f16's mantissa, f16 lacks bf16's range); note says
+ * so. */
+static gguf_out_type pick_out_type(const char *dir, const size_t counts[ST_DTYPE_COUNT],
+                                   char *note, size_t note_n)
+{
+    static const st_dtype floats[] = {ST_F32, ST_F16, ST_BF16};
+    static const gguf_out_type as[] = {GGUF_OUT_F32, GGUF_OUT_F16, GGUF_OUT_BF16};
+    size_t kinds = 0, total = 0;
+    gguf_out_type only = GGUF_OUT_F32;
+    char mix[160] = "";
+    for (int d = 0; d < ST_DTYPE_COUNT; d++) {
+        if (!counts[d])
+            continue;
+        kinds++;
+        total += counts[d];
+        snprintf(mix + strlen(mix), sizeof mix - strlen(mix), "%s%zu %s", kinds > 1 ? ", " : "",
+                 counts[d], st_dtype_name((st_dtype)d));
+    }
+    for (size_t i = 0; i < sizeof floats / sizeof *floats; i++)
+        if (counts[floats[i]] == total && total > 0)
+            only = as[i];
+    if (kinds > 1 && note && note_n)
+        snprintf(note, note_n, "%s: its matrices are of several types (%s): writing f32, the "
+                 "one type that holds every one of them exactly (--dtype bf16 or f16 to round "
+                 "them instead)", dir, mix);
+    return kinds == 1 ? only : GGUF_OUT_F32;
+}
+
+int gguf_dir_out_type(const char *dir, gguf_out_type *out, char *note, size_t note_n,
+                      kv_err *e)
+{
+    kv_config c;
+    char cfg_path[4096];
+    size_t counts[ST_DTYPE_COUNT];
+    if (note_n)
+        note[0] = '\0';
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    if (config_load_json(cfg_path, &c, e) < 0)
+        return -1;
+    st_file *st = st_open_dir(dir, e);
+    if (!st)
+        return -1;
+    model_resolve_prefix(&c, st);
+    count_matrix_dtypes(&c, st, counts);
+    st_close(st);
+    *out = pick_out_type(dir, counts, note, note_n);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* A Hugging Face folder                                                */
+
 int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e)
 {
-    return gguf_export_dir_progress(dir, t, path, NULL, e);
+    return gguf_export_dir_progress(dir, t, path, NULL, NULL, 0, e);
 }
 
 int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
-                             const gguf_progress *p, kv_err *e)
+                             const gguf_progress *p, char *note, size_t note_n, kv_err *e)
 {
     kv_config c;
     char cfg_path[4096], tok_path[4096];
@@ -1010,7 +1119,9 @@ int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
         }
     }
     model_resolve_prefix(&c, st);
-    if (vocab_from_dir(dir, c.vocab, &v, e) < 0)
+    if (note_n)
+        note[0] = '\0';
+    if (vocab_from_dir(dir, c.vocab, &v, note, note_n, e) < 0)
         goto done;
     wsource src = {.cfg = &c, .seed = 0, .st = st, .dir = dir, .progress = p};
     rc = export_model(&src, &v, t, dir, path, e);

@@ -29,9 +29,23 @@ typedef enum { GGUF_OUT_F32, GGUF_OUT_F16, GGUF_OUT_BF16 } gguf_out_type;
 /* Parses "f32", "f16" or "bf16". Returns 0, or -1 with e filled. */
 int gguf_out_type_parse(const char *s, gguf_out_type *out, kv_err *e);
 
+/* "f32", "f16" or "bf16" (static). */
+const char *gguf_out_type_name(gguf_out_type t);
+
+/* The type `kvdiff gen --from DIR` writes when not told: the one the
+ * folder's weight matrices have (bf16 stays bf16, f16 stays f16, f32
+ * f32), so the GGUF holds the checkpoint's values as they are. Matrices
+ * of several types give f32, the one type holding them all exactly; note
+ * (note_n bytes, "" otherwise) then says so. Norms and biases are f32
+ * whatever the type. Returns 0, or -1 with e filled (no config.json or
+ * weights). */
+int gguf_dir_out_type(const char *dir, gguf_out_type *out, char *note, size_t note_n,
+                      kv_err *e);
+
 /* Checks that llama.cpp can run a model of config c exactly as kvdiff
- * does (architecture it has, no KV-shared layers, no sliding layers
- * outside Gemma 3, shapes its loader accepts). Returns 0, or -1 with e
+ * does (architecture it has, KV-shared layers only on Gemma 4 laid out as
+ * llama.cpp wires them, no sliding layers outside Gemma 3 and 4, shapes
+ * its loader accepts). Returns 0, or -1 with e
  * saying what llama.cpp lacks. */
 int gguf_export_check(const kv_config *c, kv_err *e);
 
@@ -58,10 +72,16 @@ int gguf_export_preset_progress(const char *preset, uint64_t seed, gguf_out_type
 
 /* Writes the Hugging Face folder dir (config.json, safetensors, and
  * tokenizer.json when present: its tokens, types and merges as llama.cpp's
- * "gpt2" BPE vocabulary) to path, as gguf_export_preset does. Refuses a
- * path that is one of the folder's input files. */
+ * "gpt2" BPE vocabulary of vocab_size ids) to path, as gguf_export_preset
+ * does. Refuses a path that is one of the folder's input files. Added
+ * tokens with an id past vocab_size (Gemma 3's image placeholder) are left
+ * out, as llama.cpp's converter does. */
 int gguf_export_dir(const char *dir, gguf_out_type t, const char *path, kv_err *e);
+
+/* The same, reporting progress to p (may be NULL) and filling note
+ * (note_n bytes; "" when there is nothing to say) with a remark worth
+ * printing: the added tokens left out. */
 int gguf_export_dir_progress(const char *dir, gguf_out_type t, const char *path,
-                             const gguf_progress *p, kv_err *e);
+                             const gguf_progress *p, char *note, size_t note_n, kv_err *e);
 
 #endif

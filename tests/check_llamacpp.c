@@ -297,6 +297,21 @@ static void run_reference(const char *dir, int max_new)
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
 }
 
+/* A finished recording says so in one line (out: the recorder's output):
+ * the file, the positions and layers recorded, the tokens. */
+static void assert_says_wrote(const char *dir, const char *file, int positions, int prompt,
+                              int generated)
+{
+    char want[512];
+    snprintf(want, sizeof want, "kvdiff-llama: wrote %s/%s: %d positions x ", dir, file,
+             positions);
+    ck_assert_msg(strstr(out, want), "expected '%s' in: %s", want, out);
+    snprintf(want, sizeof want, " layers (%d prompt tokens, %d generated)\n", prompt,
+             generated);
+    ck_assert_msg(strstr(out, want), "expected '%s' in: %s", want, out);
+    ck_assert_msg(strchr(out, '\n') == out + strlen(out) - 1, "not one line: %s", out);
+}
+
 /* kvdiff's reference and llama.cpp on the same prompt; returns the
  * compare exit status with out holding its JSON. */
 static int record_and_compare(const char *preset, const char *dir, const char *rec_opts,
@@ -309,6 +324,7 @@ static int record_and_compare(const char *preset, const char *dir, const char *r
     snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
              "%s --dump %s/llama.h5", gguf, dir, dir, rec_opts, dir);
     ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    assert_says_wrote(dir, "llama.h5", 45, 40, 6);
     snprintf(args, sizeof args, "validate %s/llama.h5", dir);
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
     ck_assert_msg(strstr(out, "conforms"), "%s", out);
@@ -476,8 +492,13 @@ START_TEST(test_llama_tiny_gemma4)
         snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 "
                  "--ignore-eos %s --dump %s", gguf, dir, dir, caches[i], path);
         ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        snprintf(args, sizeof args, "llama%zu.h5", i);
+        assert_says_wrote(dir, args, 45, 40, 6);
         snprintf(args, sizeof args, "validate %s", path);
         ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+        /* engine_settings names the cache (llama.cpp's full-size sliding
+         * cache: dense): nothing to warn about. */
+        ck_assert_msg(strstr(out, "conforms") && !strstr(out, "warning"), "%s", out);
         g4_verdict v = compare_json(dir, path);
         ck_assert_msg(!strcmp(v.verdict, "within_tolerance"), "%s: verdict %s at layer %ld position %ld "
                       "%s (%s)", caches[i], v.verdict, v.layer, v.pos, v.stage, v.kind);
@@ -486,6 +507,7 @@ START_TEST(test_llama_tiny_gemma4)
     snprintf(path, sizeof path, "%s/llama0.h5", dir);
     dump_file *f = dump_open(path, &e);
     ck_assert_msg(f, "%s", e.msg);
+    ck_assert_ptr_nonnull(strstr(dump_attr(f, "engine_settings"), "\"cache\":\"dense\""));
     for (int l = 0; l < 12; l++) {
         ck_assert_int_eq(dump_stage_info(f, l, STAGE_K).present, l < 8);
         ck_assert_int_eq(dump_stage_info(f, l, STAGE_V).present, l < 8);
@@ -533,6 +555,39 @@ START_TEST(test_llama_gemma4_shared_kv_layers_wrong)
     snprintf(worse, sizeof worse, "%s/worse.h5", dir);
     one_line_exit2(args, "attention.shared_kv_layers is 11: llama.cpp needs at least two of "
                    "the 12 layers computing K/V", worse);
+    test_rmtree(dir);
+}
+END_TEST
+
+/* The KV sharing is a size --hf checks as it does the others, and a
+ * sharing count the weights contradict (layer 8 computes K/V by the
+ * count, but the file has no K of its own for it) is blamed on the count,
+ * not on the MLP widths that then look wrong. */
+START_TEST(test_llama_gemma4_sharing_checked)
+{
+    char dir[64], args[2048], gguf[512], bad[512], dump[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    snprintf(dump, sizeof dump, "%s/d.h5", dir);
+    ck_assert_msg(make_gguf("tiny-gemma4", dir, gguf, NULL) == 0, "%s", out);
+    ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 8), 0);
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-tokens 1,2,3 --max-new 1 --dump %s",
+             bad, dir, dump);
+    one_line_exit2(args, "4 layers share KV caches in config.json (num_kv_shared_layers) but "
+                   "8 in the GGUF (attention.shared_kv_layers)", dump);
+    ck_assert_int_eq(access(dump, F_OK), -1);
+    ck_assert_int_eq(gguf_patch(gguf, bad, "gemma4.attention.shared_kv_layers", 3), 0);
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --max-new 1 --dump %s", bad, dump);
+    one_line_exit2(args, "gemma4.attention.shared_kv_layers is 3, so layer 8 computes its own "
+                   "K/V, but the file has no blk.8.attn_k.weight", dump);
+    ck_assert_msg(!strstr(out, "feed_forward_length"), "%s", out);
+    ck_assert_int_eq(access(dump, F_OK), -1);
+    /* The sound file with --hf: recorded, and said so. */
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-tokens 1,2,3 --max-new 2 --threads 1 "
+             "--dump %s", gguf, dir, dump);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    assert_says_wrote(dir, "d.h5", 4, 3, 2);
     test_rmtree(dir);
 }
 END_TEST
@@ -717,6 +772,7 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
     tcase_add_test(tc, test_llama_tiny_gemma4);
     tcase_add_test(tc, test_llama_gemma4_shared_kv_layers_wrong);
+    tcase_add_test(tc, test_llama_gemma4_sharing_checked);
     tcase_add_test(tc, test_llama_bad_input);
     tcase_add_test(tc, test_llama_gguf_keys_named);
     tcase_add_test(tc, test_llama_abort_is_one_line);

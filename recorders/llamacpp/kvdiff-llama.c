@@ -579,6 +579,26 @@ static int gemma4_rotated_pairs(const struct gguf_context *g, const char *path, 
     return rot;
 }
 
+/* The layers the sharing count says compute K/V (the first n_kv) must
+ * have K weights: a shared layer has none, so a count too small for the
+ * file is a sharing llama.cpp cannot run. Said of the count, which is what
+ * is wrong (the MLP widths, doubled on shared layers only, would look
+ * wrong too). */
+static int gemma4_check_sharing(const meta *m, const char *path, int n_kv, int shared,
+                                kv_err *e)
+{
+    for (int l = 0; l < n_kv; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_k.weight", l);
+        if (gguf_find_tensor(m->g, name) < 0)
+            return kv_errf(e, "%s: %s.attention.shared_kv_layers is %d, so layer %d computes "
+                           "its own K/V, but the file has no %s (a layer sharing another's "
+                           "cache has none): the count is wrong for these weights, and "
+                           "llama.cpp cannot run the file", path, m->arch, shared, l, name);
+    }
+    return 0;
+}
+
 /* Gemma 4 as llama.cpp's gemma4 reads it (llama_model_gemma4::
  * load_arch_hparams, llama-model.cpp's layer reuse rule). */
 static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_err *e)
@@ -641,6 +661,8 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     const int shared = shared_v.found ? (int)shared_v.v : 0, n_kv = c->n_layers - shared;
     for (int l = 0; l < c->n_layers; l++)
         c->kv_owner[l] = (int16_t)(l < n_kv ? l : n_kv - (c->layer_type[l] == ATTN_SLIDING ? 2 : 1));
+    if (gemma4_check_sharing(m, path, n_kv, shared, e) < 0)
+        return -1;
     c->intermediate = f_ff ? (int)ff[0] : c->intermediate;
     for (int l = 0; l < c->n_layers && f_ff; l++) {
         if ((int)ff[l] == c->intermediate)
@@ -813,8 +835,17 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     return 0;
 }
 
+/* Layers that share K/V (a Gemma 4's last num_kv_shared_layers). */
+static int count_shared(const kv_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        n += c->kv_owner[l] != l;
+    return n;
+}
+
 /* --hf: config.json is the truth about the model; the GGUF must be the
- * same shape. */
+ * same shape, its KV sharing included (llama.cpp runs the GGUF's). */
 static int config_check_same(const kv_config *hf, const kv_config *gg, const char *path,
                              kv_err *e)
 {
@@ -832,6 +863,15 @@ static int config_check_same(const kv_config *hf, const kv_config *gg, const cha
     if (hf->arch != gg->arch)
         return kv_errf(e, "%s: config.json's model_type %s is not the GGUF's architecture", path,
                        hf->model_type);
+    if (count_shared(hf) != count_shared(gg))
+        return kv_errf(e, "%s: %d layers share KV caches in config.json (num_kv_shared_layers) "
+                       "but %d in the GGUF (attention.shared_kv_layers)", path,
+                       count_shared(hf), count_shared(gg));
+    for (int l = 0; l < hf->n_layers; l++)
+        if (hf->kv_owner[l] != gg->kv_owner[l])
+            return kv_errf(e, "%s: layer %d reads layer %d's KV cache in config.json but "
+                           "layer %d's as llama.cpp runs the GGUF", path, l, hf->kv_owner[l],
+                           gg->kv_owner[l]);
     return 0;
 }
 
@@ -1352,24 +1392,37 @@ static void check_stdout(void)
 
 /* compute_dtype: llama.cpp's CPU backend keeps activations in f32 (with
  * bf16 weights its matmuls round their inputs to bf16, measured well
- * under the drift model's 4e-3 floor: docs/cross-runtime.md). */
-static char *settings_json(const rec_opts *o, const kv_config *c, int n_ctx, int rot_k,
-                           int rot_v)
+ * under the drift model's 4e-3 floor: docs/cross-runtime.md).
+ * cache "dense" for every model: the context is made with swa_full (its
+ * default, set anyway), so the sliding layers' cache has a cell for each
+ * of the n_ctx positions as the full layers' does, nothing is evicted
+ * and the window is a mask: kvdiff's dense cache, not a ring. */
+static char *settings_json(const rec_opts *o, int n_ctx, int rot_k, int rot_v)
 {
     char *s = malloc(2048);
     if (!s)
         return NULL;
-    bool sliding = c->sliding_window > 0;
     snprintf(s, 2048,
-             "{\"runtime\":\"llama.cpp\",\"llama_cpp\":%s,\"chunk\":%d,%s\"ubatch\":%d,"
+             "{\"runtime\":\"llama.cpp\",\"llama_cpp\":%s,\"chunk\":%d,\"cache\":\"dense\","
+             "\"ubatch\":%d,"
              "\"batch\":%d,\"flash_attn\":\"%s\",\"cache_type\":\"%s\",\"compute_dtype\":\"f32\","
              "\"threads\":%d,"
              "\"max_ctx\":%d,\"attn_rot_k\":%d,\"attn_rot_v\":%d,\"recorder\":\"" TOOL " "
              KVDIFF_REC_VERSION "\"}",
-             LLAMA_CPP_VERSION_JSON, o->ubatch, sliding ? "" : "\"cache\":\"dense\",", o->ubatch,
-             o->batch, o->flash_attn ? "on" : "off", o->cache_name, o->threads, n_ctx, rot_k,
-             rot_v);
+             LLAMA_CPP_VERSION_JSON, o->ubatch, o->ubatch, o->batch,
+             o->flash_attn ? "on" : "off", o->cache_name, o->threads, n_ctx, rot_k, rot_v);
     return s;
+}
+
+/* The line a finished recording ends with, on stderr beside the one a
+ * partial dump gets (stdout carries only --time's seconds and
+ * --list-tensors' names, which scripts read). The last generated token is
+ * never run: one position fewer than the tokens is recorded. */
+static void say_wrote(const char *path, int n_prompt, int n_generated, int n_layers)
+{
+    fprintf(stderr, TOOL ": wrote %s: %d positions x %d layers (%d prompt tokens, %d "
+            "generated)\n", path, n_prompt + (n_generated > 0 ? n_generated - 1 : 0), n_layers,
+            n_prompt, n_generated);
 }
 
 /* ------------------------------------------------------------------ */
@@ -1725,6 +1778,7 @@ int main(int argc, char **argv)
     cp.n_threads = cp.n_threads_batch = o.threads;
     cp.flash_attn_type = o.flash_attn ? LLAMA_FLASH_ATTN_TYPE_ENABLED : LLAMA_FLASH_ATTN_TYPE_DISABLED;
     cp.type_k = cp.type_v = o.cache_type;
+    cp.swa_full = true;   /* every position its own cell: engine_settings' dense cache */
     cp.cb_eval = o.no_record ? NULL : on_tensor;
     cp.cb_eval_user_data = o.no_record ? NULL : r;
     cp.no_perf = true;
@@ -1774,7 +1828,7 @@ int main(int argc, char **argv)
         status = 0;
         goto out;
     }
-    settings = settings_with_fault(settings_json(&o, &cfg, n_ctx, r->rot_k, r->rot_v), &flt);
+    settings = settings_with_fault(settings_json(&o, n_ctx, r->rot_k, r->rot_v), &flt);
     dump_opts dopts;
     dump_opts_default(&dopts);
     dopts.full_logits = o.full_logits;
@@ -1811,13 +1865,14 @@ int main(int argc, char **argv)
     const fault_ctx *fcp = flt.kind != FAULT_NONE ? &fc : NULL;
     int rc = why ? 0 : decode(ctx, &batch, ids, n_prompt, 0,
                               fault_piece(&flt, (int)llama_n_ubatch(ctx), n_batch), fcp);
-    int pos = n_prompt;
+    int pos = n_prompt, n_gen = 0;
     for (int step = 0; !why && rc == 0 && step < o.max_new; step++) {
         int32_t next = argmax(llama_get_logits_ith(ctx, -1), r->V);
         if (r->obs->token(r->obs, pos, next, 0)) {
             why = "the dump writer stopped the run";
             break;
         }
+        n_gen++;
         if (step + 1 == o.max_new || (!o.ignore_eos && is_eos(&cfg, vocab, next, o.hf_dir)))
             break;
         rc = decode(ctx, &batch, &next, 1, pos, n_batch, fcp);
@@ -1862,6 +1917,7 @@ int main(int argc, char **argv)
             status = 128 + g_stop;
         goto out;
     }
+    say_wrote(o.out, n_prompt, n_gen, cfg.n_layers);
     status = 0;
     goto out;
 
