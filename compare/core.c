@@ -172,6 +172,17 @@ long cmp_settings_int(const cmp_source *s, const char *key, long dflt)
     return out;
 }
 
+bool cmp_settings_str(const cmp_source *s, const char *key, char *buf, size_t n)
+{
+    json_t *j = settings_of(s);
+    json_t *v = j ? json_object_get(j, key) : NULL;
+    bool out = json_is_string(v) && strlen(json_string_value(v)) < n;
+    if (out)
+        memcpy(buf, json_string_value(v), strlen(json_string_value(v)) + 1);
+    json_decref(j);
+    return out;
+}
+
 bool cmp_settings_is(const cmp_source *s, const char *key, const char *value)
 {
     json_t *j = settings_of(s);

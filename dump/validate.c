@@ -9,6 +9,8 @@
  * Engine settings that lack what the diagnosis reads get a line starting
  * with "warning: ", not counted either. */
 #include "dump_internal.h"
+#include "settings.h"
+#include "model/text.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -192,6 +194,47 @@ static void warning(vstate *v, const char *fmt, ...)
     va_end(ap);
 }
 
+/* A value the comparer reads that it would ignore (dump/settings.h): the
+ * writer meant something, and the diagnosis or the drift model falls back
+ * to a guess without saying why. Warnings, as engine_settings is free
+ * form. */
+/* A settings value as a message shows it: JSON, escaped, cut at n. */
+static const char *shown(json_t *x, char *buf, size_t n)
+{
+    char *text = json_dumps(x, JSON_ENCODE_ANY | JSON_COMPACT);
+    kv_escape(buf, n, text ? text : "?", false);
+    free(text);
+    return buf;
+}
+
+static void check_setting_values(vstate *v, json_t *j)
+{
+    char val[48];
+    static const struct {
+        const char *key;
+        set_type_use use;
+    } types[] = {{"compute_dtype", SET_FOR_COMPUTE},
+                 {"cache_type", SET_FOR_CACHE},
+                 {"kv_dtype", SET_FOR_CACHE}};
+    json_t *chunk = json_object_get(j, "chunk");
+    if (chunk && !(json_is_integer(chunk) && json_integer_value(chunk) > 0))
+        warning(v, "The root attribute engine_settings gives chunk %s; the diagnosis reads only "
+                "a positive integer (prompt tokens per prefill step) and ignores it.",
+                shown(chunk, val, sizeof val));
+    json_t *cache = json_object_get(j, "cache");
+    if (cache && !(json_is_string(cache) && set_cache_known(json_string_value(cache))))
+        warning(v, "The root attribute engine_settings gives cache %s, which the diagnosis "
+                "does not know (it reads %s), and ignores it.", shown(cache, val, sizeof val),
+                set_cache_names());
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        json_t *t = json_object_get(j, types[i].key);
+        if (t && !(json_is_string(t) && set_type_find(json_string_value(t), types[i].use)))
+            warning(v, "The root attribute engine_settings gives %s %s, which the drift model "
+                    "does not know (it reads %s); it assumes the coarsest common type.",
+                    types[i].key, shown(t, val, sizeof val), set_type_names(types[i].use));
+    }
+}
+
 /* A JSON object, and (not a violation) the keys the diagnosis reads from
  * a test recording (docs/dump-format.md): a recording without them gets a
  * weaker diagnosis, which its writer may want to know. */
@@ -202,8 +245,9 @@ static void check_settings(vstate *v, const char *engine)
     if (s && !json_is_object(j))
         violation(v, "The root attribute engine_settings is not a JSON object.");
     if (json_is_object(j) && engine && strcmp(engine, "reference")) {
-        const bool chunk = json_is_integer(json_object_get(j, "chunk"));
-        const bool cache = json_is_string(json_object_get(j, "cache"));
+        /* present; a value it cannot use is check_setting_values' */
+        const bool chunk = json_object_get(j, "chunk") != NULL;
+        const bool cache = json_object_get(j, "cache") != NULL;
         if (!chunk || !cache)
             warning(v, "The root attribute engine_settings gives no %s: the diagnosis infers "
                     "the chunk size and a ring's size from the data where it can, and cannot "
@@ -211,6 +255,8 @@ static void check_settings(vstate *v, const char *engine)
                     "which diagnosis uses which setting).",
                     !chunk && !cache ? "chunk and no cache" : !chunk ? "chunk" : "cache");
     }
+    if (json_is_object(j))
+        check_setting_values(v, j);
     json_decref(j);
     free(s);
 }

@@ -485,12 +485,27 @@ START_TEST(test_validate_warns_without_settings)
 {
     static const struct {
         const char *engine, *settings;
-        bool warns;
+        int warns;
+        const char *says;   /* the warning's words */
     } cases[] = {
-        {"pytorch", "{}", true},
-        {"pytorch", "{\"chunk\":512}", true},
-        {"pytorch", "{\"chunk\":512,\"cache\":\"ring\"}", false},
-        {"reference", "{}", false},
+        {"pytorch", "{}", 1, "engine_settings gives no"},
+        {"pytorch", "{\"chunk\":512}", 1, "engine_settings gives no"},
+        {"pytorch", "{\"chunk\":512,\"cache\":\"ring\"}", 0, NULL},
+        {"reference", "{}", 0, NULL},
+        /* values the comparer would ignore, each named */
+        {"pytorch", "{\"chunk\":0,\"cache\":\"ring\"}", 1, "gives chunk 0;"},
+        {"pytorch", "{\"chunk\":\"512\",\"cache\":\"ring\"}", 1, "gives chunk \"512\";"},
+        {"pytorch", "{\"chunk\":8,\"cache\":\"dynamic\"}", 1, "gives cache \"dynamic\", which"},
+        {"pytorch", "{\"chunk\":8,\"cache\":\"dense\",\"compute_dtype\":\"f64\"}", 1,
+         "gives compute_dtype \"f64\", which the drift model does not know (it reads f32, "
+         "float32, tf32, f16, float16, bf16, bfloat16)"},
+        {"pytorch", "{\"chunk\":8,\"cache\":\"dense\",\"cache_type\":\"tf32\"}", 1,
+         "gives cache_type \"tf32\", which the drift model does not know (it reads f32, "
+         "float32, f16, float16, bf16, bfloat16, q8_0)"},
+        {"pytorch", "{\"chunk\":8,\"cache\":\"dense\",\"kv_dtype\":7}", 1, "gives kv_dtype 7,"},
+        {"reference", "{\"chunk\":-3}", 1, "gives chunk -3;"},
+        {"pytorch", "{\"chunk\":8,\"cache\":\"split\",\"compute_dtype\":\"bfloat16\","
+                    "\"cache_type\":\"q8_0\"}", 0, NULL},
     };
     kv_model m;
     open_model("tiny-llama", 0, &m);
@@ -521,10 +536,10 @@ START_TEST(test_validate_warns_without_settings)
         vlog l = {0};
         int n = dump_validate(path, vcollect, &l, &e);
         ck_assert_msg(n == 0, "%s: %d violations\n%s", cases[i].settings, n, l.text);
-        ck_assert_msg(l.warnings == (cases[i].warns ? 1 : 0) && l.lines == l.warnings,
+        ck_assert_msg(l.warnings == cases[i].warns && l.lines == l.warnings,
                       "%s %s:\n%s", cases[i].engine, cases[i].settings, l.text);
-        if (cases[i].warns)
-            ck_assert_msg(strstr(l.text, "engine_settings gives no"), "%s", l.text);
+        if (cases[i].says)
+            ck_assert_msg(strstr(l.text, cases[i].says), "%s", l.text);
     }
     test_rmtree(dir);
     model_free(&m);
