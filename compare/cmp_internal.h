@@ -70,6 +70,11 @@ int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int
 /* Settings of a source: an integer / string key of its settings JSON. */
 long cmp_settings_int(const cmp_source *s, const char *key, long dflt);
 bool cmp_settings_is(const cmp_source *s, const char *key, const char *value);
+/* Do the recordings say they were given the wrong way round (the run
+ * under test first, its reference second)? why (n bytes) then says how
+ * they show it (roles.c). */
+bool cmp_roles_swapped(const cmp_source *ref, const cmp_source *test, char *why, size_t n);
+
 /* The string under key copied into buf (n bytes); false when it is
  * absent, not a string or longer than n - 1. */
 bool cmp_settings_str(const cmp_source *s, const char *key, char *buf, size_t n);

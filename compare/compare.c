@@ -1478,11 +1478,7 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (w->o->noise && noise_floor(w, e) < 0)
         return -1;
     set_tolerances(w);
-    if (w->ref->engine && w->test->engine && !strcmp(w->ref->engine, "chunked") &&
-        !strcmp(w->test->engine, "reference"))
-        cmp_note(r, "the first recording is kvdiff's chunked engine and the second its "
-                 "reference: the reference goes first, and every verdict reads the other way "
-                 "round; swap them");
+    cmp_roles_swapped(w->ref, w->test, r->swapped, sizeof r->swapped);
     /* Another runtime's rows: judged by its drift model (crossrt.c), not
      * by the element rule, and never settled by hashes or digests. */
     if (cmp_xrt_wanted(w->ref, w->test, w->o, r->xrt.why, sizeof r->xrt.why)) {
@@ -1513,7 +1509,7 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
                 (double)(d1.tv_sec - d0.tv_sec) + 1e-9 * (double)(d1.tv_nsec - d0.tv_nsec));
     if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift) {
         r->diag.kind = CMP_DIAG_UNCLASSIFIED;
-        snprintf(r->diag.summary, sizeof r->diag.summary, "unclassified");
+        snprintf(r->diag.summary, sizeof r->diag.summary, "cause not identified");
         if (r->xrt.on)   /* the stages do differ there: within the drift model */
             snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
                      "%lld but no recorded stage steps above drift before it, and neither the "

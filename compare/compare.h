@@ -238,6 +238,13 @@ typedef struct {
      * names differ, and no atol, rtol, ulp or noise source is given; OFF:
      * never (--exact); ON: always (both sources must hold rows). */
     int cross_runtime;           /* CMP_XRT_AUTO, CMP_XRT_OFF, CMP_XRT_ON */
+    /* Optional, cross-runtime mode: called for each row the drift model
+     * judges (positions ascending, stages in dataflow order; the step's
+     * row last) with its row-relative error and its threshold, so a
+     * report can draw error / threshold (reports/). */
+    void (*xrt_row)(void *ctx, int layer, kv_stage st, int64_t pos, double err,
+                    double threshold);
+    void *xrt_row_ctx;
     /* Optional: called after each block of positions with the last position
      * walked and the last there is (for a progress bar). */
     void (*progress)(void *ctx, int64_t pos, int64_t last);
@@ -658,6 +665,10 @@ typedef struct {
      * and the exit code is 2 (docs/diagnosis.md, "Exit codes"). */
     bool incomplete;
     char incomplete_why[256];
+    /* Non-empty: the recordings say they were given the wrong way round
+     * (the run under test first), and how; every reader says so before
+     * anything else, the verdict line included (roles.c). */
+    char swapped[256];
     cmp_hash_check hashcheck;
     cmp_xrt xrt;                 /* cross-runtime mode (xrt.on) */
 } cmp_result;
@@ -712,6 +723,37 @@ enum {
 /* Human-readable report (FIRST DIVERGENCE / DIAGNOSIS / TOKENS blocks).
  * Returns a malloc'd string the caller frees, NULL when out of memory. */
 char *cmp_render_text(const cmp_result *r, unsigned flags);
+
+/* What people read (this text, kvdiff report's Markdown and HTML) says in
+ * words what JSON says with the stable ids of cmp_diag_name and
+ * cmp_basis_name; the helpers below are shared by those readers. */
+
+/* The largest ulp distance a text prints. Up to it two values are that
+ * many roundings apart (1024 ulp is a relative error of about 1.2e-4, the
+ * size the diagnosis calls tiny); beyond it (values far apart, or on both
+ * sides of zero: 1 and -1 are 2130706432 ulp apart) the count tells a
+ * reader nothing the relative error does not, and the text leaves it out
+ * or writes ">1024". JSON keeps every count. */
+#define CMP_ULP_SHOWN 1024
+
+/* "17", or ">1024" above CMP_ULP_SHOWN, into buf (n bytes); returns buf. */
+const char *cmp_ulp_text(uint64_t ulp, char *buf, size_t n);
+
+/* The word before a diagnosis's evidence: "not decided" while rival
+ * causes remain, else "verified" (recomputed), "exact check" or
+ * "heuristic". A static string. */
+const char *cmp_evidence_label(const cmp_diagnosis *g);
+
+/* A diagnosis's evidence is clauses joined by "; " outside parentheses,
+ * shown one a line. Given s inside the evidence, sets *len to the length
+ * of the clause starting there and returns where the next one starts,
+ * NULL after the last:
+ *     for (const char *s = g->evidence, *next; s && *s; s = next) {
+ *         size_t n;
+ *         next = cmp_evidence_clause(s, &n);
+ *         ... the clause is s[0..n) ...
+ *     } */
+const char *cmp_evidence_clause(const char *s, size_t *len);
 
 /* The same content as JSON with stable keys (a new reference the caller
  * json_decref's; NULL when out of memory), and as compact text (malloc'd). */

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cmp_internal.h"
+#include "dump/settings.h"
 
 /* The model's constants (docs/cross-runtime.md measures them). */
 #define XRT_FLOOR_BASE 4e-3   /* kernels' own rounding: llama.cpp's table GELU
@@ -75,27 +76,12 @@ bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opt
     return true;
 }
 
-/* The numeric types a recording names, for its KV cache (cache) or its
- * activations (compute), by their canonical name and unit roundoff. */
-typedef enum { FOR_CACHE = 1, FOR_COMPUTE = 2, FOR_BOTH = 3 } type_use;
-
-static const struct {
-    const char *name, *canon;
-    double eps;
-    type_use use;
-} TYPES[] = {{"f32", "f32", 0x1p-24, FOR_BOTH},     {"float32", "f32", 0x1p-24, FOR_BOTH},
-             {"tf32", "tf32", 0x1p-11, FOR_COMPUTE}, {"f16", "f16", 0x1p-11, FOR_BOTH},
-             {"float16", "f16", 0x1p-11, FOR_BOTH},  {"bf16", "bf16", 0x1p-8, FOR_BOTH},
-             {"bfloat16", "bf16", 0x1p-8, FOR_BOTH}, {"q8_0", "q8_0", 0x1p-8, FOR_CACHE}};
-
-/* The type the test's settings name under key, for use: its index in
- * TYPES, or -1. */
-static int type_named(const cmp_source *test, const char *key, type_use use)
+/* The type the test's settings name under key, for use
+ * (dump/settings.h), or NULL. */
+static const set_type *type_named(const cmp_source *test, const char *key, set_type_use use)
 {
-    for (int i = 0; i < (int)(sizeof TYPES / sizeof TYPES[0]); i++)
-        if ((TYPES[i].use & use) && cmp_settings_is(test, key, TYPES[i].name))
-            return i;
-    return -1;
+    char name[32];
+    return cmp_settings_str(test, key, name, sizeof name) ? set_type_find(name, use) : NULL;
 }
 
 /* The test's KV cache type from its settings ("cache_type", as
@@ -105,11 +91,11 @@ static void kv_precision(const cmp_source *test, cmp_xrt *x)
 {
     snprintf(x->kv_precision, sizeof x->kv_precision, "unknown");
     x->kv_eps = 0x1p-8;
-    int t = type_named(test, "cache_type", FOR_CACHE);
-    t = t >= 0 ? t : type_named(test, "kv_dtype", FOR_CACHE);
-    if (t >= 0) {
-        snprintf(x->kv_precision, sizeof x->kv_precision, "%s", TYPES[t].canon);
-        x->kv_eps = TYPES[t].eps;
+    const set_type *t = type_named(test, "cache_type", SET_FOR_CACHE);
+    t = t ? t : type_named(test, "kv_dtype", SET_FOR_CACHE);
+    if (t) {
+        snprintf(x->kv_precision, sizeof x->kv_precision, "%s", t->canon);
+        x->kv_eps = t->eps;
     } else if (test->engine && ours(test->engine)) {
         /* kvdiff's own engines keep their caches in f32 */
         snprintf(x->kv_precision, sizeof x->kv_precision, "f32");
@@ -135,10 +121,10 @@ static void compute_precision(const cmp_source *test, cmp_xrt *x)
     x->compute_factor = XRT_COMPUTE_FACTOR;
     x->compute_stated = false;
     x->compute_assumed_why[0] = 0;
-    const int t = type_named(test, "compute_dtype", FOR_COMPUTE);
-    if (t >= 0) {
-        snprintf(x->compute_precision, sizeof x->compute_precision, "%s", TYPES[t].canon);
-        x->compute_eps = TYPES[t].eps;
+    const set_type *t = type_named(test, "compute_dtype", SET_FOR_COMPUTE);
+    if (t) {
+        snprintf(x->compute_precision, sizeof x->compute_precision, "%s", t->canon);
+        x->compute_eps = t->eps;
         x->compute_stated = true;
         return;
     }
@@ -642,6 +628,8 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                 }
                 sr->xrt_threshold = thr;
                 sr->xrt_err = err > sr->xrt_err || isnan(err) ? err : sr->xrt_err;
+                if (x->c->o->xrt_row)
+                    x->c->o->xrt_row(x->c->o->xrt_row_ctx, sr->layer, sr->stage, p, err, thr);
                 cmp_stats_add(&sr->all, rec, p);
                 if (rec->bad) {
                     stop = p;
@@ -710,13 +698,6 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     compute_precision(c->test, m);
     if (m->compute_stated && m->compute_eps > 0x1p-20)
         m->gain = m->history = XRT_COARSE_GAIN;
-    /* The runtime under test goes second: its settings (cache type, flash
-     * attention) are what the model reads. */
-    if (c->ref->engine && c->test->engine && ours(c->test->engine) && !ours(c->ref->engine))
-        cmp_note(r, "the second recording is kvdiff's own (%s) and the first is %s: the "
-                 "runtime under test goes second, as its settings (KV cache %s here) set the "
-                 "drift model; swap the two", c->test->engine, c->ref->engine,
-                 m->kv_precision);
     r->compared.walked_to = -1;
     xrt_walk x = {.c = c, .n = r->n_stages, .base = r->compared.pos_lo};
     x.P = r->compared.pos_hi - r->compared.pos_lo + 1;

@@ -8,6 +8,48 @@
 #include "cmp_internal.h"
 
 /* ------------------------------------------------------------------ */
+/* Words shared with the reports                                        */
+
+const char *cmp_ulp_text(uint64_t ulp, char *buf, size_t n)
+{
+    if (ulp <= CMP_ULP_SHOWN)
+        snprintf(buf, n, "%llu", (unsigned long long)ulp);
+    else
+        snprintf(buf, n, ">%d", CMP_ULP_SHOWN);
+    return buf;
+}
+
+const char *cmp_evidence_label(const cmp_diagnosis *g)
+{
+    if (g->undecided)
+        return "not decided";
+    return g->basis == CMP_BASIS_RECOMPUTED ? "verified"
+         : g->basis == CMP_BASIS_EXACT_CHECK ? "exact check" : "heuristic";
+}
+
+/* "; " inside parentheses belongs to the clause: "(error 0.1; at 4)". */
+const char *cmp_evidence_clause(const char *s, size_t *len)
+{
+    int depth = 0;
+    const char *p = s;
+    for (; *p; p++) {
+        if (*p == '(')
+            depth++;
+        else if (*p == ')' && depth > 0)
+            depth--;
+        else if (*p == ';' && p[1] == ' ' && depth == 0)
+            break;
+    }
+    *len = (size_t)(p - s);
+    if (!*p)
+        return NULL;
+    p += 2;
+    while (*p == ' ')
+        p++;
+    return *p ? p : NULL;
+}
+
+/* ------------------------------------------------------------------ */
 /* Text                                                                 */
 
 static void model_stages(const cmp_result *r, char *buf, size_t n)
@@ -237,9 +279,9 @@ static void same_report(FILE *f, const cmp_result *r)
     coverage_line(f, r);
     fprintf(f, "; %lld of %lld rows not bit-identical (max abs %.3g, max rel %.3g",
             (long long)(rows - eq), (long long)rows, agg.max_abs, agg.max_rel);
-    /* Units in the last place say nothing across runtimes (values_line):
-     * a pass there would read "max 1992802176 ulp". */
-    if (!r->xrt.on)
+    /* Units in the last place say nothing across runtimes, nor between
+     * values far apart (CMP_ULP_SHOWN): "max 1992802176 ulp". */
+    if (!r->xrt.on && agg.max_ulp <= CMP_ULP_SHOWN)
         fprintf(f, ", max %llu ulp", (unsigned long long)agg.max_ulp);
     fprintf(f, "), ");
     if (r->xrt.on && r->xrt.output_drift)
@@ -296,9 +338,10 @@ static void element_phrase(FILE *f, const cmp_divergence *d)
 }
 
 /* ulps: say the element's distance in units in the last place, which
- * means something between kvdiff's own engines (one rounding apart) and
- * nothing across runtimes, where every value differs by millions of them
- * and the model judges row-relative error instead. */
+ * means something between kvdiff's own engines (a few roundings apart)
+ * and nothing across runtimes, where every value differs by millions of
+ * them and the model judges row-relative error instead; nor past
+ * CMP_ULP_SHOWN, where the row's relative error says it. */
 static void values_line(FILE *f, const cmp_divergence *d, bool ulps)
 {
     if (d->hashed) {
@@ -308,8 +351,8 @@ static void values_line(FILE *f, const cmp_divergence *d, bool ulps)
     fprintf(f, "  ref %.9g  test %.9g  (", d->ref, d->test);
     if (d->nonfinite && (!isfinite(d->ref) || !isfinite(d->test)))
         fprintf(f, "non-finite on one side");
-    else if (ulps)
-        fprintf(f, "abs %.3g, %.3g ulp", d->abs_err, (double)d->ulp);
+    else if (ulps && d->ulp <= CMP_ULP_SHOWN)
+        fprintf(f, "abs %.3g, %llu ulp", d->abs_err, (unsigned long long)d->ulp);
     else
         fprintf(f, "abs %.3g", d->abs_err);
     if (d->nonfinite && d->row_max_abs == 0)   /* the sums skip non-finite pairs */
@@ -400,12 +443,15 @@ static void diagnosis_block(FILE *f, const cmp_result *r)
     fprintf(f, "DIAGNOSIS  %s\n", g->summary);
     if (g->detail[0])
         fprintf(f, "           %s\n", g->detail);
-    if (g->evidence[0])
-        fprintf(f, "           %s: %s\n", g->undecided ? "not decided"
-                                          : g->basis == CMP_BASIS_RECOMPUTED ? "verified"
-                                          : g->basis == CMP_BASIS_EXACT_CHECK ? "exact check"
-                                                                                : "heuristic",
-                g->evidence);
+    if (!g->evidence[0])
+        return;
+    /* one clause a line: the evidence runs to 600 characters */
+    fprintf(f, "           %s:\n", cmp_evidence_label(g));
+    for (const char *s = g->evidence, *next; s && *s; s = next) {
+        size_t n;
+        next = cmp_evidence_clause(s, &n);
+        fprintf(f, "             - %.*s\n", (int)n, s);
+    }
 }
 
 static void margin(FILE *f, double m)
@@ -536,10 +582,11 @@ static void stages_table(FILE *f, const cmp_result *r)
     for (int i = 0; i < r->n_stages; i++) {
         const cmp_stage_result *s = &r->stages[i];
         const cmp_stats *a = &s->all;
-        fprintf(f, "%5d %-16s %7lld %8lld %10.3g %10.3g %10llu %12.9f %10.3g\n", s->layer,
+        char ulp[24];
+        fprintf(f, "%5d %-16s %7lld %8lld %10.3g %10.3g %10s %12.9f %10.3g\n", s->layer,
                 stage_name(s->stage), (long long)a->rows, (long long)a->bitequal_rows,
-                a->max_abs, a->max_rel, (unsigned long long)a->max_ulp, cmp_stats_cosine(a),
-                cmp_stats_nmse(a));
+                a->max_abs, a->max_rel, cmp_ulp_text(a->max_ulp, ulp, sizeof ulp),
+                cmp_stats_cosine(a), cmp_stats_nmse(a));
     }
 }
 
@@ -550,6 +597,10 @@ char *cmp_render_text(const cmp_result *r, unsigned flags)
     FILE *f = open_memstream(&buf, &len);
     if (!f)
         return NULL;
+    if (r->swapped[0])
+        fprintf(f, "SWAPPED?   the arguments look the wrong way round: %s. kvdiff compare takes "
+                "the reference first and the run under test second, and everything below "
+                "reads the other way round: swap the two files.\n", r->swapped);
     if (r->verdict == CMP_DIVERGED)
         diverged_report(f, r);
     else
@@ -914,6 +965,7 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
         json_object_set_new(j, "incomplete", json_boolean(r->incomplete));
         json_object_set_new(j, "incomplete_why", r->incomplete ? json_string(r->incomplete_why)
                                                                 : json_null());
+        json_object_set_new(j, "swapped", r->swapped[0] ? json_string(r->swapped) : json_null());
         const cmp_hash_check *h = &r->hashcheck;
         json_object_set_new(
             j, "hash_check",

@@ -136,9 +136,12 @@ static void inputs(const rep_ctx *c, FILE *f)
                     x->acc_largest, (long long)x->acc_pos, x->acc_layer);
     } else if (r->exact)
         fputs("exact (any differing bit is a divergence)", f);
-    else
-        fprintf(f, "tolerance: atol %g, rtol %g, %llu ulp%s", r->atol, r->rtol,
-                (unsigned long long)r->ulp, r->noise ? ", noise floor" : "");
+    else {
+        fprintf(f, "tolerance: atol %g, rtol %g", r->atol, r->rtol);
+        if (r->ulp)   /* the ulp tolerance given, not a distance seen */
+            fprintf(f, ", %llu ulp", (unsigned long long)r->ulp);
+        fputs(r->noise ? ", noise floor" : "", f);
+    }
     fputs("</dd>\n</dl>\n", f);
     if (c->partial[0]) {
         fputs("<p class=\"warn\">Partial recording: ", f);
@@ -181,7 +184,8 @@ static void diagnosis(const rep_ctx *c, FILE *f)
     const cmp_diagnosis *g = &c->r->diag;
     if (g->kind == CMP_DIAG_NONE)
         return;
-    fprintf(f, "<h2>Diagnosis: <code>%s</code></h2>\n<p><strong>", cmp_diag_name(g->kind));
+    /* in words: the id (cmp_diag_name) is result.json's */
+    fputs("<h2>Diagnosis</h2>\n<p><strong>", f);
     esc(f, g->summary);
     fputs("</strong>", f);
     if (g->detail[0]) {
@@ -190,9 +194,17 @@ static void diagnosis(const rep_ctx *c, FILE *f)
     }
     fputs("</p>\n", f);
     if (g->evidence[0]) {
-        fprintf(f, "<p><em>%s</em>: ", cmp_basis_name(g->basis));
-        esc(f, g->evidence);
-        fputs("</p>\n", f);
+        fprintf(f, "<p><em>%s</em>:</p>\n<ul class=\"evidence\">\n", cmp_evidence_label(g));
+        for (const char *s = g->evidence, *next; s && *s; s = next) {
+            size_t n;
+            next = cmp_evidence_clause(s, &n);
+            char clause[sizeof g->evidence];
+            snprintf(clause, sizeof clause, "%.*s", (int)n, s);
+            fputs("<li>", f);
+            esc(f, clause);
+            fputs("</li>\n", f);
+        }
+        fputs("</ul>\n", f);
     }
 }
 
@@ -261,19 +273,26 @@ static void stage_table(const rep_ctx *c, FILE *f)
     fputs("<p class=\"muted\">Over every row the walk visited; grey rows are bit-identical, the "
           "highlighted row holds the first divergence.</p>\n<table>\n<tr><th>layer</th>"
           "<th class=\"l\">stage</th><th>rows</th><th>bit-equal</th><th>max abs</th>"
-          "<th>max rel</th><th>max ulp</th><th>cosine</th><th>NMSE</th></tr>\n", f);
+          "<th>max rel</th><th title=\"units in the last place, shown up to 1024; past "
+          "that the relative error says it\">max ulp</th><th>cosine</th><th>NMSE</th></tr>\n",
+          f);
     for (int i = 0; i < r->n_stages; i++) {
         const cmp_stage_result *s = &r->stages[i];
         const cmp_stats *a = &s->all;
         const char *cls = is_first(r, s) ? "first" : a->bitequal_rows == a->rows ? "same" : "";
         char layer[16];
         snprintf(layer, sizeof layer, s->layer < 0 ? "model" : "%d", s->layer);
+        char ulp[24];
+        if (a->max_ulp <= CMP_ULP_SHOWN)
+            cmp_ulp_text(a->max_ulp, ulp, sizeof ulp);
+        else   /* values far apart: the count means nothing (compare.h) */
+            snprintf(ulp, sizeof ulp, "&gt;%d", CMP_ULP_SHOWN);
         fprintf(f, "<tr class=\"%s\"><td>%s</td><td class=\"l\">%s%s</td><td>%lld</td>"
-                   "<td>%lld</td><td>%.3g</td><td>%.3g</td><td>%llu</td><td>%.9f</td>"
+                   "<td>%lld</td><td>%.3g</td><td>%.3g</td><td>%s</td><td>%.9f</td>"
                    "<td>%.3g</td></tr>\n", cls, layer, stage_name(s->stage),
                 s->hashed ? " (hash)" : "",
                 (long long)a->rows, (long long)a->bitequal_rows, a->max_abs, a->max_rel,
-                (unsigned long long)a->max_ulp, cmp_stats_cosine(a), cmp_stats_nmse(a));
+                ulp, cmp_stats_cosine(a), cmp_stats_nmse(a));
     }
     fputs("</table>\n", f);
 }

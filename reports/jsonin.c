@@ -753,6 +753,17 @@ static void read_incomplete(jr *c, json_t *root, cmp_result *r)
         copy(r->incomplete_why, sizeof r->incomplete_why, json_string_value(why));
 }
 
+/* "swapped" is optional (results saved before it have none): a string,
+ * or null when the roles were as they should be. */
+static void read_swapped(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *why = json_object_get(root, "swapped");
+    if (why && !json_is_null(why) && !json_is_string(why))
+        bad(c, "", "swapped", "is neither a string nor null");
+    else if (json_is_string(why))
+        copy(r->swapped, sizeof r->swapped, json_string_value(why));
+}
+
 /* "hash_check" is optional (results saved before it have none). */
 static void read_hash_check(jr *c, json_t *root, cmp_result *r)
 {
@@ -947,6 +958,8 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
         read_notes(&c, root, r);
     if (!c.failed)
         read_incomplete(&c, root, r);
+    if (!c.failed)
+        read_swapped(&c, root, r);
     if (!c.failed)
         read_hash_check(&c, root, r);
     if (!c.failed)

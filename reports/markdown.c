@@ -43,6 +43,25 @@ static void point(FILE *f, const char *title, const cmp_divergence *d)
     fputs("\n", f);
 }
 
+/* The diagnosis's evidence, one clause a nested bullet. */
+static void evidence(FILE *f, const cmp_diagnosis *g)
+{
+    if (!g->evidence[0]) {
+        fputs("\n", f);
+        return;
+    }
+    fprintf(f, " — %s:\n", cmp_evidence_label(g));
+    for (const char *s = g->evidence, *next; s && *s; s = next) {
+        size_t n;
+        next = cmp_evidence_clause(s, &n);
+        char clause[sizeof g->evidence];
+        snprintf(clause, sizeof clause, "%.*s", (int)n, s);
+        fputs("  - ", f);
+        md(f, clause);
+        fputs("\n", f);
+    }
+}
+
 static void tokens(const rep_ctx *c, FILE *f)
 {
     const cmp_tokens *t = &c->r->tokens;
@@ -119,13 +138,14 @@ void rep_markdown_write(const rep_ctx *c, FILE *f)
     if (r->beyond.found)
         point(f, "Beyond drift", &r->beyond);
     if (r->diag.kind != CMP_DIAG_NONE) {
-        fprintf(f, "- **Diagnosis:** `%s` — ", cmp_diag_name(r->diag.kind));
+        /* in words: the id (cmp_diag_name) is result.json's */
+        fputs("- **Diagnosis:** ", f);
         md(f, r->diag.summary);
         if (r->diag.detail[0]) {
             fputs(" ", f);
             md(f, r->diag.detail);
         }
-        fprintf(f, " (%s)\n", cmp_basis_name(r->diag.basis));
+        evidence(f, &r->diag);
     }
     tokens(c, f);
     fputs("\n**Plots:**", f);

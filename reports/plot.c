@@ -26,6 +26,11 @@
 #define ZOOM_ABOVE 160           /* a heatmap of more positions is drawn around
                                   * the first divergence ... */
 #define ZOOM_HALF 48             /* ... this many positions either side */
+/* A cross-runtime report draws error / drift threshold on this one scale,
+ * whatever the run, so two reports' pictures compare at a glance: 1 is
+ * the threshold, in the middle; ratios outside are drawn at its ends. */
+#define RATIO_LO 1e-3
+#define RATIO_HI 1e3
 
 /* ------------------------------------------------------------------ */
 /* Files                                                                */
@@ -101,8 +106,15 @@ static long settings_chunk(const cmp_source *s)
     return c;
 }
 
+static bool in_threshold(const report_grid *g)
+{
+    return !g->hashed && g->units == REPORT_UNITS_THRESHOLD;
+}
+
 static double grid_floor(const report_grid *g)
 {
+    if (in_threshold(g))
+        return RATIO_LO;
     double lo = INFINITY;
     for (size_t i = 0; i < (size_t)g->n_layers * (size_t)g->n_pos; i++)
         if (g->err[i] > 0 && g->err[i] < lo)
@@ -213,6 +225,20 @@ static void grid_cut(report_grid *g, int64_t cut)
 /* Log axes read the same in every plot: 1e-12 ... 1e+02. */
 #define GP_LOG_FORMAT "set format y '%%.0e'\n"   /* inside a printf format */
 
+/* The y axis of a line plot in units of a cross-runtime verdict: log
+ * scale over the one range every report uses, values clamped into it
+ * (clamp()), and the threshold drawn as a line at 1. */
+static void gp_threshold_axis(FILE *f)
+{
+    fprintf(f, "set ylabel 'error / drift threshold'\nset logscale y\n" GP_LOG_FORMAT
+               "set yrange [%g:%g]\nclamp(x) = x < %g ? %g : (x > %g ? %g : x)\n"
+               "set arrow from graph 0, first 1 to graph 1, first 1 nohead lw 2 dt 2 "
+               "lc rgb '#d62728' front\n"
+               "set label 'drift threshold (1)' at graph 0.01, first 1 offset 0,0.6 "
+               "tc rgb '#d62728' front\n",
+            RATIO_LO, RATIO_HI, RATIO_LO, RATIO_LO, RATIO_HI, RATIO_HI);
+}
+
 static const cmp_divergence *main_divergence(const cmp_result *r)
 {
     return r->beyond.found ? &r->beyond : &r->first;
@@ -220,6 +246,43 @@ static const cmp_divergence *main_divergence(const cmp_result *r)
 
 /* ------------------------------------------------------------------ */
 /* 1. heatmap                                                           */
+
+static void heatmap_header(FILE *f, const report_grid *g, double fl)
+{
+    const char *sn = stage_name(g->stage);
+    if (g->hashed)
+        fprintf(f, "# kvdiff report: stage %s compared by row fingerprint (hash) only\n"
+                   "# columns: position layer differs (0 = same hash, 1 = hash differs; "
+                   "NaN = not recorded in both)\n", sn);
+    else if (in_threshold(g))
+        fprintf(f, "# kvdiff report: stage %s in units of the cross-runtime verdict: each row's "
+                   "row-relative error over the drift threshold it was judged against\n"
+                   "# (1 = the threshold; above 1: beyond drift; rows after the first "
+                   "divergence: over the threshold their stage had there)\n"
+                   "# columns: position layer log10_ratio ratio (ratio drawn within "
+                   "[%g, %g]; NaN = not compared)\n", sn, RATIO_LO, RATIO_HI);
+    else
+        fprintf(f, "# kvdiff report: row error of stage %s, max |test - ref| over each row\n"
+                   "# columns: position layer log10_error error (error 0 = bit-identical, "
+                   "drawn at log10 %g; NaN = not recorded in both; Inf = non-finite on one "
+                   "side, drawn at log10 %g)\n", sn, fl, ERR_CEIL);
+}
+
+/* The one colour scale of every cross-runtime heatmap: log10 of error /
+ * threshold over [RATIO_LO, RATIO_HI], grey to blue below the threshold
+ * (drift: calm), a jump at 1, then orange to dark red (beyond drift). */
+static void gp_threshold_scale(FILE *f, const char *sn)
+{
+    const double lo = log10(RATIO_LO), hi = log10(RATIO_HI);
+    fprintf(f, "set title 'stage %s: error / drift threshold (cross-runtime verdict: 1 = the "
+               "threshold; grey-blue below it is drift, red above it is beyond drift)'\n"
+               "set cblabel 'error / drift threshold (log scale)' offset 1.5,0\n"
+               "set cbrange [%g:%g]\n"
+               "set palette defined (%g '#f2f2f2', %g '#c9d6e3', 0 '#7f9cb8', 0 '#fdae61', "
+               "%g '#e34a33', %g '#7f0000')\n"
+               "set cbtics 1\nset format cb '1e%%+03.0f'\n",
+            sn, lo, hi, lo, lo / 3, hi / 2, hi);
+}
 
 static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, const char *dir,
                          kv_err *e)
@@ -243,21 +306,14 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     out_file d = {0}, s = {0};
     if (out_open(&d, dir, "heatmap.dat", e) < 0)
         return -1;
-    if (g->hashed)
-        fprintf(d.f, "# kvdiff report: stage %s compared by row fingerprint (hash) only\n"
-                     "# columns: position layer differs (0 = same hash, 1 = hash differs; "
-                     "NaN = not recorded in both)\n", sn);
-    else
-        fprintf(d.f, "# kvdiff report: row error of stage %s, max |test - ref| over each row\n"
-                     "# columns: position layer log10_error error (error 0 = bit-identical, "
-                     "drawn at log10 %g; NaN = not recorded in both; Inf = non-finite on one "
-                     "side, drawn at log10 %g)\n", sn, fl, ERR_CEIL);
+    heatmap_header(d.f, g, fl);
+    const double ceil_at = in_threshold(g) ? RATIO_HI : ERR_CEIL;
     for (int l = 0; l < g->n_layers; l++) {
         for (int64_t p = lo; p <= hi; p++) {
             double x = report_grid_at(g, l, p);
             fprintf(d.f, "%lld %d", (long long)p, l);
             if (!g->hashed)
-                num(d.f, isnan(x) ? NAN : log10(isinf(x) ? ERR_CEIL : x > fl ? x : fl));
+                num(d.f, isnan(x) ? NAN : log10(x >= ceil_at ? ceil_at : x > fl ? x : fl));
             num(d.f, x);
             fputc('\n', d.f);
         }
@@ -265,15 +321,19 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     }
     if (out_close(&d, e) < 0 || out_open(&s, dir, "heatmap.gp", e) < 0)
         return -1;
-    gp_head(s.f, "heatmap", "row error over layers and positions");
+    gp_head(s.f, "heatmap", in_threshold(g) ? "error / drift threshold over layers and positions"
+                                            : "row error over layers and positions");
     fputs("set style textbox opaque\n", s.f);
     fprintf(s.f, "set xlabel 'position%s'\nset ylabel 'layer'\nset xrange [%g:%g]\n"
-                 "set yrange [%g:%g]\nset ytics 1\nset palette rgbformulae 22,13,-31\n",
+                 "set yrange [%g:%g]\nset ytics 1\n",
             zoom ? " (around the first divergence)" : "", xlo - 0.5, xhi + 0.5, -0.5,
             g->n_layers - 0.5);
-    if (g->hashed) {
-        fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
-                     "1 differs)'\nset cbrange [0:1]\nset cbtics ('same' 0, 'differs' 1)\n", sn);
+    if (in_threshold(g)) {
+        gp_threshold_scale(s.f, sn);
+    } else if (g->hashed) {
+        fprintf(s.f, "set palette rgbformulae 22,13,-31\nset title 'stage %s: rows whose "
+                     "fingerprint differs (hashes only: 0 same, 1 differs)'\nset cbrange [0:1]\n"
+                     "set cbtics ('same' 0, 'differs' 1)\n", sn);
     } else {
         /* The colour scale is log10 of the error; its ticks are whole
          * decades written as the other plots write them (1e-12). */
@@ -282,8 +342,8 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
          * colours instead of painting that ulp the colour of a bug. */
         const double top = grid_max(g) > 1 ? ceil(log10(fmin(grid_max(g), ERR_CEIL))) : 0;
         const double span = top - log10(fl);
-        fprintf(s.f, "set title 'stage %s: row error max|test - ref| "
-                     "(lowest colour = bit-identical, drawn at %g)'\nset cblabel 'row error (log "
+        fprintf(s.f, "set palette rgbformulae 22,13,-31\nset title 'stage %s: row error "
+                     "max|test - ref| (lowest colour = bit-identical, drawn at %g)'\nset cblabel 'row error (log "
                      "scale)'\nset cbrange [%g:%g]\nset cbtics %g\nset format cb '1e%%+03.0f'\n",
                 sn, fl, log10(fl), top > log10(fl) ? top : log10(fl) + 1,
                 span > 10 ? ceil(span / 10) : 1);
@@ -291,7 +351,8 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     if (!g->hashed && grid_max(g) == 0)
         fprintf(s.f, "set label 'every row bit-identical' at graph 0.5, graph 0.5 center "
                      "front boxed\n");
-    const unsigned lines = gp_boundaries(s.f, geo, xlo, xhi, "#ffffff");
+    const unsigned lines = gp_boundaries(s.f, geo, xlo, xhi,
+                                         in_threshold(g) ? "#7f7f7f" : "#ffffff");
     /* the label reads into the plot: leftward from a dot in its right half */
     const bool right_half = dv->found && 2 * (dv->pos - xlo) > xhi - xlo;
     if (dv->found && dv->layer >= 0)
@@ -306,13 +367,23 @@ static int write_heatmap(rep_ctx *c, const geometry *geo, const report_grid *g, 
     gp_tail(s.f, "heatmap", "plot 'heatmap.dat' using 1:2:3 with image notitle");
     if (out_close(&s, e) < 0)
         return -1;
+    if (in_threshold(g))
+        pl->heading = "Error over the drift threshold: heatmap";
     snprintf(pl->caption, sizeof pl->caption,
              g->hashed ? "Stage %s, layer by position: which rows' fingerprints differ (the "
                          "recordings hold hashes only, so no magnitudes)."
-                       : "Stage %s, layer by position: each row's max |test - ref| (log "
-                         "scale). Bit-identical rows take the lowest colour; rows not recorded "
-                         "in both are blank.", sn);
-    caption_lines(pl->caption, sizeof pl->caption, lines, geo, "Dotted white");
+             : in_threshold(g)
+                 ? "Stage %s, layer by position, in units of the cross-runtime verdict: each "
+                   "row's error over the drift threshold it was judged against (log scale, "
+                   "the same for every report). Grey to blue: below 1, drift; orange to red: "
+                   "above 1, beyond drift. Rows after the first divergence are measured "
+                   "against the threshold their stage had there; rows not recorded in both "
+                   "are blank."
+                 : "Stage %s, layer by position: each row's max |test - ref| (log "
+                   "scale). Bit-identical rows take the lowest colour; rows not recorded "
+                   "in both are blank.", sn);
+    caption_lines(pl->caption, sizeof pl->caption, lines, geo,
+                  in_threshold(g) ? "Dotted grey" : "Dotted white");
     {
         size_t used = strlen(pl->caption);
         if (zoom && used < sizeof pl->caption)
@@ -355,7 +426,9 @@ static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, 
     }
     fprintf(d.f, "# kvdiff report: stage %s per layer, over the positions both recordings hold\n"
                  "# columns: layer max_row_error median_row_error rows%s\n", sn,
-            g->hashed ? " (hashes only: the fraction of rows that differ in both columns)" : "");
+            g->hashed ? " (hashes only: the fraction of rows that differ in both columns)"
+            : in_threshold(g) ? " (row errors over their drift threshold: 1 = the threshold)"
+                              : "");
     for (int l = 0; l < g->n_layers; l++) {
         int n = 0;
         double mx = 0, sum = 0;
@@ -393,6 +466,14 @@ static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, 
                 sn);
         gp_tail(s.f, "growth", "plot 'growth.dat' using 1:2 with linespoints lw 2 pt 7 "
                                "title 'rows differing'");
+    } else if (in_threshold(g)) {
+        fprintf(s.f, "set title 'stage %s: error / drift threshold per layer (cross-runtime "
+                     "verdict: 1 = the threshold)'\n", sn);
+        gp_threshold_axis(s.f);
+        gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
+                               "title 'max over positions', \\\n     'growth.dat' using "
+                               "1:(clamp($3)) with linespoints lw 2 pt 5 title 'median over "
+                               "positions'");
     } else {
         const double fl = grid_floor(g);
         fprintf(s.f, "set title 'stage %s: row error max|test - ref| per layer (bit-identical "
@@ -411,17 +492,88 @@ static int write_growth_rows(rep_ctx *c, const report_grid *g, const char *dir, 
         return -1;
     snprintf(pl->caption, sizeof pl->caption,
              g->hashed ? "Stage %s: per layer, the fraction of rows whose fingerprint differs."
-                       : "Stage %s: per layer, the largest and the median row error over "
-                         "positions (log scale) — where the error is born and how it grows.", sn);
+             : in_threshold(g)
+                 ? "Stage %s: per layer, the largest and the median over positions of each "
+                   "row's error over its drift threshold (log scale; dashed red line: the "
+                   "threshold, 1). Below it is drift; above it, beyond drift."
+                 : "Stage %s: per layer, the largest and the median row error over "
+                   "positions (log scale) — where the error is born and how it grows.", sn);
     pl->data = true;
     return 0;
 }
 
 /* From the JSON alone: the per-stage metrics of the growth stage. */
+/* The step's error over its threshold where the step is at (layer, st);
+ * NaN elsewhere. */
+static double step_ratio(const cmp_result *r, int layer, kv_stage st)
+{
+    const cmp_xrt *x = &r->xrt;
+    if (!x->step || !r->first.found || r->first.layer != layer || r->first.stage != st ||
+        !(x->step_threshold > 0))
+        return NAN;
+    return x->step_err / x->step_threshold;
+}
+
+/* From the JSON alone, a cross-runtime result: per layer, the largest
+ * error / threshold of the rows judged drift, and the step's. */
+static int write_growth_xrt(rep_ctx *c, kv_stage st, const char *dir, kv_err *e)
+{
+    rep_plot *pl = &c->plots[PLOT_GROWTH];
+    const cmp_result *r = c->r;
+    out_file d = {0}, s = {0};
+    if (out_open(&d, dir, "growth.dat", e) < 0)
+        return -1;
+    fprintf(d.f, "# kvdiff report: stage %s per layer, from the cross-runtime result's figures "
+                 "(error over the drift threshold: 1 = the threshold)\n"
+                 "# columns: layer drift_ratio step_ratio (drift_ratio: the largest over the rows "
+                 "judged drift; step_ratio: the first divergence's, NaN where it is not)\n",
+            stage_name(st));
+    for (int i = 0; i < r->n_stages; i++) {
+        const cmp_stage_result *sr = &r->stages[i];
+        if (sr->stage != st || sr->layer < 0 || !(sr->xrt_threshold > 0))
+            continue;
+        fprintf(d.f, "%d", sr->layer);
+        num(d.f, sr->xrt_ratio);
+        num(d.f, step_ratio(r, sr->layer, st));
+        fputc('\n', d.f);
+    }
+    if (out_close(&d, e) < 0 || out_open(&s, dir, "growth.gp", e) < 0)
+        return -1;
+    gp_head(s.f, "growth", "error / drift threshold per layer (from the compare result)");
+    fprintf(s.f, "set title 'stage %s: error / drift threshold per layer (from the compare "
+                 "result; 1 = the threshold)'\nset xlabel 'layer'\nset xtics 1\nset grid\n"
+                 "set key top left\n", stage_name(st));
+    gp_threshold_axis(s.f);
+    gp_tail(s.f, "growth", "plot 'growth.dat' using 1:(clamp($2)) with linespoints lw 2 pt 7 "
+                           "title 'largest over drift rows', \\\n     'growth.dat' using "
+                           "1:(clamp($3)) with points pt 9 ps 2 lc rgb '#d62728' "
+                           "title 'first divergence'");
+    if (out_close(&s, e) < 0)
+        return -1;
+    snprintf(pl->caption, sizeof pl->caption,
+             "Stage %s: per layer, the largest error over its drift threshold among the rows "
+             "judged drift, and the first divergence's (log scale; dashed red line: the "
+             "threshold, 1), from the compare result's figures (the median needs the dumps).",
+             stage_name(st));
+    pl->data = true;
+    return 0;
+}
+
+static bool has_xrt_figures(const cmp_result *r, kv_stage st)
+{
+    for (int i = 0; r->xrt.on && i < r->n_stages; i++)
+        if (r->stages[i].stage == st && r->stages[i].layer >= 0 &&
+            r->stages[i].xrt_threshold > 0)
+            return true;
+    return false;
+}
+
 static int write_growth_table(rep_ctx *c, kv_stage st, const char *dir, kv_err *e)
 {
     rep_plot *pl = &c->plots[PLOT_GROWTH];
     const cmp_result *r = c->r;
+    if (has_xrt_figures(r, st))
+        return write_growth_xrt(c, st, dir, e);
     int n = 0;
     for (int i = 0; i < r->n_stages; i++)
         n += r->stages[i].stage == st && r->stages[i].layer >= 0;
@@ -515,7 +667,9 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
         return -1;
     fprintf(d.f, "# kvdiff report: stage %s, %s per position (NaN: not recorded in both)\n"
                  "# columns: position", sn,
-            g->hashed ? "fingerprint differs (0/1)" : "row error max |test - ref|");
+            g->hashed ? "fingerprint differs (0/1)"
+            : in_threshold(g) ? "row error over its drift threshold (1 = the threshold)"
+                              : "row error max |test - ref|");
     for (int i = 0; i < nl; i++)
         fprintf(d.f, " layer_%d", layers[i]);
     fputc('\n', d.f);
@@ -534,6 +688,10 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
         fprintf(s.f, "set title 'stage %s: rows whose fingerprint differs (hashes only: 0 same, "
                      "1 differs)'\nset ylabel 'differs'\nset yrange [-0.1:1.1]\n"
                      "clamp(x) = x\n", sn);
+    } else if (in_threshold(g)) {
+        fprintf(s.f, "set title 'stage %s: error / drift threshold along positions "
+                     "(cross-runtime verdict: 1 = the threshold)'\n", sn);
+        gp_threshold_axis(s.f);
     } else {
         const double fl = grid_floor(g);
         fprintf(s.f, "set title 'stage %s: row error max|test - ref| along positions "
@@ -560,7 +718,10 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
     for (int i = 0, u = 0; i < nl; i++)
         u += snprintf(ls + u, sizeof ls - (size_t)u, "%s%d", i ? ", " : "", layers[i]);
     snprintf(pl->caption, sizeof pl->caption, "Stage %s, layers %s: %s along positions.", sn, ls,
-             g->hashed ? "whether each row's fingerprint differs" : "the row error (log scale)");
+             g->hashed ? "whether each row's fingerprint differs"
+             : in_threshold(g) ? "each row's error over its drift threshold (log scale; dashed "
+                                 "red line: the threshold, 1; above it, beyond drift)"
+                               : "the row error (log scale)");
     caption_lines(pl->caption, sizeof pl->caption, lines, geo, "Dotted grey");
     pl->data = true;
     return 0;
@@ -568,6 +729,26 @@ static int write_positions(rep_ctx *c, const geometry *geo, const report_grid *g
 
 /* ------------------------------------------------------------------ */
 /* 4. per generated step                                                */
+
+/* The first position whose input token differs (-1 none): the steps at
+ * it and after are not compared, their inputs differ. */
+static int64_t steps_cut(const cmp_result *r)
+{
+    int64_t cut = r->compared.pos_cut;
+    if (r->tokens.kind == CMP_TOKENS_DIFFER && (cut < 0 || r->tokens.pos < cut))
+        cut = r->tokens.pos;
+    return cut;
+}
+
+/* Greys out steps s_cut .. s1 in the steps plot: not compared. */
+static void gp_not_compared(FILE *f, int64_t s_cut, int64_t s1)
+{
+    fprintf(f, "set object 1 rect from %g, graph 0 to %g, graph 1 fc rgb '#d9d9d9' "
+               "fs solid 0.7 noborder behind\n"
+               "set label 'not compared: inputs differ' at %g, graph 0.5 center "
+               "tc rgb '#525252' front\n",
+            s_cut - 0.5, s1 + 0.5, (s_cut + s1) / 2.0);
+}
 
 static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
 {
@@ -581,6 +762,18 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
                  "logits) at generated steps");
         return 0;
     }
+    /* Steps from the first differing input on are not written: what the
+     * runs predicted there came from other inputs. */
+    const int64_t cut = steps_cut(c->r), s0 = st[0].step, s1 = st[n - 1].step;
+    int64_t kept = 0;
+    while (kept < n && (cut < 0 || st[kept].pos < cut))
+        kept++;
+    if (kept == 0) {
+        snprintf(pl->why, sizeof pl->why, "no generated step was compared: the inputs differ "
+                 "from position %lld on", (long long)cut);
+        free(st);
+        return 0;
+    }
     out_file d = {0}, s = {0};
     if (out_open(&d, dir, "steps.dat", e) < 0) {
         free(st);
@@ -588,18 +781,22 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
     }
     fprintf(d.f, "# kvdiff report: per generated step, the next-token distributions of both runs"
                  "\n# kl: KL(ref || test) over the reference's top-k logits (a test logit outside "
-                 "its top-k counts as its k-th): approximate\n# margin: top-1 minus top-2 logit\n"
-                 "# columns: step position kl ref_margin test_margin ref_top1 test_top1\n");
-    for (int64_t i = 0; i < n; i++) {
+                 "its top-k counts as its k-th): approximate\n# margin: top-1 minus top-2 logit\n");
+    if (kept < n)
+        fprintf(d.f, "# steps %lld to %lld (positions %lld on) are not compared and not listed: "
+                     "a generated token differs, so their inputs differ\n",
+                (long long)st[kept].step, (long long)s1, (long long)st[kept].pos);
+    fprintf(d.f, "# columns: step position kl ref_margin test_margin ref_top1 test_top1\n");
+    for (int64_t i = 0; i < kept; i++) {
         fprintf(d.f, "%lld %lld", (long long)st[i].step, (long long)st[i].pos);
         num(d.f, st[i].kl);
         num(d.f, st[i].ref_margin);
         num(d.f, st[i].test_margin);
         fprintf(d.f, " %d %d\n", st[i].ref_top1, st[i].test_top1);
     }
-    const int64_t s0 = st[0].step, s1 = st[n - 1].step;
+    const int64_t s_cut = kept < n ? st[kept].step : -1;
     double kl_max = 0;
-    for (int64_t i = 0; i < n; i++)
+    for (int64_t i = 0; i < kept; i++)
         kl_max = st[i].kl > kl_max ? st[i].kl : kl_max;
     free(st);
     if (out_close(&d, e) < 0 || out_open(&s, dir, "steps.gp", e) < 0)
@@ -610,7 +807,8 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
                  "set xlabel 'generated step'\nset ylabel 'KL (nats, from top-k)'\n"
                  "set y2label 'margin: top-1 minus top-2 logit'\nset ytics nomirror\n"
                  "set y2tics\nset xrange [%g:%g]\nset yrange [0:%s]\nset grid\n"
-                 "set key outside right\n", s0 - 0.5, s1 + 0.5, kl_max > 0 ? "*" : "1");
+                 "set key outside right\nset boxwidth 0.8\n", s0 - 0.5, s1 + 0.5,
+            kl_max > 0 ? "*" : "1");
     const cmp_tokens *t = &c->r->tokens;
     if (t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1)
         /* The label sits inside the plot, right of its line: above the
@@ -618,6 +816,8 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
         fprintf(s.f, "set arrow from %g, graph 0 to %g, graph 1 nohead lw 2 lc rgb '#000000' "
                      "front\nset label 'tokens differ' at %g, graph 0.96 left offset char 0.5,0 "
                      "tc rgb '#000000' front\n", t->step - 0.5, t->step - 0.5, t->step - 0.5);
+    if (s_cut >= 0)
+        gp_not_compared(s.f, s_cut, s1);
     gp_tail(s.f, "steps", "plot 'steps.dat' using 1:3 with boxes fs solid 0.4 lc rgb '#9467bd' "
                           "title 'KL (approx.)' axes x1y1, \\\n     'steps.dat' using 1:4 with "
                           "linespoints lw 2 pt 7 title 'ref margin' axes x1y2, \\\n     "
@@ -628,9 +828,11 @@ static int write_steps(rep_ctx *c, const char *dir, kv_err *e)
     snprintf(pl->caption, sizeof pl->caption,
              "Per generated step: KL(ref || test) between the two runs' next-token "
              "distributions, approximated from each run's top-k logits, and each run's logit "
-             "margin (top-1 minus top-2); a small margin is a flip rounding can cause.%s",
+             "margin (top-1 minus top-2); a small margin is a flip rounding can cause.%s%s",
              t->kind == CMP_TOKENS_DIFFER && t->step >= s0 && t->step <= s1
-                 ? " Solid black line: the first step whose generated token differs." : "");
+                 ? " Solid black line: the first step whose generated token differs." : "",
+             s_cut >= 0 ? " Grey: the steps after it are not compared (their inputs differ) "
+                          "and not drawn." : "");
     pl->data = true;
     return 0;
 }
@@ -864,6 +1066,39 @@ static void no_grid(rep_plot *pl, kv_stage st)
     snprintf(pl->why, sizeof pl->why, "stage %s is not recorded in both dumps", stage_name(st));
 }
 
+static int build_pair(rep_ctx *c, kv_stage hs, kv_stage gs, report_units u, report_grid *heat,
+                      report_grid *grow, kv_err *e)
+{
+    int (*build)(const cmp_source *, const cmp_source *, kv_stage, int, report_grid *,
+                 kv_err *) = u == REPORT_UNITS_REL ? report_grid_build_rel : report_grid_build;
+    int rc = build(c->ref, c->test, hs, c->o->block_rows, heat, e);
+    if (rc == 0 && gs != hs)
+        rc = build(c->ref, c->test, gs, c->o->block_rows, grow, e);
+    return rc;
+}
+
+/* The heatmap's grid and, when its stage is another, the growth and
+ * position plots' one. A cross-runtime result's are in units of its
+ * verdict (error / drift threshold); should the comparison run again for
+ * the thresholds not give the result's own (the dumps changed since),
+ * they fall back to max |test - ref|. */
+static int build_grids(rep_ctx *c, kv_stage hs, kv_stage gs, report_grid *heat,
+                       report_grid *grow, kv_err *e)
+{
+    const bool xrt = c->r->xrt.on && c->ref->read && c->test->read;
+    int rc = build_pair(c, hs, gs, xrt ? REPORT_UNITS_REL : REPORT_UNITS_ABS, heat, grow, e);
+    if (rc < 0 || !xrt)
+        return rc;
+    report_grid *const gr[2] = {heat, grow};
+    rc = report_grids_to_threshold(c->ref, c->test, c->r, gr, gs != hs ? 2 : 1,
+                                   c->o->block_rows, e);
+    if (rc < 0 || heat->units == REPORT_UNITS_THRESHOLD)
+        return rc;
+    report_grid_free(heat);
+    report_grid_free(grow);
+    return build_pair(c, hs, gs, REPORT_UNITS_ABS, heat, grow, e);
+}
+
 static int from_sources(rep_ctx *c, const char *dir, kv_err *e)
 {
     const kv_stage hs = rep_heatmap_stage(c->r, c->o), gs = rep_growth_stage(c->o);
@@ -872,9 +1107,7 @@ static int from_sources(rep_ctx *c, const char *dir, kv_err *e)
                     c->ref->cfg.n_layers};
     report_grid heat, grow;
     memset(&grow, 0, sizeof grow);
-    int rc = report_grid_build(c->ref, c->test, hs, c->o->block_rows, &heat, e);
-    if (rc == 0 && gs != hs)
-        rc = report_grid_build(c->ref, c->test, gs, c->o->block_rows, &grow, e);
+    int rc = build_grids(c, hs, gs, &heat, &grow, e);
     const report_grid *g = gs != hs ? &grow : &heat;
     if (rc == 0) {
         grid_cut(&heat, c->r->compared.pos_cut);

@@ -12,7 +12,7 @@ typedef enum { PLOT_HEATMAP, PLOT_GROWTH, PLOT_POSITIONS, PLOT_STEPS, PLOT_COUNT
 typedef struct {
     const char *name;            /* file stem in plots/: "heatmap" */
     const char *heading;         /* "Row error heatmap" */
-    char caption[512];           /* what it shows (stage, approximations) */
+    char caption[1024];          /* what it shows (stage, approximations) */
     bool data;                   /* .dat and .gp written */
     bool drawn;                  /* .png and .svg written by gnuplot */
     char why[1024];              /* not drawn: why ("" when drawn) */

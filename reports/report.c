@@ -22,7 +22,7 @@ void report_opts_default(report_opts *o)
 /* ------------------------------------------------------------------ */
 /* The verdict line                                                     */
 
-void report_verdict_line(const cmp_result *r, char *buf, size_t n)
+static void verdict_body(const cmp_result *r, char *buf, size_t n)
 {
     const cmp_divergence *d = &r->first;
     if (r->verdict != CMP_DIVERGED) {
@@ -51,9 +51,23 @@ void report_verdict_line(const cmp_result *r, char *buf, size_t n)
         snprintf(where, sizeof where, "layer %d", d->layer);
     else
         snprintf(where, sizeof where, "model level");
-    snprintf(buf, n, "diverged: first divergence at position %lld, %s, stage %s (%s: %s)",
-             (long long)d->pos, where, stage_name(d->stage), cmp_diag_name(r->diag.kind),
+    /* the diagnosis in words; its id (cmp_diag_name) is for JSON */
+    snprintf(buf, n, "diverged: first divergence at position %lld, %s, stage %s (%s)",
+             (long long)d->pos, where, stage_name(d->stage),
              r->diag.summary[0] ? r->diag.summary : "no diagnosis");
+}
+
+void report_verdict_line(const cmp_result *r, char *buf, size_t n)
+{
+    if (!r->swapped[0]) {
+        verdict_body(r, buf, n);
+        return;
+    }
+    /* said before the verdict, which reads the other way round */
+    char body[1024];
+    verdict_body(r, body, sizeof body);
+    snprintf(buf, n, "arguments look swapped (%s; the reference goes first): %s", r->swapped,
+             body);
 }
 
 /* ------------------------------------------------------------------ */

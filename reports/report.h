@@ -24,11 +24,18 @@
 /* ------------------------------------------------------------------ */
 /* Row-error series (series.c)                                          */
 
-/* Row error of one stage over layers x positions: max |test - ref| over
- * each row. From fingerprint-only recordings (no rows, only row hashes)
- * the value is 0 (hash equal) or 1 (hash differs) and hashed is set. */
+/* What a grid's values are: max |test - ref| over each row (ABS); that
+ * over max |ref| of the row (REL, as the cross-runtime compare weighs
+ * rows); REL over the drift threshold the row was judged against
+ * (THRESHOLD: 1 = the threshold, above it beyond drift). */
+typedef enum { REPORT_UNITS_ABS, REPORT_UNITS_REL, REPORT_UNITS_THRESHOLD } report_units;
+
+/* Row error of one stage over layers x positions, in `units`. From
+ * fingerprint-only recordings (no rows, only row hashes) the value is 0
+ * (hash equal) or 1 (hash differs) and hashed is set. */
 typedef struct {
     kv_stage stage;
+    report_units units;
     int n_layers;
     int64_t pos_lo, n_pos;       /* positions pos_lo .. pos_lo + n_pos - 1 */
     double *err;                 /* (n_layers, n_pos); NaN: not held by both */
@@ -45,7 +52,25 @@ typedef struct {
  * to report_grid_free after either. */
 int report_grid_build(const cmp_source *ref, const cmp_source *test, kv_stage st,
                       int block_rows, report_grid *g, kv_err *e);
+/* The same in row-relative units (REPORT_UNITS_REL). */
+int report_grid_build_rel(const cmp_source *ref, const cmp_source *test, kv_stage st,
+                          int block_rows, report_grid *g, kv_err *e);
 void report_grid_free(report_grid *g);   /* accepts NULL; leaves *g zeroed */
+
+/* Puts the REL grids g[0..n-1] (at most REPORT_MAX_GRIDS) of a
+ * cross-runtime result r (r->xrt.on; otherwise nothing is done) into
+ * units of its verdict, REPORT_UNITS_THRESHOLD: each row's error over the
+ * threshold the drift model judged it against, got by running the
+ * comparison again with cmp_opts.xrt_row. Rows the model did not judge
+ * (after its step) are taken over the threshold their (layer, stage) had
+ * where the walk stopped. When the comparison run again does not give r's
+ * verdict and first divergence (the dumps changed since), the grids are
+ * left REL. Returns 0, or -1 with e filled (a read error, out of memory,
+ * a refusal of the comparison). */
+enum { REPORT_MAX_GRIDS = 4 };
+int report_grids_to_threshold(const cmp_source *ref, const cmp_source *test,
+                              const cmp_result *r, report_grid *const *g, int n,
+                              int block_rows, kv_err *e);
 
 /* Error of (layer, position) or NaN outside the grid / not compared. */
 double report_grid_at(const report_grid *g, int layer, int64_t pos);

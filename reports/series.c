@@ -13,13 +13,14 @@
 /* ------------------------------------------------------------------ */
 /* Row errors                                                           */
 
-/* max |t - r| over a row; 0 when the bits are equal; +inf when one side
- * is NaN or infinite and the other is not the same kind. */
-static double row_error(const float *t, const float *r, int n, bool *nonfinite)
+/* max |t - r| over a row (relative: over max |r| of the row, as the
+ * cross-runtime compare weighs it); 0 when the bits are equal; +inf when
+ * one side is NaN or infinite and the other is not the same kind. */
+static double row_error(const float *t, const float *r, int n, bool relative, bool *nonfinite)
 {
     if (!memcmp(t, r, (size_t)n * sizeof *t))
         return 0;
-    double m = 0;
+    double m = 0, scale = 0;
     for (int i = 0; i < n; i++) {
         const float a = t[i], b = r[i];
         if (isnan(a) && isnan(b))
@@ -33,8 +34,12 @@ static double row_error(const float *t, const float *r, int n, bool *nonfinite)
         const double d = fabs((double)a - (double)b);
         if (d > m)
             m = d;
+        if (fabs((double)b) > scale)
+            scale = fabs((double)b);
     }
-    return m;
+    if (!relative || m == 0)
+        return m;
+    return scale > 0 ? m / scale : INFINITY;
 }
 
 typedef struct {
@@ -96,7 +101,7 @@ static int grid_layer(const cmp_source *ref, const cmp_source *test, int layer, 
                 return -1;
             for (int64_t i = 0; i < n; i++)
                 out[i] = row_error(b->test + i * cols, b->ref + i * cols, cols,
-                                   &g->any_nonfinite);
+                                   g->units == REPORT_UNITS_REL, &g->any_nonfinite);
         }
         g->rows += n;
     }
@@ -130,11 +135,12 @@ static layer_span overlap(const cmp_source *ref, const cmp_source *test, int lay
     return s;
 }
 
-int report_grid_build(const cmp_source *ref, const cmp_source *test, kv_stage st,
-                      int block_rows, report_grid *g, kv_err *e)
+static int grid_build(const cmp_source *ref, const cmp_source *test, kv_stage st,
+                      report_units units, int block_rows, report_grid *g, kv_err *e)
 {
     memset(g, 0, sizeof *g);
     g->stage = st;
+    g->units = units;
     if ((int)st < 0 || st >= STAGE_LAYER_COUNT)
         return kv_errf(e, "report: '%s' is not a layer stage", stage_name(st));
     const int L = ref->cfg.n_layers;
@@ -170,6 +176,18 @@ int report_grid_build(const cmp_source *ref, const cmp_source *test, kv_stage st
     return rc;
 }
 
+int report_grid_build(const cmp_source *ref, const cmp_source *test, kv_stage st,
+                      int block_rows, report_grid *g, kv_err *e)
+{
+    return grid_build(ref, test, st, REPORT_UNITS_ABS, block_rows, g, e);
+}
+
+int report_grid_build_rel(const cmp_source *ref, const cmp_source *test, kv_stage st,
+                          int block_rows, report_grid *g, kv_err *e)
+{
+    return grid_build(ref, test, st, REPORT_UNITS_REL, block_rows, g, e);
+}
+
 void report_grid_free(report_grid *g)
 {
     if (!g)
@@ -184,6 +202,111 @@ double report_grid_at(const report_grid *g, int layer, int64_t pos)
         pos >= g->pos_lo + g->n_pos)
         return NAN;
     return g->err[(size_t)layer * (size_t)g->n_pos + (size_t)(pos - g->pos_lo)];
+}
+
+/* ------------------------------------------------------------------ */
+/* Units of a cross-runtime verdict                                     */
+
+/* The drift model's threshold is a row's own: it grows with what flowed
+ * in from upstream and with the stage's recent drift (compare.h, cmp_xrt).
+ * Only the walk knows it, so the comparison is run again with a callback
+ * (cmp_opts.xrt_row) that hands each judged row's error and threshold
+ * over; the ratios land in judged[i], one per grid. */
+typedef struct {
+    report_grid *const *g;
+    double **judged;             /* (n)(n_layers, n_pos); NaN: not judged */
+    int n;
+} xrt_rows;
+
+/* err / threshold; a threshold of 0 (key counts: any difference is a
+ * step) gives 0 or +inf. */
+static double ratio(double err, double thr)
+{
+    if (isnan(err))
+        return NAN;
+    if (thr > 0)
+        return err / thr;
+    return err > 0 ? INFINITY : 0;
+}
+
+static void on_xrt_row(void *ctx, int layer, kv_stage st, int64_t pos, double err, double thr)
+{
+    xrt_rows *x = ctx;
+    for (int i = 0; i < x->n; i++) {
+        const report_grid *g = x->g[i];
+        if (g->stage != st || layer < 0 || layer >= g->n_layers || pos < g->pos_lo ||
+            pos >= g->pos_lo + g->n_pos)
+            continue;
+        x->judged[i][(size_t)layer * (size_t)g->n_pos + (size_t)(pos - g->pos_lo)] =
+            ratio(err, thr);
+    }
+}
+
+static bool same_outcome(const cmp_result *a, const cmp_result *b)
+{
+    return a->verdict == b->verdict && a->xrt.on && b->xrt.on &&
+           a->first.found == b->first.found &&
+           (!a->first.found || (a->first.pos == b->first.pos &&
+                                a->first.layer == b->first.layer &&
+                                a->first.stage == b->first.stage));
+}
+
+/* Grid g (row-relative errors) into threshold units: judged rows as the
+ * walk judged them, the others over the threshold their (layer, stage)
+ * had where the walk stopped (NaN when it never judged one). */
+static void to_threshold(report_grid *g, const double *judged, const cmp_result *r)
+{
+    for (int l = 0; l < g->n_layers; l++) {
+        const cmp_stage_result *sr = cmp_result_stage(r, l, g->stage);
+        const double frozen = sr && sr->xrt_threshold > 0 ? sr->xrt_threshold : NAN;
+        for (int64_t p = 0; p < g->n_pos; p++) {
+            const size_t at = (size_t)l * (size_t)g->n_pos + (size_t)p;
+            if (!isnan(judged[at]))
+                g->err[at] = judged[at];
+            else if (!isnan(g->err[at]))
+                g->err[at] = sr && sr->stage == STAGE_ATTN_NKEYS ? ratio(g->err[at], 0)
+                                                                 : g->err[at] / frozen;
+        }
+    }
+    g->units = REPORT_UNITS_THRESHOLD;
+}
+
+int report_grids_to_threshold(const cmp_source *ref, const cmp_source *test,
+                              const cmp_result *r, report_grid *const *g, int n,
+                              int block_rows, kv_err *e)
+{
+    if (!r->xrt.on || n <= 0)
+        return 0;
+    double *judged[REPORT_MAX_GRIDS] = {0};
+    xrt_rows x = {.g = g, .judged = judged, .n = n < REPORT_MAX_GRIDS ? n : REPORT_MAX_GRIDS};
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < x.n; i++) {
+        const size_t cells = (size_t)g[i]->n_layers * (size_t)g[i]->n_pos;
+        judged[i] = malloc((cells ? cells : 1) * sizeof *judged[i]);
+        if (!judged[i])
+            rc = kv_errf(e, "report: out of memory");
+        for (size_t k = 0; judged[i] && k < cells; k++)
+            judged[i][k] = NAN;
+    }
+    cmp_opts co;
+    cmp_opts_default(&co);
+    co.cross_runtime = CMP_XRT_ON;
+    co.force = true;             /* r was made: its refusals were passed */
+    co.block_rows = block_rows;
+    co.xrt_row = on_xrt_row;
+    co.xrt_row_ctx = &x;
+    cmp_result fresh;
+    memset(&fresh, 0, sizeof fresh);
+    if (rc == 0)
+        rc = cmp_compare(ref, test, &co, &fresh, e);
+    if (rc == 0 && same_outcome(r, &fresh))
+        for (int i = 0; i < x.n; i++)
+            if (g[i]->units == REPORT_UNITS_REL && g[i]->err)
+                to_threshold(g[i], judged[i], &fresh);
+    cmp_result_free(&fresh);
+    for (int i = 0; i < x.n; i++)
+        free(judged[i]);
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */

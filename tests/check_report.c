@@ -236,22 +236,37 @@ START_TEST(test_divergent_report)
     snprintf(dir, sizeof dir, "%s/bad", dumps);
     snprintf(args, sizeof args, "%s/a.h5 %s/bad.h5 -o %s", dumps, dumps, dir);
     report_cli(args, 1);
+    /* the diagnosis in words; its id "window" is result.json's alone */
     ck_assert_msg(strstr(out, "diverged: first divergence at position 4, layer 0, stage "
-                              "attn_lse (window: "), "%s", out);
+                              "attn_lse (attention read a different key set at the "
+                              "sliding-window boundary)\n"), "%s", out);
     assert_plots_drawn(dir, all_plots, 4);
     char *html = slurp(dir, "index.html"), *md = slurp(dir, "summary.md");
     ck_assert_ptr_nonnull(strstr(html, "<dt>position</dt><dd>4</dd>"));
     ck_assert_ptr_nonnull(strstr(html, "<dt>layer</dt><dd>0 (sliding, window 12)</dd>"));
     ck_assert_ptr_nonnull(strstr(html, "<dt>stage</dt><dd><code>attn_lse</code></dd>"));
-    ck_assert_ptr_nonnull(strstr(html, "Diagnosis: <code>window</code>"));
+    ck_assert_ptr_nonnull(strstr(html, "<h2>Diagnosis</h2>\n<p><strong>attention read a "
+                                       "different key set at the sliding-window boundary"));
     ck_assert_ptr_nonnull(strstr(html, "window in test appears to be 4, config says 12"));
+    ck_assert_ptr_null(strstr(html, "<code>window</code>"));
+    /* the evidence one clause an item; ulp counts past 1024 are not printed */
+    ck_assert_ptr_nonnull(strstr(html, "<p><em>verified</em>:</p>\n<ul class=\"evidence\">\n"
+                                       "<li>recomputing attention from the test&#39;s q, k, v"));
+    ck_assert_ptr_nonnull(strstr(html, "</li>\n<li>the config&#39;s key set reproduces the "
+                                       "reference"));
+    ck_assert_ptr_nonnull(strstr(html, "<td>&gt;1024</td>"));
     ck_assert_ptr_nonnull(strstr(html, "FIRST DIVERGENCE  position 4, layer 0"));
     ck_assert_ptr_nonnull(strstr(html, "<tr class=\"first\"><td>0</td><td class=\"l\">attn_lse"));
     const char *nl = strchr(md, '\n');
     ck_assert_ptr_nonnull(nl);
-    ck_assert_msg(!strncmp(md, "kvdiff: diverged: first divergence at position 4, layer 0, "
-                               "stage attn\\_lse (window: ", 80), "%.*s", (int)(nl - md), md);
-    ck_assert_ptr_nonnull(strstr(md, "- **Diagnosis:** `window`"));
+    static const char md_head[] = "kvdiff: diverged: first divergence at position 4, layer 0, "
+                                  "stage attn\\_lse (attention read a different key set at the "
+                                  "sliding-window boundary)\n";
+    ck_assert_msg(!strncmp(md, md_head, strlen(md_head)), "%.*s", (int)(nl - md), md);
+    ck_assert_ptr_nonnull(strstr(md, "- **Diagnosis:** attention read a different key set at the "
+                                     "sliding-window boundary (window in test appears to be 4, "
+                                     "config says 12) — verified:\n  - recomputing attention "));
+    ck_assert_ptr_nonnull(strstr(md, "\n  - the config's key set reproduces the reference"));
     ck_assert_ptr_nonnull(strstr(md, "- **Tokens:** first differing generated token at "
                                      "position 40"));
     ck_assert_ptr_nonnull(strstr(md, "[heatmap](plots/heatmap.png)"));
@@ -384,7 +399,7 @@ START_TEST(test_json_input)
     ck_assert(!exists(dir, "plots/heatmap.png"));
     ck_assert(!exists(dir, "plots/steps.png"));
     char *html = slurp(dir, "index.html");
-    ck_assert_ptr_nonnull(strstr(html, "Diagnosis: <code>window</code>"));
+    ck_assert_ptr_nonnull(strstr(html, "<h2>Diagnosis</h2>"));
     ck_assert_int_eq(count(html, "Left out: needs"), 3);
     ck_assert_ptr_nonnull(strstr(html, "<tr class=\"first\">"));
     free(html);
@@ -409,7 +424,7 @@ START_TEST(test_no_gnuplot)
     char *html = slurp(dir, "index.html");
     ck_assert_ptr_nonnull(strstr(html, "Plots were not drawn: gnuplot was not found"));
     ck_assert_ptr_null(strstr(html, "<img"));
-    ck_assert_ptr_nonnull(strstr(html, "Diagnosis: <code>window</code>"));
+    ck_assert_ptr_nonnull(strstr(html, "<h2>Diagnosis</h2>"));
     free(html);
 }
 END_TEST

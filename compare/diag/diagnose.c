@@ -262,7 +262,7 @@ static const char *stage_hint(kv_stage s)
 static void rule_unclassified(cmp_ctx *c)
 {
     const cmp_divergence *d = c->d;
-    dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
+    dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "cause not identified");
     if (c->beyond) {
         dg_say(c->g->detail, sizeof c->g->detail, "(after numeric drift from position %lld: a "
             "relative error of %.2g at %s, drift grown past %.0e or a bug; compare with a "
@@ -386,7 +386,7 @@ static void diagnose_output(cmp_ctx *c)
 {
     if (dg_rule_logit_map(c))
         return;
-    dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "unclassified");
+    dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_NONE, "cause not identified");
     dg_say(c->g->detail, sizeof c->g->detail, "(/output differs at position %lld, %d of its "
         "entries, while every recorded stage there is %s: the final norm, the LM head or the "
         "logits' softcap differs, or /output was written otherwise; record final_norm and "

@@ -486,8 +486,10 @@ static void rivals_text(cmp_ctx *c, const ks_run *run, char *buf, size_t n)
             continue;
         char par[64];
         ks_param_text(c, k, par, sizeof par);
-        dg_append(buf, n, "; %s (%s%s) fails at position %lld", ks_phrase(k->kind),
-                  cmp_diag_name(k->kind), par, (long long)k->fail_pos);
+        /* the cause in words; its id is in the JSON's hypotheses */
+        dg_append(buf, n, "; %s%s%s%s fails at position %lld", ks_phrase(k->kind),
+                  par[0] ? " (" : "", par[0] ? par + 2 : "", par[0] ? ")" : "",
+                  (long long)k->fail_pos);
         if (k->fail_layer != c->d->layer)
             dg_append(buf, n, " of layer %d", k->fail_layer);
         if (isinf(k->fail_err) && k->fail_test_n >= 0)
@@ -571,9 +573,8 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
             if (!k->alive)
                 continue;
             last = k->last_pos > last ? k->last_pos : last;
-            dg_append(s, ns, "%s%s (%s)", shown == 0 ? (alive == 2 ? "either " : "one of ")
-                      : shown == alive - 1 ? " or " : ", ", ks_phrase(k->kind),
-                      cmp_diag_name(k->kind));
+            dg_append(s, ns, "%s%s", shown == 0 ? (alive == 2 ? "either " : "one of ")
+                      : shown == alive - 1 ? " or " : ", ", ks_phrase(k->kind));
             if (run->counts_only)
                 dg_append(v, nv, "%s %s", shown ? ";" : "", k->what);
             else
@@ -629,7 +630,7 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
         dg_say(v, nv, "recomputing attention from the test's q, k, v%s over %s reproduces its %s "
                "(error %.2g)", own, k->what, rows, k->err_p);
     if (k->places > 1)
-        dg_append(v, nv, " and %d more place%s up to position %lld%s", k->places - 1,
+        dg_append(v, nv, "; it does so at %d more place%s up to position %lld%s", k->places - 1,
                   k->places == 2 ? "" : "s", (long long)k->last_pos,
                   run->nl > 1 ? " over the layers of each kind" : "");
     if (isfinite(cfg_err))

@@ -33,6 +33,16 @@ from .recorder import Recorder, RecorderError
 from .torch_hooks import TorchHooks, hf_names, torch_settings
 
 ROTARY = "apply_rotary_pos_emb"
+# engine_settings.cache, one of the values docs/dump-format.md documents:
+# transformers' dynamic cache appends each position's K/V after the last
+# and reads them in position order, as a dense cache does (its sliding
+# layers drop the keys their window no longer reaches; no ring wraps).
+CACHE = "dense"
+# The cache_type a compute_dtype gives, by the names docs/dump-format.md
+# documents for cache_type: the aliases kvdiff reads for compute_dtype
+# become the short names; tf32 is a matmul mode over float32 tensors.
+_CACHE_TYPE = {"f32": "f32", "float32": "f32", "tf32": "f32", "bf16": "bf16",
+               "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
 _ATTN = re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn$")
 
 
@@ -68,7 +78,7 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
     tap = _RotaryTap(model, cfg)
     names, left_out = _present_names(model, names or hf_names(cfg["model_type"]))
     st = dict(torch_settings(model))
-    st.update({"chunk": chunk, "cache": "dynamic", "runtime": _runtime(),
+    st.update({"chunk": chunk, "cache": CACHE, "runtime": _runtime(),
                "attn_implementation": _attn_impl(model)})
     if left_out:
         st["stages_left_out"] = left_out
@@ -112,12 +122,14 @@ def record(model, prompt_ids, path, max_new=16, chunk=None, engine="transformers
 
 def _state_cache_type(rec):
     """transformers' KV cache holds what the k and v projections output, so
-    it is in the type the model computes in (bf16 under a bf16 autocast of
-    float32 weights; tf32 is a matmul mode, the cache float32). Left out
-    where compute_dtype is: kvdiff then assumes bf16 for both."""
+    it is in the type the model computes in, whether the run showed it or
+    the caller stated it (bf16 under a bf16 autocast of float32 weights;
+    tf32 is a matmul mode, the cache float32), by its documented name. A
+    cache_type the caller stated wins; left out where compute_dtype is, or
+    where it names no type a cache holds: kvdiff then assumes bf16."""
     dtype = rec.settings.get("compute_dtype")
-    if dtype:
-        rec.setting_default("cache_type", "f32" if dtype == "tf32" else dtype)
+    if isinstance(dtype, str) and dtype in _CACHE_TYPE:
+        rec.setting_default("cache_type", _CACHE_TYPE[dtype])
 
 
 # ---------------------------------------------------------------- the tap

@@ -545,6 +545,27 @@ class TestTransformers(Base):
                         self.assertIn("q", held)
                         self.assertEqual("k" in held and "v" in held, owner == layer, layer)
 
+    def test_cache_is_a_documented_value(self):
+        """engine_settings.cache is one of the values docs/dump-format.md
+        lists (the diagnosis reads it): "dense", what transformers' dynamic
+        cache is (positions appended in order, no ring), not "dynamic"."""
+        from tiny_torch import TinyCausalLM
+        from kvdiff_record.transformers import record
+        with open(os.path.join(ROOT, "docs", "dump-format.md")) as f:
+            row = next(line for line in f if line.startswith("| `cache` ("))
+        documented = re.findall(r"`(\w+)`", row.split(")")[0])[1:]
+        self.assertIn("dense", documented)
+        for preset in ("tiny-llama", "tiny-gemma3"):
+            with self.subTest(preset=preset):
+                dump = self.path(f"hf-cache-{preset}.h5")
+                record(TinyCausalLM(self.path(preset)), list(range(3, 23)), dump, max_new=2,
+                       ignore_eos=True)
+                with h5py.File(dump, "r") as f:
+                    cache = json.loads(f.attrs["engine_settings"])["cache"]
+                self.assertIn(cache, documented)
+                self.assertEqual(cache, "dense")
+                self.assertNotIn("warning", self.assert_valid(dump))
+
     def test_sliding_cache_refused_by_record_cache(self):
         """The recipe of hooks and record_cache on a cache whose sliding
         layers keep the last window - 1 positions wrote positions 89..99 as
@@ -799,6 +820,38 @@ class TestComputeDtype(Base):
         self.assertNotIn("compute_dtype", self.settings(dump))
         self.assertEqual(err.getvalue().count("\n"), 1, err.getvalue())
         self.assertIn("compute_dtype not stated: no activations were recorded", err.getvalue())
+
+    def test_stated_alone_gives_cache_type(self):
+        """A compute_dtype stated alone, in any spelling kvdiff reads
+        (docs/dump-format.md), gives record() the cache_type transformers'
+        cache holds, by the name docs/dump-format.md gives cache_type (not
+        "bfloat16"; tf32 is float32 tensors), and kvdiff's drift model
+        reads it; a stated cache_type wins; a type no cache holds states
+        none (kvdiff assumes bf16 and says the KV cache is unknown)."""
+        from tiny_torch import TinyCausalLM
+        cases = [("bf16", "bf16"), ("bfloat16", "bf16"), ("f16", "f16"), ("float16", "f16"),
+                 ("f32", "f32"), ("float32", "f32"), ("tf32", "f32")]
+        for stated, cache in cases:
+            with self.subTest(compute_dtype=stated):
+                st, err = self.run_record(f"cd-alone-{stated}",
+                                          TinyCausalLM(self.path("tiny-llama")),
+                                          settings={"compute_dtype": stated})
+                self.assertEqual((st["compute_dtype"], st["cache_type"]), (stated, cache))
+                self.assertEqual(err, "")
+        ref = self.path("cd-alone-ref.h5")
+        rc, out = kvdiff("run", "--model", self.path("tiny-llama"), "--prompt-tokens",
+                         ",".join(map(str, self.PROMPT)), "--max-new", "3", "--ignore-eos",
+                         "--dump", ref)
+        self.assertEqual(rc, 0, out)
+        rc, text = kvdiff("compare", ref, self.path("cd-alone-bfloat16.h5"))
+        self.assertEqual(rc, 0, text)
+        self.assertIn("compute bf16, KV cache bf16;", text)
+        st, _ = self.run_record("cd-alone-both", TinyCausalLM(self.path("tiny-llama")),
+                                settings={"compute_dtype": "bf16", "cache_type": "f16"})
+        self.assertEqual((st["compute_dtype"], st["cache_type"]), ("bf16", "f16"))
+        st, _ = self.run_record("cd-alone-f64", TinyCausalLM(self.path("tiny-llama")),
+                                settings={"compute_dtype": "f64"})
+        self.assertNotIn("cache_type", st)
 
     def test_evidence(self):
         """Both of torch's autocast APIs (a device type argument since 2.4,
