@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench bench-side bench-real bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata
+.PHONY: all test demo check-asan check-report-render bench bench-side bench-real bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata install uninstall
 all: kvdiff
 
 deps:
@@ -130,6 +130,37 @@ $(LLAMA_FORWARD): tests/llama/llama_forward.c | $(LLAMA_STAMP)
 tokdata:
 	@sh scripts/fetch-tokenizers >/dev/null
 
+# make install [PREFIX=/usr/local] [DESTDIR=]: kvdiff, kvdiff-llama when
+# it has been built (make recorders; it keeps finding the llama.cpp
+# libraries where it was built against them: $(LLAMA_LIBDIR)), their man
+# pages (made from their --help by scripts/man-from-help, so `man kvdiff`
+# is the --help of every verb) and the docs in share/doc/kvdiff.
+# make uninstall removes exactly what the last install put there (its list:
+# share/doc/kvdiff/installed-files). scripts/install-kvdiff does both.
+# MAN_BUILD: where the man pages are made (tests make them outside the
+# tree); INSTALL_LLAMA: the kvdiff-llama installed when it is there.
+PREFIX  ?= /usr/local
+DESTDIR ?=
+MAN_BUILD ?= $(BUILD)/man
+INSTALL_LLAMA ?= $(BUILD)/kvdiff-llama
+MAN_KVDIFF := differential debugging harness for transformer KV caches
+MAN_LLAMA  := record a llama.cpp run into a kvdiff dump
+
+$(MAN_BUILD)/kvdiff.1: $(BUILD)/kvdiff scripts/man-from-help
+	@mkdir -p $(dir $@)
+	@sh scripts/man-from-help kvdiff $< "$(MAN_KVDIFF)" --verbs > $@.tmp && mv $@.tmp $@
+
+# kvdiff-llama's page only where it is built: install never builds it.
+install: $(BUILD)/kvdiff $(MAN_BUILD)/kvdiff.1
+	@rm -f $(MAN_BUILD)/kvdiff-llama.1
+	@if [ -x "$(INSTALL_LLAMA)" ]; then \
+	  sh scripts/man-from-help kvdiff-llama "$(INSTALL_LLAMA)" "$(MAN_LLAMA)" > $(MAN_BUILD)/kvdiff-llama.1.tmp && \
+	  mv $(MAN_BUILD)/kvdiff-llama.1.tmp $(MAN_BUILD)/kvdiff-llama.1; fi
+	@sh scripts/install-kvdiff install "$(DESTDIR)$(PREFIX)" $(BUILD) $(MAN_BUILD) "$(INSTALL_LLAMA)"
+
+uninstall:
+	@sh scripts/install-kvdiff uninstall "$(DESTDIR)$(PREFIX)"
+
 # The Python recorder's tests (tests/check_python.c) run under Debian's
 # interpreter, where python3-numpy, -h5py, -xxhash and -torch install; a
 # python3 earlier on PATH (a virtualenv, pyenv) may lack them.
@@ -156,37 +187,69 @@ check-asan: tokdata
 	  KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) KVDIFF_PYTHON=$(PYTHON) \
 	  ./build-asan/check_kvdiff
 
-# A report from two real dumps (reference vs chunked with a hard-coded
-# window of 4), rendered in headless Chromium: a copy of index.html beside
-# it with a load-time script that records on <body> how many images loaded
-# (naturalWidth > 0); fails unless every <img> of the page did.
-# RENDER_REPORT=DIR checks an existing report folder instead.
-RENDER_DIR := $(BUILD)/render-check
+# The report as a person sees it: four reports, each opened in headless
+# Chromium twice, once as a copy of index.html beside it with a load-time
+# script that records on <body> how many images loaded (naturalWidth > 0),
+# once for a screenshot of the page (RENDER_DIR/NAME.png, RENDER_SIZE
+# pixels) to look at; docs/report.md says what each shows:
+#   xrt-ok     reference vs llama.cpp (f16 KV) on a gen'd tiny-gemma3, a
+#              100-token prompt and 16 generated: drift, exit 0;
+#   xrt-bug    the same with llama.cpp's ubatches of 32 seeing only their
+#              own keys (--fault isolate-ubatch): diverged, exit 1;
+#   exact-bug  reference vs chunked with a hard-coded window of 4, bit for
+#              bit: diverged, exit 1;
+#   xrt-2k     a 2,000-token prompt, reference vs llama.cpp: drift, exit 0.
+# Fails unless every <img> of every page loaded and every screenshot was
+# written. RENDER_LLAMA is the llama.cpp recorder (make recorders builds
+# it); RENDER_REPORT=DIR checks an existing report folder instead.
+RENDER_DIR   := $(BUILD)/render-check
+RENDER_LLAMA ?= $(BUILD)/kvdiff-llama
+RENDER_SIZE  ?= 1280,4400
 RENDER_JS  := <script>window.addEventListener("load",function(){var im=document.images,bad=[];for(var i=0;i<im.length;i++)if(!im[i].complete||im[i].naturalWidth===0)bad.push(im[i].getAttribute("src"));document.body.setAttribute("data-images",im.length+" loaded "+(im.length-bad.length)+(bad.length?" broken: "+bad.join(" "):""));});</script>
-check-report-render: kvdiff
+RENDER_CHROMIUM = timeout 60 chromium --headless --disable-gpu --no-sandbox --hide-scrollbars \
+  --user-data-dir=$$work/profile --virtual-time-budget=5000
+check-report-render: $(BUILD)/kvdiff
 	@command -v chromium >/dev/null 2>&1 || { echo "check-report-render: chromium not found; install it (apt-get install chromium) to run this check" >&2; exit 1; }
-	@set -e; rep="$(RENDER_REPORT)"; work=$(RENDER_DIR); rm -rf $$work; mkdir -p $$work; \
-	if [ -z "$$rep" ]; then \
-	  rep=$$work/report; \
-	  ./kvdiff run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --dump $$work/ref.h5 >/dev/null; \
-	  ./kvdiff run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --engine chunked --chunk 5 --inject window=4 --dump $$work/test.h5 >/dev/null; \
-	  rc=0; ./kvdiff report $$work/ref.h5 $$work/test.h5 -o $$rep || rc=$$?; \
-	  [ $$rc -eq 1 ] || { echo "check-report-render: kvdiff report exited $$rc, expected 1 (diverged)" >&2; exit 1; }; \
-	fi; \
-	n=$$(grep -o '<img ' $$rep/index.html | wc -l); \
-	[ $$n -gt 0 ] || { echo "check-report-render: $$rep/index.html has no <img> (is gnuplot installed?)" >&2; exit 1; }; \
-	sed -e 's#</body>##' -e 's#</html>##' $$rep/index.html > $$rep/.render-check.html; \
-	printf '%s\n</body>\n</html>\n' '$(RENDER_JS)' >> $$rep/.render-check.html; \
-	timeout 60 chromium --headless --disable-gpu --no-sandbox --user-data-dir=$$work/profile \
-	  --virtual-time-budget=5000 --dump-dom "file://$$(cd $$rep && pwd)/.render-check.html" \
-	  > $$work/dom.html 2> $$work/chromium.log || true; \
-	rm -f $$rep/.render-check.html; \
-	got=$$(grep -o 'data-images="[^"]*"' $$work/dom.html || true); \
-	if [ "$$got" = "data-images=\"$$n loaded $$n\"" ]; then \
-	  echo "check-report-render: all $$n images of $$rep/index.html loaded in Chromium"; \
-	else \
-	  echo "check-report-render: FAILED for $$rep/index.html: $${got:-no result from Chromium (see $$work/chromium.log)}" >&2; exit 1; \
-	fi
+	@set -e; k=$(abspath $(BUILD)/kvdiff); llama="$(RENDER_LLAMA)"; work=$(abspath $(RENDER_DIR)); \
+	rm -rf $$work; mkdir -p $$work; \
+	look() { \
+	  rep=$$(cd $$1 && pwd); name=$$2; \
+	  n=$$(grep -o '<img ' $$rep/index.html | wc -l); \
+	  [ $$n -gt 0 ] || { echo "check-report-render: $$rep/index.html has no <img> (is gnuplot installed?)" >&2; return 1; }; \
+	  sed -e 's#</body>##' -e 's#</html>##' $$rep/index.html > $$rep/.render-check.html; \
+	  printf '%s\n</body>\n</html>\n' '$(RENDER_JS)' >> $$rep/.render-check.html; \
+	  $(RENDER_CHROMIUM) --dump-dom "file://$$rep/.render-check.html" \
+	    > $$work/$$name.dom.html 2> $$work/$$name.chromium.log || true; \
+	  rm -f $$rep/.render-check.html; \
+	  got=$$(grep -o 'data-images="[^"]*"' $$work/$$name.dom.html || true); \
+	  [ "$$got" = "data-images=\"$$n loaded $$n\"" ] || { echo "check-report-render: FAILED for $$rep/index.html: $${got:-no result from Chromium (see $$work/$$name.chromium.log)}" >&2; return 1; }; \
+	  $(RENDER_CHROMIUM) --window-size=$(RENDER_SIZE) --screenshot=$$work/$$name.png \
+	    "file://$$rep/index.html" >> $$work/$$name.chromium.log 2>&1 || true; \
+	  [ -s $$work/$$name.png ] || { echo "check-report-render: no screenshot of $$rep/index.html (see $$work/$$name.chromium.log)" >&2; return 1; }; \
+	  echo "check-report-render: $$name: all $$n images of $$rep/index.html loaded; screenshot $$work/$$name.png"; \
+	}; \
+	report() { \
+	  name=$$1; want=$$2; shift 2; rc=0; \
+	  $$k report "$$@" -o $$work/$$name >/dev/null || rc=$$?; \
+	  [ $$rc -eq $$want ] || { echo "check-report-render: kvdiff report for $$name exited $$rc, expected $$want" >&2; return 1; }; \
+	  look $$work/$$name $$name; \
+	}; \
+	if [ -n "$(RENDER_REPORT)" ]; then look "$(RENDER_REPORT)" report; exit 0; fi; \
+	[ -x "$$llama" ] || { echo "check-report-render: no llama.cpp recorder at $$llama (make recorders, or name one with RENDER_LLAMA=)" >&2; exit 1; }; \
+	llama_run() { src=$$1; out=$$2; shift 2; \
+	  $$llama $$work/m.gguf --hf $$work/hf --prompt-from $$work/$$src --ignore-eos --threads 2 --dump $$work/$$out "$$@" >/dev/null; }; \
+	$$k gen --preset tiny-gemma3 -o $$work/hf --gguf $$work/m.gguf >/dev/null; \
+	$$k run --model $$work/hf --prompt-random 100 --seed 3 --max-new 16 --ignore-eos --dump $$work/ref.h5 >/dev/null; \
+	$$k run --model $$work/hf --prompt-random 2000 --seed 3 --max-new 4 --ignore-eos --dump $$work/ref2k.h5 >/dev/null; \
+	llama_run ref.h5 llama.h5 --max-new 16; \
+	llama_run ref.h5 llama-bug.h5 --max-new 16 --ubatch 32 --fault isolate-ubatch; \
+	llama_run ref2k.h5 llama2k.h5 --max-new 4; \
+	$$k run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --dump $$work/a.h5 >/dev/null; \
+	$$k run --model tiny-gemma3 --prompt-random 40 --seed 1 --max-new 8 --engine chunked --chunk 5 --inject window=4 --dump $$work/b.h5 >/dev/null; \
+	report xrt-ok 0 $$work/ref.h5 $$work/llama.h5; \
+	report xrt-bug 1 $$work/ref.h5 $$work/llama-bug.h5; \
+	report exact-bug 1 $$work/a.h5 $$work/b.h5; \
+	report xrt-2k 0 $$work/ref2k.h5 $$work/llama2k.h5
 
 # Kernel throughput (printed), what f32 activations cost a bf16 prefill
 # against a bf16-activation prototype (bench/bench_bf16_act.c), then engine prefill/decode speed (printed and

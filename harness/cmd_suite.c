@@ -221,6 +221,9 @@ static int work_folder(const char *keep, char *dir, size_t n, bool *fresh, bool 
     if (keep) {
         if ((size_t)snprintf(dir, n, "%s", keep) >= n)
             return kv_errf(e, "--keep %s: path too long", keep);
+        /* work/ and work name one folder; case folders are DIR/CASE */
+        for (size_t len = strlen(dir); len > 1 && dir[len - 1] == '/';)
+            dir[--len] = 0;
         if (outfile_user_dir(keep, made, e) < 0)
             return kv_err_prefix(e, "--keep");
         return 0;
