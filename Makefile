@@ -27,7 +27,7 @@ CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_OBJ := $(TEST_SRC:%.c=$(BUILD)/%.o)
 LIB      := $(BUILD)/libkvdiff.a
 
-.PHONY: all test demo check-asan check-report-render bench bench-side bench-real bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata install uninstall
+.PHONY: all test check-layers demo check-asan check-report-render bench bench-side bench-real bench-diag fuzz clean deps recorders llama-fetch llama-cpp tokdata install uninstall
 all: kvdiff
 
 deps:
@@ -170,9 +170,15 @@ PYTHON ?= $(if $(wildcard /usr/bin/python3),/usr/bin/python3,python3)
 # deps first (a no-op once installed), so it works on a fresh machine too.
 test: deps tokdata
 	@$(MAKE) -s kvdiff $(BUILD)/check_kvdiff $(LLAMA_FORWARD) recorders
+	@$(PYTHON) scripts/check-layers $(BUILD)
 	@KVDIFF_BIN=$(abspath $(BUILD)/kvdiff) KVDIFF_LLAMA_BIN=$(abspath $(BUILD)/kvdiff-llama) \
 	  LLAMA_FORWARD_BIN=$(abspath $(LLAMA_FORWARD)) KVDIFF_PYTHON=$(PYTHON) \
 	  ./$(BUILD)/check_kvdiff
+
+# No call loop between source files, no folder calling one not below it
+# (scripts/check-layers); make test runs it first.
+check-layers: $(BUILD)/kvdiff
+	@$(PYTHON) scripts/check-layers $(BUILD)
 
 demo: deps
 	@$(MAKE) -s kvdiff

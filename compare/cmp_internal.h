@@ -67,6 +67,9 @@ int cmp_read_row(const cmp_source *s, int layer, kv_stage st, int64_t pos, int c
 int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int64_t *lo,
                     int64_t *hi);
 
+/* Column, head and dim of d's element col, by its stage's layout. */
+void cmp_set_element(cmp_divergence *d, const kv_config *c, int col);
+
 /* Settings of a source: an integer / string key of its settings JSON. */
 long cmp_settings_int(const cmp_source *s, const char *key, long dflt);
 bool cmp_settings_is(const cmp_source *s, const char *key, const char *value);
@@ -390,15 +393,9 @@ bool cmp_xrt_wanted(const cmp_source *ref, const cmp_source *test, const cmp_opt
  * 0, or -1 with e filled. */
 int cmp_xrt_walk(cmp_ctx *c, kv_err *e);
 
-/* The drift model's floor at the attention output: what the test's own
- * attention kernel and KV cache type alone may leave. */
-double cmp_xrt_attn_floor(const cmp_xrt *m);
-
 /* The drift model's allowance at every stage for the test's activation
  * precision: compute_factor x its unit roundoff. */
 double cmp_xrt_compute_term(const cmp_xrt *m);
 
-/* Column, head and dim of d's element col, by its stage's layout. */
-void cmp_set_element(cmp_divergence *d, const kv_config *c, int col);
 
 #endif

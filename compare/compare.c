@@ -1098,28 +1098,6 @@ static void merge_block(walker *w, int64_t b0, int64_t b1, const first_bad *f)
         }
 }
 
-void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
-{
-    const int D = config_layer_head_dim(c, d->layer);
-    d->col = col;
-    d->head = d->dim = -1;
-    switch (d->stage) {
-    case STAGE_Q:
-    case STAGE_ATTN_OUT:
-    case STAGE_K:
-    case STAGE_V:
-        d->head = col / D;
-        d->dim = col % D;
-        break;
-    case STAGE_ATTN_LSE:
-    case STAGE_ATTN_NKEYS:
-        d->head = col;
-        break;
-    default:
-        break;
-    }
-}
-
 /* Fills d from the divergent row (read again: buffers were reused). */
 static int fill_divergence(walker *w, const first_bad *f, int64_t b0, cmp_divergence *d,
                            kv_err *e)

@@ -557,6 +557,10 @@ typedef struct {
     bool compute_stated;
     char compute_assumed_why[96];
     double floor_base, kv_factor, gain, history;
+    /* The floor at attention outputs: what the test's attention kernel and
+     * KV cache type alone may leave (the diagnosis's tolerance there when
+     * the attention check did not run). */
+    double attn_floor;
     bool step;                   /* a row above its threshold: the bug, at `first` */
     bool output_drift;           /* /output differs (within drift, unless the step
                                   * is there): the verdict is then no "identical" */

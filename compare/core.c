@@ -151,6 +151,28 @@ int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int
     return 0;
 }
 
+void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
+{
+    const int D = config_layer_head_dim(c, d->layer);
+    d->col = col;
+    d->head = d->dim = -1;
+    switch (d->stage) {
+    case STAGE_Q:
+    case STAGE_ATTN_OUT:
+    case STAGE_K:
+    case STAGE_V:
+        d->head = col / D;
+        d->dim = col % D;
+        break;
+    case STAGE_ATTN_LSE:
+    case STAGE_ATTN_NKEYS:
+        d->head = col;
+        break;
+    default:
+        break;
+    }
+}
+
 static json_t *settings_of(const cmp_source *s)
 {
     if (!s->settings_json)

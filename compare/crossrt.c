@@ -315,11 +315,6 @@ static double floor_of(const cmp_xrt *m, bool kv_rounds, double acc_gap)
     return base + (acc > kv ? acc : kv);
 }
 
-double cmp_xrt_attn_floor(const cmp_xrt *m)
-{
-    return floor_of(m, true, 0);
-}
-
 static bool after_attention(kv_stage st)
 {
     return st >= STAGE_ATTN_OUT && st < STAGE_LAYER_COUNT;
@@ -698,6 +693,7 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     compute_precision(c->test, m);
     if (m->compute_stated && m->compute_eps > 0x1p-20)
         m->gain = m->history = XRT_COARSE_GAIN;
+    m->attn_floor = floor_of(m, true, 0);
     r->compared.walked_to = -1;
     xrt_walk x = {.c = c, .n = r->n_stages, .base = r->compared.pos_lo};
     x.P = r->compared.pos_hi - r->compared.pos_lo + 1;

@@ -8,7 +8,7 @@
 
 #include "cli.h"
 #include "progress.h"
-#include "../chunked/engines.h"
+#include "engines.h"
 #include "../compare/compare.h"
 #include "../dump/dump.h"
 #include "../model/generate.h"
@@ -71,7 +71,7 @@ void run_opts_reference(const run_opts *o, run_opts *ref);
 /* Cache positions the run needs, checked against the model; -1 on error. */
 long run_context(const run_opts *o, const kv_config *c, int n_prompt, kv_err *e);
 
-/* The engine the options name, for engine_create (chunked/engines.h). */
+/* The engine the options name, for engine_create (harness/engines.h). */
 engine_spec run_engine_spec(const run_opts *o);
 
 /* The chunk the chunked engine uses for a run of ctx positions (for the

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "run.h"
-#include "../chunked/engines.h"
+#include "engines.h"
 
 volatile sig_atomic_t run_stop_signal;
 

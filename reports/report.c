@@ -19,60 +19,6 @@ void report_opts_default(report_opts *o)
     o->block_rows = 64;
 }
 
-/* ------------------------------------------------------------------ */
-/* The verdict line                                                     */
-
-static void verdict_body(const cmp_result *r, char *buf, size_t n)
-{
-    const cmp_divergence *d = &r->first;
-    if (r->verdict != CMP_DIVERGED) {
-        /* the first line of compare's own text says it all */
-        char *t = cmp_render_text(r, 0);
-        const char *s = t ? t : cmp_verdict_name(r->verdict);
-        const char *nl = strchr(s, '\n');
-        snprintf(buf, n, "%.*s", (int)(nl ? nl - s : (ptrdiff_t)strlen(s)), s);
-        free(t);
-        return;
-    }
-    if (!d->found) {
-        const cmp_tokens *t = &r->tokens;
-        if (t->kind == CMP_TOKENS_DIFFER)
-            snprintf(buf, n, "diverged: no recorded stage differs, but the tokens differ at "
-                     "position %lld", (long long)t->pos);
-        else if (t->kind == CMP_TOKENS_LENGTH)
-            snprintf(buf, n, "diverged: no recorded stage differs, but the token counts do "
-                     "(reference %lld, test %lld)", (long long)t->n_ref, (long long)t->n_test);
-        else
-            snprintf(buf, n, "diverged: no recorded stage differs (see below)");
-        return;
-    }
-    char where[64];
-    if (d->layer >= 0)
-        snprintf(where, sizeof where, "layer %d", d->layer);
-    else
-        snprintf(where, sizeof where, "model level");
-    /* the diagnosis in words; its id (cmp_diag_name) is for JSON */
-    snprintf(buf, n, "diverged: first divergence at position %lld, %s, stage %s (%s)",
-             (long long)d->pos, where, stage_name(d->stage),
-             r->diag.summary[0] ? r->diag.summary : "no diagnosis");
-}
-
-void report_verdict_line(const cmp_result *r, char *buf, size_t n)
-{
-    if (!r->swapped[0]) {
-        verdict_body(r, buf, n);
-        return;
-    }
-    /* said before the verdict, which reads the other way round */
-    char body[1024];
-    verdict_body(r, body, sizeof body);
-    snprintf(buf, n, "arguments look swapped (%s; the reference goes first): %s", r->swapped,
-             body);
-}
-
-/* ------------------------------------------------------------------ */
-/* The folder                                                           */
-
 /* Every name the report writes, checked before anything is written: a
  * link, a device or one of the run's inputs (a noise floor kept in the
  * report folder) at any of them stops the report whole (outfile.h). */
@@ -209,12 +155,4 @@ int report_write(const char *outdir, const cmp_result *r, const cmp_source *ref,
     }
     free(c.text);
     return rc;
-}
-
-void rep_margin(FILE *f, double m)
-{
-    if (isfinite(m))
-        fprintf(f, "%.3g", m);
-    else
-        fputs("n/a", f);
 }

@@ -100,6 +100,12 @@ START_TEST(test_verdict_line_says_so)
     char want[512];
     snprintf(want, sizeof want, "arguments look swapped (%s; the reference goes first): ", why);
     ck_assert_msg(!strncmp(out, want, strlen(want)), "%s", out);
+    /* then the verdict itself, said once */
+    const char *verdict = out + strlen(want);
+    ck_assert_msg(!strncmp(verdict, "diverged: first divergence at position 4", 40) ||
+                  !strncmp(verdict, "identical", 9) || !strncmp(verdict, "no bug", 6),
+                  "%s", out);
+    ck_assert_msg(!strstr(out, "SWAPPED?"), "%s", out);
     ck_assert_msg(!strchr(out, '\n') || !strchr(out, '\n')[1], "one line: %s", out);
 }
 END_TEST

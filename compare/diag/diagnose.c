@@ -415,7 +415,7 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     c->attn_checked = r->xrt.on && !r->xrt.audit_skip[0] && r->xrt.audit_layers > 0;
     c->rms_weight = c->attn_checked ? r->xrt.audit_rms_weight : 0;
     if (r->xrt.on) {
-        c->attn_tol = c->attn_checked ? r->xrt.audit_threshold : cmp_xrt_attn_floor(&r->xrt);
+        c->attn_tol = c->attn_checked ? r->xrt.audit_threshold : r->xrt.attn_floor;
         c->row_tol = r->xrt.step_threshold > 0 ? r->xrt.step_threshold : c->attn_tol;
         /* A step by its structure is under the size threshold: a cause
          * reproduces the test when what it leaves is drift by its size. */

@@ -6,7 +6,7 @@
 #ifndef KV_ENGINES_H
 #define KV_ENGINES_H
 
-#include "chunked.h"
+#include "../chunked/chunked.h"
 
 typedef struct {
     const char *name;       /* "reference" or "chunked" */
