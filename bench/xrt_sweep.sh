@@ -63,7 +63,11 @@ gguf_edit() { python3 "$SRC/bench/gguf_edit.py" "$@" || exit 2; }
 run_cell() { # TAG GGUF HF REF THREADS KV FA UB EXTRA...
   tag=$1 g=$2 hf=$3 ref=$4 t=$5 kv=$6 fa=$7 ub=$8; shift 8
   rm -f s.h5
-  if ! $L "$g" --hf "$hf" --prompt-from "$ref" --max-new 4 --ignore-eos --threads "$t" \
+  # HF "-": no --hf (a GGUF whose sharing count config.json contradicts);
+  # MAXNEW: the new tokens (default 4; 0 records the prefill alone)
+  # shellcheck disable=SC2046
+  if ! $L "$g" $([ "$hf" = - ] || echo "--hf $hf") --prompt-from "$ref" \
+      --max-new "${MAXNEW:-4}" --ignore-eos --threads "$t" \
       --cache-type "$kv" --flash-attn "$fa" --ubatch "$ub" "$@" --dump s.h5 \
       </dev/null >rec.log 2>&1; then
     echo "$tag not-run: $(tr '\n' ' ' < rec.log | head -c 120)" | tee -a results.txt; return; fi
@@ -152,6 +156,18 @@ if [ "$BUGS" = 1 ]; then
       done; done; done
     done
   done
+  # --- KV sharing wired otherwise (tiny-gemma4, shared_kv_layers 8
+  # where the config says 4: layers 4..7 on layers 2 and 3's caches), named
+  # from the prefill rows alone (MAXNEW=0) as with decode steps ---
+  for n in $N_LIST; do
+    prepare tiny-gemma4 "$n"
+    gguf_edit meta tiny-gemma4.gguf g4-share8.gguf gemma4.attention.shared_kv_layers 8
+    for mn in 0 4; do for kv in f32 f16; do for ub in 7 $((n + 4)); do
+      MAXNEW=$mn run_cell "bug g4-share8 n=$n max-new=$mn t=1 kv=$kv fa=off ub=$ub \
+want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" off "$ub"
+    done; done; done
+  done
+  # --- end of the KV sharing block ---
 fi
 
 # The counts.

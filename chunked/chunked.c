@@ -308,6 +308,12 @@ static void build_mask(chk_engine *c, int layer, const cand_list *cl, int64_t s,
                 ok = ok && p > i - w;
             if (iso)
                 ok = ok && p >= s;
+            if (c->o.inj.on[INJ_DROP_KEY] && p == c->o.inj.drop_key && i > p &&
+                (c->o.inj.drop_layer < 0 || c->o.inj.drop_layer == layer))
+                ok = false;
+            if (c->o.inj.on[INJ_OWN_KEY_MASKED] && p == i && i >= c->o.inj.own_from &&
+                (c->o.inj.own_layer < 0 || c->o.inj.own_layer == layer))
+                ok = false;
             if (part < 0)
                 ok = ok && p < s;
             else if (part > 0)

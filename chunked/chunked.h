@@ -51,6 +51,8 @@ typedef enum {
     INJ_ROPE_OFFSET,
     INJ_RING_NO_WRAP,
     INJ_SPLIT_DECODE_BLIND,
+    INJ_DROP_KEY,
+    INJ_OWN_KEY_MASKED,
     INJ_COUNT
 } chk_injection;
 
@@ -58,6 +60,10 @@ typedef struct {
     bool on[INJ_COUNT];
     int window;         /* window=N */
     int rope_offset;    /* rope-offset=N */
+    int drop_key;       /* drop-key=K[@L]: key K, read by no query after it */
+    int drop_layer;     /*   ... on layer L alone (-1: every layer) */
+    int own_from;       /* own-key-masked=F[@L]: queries from F on skip their own key */
+    int own_layer;      /*   ... on layer L alone (-1: every layer) */
 } chk_injections;
 
 typedef struct {

@@ -35,6 +35,11 @@ static const inj_info catalogue[INJ_COUNT] = {
         "ring cache: writes stop once the ring is full instead of overwriting the oldest slot"},
     [INJ_SPLIT_DECODE_BLIND] = {"split-decode-blind", false,
         "split cache: decode steps attend only to the decode cache, never to the prefill cache"},
+    [INJ_DROP_KEY] = {"drop-key", true,
+        "drop-key=K[@L]: key K is read by no later query (on layer L alone with @L)"},
+    [INJ_OWN_KEY_MASKED] = {"own-key-masked", true,
+        "own-key-masked=F[@L]: queries from position F on skip their own key, a strict mask "
+        "(on layer L alone with @L)"},
 };
 
 const char *chk_injection_name(chk_injection i)
@@ -58,6 +63,24 @@ static int parse_count(const char *name, const char *val, long lo, int *out, kv_
     return 0;
 }
 
+/* "N" or "N@L": a count >= lo, and a layer (-1 when none is given). The
+ * layer is checked against the model by chk_opts_check. */
+static int parse_at_layer(const char *name, const char *val, long lo, int *n, int *layer,
+                          kv_err *e)
+{
+    char buf[64];
+    const char *at = strchr(val, '@');
+    const size_t len = at ? (size_t)(at - val) : strlen(val);
+    if (len >= sizeof buf)
+        return kv_errf(e, "--inject %s: '%s' is not N or N@LAYER", name, val);
+    memcpy(buf, val, len);
+    buf[len] = '\0';
+    *layer = -1;
+    if (parse_count(name, buf, lo, n, e) < 0)
+        return -1;
+    return at ? parse_count(name, at + 1, 0, layer, e) : 0;
+}
+
 int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
 {
     const char *eq = strchr(spec, '=');
@@ -73,6 +96,11 @@ int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
         if (i == INJ_WINDOW && parse_count(in->name, eq + 1, 1, &inj->window, e) < 0)
             return -1;
         if (i == INJ_ROPE_OFFSET && parse_count(in->name, eq + 1, 1, &inj->rope_offset, e) < 0)
+            return -1;
+        if ((i == INJ_DROP_KEY || i == INJ_OWN_KEY_MASKED) &&
+            parse_at_layer(in->name, eq + 1, i == INJ_DROP_KEY ? 0 : 1,
+                           i == INJ_DROP_KEY ? &inj->drop_key : &inj->own_from,
+                           i == INJ_DROP_KEY ? &inj->drop_layer : &inj->own_layer, e) < 0)
             return -1;
         inj->on[i] = true;
         return 0;
@@ -94,6 +122,14 @@ void chk_injections_describe(const chk_injections *inj, char *buf, size_t n)
         else if (i == INJ_ROPE_OFFSET)
             w = snprintf(buf + len, n - len, "%srope-offset=%d", len ? "," : "",
                          inj->rope_offset);
+        else if (i == INJ_DROP_KEY || i == INJ_OWN_KEY_MASKED) {
+            const int v = i == INJ_DROP_KEY ? inj->drop_key : inj->own_from;
+            const int l = i == INJ_DROP_KEY ? inj->drop_layer : inj->own_layer;
+            w = l >= 0 ? snprintf(buf + len, n - len, "%s%s=%d@%d", len ? "," : "",
+                                  catalogue[i].name, v, l)
+                       : snprintf(buf + len, n - len, "%s%s=%d", len ? "," : "",
+                                  catalogue[i].name, v);
+        }
         else
             w = snprintf(buf + len, n - len, "%s%s", len ? "," : "", catalogue[i].name);
         if (w < 0)
@@ -160,6 +196,12 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
     if (inj->on[INJ_RING_NO_WRAP] && !has_sliding(c))
         return kv_errf(e, "--inject ring-no-wrap: the model has no sliding-window layer "
                           "(no ring buffer)");
+    if (inj->on[INJ_DROP_KEY] && inj->drop_layer >= c->n_layers)
+        return kv_errf(e, "--inject drop-key=%d@%d: the model has layers 0..%d", inj->drop_key,
+                       inj->drop_layer, c->n_layers - 1);
+    if (inj->on[INJ_OWN_KEY_MASKED] && inj->own_layer >= c->n_layers)
+        return kv_errf(e, "--inject own-key-masked=%d@%d: the model has layers 0..%d",
+                       inj->own_from, inj->own_layer, c->n_layers - 1);
     if (inj->on[INJ_ISOLATED_CHUNKS] && inj->on[INJ_ISOLATED_CHUNKS_POS])
         return kv_errf(e, "--inject isolated-chunks-pos already includes isolated-chunks");
     return 0;

@@ -130,6 +130,8 @@ static const char *const inj_diagnosis[INJ_COUNT] = {
     [INJ_ROPE_OFFSET] = "rope_offset",
     [INJ_RING_NO_WRAP] = "ring_no_wrap",
     [INJ_SPLIT_DECODE_BLIND] = "split_decode_blind",
+    [INJ_DROP_KEY] = "missing_key",
+    [INJ_OWN_KEY_MASKED] = "own_key_masked",
 };
 
 const char *suite_injection_diagnosis(int injection)

@@ -1,5 +1,5 @@
 /* check_doc_claims.c — what the help texts and docs claim, checked
- * against what the tools do (issue 38's "help and docs that are wrong"):
+ * against what the tools do (help and docs that were wrong):
  * the `run --help` example of a text prompt names a folder that has a
  * tokenizer; README.md's list of what `gen --from` exports is what it
  * exports, KV sharing included; `suite --help` says what --keep keeps;

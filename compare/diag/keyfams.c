@@ -312,9 +312,16 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
         ks_add(run, CMP_DIAG_CHUNK_ISOLATED, P, 0, SCOPE_ALL);
     if (P > 0 && p >= P && P > a->lo_ref)
         ks_add(run, CMP_DIAG_DECODE_BLIND, 0, 0, SCOPE_ALL);
-    /* From the decode path's first step, or from the start. */
+    /* From the decode path's first step, or from the start; a bug of one
+     * layer's code may begin anywhere (a special case from position p):
+     * from p too. Every layer first, then the kind, then the layer alone
+     * (merged into the wider where they predict alike). */
     const int64_t dec = P > 0 && p >= P ? P : 0;
-    ks_add_from(run, CMP_DIAG_OWN_KEY_MASKED, 0, 0, SCOPE_ALL, dec);
+    for (int s = SCOPE_ALL; s >= SCOPE_LAYER; s--) {
+        ks_add_from(run, CMP_DIAG_OWN_KEY_MASKED, 0, 0, (ks_scope)s, dec);
+        if (p > dec)
+            ks_add_from(run, CMP_DIAG_OWN_KEY_MASKED, 0, 0, (ks_scope)s, p);
+    }
     /* The causal mask missing in the prefill: chunks of the settings' size,
      * of the keys the test read at p, or the whole prompt. */
     if (P > 0 && p < P) {
@@ -386,10 +393,12 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
                                  &dup_err, e);
         if (rc < 0)
             return -1;
-        if (rc == 0 && fewer && skip >= 0 && skip < p && skip_err <= c->attn_tol)
-            ks_add_from(run, CMP_DIAG_MISSING_KEY, skip, 0, SCOPE_ALL, p);
-        if (rc == 0 && more && dup >= 0 && dup_err <= c->attn_tol)
-            ks_add_from(run, CMP_DIAG_DUP_KEY, dup, 0, SCOPE_ALL, p);
+        for (int s = SCOPE_ALL; s >= SCOPE_LAYER; s--) {
+            if (rc == 0 && fewer && skip >= 0 && skip < p && skip_err <= c->attn_tol)
+                ks_add_from(run, CMP_DIAG_MISSING_KEY, skip, 0, (ks_scope)s, p);
+            if (rc == 0 && more && dup >= 0 && dup_err <= c->attn_tol)
+                ks_add_from(run, CMP_DIAG_DUP_KEY, dup, 0, (ks_scope)s, p);
+        }
     }
     return 0;
 }
@@ -440,9 +449,10 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
 {
     const int64_t p = c->d->pos;
     const int l = c->d->layer;
-    char *s = c->g->summary, *t = c->g->detail, keys[64];
+    char *s = c->g->summary, *t = c->g->detail, keys[64], scope[64];
     const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail;
     dg_counts_phrase(c, keys, sizeof keys);
+    ks_scope_text(c, k, scope, sizeof scope);
     c->g->kind = k->kind;
     const long long pp = (long long)p, last = (long long)k->last_pos;
     switch (k->kind) {
@@ -513,12 +523,13 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
     case CMP_DIAG_MISSING_KEY:
     case CMP_DIAG_DUP_KEY: {
         const bool miss = k->kind == CMP_DIAG_MISSING_KEY;
-        dg_say(s, ns, "attention read one key %s: the key at position %lld %s",
-               miss ? "too few" : "too many", (long long)k->n, miss
+        dg_say(s, ns, "attention read one key %s%s: the key at position %lld %s",
+               miss ? "too few" : "too many", scope, (long long)k->n, miss
                ? "is not read (removed from the cache, or masked out)"
                : "is read twice (written to the cache twice, or a stray cell of the sequence)");
-        dg_say(t, nd, "(%s at position %lld; the config's key set is %lld..%lld)", keys, pp,
-               (long long)a->lo_ref, pp);
+        dg_say(t, nd, "(%s at position %lld; the config's key set is %lld..%lld%s)", keys, pp,
+               (long long)a->lo_ref, pp, scope[0] ? "; the layers left out read it as the "
+               "config says: the bug lives in the code of the layers named" : "");
         break;
     }
     case CMP_DIAG_FUTURE_KEYS:
@@ -529,9 +540,15 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
         dg_say(t, nd, "(%s at position %lld)", keys, pp);
         break;
     case CMP_DIAG_OWN_KEY_MASKED:
-        dg_say(s, ns, "the query's own key is masked out: position q reads keys up to q - 1 "
-               "(a strict mask, j < q, where j <= q is due)");
-        dg_say(t, nd, "(%s at position %lld)", keys, pp);
+        dg_say(s, ns, "the query's own key is masked out%s: position q reads keys up to q - 1 "
+               "(a strict mask, j < q, where j <= q is due)", scope);
+        if (k->from > 0)
+            dg_say(t, nd, "(%s at position %lld; from position %lld on%s)", keys, pp,
+                   (long long)k->from, scope[0] ? ", the layers left out reading their own key "
+                   "as the config says" : "");
+        else
+            dg_say(t, nd, "(%s at position %lld%s)", keys, pp, scope[0] ? "; the layers left "
+                   "out read their own key as the config says" : "");
         break;
     case CMP_DIAG_DECODE_STUCK:
         dg_say(s, ns, "decode write index stuck at slot %lld: every decode step overwrites it",
@@ -564,6 +581,39 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
     default:
         break;
     }
+}
+
+/* Whether the model has layers of another window kind than layer L's. */
+static bool other_kind(const kv_config *cfg, int L)
+{
+    for (int i = 0; i < cfg->n_layers; i++)
+        if ((config_layer_window(cfg, i) > 0) != (config_layer_window(cfg, L) > 0))
+            return true;
+    return false;
+}
+
+/* How many layers have layer L's window. */
+static int same_kind(const kv_config *cfg, int L)
+{
+    int n = 0;
+    for (int i = 0; i < cfg->n_layers; i++)
+        n += config_layer_window(cfg, i) == config_layer_window(cfg, L);
+    return n;
+}
+
+void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
+{
+    const int l = c->d->layer;
+    buf[0] = '\0';
+    if (k->kind != CMP_DIAG_MISSING_KEY && k->kind != CMP_DIAG_DUP_KEY &&
+        k->kind != CMP_DIAG_OWN_KEY_MASKED)
+        return;   /* windows and layer types say their scope their own way */
+    if ((k->scope == SCOPE_LAYER && c->cfg->n_layers > 1) ||
+        (k->scope == SCOPE_KIND && other_kind(c->cfg, l) && same_kind(c->cfg, l) == 1))
+        dg_say(buf, n, " on layer %d only", l);
+    else if (k->scope == SCOPE_KIND && other_kind(c->cfg, l))
+        dg_say(buf, n, " on the %s layers only",
+               config_layer_window(c->cfg, l) > 0 ? "sliding" : "global");
 }
 
 /* The parameter that tells apart candidates of one kind, in words. */
@@ -602,4 +652,8 @@ void ks_param_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
     }
     if (k->from > 0 && k->kind != CMP_DIAG_DECODE_BLIND && k->kind != CMP_DIAG_DECODE_STUCK)
         dg_append(buf, n, ", from position %lld", (long long)k->from);
+    char scope[64];
+    ks_scope_text(c, k, scope, sizeof scope);
+    if (scope[0])
+        dg_append(buf, n, ",%s", scope);
 }

@@ -17,7 +17,13 @@
  * fits; where none fits nothing is dropped (something else happens
  * there). One survivor that fit every place tried, every rival having
  * failed somewhere, is "verified"; several survivors are named side by
- * side with the data that would separate them. */
+ * side with the data that would separate them. A cause that may live in
+ * one layer's code (one key left out or read twice, the own key masked)
+ * is proposed on every layer, on l's kind and on l alone: a narrower
+ * scope predicts the config's keys on the layers it leaves out, so those
+ * layers decide between the scopes, and one that no place tells from the
+ * wider is folded into it (named without a scope, the evidence saying
+ * which stays open). */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -197,6 +203,26 @@ static int score_place(cmp_ctx *c, dg_case *a, ks_run *run, int layer, int64_t q
         if (run->none_fit++ == 0) {
             run->none_pos = q;
             run->none_layer = layer;
+        }
+        /* A narrower scope says the layers it leaves out read the config's
+         * keys (the text says so): a place on such a layer where they do
+         * not fit refutes its scope (the bug is not of that layer or kind
+         * alone), where a wide cause only counts the miss. */
+        const int W_here = config_layer_window(c->cfg, layer);
+        for (int i = 0; i < run->n; i++) {
+            ks_cand *k = &run->k[i];
+            const bool outside = (k->scope == SCOPE_LAYER && layer != c->d->layer) ||
+                                 (k->scope == SCOPE_KIND && W_here != a->W);
+            if (!has[i] || !outside ||
+                (k->kind != CMP_DIAG_MISSING_KEY && k->kind != CMP_DIAG_DUP_KEY &&
+                 k->kind != CMP_DIAG_OWN_KEY_MASKED))
+                continue;
+            k->alive = false;
+            k->fail_layer = layer;
+            k->fail_pos = q;
+            k->fail_err = err[i];
+            k->fail_n = cmp_hyp_nkeys(&pred[i]);
+            k->fail_test_n = test_n[i];
         }
         for (int i = 0; i < run->n; i++) {
             if (has[i] && layer != c->d->layer)
@@ -534,6 +560,34 @@ static void merge_equivalent(const cmp_ctx *c, const dg_case *a, ks_run *run)
         }
 }
 
+/* A narrower scope still alive beside a wider one of the same cause (the
+ * same key, from the same position) was told apart from it nowhere: the
+ * places that would (the layers it leaves out) fit both alike, or were
+ * not recorded. The wider one is named, without claiming any scope; the
+ * evidence says which narrower one the data leaves open. A narrower
+ * scope is named only where those layers refuted the wider one. */
+static void fold_open_scopes(const cmp_ctx *c, ks_run *run)
+{
+    for (int i = 0; i < run->n; i++)
+        for (int j = 0; j < run->n; j++) {
+            ks_cand *w = &run->k[i], *k = &run->k[j];
+            if (i == j || !w->alive || !k->alive || w->kind != k->kind || w->n != k->n ||
+                w->variant != k->variant || w->from != k->from || w->scope <= k->scope)
+                continue;
+            k->alive = false;
+            k->merged = true;
+            char scope[64], wide[64];
+            ks_scope_text(c, k, scope, sizeof scope);
+            ks_scope_text(c, w, wide, sizeof wide);
+            char *only = strstr(wide, " only");
+            if (only)
+                *only = '\0';   /* "on the sliding layers", of them all */
+            if (scope[0] && (!run->scope_open[0] || k->scope == SCOPE_LAYER))
+                dg_say(run->scope_open, sizeof run->scope_open, "%s or %s",
+                       wide[0] ? wide + 1 : "on every layer", scope + 1);
+        }
+}
+
 /* ------------------------------------------------------------------ */
 /* The rule                                                             */
 
@@ -573,8 +627,10 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
             if (!k->alive)
                 continue;
             last = k->last_pos > last ? k->last_pos : last;
-            dg_append(s, ns, "%s%s", shown == 0 ? (alive == 2 ? "either " : "one of ")
-                      : shown == alive - 1 ? " or " : ", ", ks_phrase(k->kind));
+            char scope[64];
+            ks_scope_text(c, k, scope, sizeof scope);
+            dg_append(s, ns, "%s%s%s", shown == 0 ? (alive == 2 ? "either " : "one of ")
+                      : shown == alive - 1 ? " or " : ", ", ks_phrase(k->kind), scope);
             if (run->counts_only)
                 dg_append(v, nv, "%s %s", shown ? ";" : "", k->what);
             else
@@ -646,6 +702,9 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
     else if (k->misses_other > 0)
         dg_append(v, nv, "; at %d place%s of other layers nothing tried fits (their keys are "
                   "not all in the recordings)", k->misses_other, k->misses_other == 1 ? "" : "s");
+    if (run->scope_open[0])
+        dg_append(v, nv, "; whether it acts %s, no place tried tells (the layers that would "
+                  "fit both alike or were not recorded)", run->scope_open);
     rivals_text(c, run, v, nv);
     if (c->r->xrt.on)
         dg_append(v, nv, "; errors up to %.2g count as reproducing: %s (KV cache %s)",
@@ -785,6 +844,8 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
         merge_equivalent(c, a, run);
     if (rc == 0 && fit > 0 && alive_count(run) > 1)
         rc = separate_more(c, a, run, sep, sizeof sep, e);
+    if (rc == 0 && fit > 0)
+        fold_open_scopes(c, run);
     if (rc == 0 && fit > 0 && alive_count(run) > 0) {
         rc = verdict(c, a, run, cfg_err, sep, e);
         free(run);
@@ -809,7 +870,8 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
     if (trusted)
         dg_say(c->g->evidence, sizeof c->g->evidence, "none of the key sets tried (windows, "
                "layer types, chunks, decode blind to the prefill, one key left out or read "
-               "twice, the own key masked, the causal mask missing, unwritten slots, a stuck "
+               "twice and the own key masked (each on every layer, its kind or this layer "
+               "alone), the causal mask missing, unwritten slots, a stuck "
                "write index, a ring, a stale cache) reproduces the test's %s",
                dg_recorded_attn(c));
     else

@@ -7,13 +7,18 @@
 
 #include "diag.h"
 
-#define KS_MAX 24                /* candidates at once */
+#define KS_MAX 40                /* candidates at once */
 #define KS_NEAR 8                /* positions after p tried one by one */
 #define KS_LAYERS 5              /* layers scored: l, the next of its kind, one of each other */
 #define KS_ALL INT64_MAX         /* a window of every key */
 
 /* Layers a candidate changes: the divergent one, every layer of its
- * window kind (every sliding layer, or every global one), every layer. */
+ * window kind (every sliding layer, or every global one), every layer.
+ * The families of one key (left out, read twice) and of the own key are
+ * tried in all three (a bug of one layer's code: a first-layer special
+ * case, a shared layer); a narrower scope predicts the config's keys on
+ * the layers it leaves out, so the scoring verifies it there too, and a
+ * wide cause that holds refutes it on them. */
 typedef enum { SCOPE_LAYER, SCOPE_KIND, SCOPE_ALL } ks_scope;
 
 typedef struct {
@@ -60,6 +65,8 @@ typedef struct {
     bool counts_only;            /* attention cannot be recomputed: key counts alone */
     bool used_counts;            /* some place was judged by its key count alone */
     bool trace;                  /* KVDIFF_DIAG_TRACE: every place scored, to stderr */
+    char scope_open[128];        /* a narrower scope folded into a wider one that no
+                                  * place tried tells apart: its words ("" none) */
     int nscored;                 /* places scored, so that none is scored twice */
     int scored_layer[256];
     int64_t scored_pos[256];
@@ -94,6 +101,10 @@ const char *ks_cache_named(const cmp_ctx *c);
  * those read otherwise than the config (n_other of them). */
 void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char *layers,
                       int n_other);
+/* " on layer 0 only", " on the sliding layers only", or "" (every layer,
+ * or a kind the model alone has): the scope of a one-key or own-key
+ * candidate, in words. */
+void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n);
 /* ", 7 keys on every sliding layer": what tells k from others of its kind. */
 void ks_param_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n);
 

@@ -15,7 +15,9 @@
 #define SHARE_CHECK_MAX 64   /* positions of the layer verified, at most */
 
 /* The test's attention at (layer, p) against attention recomputed from
- * q over layer owner's k, v in the reference. +inf when it cannot be. */
+ * q over layer owner's k, v in the reference. +inf when it cannot be.
+ * 0; 1 when the reference did not record those keys (a test that ran on
+ * past a prefill-only reference); -1 on error. */
 static int err_with_owner(cmp_ctx *c, kv_config *cfg, int layer, int owner, int64_t p,
                           const float *q, const float *lse_rec, const float *out_rec,
                           double *err, kv_err *e)
@@ -34,7 +36,7 @@ static int err_with_owner(cmp_ctx *c, kv_config *cfg, int layer, int owner, int6
     cfg->kv_owner[layer] = (int16_t)keep;
     free(l);
     free(o);
-    return rc < 0 ? -1 : 0;
+    return rc < 0 ? -1 : rc;
 }
 
 /* Layers at the end of c's config that read another's cache. */
@@ -56,7 +58,9 @@ static int holds_everywhere(cmp_ctx *c, kv_config *cfg, int layer, int owner, do
     *worst = 0;
     if (dg_attn_held(c, layer, &lo, &hi))
         return 1;
-    if (hi >= c->pos_limit)
+    /* pos_limit < 0: no input token differs (a prefill-only pair never
+     * has one), so every held position is the test's own. */
+    if (c->pos_limit >= 0 && hi >= c->pos_limit)
         hi = c->pos_limit - 1;
     const int64_t n = hi - lo + 1, step = n > SHARE_CHECK_MAX ? n / SHARE_CHECK_MAX + 1 : 1;
     for (int64_t p = lo; p <= hi; p += step) {
@@ -72,6 +76,8 @@ static int holds_everywhere(cmp_ctx *c, kv_config *cfg, int layer, int owner, do
         free(lse);
         if (rc < 0)
             return -1;
+        if (rc == 1)
+            continue;   /* the reference holds no keys there: nothing to check */
         if (!isfinite(err) || err > tol) {
             *worst = err;
             return 0;
@@ -100,6 +106,7 @@ int dg_rule_kv_owner(cmp_ctx *c, kv_err *e)
     double err_match = INFINITY;
     if (rc == 0 && q && (out || lse))
         rc = err_with_owner(c, &cfg, L, own, d->pos, q, lse, out, &err_own, e);
+    rc = rc > 0 ? 0 : rc;   /* unrecorded at the point: err_own stays +inf, none matches */
     /* Candidates: every layer of L's type that owns a cache, but the
      * config's own choice. */
     for (int j = 0; rc == 0 && q && (out || lse) && err_own > tol && j < cfg.n_layers; j++) {
@@ -107,7 +114,9 @@ int dg_rule_kv_owner(cmp_ctx *c, kv_err *e)
             continue;
         double err;
         rc = err_with_owner(c, &cfg, L, j, d->pos, q, lse, out, &err, e);
-        if (rc == 0 && err <= tol) {
+        if (rc == 1)
+            rc = 0;   /* err is +inf: no match */
+        else if (rc == 0 && err <= tol) {
             match[n_match++] = j;
             err_match = fmin(err_match, err);
         }
