@@ -97,6 +97,14 @@ void cmp_note(cmp_result *r, const char *fmt, ...) __attribute__((format(printf,
 /* Everything the post-walk modules need. */
 typedef struct {
     const cmp_source *ref, *test;
+    /* The test's rows as recorded. While the diagnosis reads the test
+     * through its precision model (attn_checked: q, k, v rounded as the
+     * runtime's cache holds them, for recomputing its attention), the row
+     * families compare rows with these: a runtime's q and its k, v before
+     * the cache are what it computed, and rounding them again would add
+     * the cache's rounding (0.4 % of a q8_0 block) to every fit. NULL:
+     * test. */
+    const cmp_source *test_rows;
     const cmp_opts *o;
     const kv_config *cfg;        /* the reference's */
     cmp_result *r;
@@ -355,13 +363,20 @@ typedef enum {
 
 /* A RoPE convention other than the config's for one layer: base theta,
  * scaling (type ROPE_SCALE_NONE: none), pair layout (interleaved:
- * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + D/2)) and the
- * rows' order before the rotation. */
+ * pairs (2i, 2i + 1), as GPT-J; else rotate-half (i, i + gap)), the rows'
+ * order before the rotation, and how many pairs turn. The three counts
+ * are 0 for the config's own: a partial rotation of n pairs is (pairs n,
+ * freq_dims D, gap D/2) as Gemma 4's proportional RoPE, (n, 2n, n) as a
+ * rope dimension count of 2n (GPT-NeoX's, llama.cpp's n_rot), (n, 2n,
+ * D/2) the same on rows laid out for halves. Pairs past `pairs` stay. */
 typedef struct {
     double theta;
     kv_rope_scaling scaling;
     bool interleaved;
     cmp_rope_rows rows;
+    int pairs;                   /* pairs rotated (0: the config's for the layer) */
+    int freq_dims;               /* inv_j = theta^(-2j / freq_dims) (0: the head size) */
+    int gap;                     /* rotate-half pair j is (j, j + gap) (0: D/2) */
     char what[200];              /* in words, for the evidence */
 } cmp_rope_conv;
 

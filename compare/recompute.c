@@ -515,7 +515,11 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
                          const float *ref, const float *test, int nheads)
 {
     const int D = config_layer_head_dim(cfg, layer), half = D / 2;
-    if (D < 2 || D % 2)
+    const int pairs = cv->pairs > 0 ? cv->pairs : config_layer_rope_pairs(cfg, layer);
+    const int fd = cv->freq_dims > 0 ? cv->freq_dims : D;
+    const int gap = cv->gap > 0 ? cv->gap : half;
+    if (D < 2 || D % 2 || pairs > half || fd < 2 * pairs || fd > D ||
+        (!cv->interleaved && (gap < pairs || pairs + gap > D)))
         return INFINITY;
     double *inv = malloc((size_t)half * 2 * sizeof(double));
     double *x = malloc((size_t)D * 2 * sizeof(double));
@@ -527,10 +531,10 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     double *xr = x + D;
     double *inv_cv = inv + half;
     layer_inv_freq(cfg, layer, inv);
-    kern_rope_inv_freq(cv->theta, D, inv_cv);
+    kern_rope_inv_freq(cv->theta, fd, inv_cv);
     const kv_rope_scaling *rs = &cv->scaling;
     if (rs->type != ROPE_SCALE_NONE)
-        kern_rope_scale_inv_freq(inv_cv, half, (int)rs->type, rs->factor, rs->low_freq_factor,
+        kern_rope_scale_inv_freq(inv_cv, pairs, (int)rs->type, rs->factor, rs->low_freq_factor,
                                  rs->high_freq_factor, rs->original_max_position);
     double worst = 0, test_max = 0;
     for (int h = 0; h < nheads; h++) {
@@ -552,15 +556,19 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
                 else
                     xr[hf] = x[hf];
             }
-        memcpy(x, xr, (size_t)D * sizeof(double));
-        for (int d = 0; d < half; d++) {
+        /* Rotated as the runtime does, in place; the pairs past `pairs`
+         * stay as they are. */
+        for (int d = 0; d < pairs; d++) {
             const double ang = (double)pos * inv_cv[d], cs = cos(ang), sn = sin(ang);
-            const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + half;
-            const double r0 = x[i0] * cs - x[i1] * sn, r1 = x[i1] * cs + x[i0] * sn;
-            worst = fmax(worst, fmax(fabs(r0 - y[i0]), fabs(r1 - y[i1])));
+            const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + gap;
+            const double r0 = xr[i0] * cs - xr[i1] * sn, r1 = xr[i1] * cs + xr[i0] * sn;
+            xr[i0] = r0;
+            xr[i1] = r1;
         }
-        for (int d = 0; d < D; d++)
+        for (int d = 0; d < D; d++) {
+            worst = fmax(worst, fabs(xr[d] - y[d]));
             test_max = fmax(test_max, fabs((double)y[d]));
+        }
     }
     free(inv);
     free(x);

@@ -61,6 +61,11 @@ float *dg_row(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st, i
     return row;
 }
 
+const cmp_source *dg_test_rows(const cmp_ctx *c)
+{
+    return c->test_rows ? c->test_rows : c->test;
+}
+
 int dg_attn_held(const cmp_ctx *c, int layer, int64_t *lo, int64_t *hi)
 {
     const int H = c->cfg->n_heads;
@@ -239,7 +244,7 @@ int dg_row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float 
 {
     int rc = 0;
     *a = dg_row(c, c->ref, layer, st, p, &rc, e);
-    *b = dg_row(c, c->test, layer, st, p, &rc, e);
+    *b = dg_row(c, dg_test_rows(c), layer, st, p, &rc, e);
     if (*a && *b)
         return 0;
     free(*a);

@@ -25,6 +25,9 @@ bool dg_is_attn_stage(kv_stage s);
  * error). */
 float *dg_row(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st, int64_t pos,
               int *rc, kv_err *e);
+/* The test's rows as recorded (cmp_ctx.test_rows), for the families that
+ * compare rows rather than recompute attention. */
+const cmp_source *dg_test_rows(const cmp_ctx *c);
 
 /* The positions lo..hi of layer's attention rows the test holds (its
  * attn_out, else attn_lse, else its key counts): 0, or 1 when none. */

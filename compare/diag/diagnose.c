@@ -427,6 +427,7 @@ int cmp_diagnose(cmp_ctx *c, kv_err *e)
     cmp_source modelled;
     void *handle = NULL;
     const cmp_source *test = c->test;
+    c->test_rows = test;
     if (c->attn_checked) {
         handle = cmp_xrt_modelled_source(c->test, &r->xrt, &modelled);
         if (!handle)

@@ -391,7 +391,7 @@ int dg_rule_stated_precision(cmp_ctx *c, kv_err *e, bool exact)
         return 0;
     int rc = 0;
     const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
-    float *t = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    float *t = dg_row(c, dg_test_rows(c), d->layer, d->stage, d->pos, &rc, e);
     float *r = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
     const char *seen = NULL;
     if (exact && t && r && n > 0) {

@@ -4,6 +4,7 @@
  * whole (attn_scale). Each transforms the reference's row and must
  * reproduce the test's at p and at the last compared position. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,25 +37,55 @@ static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
 
 #define MAX_CONVS 24
 
+/* Adds the convention proto (its words from fmt) to cv[0..n), unless one
+ * equal to it is there already; returns the new count. */
+static int add_conv_v(cmp_rope_conv *cv, int n, const cmp_rope_conv *proto, const char *fmt,
+                      va_list ap)
+{
+    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
+        if (cv[i].theta == proto->theta && cv[i].interleaved == proto->interleaved &&
+            cv[i].rows == proto->rows && !memcmp(&cv[i].scaling, &proto->scaling,
+                                                 sizeof proto->scaling) &&
+            cv[i].pairs == proto->pairs && cv[i].freq_dims == proto->freq_dims &&
+            cv[i].gap == proto->gap)
+            return n;
+    if (n >= MAX_CONVS || !(proto->theta > 0))
+        return n;
+    cv[n] = *proto;
+    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
+    return n + 1;
+}
+
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
                     bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
 static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
                     bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
 {
-    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
-        if (cv[i].theta == theta && cv[i].interleaved == interleaved && cv[i].rows == rows &&
-            !memcmp(&cv[i].scaling, sc, sizeof *sc))
-            return n;
-    if (n >= MAX_CONVS || !(theta > 0))
-        return n;
-    cv[n] = (cmp_rope_conv){.theta = theta, .scaling = *sc, .interleaved = interleaved,
-                            .rows = rows};
+    const cmp_rope_conv p = {.theta = theta, .scaling = *sc, .interleaved = interleaved,
+                             .rows = rows};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
+    n = add_conv_v(cv, n, &p, fmt, ap);
     va_end(ap);
-    return n + 1;
+    return n;
+}
+
+/* The same with `pairs` of the head rotated (frequencies theta^(-2j/fd),
+ * pairs (j, j + gap)). */
+static int add_partial(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                       int pairs, int fd, int gap, const char *fmt, ...)
+    __attribute__((format(printf, 8, 9)));
+static int add_partial(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
+                       int pairs, int fd, int gap, const char *fmt, ...)
+{
+    const cmp_rope_conv p = {.theta = theta, .scaling = *sc, .rows = CMP_ROWS_SAME,
+                             .pairs = pairs, .freq_dims = fd, .gap = gap};
+    va_list ap;
+    va_start(ap, fmt);
+    n = add_conv_v(cv, n, &p, fmt, ap);
+    va_end(ap);
+    return n;
 }
 
 /* Linear factors a wrong or stray scaling setting often has. */
@@ -85,6 +116,19 @@ static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
         n = add_conv(cv, n, cfg->rope_theta, own, false, CMP_ROWS_SAME, "theta %g, the global "
                      "layers' base, on a sliding layer; the config says %g", cfg->rope_theta,
                      theta);
+    /* Gemma 4: a sliding layer rotated as a full one (the global base on
+     * the full layers' share of its pairs, at their frequencies). */
+    if (two_bases && sliding && cfg->rope_partial_full > 0 && n < MAX_CONVS) {
+        const int D = config_layer_head_dim(cfg, layer);
+        const int k = (int)(cfg->rope_partial_full * D / 2);
+        if (k >= 1 && k < D / 2) {
+            n = add_partial(cv, n, cfg->rope_theta, gs, k, D, D / 2, "theta %g, the global "
+                            "layers' base, on a sliding layer, rotating %d of its %d pairs as "
+                            "the full layers' partial factor %g does; the config says theta %g "
+                            "on every pair", cfg->rope_theta, k, D / 2, cfg->rope_partial_full,
+                            theta);
+        }
+    }
     if (two_bases && !sliding)
         n = add_conv(cv, n, cfg->rope_local_theta, own, false, CMP_ROWS_SAME, "theta %g, the "
                      "sliding layers' base, on a global layer; the config says %g",
@@ -227,6 +271,213 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
            c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
 }
 
+/* ------------------------------------------------------------------ */
+/* Another number of pairs rotated                                      */
+
+/* How a runtime rotates n pairs of a D-wide head: Gemma 4's proportional
+ * RoPE (pairs (i, i + D/2) at the full head's frequencies theta^(-2i/D));
+ * a rope dimension count of 2n as GPT-NeoX and llama.cpp's n_rot rotate
+ * (the first 2n dimensions, pairs (i, i + n), frequencies theta^(-i/n));
+ * that count on rows laid out for halves (pairs (i, i + D/2), theta^(-i/n):
+ * llama.cpp's interleaved rotation of the first 2n rows, mapped back). */
+typedef enum { PART_PROPORTIONAL, PART_NEOX, PART_HALVES, PART_KINDS } part_kind;
+
+typedef struct {
+    int lo, hi, count;           /* pair counts that fit: lo..hi, how many (0 none) */
+    double err, err2;            /* at lo: the errors at p and at p2 */
+} part_fit;
+
+static cmp_rope_conv part_conv(const kv_config *cfg, int layer, part_kind k, int n)
+{
+    const int D = config_layer_head_dim(cfg, layer);
+    const bool sliding = config_layer_window(cfg, layer) > 0;
+    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
+    cmp_rope_conv cv = {.theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
+                                                                       : cfg->rope_theta,
+                        .scaling = sliding ? none : cfg->rope_scaling, .pairs = n};
+    cv.freq_dims = k == PART_PROPORTIONAL ? D : 2 * n;
+    cv.gap = k == PART_NEOX ? n : D / 2;
+    return cv;
+}
+
+/* Whether (k, n) is the config's own rotation, or another layout's n. */
+static bool part_is_own(const kv_config *cfg, int layer, part_kind k, int n)
+{
+    const int half = config_layer_head_dim(cfg, layer) / 2;
+    if (k != PART_PROPORTIONAL && n == half)
+        return true;   /* all pairs at the head's frequencies: PROPORTIONAL's */
+    return k == PART_PROPORTIONAL && n == config_layer_rope_pairs(cfg, layer);
+}
+
+/* Every pair count of every layout against the test's rows at p and at
+ * the last compared position p2 (as rope_conv_fits). Returns the layouts
+ * with a fit, -1 on error. */
+static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
+                             part_fit fits[PART_KINDS], int64_t *p2, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const int half = config_layer_head_dim(c->cfg, d->layer) / 2;
+    for (int k = 0; k < PART_KINDS; k++)
+        fits[k] = (part_fit){0};
+    /* Nothing turns at position 0; and a candidate must explain what the
+     * config's own rotation leaves, far above what it fits to (a step
+     * found by its structure, under the size threshold, is fitted by
+     * anything that barely moves the row). */
+    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    double diff = 0, bmax = 0;
+    for (int i = 0; i < n; i++) {
+        diff = fmax(diff, fabs((double)a[i] - b[i]));
+        bmax = fmax(bmax, fabs((double)b[i]));
+    }
+    const double own_err = bmax > 0 ? diff / bmax : INFINITY;
+    if (d->pos == 0 || !(own_err > c->row_tol))
+        return 0;
+    const double tol = fmin(c->row_tol, own_err / 4);
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    *p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
+        *p2 = c->pos_limit - 1;
+    float *a2 = NULL, *b2 = NULL;
+    if (*p2 > d->pos) {
+        const int rc = dg_row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
+        if (rc < 0)
+            return -1;
+        if (rc)
+            *p2 = -1;
+    } else {
+        *p2 = -1;
+    }
+    int kinds = 0;
+    for (int k = 0; k < PART_KINDS; k++) {
+        part_fit *f = &fits[k];
+        for (int np = 1; np <= half; np++) {
+            if (part_is_own(c->cfg, d->layer, (part_kind)k, np))
+                continue;
+            const cmp_rope_conv cv = part_conv(c->cfg, d->layer, (part_kind)k, np);
+            const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv, d->pos, a, b, nh);
+            if (!(err <= tol))
+                continue;
+            const double err2 = *p2 < 0 ? NAN
+                                : cmp_rope_conv_err(c->cfg, d->layer, &cv, *p2, a2, b2, nh);
+            if (*p2 >= 0 && !(err2 <= c->row_tol))
+                continue;
+            if (f->count++ == 0) {
+                f->lo = np;
+                f->err = err;
+                f->err2 = err2;
+            }
+            f->hi = np;
+        }
+        kinds += f->count > 0;
+    }
+    free(a2);
+    free(b2);
+    return kinds;
+}
+
+/* A count of pairs, or its range: "8", "20 to 32"; and the same as a
+ * partial rotary factor of the head's pairs. */
+static void part_counts(const part_fit *f, int half, bool factor, char *buf, size_t n)
+{
+    if (factor && f->lo == f->hi)
+        dg_say(buf, n, "%.3g", (double)f->lo / half);
+    else if (factor)
+        dg_say(buf, n, "%.3g to %.3g", (double)f->lo / half, (double)f->hi / half);
+    else if (f->lo == f->hi)
+        dg_say(buf, n, "%d", f->lo);
+    else
+        dg_say(buf, n, "%d to %d", f->lo, f->hi);
+}
+
+/* What a layout's fit says, short ("a rope dimension count of 16 (partial
+ * factor 0.5)") and its pairs and frequencies ("pairs (i, i + n) of the
+ * first 2n dimensions at theta^(-i/n)"). */
+static void part_phrase(const kv_config *cfg, int layer, part_kind k, const part_fit *f,
+                        char *name, size_t nn, char *how, size_t nh)
+{
+    const int D = config_layer_head_dim(cfg, layer), half = D / 2;
+    char fac[48], dims[48];
+    part_counts(f, half, true, fac, sizeof fac);
+    const part_fit twice = {.lo = 2 * f->lo, .hi = 2 * f->hi};
+    part_counts(&twice, half, false, dims, sizeof dims);
+    switch (k) {
+    case PART_PROPORTIONAL:
+        dg_say(name, nn, "a proportional partial rotary factor of %s", fac);
+        dg_say(how, nh, "pairs (i, i + %d) at the whole head's frequencies theta^(-2i/%d), "
+               "the rest unrotated, as Gemma 4's proportional RoPE (llama.cpp: rope_freqs)",
+               half, D);
+        break;
+    case PART_NEOX:
+        dg_say(name, nn, "a rope dimension count of %s of %d (partial rotary factor %s)", dims,
+               D, fac);
+        dg_say(how, nh, "pairs (i, i + n) of the first 2n dimensions at theta^(-i/n), the "
+               "rest unrotated, as a rotary dimension (llama.cpp's n_rot) below the head size "
+               "rotates");
+        break;
+    default:
+        dg_say(name, nn, "a rope dimension count of %s of %d on rows laid out for halves", dims,
+               D);
+        dg_say(how, nh, "pairs (i, i + %d) for i < n at theta^(-i/n): the first 2n rows of an "
+               "interleaved runtime rotated, mapped back to halves", half);
+        break;
+    }
+}
+
+static void rope_partial_text(cmp_ctx *c, const part_fit fits[PART_KINDS], int kinds,
+                              int64_t p2)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    cmp_diagnosis *g = c->g;
+    const char *what = d->stage == STAGE_Q ? "queries" : "keys";
+    const int own = config_layer_rope_pairs(cfg, d->layer);
+    const int half = config_layer_head_dim(cfg, d->layer) / 2;
+    g->kind = CMP_DIAG_ROPE_CONVENTION;
+    g->basis = CMP_BASIS_RECOMPUTED;
+    const part_fit *first = NULL;
+    int shown = 0;
+    char name[128], how[256];
+    for (int k = 0; k < PART_KINDS; k++) {
+        if (!fits[k].count)
+            continue;
+        part_phrase(cfg, d->layer, (part_kind)k, &fits[k], name, sizeof name, how, sizeof how);
+        if (!first) {
+            first = &fits[k];
+            char cnt[48];
+            part_counts(first, half, false, cnt, sizeof cnt);
+            if (kinds == 1) {
+                dg_say(g->summary, sizeof g->summary, "RoPE turns %s of the %d pairs of each "
+                       "head where the config turns %d: %s", cnt, half, own, name);
+                dg_say(g->detail, sizeof g->detail, "(the test's %s: %s; position %lld is the "
+                       "first rotated; per-head norms equal within %s%s)", what, how,
+                       (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5",
+                       first->lo != first->hi ? "; the pairs past the lower count turn too "
+                       "little by the last position compared to tell the counts apart" : "");
+            } else {
+                dg_say(g->summary, sizeof g->summary, "RoPE turns other pairs of each head "
+                       "than the config's %d of %d, in one of %d ways nothing recorded tells "
+                       "apart", own, half, kinds);
+                dg_say(g->detail, sizeof g->detail, "(");
+            }
+        }
+        if (kinds > 1)
+            dg_append(g->detail, sizeof g->detail, "%s%s: %s", shown ? "; or " : "", name, how);
+        shown++;
+    }
+    if (kinds > 1)
+        dg_append(g->detail, sizeof g->detail, ")");
+    c->ev->rope_err = first->err;
+    dg_say(g->evidence, sizeof g->evidence, "undoing the config's rotation of the reference's "
+           "%s and turning %d pair%s%s instead reproduces the test's at position %lld (error "
+           "%.2g)", what, first->lo, first->lo == 1 ? "" : "s", first->lo != first->hi
+           ? " (the fewest that fit)" : "", (long long)d->pos, first->err);
+    if (p2 >= 0)
+        dg_append(g->evidence, sizeof g->evidence, " and at position %lld (%.2g)",
+                  (long long)p2, first->err2);
+    dg_append(g->evidence, sizeof g->evidence, "; errors up to %.2g count as reproducing (%s)",
+              c->row_tol, c->r->xrt.on ? "the step's drift threshold" : "exact mode");
+}
+
 /* q (or k) rotated for another position: norms equal, an integer offset
  * maps the reference row onto the test row. */
 /* The layer rotates with the other layer type's base: is it run as the
@@ -302,7 +553,7 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
     const int nh = d->stage == STAGE_Q ? c->cfg->n_heads : config_layer_kv_heads(c->cfg, d->layer);
     int rc = 0;
     float *a = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
-    float *b = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    float *b = dg_row(c, dg_test_rows(c), d->layer, d->stage, d->pos, &rc, e);
     if (!a || !b) {
         free(a);
         free(b);
@@ -333,6 +584,22 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
     const char *what = d->stage == STAGE_Q ? "queries" : "keys";
     const long long at = (long long)(d->pos + ev->rope_delta);
     if (!ev->rope_found) {
+        /* Fewer or more pairs turned than the config's. */
+        part_fit pf[PART_KINDS];
+        int64_t p2 = -1;
+        rc = 0;
+        a = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
+        b = dg_row(c, dg_test_rows(c), d->layer, d->stage, d->pos, &rc, e);
+        const int kinds = a && b && D >= 4 ? rope_partial_fits(c, a, b, nh, pf, &p2, e) : 0;
+        free(a);
+        free(b);
+        if (rc < 0 || kinds < 0)
+            return -1;
+        if (kinds > 0) {
+            rope_partial_text(c, pf, kinds, p2);
+            return 1;
+        }
+
         dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_HEURISTIC,
                  "a rotation-like difference: per-head norms are preserved");
         if (isfinite(ev->rope_err))

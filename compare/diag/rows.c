@@ -65,7 +65,7 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
         return 0;
     const int n = cmp_stage_cols(c->cfg, d->layer, STAGE_K);
     int rc = 0;
-    float *t = dg_row(c, c->test, d->layer, d->stage, d->pos, &rc, e);
+    float *t = dg_row(c, dg_test_rows(c), d->layer, d->stage, d->pos, &rc, e);
     float *r = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
     const bool zero = t && r && all_zero(t, n) && !all_zero(r, n);
     free(t);
@@ -77,8 +77,8 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
     int64_t end = d->pos;
     const int64_t last = last_held(c, d->layer, STAGE_K);
     for (int64_t q = d->pos; q <= last && rc == 0; q++) {
-        float *k = dg_row(c, c->test, d->layer, STAGE_K, q, &rc, e);
-        float *v = dg_row(c, c->test, d->layer, STAGE_V, q, &rc, e);
+        float *k = dg_row(c, dg_test_rows(c), d->layer, STAGE_K, q, &rc, e);
+        float *v = dg_row(c, dg_test_rows(c), d->layer, STAGE_V, q, &rc, e);
         const bool kq = k && all_zero(k, n), vq = v && all_zero(v, n);
         free(k);
         free(v);
@@ -95,7 +95,7 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
     for (int L = 0; L < c->cfg->n_layers && rc == 0; L++) {
         if (c->cfg->kv_owner[L] != L)
             continue;
-        float *k = dg_row(c, c->test, L, d->stage, d->pos, &rc, e);
+        float *k = dg_row(c, dg_test_rows(c), L, d->stage, d->pos, &rc, e);
         if (k && all_zero(k, n))
             dg_append(layers, sizeof layers, "%s%d", nl++ ? ", " : "", L);
         free(k);
@@ -181,10 +181,10 @@ static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
     int rc = (!ku || !ru || !vr || !vt) ? kv_errf(e, "compare: out of memory") : 0;
     int got = 0;
     for (int i = 0; i < np && rc == 0; i++) {
-        float *kt = dg_row(c, c->test, d->layer, STAGE_K, pos[i], &rc, e);
+        float *kt = dg_row(c, dg_test_rows(c), d->layer, STAGE_K, pos[i], &rc, e);
         float *kr = dg_row(c, c->ref, d->layer, STAGE_K, pos[i], &rc, e);
         float *a = dg_row(c, c->ref, d->layer, STAGE_V, pos[i], &rc, e);
-        float *b = dg_row(c, c->test, d->layer, STAGE_V, pos[i], &rc, e);
+        float *b = dg_row(c, dg_test_rows(c), d->layer, STAGE_V, pos[i], &rc, e);
         if (kt && kr && a && b) {
             cmp_rope_unrotate(cfg, d->layer, pos[i], kt, KV, ku + (size_t)got * n);
             cmp_rope_unrotate(cfg, d->layer, pos[i], kr, KV, ru + (size_t)got * n);
@@ -247,7 +247,7 @@ static int rule_norm_eps(cmp_ctx *c, kv_err *e)
     for (int i = 0; i < np && rc == 0; i++) {
         float *x = dg_row(c, c->ref, il, in, pos[i], &rc, e);
         float *a = dg_row(c, c->ref, d->layer, d->stage, pos[i], &rc, e);
-        float *b = dg_row(c, c->test, d->layer, d->stage, pos[i], &rc, e);
+        float *b = dg_row(c, dg_test_rows(c), d->layer, d->stage, pos[i], &rc, e);
         if (x && a && b) {
             double ms = 0, ab = 0, aa = 0;
             for (int j = 0; j < E; j++) {
