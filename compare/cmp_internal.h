@@ -387,6 +387,51 @@ typedef struct {
 double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *cv, int64_t pos,
                          const float *ref, const float *test, int nheads);
 
+/* --- rotations.c --- */
+
+/* The cross-runtime walk's rotation test (crossrt.c): a q or k row drift
+ * by its size is a step where a rotation leaves CMP_ROT_GAIN times less
+ * than its error (rounding is no rotation); found, the rotation first
+ * shows where it leaves CMP_ROT_BACK times less (one candidate, no
+ * search: a smaller gain), and the diagnosis fits there to that gain. */
+#define CMP_ROT_GAIN 8.0
+#define CMP_ROT_BACK 2.0
+
+#define CMP_ROPE_MAX_CONVS 24
+
+/* The conventions a runtime may use instead of the config's on layer l,
+ * each with its words: the other layer type's base, common bases,
+ * scaling missing, of the other type or where it does not belong, the
+ * interleaved layout and rows permuted for it, and on Gemma 4 a sliding
+ * layer turned as a full one. The config's own is never among them.
+ * Fills cv (CMP_ROPE_MAX_CONVS), returns how many. */
+int cmp_rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv);
+
+/* How a runtime turns n pairs of a D-wide head: Gemma 4's proportional
+ * RoPE (pairs (i, i + D/2) at the whole head's frequencies theta^(-2i/D),
+ * llama.cpp's rope_freqs); a rope dimension count of 2n as GPT-NeoX and
+ * llama.cpp's n_rot turn it (the first 2n dimensions, pairs (i, i + n),
+ * frequencies theta^(-i/n)); that count on rows laid out for halves
+ * (pairs (i, i + D/2), theta^(-i/n): an interleaved runtime's first 2n
+ * rows, mapped back). */
+typedef enum {
+    CMP_PART_PROPORTIONAL,
+    CMP_PART_NEOX,
+    CMP_PART_HALVES,
+    CMP_PART_KINDS
+} cmp_part_kind;
+
+/* Layer l's base and scaling with n pairs turned in layout k (no words). */
+cmp_rope_conv cmp_rope_partial(const kv_config *cfg, int layer, cmp_part_kind k, int n);
+/* Whether (k, n) is the config's own rotation, or another layout's n. */
+bool cmp_rope_partial_is_own(const kv_config *cfg, int layer, cmp_part_kind k, int n);
+
+/* The smallest row-relative error any convention or partial rotation of
+ * layer l leaves between the reference's rows ref and the test's at pos
+ * (+inf none); *best: that candidate. */
+double cmp_rope_best_fit(const kv_config *cfg, int layer, int64_t pos, const float *ref,
+                         const float *test, int nheads, cmp_rope_conv *best);
+
 /* The rows (nheads x D) of layer `layer` at position pos rotated back
  * under the config's RoPE convention, into out (nheads x D doubles). */
 void cmp_rope_unrotate(const kv_config *cfg, int layer, int64_t pos, const float *row, int nheads,

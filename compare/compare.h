@@ -614,6 +614,19 @@ typedef struct {
     bool off_step;
     double off_part, off_noise;
     int off_channels;
+    /* ... or a rotation (crossrt.c): a q or k row the size walk let pass is
+     * the reference's turned under another RoPE convention or count of
+     * pairs, which leaves rot_resid (at rot_pos2 too, rot_resid2; -1 none)
+     * where the row errs XRT_ROT_GAIN times more. */
+    bool rot_step;
+    int64_t rot_pos;             /* where the test found it, at stage rot_stage: */
+    kv_stage rot_stage;
+    double rot_err, rot_resid;   /* the row's error there, and the rotation's residual */
+    double rot_err2, rot_resid2;
+    int64_t rot_pos2;
+    double rot_here_resid;       /* at the step, where it first shows (NaN: the same row) */
+    double rot_threshold, rot_drift_threshold;  /* a fit's bound; the size walk's */
+    char rot_what[200];          /* the candidate, in words */
     double sys_worst_ratio;      /* the largest |a - 1| / threshold below the step */
     int64_t sys_worst_pos;       /* where (-1 none) */
     int sys_worst_layer;

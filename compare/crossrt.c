@@ -185,6 +185,8 @@ typedef struct {
     double *out_err;             /* (P): /output's error (cmp_output_errors), NaN none */
     double *map_part, *map_noise;/* (P): /output's map part and residual (cmp_output_map) */
     int64_t map_at;              /* where a significant map steps (-1 none) */
+    double *rot_tried;           /* (n): the largest error a stage's rows were tried
+                                  * as a rotation at (0 none) */
 } xrt_walk;
 
 /* Stages whose rows are vectors a map can act on: not per-head
@@ -563,6 +565,129 @@ static bool output_steps(const xrt_walk *x, int64_t p, double upstream, double *
     return !(*err <= *thr) || map_steps(x, p, thr, err);
 }
 
+/* Drift by its size, but a rotation (docs/cross-runtime.md, "Structure"):
+ * a q or k row whose error is above the plain floor (allowed by what
+ * flowed in, or by the stage's own history: a RoPE base or a count of
+ * pairs turned otherwise grows from under the floor with the position)
+ * is the reference's turned under another convention or count of pairs
+ * (rotations.c), that candidate leaving CMP_ROT_GAIN times less than the
+ * row's error, here and at the stage's last compared position. Rounding
+ * leaves noise no rotation explains. A stage is tried where its error
+ * first passes the floor and each time it doubles. The step is then
+ * placed where the rotation first shows (first_rotated). 1 a step (m->rot_*
+ * set, *at_p, *at_i where it is), 0 none, -1 on error. */
+static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
+                         int64_t *at_p, int *at_i, kv_err *e);
+
+static int rot_steps(xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p, double err,
+                     double thr, int64_t *at_p, int *at_i, kv_err *e)
+{
+    cmp_ctx *c = x->c;
+    cmp_xrt *m = &c->r->xrt;
+    if ((sr->stage != STAGE_Q && sr->stage != STAGE_K) || sr->layer < 0 || p == 0 ||
+        !x->rot_tried || !isfinite(err))
+        return 0;
+    const double floor = floor_of(m, false, 0);
+    if (!(err > floor) || err <= 2 * x->rot_tried[i])
+        return 0;
+    x->rot_tried[i] = err;
+    const int D = config_layer_head_dim(c->cfg, sr->layer);
+    if (D < 4 || sr->cols % D)
+        return 0;
+    int64_t p2 = sr->pos_hi;
+    if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+        p2 = c->pos_limit - 1;
+    float *rows = malloc((size_t)sr->cols * 4 * sizeof *rows);
+    if (!rows)
+        return kv_errf(e, "compare: out of memory");
+    float *t = rows, *r = rows + sr->cols, *t2 = r + sr->cols, *r2 = t2 + sr->cols;
+    int rc = 0;
+    if (c->test->read(c->test->ctx, sr->layer, sr->stage, p, 1, t, e) < 0 ||
+        c->ref->read(c->ref->ctx, sr->layer, sr->stage, p, 1, r, e) < 0 ||
+        (p2 > p && (c->test->read(c->test->ctx, sr->layer, sr->stage, p2, 1, t2, e) < 0 ||
+                    c->ref->read(c->ref->ctx, sr->layer, sr->stage, p2, 1, r2, e) < 0)))
+        rc = -1;
+    cmp_rope_conv cv;
+    const double best = rc == 0 ? cmp_rope_best_fit(c->cfg, sr->layer, p, r, t, sr->cols / D, &cv)
+                                : INFINITY;
+    bool steps = rc == 0 && best <= err / CMP_ROT_GAIN && best <= thr;
+    double best2 = NAN;
+    if (steps && p2 > p) {
+        const double err2 = x->err[(size_t)i * (size_t)x->P + (size_t)(p2 - x->base)];
+        best2 = cmp_rope_conv_err(c->cfg, sr->layer, &cv, p2, r2, t2, sr->cols / D);
+        steps = best2 <= err2 / CMP_ROT_GAIN || best2 <= floor;
+    }
+    free(rows);
+    if (rc < 0 || !steps)
+        return rc;
+    m->rot_step = true;
+    m->rot_pos = p;
+    m->rot_stage = sr->stage;
+    m->rot_err = err;
+    m->rot_resid = best;
+    m->rot_err2 = p2 > p ? x->err[(size_t)i * (size_t)x->P + (size_t)(p2 - x->base)] : NAN;
+    m->rot_resid2 = best2;
+    m->rot_here_resid = NAN;
+    m->rot_pos2 = p2 > p ? p2 : -1;
+    m->rot_drift_threshold = thr;
+    /* what a diagnosis's fit must reach: the rotation's residual, with
+     * room, never as loose as the row's error */
+    m->rot_threshold = fmin(fmax(4 * best, floor), err / 2);
+    snprintf(m->rot_what, sizeof m->rot_what, "%s", cv.what);
+    return first_rotated(x, sr->layer, &cv, p, i, at_p, at_i, e) < 0 ? -1 : 1;
+}
+
+/* The first (position, stage) of layer's q and k, from position 1 up to
+ * (p, i), where the rotation cv explains the row: it leaves CMP_ROT_BACK
+ * times less than the row differs (the candidate is fixed, found by the
+ * search at p and checked at the last position: a gain that would not
+ * single it out of many tells whether it acts here). The bug acts there,
+ * however far under the floor its first rows were; (p, i) when none
+ * earlier. */
+static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
+                         int64_t *at_p, int *at_i, kv_err *e)
+{
+    cmp_ctx *c = x->c;
+    *at_p = p;
+    *at_i = i;
+    const int D = config_layer_head_dim(c->cfg, layer);
+    int js[2], nj = 0;
+    for (int j = 0; j < x->n && nj < 2; j++) {
+        const cmp_stage_result *s = &c->r->stages[j];
+        if (s->layer == layer && (s->stage == STAGE_Q || s->stage == STAGE_K) && s->cols % D == 0)
+            js[nj++] = j;
+    }
+    const int cols = config_max_q_width(c->cfg);
+    float *rows = malloc((size_t)cols * 2 * sizeof *rows);
+    if (!rows)
+        return kv_errf(e, "compare: out of memory");
+    float *t = rows, *r = rows + cols;
+    for (int64_t q = 1; q <= p; q++)
+        for (int k = 0; k < nj; k++) {
+            const cmp_stage_result *s = &c->r->stages[js[k]];
+            if ((q == p && js[k] >= i) || q < s->pos_lo || q > s->pos_hi)
+                continue;
+            const double ident = x->err[(size_t)js[k] * (size_t)x->P + (size_t)(q - x->base)];
+            if (!(ident > 0))
+                continue;
+            if (c->test->read(c->test->ctx, layer, s->stage, q, 1, t, e) < 0 ||
+                c->ref->read(c->ref->ctx, layer, s->stage, q, 1, r, e) < 0) {
+                free(rows);
+                return -1;
+            }
+            const double res = cmp_rope_conv_err(c->cfg, layer, cv, q, r, t, s->cols / D);
+            if (res <= ident / CMP_ROT_BACK) {
+                c->r->xrt.rot_here_resid = res;
+                *at_p = q;
+                *at_i = js[k];
+                free(rows);
+                return 0;
+            }
+        }
+    free(rows);
+    return 0;
+}
+
 /* Positions ascending, at each the stages in dataflow order: the first
  * row above its threshold is the step. Rows before it are drift and teach
  * each stage its scale. audit_p, audit_i: the attention check's step
@@ -621,16 +746,28 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
                     m->sys_threshold = sthr;
                     m->sys_drift_threshold = thr;
                 }
+                /* Drift by its size, but a rotation. */
+                int64_t rot_p = -1;
+                int rot_i = -1;
+                if (!rec->bad) {
+                    const int rs = rot_steps(x, sr, i, p, err, thr, &rot_p, &rot_i, e);
+                    if (rs < 0) {
+                        free(own);
+                        return -1;
+                    }
+                    rec->bad = rs == 1;
+                }
                 sr->xrt_threshold = thr;
                 sr->xrt_err = err > sr->xrt_err || isnan(err) ? err : sr->xrt_err;
                 if (x->c->o->xrt_row)
                     x->c->o->xrt_row(x->c->o->xrt_row_ctx, sr->layer, sr->stage, p, err, thr);
                 cmp_stats_add(&sr->all, rec, p);
                 if (rec->bad) {
-                    stop = p;
-                    stop_i = i;
+                    stop = rot_p >= 0 ? rot_p : p;
+                    stop_i = rot_p >= 0 ? rot_i : i;
                     stop_thr = m->audit_step ? m->audit_threshold
-                               : m->sys_step || m->off_step ? m->sys_threshold : thr;
+                               : m->sys_step || m->off_step ? m->sys_threshold
+                               : m->rot_step ? m->rot_threshold : thr;
                     break;
                 }
                 cmp_stats_add(&sr->upto, rec, p);
@@ -707,7 +844,8 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     x.out_err = calloc((size_t)x.P, sizeof *x.out_err);
     x.fit = calloc((size_t)x.n * (size_t)x.P, sizeof *x.fit);
     x.off = calloc((size_t)x.n, sizeof *x.off);
-    int rc = x.recs && x.err && x.kv_rounds && x.out_err && x.fit && x.off
+    x.rot_tried = calloc((size_t)x.n, sizeof *x.rot_tried);
+    int rc = x.recs && x.err && x.kv_rounds && x.out_err && x.fit && x.off && x.rot_tried
                  ? read_all(&x, e) : kv_errf(e, "compare: out of memory");
     if (rc == 0)
         rc = offset_all(&x, e);
@@ -746,6 +884,7 @@ int cmp_xrt_walk(cmp_ctx *c, kv_err *e)
     free(x.out_err);
     free(x.fit);
     free(x.off);
+    free(x.rot_tried);
     free(x.map_part);
     free(x.map_noise);
     return rc;

@@ -554,7 +554,21 @@ static void diverged_report(FILE *f, const cmp_result *r)
                     r->xrt.off_channels, r->xrt.off_part, r->xrt.sys_threshold,
                     r->xrt.sys_noise_factor, r->xrt.off_noise, r->xrt.sys_drift_threshold,
                     r->xrt.why);
-        else if (r->xrt.map_step)
+        else if (r->xrt.rot_step) {
+            const cmp_xrt *x = &r->xrt;
+            fprintf(f, "  a step by its structure: %s at position %lld is the reference's "
+                    "turned under %s, which leaves %.2g of its error %.2g", stage_name(x->rot_stage),
+                    (long long)x->rot_pos, x->rot_what, x->rot_resid, x->rot_err);
+            if (x->rot_pos2 >= 0)
+                fprintf(f, " (at position %lld, %.2g of %.2g)", (long long)x->rot_pos2,
+                        x->rot_resid2, x->rot_err2);
+            fprintf(f, ": rounding leaves noise no rotation explains");
+            if (!isnan(x->rot_here_resid))
+                fprintf(f, "; it first shows here, leaving %.2g of %.2g", x->rot_here_resid,
+                        x->step_err);
+            fprintf(f, "; drift by its size (threshold %.2g at position %lld; %s)\n",
+                    x->rot_drift_threshold, (long long)x->rot_pos, x->why);
+        } else if (r->xrt.map_step)
             fprintf(f, "  a step by its structure: /output is a map of the reference's logits "
                     "(%s) over %lld positions, F %.3g against %.3g (a chance of 1e-4), its part "
                     "%.2g here above the residual it leaves, %.2g (%s)\n",
@@ -852,9 +866,21 @@ static json_t *jstructure(const cmp_xrt *x)
         : json_pack("{so so si so so}", "part", jnum(x->off_part), "noise", jnum(x->off_noise),
                     "channels", x->off_channels, "threshold", jnum(x->sys_threshold),
                     "drift_threshold", jnum(x->sys_drift_threshold));
-    return json_pack("{ss so so so so so so}", "test", "row_scale", "noise_factor",
+    json_t *rot = !x->rot_step ? json_null()
+        : json_pack("{ss sI ss so so so so so so so so}", "candidate", x->rot_what,
+                    "position", (json_int_t)x->rot_pos, "stage", stage_name(x->rot_stage),
+                    "error", jnum(x->rot_err), "residual", jnum(x->rot_resid), "last_position",
+                    x->rot_pos2 >= 0 ? json_integer(x->rot_pos2) : json_null(),
+                    "error_at_last", x->rot_pos2 >= 0 ? jnum(x->rot_err2) : json_null(),
+                    "residual_at_last", x->rot_pos2 >= 0 ? jnum(x->rot_resid2) : json_null(),
+                    "residual_at_step", isnan(x->rot_here_resid) ? json_null()
+                                                                  : jnum(x->rot_here_resid),
+                    "threshold", jnum(x->rot_threshold), "drift_threshold",
+                    jnum(x->rot_drift_threshold));
+    return json_pack("{ss so so so so so so so}", "test", "row_scale", "noise_factor",
                      jnum(x->sys_noise_factor), "compute_factor", jnum(x->sys_compute_factor),
-                     "step", step, "offset_step", off, "closest", closest, "logit_map", map);
+                     "step", step, "offset_step", off, "rotation_step", rot, "closest", closest,
+                     "logit_map", map);
 }
 
 /* The cross-runtime model and its figures; null when it did not judge. */

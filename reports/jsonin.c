@@ -221,6 +221,26 @@ static void read_structure(jr *c, json_t *x, cmp_xrt *o)
         if (!c->failed && (!o->step || o->sys_step))
             bad(c, w, "offset_step", "is set without a step, or beside a row-scale step");
     }
+    /* (absent in results older than the rotation test) */
+    json_t *ro = c->failed || !json_object_get(s, "rotation_step")
+                     ? NULL : object(c, s, w, "rotation_step", true);
+    if (ro) {
+        const char *wr = "mode.cross_runtime.structure.rotation_step";
+        o->rot_step = true;
+        copy(o->rot_what, sizeof o->rot_what, string(c, ro, wr, "candidate"));
+        o->rot_pos = integer(c, ro, wr, "position", 0, JR_MAX_POS, INT64_MIN);
+        o->rot_stage = stage_of(c, ro, wr, "stage");
+        o->rot_err = num(c, ro, wr, "error", false);
+        o->rot_resid = num(c, ro, wr, "residual", false);
+        o->rot_pos2 = integer(c, ro, wr, "last_position", 0, JR_MAX_POS, -1);
+        o->rot_err2 = num(c, ro, wr, "error_at_last", true);
+        o->rot_resid2 = num(c, ro, wr, "residual_at_last", true);
+        o->rot_here_resid = num(c, ro, wr, "residual_at_step", true);
+        o->rot_threshold = num(c, ro, wr, "threshold", false);
+        o->rot_drift_threshold = num(c, ro, wr, "drift_threshold", false);
+        if (!c->failed && (!o->step || o->sys_step || o->off_step))
+            bad(c, w, "rotation_step", "is set without a step, or beside another structure step");
+    }
     json_t *cl = c->failed ? NULL : object(c, s, w, "closest", true);
     if (cl) {
         const char *wc = "mode.cross_runtime.structure.closest";

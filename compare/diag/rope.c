@@ -4,7 +4,6 @@
  * whole (attn_scale). Each transforms the reference's row and must
  * reproduce the test's at p and at the last compared position. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,158 +26,6 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D, doub
     return true;
 }
 
-/* ------------------------------------------------------------------ */
-/* Another RoPE convention                                              */
-
-/* Bases common in released models (Gemma's local 1e4 and global 1e6,
- * Llama 3's 5e5, ...): a runtime that drops the config's often falls back
- * to one of these. */
-static const double common_bases[] = {1e4, 1e5, 5e5, 1e6, 1e7};
-
-#define MAX_CONVS 24
-
-/* Adds the convention proto (its words from fmt) to cv[0..n), unless one
- * equal to it is there already; returns the new count. */
-static int add_conv_v(cmp_rope_conv *cv, int n, const cmp_rope_conv *proto, const char *fmt,
-                      va_list ap)
-{
-    for (int i = 0; i < n; i++)   /* the first wording of a convention wins */
-        if (cv[i].theta == proto->theta && cv[i].interleaved == proto->interleaved &&
-            cv[i].rows == proto->rows && !memcmp(&cv[i].scaling, &proto->scaling,
-                                                 sizeof proto->scaling) &&
-            cv[i].pairs == proto->pairs && cv[i].freq_dims == proto->freq_dims &&
-            cv[i].gap == proto->gap)
-            return n;
-    if (n >= MAX_CONVS || !(proto->theta > 0))
-        return n;
-    cv[n] = *proto;
-    vsnprintf(cv[n].what, sizeof cv[n].what, fmt, ap);
-    return n + 1;
-}
-
-static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
-    __attribute__((format(printf, 7, 8)));
-static int add_conv(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                    bool interleaved, cmp_rope_rows rows, const char *fmt, ...)
-{
-    const cmp_rope_conv p = {.theta = theta, .scaling = *sc, .interleaved = interleaved,
-                             .rows = rows};
-    va_list ap;
-    va_start(ap, fmt);
-    n = add_conv_v(cv, n, &p, fmt, ap);
-    va_end(ap);
-    return n;
-}
-
-/* The same with `pairs` of the head rotated (frequencies theta^(-2j/fd),
- * pairs (j, j + gap)). */
-static int add_partial(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                       int pairs, int fd, int gap, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-static int add_partial(cmp_rope_conv *cv, int n, double theta, const kv_rope_scaling *sc,
-                       int pairs, int fd, int gap, const char *fmt, ...)
-{
-    const cmp_rope_conv p = {.theta = theta, .scaling = *sc, .rows = CMP_ROWS_SAME,
-                             .pairs = pairs, .freq_dims = fd, .gap = gap};
-    va_list ap;
-    va_start(ap, fmt);
-    n = add_conv_v(cv, n, &p, fmt, ap);
-    va_end(ap);
-    return n;
-}
-
-/* Linear factors a wrong or stray scaling setting often has. */
-static const double common_linear[] = {2, 4, 8};
-
-static const char *scale_name(kv_rope_scale t)
-{
-    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3" : "none";
-}
-
-/* The conventions a runtime may use instead of the config's on layer l:
- * the other layer type's base, common bases, scaling missing, of the
- * other type or applied where it does not belong, and the interleaved
- * layout. The config's own is never among them. */
-static int rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
-{
-    const bool sliding = config_layer_window(cfg, layer) > 0;
-    const bool two_bases = cfg->rope_local_theta > 0 && cfg->rope_local_theta != cfg->rope_theta;
-    const double theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
-                                                              : cfg->rope_theta;
-    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
-    const kv_rope_scaling *gs = &cfg->rope_scaling, *own = sliding ? &none : gs;
-    const char *type = sliding ? "sliding" : two_bases ? "global" : "";
-    int n = 0;
-    /* The config's own: added first so that nothing equal to it follows. */
-    n = add_conv(cv, n, theta, own, false, CMP_ROWS_SAME, "the config's");
-    if (two_bases && sliding)
-        n = add_conv(cv, n, cfg->rope_theta, own, false, CMP_ROWS_SAME, "theta %g, the global "
-                     "layers' base, on a sliding layer; the config says %g", cfg->rope_theta,
-                     theta);
-    /* Gemma 4: a sliding layer rotated as a full one (the global base on
-     * the full layers' share of its pairs, at their frequencies). */
-    if (two_bases && sliding && cfg->rope_partial_full > 0 && n < MAX_CONVS) {
-        const int D = config_layer_head_dim(cfg, layer);
-        const int k = (int)(cfg->rope_partial_full * D / 2);
-        if (k >= 1 && k < D / 2) {
-            n = add_partial(cv, n, cfg->rope_theta, gs, k, D, D / 2, "theta %g, the global "
-                            "layers' base, on a sliding layer, rotating %d of its %d pairs as "
-                            "the full layers' partial factor %g does; the config says theta %g "
-                            "on every pair", cfg->rope_theta, k, D / 2, cfg->rope_partial_full,
-                            theta);
-        }
-    }
-    if (two_bases && !sliding)
-        n = add_conv(cv, n, cfg->rope_local_theta, own, false, CMP_ROWS_SAME, "theta %g, the "
-                     "sliding layers' base, on a global layer; the config says %g",
-                     cfg->rope_local_theta, theta);
-    for (size_t i = 0; i < sizeof common_bases / sizeof common_bases[0]; i++)
-        n = add_conv(cv, n, common_bases[i], own, false, CMP_ROWS_SAME, "theta %g on a%s%s "
-                     "layer; the config says %g", common_bases[i], type[0] ? " " : "",
-                     type[0] ? type : "", theta);
-    if (own->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, &none, false, CMP_ROWS_SAME, "no RoPE scaling; the config "
-                     "says %s scaling by %g", scale_name(own->type), own->factor);
-        if (own->type == ROPE_SCALE_LLAMA3) {
-            const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = own->factor};
-            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
-                         "the config says llama3 scaling", own->factor);
-        }
-    } else if (gs->type != ROPE_SCALE_NONE) {
-        n = add_conv(cv, n, theta, gs, false, CMP_ROWS_SAME, "the global layers' %s RoPE "
-                     "scaling by %g on a sliding layer, where the config has none",
-                     scale_name(gs->type), gs->factor);
-    }
-    n = add_conv(cv, n, theta, own, true, CMP_ROWS_SAME, "interleaved RoPE pairs (2i, 2i + 1) "
-                 "where the config rotates halves (i, i + %d)", config_layer_head_dim(cfg, layer) / 2);
-    /* The same mix-up seen through a recorder that maps an interleaved
-     * runtime's rows back to halves (kvdiff-llama on llama.cpp's Llama). */
-    n = add_conv(cv, n, theta, own, false, CMP_ROWS_UNPERMUTED, "interleaved RoPE pairs (2i, 2i + "
-                 "1) rotated on rows laid out for halves (i, i + %d): q/k weights without the "
-                 "row permutation an interleaved runtime needs (a converter that skipped "
-                 "Llama's permute)", config_layer_head_dim(cfg, layer) / 2);
-    n = add_conv(cv, n, theta, own, false, CMP_ROWS_PERMUTED, "halves (i, i + %d) rotated on "
-                 "rows laid out for interleaved pairs (2i, 2i + 1): q/k weights permuted for "
-                 "an interleaved runtime where this one rotates halves, or permuted twice",
-                 config_layer_head_dim(cfg, layer) / 2);
-    for (size_t i = 0; i < sizeof common_linear / sizeof common_linear[0]; i++) {
-        const kv_rope_scaling lin = {.type = ROPE_SCALE_LINEAR, .factor = common_linear[i]};
-        if (own->type == ROPE_SCALE_LINEAR && own->factor == lin.factor)
-            continue;
-        if (own->type == ROPE_SCALE_NONE)
-            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g "
-                         "where the config has none", lin.factor);
-        else
-            n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
-                         "the config says %s scaling by %g", lin.factor, scale_name(own->type),
-                         own->factor);
-    }
-    /* Drop the config's own. */
-    memmove(cv, cv + 1, (size_t)(n - 1) * sizeof *cv);
-    return n - 1;
-}
-
 /* Conventions that reproduce the test at pos (and at pos2 when >= 0). */
 typedef struct {
     cmp_rope_conv cv;
@@ -188,14 +35,14 @@ typedef struct {
 
 /* Tries every other convention at the step's position and at the last
  * compared position of the row (where bases far apart at p part). Fills
- * fits (MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
+ * fits (CMP_ROPE_MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
  * fit, -1 on error. */
 static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, conv_fit *fits,
                           int64_t *p2, kv_err *e)
 {
     const cmp_divergence *d = c->d;
-    cmp_rope_conv cv[MAX_CONVS];
-    const int n = rope_convs(c->cfg, d->layer, cv);
+    cmp_rope_conv cv[CMP_ROPE_MAX_CONVS];
+    const int n = cmp_rope_convs(c->cfg, d->layer, cv);
     const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
     *p2 = sr ? sr->pos_hi : -1;
     if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
@@ -210,10 +57,22 @@ static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, co
     } else {
         *p2 = -1;
     }
+    /* Where the walk found a rotation under the size threshold, a
+     * candidate must explain the row here as its test did. */
+    double tol_p = c->row_tol;
+    if (c->r->xrt.rot_step) {
+        const int cols = cmp_stage_cols(c->cfg, d->layer, d->stage);
+        double diff = 0, bmax = 0;
+        for (int i = 0; i < cols; i++) {
+            diff = fmax(diff, fabs((double)a[i] - b[i]));
+            bmax = fmax(bmax, fabs((double)b[i]));
+        }
+        tol_p = bmax > 0 ? diff / bmax / CMP_ROT_BACK : c->row_tol;
+    }
     int nf = 0;
     for (int i = 0; i < n; i++) {
         const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
-        if (!(err <= c->row_tol))
+        if (!(err <= tol_p))
             continue;
         const double err2 = *p2 < 0 ? NAN
                                     : cmp_rope_conv_err(c->cfg, d->layer, &cv[i], *p2, a2, b2, nh);
@@ -274,50 +133,20 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
 /* ------------------------------------------------------------------ */
 /* Another number of pairs rotated                                      */
 
-/* How a runtime rotates n pairs of a D-wide head: Gemma 4's proportional
- * RoPE (pairs (i, i + D/2) at the full head's frequencies theta^(-2i/D));
- * a rope dimension count of 2n as GPT-NeoX and llama.cpp's n_rot rotate
- * (the first 2n dimensions, pairs (i, i + n), frequencies theta^(-i/n));
- * that count on rows laid out for halves (pairs (i, i + D/2), theta^(-i/n):
- * llama.cpp's interleaved rotation of the first 2n rows, mapped back). */
-typedef enum { PART_PROPORTIONAL, PART_NEOX, PART_HALVES, PART_KINDS } part_kind;
-
 typedef struct {
     int lo, hi, count;           /* pair counts that fit: lo..hi, how many (0 none) */
     double err, err2;            /* at lo: the errors at p and at p2 */
 } part_fit;
 
-static cmp_rope_conv part_conv(const kv_config *cfg, int layer, part_kind k, int n)
-{
-    const int D = config_layer_head_dim(cfg, layer);
-    const bool sliding = config_layer_window(cfg, layer) > 0;
-    const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
-    cmp_rope_conv cv = {.theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
-                                                                       : cfg->rope_theta,
-                        .scaling = sliding ? none : cfg->rope_scaling, .pairs = n};
-    cv.freq_dims = k == PART_PROPORTIONAL ? D : 2 * n;
-    cv.gap = k == PART_NEOX ? n : D / 2;
-    return cv;
-}
-
-/* Whether (k, n) is the config's own rotation, or another layout's n. */
-static bool part_is_own(const kv_config *cfg, int layer, part_kind k, int n)
-{
-    const int half = config_layer_head_dim(cfg, layer) / 2;
-    if (k != PART_PROPORTIONAL && n == half)
-        return true;   /* all pairs at the head's frequencies: PROPORTIONAL's */
-    return k == PART_PROPORTIONAL && n == config_layer_rope_pairs(cfg, layer);
-}
-
 /* Every pair count of every layout against the test's rows at p and at
  * the last compared position p2 (as rope_conv_fits). Returns the layouts
  * with a fit, -1 on error. */
 static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
-                             part_fit fits[PART_KINDS], int64_t *p2, kv_err *e)
+                             part_fit fits[CMP_PART_KINDS], int64_t *p2, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     const int half = config_layer_head_dim(c->cfg, d->layer) / 2;
-    for (int k = 0; k < PART_KINDS; k++)
+    for (int k = 0; k < CMP_PART_KINDS; k++)
         fits[k] = (part_fit){0};
     /* Nothing turns at position 0; and a candidate must explain what the
      * config's own rotation leaves, far above what it fits to (a step
@@ -330,9 +159,13 @@ static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
         bmax = fmax(bmax, fabs((double)b[i]));
     }
     const double own_err = bmax > 0 ? diff / bmax : INFINITY;
-    if (d->pos == 0 || !(own_err > c->row_tol))
+    /* A step the walk found as a rotation (drift by its size) may sit
+     * where the rotation first shows, under the threshold: there a
+     * candidate must explain the row as the walk's test did. */
+    const bool rot = c->r->xrt.rot_step;
+    if (d->pos == 0 || !(own_err > (rot ? 0 : c->row_tol)))
         return 0;
-    const double tol = fmin(c->row_tol, own_err / 4);
+    const double tol = rot ? own_err / CMP_ROT_BACK : fmin(c->row_tol, own_err / 4);
     const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
     *p2 = sr ? sr->pos_hi : -1;
     if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
@@ -348,12 +181,12 @@ static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
         *p2 = -1;
     }
     int kinds = 0;
-    for (int k = 0; k < PART_KINDS; k++) {
+    for (int k = 0; k < CMP_PART_KINDS; k++) {
         part_fit *f = &fits[k];
         for (int np = 1; np <= half; np++) {
-            if (part_is_own(c->cfg, d->layer, (part_kind)k, np))
+            if (cmp_rope_partial_is_own(c->cfg, d->layer, (cmp_part_kind)k, np))
                 continue;
-            const cmp_rope_conv cv = part_conv(c->cfg, d->layer, (part_kind)k, np);
+            const cmp_rope_conv cv = cmp_rope_partial(c->cfg, d->layer, (cmp_part_kind)k, np);
             const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv, d->pos, a, b, nh);
             if (!(err <= tol))
                 continue;
@@ -392,7 +225,7 @@ static void part_counts(const part_fit *f, int half, bool factor, char *buf, siz
 /* What a layout's fit says, short ("a rope dimension count of 16 (partial
  * factor 0.5)") and its pairs and frequencies ("pairs (i, i + n) of the
  * first 2n dimensions at theta^(-i/n)"). */
-static void part_phrase(const kv_config *cfg, int layer, part_kind k, const part_fit *f,
+static void part_phrase(const kv_config *cfg, int layer, cmp_part_kind k, const part_fit *f,
                         char *name, size_t nn, char *how, size_t nh)
 {
     const int D = config_layer_head_dim(cfg, layer), half = D / 2;
@@ -401,13 +234,13 @@ static void part_phrase(const kv_config *cfg, int layer, part_kind k, const part
     const part_fit twice = {.lo = 2 * f->lo, .hi = 2 * f->hi};
     part_counts(&twice, half, false, dims, sizeof dims);
     switch (k) {
-    case PART_PROPORTIONAL:
+    case CMP_PART_PROPORTIONAL:
         dg_say(name, nn, "a proportional partial rotary factor of %s", fac);
         dg_say(how, nh, "pairs (i, i + %d) at the whole head's frequencies theta^(-2i/%d), "
                "the rest unrotated, as Gemma 4's proportional RoPE (llama.cpp: rope_freqs)",
                half, D);
         break;
-    case PART_NEOX:
+    case CMP_PART_NEOX:
         dg_say(name, nn, "a rope dimension count of %s of %d (partial rotary factor %s)", dims,
                D, fac);
         dg_say(how, nh, "pairs (i, i + n) of the first 2n dimensions at theta^(-i/n), the "
@@ -423,7 +256,7 @@ static void part_phrase(const kv_config *cfg, int layer, part_kind k, const part
     }
 }
 
-static void rope_partial_text(cmp_ctx *c, const part_fit fits[PART_KINDS], int kinds,
+static void rope_partial_text(cmp_ctx *c, const part_fit fits[CMP_PART_KINDS], int kinds,
                               int64_t p2)
 {
     const cmp_divergence *d = c->d;
@@ -437,10 +270,10 @@ static void rope_partial_text(cmp_ctx *c, const part_fit fits[PART_KINDS], int k
     const part_fit *first = NULL;
     int shown = 0;
     char name[128], how[256];
-    for (int k = 0; k < PART_KINDS; k++) {
+    for (int k = 0; k < CMP_PART_KINDS; k++) {
         if (!fits[k].count)
             continue;
-        part_phrase(cfg, d->layer, (part_kind)k, &fits[k], name, sizeof name, how, sizeof how);
+        part_phrase(cfg, d->layer, (cmp_part_kind)k, &fits[k], name, sizeof name, how, sizeof how);
         if (!first) {
             first = &fits[k];
             char cnt[48];
@@ -561,7 +394,7 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
     }
     ev->norms_equal = head_norms_equal(a, b, nh, D, c->r->xrt.on ? c->row_tol : CMP_NORM_TOL);
     if (ev->norms_equal) {
-        conv_fit fits[MAX_CONVS];
+        conv_fit fits[CMP_ROPE_MAX_CONVS];
         int64_t p2 = -1;
         const int nf = rope_conv_fits(c, a, b, nh, fits, &p2, e);
         if (nf != 0) {
@@ -585,7 +418,7 @@ int dg_rule_rope(cmp_ctx *c, kv_err *e)
     const long long at = (long long)(d->pos + ev->rope_delta);
     if (!ev->rope_found) {
         /* Fewer or more pairs turned than the config's. */
-        part_fit pf[PART_KINDS];
+        part_fit pf[CMP_PART_KINDS];
         int64_t p2 = -1;
         rc = 0;
         a = dg_row(c, c->ref, d->layer, d->stage, d->pos, &rc, e);
