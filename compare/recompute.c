@@ -521,7 +521,9 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     if (D < 2 || D % 2 || pairs > half || fd < 2 * pairs || fd > D ||
         (!cv->interleaved && (gap < pairs || pairs + gap > D)))
         return INFINITY;
-    double *inv = malloc((size_t)half * 2 * sizeof(double));
+    /* inv, inv_cv, then the angles' cosines and sines (the config's, the
+     * candidate's): computed once, used for every head */
+    double *inv = malloc((size_t)half * 6 * sizeof(double));
     double *x = malloc((size_t)D * 2 * sizeof(double));
     if (!inv || !x) {
         free(inv);
@@ -529,21 +531,29 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
         return INFINITY;
     }
     double *xr = x + D;
-    double *inv_cv = inv + half;
+    double *inv_cv = inv + half, *cs = inv_cv + half, *sn = cs + half, *cs2 = sn + half,
+           *sn2 = cs2 + half;
     layer_inv_freq(cfg, layer, inv);
     kern_rope_inv_freq(cv->theta, fd, inv_cv);
     const kv_rope_scaling *rs = &cv->scaling;
     if (rs->type != ROPE_SCALE_NONE)
         kern_rope_scale_inv_freq(inv_cv, pairs, (int)rs->type, rs->factor, rs->low_freq_factor,
                                  rs->high_freq_factor, rs->original_max_position);
+    for (int d = 0; d < half; d++) {   /* angles in double, as the engines */
+        cs[d] = cos((double)pos * inv[d]);
+        sn[d] = sin((double)pos * inv[d]);
+    }
+    for (int d = 0; d < pairs; d++) {
+        cs2[d] = cos((double)pos * inv_cv[d]);
+        sn2[d] = sin((double)pos * inv_cv[d]);
+    }
     double worst = 0, test_max = 0;
     for (int h = 0; h < nheads; h++) {
         const float *a = ref + (size_t)h * D, *y = test + (size_t)h * D;
-        /* Undo the config's rotation (angles in double, as the engines). */
+        /* Undo the config's rotation. */
         for (int d = 0; d < half; d++) {
-            const double ang = (double)pos * inv[d], cs = cos(ang), sn = sin(ang);
-            x[d] = a[d] * cs + a[d + half] * sn;
-            x[d + half] = a[d + half] * cs - a[d] * sn;
+            x[d] = a[d] * cs[d] + a[d + half] * sn[d];
+            x[d + half] = a[d + half] * cs[d] - a[d] * sn[d];
         }
         /* The rows in the order the runtime rotated them. */
         for (int m = 0; m < half; m++)
@@ -559,9 +569,9 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
         /* Rotated as the runtime does, in place; the pairs past `pairs`
          * stay as they are. */
         for (int d = 0; d < pairs; d++) {
-            const double ang = (double)pos * inv_cv[d], cs = cos(ang), sn = sin(ang);
             const int i0 = cv->interleaved ? 2 * d : d, i1 = cv->interleaved ? 2 * d + 1 : d + gap;
-            const double r0 = xr[i0] * cs - xr[i1] * sn, r1 = xr[i1] * cs + xr[i0] * sn;
+            const double r0 = xr[i0] * cs2[d] - xr[i1] * sn2[d];
+            const double r1 = xr[i1] * cs2[d] + xr[i0] * sn2[d];
             xr[i0] = r0;
             xr[i1] = r1;
         }
