@@ -94,6 +94,8 @@ static void expect_diag(json_t *g, const char *rec_opts, const char *kind, const
 
 static const char *const kv_types[] = {"--cache-type f32", "--cache-type f16 --ubatch 7"};
 
+static void setup_preset(const char *dir, const char *preset, const char *scaling);
+
 /* ------------------------------------------------------------------ */
 /* Key sets                                                             */
 
@@ -288,6 +290,40 @@ START_TEST(xrt_diag_rope_common_base)
 {
     rope_case("gemma3.rope.freq_base_swa", 5e5, 0, "the test's queries match theta 500000 on a "
               "sliding layer; the config says 10000");
+}
+END_TEST
+
+/* Qwen2's k and v weights swapped in the GGUF, each projection keeping
+ * its own bias (the biases left in place, or traded too): the test's k is
+ * the reference's v plus b_k - b_v per channel, its v the reference's k
+ * minus it. Named, with which of the two it is; was "cause not
+ * identified (a projection differs ...)". */
+START_TEST(xrt_diag_kv_swapped_biased)
+{
+    char dir[64], gguf[512], tmp[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    setup_preset(dir, "tiny-qwen2", NULL);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(tmp, sizeof tmp, "%s/w.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(gguf_swap_tensors(gguf, bad, "blk.0.attn_k.weight", "blk.0.attn_v.weight"),
+                     2);
+    for (int i = 0; i < 2; i++) {
+        json_t *j, *g = diagnose(dir, kv_types[i], 0, 0, "k", &j);
+        expect_diag(g, kv_types[i], "kv_swapped", "recomputed", "k and v projection weights "
+                    "swapped, each keeping its own bias", "plus one fitted offset per channel",
+                    "the two offsets agree", NULL);
+        json_decref(j);
+    }
+    /* both swapped, weights and biases: the plain swap */
+    ck_assert_int_eq(gguf_swap_tensors(gguf, tmp, "blk.0.attn_k.weight", "blk.0.attn_v.weight"),
+                     2);
+    ck_assert_int_eq(gguf_swap_tensors(tmp, bad, "blk.0.attn_k.bias", "blk.0.attn_v.bias"), 2);
+    json_t *j, *g = diagnose(dir, kv_types[0], 0, 0, "k", &j);
+    expect_diag(g, kv_types[0], "kv_swapped", "recomputed", "k and v projections swapped: the "
+                "test's keys are the values' projection", NULL);
+    json_decref(j);
+    test_rmtree(dir);
 }
 END_TEST
 
@@ -1035,6 +1071,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_rope_common_base);
     tcase_add_test(tc, xrt_diag_rope_unpermuted);
     tcase_add_test(tc, xrt_diag_rope_dimension_count);
+    tcase_add_test(tc, xrt_diag_kv_swapped_biased);
     tcase_add_test(tc, xrt_diag_gemma4_rope_swa_dims);
     tcase_add_test(tc, xrt_diag_gemma4_rope_global_base);
     tcase_add_test(tc, xrt_diag_gemma4_rope_freqs_ones);

@@ -159,6 +159,24 @@ out:
     return err;
 }
 
+/* Max |u - o - c| / max |u| over rows, c the per-column mean of u - o
+ * (n columns): u the other row plus one offset per channel. c: out. */
+static double offset_fit_err(const double *u, const float *o, int rows, int n, double *c)
+{
+    for (int i = 0; i < n; i++) {
+        c[i] = 0;
+        for (int r = 0; r < rows; r++)
+            c[i] += (u[(size_t)r * n + i] - o[(size_t)r * n + i]) / rows;
+    }
+    double num = 0, mx = 0;
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++) {
+            num = fmax(num, fabs(u[(size_t)r * n + i] - o[(size_t)r * n + i] - c[i]));
+            mx = fmax(mx, fabs(u[(size_t)r * n + i]));
+        }
+    return mx > 0 ? num / mx : INFINITY;
+}
+
 static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
 {
     const cmp_divergence *d = c->d;
@@ -202,24 +220,70 @@ static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
         ek = gain_fit_err(ku, vr, got, KV, D, norm);   /* the test's k from the v projection */
         ev = gain_fit_err(ru, vt, got, KV, D, norm);   /* the reference's k from the test's v */
     }
+    const double tol = fmax(c->row_tol, CMP_MATCH_TOL) * (norm ? 4 : 1);
+    /* The weights swapped, each projection keeping its own bias: the
+     * test's k is the reference's v plus b_k - b_v, and the reference's k
+     * the test's v plus the same offset. One offset per channel fitted
+     * over the rows (several: one row fits any offset) must hold both. */
+    bool biased = false;
+    double off_gap = 0, off_rms = 0;
+    if (rc == 0 && !(ek <= tol && ev <= tol) && !norm && c->cfg->qkv_bias && got >= 4) {
+        double *ck = malloc((size_t)n * 2 * sizeof *ck);
+        if (!ck) {
+            rc = kv_errf(e, "compare: out of memory");
+        } else {
+            double *cv = ck + n;
+            const double fk = offset_fit_err(ku, vr, got, n, ck);
+            const double fv = offset_fit_err(ru, vt, got, n, cv);
+            double scale = 0;
+            for (int i = 0; i < got * n; i++)
+                scale = fmax(scale, fabs(ru[i]));
+            for (int i = 0; i < n; i++) {
+                off_gap = fmax(off_gap, fabs(ck[i] - cv[i]));
+                off_rms += ck[i] * ck[i] / n;
+            }
+            off_rms = sqrt(off_rms);
+            biased = fk <= tol && fv <= tol && scale > 0 && off_gap <= tol * scale;
+            if (biased) {
+                ek = fk;
+                ev = fv;
+                off_rms /= scale;
+            }
+            free(ck);
+        }
+    }
     free(ku);
     free(ru);
     free(vr);
     free(vt);
-    const double tol = fmax(c->row_tol, CMP_MATCH_TOL) * (norm ? 4 : 1);
     if (rc < 0 || !(ek <= tol && ev <= tol))
         return rc < 0 ? -1 : 0;
-    dg_set(c, CMP_DIAG_KV_SWAPPED, CMP_BASIS_RECOMPUTED, "k and v projections swapped: the "
-           "test's keys are the values' projection and its values the keys'");
-    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: the test's k, "
-           "rotated back, is the reference's v%s, and its v the reference's k before %s)",
-           d->layer, (long long)d->pos, norm ? " normalised by the k norm" : "",
-           norm ? "the k norm and RoPE" : "RoPE");
+    if (biased)
+        dg_set(c, CMP_DIAG_KV_SWAPPED, CMP_BASIS_RECOMPUTED, "k and v projection weights "
+               "swapped, each keeping its own bias: the test's keys are the values' projection "
+               "and its values the keys'");
+    else
+        dg_set(c, CMP_DIAG_KV_SWAPPED, CMP_BASIS_RECOMPUTED, "k and v projections swapped: "
+               "the test's keys are the values' projection and its values the keys'");
+    if (biased)
+        dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: the test's k, "
+               "rotated back, is the reference's v plus one offset per channel (b_k - b_v, RMS "
+               "%.3g of the rows' scale), and its v the reference's k before RoPE minus the "
+               "same offset: the weights traded places, the biases did not)", d->layer,
+               (long long)d->pos, off_rms);
+    else
+        dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: the test's k, "
+               "rotated back, is the reference's v%s, and its v the reference's k before %s)",
+               d->layer, (long long)d->pos, norm ? " normalised by the k norm" : "",
+               norm ? "the k norm and RoPE" : "RoPE");
     dg_say(c->g->evidence, sizeof c->g->evidence, "at %d position%s %lld..%lld the test's k "
            "(RoPE undone) matches the reference's v%s to %.2g, and the reference's k the "
            "test's v to %.2g", got, got == 1 ? "" : "s", (long long)pos[0],
-           (long long)pos[got - 1], norm ? " under one fitted per-dimension norm gain" : "", ek,
-           ev);
+           (long long)pos[got - 1], norm ? " under one fitted per-dimension norm gain"
+           : biased ? " plus one fitted offset per channel" : "", ek, ev);
+    if (biased)
+        dg_append(c->g->evidence, sizeof c->g->evidence, "; the two offsets agree to %.2g "
+                  "(each is b_k - b_v)", off_gap);
     return 1;
 }
 
