@@ -168,6 +168,34 @@ want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" off 
     done; done; done
   done
   # --- end of the KV sharing block ---
+  # --- RoPE: pairs turned otherwise (a rope dimension count of 16 of 32 on
+  # tiny-gemma3 and on tiny-gemma4's sliding layers, tiny-gemma4's rope_freqs
+  # all ones) and the global base set to the local one (tiny-gemma3 1e4 at
+  # layer 5, tiny-gemma4 1e4 at layer 3), q8_0 caches included: the rows of
+  # the global layers' first positions sit under the floor there ---
+  for n in $N_LIST; do prepare tiny-gemma4 "$n"; done
+  gguf_edit meta tiny-gemma3.gguf g3-rdim.gguf gemma3.rope.dimension_count 16
+  gguf_edit meta tiny-gemma3.gguf g3-gbase.gguf gemma3.rope.freq_base 10000
+  gguf_edit meta tiny-gemma4.gguf g4-rdim.gguf gemma4.rope.dimension_count_swa 16
+  gguf_edit meta tiny-gemma4.gguf g4-gbase.gguf gemma4.rope.freq_base 10000
+  gguf_edit mul tiny-gemma4.gguf g4-z.gguf rope_freqs 0
+  gguf_edit add g4-z.gguf g4-ones.gguf rope_freqs 1
+  for n in $N_LIST; do
+    for bug in g3-rdim g3-gbase g4-rdim g4-gbase g4-ones; do
+      for cell in "f32 off" "f16 off" "bf16 on" "q8_0 on"; do for ub in 7 $((n + 4)); do
+        kv=${cell% *} fa=${cell#* }
+        case $bug in
+          g3-rdim) p=tiny-gemma3 want="1/0/q rope_convention";;
+          g3-gbase) p=tiny-gemma3 want="1/5/q rope_convention";;
+          g4-rdim) p=tiny-gemma4 want="1/0/q rope_convention";;
+          *) p=tiny-gemma4 want="1/3/q rope_convention";;
+        esac
+        run_cell "bug $bug n=$n t=1 kv=$kv fa=$fa ub=$ub want=${want% *}:${want#* }" \
+            "$bug.gguf" "$p" "$p-ref$n.h5" 1 "$kv" "$fa" "$ub"
+      done; done
+    done
+  done
+  # --- end of the RoPE block ---
 fi
 
 # The counts.

@@ -370,6 +370,7 @@ typedef enum {
     CMP_DIAG_BIAS,               /* a per-channel offset: a bias missing or another */
     CMP_DIAG_LOGIT_MAP,          /* the logits through another softcap or scale */
     CMP_DIAG_STATED_PRECISION,   /* the test states f32 but its rows are coarser */
+    CMP_DIAG_ROWS_SHIFTED,       /* K/V rows written N positions off: a write index off */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

@@ -64,6 +64,7 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_BIAS] = "bias",
         [CMP_DIAG_LOGIT_MAP] = "logit_map",
         [CMP_DIAG_STATED_PRECISION] = "stated_precision",
+        [CMP_DIAG_ROWS_SHIFTED] = "rows_shifted",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

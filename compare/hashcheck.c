@@ -8,8 +8,12 @@
  * stage checks one run of CMP_AUDIT_SEGMENTS-th of its positions, at an
  * offset that moves from stage to stage (so the stages together cover
  * every position range), and every row within CMP_AUDIT_NEAR positions
- * before a divergence is checked whole. One stale hash is enough to
- * distrust them all: cmp_compare then reads every row. */
+ * before a divergence is checked whole. Where the rows settled by hash
+ * are few (CMP_AUDIT_WHOLE floats a side: a second or so to read and
+ * hash), every one is checked: a sample of 1/32 can miss a stage edited
+ * past the run it checks, and a false "identical" is the one verdict
+ * that must not happen. One stale hash is enough to distrust them all:
+ * cmp_compare then reads every row. */
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
@@ -19,6 +23,8 @@
 #define CMP_AUDIT_SEGMENTS 32   /* a stage checks 1/32 of its positions */
 #define CMP_AUDIT_NEAR 8        /* positions before a divergence checked whole */
 #define CMP_AUDIT_READ 64       /* rows per read */
+#define CMP_AUDIT_WHOLE ((int64_t)1 << 26)   /* floats settled by hash, a side, checked
+                                              * whole (256 MB) */
 
 typedef struct {
     float *rows;
@@ -104,6 +110,11 @@ int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r,
     memset(&r->hashcheck, 0, sizeof r->hashcheck);
     int rc = 0;
     const int64_t walked = r->compared.walked_to;
+    int64_t settled = 0;
+    for (int i = 0; i < r->n_stages; i++)
+        if (!r->stages[i].hashed && r->stages[i].rows_by_hash > 0 && r->stages[i].cols > 0)
+            settled += r->stages[i].rows_by_hash * (int64_t)r->stages[i].cols;
+    const bool whole = settled <= CMP_AUDIT_WHOLE;
     for (int i = 0; i < r->n_stages && rc == 0 && !r->hashcheck.stale; i++) {
         const cmp_stage_result *sr = &r->stages[i];
         if (sr->hashed || sr->rows_by_hash <= 0 || sr->cols <= 0)
@@ -119,8 +130,8 @@ int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r,
         /* Stage i takes segment 7i mod 32: 7 and 32 are coprime, so 32
          * consecutive stages cover every segment once. */
         const int64_t seg = (int64_t)((7u * (unsigned)i) % CMP_AUDIT_SEGMENTS);
-        const int64_t p0 = sr->pos_lo + n * seg / CMP_AUDIT_SEGMENTS;
-        int64_t p1 = sr->pos_lo + n * (seg + 1) / CMP_AUDIT_SEGMENTS - 1;
+        const int64_t p0 = whole ? sr->pos_lo : sr->pos_lo + n * seg / CMP_AUDIT_SEGMENTS;
+        int64_t p1 = whole ? hi : sr->pos_lo + n * (seg + 1) / CMP_AUDIT_SEGMENTS - 1;
         p1 = p1 < p0 ? p0 : p1;
         rc = check_range(ref, test, sr, p0, p1, &b, r, e);
         if (rc == 0)

@@ -252,7 +252,10 @@ static void same_report(FILE *f, const cmp_result *r)
         else if (hashed > 0)
             fprintf(f, "  %lld of %lld rows settled by their hashes", (long long)hashed,
                     (long long)rows);
-        if (hashed > 0)
+        if (hashed > 0 && r->hashcheck.rows_checked >= 2 * hashed)
+            fprintf(f, "; every one hashed again matched (%lld rows, both files)\n",
+                    (long long)r->hashcheck.rows_checked);
+        else if (hashed > 0)
             fprintf(f, "; a sample of %lld rows hashed again matched (--no-hashes compares "
                     "every row itself)\n", (long long)r->hashcheck.rows_checked);
         return;

@@ -1,7 +1,8 @@
 /* rows.c — families read off the recorded rows themselves
  * (docs/diagnosis.md, "The hypothesis engine"): K/V rows written as zero
- * (the K = V = 0 of KV-shared ports), k and v projections swapped, and an
- * RMSNorm epsilon other than the config's. Each predicts the test's rows
+ * (the K = V = 0 of KV-shared ports, or K or V alone), K/V rows written N
+ * positions off (a write index off by N), k and v projections swapped,
+ * and an RMSNorm epsilon other than the config's. Each predicts the test's rows
  * from the reference's and is checked at every position after p that
  * shares the reference's input there. */
 #include <math.h>
@@ -102,11 +103,16 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
     }
     if (rc < 0)
         return -1;
-    const char *what = kz && vz ? "K and V rows" : kz ? "K rows" : "V rows";
     char s[256];
-    dg_say(s, sizeof s, "%s written as zero from position %lld on: the cache holds nothing "
-           "there (K = V = 0, as KV-shared ports that never fill the shared cache show)", what,
-           (long long)d->pos);
+    if (kz && vz)
+        dg_say(s, sizeof s, "K and V rows written as zero from position %lld on: the cache "
+               "holds nothing there (K = V = 0, as KV-shared ports that never fill the shared "
+               "cache show)", (long long)d->pos);
+    else
+        dg_say(s, sizeof s, "%s rows written as zero from position %lld on, the %s rows as the "
+               "reference's: the %s never reach the cache there (a write of one skipped, or "
+               "one read from a buffer never filled)", kz ? "K" : "V", (long long)d->pos,
+               kz ? "V" : "K", kz ? "keys" : "values");
     dg_set(c, CMP_DIAG_ZERO_KV, CMP_BASIS_EXACT_CHECK, s);
     dg_say(c->g->detail, sizeof c->g->detail, "(every position %lld..%lld of layer %d is zero "
            "in the test%s; zero at position %lld in layer%s %s)", (long long)d->pos,
@@ -116,6 +122,86 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
            "position %lld..%lld; the reference's are not", stage_name(d->stage),
            (long long)d->pos, (long long)end);
     return 1;
+}
+
+/* ------------------------------------------------------------------ */
+/* K / V rows written N positions off                                  */
+
+#define SHIFT_MAX 4              /* offsets tried: -SHIFT_MAX .. SHIFT_MAX */
+
+/* Row-relative error of a against b (max |a - b| / max |b|). */
+static double row_err(const float *a, const float *b, int n)
+{
+    double d = 0, m = 0;
+    for (int i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return m > 0 ? d / m : (d > 0 ? INFINITY : 0);
+}
+
+/* The test's k (or v) row at q is the reference's at q - N, from p on,
+ * at every position checked (up to ROWS_MAX_POS, before the token cut):
+ * what a cache write index off by N leaves in a recording of the cache
+ * (the row of q - N in slot q). The rows are copies: RoPE came with them. */
+static int rule_shifted_rows(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if ((d->stage != STAGE_K && d->stage != STAGE_V) || d->pos < 1)
+        return 0;
+    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
+    int64_t last = last_held(c, d->layer, d->stage);
+    if (c->pos_limit >= 0 && last >= c->pos_limit)
+        last = c->pos_limit - 1;
+    const double tol = fmax(c->row_tol, CMP_MATCH_TOL);
+    int rc = 0;
+    for (int N = 1; N <= 2 * SHIFT_MAX && rc == 0; N++) {
+        const int sh = N <= SHIFT_MAX ? N : SHIFT_MAX - N;   /* 1..4, then -1..-4 */
+        if (d->pos - sh < 0)
+            continue;
+        int checked = 0;
+        double worst = 0;
+        bool holds = true;
+        for (int64_t q = d->pos; q <= last && checked < ROWS_MAX_POS && holds; q++) {
+            if (q - sh < 0 || q - sh > last)
+                break;
+            float *t = dg_row(c, dg_test_rows(c), d->layer, d->stage, q, &rc, e);
+            float *r = dg_row(c, c->ref, d->layer, d->stage, q - sh, &rc, e);
+            float *own = dg_row(c, c->ref, d->layer, d->stage, q, &rc, e);
+            if (t && r && own) {
+                const double err = row_err(t, r, n);
+                /* the row is the other position's, and not its own */
+                holds = err <= tol && row_err(t, own, n) > 4 * tol;
+                worst = fmax(worst, err);
+                checked++;
+            }
+            free(t);
+            free(r);
+            free(own);
+        }
+        if (rc < 0)
+            return -1;
+        if (!holds || checked < 2)
+            continue;
+        const char *what = d->stage == STAGE_K ? "K" : "V";
+        char s[256];
+        dg_say(s, sizeof s, "%s rows written %d position%s off from position %lld on: the test's "
+               "row at q is the reference's at q %s %d (a cache write index off by %d)", what,
+               abs(sh), abs(sh) == 1 ? "" : "s", (long long)d->pos, sh > 0 ? "-" : "+", abs(sh),
+               sh);
+        dg_set(c, CMP_DIAG_ROWS_SHIFTED, CMP_BASIS_EXACT_CHECK, s);
+        dg_say(c->g->detail, sizeof c->g->detail, "(layer %d: each row the %s of position q %s "
+               "%d%s, where the config writes q's own)", d->layer,
+               d->stage == STAGE_K ? "key" : "value", sh > 0 ? "-" : "+", abs(sh),
+               d->stage == STAGE_K ? ", rotated for that position" : "");
+        dg_say(c->g->evidence, sizeof c->g->evidence, "at %d positions from %lld the test's %s "
+               "row equals the reference's %d position%s %s (to %.2g), and differs from the "
+               "reference's own (errors up to %.2g count as equal)", checked, (long long)d->pos,
+               stage_name(d->stage), abs(sh), abs(sh) == 1 ? "" : "s", sh > 0 ? "earlier"
+               : "later", worst, tol);
+        return 1;
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------------ */
@@ -435,6 +521,8 @@ int dg_rule_rows(cmp_ctx *c, kv_err *e)
 {
     int rc;
     if ((rc = rule_zero_rows(c, e)) != 0)
+        return rc;
+    if ((rc = rule_shifted_rows(c, e)) != 0)
         return rc;
     if ((rc = rule_kv_swapped(c, e)) != 0)
         return rc;

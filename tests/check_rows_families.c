@@ -1,0 +1,152 @@
+/* check_rows_families.c — bugs the recorded K/V rows show by themselves,
+ * planted by editing the reference's recording as a runtime (or a hand)
+ * would have written it: K or V alone written as zero from a position on
+ * (named with which, not "K = V = 0"), and K or V rows written N
+ * positions off (a cache write index off by N: slot q holding the row of
+ * q - N), each found at its exact (position, layer, stage) and named.
+ *
+ * The edits leave the rows' recorded hashes as they were, as an editor
+ * that knows nothing of them would: on a dump this small every row
+ * settled by hash is hashed again, so the edit is never "identical" (a
+ * sample of a thirty-second of each stage missed an edit of one stage). */
+#include <check.h>
+#include <hdf5.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static char out[1 << 16];
+
+/* tiny-qwen2 (no sliding window, biases) on 60 random tokens, 4 new. */
+static void make_reference(const char *dir)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "run --model tiny-qwen2 --prompt-random 60 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+typedef enum { EDIT_ZERO, EDIT_SHIFT } edit_kind;
+
+/* dir/ref.h5 copied to dir/bad.h5 with /layers/L/STAGE's rows from
+ * position `from` on zeroed (EDIT_ZERO), or each the row `shift`
+ * positions before it (EDIT_SHIFT; negative: after it), its hashes left
+ * alone. */
+static void edit_copy(const char *dir, int layer, const char *stage, edit_kind how, int from,
+                      int shift)
+{
+    char src[512], dst[512], name[64];
+    snprintf(src, sizeof src, "%s/ref.h5", dir);
+    snprintf(dst, sizeof dst, "%s/bad.h5", dir);
+    ck_assert_int_eq(test_copy_file(src, dst), 0);
+    snprintf(name, sizeof name, "/layers/%d/%s", layer, stage);
+    hid_t f = H5Fopen(dst, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    ck_assert(d >= 0);
+    hid_t sp = H5Dget_space(d);
+    hsize_t dims[2];
+    ck_assert_int_eq(H5Sget_simple_extent_ndims(sp), 2);
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    const size_t rows = (size_t)dims[0], cols = (size_t)dims[1];
+    float *a = malloc(rows * cols * sizeof *a), *b = malloc(rows * cols * sizeof *b);
+    ck_assert(a && b);
+    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
+    memcpy(b, a, rows * cols * sizeof *a);
+    for (size_t q = (size_t)from; q < rows; q++) {
+        const long srcq = (long)q - shift;
+        if (how == EDIT_ZERO)
+            memset(b + q * cols, 0, cols * sizeof *b);
+        else if (srcq >= 0 && srcq < (long)rows)
+            memcpy(b + q * cols, a + (size_t)srcq * cols, cols * sizeof *b);
+    }
+    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b) >= 0);
+    free(a);
+    free(b);
+    H5Sclose(sp);
+    H5Dclose(d);
+    ck_assert(H5Fclose(f) >= 0);
+}
+
+/* compare ref.h5 bad.h5: exit 1, the first divergence at (pos, layer,
+ * stage), diagnosed as kind with each NULL-terminated phrase in its text,
+ * and the stale hash said. */
+static void expect(const char *dir, long pos, int layer, const char *stage, const char *kind,
+                   ...)
+{
+    char args[1024];
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/bad.h5 --json", dir, dir);
+    const int rc = test_run_cli(args, out, sizeof out);
+    json_error_t je;
+    json_t *j = json_loads(out, 0, &je);
+    ck_assert_msg(j, "%s: %.2000s", je.text, out);
+    ck_assert_msg(rc == 1, "exit %d: %.3000s", rc, out);
+    json_t *d = json_object_get(j, "first_divergence");
+    json_t *g = json_object_get(j, "diagnosis");
+    const char *k = json_string_value(json_object_get(g, "kind"));
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == pos &&
+                  json_integer_value(json_object_get(d, "layer")) == layer &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), stage) && k &&
+                  !strcmp(k, kind), "expected %ld/%d/%s %s: %.3000s", pos, layer, stage, kind,
+                  out);
+    ck_assert_msg(json_is_object(json_object_get(json_object_get(j, "hash_check"), "stale")),
+                  "the stale hash not said: %.3000s", out);
+    char all[4096];
+    snprintf(all, sizeof all, "%s %s %s", json_string_value(json_object_get(g, "summary")),
+             json_string_value(json_object_get(g, "detail")),
+             json_string_value(json_object_get(g, "evidence")));
+    va_list ap;
+    va_start(ap, kind);
+    for (const char *s = va_arg(ap, const char *); s; s = va_arg(ap, const char *))
+        ck_assert_msg(strstr(all, s), "'%s' not in: %s", s, all);
+    va_end(ap);
+    json_decref(j);
+}
+
+START_TEST(rows_k_alone_zero)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    make_reference(dir);
+    edit_copy(dir, 0, "k", EDIT_ZERO, 20, 0);
+    expect(dir, 20, 0, "k", "zero_kv", "K rows written as zero from position 20 on, the V rows "
+           "as the reference's", "every position 20..62 of layer 0 is zero", NULL);
+    edit_copy(dir, 2, "v", EDIT_ZERO, 33, 0);
+    expect(dir, 33, 2, "v", "zero_kv", "V rows written as zero from position 33 on, the K rows "
+           "as the reference's", NULL);
+    test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(rows_shifted)
+{
+    char dir[64];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    make_reference(dir);
+    edit_copy(dir, 0, "k", EDIT_SHIFT, 21, 1);
+    expect(dir, 21, 0, "k", "rows_shifted", "K rows written 1 position off from position 21 on: "
+           "the test's row at q is the reference's at q - 1", "rotated for that position",
+           "at 8 positions from 21", NULL);
+    edit_copy(dir, 1, "v", EDIT_SHIFT, 30, -1);
+    expect(dir, 30, 1, "v", "rows_shifted", "V rows written 1 position off from position 30 on: "
+           "the test's row at q is the reference's at q + 1", NULL);
+    edit_copy(dir, 3, "k", EDIT_SHIFT, 40, 3);
+    expect(dir, 40, 3, "k", "rows_shifted", "K rows written 3 positions off", "q - 3", NULL);
+    test_rmtree(dir);
+}
+END_TEST
+
+Suite *rows_families_suite(void)
+{
+    Suite *s = suite_create("rows_families");
+    TCase *tc = tcase_create("edited");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, rows_k_alone_zero);
+    tcase_add_test(tc, rows_shifted);
+    suite_add_tcase(s, tc);
+    return s;
+}
