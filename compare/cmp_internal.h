@@ -87,9 +87,12 @@ bool cmp_settings_str(const cmp_source *s, const char *key, char *buf, size_t n)
 /* Reads again a sample of the rows the walk of r let hashes settle (a
  * fixed fraction of every such stage, plus every row near the first
  * divergence and the one beyond drift) on each side with rows and hashes,
- * and hashes them. Fills r->hashcheck (rows_checked; stale and where at
- * the first row whose hash is not its own). 0, or -1 with e filled. */
-int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r, kv_err *e);
+ * and hashes them; every such row where they hold whole_limit floats a
+ * side or fewer (0: the default; -1: a sample always). Fills r->hashcheck
+ * (rows_checked; stale and where at the first row whose hash is not its
+ * own). 0, or -1 with e filled. */
+int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r,
+                   int64_t whole_limit, kv_err *e);
 
 /* Adds a note to the result (silently dropped past CMP_MAX_NOTES). */
 void cmp_note(cmp_result *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

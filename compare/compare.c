@@ -1519,7 +1519,7 @@ static bool settled_by_hashes(const cmp_result *r)
 static int check_hashes(const cmp_source *ref, const cmp_source *test, const cmp_opts *o,
                         cmp_result *r, kv_err *e)
 {
-    if (cmp_hash_audit(ref, test, r, e) < 0)
+    if (cmp_hash_audit(ref, test, r, o->hash_audit_whole, e) < 0)
         return -1;
     if (!r->hashcheck.stale)
         return 0;

@@ -232,6 +232,9 @@ typedef struct {
     int block_rows;              /* positions per read (default 64, at most 4096) */
     bool no_hashes;              /* read every row even where both sides' row
                                   * hashes agree */
+    int64_t hash_audit_whole;    /* rows settled by hash are all hashed again up to
+                                  * this many floats a side (0: the default, 2^26;
+                                  * -1: a sample always) */
     /* Cross-runtime mode (docs/cross-runtime.md): rows judged by a drift
      * model of another runtime's rounding instead of the rule above.
      * AUTO (the default): when both recordings name their engine and the

@@ -104,7 +104,8 @@ static int check_near(const cmp_source *ref, const cmp_source *test, const cmp_d
     return check_range(ref, test, sr, d->pos - CMP_AUDIT_NEAR, d->pos, b, r, e);
 }
 
-int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r, kv_err *e)
+int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r,
+                   int64_t whole_limit, kv_err *e)
 {
     audit_buf b = {0};
     memset(&r->hashcheck, 0, sizeof r->hashcheck);
@@ -114,7 +115,7 @@ int cmp_hash_audit(const cmp_source *ref, const cmp_source *test, cmp_result *r,
     for (int i = 0; i < r->n_stages; i++)
         if (!r->stages[i].hashed && r->stages[i].rows_by_hash > 0 && r->stages[i].cols > 0)
             settled += r->stages[i].rows_by_hash * (int64_t)r->stages[i].cols;
-    const bool whole = settled <= CMP_AUDIT_WHOLE;
+    const bool whole = whole_limit >= 0 && settled <= (whole_limit ? whole_limit : CMP_AUDIT_WHOLE);
     for (int i = 0; i < r->n_stages && rc == 0 && !r->hashcheck.stale; i++) {
         const cmp_stage_result *sr = &r->stages[i];
         if (sr->hashed || sr->rows_by_hash <= 0 || sr->cols <= 0)

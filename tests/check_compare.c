@@ -919,11 +919,15 @@ START_TEST(test_row_hashes_first)
     run_injection(ic, NULL, &plain, &m, &ref, &got);
     cmp_source sa, sb;
     kv_err e = {{0}};
+    /* The hashes' sample, as on a recording too large to hash again whole. */
+    cmp_opts samp;
+    cmp_opts_default(&samp);
+    samp.hash_audit_whole = -1;
     /* Identical recordings: every row settled by its hash, none read. */
     hashed_source(ref, &sa);
     hashed_source(ref, &sb);
     rows_read = 0;
-    ck_assert_msg(cmp_compare(&sa, &sb, NULL, &q, &e) == 0, "%s", e.msg);
+    ck_assert_msg(cmp_compare(&sa, &sb, &samp, &q, &e) == 0, "%s", e.msg);
     ck_assert_int_eq(q.verdict, CMP_IDENTICAL);
     /* the only rows read: the sample whose hashes are checked again */
     ck_assert_int_gt(q.hashcheck.rows_checked, 0);
@@ -938,6 +942,16 @@ START_TEST(test_row_hashes_first)
         ck_assert(cmp_stats_nmse(&sr->all) == 0);
     }
     ck_assert(!q.compared.hashed);   /* compared as rows, not as fingerprints */
+    const int64_t sampled = q.hashcheck.rows_checked;
+    cmp_result_free(&q);
+    /* A recording this small: every row settled by hash hashed again. */
+    ck_assert_msg(cmp_compare(&sa, &sb, NULL, &q, &e) == 0, "%s", e.msg);
+    ck_assert_int_eq(q.verdict, CMP_IDENTICAL);
+    int64_t settled = 0;
+    for (int i = 0; i < q.n_stages; i++)
+        settled += q.stages[i].rows_by_hash;
+    ck_assert_int_eq(q.hashcheck.rows_checked, 2 * settled);
+    ck_assert_int_gt(q.hashcheck.rows_checked, sampled);
     cmp_result_free(&q);
     /* A bug: the same first divergence and diagnosis as reading every row,
      * while the rows before it were never read. */
@@ -950,7 +964,7 @@ START_TEST(test_row_hashes_first)
     const int64_t read_all = rows_read;
     cmp_result_free(&q);
     rows_read = 0;
-    ck_assert_msg(cmp_compare(&sa, &sb, NULL, &q, &e) == 0, "%s", e.msg);
+    ck_assert_msg(cmp_compare(&sa, &sb, &samp, &q, &e) == 0, "%s", e.msg);
     ck_assert(q.first.found && q.first.pos == plain.first.pos &&
               q.first.layer == plain.first.layer && q.first.stage == plain.first.stage &&
               q.first.col == plain.first.col && !q.first.hashed);
@@ -1013,6 +1027,7 @@ START_TEST(test_row_hashes_big_blocks)
     cmp_opts o;
     cmp_opts_default(&o);
     o.block_rows = 4096;
+    o.hash_audit_whole = -1;   /* the sample, as on a large recording */
     cmp_result r;
     rows_read = 0;
     ck_assert_msg(cmp_compare(&sa, &sb, &o, &r, &e) == 0, "%s", e.msg);
