@@ -688,6 +688,78 @@ static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_
     return 0;
 }
 
+/* A step found (by its size, or as a rotation) may sit downstream of a
+ * rotation that stayed under every threshold where it was born: a RoPE
+ * bug on a global layer moves that layer's q by a few tenths of a percent
+ * at position 1 (under a bf16 or q8_0 floor), while a later layer of the
+ * same kind, its input already changed, steps by size at that same
+ * position and no rotation explains it there. So every q and k stage is
+ * searched at its last compared position, where a rotation has grown
+ * largest: a candidate leaving CMP_ROT_GAIN times less than the row's
+ * error there, and leaving CMP_ROT_BACK times less at an earlier point
+ * than the step (first_rotated), moves the step there. 0, -1 on error. */
+static int rot_scan(xrt_walk *x, int64_t *stop, int *stop_i, kv_err *e)
+{
+    cmp_ctx *c = x->c;
+    cmp_xrt *m = &c->r->xrt;
+    const double floor = floor_of(m, false, 0);
+    float *rows = malloc((size_t)config_max_q_width(c->cfg) * 2 * sizeof *rows);
+    if (!rows)
+        return kv_errf(e, "compare: out of memory");
+    int rc = 0;
+    for (int j = 0; j < x->n && rc == 0; j++) {
+        const cmp_stage_result *sr = &c->r->stages[j];
+        if ((sr->stage != STAGE_Q && sr->stage != STAGE_K) || sr->layer < 0 ||
+            (*stop <= 1 && j >= *stop_i))
+            continue;
+        const int D = config_layer_head_dim(c->cfg, sr->layer);
+        int64_t p2 = sr->pos_hi;
+        if (c->pos_limit >= 0 && p2 >= c->pos_limit)
+            p2 = c->pos_limit - 1;
+        if (D < 4 || sr->cols % D || p2 < 1 || p2 < sr->pos_lo)
+            continue;
+        const double err2 = x->err[(size_t)j * (size_t)x->P + (size_t)(p2 - x->base)];
+        if (!(err2 > floor) || !isfinite(err2))
+            continue;
+        float *t = rows, *r = rows + sr->cols;
+        if (c->test->read(c->test->ctx, sr->layer, sr->stage, p2, 1, t, e) < 0 ||
+            c->ref->read(c->ref->ctx, sr->layer, sr->stage, p2, 1, r, e) < 0) {
+            rc = -1;
+            break;
+        }
+        cmp_rope_conv cv;
+        const double best = cmp_rope_best_fit(c->cfg, sr->layer, p2, r, t, sr->cols / D, &cv);
+        if (!(best <= err2 / CMP_ROT_GAIN))
+            continue;
+        const double keep = m->rot_here_resid;
+        m->rot_here_resid = NAN;
+        int64_t at_p;
+        int at_i;
+        rc = first_rotated(x, sr->layer, &cv, *stop, *stop_i, &at_p, &at_i, e);
+        if (rc < 0)
+            break;
+        if (at_p == *stop && at_i == *stop_i) {
+            m->rot_here_resid = keep;   /* nothing earlier: the step stays */
+            continue;
+        }
+        /* An earlier point: the step is the rotation's. */
+        m->rot_step = true;
+        m->rot_pos = p2;
+        m->rot_stage = sr->stage;
+        m->rot_err = err2;
+        m->rot_resid = best;
+        m->rot_pos2 = -1;
+        m->rot_err2 = m->rot_resid2 = NAN;
+        m->rot_drift_threshold = sr->xrt_threshold;
+        m->rot_threshold = fmin(fmax(4 * best, floor), err2 / 2);
+        snprintf(m->rot_what, sizeof m->rot_what, "%s", cv.what);
+        *stop = at_p;
+        *stop_i = at_i;
+    }
+    free(rows);
+    return rc;
+}
+
 /* Positions ascending, at each the stages in dataflow order: the first
  * row above its threshold is the step. Rows before it are drift and teach
  * each stage its scale. audit_p, audit_i: the attention check's step
@@ -795,6 +867,15 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
     free(own);
     if (stop < 0)
         return 0;
+    /* A plain size step, or a rotation's: an earlier rotation moves it. */
+    if (!out_step && !m->audit_step && !m->sys_step && !m->off_step) {
+        const int64_t was = stop;
+        const int was_i = stop_i;
+        if (rot_scan(x, &stop, &stop_i, e) < 0)
+            return -1;
+        if (stop != was || stop_i != was_i)
+            stop_thr = m->rot_threshold;
+    }
     if (out_step) {
         m->step = true;
         m->step_err = out_err;

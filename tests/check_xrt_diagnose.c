@@ -525,6 +525,52 @@ START_TEST(xrt_diag_rotation_under_floor)
 }
 END_TEST
 
+/* A rotation under every threshold where it is born, stepping by size
+ * downstream: tiny-gemma4's rope_freqs all ones on 600 positions with a
+ * bf16 cache moves layer 3's q by 1.7 % at position 1 (under the bf16
+ * floor), while layer 7 (global too, its input already changed) steps by
+ * size at (1, 7, q), where no rotation explains it: "unclassified" at the
+ * wrong layer. Searched at each q and k stage's last position, where the
+ * rotation has grown to 170 %, the candidate explains layer 3's rows
+ * back to position 1, and the step moves there, named. */
+START_TEST(xrt_diag_rotation_upstream_of_step)
+{
+    char dir[64], args[2048], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --preset tiny-gemma4 -o %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 600 --seed 3 --max-new 4 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    ck_assert_int_eq(patch_freqs_ones(gguf, bad), 0);
+    snprintf(args, sizeof args, "%s --hf %s/hf --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
+             "--threads 1 --cache-type bf16 --flash-attn on --ubatch 7 --dump %s/llama.h5", bad,
+             dir, dir, dir);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/llama.h5 --json", dir, dir);
+    ck_assert_int_eq(test_run_cli(args, out, sizeof out), 1);
+    json_t *j = json_loads(out, 0, NULL);
+    ck_assert_msg(j, "%.2000s", out);
+    json_t *d = json_object_get(j, "first_divergence");
+    ck_assert_msg(json_integer_value(json_object_get(d, "position")) == 1 &&
+                  json_integer_value(json_object_get(d, "layer")) == 3 &&
+                  !strcmp(json_string_value(json_object_get(d, "stage")), "q"), "%.3000s", out);
+    expect_diag(json_object_get(j, "diagnosis"), "bf16", "rope_convention", "recomputed",
+                "of the 32 pairs of each head where the config turns 8", NULL);
+    json_t *rot = json_object_get(json_object_get(json_object_get(json_object_get(j, "mode"),
+                      "cross_runtime"), "structure"), "rotation_step");
+    char *rs = json_dumps(rot, 0);
+    ck_assert_msg(json_is_object(rot) &&
+                  json_integer_value(json_object_get(rot, "position")) > 500 &&
+                  json_is_number(json_object_get(rot, "residual_at_step")), "%s", rs);
+    free(rs);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* Linear RoPE scaling by 4 in config.json; the GGUF's factor dropped to
  * 1 (no scaling), or wrong (2). */
 static void scaling_case(double factor, const char *words)
@@ -1076,6 +1122,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_gemma4_rope_global_base);
     tcase_add_test(tc, xrt_diag_gemma4_rope_freqs_ones);
     tcase_add_test(tc, xrt_diag_rotation_under_floor);
+    tcase_add_test(tc, xrt_diag_rotation_upstream_of_step);
     tcase_add_test(tc, xrt_diag_rope_scaling_dropped);
     tcase_add_test(tc, xrt_diag_rope_scaling_wrong);
     tcase_add_test(tc, xrt_diag_rope_llama3_dropped);
