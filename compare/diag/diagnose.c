@@ -287,6 +287,46 @@ static void rule_unclassified(cmp_ctx *c)
         "%.2g)", stage_name(d->stage), stage_hint(d->stage), d->row_rel);
 }
 
+/* A key count that is no count (a fraction, negative): the recording is
+ * malformed there, as `kvdiff validate` says, and nothing about attention
+ * can be read from it. 1 when it names the point, 0, -1 on error. */
+static int rule_bad_count(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if (d->stage != STAGE_ATTN_NKEYS || d->layer < 0)
+        return 0;
+    const int H = c->cfg->n_heads;
+    for (int side = 0; side < 2; side++) {
+        int rc = 0;
+        const cmp_source *src = side ? c->ref : dg_test_rows(c);
+        float *row = dg_row(c, src, d->layer, STAGE_ATTN_NKEYS, d->pos, &rc, e);
+        if (rc < 0)
+            return -1;
+        int h = -1;
+        for (int i = 0; row && i < H && h < 0; i++)
+            if (!(row[i] >= 0) || row[i] != floorf(row[i]))
+                h = i;
+        const double v = h >= 0 ? row[h] : 0;
+        free(row);
+        if (h < 0)
+            continue;
+        const char *who = side ? "reference" : "test";
+        char s[256];
+        dg_say(s, sizeof s, "the %s's attn_nkeys is no key count: %.9g at position %lld, head %d "
+               "(counts are whole numbers >= 0): the recording is malformed there", who, v,
+               (long long)d->pos, h);
+        dg_set(c, CMP_DIAG_UNCLASSIFIED, CMP_BASIS_EXACT_CHECK, s);
+        dg_say(c->g->detail, sizeof c->g->detail, "(kvdiff validate %s rejects it; a recorder "
+               "that writes counts through a float computation, or an edit, leaves this)",
+               src->label ? src->label : who);
+        dg_say(c->g->evidence, sizeof c->g->evidence, "the %s's attn_nkeys row at position %lld "
+               "of layer %d holds %.9g for head %d, not a whole number", who, (long long)d->pos,
+               d->layer, v, h);
+        return 1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Entry                                                                */
 
@@ -294,6 +334,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     int rc;
+    if ((rc = rule_bad_count(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
     if (d->nonfinite) {
         /* A softmax over no key at all (the own key masked at position 0)
          * is NaN in most runtimes: a key set explains it before a bad
