@@ -161,6 +161,76 @@ START_TEST(rows_count_not_a_count)
 }
 END_TEST
 
+/* Rows of /layers/L/STAGE in dir/bad.h5 (n x cols, D-wide heads) turned
+ * back under base th0 on every pair, then forward under base th1 on the
+ * first `pairs` pairs at the whole head's frequencies (Gemma 4's full
+ * layers' proportional RoPE): a sliding layer rotated as a full one. */
+static void turn_rows(const char *dir, int layer, const char *stage, int D, double th0,
+                      double th1, int pairs)
+{
+    char path[512], name[64];
+    snprintf(path, sizeof path, "%s/bad.h5", dir);
+    snprintf(name, sizeof name, "/layers/%d/%s", layer, stage);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    ck_assert(d >= 0);
+    hid_t sp = H5Dget_space(d);
+    hsize_t dims[2];
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    const size_t rows = (size_t)dims[0], cols = (size_t)dims[1];
+    float *a = malloc(rows * cols * sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
+    const int half = D / 2;
+    for (size_t p = 0; p < rows; p++)
+        for (size_t h = 0; h < cols / (size_t)D; h++) {
+            float *x = a + p * cols + h * (size_t)D;
+            for (int j = 0; j < half; j++) {
+                const double t0 = (double)p * pow(th0, -2.0 * j / D);
+                double u0 = x[j] * cos(t0) + x[j + half] * sin(t0);
+                double u1 = x[j + half] * cos(t0) - x[j] * sin(t0);
+                if (j < pairs) {
+                    const double t1 = (double)p * pow(th1, -2.0 * j / D);
+                    const double r0 = u0 * cos(t1) - u1 * sin(t1);
+                    u1 = u1 * cos(t1) + u0 * sin(t1);
+                    u0 = r0;
+                }
+                x[j] = (float)u0;
+                x[j + half] = (float)u1;
+            }
+        }
+    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
+    free(a);
+    H5Sclose(sp);
+    H5Dclose(d);
+    ck_assert(H5Fclose(f) >= 0);
+}
+
+/* Gemma 4: a sliding layer (0, heads of 32, base 1e4 on all 16 pairs)
+ * rotated as a full one turns it (base 1e6 on a quarter of its pairs,
+ * 4, at the whole head's frequencies). Named as that convention, the
+ * pairs said, where the plain "global base on a sliding layer" (all 16
+ * pairs) does not fit. */
+START_TEST(rows_gemma4_sliding_turned_as_full)
+{
+    char dir[64], args[1024], src[512], dst[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "run --model tiny-gemma4 --prompt-random 40 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(src, sizeof src, "%s/ref.h5", dir);
+    snprintf(dst, sizeof dst, "%s/bad.h5", dir);
+    ck_assert_int_eq(test_copy_file(src, dst), 0);
+    turn_rows(dir, 0, "q", 32, 1e4, 1e6, 4);
+    turn_rows(dir, 0, "k", 32, 1e4, 1e6, 4);
+    expect(dir, 1, 0, "q", "rope_convention", "theta 1e+06, the global layers' base, on a "
+           "sliding layer, rotating 4 of its 16 pairs as the full layers' partial factor 0.25 "
+           "does", NULL);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *rows_families_suite(void)
 {
     Suite *s = suite_create("rows_families");
@@ -169,6 +239,7 @@ Suite *rows_families_suite(void)
     tcase_add_test(tc, rows_k_alone_zero);
     tcase_add_test(tc, rows_shifted);
     tcase_add_test(tc, rows_count_not_a_count);
+    tcase_add_test(tc, rows_gemma4_sliding_turned_as_full);
     suite_add_tcase(s, tc);
     return s;
 }
