@@ -23,6 +23,7 @@ and with each bug it can plant that the preset has the layers for:
   own-masked the query's own key masked (j < q)              (0, 0, attn_out)
   kv-swap    layer 0's k_proj and v_proj weights swapped     (0, 0, k)
   norm-eps   every RMSNorm with epsilon 0.1                  (0, 0, attn_norm)
+  attn-scale the scores scaled by sqrt(2) times the config's  (1, 0, attn_out)
 
 and `kvdiff compare REF TEST --json` judges it. One line per run; then per
 dtype: legitimate runs and false alarms, bug runs located at their exact
@@ -84,6 +85,7 @@ def bugs_for(cfg, n):
     out.append(("own-masked", ["own-key-masked"], (0, 0, "attn_out"), "own_key_masked"))
     out.append(("kv-swap", ["kv-swap=0"], (0, 0, "k"), "kv_swapped"))
     out.append(("norm-eps", ["norm-eps=0.1"], (0, 0, "attn_norm"), "norm_eps"))
+    out.append(("attn-scale", ["attn-scale=1.41421356"], (1, 0, "attn_out"), "attn_scale"))
     return out
 
 

@@ -87,6 +87,9 @@ int dg_row_pair(cmp_ctx *c, int layer, kv_stage st, int64_t p, float **a, float 
  * them after the row families: */
 int dg_rule_rope(cmp_ctx *c, kv_err *e);              /* rope.c: another position */
 int dg_rule_scaled(cmp_ctx *c, kv_err *e);            /* rope.c: q or k scaled as a whole */
+/* rope.c: attention whose scores are scaled by another factor than the
+ * config's (q, k, v right): the factor fitted, tried after the key sets */
+int dg_rule_scores_scaled(cmp_ctx *c, kv_err *e);
 int dg_rule_norm_convention(cmp_ctx *c, kv_err *e);   /* norms.c: w vs (1 + w) */
 int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
 int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */

@@ -383,6 +383,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         return rc < 0 ? -1 : rc == 2 ? 2 : 0;
     if (d->layer >= 0 && (rc = dg_rule_keyset(c, a, e)) != 0)
         return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = dg_rule_scores_scaled(c, e)) != 0)
+        return rc < 0 ? -1 : 0;
     rule_unclassified(c);
     return 0;
 }

@@ -530,3 +530,118 @@ int dg_rule_scaled(cmp_ctx *c, kv_err *e)
     return 1;
 }
 
+
+/* ------------------------------------------------------------------ */
+/* Scores scaled otherwise                                              */
+
+/* Error of attention at (layer, q) over the config's keys, from the
+ * test's own q, k, v, with the scores scaled by s. +inf when it cannot be
+ * recomputed there. 0, -1 on error. */
+static int scaled_err(cmp_ctx *c, int layer, int64_t q, double s, double *err, kv_err *e)
+{
+    const int W = config_layer_window(c->cfg, layer);
+    const cmp_hyp h = {.lo = W > 0 && q - W + 1 > 0 ? q - W + 1 : 0, .hi = q};
+    kv_config tmp = *c->cfg;
+    tmp.attn_scale = s;
+    const kv_config *keep = c->cfg;
+    c->cfg = &tmp;
+    int64_t tn;
+    const int rc = dg_attn_err_at(c, layer, q, &h, false, err, &tn, e);
+    c->cfg = keep;
+    if (rc != 0)
+        *err = INFINITY;
+    return rc < 0 ? -1 : 0;
+}
+
+int dg_rule_scores_scaled(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    if (!dg_is_attn_stage(d->stage) || d->layer < 0 || d->pos < 1)
+        return 0;
+    const int l = d->layer;
+    const double D = config_layer_head_dim(c->cfg, l);
+    const double s0 = c->cfg->attn_scale > 0 ? c->cfg->attn_scale
+                      : c->cfg->query_pre_attn_scalar > 0
+                          ? 1.0 / sqrt(c->cfg->query_pre_attn_scalar) : 1.0 / sqrt(D);
+    double e0;
+    if (scaled_err(c, l, d->pos, s0, &e0, e) < 0)
+        return -1;
+    if (!isfinite(e0) || e0 <= c->attn_tol)
+        return 0;   /* nothing recomputed, or the config's scale fits */
+    /* A grid over factors 1/16 .. 16 (log-spaced), then golden sections
+     * around the best point. */
+    double best_f = 1, best = e0;
+    for (int i = -24; i <= 24; i++) {
+        const double f = exp2(i / 6.0), s = s0 * f;
+        double er;
+        if (i == 0)
+            continue;
+        if (scaled_err(c, l, d->pos, s, &er, e) < 0)
+            return -1;
+        if (er < best) {
+            best = er;
+            best_f = f;
+        }
+    }
+    if (best_f == 1)
+        return 0;
+    double lo = log(best_f) - log(2) / 6, hi = log(best_f) + log(2) / 6;
+    const double gr = (sqrt(5.0) - 1) / 2;
+    for (int it = 0; it < 40; it++) {
+        const double m1 = hi - gr * (hi - lo), m2 = lo + gr * (hi - lo);
+        double e1, e2;
+        if (scaled_err(c, l, d->pos, s0 * exp(m1), &e1, e) < 0 ||
+            scaled_err(c, l, d->pos, s0 * exp(m2), &e2, e) < 0)
+            return -1;
+        if (e1 < e2)
+            hi = m2;
+        else
+            lo = m1;
+    }
+    const double f = exp((lo + hi) / 2), s = s0 * f;
+    if (scaled_err(c, l, d->pos, s, &best, e) < 0)
+        return -1;
+    /* The same factor at the last position the test holds of the layer. */
+    int64_t held_lo, q2;
+    double err2 = NAN;
+    if (dg_attn_held(c, l, &held_lo, &q2) == 0) {
+        if (c->pos_limit >= 0 && q2 >= c->pos_limit)
+            q2 = c->pos_limit - 1;
+        if (q2 > d->pos && scaled_err(c, l, q2, s, &err2, e) < 0)
+            return -1;
+    }
+    if (!(best <= c->attn_tol) || (!isnan(err2) && !(err2 <= c->attn_tol)) ||
+        fabs(f - 1) <= 1e-3)
+        return 0;
+    /* The scales as 1/sqrt(X): the config's X0 (query_pre_attn_scalar, or
+     * the head size), the test's X. */
+    const double X = 1 / (s * s), X0 = 1 / (s0 * s0);
+    char why[160] = "";
+    if (fabs(X / D - 1) <= 0.01 && fabs(X0 / D - 1) > 0.01)
+        dg_say(why, sizeof why, ": 1/sqrt(head_dim), the config's query_pre_attn_scalar (%g) "
+               "ignored", X0);
+    else if (fabs(2 * X / X0 - 1) <= 0.01)
+        dg_say(why, sizeof why, " = 1/sqrt(%g): the scalar halved (query_pre_attn_scalar, or "
+               "the head size it stands for)", X0);
+    else if (fabs(X / (2 * X0) - 1) <= 0.01)
+        dg_say(why, sizeof why, " = 1/sqrt(%g): the scalar doubled (query_pre_attn_scalar, or "
+               "the head size it stands for)", X0);
+    else
+        dg_say(why, sizeof why, " (the test's is %.4g times it)", f);
+    char sum[256];
+    dg_say(sum, sizeof sum, "attention scale: the test scales scores by %.6g = 1/sqrt(%.4g) "
+           "where the config says %.6g%s", s, X, s0, why);
+    dg_set(c, CMP_DIAG_ATTN_SCALE, CMP_BASIS_RECOMPUTED, sum);
+    dg_say(c->g->detail, sizeof c->g->detail, "(layer %d from position %lld: q, k and v are the "
+           "reference's within drift; the softmax is sharper or flatter: the scale applied to "
+           "q.k, not to q)", l, (long long)d->pos);
+    dg_say(c->g->evidence, sizeof c->g->evidence, "attention recomputed from the test's own q, "
+           "k, v over the config's keys reproduces its %s with the scores scaled by %.6g (error "
+           "%.2g at position %lld", dg_recorded_attn(c), s, best, (long long)d->pos);
+    if (!isnan(err2))
+        dg_append(c->g->evidence, sizeof c->g->evidence, ", %.2g at position %lld", err2,
+                  (long long)q2);
+    dg_append(c->g->evidence, sizeof c->g->evidence, "), not with the config's %.6g (%.2g); "
+              "errors up to %.2g count as reproducing", s0, e0, c->attn_tol);
+    return 1;
+}

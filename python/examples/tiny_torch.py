@@ -40,7 +40,9 @@ is gone from the cache after the step that wrote it), decode-blind
 (decode steps read no key of the prompt), global-window=N (global layers
 read N keys: a split local/global cache), own-key-masked (position q reads
 keys before q only: a strict mask), kv-swap=L (layer L's k_proj and v_proj
-weights swapped), norm-eps=E (every RMSNorm with epsilon E)."""
+weights swapped), norm-eps=E (every RMSNorm with epsilon E), attn-scale=F
+(scores scaled by F times the config's scale: query_pre_attn_scalar halved
+is F = sqrt(2))."""
 
 import argparse
 import json
@@ -126,6 +128,7 @@ class Faults:
         self.own_masked = False
         self.kv_swap = None
         self.norm_eps = None
+        self.attn_scale = None
         for s in specs or []:
             name, _, arg = s.partition("=")
             try:
@@ -154,12 +157,17 @@ class Faults:
                         raise ValueError("no such layer")
                 elif name == "norm-eps" and arg:
                     self.norm_eps = float(arg)
+                elif name == "attn-scale" and arg:
+                    self.attn_scale = float(arg)
+                    if not (self.attn_scale > 0 and math.isfinite(self.attn_scale)):
+                        raise ValueError("a factor > 0")
                 else:
                     raise ValueError("unknown")
             except ValueError as exc:
                 raise ValueError(f"--fault {s!r}: expected window=N, swap-layer-types=A,B, "
                                  f"rope-base-local=T, rope-base=T, drop-key=P, decode-blind, "
-                                 f"global-window=N, own-key-masked, kv-swap=L or norm-eps=E "
+                                 f"global-window=N, own-key-masked, kv-swap=L, norm-eps=E or "
+                                 f"attn-scale=F "
                                  f"({exc})")
         if self.window is not None and self.window < 1:
             raise ValueError(f"--fault window={self.window}: the window must be >= 1")
@@ -591,7 +599,8 @@ class TinyCausalLM(nn.Module):
             if sliding and f.rope_local is not None:
                 theta = f.rope_local
             window = (f.window or c["sliding_window"]) if sliding else (f.global_window or 0)
-            x = layer(x, positions, cache, theta, window, c["attn_scale"], visible,
+            scale = c["attn_scale"] * (f.attn_scale or 1.0)
+            x = layer(x, positions, cache, theta, window, scale, visible,
                       None if ple is None else ple[:, :, i])
         x = self.model.norm(x)
         if logits_to_keep:   # after the final norm, of every row, as transformers

@@ -1005,6 +1005,17 @@ class TestPrecision(Base):
         self.expect_bug("kv-swap-bf16", "kv-swap=0", 0, 0, "k", "kv_swapped",
                         "k and v projections swapped")
 
+    def test_attn_scale_bf16(self):
+        # Scores scaled by sqrt(2) times the config's (query_pre_attn_scalar
+        # halved): q, k, v right, the attention sharper. Was "cause not
+        # identified (attention differs)"; the fitted factor names it.
+        self.expect_bug("scale-bf16", "attn-scale=1.41421356", 1, 0, "attn_out", "attn_scale",
+                        "where the config says 0.125 = 1/sqrt(64): the scalar halved")
+
+    def test_attn_scale_f32(self):
+        self.expect_bug("scale-f32", "attn-scale=1.41421356", 1, 0, "attn_out", "attn_scale",
+                        "the test scales scores by 0.176777 = 1/sqrt(32)", dtype="f32")
+
     def test_norm_eps_bf16(self):
         self.expect_bug("norm-eps-bf16", "norm-eps=0.1", 0, 0, "attn_norm", "norm_eps",
                         "with eps 0.1 where the config says 1e-06")
