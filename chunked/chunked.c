@@ -297,7 +297,8 @@ static void build_mask(chk_engine *c, int layer, const cand_list *cl, int64_t s,
                        int part)
 {
     const int w = eff_window(c, layer);
-    const bool iso = isolated(c);
+    const bool iso = isolated(c) ||
+                     (c->o.inj.on[INJ_ISOLATED_LAYER] && c->o.inj.iso_layer == layer);
     for (int r = 0; r < n; r++) {
         const int64_t i = s + r;
         uint8_t *mr = c->mask + (size_t)r * cl->n;

@@ -53,6 +53,7 @@ typedef enum {
     INJ_SPLIT_DECODE_BLIND,
     INJ_DROP_KEY,
     INJ_OWN_KEY_MASKED,
+    INJ_ISOLATED_LAYER,
     INJ_COUNT
 } chk_injection;
 
@@ -64,6 +65,7 @@ typedef struct {
     int drop_layer;     /*   ... on layer L alone (-1: every layer) */
     int own_from;       /* own-key-masked=F[@L]: queries from F on skip their own key */
     int own_layer;      /*   ... on layer L alone (-1: every layer) */
+    int iso_layer;      /* isolated-layer=L: chunks attend only to themselves on L alone */
 } chk_injections;
 
 typedef struct {

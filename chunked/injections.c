@@ -37,6 +37,8 @@ static const inj_info catalogue[INJ_COUNT] = {
         "split cache: decode steps attend only to the decode cache, never to the prefill cache"},
     [INJ_DROP_KEY] = {"drop-key", true,
         "drop-key=K[@L]: key K is read by no later query (on layer L alone with @L)"},
+    [INJ_ISOLATED_LAYER] = {"isolated-layer", true,
+        "isolated-layer=L: on layer L alone, each chunk attends only to itself"},
     [INJ_OWN_KEY_MASKED] = {"own-key-masked", true,
         "own-key-masked=F[@L]: queries from position F on skip their own key, a strict mask "
         "(on layer L alone with @L)"},
@@ -102,6 +104,8 @@ int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
                            i == INJ_DROP_KEY ? &inj->drop_key : &inj->own_from,
                            i == INJ_DROP_KEY ? &inj->drop_layer : &inj->own_layer, e) < 0)
             return -1;
+        if (i == INJ_ISOLATED_LAYER && parse_count(in->name, eq + 1, 0, &inj->iso_layer, e) < 0)
+            return -1;
         inj->on[i] = true;
         return 0;
     }
@@ -122,6 +126,9 @@ void chk_injections_describe(const chk_injections *inj, char *buf, size_t n)
         else if (i == INJ_ROPE_OFFSET)
             w = snprintf(buf + len, n - len, "%srope-offset=%d", len ? "," : "",
                          inj->rope_offset);
+        else if (i == INJ_ISOLATED_LAYER)
+            w = snprintf(buf + len, n - len, "%sisolated-layer=%d", len ? "," : "",
+                         inj->iso_layer);
         else if (i == INJ_DROP_KEY || i == INJ_OWN_KEY_MASKED) {
             const int v = i == INJ_DROP_KEY ? inj->drop_key : inj->own_from;
             const int l = i == INJ_DROP_KEY ? inj->drop_layer : inj->own_layer;
@@ -199,6 +206,12 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
     if (inj->on[INJ_DROP_KEY] && inj->drop_layer >= c->n_layers)
         return kv_errf(e, "--inject drop-key=%d@%d: the model has layers 0..%d", inj->drop_key,
                        inj->drop_layer, c->n_layers - 1);
+    if (inj->on[INJ_ISOLATED_LAYER] && inj->iso_layer >= c->n_layers)
+        return kv_errf(e, "--inject isolated-layer=%d: the model has layers 0..%d",
+                       inj->iso_layer, c->n_layers - 1);
+    if (inj->on[INJ_ISOLATED_LAYER] && (inj->on[INJ_ISOLATED_CHUNKS] ||
+                                        inj->on[INJ_ISOLATED_CHUNKS_POS]))
+        return kv_errf(e, "--inject isolated-layer: isolated-chunks already covers every layer");
     if (inj->on[INJ_OWN_KEY_MASKED] && inj->own_layer >= c->n_layers)
         return kv_errf(e, "--inject own-key-masked=%d@%d: the model has layers 0..%d",
                        inj->own_from, inj->own_layer, c->n_layers - 1);

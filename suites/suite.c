@@ -132,6 +132,7 @@ static const char *const inj_diagnosis[INJ_COUNT] = {
     [INJ_SPLIT_DECODE_BLIND] = "split_decode_blind",
     [INJ_DROP_KEY] = "missing_key",
     [INJ_OWN_KEY_MASKED] = "own_key_masked",
+    [INJ_ISOLATED_LAYER] = "chunk_isolated",
 };
 
 const char *suite_injection_diagnosis(int injection)

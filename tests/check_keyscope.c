@@ -79,7 +79,11 @@ static void expect(const scope_case *sc, const cmp_result *r, const char *t, con
     if (sc->words)
         ck_assert_msg(strstr(all, sc->words), "%s (%s): '%s' not in\n%s", sc->name, how,
                       sc->words, t);
-    ck_assert_msg((strstr(r->diag.summary, " only") != NULL) == sc->narrow,
+    /* the scope's words: " on layer 0 only", " on the sliding layers only"
+     * (not the "only" of "attend only to themselves") */
+    const bool narrow = strstr(r->diag.summary, " on layer ") != NULL ||
+                        strstr(r->diag.summary, " layers only") != NULL;
+    ck_assert_msg(narrow == sc->narrow,
                   "%s (%s): the summary %s a narrow scope\n%s", sc->name, how,
                   sc->narrow ? "lacks" : "claims", t);
 }
@@ -174,6 +178,13 @@ static const scope_case cases[] = {
      CMP_DIAG_OWN_KEY_MASKED, "from position 10 on", false, false},
     {"own-key-masked=12@2 (llama)", "tiny-llama", "own-key-masked=12@2", 0, 12, 2,
      CMP_DIAG_OWN_KEY_MASKED, "on layer 2 only", true, false},
+    /* chunks of 7 isolated on one layer, and on every layer */
+    {"isolated-layer=1", "tiny-gemma3", "isolated-layer=1", 0, 7, 1, CMP_DIAG_CHUNK_ISOLATED,
+     "chunks attend only to themselves on layer 1 only", true, false},
+    {"isolated-layer=2 (llama)", "tiny-llama", "isolated-layer=2", 0, 7, 2,
+     CMP_DIAG_CHUNK_ISOLATED, "on layer 2 only", true, false},
+    {"isolated-chunks (every layer)", "tiny-gemma3", "isolated-chunks", 0, 7, 0,
+     CMP_DIAG_CHUNK_ISOLATED, "chunks attend only to themselves", false, false},
     /* hand plants */
     {"key 15 left out on layer 0 from 20", "tiny-gemma3", NULL, 0, FROM, 0,
      CMP_DIAG_MISSING_KEY, "on layer 0 only", true, true},

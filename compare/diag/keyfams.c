@@ -303,15 +303,21 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
         if (W == 0 && p >= 1)
             ks_add(run, CMP_DIAG_LAYER_TYPE, nt > 0 && nt < p + 1 ? nt : p, 0, (ks_scope)s);
     }
-    /* Chunks attending only to themselves: every layer. */
+    /* Chunks attending only to themselves; decode steps isolated whatever
+     * the prefill's chunks (a chunk >= P); decode blind to the prefill:
+     * every layer, then the layer alone (a first-layer special case). Not
+     * one kind: chunks of one isolated on the sliding layers read what a
+     * window of one does there, everywhere, and the window is the bug
+     * that happens. */
     int64_t C = a->C;
-    if (C > 0 && ks_chunk_start(p, P > 0 ? P : INT64_MAX, C) > a->lo_ref)
-        ks_add(run, CMP_DIAG_CHUNK_ISOLATED, C, 0, SCOPE_ALL);
-    /* Decode steps isolated whatever the prefill's chunks: a chunk >= P. */
-    if (P > 0 && p >= P && P > a->lo_ref)
-        ks_add(run, CMP_DIAG_CHUNK_ISOLATED, P, 0, SCOPE_ALL);
-    if (P > 0 && p >= P && P > a->lo_ref)
-        ks_add(run, CMP_DIAG_DECODE_BLIND, 0, 0, SCOPE_ALL);
+    for (int s = SCOPE_ALL; s >= SCOPE_LAYER; s -= SCOPE_ALL - SCOPE_LAYER) {
+        if (C > 0 && ks_chunk_start(p, P > 0 ? P : INT64_MAX, C) > a->lo_ref)
+            ks_add(run, CMP_DIAG_CHUNK_ISOLATED, C, 0, (ks_scope)s);
+        if (P > 0 && p >= P && P > a->lo_ref)
+            ks_add(run, CMP_DIAG_CHUNK_ISOLATED, P, 0, (ks_scope)s);
+        if (P > 0 && p >= P && P > a->lo_ref)
+            ks_add(run, CMP_DIAG_DECODE_BLIND, 0, 0, (ks_scope)s);
+    }
     /* From the decode path's first step, or from the start; a bug of one
      * layer's code may begin anywhere (a special case from position p):
      * from p too. Every layer first, then the kind, then the layer alone
@@ -324,12 +330,14 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
     }
     /* The causal mask missing in the prefill: chunks of the settings' size,
      * of the keys the test read at p, or the whole prompt. */
-    if (P > 0 && p < P) {
+    for (int s = SCOPE_ALL; s >= SCOPE_LAYER && P > 0 && p < P; s -= SCOPE_ALL - SCOPE_LAYER) {
         if (a->C > 0 && !a->C_inferred)
-            ks_add(run, CMP_DIAG_FUTURE_KEYS, a->C, 0, SCOPE_ALL);
+            ks_add(run, CMP_DIAG_FUTURE_KEYS, a->C, 0, (ks_scope)s);
         if (nt > 0 && p == 0)
-            ks_add(run, CMP_DIAG_FUTURE_KEYS, nt, 0, SCOPE_ALL);
-        ks_add(run, CMP_DIAG_FUTURE_KEYS, P, 0, SCOPE_ALL);
+            ks_add(run, CMP_DIAG_FUTURE_KEYS, nt, 0, (ks_scope)s);
+        ks_add(run, CMP_DIAG_FUTURE_KEYS, P, 0, (ks_scope)s);
+    }
+    if (P > 0 && p < P) {
         /* The count unrecorded: how far past p the test read, scanned key by
          * key; p first in its chunk (the first divergence of this bug is at
          * a chunk's start), keys p..hi are the chunk. */
@@ -480,7 +488,7 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
         break;
     case CMP_DIAG_CHUNK_ISOLATED:
         dg_say(s, ns, "attention read a different key set at a chunk boundary: chunks attend "
-               "only to themselves");
+               "only to themselves%s", scope);
         if (p >= a->P && a->P > 0)
             dg_say(t, nd, "(%s at decode position %lld: each step saw only its own token)",
                    keys, pp);
@@ -491,13 +499,13 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
         const char *cache = ks_cache_named(c);
         if (last <= pp) {
             dg_say(s, ns, "decode steps attend only to the decode cache, never to the prefill's "
-                   "keys");
+                   "keys%s", scope);
             dg_say(t, nd, "(%s at position %lld = prompt length)", keys, pp);
             break;
         }
         dg_say(s, ns, "decode steps attend only to the decode cache, never to the prefill's "
-               "keys%s", cache && strcmp(cache, "split") ? " (though the settings call the "
-               "cache one piece)" : cache ? " (a split prefill/decode cache)" : "");
+               "keys%s%s", scope, cache && strcmp(cache, "split") ? " (though the settings call "
+               "the cache one piece)" : cache ? " (a split prefill/decode cache)" : "");
         dg_say(t, nd, "(%s at position %lld = prompt length; at %lld the test read positions "
                "%lld..%lld, the decode steps so far, and so on up to %lld: the prefill's %lld "
                "keys (positions 0..%lld) are never read)", keys, pp, pp + 1, (long long)a->P,
@@ -533,8 +541,8 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
         break;
     }
     case CMP_DIAG_FUTURE_KEYS:
-        dg_say(s, ns, "the causal mask is missing: position q reads the keys after it in its "
-               "prefill chunk of %lld (up to position %lld at %lld)", (long long)k->n,
+        dg_say(s, ns, "the causal mask is missing%s: position q reads the keys after it in its "
+               "prefill chunk of %lld (up to position %lld at %lld)", scope, (long long)k->n,
                (long long)(((p / k->n) * k->n + k->n - 1) < a->P - 1 ? (p / k->n) * k->n + k->n - 1
                                                                      : a->P - 1), pp);
         dg_say(t, nd, "(%s at position %lld)", keys, pp);
@@ -601,12 +609,18 @@ static int same_kind(const kv_config *cfg, int L)
     return n;
 }
 
+bool ks_scoped_kind(cmp_diag_kind k)
+{
+    return k == CMP_DIAG_MISSING_KEY || k == CMP_DIAG_DUP_KEY || k == CMP_DIAG_OWN_KEY_MASKED ||
+           k == CMP_DIAG_CHUNK_ISOLATED || k == CMP_DIAG_DECODE_BLIND ||
+           k == CMP_DIAG_FUTURE_KEYS;
+}
+
 void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
 {
     const int l = c->d->layer;
     buf[0] = '\0';
-    if (k->kind != CMP_DIAG_MISSING_KEY && k->kind != CMP_DIAG_DUP_KEY &&
-        k->kind != CMP_DIAG_OWN_KEY_MASKED)
+    if (!ks_scoped_kind(k->kind))
         return;   /* windows and layer types say their scope their own way */
     if ((k->scope == SCOPE_LAYER && c->cfg->n_layers > 1) ||
         (k->scope == SCOPE_KIND && other_kind(c->cfg, l) && same_kind(c->cfg, l) == 1))

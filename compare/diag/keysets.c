@@ -213,9 +213,7 @@ static int score_place(cmp_ctx *c, dg_case *a, ks_run *run, int layer, int64_t q
             ks_cand *k = &run->k[i];
             const bool outside = (k->scope == SCOPE_LAYER && layer != c->d->layer) ||
                                  (k->scope == SCOPE_KIND && W_here != a->W);
-            if (!has[i] || !outside ||
-                (k->kind != CMP_DIAG_MISSING_KEY && k->kind != CMP_DIAG_DUP_KEY &&
-                 k->kind != CMP_DIAG_OWN_KEY_MASKED))
+            if (!has[i] || !outside || !ks_scoped_kind(k->kind))
                 continue;
             k->alive = false;
             k->fail_layer = layer;

@@ -7,7 +7,7 @@
 
 #include "diag.h"
 
-#define KS_MAX 40                /* candidates at once */
+#define KS_MAX 64                /* candidates at once */
 #define KS_NEAR 8                /* positions after p tried one by one */
 #define KS_LAYERS 5              /* layers scored: l, the next of its kind, one of each other */
 #define KS_ALL INT64_MAX         /* a window of every key */
@@ -101,9 +101,15 @@ const char *ks_cache_named(const cmp_ctx *c);
  * those read otherwise than the config (n_other of them). */
 void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char *layers,
                       int n_other);
+/* Whether candidates of kind k are proposed in every scope (every layer,
+ * the layer's kind, the layer alone) and named with theirs: a cause that
+ * may live in one layer's code (one key left out or read twice, the own
+ * key masked, chunks isolated, decode blind to the prefill, the causal
+ * mask missing). */
+bool ks_scoped_kind(cmp_diag_kind k);
 /* " on layer 0 only", " on the sliding layers only", or "" (every layer,
- * or a kind the model alone has): the scope of a one-key or own-key
- * candidate, in words. */
+ * or a kind the model alone has): the scope of a scoped kind's candidate,
+ * in words. */
 void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n);
 /* ", 7 keys on every sliding layer": what tells k from others of its kind. */
 void ks_param_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n);
