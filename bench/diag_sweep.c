@@ -120,16 +120,19 @@ static void judge(const char *way, const char *family, cmp_diag_kind want, const
                  (long long)d->pos, d->layer, cmp_diag_name(g->kind), g->summary);
 }
 
-/* --- a one-key or own-key cause named with the wrong scope
- * (" only" claimed for a bug on every layer, or not claimed for one on
- * one layer) is named wrong, not named --- */
+/* --- a scoped cause named with the wrong scope (" on layer 0 only"
+ * claimed for a bug on every layer, or not claimed for one on one layer)
+ * is named wrong, not named --- */
 static void judge_scope(const char *way, const char *family, cmp_diag_kind want,
                         const cmp_result *r, bool narrow, const char *what)
 {
     const cmp_diagnosis *g = &r->diag;
     if (g->undecided || g->kind != want)   /* judge() counted it already */
         return;
-    if ((strstr(g->summary, " only") != NULL) == narrow)
+    /* the scope's words, not the "only" of "attend only to themselves" */
+    const bool said = strstr(g->summary, " on layer ") != NULL ||
+                      strstr(g->summary, " layers only") != NULL;
+    if (said == narrow)
         return;
     tally *t = tally_of(way, family);
     t->named--;
@@ -158,12 +161,13 @@ static const struct {
     {"rope-offset=3", CMP_DIAG_ROPE_OFFSET, CACHE_KIND_COUNT},
     {"ring-no-wrap", CMP_DIAG_RING_NO_WRAP, CACHE_RING},
     {"split-decode-blind", CMP_DIAG_DECODE_BLIND, CACHE_SPLIT},
-    /* --- issue 36, key sets scoped to one layer (and their wide rivals) --- */
+    /* --- key sets scoped to one layer (and their wide rivals) --- */
     {"drop-key=3@0", CMP_DIAG_MISSING_KEY, CACHE_KIND_COUNT},
     {"drop-key=3@1", CMP_DIAG_MISSING_KEY, CACHE_KIND_COUNT},
     {"drop-key=3", CMP_DIAG_MISSING_KEY, CACHE_KIND_COUNT},
     {"own-key-masked=5@0", CMP_DIAG_OWN_KEY_MASKED, CACHE_KIND_COUNT},
     {"own-key-masked=5", CMP_DIAG_OWN_KEY_MASKED, CACHE_KIND_COUNT},
+    {"isolated-layer=1", CMP_DIAG_CHUNK_ISOLATED, CACHE_KIND_COUNT},
     /* --- end of the layer-scoped block --- */
 };
 
@@ -248,9 +252,11 @@ static void sweep_injections(void)
                             char fam[40];
                             snprintf(fam, sizeof fam, "%s", injections[ii].spec);
                             judge("inject", fam, injections[ii].kind, &r, -1, -1, what);
-                            if (!strncmp(fam, "drop-key", 8) || !strncmp(fam, "own-key", 7))
+                            if (!strncmp(fam, "drop-key", 8) || !strncmp(fam, "own-key", 7) ||
+                                !strncmp(fam, "isolated", 8))
                                 judge_scope("inject", fam, injections[ii].kind, &r,
-                                            strchr(fam, '@') != NULL, what);
+                                            strchr(fam, '@') != NULL ||
+                                                !strncmp(fam, "isolated-layer", 14), what);
                         }
                         cmp_result_free(&r);
                         cmp_memrec_free(got);
@@ -305,7 +311,7 @@ static int64_t n_key(const kv_config *cfg, int P) { (void)cfg; return P - 3; }
 static int64_t n_prompt(const kv_config *cfg, int P) { (void)cfg; return P; }
 static int64_t n_four(const kv_config *cfg, int P) { (void)cfg; (void)P; return 4; }
 
-/* --- issue 36, key sets scoped to one layer: layer 0 alone, from P - 5
+/* --- key sets scoped to one layer: layer 0 alone, from P - 5
  * (inside every window), key P - 8 left out or each query's own key
  * masked; the other layers read the config's keys --- */
 static bool plant_drop_key_layer0(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
@@ -354,7 +360,7 @@ static const edit_family edits[] = {
     /* Slots whose values were never recorded: nothing fits, and the text
      * says the test weighed keys the dump does not hold. */
     {"unrecorded slots", {"", NULL, plant_garbage_slots, CMP_DIAG_KEY_SET}, n_four, false},
-    /* --- issue 36, key sets scoped to one layer --- */
+    /* --- key sets scoped to one layer --- */
     {"key dropped, layer 0 only", {"", plant_drop_key_layer0, NULL, CMP_DIAG_MISSING_KEY},
      n_zero, false},
     {"own key masked, layer 0 only",
