@@ -157,8 +157,32 @@ static bool plant_layer0_full(const plant_arg *a, const kv_config *cfg, int L, i
     return true;
 }
 
+/* Layer 0 alone reads 3 unwritten (zero) slots at every decode step:
+ * one layer's cache padded. */
+static bool plant_padded_layer0(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
+                                cmp_hyp *h)
+{
+    (void)cfg;
+    if (L != 0 || q < a->P)
+        return false;
+    h->extra_zero = 3;
+    return true;
+}
+
+/* Layer 0 alone: its write index stuck at slot P from the first decode
+ * step (slot P holds the newest key, later slots stay unwritten). */
+static bool plant_stuck_layer0(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
+                               cmp_hyp *h)
+{
+    if (L != 0)
+        return false;
+    const plant_arg at_p = {.P = a->P, .T = a->T, .n = a->P};
+    return plant_stuck(&at_p, cfg, L, q, h);
+}
+
 static const plant_keys_fn plants[] = {plant_drop5_layer0, plant_own_layer0, plant_drop5_all,
-                                       plant_drop_two_layers, plant_layer0_full};
+                                       plant_drop_two_layers, plant_layer0_full,
+                                       plant_padded_layer0, plant_stuck_layer0};
 
 #define OUT "{\"engine\":\"outside\"}"
 
@@ -194,6 +218,11 @@ static const scope_case cases[] = {
      CMP_DIAG_MISSING_KEY, "the key at position 15", false, true},
     {"own key masked on layer 0 from 20 (llama)", "tiny-llama", NULL, 1, FROM, 0,
      CMP_DIAG_OWN_KEY_MASKED, "on layer 0 only", true, true},
+    /* one layer's cache read otherwise at decode */
+    {"3 zero slots read on layer 0 only from P", "tiny-gemma3", NULL, 5, PLEN, 0,
+     CMP_DIAG_PADDED_SLOTS, "on layer 0 only", true, true},
+    {"write index stuck at P on layer 0 only", "tiny-gemma3", NULL, 6, PLEN + 1, 0,
+     CMP_DIAG_DECODE_STUCK, "decode write index stuck at slot 40 on layer 0 only", true, true},
     /* Gemma 4 (sliding and full layers of other head sizes): layer 0's
      * attention as a full layer's, its rotation kept */
     {"tiny-gemma4 sliding layer 0 read as full", "tiny-gemma4", NULL, 4, 12, 0,

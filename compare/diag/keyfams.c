@@ -361,19 +361,25 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
         if (rc < 0)
             return -1;
         const int64_t from = dec > 0 ? dec : p;
-        if (z == 1)
-            ks_add_from(run, CMP_DIAG_EXTRA_KEY, 1, 0, SCOPE_ALL, from);
-        if (z > 1)
-            ks_add_from(run, CMP_DIAG_PADDED_SLOTS, z, 0, SCOPE_ALL, from);
-        if (z >= 1)
-            ks_add_from(run, CMP_DIAG_PADDED_SLOTS, p + 1 + z, 1, SCOPE_ALL, from);
+        /* every layer, or the layer alone (one layer's cache padded) */
+        for (int s = SCOPE_ALL; s >= SCOPE_LAYER; s -= SCOPE_ALL - SCOPE_LAYER) {
+            if (z == 1)
+                ks_add_from(run, CMP_DIAG_EXTRA_KEY, 1, 0, (ks_scope)s, from);
+            if (z > 1)
+                ks_add_from(run, CMP_DIAG_PADDED_SLOTS, z, 0, (ks_scope)s, from);
+            if (z >= 1)
+                ks_add_from(run, CMP_DIAG_PADDED_SLOTS, p + 1 + z, 1, (ks_scope)s, from);
+        }
     }
-    /* A decode write index stuck at one slot. */
-    if (P > 0 && p > P)
-        ks_add(run, CMP_DIAG_DECODE_STUCK, P, 0, SCOPE_ALL);
-    if (P > 1 && p >= P) {
-        ks_add(run, CMP_DIAG_DECODE_STUCK, 0, 0, SCOPE_ALL);
-        ks_add(run, CMP_DIAG_DECODE_STUCK, P - 1, 0, SCOPE_ALL);
+    /* A decode write index stuck at one slot: every layer, or the layer
+     * alone. */
+    for (int s = SCOPE_ALL; s >= SCOPE_LAYER; s -= SCOPE_ALL - SCOPE_LAYER) {
+        if (P > 0 && p > P)
+            ks_add(run, CMP_DIAG_DECODE_STUCK, P, 0, (ks_scope)s);
+        if (P > 1 && p >= P) {
+            ks_add(run, CMP_DIAG_DECODE_STUCK, 0, 0, (ks_scope)s);
+            ks_add(run, CMP_DIAG_DECODE_STUCK, P - 1, 0, (ks_scope)s);
+        }
     }
     /* A ring that does not wrap, a stale sliding cache. */
     const int64_t R = a->R > 0 ? a->R : a->R_guess;
@@ -515,17 +521,17 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
     case CMP_DIAG_EXTRA_KEY:
     case CMP_DIAG_PADDED_SLOTS:
         if (k->variant == 1)
-            dg_say(s, ns, "attention read unwritten (zero) slots as keys: a cache of %lld slots "
-                   "read whole (its padding not masked)", (long long)k->n);
+            dg_say(s, ns, "attention read unwritten (zero) slots as keys%s: a cache of %lld "
+                   "slots read whole (its padding not masked)", scope, (long long)k->n);
         else if (k->n == 1 && p == a->P)
-            dg_say(s, ns, "at the first decode step: one extra key (off-by-one in the "
-                   "prefill/decode mask)");
+            dg_say(s, ns, "at the first decode step: one extra key%s (off-by-one in the "
+                   "prefill/decode mask)", scope);
         else if (k->n == 1)
-            dg_say(s, ns, "one extra key: an unwritten (zero) slot attended as a key (an "
-                   "off-by-one in a mask)");
+            dg_say(s, ns, "one extra key%s: an unwritten (zero) slot attended as a key (an "
+                   "off-by-one in a mask)", scope);
         else
-            dg_say(s, ns, "attention read %lld unwritten (zero) slots as keys at every step "
-                   "(padded slots of a fixed-size cache not masked)", (long long)k->n);
+            dg_say(s, ns, "attention read %lld unwritten (zero) slots as keys at every step%s "
+                   "(padded slots of a fixed-size cache not masked)", (long long)k->n, scope);
         dg_say(t, nd, "(%s at position %lld%s)", keys, pp, p == a->P ? " = prompt length" : "");
         break;
     case CMP_DIAG_MISSING_KEY:
@@ -559,8 +565,8 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
                    "out read their own key as the config says" : "");
         break;
     case CMP_DIAG_DECODE_STUCK:
-        dg_say(s, ns, "decode write index stuck at slot %lld: every decode step overwrites it",
-               (long long)k->n);
+        dg_say(s, ns, "decode write index stuck at slot %lld%s: every decode step overwrites it",
+               (long long)k->n, scope);
         dg_say(t, nd, "(%s at position %lld; the prompt is %lld tokens)", keys, pp,
                (long long)a->P);
         break;
@@ -613,7 +619,8 @@ bool ks_scoped_kind(cmp_diag_kind k)
 {
     return k == CMP_DIAG_MISSING_KEY || k == CMP_DIAG_DUP_KEY || k == CMP_DIAG_OWN_KEY_MASKED ||
            k == CMP_DIAG_CHUNK_ISOLATED || k == CMP_DIAG_DECODE_BLIND ||
-           k == CMP_DIAG_FUTURE_KEYS;
+           k == CMP_DIAG_FUTURE_KEYS || k == CMP_DIAG_EXTRA_KEY || k == CMP_DIAG_PADDED_SLOTS ||
+           k == CMP_DIAG_DECODE_STUCK;
 }
 
 void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)

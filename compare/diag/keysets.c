@@ -460,17 +460,20 @@ static int separate_more(cmp_ctx *c, dg_case *a, ks_run *run, char *buf, size_t 
 }
 
 /* The scores as the JSON lists them: the survivors, the rivals that
- * reproduced p and failed later, then the rest. */
+ * reproduced p and failed later, then the rest, a cause on every layer
+ * before its one-layer variants (the list is bounded). */
 static void keep_scores(cmp_ctx *c, const ks_run *run, bool verified)
 {
     cmp_diagnosis *g = c->g;
     g->n_hyps = 0;
-    for (int pass = 0; pass < 3; pass++)
+    for (int pass = 0; pass < 4; pass++)
         for (int i = 0; i < run->n && g->n_hyps < CMP_MAX_HYPS; i++) {
             const ks_cand *k = &run->k[i];
             const bool close = !k->alive && k->err_p <= c->attn_tol && k->fail_err >= 0;
+            const bool narrow = k->scope == SCOPE_LAYER && ks_scoped_kind(k->kind);
             if (k->merged || (pass == 0 && !k->alive) || (pass == 1 && !close) ||
-                (pass == 2 && (k->alive || close)))
+                (pass >= 2 && (k->alive || close)) || (pass == 2 && narrow) ||
+                (pass == 3 && !narrow))
                 continue;
             cmp_hyp_score *h = &g->hyps[g->n_hyps++];
             h->kind = k->kind;
