@@ -26,6 +26,30 @@ static bool head_norms_equal(const float *a, const float *b, int nh, int D, doub
     return true;
 }
 
+/* The rows of the step's stage on both sides at the last compared
+ * position of the row (before the token cut), where conventions close at
+ * the step part: *p2 and the rows (malloc'd), or *p2 = -1 and NULL when
+ * there is none past the step. 0, -1 on error. */
+static int last_pair(cmp_ctx *c, int64_t *p2, float **a2, float **b2, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
+    *p2 = sr ? sr->pos_hi : -1;
+    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
+        *p2 = c->pos_limit - 1;
+    *a2 = *b2 = NULL;
+    if (*p2 <= d->pos) {
+        *p2 = -1;
+        return 0;
+    }
+    const int rc = dg_row_pair(c, d->layer, d->stage, *p2, a2, b2, e);
+    if (rc < 0)
+        return -1;
+    if (rc)
+        *p2 = -1;
+    return 0;
+}
+
 /* Conventions that reproduce the test at pos (and at pos2 when >= 0). */
 typedef struct {
     cmp_rope_conv cv;
@@ -43,20 +67,9 @@ static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, co
     const cmp_divergence *d = c->d;
     cmp_rope_conv cv[CMP_ROPE_MAX_CONVS];
     const int n = cmp_rope_convs(c->cfg, d->layer, cv);
-    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
-    *p2 = sr ? sr->pos_hi : -1;
-    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
-        *p2 = c->pos_limit - 1;
     float *a2 = NULL, *b2 = NULL;
-    if (*p2 > d->pos) {
-        const int rc = dg_row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
-        if (rc < 0)
-            return -1;
-        if (rc)
-            *p2 = -1;
-    } else {
-        *p2 = -1;
-    }
+    if (last_pair(c, p2, &a2, &b2, e) < 0)
+        return -1;
     /* Where the walk found a rotation under the size threshold, a
      * candidate must explain the row here as its test did. */
     double tol_p = c->row_tol;
@@ -166,20 +179,9 @@ static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
     if (d->pos == 0 || !(own_err > (rot ? 0 : c->row_tol)))
         return 0;
     const double tol = rot ? own_err / CMP_ROT_BACK : fmin(c->row_tol, own_err / 4);
-    const cmp_stage_result *sr = cmp_result_stage(c->r, d->layer, d->stage);
-    *p2 = sr ? sr->pos_hi : -1;
-    if (c->pos_limit >= 0 && *p2 >= c->pos_limit)
-        *p2 = c->pos_limit - 1;
     float *a2 = NULL, *b2 = NULL;
-    if (*p2 > d->pos) {
-        const int rc = dg_row_pair(c, d->layer, d->stage, *p2, &a2, &b2, e);
-        if (rc < 0)
-            return -1;
-        if (rc)
-            *p2 = -1;
-    } else {
-        *p2 = -1;
-    }
+    if (last_pair(c, p2, &a2, &b2, e) < 0)
+        return -1;
     int kinds = 0;
     for (int k = 0; k < CMP_PART_KINDS; k++) {
         part_fit *f = &fits[k];
