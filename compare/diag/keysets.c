@@ -142,6 +142,19 @@ static void pick_layers(const cmp_ctx *c, ks_run *run)
     }
 }
 
+/* k refuted at (layer, q): the error there, the keys it predicted and
+ * the test's count. */
+static void refute(ks_cand *k, int layer, int64_t q, double err, const cmp_hyp *pred,
+                   int64_t test_n)
+{
+    k->alive = false;
+    k->fail_layer = layer;
+    k->fail_pos = q;
+    k->fail_err = err;
+    k->fail_n = cmp_hyp_nkeys(pred);
+    k->fail_test_n = test_n;
+}
+
 /* One place (layer, q): each distinct prediction of the living
  * candidates recomputed once against the test's own rows there. Returns
  * 0, -1 on error. */
@@ -213,14 +226,8 @@ static int score_place(cmp_ctx *c, dg_case *a, ks_run *run, int layer, int64_t q
             ks_cand *k = &run->k[i];
             const bool outside = (k->scope == SCOPE_LAYER && layer != c->d->layer) ||
                                  (k->scope == SCOPE_KIND && W_here != a->W);
-            if (!has[i] || !outside || !ks_scoped_kind(k->kind))
-                continue;
-            k->alive = false;
-            k->fail_layer = layer;
-            k->fail_pos = q;
-            k->fail_err = err[i];
-            k->fail_n = cmp_hyp_nkeys(&pred[i]);
-            k->fail_test_n = test_n[i];
+            if (has[i] && outside && ks_scoped_kind(k->kind))
+                refute(k, layer, q, err[i], &pred[i], test_n[i]);
         }
         for (int i = 0; i < run->n; i++) {
             if (has[i] && layer != c->d->layer)
@@ -246,12 +253,7 @@ static int score_place(cmp_ctx *c, dg_case *a, ks_run *run, int layer, int64_t q
                 k->last_pos = q;
             continue;
         }
-        k->alive = false;
-        k->fail_layer = layer;
-        k->fail_pos = q;
-        k->fail_err = err[i];
-        k->fail_n = cmp_hyp_nkeys(&pred[i]);
-        k->fail_test_n = test_n[i];
+        refute(k, layer, q, err[i], &pred[i], test_n[i]);
     }
     return 0;
 }
