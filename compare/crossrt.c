@@ -577,7 +577,31 @@ static bool output_steps(const xrt_walk *x, int64_t p, double upstream, double *
  * placed where the rotation first shows (first_rotated). 1 a step (m->rot_*
  * set, *at_p, *at_i where it is), 0 none, -1 on error. */
 static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
-                         int64_t *at_p, int *at_i, kv_err *e);
+                         int64_t *at_p, int *at_i, double *here, kv_err *e);
+
+/* The rotation cv found at (p, stage of sr): the row's error err there and
+ * the residual best it leaves; the same at p2 (-1 none); here, what it
+ * leaves where the step is placed (NaN: that same row); the size walk's
+ * threshold thr there. */
+static void rot_found(cmp_xrt *m, const cmp_stage_result *sr, const cmp_rope_conv *cv,
+                      int64_t p, double err, double best, int64_t p2, double err2, double best2,
+                      double here, double thr)
+{
+    m->rot_step = true;
+    m->rot_pos = p;
+    m->rot_stage = sr->stage;
+    m->rot_err = err;
+    m->rot_resid = best;
+    m->rot_pos2 = p2;
+    m->rot_err2 = p2 >= 0 ? err2 : NAN;
+    m->rot_resid2 = p2 >= 0 ? best2 : NAN;
+    m->rot_here_resid = here;
+    m->rot_drift_threshold = thr;
+    /* what a diagnosis's fit must reach: the rotation's residual, with
+     * room, never as loose as the row's error */
+    m->rot_threshold = fmin(fmax(4 * best, floor_of(m, false, 0)), err / 2);
+    snprintf(m->rot_what, sizeof m->rot_what, "%s", cv->what);
+}
 
 static int rot_steps(xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p, double err,
                      double thr, int64_t *at_p, int *at_i, kv_err *e)
@@ -611,30 +635,20 @@ static int rot_steps(xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p, 
     const double best = rc == 0 ? cmp_rope_best_fit(c->cfg, sr->layer, p, r, t, sr->cols / D, &cv)
                                 : INFINITY;
     bool steps = rc == 0 && best <= err / CMP_ROT_GAIN && best <= thr;
-    double best2 = NAN;
+    double best2 = NAN, err2 = NAN;
     if (steps && p2 > p) {
-        const double err2 = x->err[(size_t)i * (size_t)x->P + (size_t)(p2 - x->base)];
+        err2 = x->err[(size_t)i * (size_t)x->P + (size_t)(p2 - x->base)];
         best2 = cmp_rope_conv_err(c->cfg, sr->layer, &cv, p2, r2, t2, sr->cols / D);
         steps = best2 <= err2 / CMP_ROT_GAIN || best2 <= floor;
     }
     free(rows);
     if (rc < 0 || !steps)
         return rc;
-    m->rot_step = true;
-    m->rot_pos = p;
-    m->rot_stage = sr->stage;
-    m->rot_err = err;
-    m->rot_resid = best;
-    m->rot_err2 = p2 > p ? x->err[(size_t)i * (size_t)x->P + (size_t)(p2 - x->base)] : NAN;
-    m->rot_resid2 = best2;
-    m->rot_here_resid = NAN;
-    m->rot_pos2 = p2 > p ? p2 : -1;
-    m->rot_drift_threshold = thr;
-    /* what a diagnosis's fit must reach: the rotation's residual, with
-     * room, never as loose as the row's error */
-    m->rot_threshold = fmin(fmax(4 * best, floor), err / 2);
-    snprintf(m->rot_what, sizeof m->rot_what, "%s", cv.what);
-    return first_rotated(x, sr->layer, &cv, p, i, at_p, at_i, e) < 0 ? -1 : 1;
+    double here;
+    if (first_rotated(x, sr->layer, &cv, p, i, at_p, at_i, &here, e) < 0)
+        return -1;
+    rot_found(m, sr, &cv, p, err, best, p2 > p ? p2 : -1, err2, best2, here, thr);
+    return 1;
 }
 
 /* The first (position, stage) of layer's q and k, from position 1 up to
@@ -642,14 +656,15 @@ static int rot_steps(xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p, 
  * times less than the row differs (the candidate is fixed, found by the
  * search at p and checked at the last position: a gain that would not
  * single it out of many tells whether it acts here). The bug acts there,
- * however far under the floor its first rows were; (p, i) when none
- * earlier. */
+ * however far under the floor its first rows were, and *here is what
+ * cv leaves there; (p, i) and NaN when none is earlier. */
 static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
-                         int64_t *at_p, int *at_i, kv_err *e)
+                         int64_t *at_p, int *at_i, double *here, kv_err *e)
 {
     cmp_ctx *c = x->c;
     *at_p = p;
     *at_i = i;
+    *here = NAN;
     const int D = config_layer_head_dim(c->cfg, layer);
     int js[2], nj = 0;
     for (int j = 0; j < x->n && nj < 2; j++) {
@@ -677,7 +692,7 @@ static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_
             }
             const double res = cmp_rope_conv_err(c->cfg, layer, cv, q, r, t, s->cols / D);
             if (res <= ident / CMP_ROT_BACK) {
-                c->r->xrt.rot_here_resid = res;
+                *here = res;
                 *at_p = q;
                 *at_i = js[k];
                 free(rows);
@@ -731,28 +746,16 @@ static int rot_scan(xrt_walk *x, int64_t *stop, int *stop_i, kv_err *e)
         const double best = cmp_rope_best_fit(c->cfg, sr->layer, p2, r, t, sr->cols / D, &cv);
         if (!(best <= err2 / CMP_ROT_GAIN))
             continue;
-        const double keep = m->rot_here_resid;
-        m->rot_here_resid = NAN;
         int64_t at_p;
         int at_i;
-        rc = first_rotated(x, sr->layer, &cv, *stop, *stop_i, &at_p, &at_i, e);
+        double here;
+        rc = first_rotated(x, sr->layer, &cv, *stop, *stop_i, &at_p, &at_i, &here, e);
         if (rc < 0)
             break;
-        if (at_p == *stop && at_i == *stop_i) {
-            m->rot_here_resid = keep;   /* nothing earlier: the step stays */
-            continue;
-        }
+        if (at_p == *stop && at_i == *stop_i)
+            continue;   /* nothing earlier: the step stays */
         /* An earlier point: the step is the rotation's. */
-        m->rot_step = true;
-        m->rot_pos = p2;
-        m->rot_stage = sr->stage;
-        m->rot_err = err2;
-        m->rot_resid = best;
-        m->rot_pos2 = -1;
-        m->rot_err2 = m->rot_resid2 = NAN;
-        m->rot_drift_threshold = sr->xrt_threshold;
-        m->rot_threshold = fmin(fmax(4 * best, floor), err2 / 2);
-        snprintf(m->rot_what, sizeof m->rot_what, "%s", cv.what);
+        rot_found(m, sr, &cv, p2, err2, best, -1, NAN, NAN, here, sr->xrt_threshold);
         *stop = at_p;
         *stop_i = at_i;
     }

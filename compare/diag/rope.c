@@ -73,15 +73,9 @@ static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, co
     /* Where the walk found a rotation under the size threshold, a
      * candidate must explain the row here as its test did. */
     double tol_p = c->row_tol;
-    if (c->r->xrt.rot_step) {
-        const int cols = cmp_stage_cols(c->cfg, d->layer, d->stage);
-        double diff = 0, bmax = 0;
-        for (int i = 0; i < cols; i++) {
-            diff = fmax(diff, fabs((double)a[i] - b[i]));
-            bmax = fmax(bmax, fabs((double)b[i]));
-        }
-        tol_p = bmax > 0 ? diff / bmax / CMP_ROT_BACK : c->row_tol;
-    }
+    if (c->r->xrt.rot_step)
+        tol_p = cmp_row_rel_err(a, b, cmp_stage_cols(c->cfg, d->layer, d->stage)) /
+                CMP_ROT_BACK;
     int nf = 0;
     for (int i = 0; i < n; i++) {
         const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
@@ -165,13 +159,7 @@ static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
      * config's own rotation leaves, far above what it fits to (a step
      * found by its structure, under the size threshold, is fitted by
      * anything that barely moves the row). */
-    const int n = cmp_stage_cols(c->cfg, d->layer, d->stage);
-    double diff = 0, bmax = 0;
-    for (int i = 0; i < n; i++) {
-        diff = fmax(diff, fabs((double)a[i] - b[i]));
-        bmax = fmax(bmax, fabs((double)b[i]));
-    }
-    const double own_err = bmax > 0 ? diff / bmax : INFINITY;
+    const double own_err = cmp_row_rel_err(a, b, cmp_stage_cols(c->cfg, d->layer, d->stage));
     /* A step the walk found as a rotation (drift by its size) may sit
      * where the rotation first shows, under the threshold: there a
      * candidate must explain the row as the walk's test did. */

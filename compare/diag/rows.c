@@ -129,17 +129,6 @@ static int rule_zero_rows(cmp_ctx *c, kv_err *e)
 
 #define SHIFT_MAX 4              /* offsets tried: -SHIFT_MAX .. SHIFT_MAX */
 
-/* Row-relative error of a against b (max |a - b| / max |b|). */
-static double row_err(const float *a, const float *b, int n)
-{
-    double d = 0, m = 0;
-    for (int i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return m > 0 ? d / m : (d > 0 ? INFINITY : 0);
-}
-
 /* The test's k (or v) row at q is the reference's at q - N, from p on,
  * at every position checked (up to ROWS_MAX_POS, before the token cut):
  * what a cache write index off by N leaves in a recording of the cache
@@ -154,35 +143,44 @@ static int rule_shifted_rows(cmp_ctx *c, kv_err *e)
     if (c->pos_limit >= 0 && last >= c->pos_limit)
         last = c->pos_limit - 1;
     const double tol = fmax(c->row_tol, CMP_MATCH_TOL);
+    /* The rows read once: the test's at p .. p + ROWS_MAX_POS - 1, the
+     * reference's SHIFT_MAX further either way (NULL: not held). */
+    enum { NT = ROWS_MAX_POS, NR = ROWS_MAX_POS + 2 * SHIFT_MAX };
+    float *tr[NT] = {0}, *rr[NR] = {0};
+    const int64_t r0 = d->pos - SHIFT_MAX;
     int rc = 0;
-    for (int N = 1; N <= 2 * SHIFT_MAX && rc == 0; N++) {
-        const int sh = N <= SHIFT_MAX ? N : SHIFT_MAX - N;   /* 1..4, then -1..-4 */
-        if (d->pos - sh < 0)
-            continue;
-        int checked = 0;
-        double worst = 0;
+    for (int k = 0; k < NR && rc == 0; k++)
+        if (r0 + k >= 0 && r0 + k <= last)
+            rr[k] = dg_row(c, c->ref, d->layer, d->stage, r0 + k, &rc, e);
+    for (int k = 0; k < NT && rc == 0 && d->pos + k <= last; k++)
+        tr[k] = dg_row(c, dg_test_rows(c), d->layer, d->stage, d->pos + k, &rc, e);
+    int sh = 0, checked = 0;
+    double worst = 0;
+    for (int N = 1; N <= 2 * SHIFT_MAX && rc == 0 && checked < 2; N++) {
+        sh = N <= SHIFT_MAX ? N : SHIFT_MAX - N;   /* 1..4, then -1..-4 */
+        checked = 0;
+        worst = 0;
         bool holds = true;
-        for (int64_t q = d->pos; q <= last && checked < ROWS_MAX_POS && holds; q++) {
-            if (q - sh < 0 || q - sh > last)
+        for (int k = 0; k < NT && tr[k] && holds; k++) {
+            const float *r = rr[k + SHIFT_MAX - sh], *own = rr[k + SHIFT_MAX];
+            if (!r || !own)
                 break;
-            float *t = dg_row(c, dg_test_rows(c), d->layer, d->stage, q, &rc, e);
-            float *r = dg_row(c, c->ref, d->layer, d->stage, q - sh, &rc, e);
-            float *own = dg_row(c, c->ref, d->layer, d->stage, q, &rc, e);
-            if (t && r && own) {
-                const double err = row_err(t, r, n);
-                /* the row is the other position's, and not its own */
-                holds = err <= tol && row_err(t, own, n) > 4 * tol;
-                worst = fmax(worst, err);
-                checked++;
-            }
-            free(t);
-            free(r);
-            free(own);
+            const double err = cmp_row_rel_err(tr[k], r, n);
+            /* the row is the other position's, and not its own */
+            holds = err <= tol && cmp_row_rel_err(tr[k], own, n) > 4 * tol;
+            worst = fmax(worst, err);
+            checked++;
         }
-        if (rc < 0)
-            return -1;
-        if (!holds || checked < 2)
-            continue;
+        if (!holds)
+            checked = 0;
+    }
+    for (int k = 0; k < NR; k++)
+        free(rr[k]);
+    for (int k = 0; k < NT; k++)
+        free(tr[k]);
+    if (rc < 0)
+        return -1;
+    if (checked >= 2) {
         const char *what = d->stage == STAGE_K ? "K" : "V";
         char s[256];
         dg_say(s, sizeof s, "%s rows written %d position%s off from position %lld on: the test's "
