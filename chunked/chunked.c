@@ -188,7 +188,8 @@ static void store_row(chk_engine *c, int layer, int64_t p, const float *k, const
         return;
     }
     if (lc->ring) {
-        if (c->o.inj.on[INJ_RING_NO_WRAP] && pw >= lc->main.nslots)
+        if (c->o.inj.on[INJ_RING_NO_WRAP] && pw >= lc->main.nslots &&
+            (c->o.inj.ring_layer < 0 || c->o.inj.ring_layer == layer))
             return; /* the bug: a full ring stops taking writes */
         buf_store(&lc->main, (int)(pw % lc->main.nslots), c, layer, k, v);
         return;
@@ -584,7 +585,8 @@ static int alloc_caches(chk_engine *c, kv_err *e)
             continue;
         layer_cache *lc = &c->caches[l];
         const bool sliding = cfg->layer_type[l] == ATTN_SLIDING;
-        lc->stale = sliding && c->o.inj.on[INJ_STALE_LOCAL];
+        lc->stale = sliding && c->o.inj.on[INJ_STALE_LOCAL] &&
+                    (c->o.inj.stale_layer < 0 || c->o.inj.stale_layer == l);
         lc->ring = c->o.cache == CACHE_RING && sliding;
         int slots = lc->ring ? eff_window(c, l) + c->o.chunk : T;
         if (lc->ring && slots > T)

@@ -66,6 +66,8 @@ typedef struct {
     int own_from;       /* own-key-masked=F[@L]: queries from F on skip their own key */
     int own_layer;      /*   ... on layer L alone (-1: every layer) */
     int iso_layer;      /* isolated-layer=L: chunks attend only to themselves on L alone */
+    int stale_layer;    /* stale-local[@L]: on sliding layer L alone (-1: every sliding one) */
+    int ring_layer;     /* ring-no-wrap[@L]: on sliding layer L alone (-1: every sliding one) */
 } chk_injections;
 
 typedef struct {

@@ -22,7 +22,8 @@ static const inj_info catalogue[INJ_COUNT] = {
     [INJ_WINDOW] = {"window", true,
         "window=N: sliding window hard-coded to N instead of the config's value"},
     [INJ_STALE_LOCAL] = {"stale-local", false,
-        "sliding layers read a copy of their cache taken before the previous chunk wrote"},
+        "sliding layers read a copy of their cache taken before the previous chunk wrote "
+        "(stale-local@L: sliding layer L alone)"},
     [INJ_ZERO_SHARED_KV] = {"zero-shared-kv", false,
         "KV-shared layers read K = V = 0 instead of their owner's cache"},
     [INJ_SPLIT_MASK_OFF_BY_ONE] = {"split-mask-off-by-one", false,
@@ -32,7 +33,8 @@ static const inj_info catalogue[INJ_COUNT] = {
     [INJ_ROPE_OFFSET] = {"rope-offset", true,
         "rope-offset=N: decode tokens are rotated at position + N"},
     [INJ_RING_NO_WRAP] = {"ring-no-wrap", false,
-        "ring cache: writes stop once the ring is full instead of overwriting the oldest slot"},
+        "ring cache: writes stop once the ring is full instead of overwriting the oldest slot "
+        "(ring-no-wrap@L: sliding layer L alone)"},
     [INJ_SPLIT_DECODE_BLIND] = {"split-decode-blind", false,
         "split cache: decode steps attend only to the decode cache, never to the prefill cache"},
     [INJ_DROP_KEY] = {"drop-key", true,
@@ -83,10 +85,19 @@ static int parse_at_layer(const char *name, const char *val, long lo, int *n, in
     return at ? parse_count(name, at + 1, 0, layer, e) : 0;
 }
 
+/* Where injection i, which takes no value, keeps the one layer it may
+ * name (NAME@L), or NULL. */
+static const int *layer_of(const chk_injections *inj, int i)
+{
+    return i == INJ_STALE_LOCAL ? &inj->stale_layer : i == INJ_RING_NO_WRAP ? &inj->ring_layer
+                                                                             : NULL;
+}
+
 int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
 {
     const char *eq = strchr(spec, '=');
-    size_t nlen = eq ? (size_t)(eq - spec) : strlen(spec);
+    const char *at = eq ? NULL : strchr(spec, '@');
+    size_t nlen = eq ? (size_t)(eq - spec) : at ? (size_t)(at - spec) : strlen(spec);
     for (int i = 0; i < INJ_COUNT; i++) {
         const inj_info *in = &catalogue[i];
         if (strlen(in->name) != nlen || strncmp(in->name, spec, nlen) != 0)
@@ -95,6 +106,14 @@ int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
             return kv_errf(e, "--inject %s needs a value (%s=N)", in->name, in->name);
         if (!in->takes_value && eq)
             return kv_errf(e, "--inject %s takes no value", in->name);
+        int *layer = (int *)layer_of(inj, i);   /* inj is the caller's, writable */
+        if (at && !layer)
+            return kv_errf(e, "--inject %s takes no layer", in->name);
+        if (layer) {
+            *layer = -1;
+            if (at && parse_count(in->name, at + 1, 0, layer, e) < 0)
+                return -1;
+        }
         if (i == INJ_WINDOW && parse_count(in->name, eq + 1, 1, &inj->window, e) < 0)
             return -1;
         if (i == INJ_ROPE_OFFSET && parse_count(in->name, eq + 1, 1, &inj->rope_offset, e) < 0)
@@ -137,6 +156,9 @@ void chk_injections_describe(const chk_injections *inj, char *buf, size_t n)
                        : snprintf(buf + len, n - len, "%s%s=%d", len ? "," : "",
                                   catalogue[i].name, v);
         }
+        else if (layer_of(inj, i) && *layer_of(inj, i) >= 0)
+            w = snprintf(buf + len, n - len, "%s%s@%d", len ? "," : "", catalogue[i].name,
+                         *layer_of(inj, i));
         else
             w = snprintf(buf + len, n - len, "%s%s", len ? "," : "", catalogue[i].name);
         if (w < 0)
@@ -198,6 +220,12 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
     if (inj->on[INJ_SPLIT_DECODE_BLIND] && inj->on[INJ_SPLIT_MASK_OFF_BY_ONE])
         return kv_errf(e, "--inject split-decode-blind hides split-mask-off-by-one (decode "
                           "steps read no prefill slot): give one of them");
+    for (int i = 0; i < INJ_COUNT; i++) {
+        const int *l = layer_of(inj, i);
+        if (inj->on[i] && l && *l >= 0 && (*l >= c->n_layers || c->layer_type[*l] != ATTN_SLIDING))
+            return kv_errf(e, "--inject %s@%d: layer %d is not a sliding-window layer",
+                           catalogue[i].name, *l, *l);
+    }
     if (inj->on[INJ_RING_NO_WRAP] && o->cache != CACHE_RING)
         return kv_errf(e, "--inject ring-no-wrap needs --cache ring");
     if (inj->on[INJ_RING_NO_WRAP] && !has_sliding(c))

@@ -180,9 +180,25 @@ static bool plant_stuck_layer0(const plant_arg *a, const kv_config *cfg, int L, 
     return plant_stuck(&at_p, cfg, L, q, h);
 }
 
+/* Layer 2 alone, prefill chunks of 7: each chunk reads the previous
+ * chunk's keys as never written (its cache copy taken before that chunk
+ * wrote), as a sliding layer whose state is not synced does. */
+static bool plant_stale_layer2(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
+                               cmp_hyp *h)
+{
+    (void)cfg;
+    const int64_t cs = (q / 7) * 7;
+    if (L != 2 || q >= a->P || cs == 0)
+        return false;
+    h->zero_lo = cs - 7 > h->lo ? cs - 7 : h->lo;
+    h->zero_hi = cs;
+    return true;
+}
+
 static const plant_keys_fn plants[] = {plant_drop5_layer0, plant_own_layer0, plant_drop5_all,
                                        plant_drop_two_layers, plant_layer0_full,
-                                       plant_padded_layer0, plant_stuck_layer0};
+                                       plant_padded_layer0, plant_stuck_layer0,
+                                       plant_stale_layer2};
 
 #define OUT "{\"engine\":\"outside\"}"
 
@@ -209,6 +225,18 @@ static const scope_case cases[] = {
      CMP_DIAG_CHUNK_ISOLATED, "on layer 2 only", true, false},
     {"isolated-chunks (every layer)", "tiny-gemma3", "isolated-chunks", 0, 7, 0,
      CMP_DIAG_CHUNK_ISOLATED, "chunks attend only to themselves", false, false},
+    /* a sliding cache read stale, a ring not wrapping: every sliding
+     * layer (their natural scope, said by the phrase) or one alone */
+    {"stale-local@0", "tiny-gemma3", "stale-local@0", 0, 7, 0, CMP_DIAG_STALE_CACHE,
+     "stale values on layer 0 only", true, false},
+    {"stale-local@2", "tiny-gemma3", "stale-local@2", 0, 7, 2, CMP_DIAG_STALE_CACHE,
+     "stale values on layer 2 only", true, false},
+    {"stale-local (every sliding layer)", "tiny-gemma3", "stale-local", 0, 7, 0,
+     CMP_DIAG_STALE_CACHE, "stale values: the sliding cache", false, false},
+    {"ring-no-wrap@3", "tiny-gemma3", "ring-no-wrap@3", 0, 19, 3, CMP_DIAG_RING_NO_WRAP,
+     "did not overwrite on layer 3 only", true, false},
+    {"ring-no-wrap (every sliding layer)", "tiny-gemma3", "ring-no-wrap", 0, 19, 0,
+     CMP_DIAG_RING_NO_WRAP, "did not overwrite (ring buffer", false, false},
     /* hand plants */
     {"key 15 left out on layer 0 from 20", "tiny-gemma3", NULL, 0, FROM, 0,
      CMP_DIAG_MISSING_KEY, "on layer 0 only", true, true},
@@ -223,6 +251,8 @@ static const scope_case cases[] = {
      CMP_DIAG_PADDED_SLOTS, "on layer 0 only", true, true},
     {"write index stuck at P on layer 0 only", "tiny-gemma3", NULL, 6, PLEN + 1, 0,
      CMP_DIAG_DECODE_STUCK, "decode write index stuck at slot 40 on layer 0 only", true, true},
+    {"prefill chunks of 7 read stale on layer 2 only", "tiny-gemma3", NULL, 7, 7, 2,
+     CMP_DIAG_STALE_CACHE, "stale values on layer 2 only", true, true},
     /* Gemma 4 (sliding and full layers of other head sizes): layer 0's
      * attention as a full layer's, its rotation kept */
     {"tiny-gemma4 sliding layer 0 read as full", "tiny-gemma4", NULL, 4, 12, 0,
@@ -244,11 +274,15 @@ static void run_case(const scope_case *sc, bool counts)
         chk_opts_default(&o);
         o.chunk = 7;
         o.max_ctx = PLEN + NNEW;
+        /* a ring-no-wrap needs its ring */
+        const bool ring = !strncmp(sc->inject, "ring-no-wrap", 12);
+        o.cache = ring ? CACHE_RING : CACHE_DENSE;
         ck_assert_msg(chk_injection_parse(sc->inject, &o.inj, &e) == 0, "%s", e.msg);
         ck_assert_msg(chk_opts_check(&o, &m.cfg, &e) == 0, "%s", e.msg);
         char settings[256];
         snprintf(settings, sizeof settings, "{\"engine\":\"chunked\",\"chunk\":7,\"cache\":"
-                 "\"dense\",\"max_ctx\":%d,\"inject\":\"%s\"}", PLEN + NNEW, sc->inject);
+                 "\"%s\",\"max_ctx\":%d,\"inject\":\"%s\"}", ring ? "ring" : "dense",
+                 PLEN + NNEW, sc->inject);
         test = plant_record(&m, PLEN, NNEW, 11, &o, settings, true, &e);
     } else {
         test = plant_record(&m, PLEN, NNEW, 11, NULL, OUT, counts, &e);
@@ -329,6 +363,18 @@ START_TEST(test_layer_injection_parse)
     ck_assert_int_eq(chk_injection_parse("drop-key=5@x", &inj, &e), -1);
     ck_assert_int_eq(chk_injection_parse("own-key-masked=0", &inj, &e), -1);
     ck_assert_int_eq(chk_injection_parse("drop-key", &inj, &e), -1);
+    /* the sliding kinds' bugs on one layer: NAME@L */
+    chk_injections sl;
+    memset(&sl, 0, sizeof sl);
+    ck_assert_int_eq(chk_injection_parse("stale-local@2", &sl, &e), 0);
+    ck_assert_int_eq(sl.stale_layer, 2);
+    ck_assert_int_eq(chk_injection_parse("ring-no-wrap", &sl, &e), 0);
+    ck_assert_int_eq(sl.ring_layer, -1);
+    chk_injections_describe(&sl, buf, sizeof buf);
+    ck_assert_str_eq(buf, "stale-local@2,ring-no-wrap");
+    ck_assert_int_eq(chk_injection_parse("stale-local@", &sl, &e), -1);
+    ck_assert_int_eq(chk_injection_parse("decode-index-stuck@1", &sl, &e), -1);
+    ck_assert_msg(strstr(e.msg, "takes no layer"), "%s", e.msg);
     kv_model m;
     open_model("tiny-llama", &m);
     chk_opts o;
@@ -337,6 +383,14 @@ START_TEST(test_layer_injection_parse)
     ck_assert_int_eq(chk_injection_parse("drop-key=5@99", &o.inj, &e), 0);
     ck_assert_int_eq(chk_opts_check(&o, &m.cfg, &e), -1);
     ck_assert_msg(strstr(e.msg, "drop-key=5@99"), "%s", e.msg);
+    model_free(&m);
+    /* a layer that has no sliding cache to go stale */
+    open_model("tiny-gemma3", &m);
+    chk_opts_default(&o);
+    o.max_ctx = 64;
+    ck_assert_int_eq(chk_injection_parse("stale-local@5", &o.inj, &e), 0);
+    ck_assert_int_eq(chk_opts_check(&o, &m.cfg, &e), -1);
+    ck_assert_msg(strstr(e.msg, "layer 5 is not a sliding-window layer"), "%s", e.msg);
     model_free(&m);
 }
 END_TEST

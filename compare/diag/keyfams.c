@@ -381,19 +381,24 @@ int ks_propose(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
             ks_add(run, CMP_DIAG_DECODE_STUCK, P - 1, 0, (ks_scope)s);
         }
     }
-    /* A ring that does not wrap, a stale sliding cache. */
+    /* A ring that does not wrap, a stale sliding cache: on every sliding
+     * layer (the sliding kind's cache code), or on this one alone (one
+     * layer's cache handled apart). */
     const int64_t R = a->R > 0 ? a->R : a->R_guess;
-    if (W > 0 && R > 0 && p >= R && p < 2 * R)
-        ks_add(run, CMP_DIAG_RING_NO_WRAP, R, 0, SCOPE_KIND);
-    if (W > 0 && a->C > 0 && p > 0 && ks_chunk_start(p, P, a->C) == p) {
-        ks_add(run, CMP_DIAG_STALE_CACHE, 0, 0, SCOPE_KIND);
-        /* The cache unnamed: a ring of W + C slots holds older keys where
-         * a dense cache holds none. They part once the ring wraps. */
-        if (a->R == 0 && !ks_cache_named(c))
-            ks_add(run, CMP_DIAG_STALE_CACHE, W + a->C, 1, SCOPE_KIND);
-        /* Synced through the prefill, not between decode steps. */
-        if (dec > 0)
-            ks_add_from(run, CMP_DIAG_STALE_CACHE, 0, 0, SCOPE_KIND, dec);
+    for (int s = SCOPE_KIND; s >= SCOPE_LAYER; s--) {
+        if (W > 0 && R > 0 && p >= R && p < 2 * R)
+            ks_add(run, CMP_DIAG_RING_NO_WRAP, R, 0, (ks_scope)s);
+        if (W > 0 && a->C > 0 && p > 0 && ks_chunk_start(p, P, a->C) == p) {
+            ks_add(run, CMP_DIAG_STALE_CACHE, 0, 0, (ks_scope)s);
+            /* The cache unnamed: a ring of W + C slots holds older keys
+             * where a dense cache holds none. They part once the ring
+             * wraps. */
+            if (a->R == 0 && !ks_cache_named(c))
+                ks_add(run, CMP_DIAG_STALE_CACHE, W + a->C, 1, (ks_scope)s);
+            /* Synced through the prefill, not between decode steps. */
+            if (dec > 0)
+                ks_add_from(run, CMP_DIAG_STALE_CACHE, 0, 0, (ks_scope)s, dec);
+        }
     }
     /* One key left out or read twice: a scan picks the closest of each. */
     const bool fewer = nt < 0 || nt == (nr >= 0 ? nr : ncfg) - 1;
@@ -571,8 +576,8 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
                (long long)a->P);
         break;
     case CMP_DIAG_RING_NO_WRAP:
-        dg_say(s, ns, "keys read from a slot the ring did not overwrite (ring buffer not "
-               "wrapping)");
+        dg_say(s, ns, "keys read from a slot the ring did not overwrite%s (ring buffer not "
+               "wrapping)", scope);
         if (a->R == 0)
             dg_say(t, nd, "(%s at position %lld, the first position the ring did not store: a "
                    "ring of %lld slots; the engine settings do not give its size)", keys, pp,
@@ -585,8 +590,8 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
                    "%lld)", keys, pp, (long long)a->R, a->W, (long long)a->C);
         break;
     case CMP_DIAG_STALE_CACHE:
-        dg_say(s, ns, "stale values: the sliding cache read is from an earlier state (state not "
-               "synced between chunk calls)");
+        dg_say(s, ns, "stale values%s: the sliding cache read is from an earlier state (state "
+               "not synced between chunk calls)", scope);
         if (p >= a->P)
             dg_say(t, nd, "(%s at position %lld, a decode step)", keys, pp);
         else
@@ -620,7 +625,13 @@ bool ks_scoped_kind(cmp_diag_kind k)
     return k == CMP_DIAG_MISSING_KEY || k == CMP_DIAG_DUP_KEY || k == CMP_DIAG_OWN_KEY_MASKED ||
            k == CMP_DIAG_CHUNK_ISOLATED || k == CMP_DIAG_DECODE_BLIND ||
            k == CMP_DIAG_FUTURE_KEYS || k == CMP_DIAG_EXTRA_KEY || k == CMP_DIAG_PADDED_SLOTS ||
-           k == CMP_DIAG_DECODE_STUCK;
+           k == CMP_DIAG_DECODE_STUCK || k == CMP_DIAG_RING_NO_WRAP ||
+           k == CMP_DIAG_STALE_CACHE;
+}
+
+bool ks_sliding_kind(cmp_diag_kind k)
+{
+    return k == CMP_DIAG_RING_NO_WRAP || k == CMP_DIAG_STALE_CACHE;
 }
 
 void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
@@ -632,7 +643,7 @@ void ks_scope_text(const cmp_ctx *c, const ks_cand *k, char *buf, size_t n)
     if ((k->scope == SCOPE_LAYER && c->cfg->n_layers > 1) ||
         (k->scope == SCOPE_KIND && other_kind(c->cfg, l) && same_kind(c->cfg, l) == 1))
         dg_say(buf, n, " on layer %d only", l);
-    else if (k->scope == SCOPE_KIND && other_kind(c->cfg, l))
+    else if (k->scope == SCOPE_KIND && other_kind(c->cfg, l) && !ks_sliding_kind(k->kind))
         dg_say(buf, n, " on the %s layers only",
                config_layer_window(c->cfg, l) > 0 ? "sliding" : "global");
 }

@@ -587,7 +587,10 @@ static void fold_open_scopes(const cmp_ctx *c, ks_run *run)
                 *only = '\0';   /* "on the sliding layers", of them all */
             if (scope[0] && (!run->scope_open[0] || k->scope == SCOPE_LAYER))
                 dg_say(run->scope_open, sizeof run->scope_open, "%s or %s",
-                       wide[0] ? wide + 1 : "on every layer", scope + 1);
+                       wide[0]                ? wide + 1
+                       : ks_sliding_kind(w->kind) ? "on every sliding layer"
+                                                : "on every layer",
+                       scope + 1);
         }
 }
 

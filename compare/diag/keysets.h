@@ -105,8 +105,12 @@ void ks_survivor_text(cmp_ctx *c, const dg_case *a, const ks_cand *k, const char
  * the layer's kind, the layer alone) and named with theirs: a cause that
  * may live in one layer's code (one key left out or read twice, the own
  * key masked, chunks isolated, decode blind to the prefill, the causal
- * mask missing). */
+ * mask missing, a stale sliding cache, a ring that does not wrap). */
 bool ks_scoped_kind(cmp_diag_kind k);
+/* Whether kind k lives on the sliding layers by its nature (a stale
+ * sliding cache, a ring): its widest scope is every sliding layer, and
+ * its phrase says so. */
+bool ks_sliding_kind(cmp_diag_kind k);
 /* " on layer 0 only", " on the sliding layers only", or "" (every layer,
  * or a kind the model alone has): the scope of a scoped kind's candidate,
  * in words. */
