@@ -168,6 +168,8 @@ static const struct {
     {"own-key-masked=5@0", CMP_DIAG_OWN_KEY_MASKED, CACHE_KIND_COUNT},
     {"own-key-masked=5", CMP_DIAG_OWN_KEY_MASKED, CACHE_KIND_COUNT},
     {"isolated-layer=1", CMP_DIAG_CHUNK_ISOLATED, CACHE_KIND_COUNT},
+    {"stale-local@1", CMP_DIAG_STALE_CACHE, CACHE_KIND_COUNT},
+    {"ring-no-wrap@1", CMP_DIAG_RING_NO_WRAP, CACHE_RING},
     /* --- end of the layer-scoped block --- */
 };
 
@@ -253,7 +255,8 @@ static void sweep_injections(void)
                             snprintf(fam, sizeof fam, "%s", injections[ii].spec);
                             judge("inject", fam, injections[ii].kind, &r, -1, -1, what);
                             if (!strncmp(fam, "drop-key", 8) || !strncmp(fam, "own-key", 7) ||
-                                !strncmp(fam, "isolated", 8))
+                                !strncmp(fam, "isolated", 8) || !strncmp(fam, "stale", 5) ||
+                                !strncmp(fam, "ring", 4))
                                 judge_scope("inject", fam, injections[ii].kind, &r,
                                             strchr(fam, '@') != NULL ||
                                                 !strncmp(fam, "isolated-layer", 14), what);

@@ -7,7 +7,7 @@
 # not found at its place, or found but named otherwise).
 #
 #   sh bench/xrt_sweep.sh [-n "100 600"] [-t "1 2"] [-p "PRESETS"] [-g full|reduced]
-#                         [-G mini|reduced] [-B] [DIR]
+#                         [-G mini|reduced] [-k "TYPES"] [-b BUILD] [-B] [DIR]
 #
 #   -n  prompt lengths (default "100 600"; tiny-gemma3's window is 12)
 #   -t  llama.cpp threads (default "1 2"); cells with 2 or more threads run
@@ -21,9 +21,15 @@
 #       default) or reduced (KV f32, f16 x flash off, on x ubatch 7, whole)
 #   -G  the grid of the full-size presets: mini (f32 off whole, f16 off 64,
 #       f16 on whole, bf16 on 7; default) or reduced
+#   -k  the KV cache types of the full grid and of the quantized-cache bug
+#       cells (default "f32 f16 bf16 q8_0 q4_0"; llama.cpp quantizes a cache
+#       only with flash attention, and q8_0, q4_0 only on heads a multiple
+#       of 32 wide)
+#   -b  the build folder holding kvdiff and kvdiff-llama (default build)
 #   -B  no bug runs
 #
-# Bugs (1 thread, KV f32, f16, bf16 x flash off, on x ubatch 7, whole), each
+# Bugs (1 thread, KV f32, f16, bf16 x flash off, on and each quantized type of
+# -k with flash on, x ubatch 7, whole), each
 # on the prompt lengths of -n: GGUF values an exporter could get wrong
 # (tiny-gemma3: sliding window 4, local RoPE base 1e6, input norm weights
 # without Gemma's + 1, RMSNorm epsilon 1e-2, layer 0's k and v weights
@@ -35,17 +41,18 @@
 # (GGUF patching, reading JSON; no modules beyond the standard library).
 set -u
 N_LIST="100 600"; T_LIST="1 2"; PRESETS="tiny-llama tiny-qwen2 tiny-gemma3"; GRID=full; BUGS=1
-BIG_GRID=mini
-while getopts n:t:p:g:G:B o; do
+BIG_GRID=mini; KV_TYPES="f32 f16 bf16 q8_0 q4_0"; BUILD=build
+while getopts n:t:p:g:G:k:b:B o; do
   case $o in
     n) N_LIST=$OPTARG;; t) T_LIST=$OPTARG;; p) PRESETS=$OPTARG;; g) GRID=$OPTARG;;
-    G) BIG_GRID=$OPTARG;; B) BUGS=0;; *) exit 2;;
+    G) BIG_GRID=$OPTARG;; k) KV_TYPES=$OPTARG;; b) BUILD=$OPTARG;; B) BUGS=0;; *) exit 2;;
   esac
 done
 shift $((OPTIND - 1))
 D=${1:-/tmp/kvdiff-xrt-sweep}
 SRC=$PWD
-K=$PWD/build/kvdiff; L=$PWD/build/kvdiff-llama
+case $BUILD in /*) ;; *) BUILD=$PWD/$BUILD;; esac
+K=$BUILD/kvdiff; L=$BUILD/kvdiff-llama
 [ -x "$K" ] && [ -x "$L" ] || { echo "build kvdiff and the recorder first" >&2; exit 2; }
 mkdir -p "$D" && cd "$D" || exit 2
 : > results.txt
@@ -96,7 +103,7 @@ PY
 cells() { # THREADS PRESET: "kv fa ub" lines of the grid that applies, ub W = whole prompt
   case "$1:$2:$GRID:$BIG_GRID" in
     1:tiny-*:full:*)
-      for kv in f32 f16 bf16 q8_0; do for fa in off on; do for ub in 1 7 64 W; do
+      for kv in $KV_TYPES; do for fa in off on; do for ub in 1 7 64 W; do
         echo "$kv $fa $ub"; done; done; done;;
     *:tiny-*:*|*:reduced)
       for kv in f32 f16; do for fa in off on; do for ub in 7 W; do
@@ -123,6 +130,9 @@ for p in $PRESETS; do for n in $N_LIST; do
 done; done
 
 if [ "$BUGS" = 1 ]; then
+  # the quantized caches of -k, with flash attention (llama.cpp's condition)
+  QCELLS=""
+  for kv in $KV_TYPES; do case $kv in q*) QCELLS="$QCELLS ${kv}:on";; esac; done
   for p in tiny-gemma3 tiny-llama; do for n in $N_LIST; do prepare "$p" "$n"; done; done
   gguf_edit meta tiny-gemma3.gguf g3-w4.gguf gemma3.attention.sliding_window 4
   gguf_edit meta tiny-gemma3.gguf g3-rope.gguf gemma3.rope.freq_base_swa 1000000
@@ -134,7 +144,9 @@ if [ "$BUGS" = 1 ]; then
   for n in $N_LIST; do
     for bug in g3-w4 g3-rope g3-norm g3-eps g3-kvswap ll-unperm isolate-ubatch drop-key \
                decode-blind dup-key; do
-      for kv in f32 f16 bf16; do for fa in off on; do for ub in 7 $((n + 4)); do
+      for cell in f32:off f32:on f16:off f16:on bf16:off bf16:on $QCELLS; do
+        kv=${cell%:*} fa=${cell#*:}
+        for ub in 7 $((n + 4)); do
         p=tiny-gemma3 g=tiny-gemma3.gguf extra=""
         case $bug in
           g3-w4) g=g3-w4.gguf want="4/0/attn_out window";;
@@ -153,7 +165,7 @@ if [ "$BUGS" = 1 ]; then
         # shellcheck disable=SC2086
         run_cell "bug $bug n=$n t=1 kv=$kv fa=$fa ub=$ub want=${want% *}:${want#* }" "$g" "$p" \
             "$p-ref$n.h5" 1 "$kv" "$fa" "$ub" $extra
-      done; done; done
+      done; done
     done
   done
   # --- KV sharing wired otherwise (tiny-gemma4, shared_kv_layers 8
@@ -162,9 +174,10 @@ if [ "$BUGS" = 1 ]; then
   for n in $N_LIST; do
     prepare tiny-gemma4 "$n"
     gguf_edit meta tiny-gemma4.gguf g4-share8.gguf gemma4.attention.shared_kv_layers 8
-    for mn in 0 4; do for kv in f32 f16; do for ub in 7 $((n + 4)); do
-      MAXNEW=$mn run_cell "bug g4-share8 n=$n max-new=$mn t=1 kv=$kv fa=off ub=$ub \
-want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" off "$ub"
+    for mn in 0 4; do for cell in f32:off f16:off $QCELLS; do for ub in 7 $((n + 4)); do
+      kv=${cell%:*} fa=${cell#*:}
+      MAXNEW=$mn run_cell "bug g4-share8 n=$n max-new=$mn t=1 kv=$kv fa=$fa ub=$ub \
+want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" "$fa" "$ub"
     done; done; done
   done
   # --- end of the KV sharing block ---
@@ -182,8 +195,8 @@ want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" off 
   gguf_edit add g4-z.gguf g4-ones.gguf rope_freqs 1
   for n in $N_LIST; do
     for bug in g3-rdim g3-gbase g4-rdim g4-gbase g4-ones; do
-      for cell in "f32 off" "f16 off" "bf16 on" "q8_0 on"; do for ub in 7 $((n + 4)); do
-        kv=${cell% *} fa=${cell#* }
+      for cell in f32:off f16:off bf16:on $QCELLS; do for ub in 7 $((n + 4)); do
+        kv=${cell%:*} fa=${cell#*:}
         case $bug in
           g3-rdim) p=tiny-gemma3 want="1/0/q rope_convention";;
           g3-gbase) p=tiny-gemma3 want="1/5/q rope_convention";;

@@ -54,7 +54,7 @@
  * 1.46 x it by twice the other (docs/cross-runtime.md). */
 #define AUDIT_RMS_WEIGHT 2.0
 
-typedef enum { ROUND_NONE, ROUND_BF16, ROUND_F16, ROUND_Q8_0 } audit_round;
+typedef enum { ROUND_NONE, ROUND_BF16, ROUND_F16, ROUND_Q8_0, ROUND_Q4_0 } audit_round;
 
 /* ggml's q8_0: blocks of 32, scale max|x| / 127 stored as f16, values
  * rounded to integers. n is a multiple of 32 (head_dim is, where q8_0 is
@@ -72,6 +72,27 @@ static void round_q8_0(float *x, size_t n)
     }
 }
 
+/* ggml's q4_0: blocks of 32, step d = m / -8 where m is the block's value
+ * of largest magnitude (its sign kept), stored as f16; each value goes to
+ * the nearest of 16 levels (q - 8) d, q in 0..15, halves up. */
+static void round_q4_0(float *x, size_t n)
+{
+    for (size_t b = 0; b + 32 <= n; b += 32) {
+        float amax = 0, max = 0;
+        for (int i = 0; i < 32; i++)
+            if (fabsf(x[b + i]) > amax) {
+                amax = fabsf(x[b + i]);
+                max = x[b + i];
+            }
+        const float d = max / -8, id = d != 0 ? 1.0f / d : 0;
+        const float dh = st_f16_to_f32(st_f32_to_f16(d));
+        for (int i = 0; i < 32; i++) {
+            const float q = floorf(x[b + i] * id + 8.5f);
+            x[b + i] = ((q > 15 ? 15 : q) - 8) * dh;
+        }
+    }
+}
+
 /* Rows of width w, each rounded as the runtime holds it. rot: the block
  * size of the Walsh-Hadamard rotation the runtime quantizes them under (0
  * none; llama.cpp's attn_rot_k for q and k, attn_rot_v for v): rotated,
@@ -85,10 +106,13 @@ static void round_rows(audit_round how, float *x, size_t rows, int w, int rot)
     else if (how == ROUND_F16)
         for (size_t i = 0; i < n; i++)
             x[i] = st_f16_to_f32(st_f32_to_f16(x[i]));
-    else if (how == ROUND_Q8_0 && w % 32 == 0) {
+    else if ((how == ROUND_Q8_0 || how == ROUND_Q4_0) && w % 32 == 0) {
         if (rot > 0)
             kern_hadamard_blocks(x, n, rot);
-        round_q8_0(x, n);
+        if (how == ROUND_Q8_0)
+            round_q8_0(x, n);
+        else
+            round_q4_0(x, n);
         if (rot > 0)
             kern_hadamard_blocks(x, n, rot);
     }
@@ -110,6 +134,8 @@ static audit_round rounding_of(const cmp_xrt *m)
 {
     if (!strcmp(m->kv_precision, "q8_0"))
         return ROUND_Q8_0;
+    if (!strcmp(m->kv_precision, "q4_0"))
+        return ROUND_Q4_0;
     /* (crossrt.c names both types canonically) */
     if (!strcmp(m->kv_precision, "bf16") ||
         (m->compute_stated && !strcmp(m->compute_precision, "bf16")))
@@ -120,11 +146,26 @@ static audit_round rounding_of(const cmp_xrt *m)
     return ROUND_NONE;
 }
 
+/* How queries are rounded against keys held as how: ggml's dot product
+ * of a q4_0 key takes the query as q8_0 blocks (its vec_dot_type), as it
+ * does for q8_0 keys. */
+static audit_round query_rounding(audit_round how)
+{
+    return how == ROUND_Q4_0 ? ROUND_Q8_0 : how;
+}
+
 /* Whether the check runs on this test, and why not (m->audit_skip). */
 static bool audit_model(const cmp_source *test, cmp_xrt *m)
 {
-    const double eps = m->compute_stated && m->compute_eps > m->kv_eps ? m->compute_eps
-                                                                        : m->kv_eps;
+    /* A block-quantized cache's rounding is modelled to the level: what
+     * is left are levels that flip where the runtime's value sits near a
+     * boundary. A coarser step flips less often by as much as each flip
+     * moves more, so the allowance stays q8_0's: measured, correct q4_0
+     * runs leave at most 0.0030 (tiny-gemma3, tiny-gemma4; 600 tokens,
+     * ubatch 1 to the whole prompt) where q4_0's own unit would allow
+     * 0.254, and one key left out of 600 moves the row by 0.20. */
+    const double kv_eps = rounding_of(m) == ROUND_Q4_0 ? 0x1p-8 : m->kv_eps;
+    const double eps = m->compute_stated && m->compute_eps > kv_eps ? m->compute_eps : kv_eps;
     m->audit_threshold = AUDIT_BASE + AUDIT_KV_FACTOR * eps;
     /* A runtime computing in bf16 or f16 rounds every output element:
      * rounding scatters over the row (its RMS stays near one unit
@@ -204,7 +245,7 @@ static int m_read(void *ctx, int layer, kv_stage st, int64_t pos0, int64_t n, fl
         const kv_config *c = &m->in->cfg;
         const int D = config_layer_head_dim(c, layer);
         const int cols = (st == STAGE_Q ? c->n_heads : config_layer_kv_heads(c, layer)) * D;
-        round_rows(m->how, out, (size_t)n, cols,
+        round_rows(st == STAGE_Q ? query_rounding(m->how) : m->how, out, (size_t)n, cols,
                    rotation(m->in, st == STAGE_V ? "attn_rot_v" : "attn_rot_k", D));
     }
     return rc;
@@ -324,7 +365,7 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
             rc = -1;
             break;
         }
-        round_rows(how, b.q, (size_t)n, qf, rot_k);
+        round_rows(query_rounding(how), b.q, (size_t)n, qf, rot_k);
         for (int i = 0; i < n; i++) {
             const int64_t p = p0 + i;
             b.kbeg[i] = (int)(W > 0 && p - W + 1 > 0 ? p - W + 1 : 0);

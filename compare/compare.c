@@ -61,8 +61,44 @@ bool cmp_model_mismatch(const kv_config *x, const kv_config *y, char *why, size_
     return false;
 }
 
+/* What attention reads that the configs x (a's) and y (b's) set apart,
+ * in words, into diff (empty when nothing): the first layer whose type
+ * or KV owner differs, else the sliding window, else the final softcap. */
+static void structure_diff(const cmp_source *a, const cmp_source *b, char *diff, size_t n)
+{
+    const kv_config *x = &a->cfg, *y = &b->cfg;
+    diff[0] = '\0';
+    for (int l = 0; l < x->n_layers && l < y->n_layers && l < KV_MAX_LAYERS; l++) {
+        if (x->layer_type[l] != y->layer_type[l]) {
+            snprintf(diff, n, "layer %d is %s in %s's config, %s in %s's", l,
+                     y->layer_type[l] == ATTN_SLIDING ? "sliding" : "global", b->label,
+                     x->layer_type[l] == ATTN_SLIDING ? "sliding" : "global", a->label);
+            return;
+        }
+        if (x->kv_owner[l] != y->kv_owner[l]) {
+            char own_x[48], own_y[48];
+            snprintf(own_x, sizeof own_x, x->kv_owner[l] == l ? "its own" : "layer %d's",
+                     x->kv_owner[l]);
+            snprintf(own_y, sizeof own_y, y->kv_owner[l] == l ? "its own" : "layer %d's",
+                     y->kv_owner[l]);
+            snprintf(diff, n, "layer %d reads %s KV cache in %s's config, %s in %s's", l, own_y,
+                     b->label, own_x, a->label);
+            return;
+        }
+    }
+    if (x->sliding_window != y->sliding_window)
+        snprintf(diff, n, "sliding_window %d in %s's config, %d in %s's", y->sliding_window,
+                 b->label, x->sliding_window, a->label);
+    else if (x->final_softcap != y->final_softcap)
+        snprintf(diff, n, "final_logit_softcapping %g in %s's config, %g in %s's",
+                 y->final_softcap, b->label, x->final_softcap, a->label);
+}
+
+/* a and b are of the same model (refused otherwise, unless forced); the
+ * configs' other differences are noted, and where diff is given, what
+ * attention reads otherwise goes there (structure_diff). */
 static int check_models(const cmp_source *a, const cmp_source *b, const char *what, bool force,
-                        cmp_result *r, kv_err *e)
+                        cmp_result *r, char *diff, size_t ndiff, kv_err *e)
 {
     const kv_config *x = &a->cfg, *y = &b->cfg;
     char why[512] = "";
@@ -94,6 +130,8 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
             cmp_note(r, "configs differ: layer %d attention type or KV owner", l);
             break;
         }
+    if (diff)
+        structure_diff(a, b, diff, ndiff);
     return 0;
 }
 
@@ -747,7 +785,7 @@ static int noise_floor(walker *w, kv_err *e)
     const cmp_source *nz = w->o->noise;
     int64_t cut = -1;
     if (check_token_list(nz, e) < 0 ||
-        check_models(w->ref, nz, "noise floor", w->o->force, w->r, e) < 0 ||
+        check_models(w->ref, nz, "noise floor", w->o->force, w->r, NULL, 0, e) < 0 ||
         check_prompts(w->ref, nz, w->o->force, w->r, &cut, e) < 0)
         return -1;
     if (!nz->read || !w->ref->read)
@@ -1388,7 +1426,7 @@ static void set_incomplete(cmp_result *r, const cmp_source *ref, const cmp_sourc
 }
 
 /* Diverged: a stage, a token, or the token count of two whole runs
- * differs. Otherwise identical or within tolerance, and incomplete when a
+ * differs, or the recordings' own configs differ in what attention reads. Otherwise identical or within tolerance, and incomplete when a
  * side is partial (the verdict covers only what both hold). */
 static void set_verdict(cmp_result *r, const cmp_source *ref, const cmp_source *test)
 {
@@ -1400,7 +1438,7 @@ static void set_verdict(cmp_result *r, const cmp_source *ref, const cmp_source *
                                !shorter_side_partial(ref, test);
     const bool flip = r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift;
     if (r->first.found || flip || count_differs ||
-        r->tokens.self_pos[1] >= 0) {
+        r->tokens.self_pos[1] >= 0 || r->config_diff[0]) {
         r->verdict = CMP_DIVERGED;
         return;
     }
@@ -1556,7 +1594,8 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     walker w = {.ref = ref, .test = test, .o = o, .r = r, .B = B};
     r->n_layers_model = ref->cfg.n_layers;
     if (check_token_list(ref, e) < 0 || check_token_list(test, e) < 0 ||
-        check_models(ref, test, "model", o->force, r, e) < 0 ||
+        check_models(ref, test, "model", o->force, r, r->config_diff, sizeof r->config_diff,
+                     e) < 0 ||
         check_prompts(ref, test, o->force, r, &w.pos_limit, e) < 0)
         return -1;
     r->compared.pos_cut = w.pos_limit;

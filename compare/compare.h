@@ -690,6 +690,12 @@ typedef struct {
      * (the run under test first), and how; every reader says so before
      * anything else, the verdict line included (roles.c). */
     char swapped[256];
+    /* Non-empty: the two recordings' own configs differ in what attention
+     * reads (a layer's type or KV owner, the sliding window, the final
+     * softcap), in words. The test then runs another model structure
+     * than the reference's, and the pair diverges even where every row
+     * stays within drift (a coarse cache's noise can hide it). */
+    char config_diff[256];
     cmp_hash_check hashcheck;
     cmp_xrt xrt;                 /* cross-runtime mode (xrt.on) */
 } cmp_result;

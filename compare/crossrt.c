@@ -578,6 +578,8 @@ static bool output_steps(const xrt_walk *x, int64_t p, double upstream, double *
  * set, *at_p, *at_i where it is), 0 none, -1 on error. */
 static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
                          int64_t *at_p, int *at_i, double *here, kv_err *e);
+static int first_rotated_kind(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
+                              int64_t *at_p, int *at_i, double *here, kv_err *e);
 
 /* The rotation cv found at (p, stage of sr): the row's error err there and
  * the residual best it leaves; the same at p2 (-1 none); here, what it
@@ -645,7 +647,7 @@ static int rot_steps(xrt_walk *x, const cmp_stage_result *sr, int i, int64_t p, 
     if (rc < 0 || !steps)
         return rc;
     double here;
-    if (first_rotated(x, sr->layer, &cv, p, i, at_p, at_i, &here, e) < 0)
+    if (first_rotated_kind(x, sr->layer, &cv, p, i, at_p, at_i, &here, e) < 0)
         return -1;
     rot_found(m, sr, &cv, p, err, best, p2 > p ? p2 : -1, err2, best2, here, thr);
     return 1;
@@ -703,6 +705,44 @@ static int first_rotated(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_
     return 0;
 }
 
+/* Whether layers a and b turn their rows alike (the same kind, head size,
+ * base and pairs): a rotation found on one is tried on the other. */
+static bool same_rotation(const kv_config *cfg, int a, int b)
+{
+    return (config_layer_window(cfg, a) > 0) == (config_layer_window(cfg, b) > 0) &&
+           config_layer_head_dim(cfg, a) == config_layer_head_dim(cfg, b) &&
+           config_layer_rope_pairs(cfg, a) == config_layer_rope_pairs(cfg, b) &&
+           config_layer_theta(cfg, a) == config_layer_theta(cfg, b);
+}
+
+/* first_rotated over layer and every earlier layer turning its rows as
+ * it does: a RoPE setting read wrong acts on every layer of its kind, and
+ * a later one, fed the earlier one's changed output, may show it first
+ * (a q4_0 cache's noise hides it on layer 3 of tiny-gemma4 at its last
+ * position, not on layer 7). The earliest point in the walk's order. */
+static int first_rotated_kind(xrt_walk *x, int layer, const cmp_rope_conv *cv, int64_t p, int i,
+                              int64_t *at_p, int *at_i, double *here, kv_err *e)
+{
+    *at_p = p;
+    *at_i = i;
+    *here = NAN;
+    for (int l = 0; l <= layer; l++) {
+        if (l != layer && !same_rotation(x->c->cfg, l, layer))
+            continue;
+        int64_t ap;
+        int ai;
+        double h;
+        if (first_rotated(x, l, cv, p, i, &ap, &ai, &h, e) < 0)
+            return -1;
+        if (ap < *at_p || (ap == *at_p && ai < *at_i)) {
+            *at_p = ap;
+            *at_i = ai;
+            *here = h;
+        }
+    }
+    return 0;
+}
+
 /* A step found (by its size, or as a rotation) may sit downstream of a
  * rotation that stayed under every threshold where it was born: a RoPE
  * bug on a global layer moves that layer's q by a few tenths of a percent
@@ -749,7 +789,7 @@ static int rot_scan(xrt_walk *x, int64_t *stop, int *stop_i, kv_err *e)
         int64_t at_p;
         int at_i;
         double here;
-        rc = first_rotated(x, sr->layer, &cv, *stop, *stop_i, &at_p, &at_i, &here, e);
+        rc = first_rotated_kind(x, sr->layer, &cv, *stop, *stop_i, &at_p, &at_i, &here, e);
         if (rc < 0)
             break;
         if (at_p == *stop && at_i == *stop_i)
@@ -868,6 +908,22 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
         r->compared.walked_to = p;
     }
     free(own);
+    /* No step by size: a rotation may still have grown far above a
+     * correct run's error under a floor made wide by a coarse cache (a
+     * q4_0 cache's noise lets q rows of later layers differ by 0.5 where
+     * a RoPE base changed moves them by 1.4). Every q and k stage is
+     * searched at its last position as below, from past the last stage. */
+    if (stop < 0 && !out_step && r->compared.walked_to >= 1) {
+        int64_t s = r->compared.walked_to;
+        int si = x->n;
+        if (rot_scan(x, &s, &si, e) < 0)
+            return -1;
+        if (s != r->compared.walked_to || si != x->n) {
+            stop = s;
+            stop_i = si;
+            stop_thr = m->rot_threshold;
+        }
+    }
     if (stop < 0)
         return 0;
     /* A plain size step, or a rotation's: an earlier rotation moves it. */

@@ -531,6 +531,12 @@ static void diverged_report(FILE *f, const cmp_result *r)
                 "%lld, test %lld); no recorded stage differs over positions %lld..%lld\n",
                 (long long)r->tokens.n_ref, (long long)r->tokens.n_test,
                 (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
+    } else if (!d->found && r->config_diff[0]) {
+        fprintf(f, "DIVERGED  the recordings' own configs differ in what attention reads: %s; "
+                "no recorded stage steps above %s over positions %lld..%lld, so this pair "
+                "cannot show where it acts\n", r->config_diff,
+                r->xrt.on ? "drift" : "tolerance", (long long)r->compared.pos_lo,
+                (long long)r->compared.pos_hi);
     } else if (!d->found) {
         fprintf(f, "FIRST DIVERGENCE  none in the recorded stages (positions %lld..%lld)\n",
                 (long long)r->compared.pos_lo, (long long)r->compared.pos_hi);
@@ -995,6 +1001,8 @@ json_t *cmp_result_json(const cmp_result *r, unsigned flags)
         json_object_set_new(j, "incomplete_why", r->incomplete ? json_string(r->incomplete_why)
                                                                 : json_null());
         json_object_set_new(j, "swapped", r->swapped[0] ? json_string(r->swapped) : json_null());
+        json_object_set_new(j, "config_differs",
+                            r->config_diff[0] ? json_string(r->config_diff) : json_null());
         const cmp_hash_check *h = &r->hashcheck;
         json_object_set_new(
             j, "hash_check",

@@ -7,7 +7,10 @@ static const set_type TYPES[] = {
     {"f32", "f32", 0x1p-24, SET_FOR_BOTH},      {"float32", "f32", 0x1p-24, SET_FOR_BOTH},
     {"tf32", "tf32", 0x1p-11, SET_FOR_COMPUTE}, {"f16", "f16", 0x1p-11, SET_FOR_BOTH},
     {"float16", "f16", 0x1p-11, SET_FOR_BOTH},  {"bf16", "bf16", 0x1p-8, SET_FOR_BOTH},
-    {"bfloat16", "bf16", 0x1p-8, SET_FOR_BOTH}, {"q8_0", "q8_0", 0x1p-8, SET_FOR_CACHE}};
+    {"bfloat16", "bf16", 0x1p-8, SET_FOR_BOTH}, {"q8_0", "q8_0", 0x1p-8, SET_FOR_CACHE},
+    /* q4_0: blocks of 32 on 16 levels, max |x| / 8 a step: half a step is
+     * 2^-4 of the block's largest value */
+    {"q4_0", "q4_0", 0x1p-4, SET_FOR_CACHE}};
 
 static const char *const CACHES[] = {"dense", "split", "ring"};
 

@@ -784,6 +784,17 @@ static void read_swapped(jr *c, json_t *root, cmp_result *r)
         copy(r->swapped, sizeof r->swapped, json_string_value(why));
 }
 
+/* "config_differs" is optional (results saved before it have none): a
+ * string, or null when the configs agree on what attention reads. */
+static void read_config_differs(jr *c, json_t *root, cmp_result *r)
+{
+    json_t *why = json_object_get(root, "config_differs");
+    if (why && !json_is_null(why) && !json_is_string(why))
+        bad(c, "", "config_differs", "is neither a string nor null");
+    else if (json_is_string(why))
+        copy(r->config_diff, sizeof r->config_diff, json_string_value(why));
+}
+
 /* "hash_check" is optional (results saved before it have none). */
 static void read_hash_check(jr *c, json_t *root, cmp_result *r)
 {
@@ -980,6 +991,8 @@ int report_json_load(const char *path, report_json *j, kv_err *e)
         read_incomplete(&c, root, r);
     if (!c.failed)
         read_swapped(&c, root, r);
+    if (!c.failed)
+        read_config_differs(&c, root, r);
     if (!c.failed)
         read_hash_check(&c, root, r);
     if (!c.failed)

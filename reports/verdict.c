@@ -29,7 +29,11 @@ static void verdict_body(const cmp_result *r, char *buf, size_t n)
     }
     if (!d->found) {
         const cmp_tokens *t = &r->tokens;
-        if (t->kind == CMP_TOKENS_DIFFER)
+        if (r->config_diff[0])
+            snprintf(buf, n, "diverged: the recordings' configs differ in what attention reads "
+                     "(%s); no recorded stage steps above %s", r->config_diff,
+                     r->xrt.on ? "drift" : "tolerance");
+        else if (t->kind == CMP_TOKENS_DIFFER)
             snprintf(buf, n, "diverged: no recorded stage differs, but the tokens differ at "
                      "position %lld", (long long)t->pos);
         else if (t->kind == CMP_TOKENS_LENGTH)

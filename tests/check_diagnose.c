@@ -501,7 +501,7 @@ START_TEST(test_validate_warns_without_settings)
          "float32, tf32, f16, float16, bf16, bfloat16)"},
         {"pytorch", "{\"chunk\":8,\"cache\":\"dense\",\"cache_type\":\"tf32\"}", 1,
          "gives cache_type \"tf32\", which the drift model does not know (it reads f32, "
-         "float32, f16, float16, bf16, bfloat16, q8_0)"},
+         "float32, f16, float16, bf16, bfloat16, q8_0, q4_0)"},
         {"pytorch", "{\"chunk\":8,\"cache\":\"dense\",\"kv_dtype\":7}", 1, "gives kv_dtype 7,"},
         {"reference", "{\"chunk\":-3}", 1, "gives chunk -3;"},
         {"pytorch", "{\"chunk\":8,\"cache\":\"split\",\"compute_dtype\":\"bfloat16\","

@@ -57,6 +57,17 @@ typedef struct {
 } conv_fit;
 
 
+/* Where the walk found a rotation under the size threshold, what a
+ * candidate must leave of the row (a, b) at the step, as the walk's test
+ * did: CMP_ROT_BACK times less than the row differs, by the walk's
+ * measure of the row (its error there) or this one, the larger. */
+static double rot_back_tol(const cmp_ctx *c, const float *a, const float *b)
+{
+    const double own = cmp_row_rel_err(a, b, cmp_stage_cols(c->cfg, c->d->layer, c->d->stage));
+    const double walk = c->r->xrt.step ? c->r->xrt.step_err : 0;
+    return fmax(own, isfinite(walk) ? walk : 0) / CMP_ROT_BACK;
+}
+
 /* Tries every other convention at the step's position and at the last
  * compared position of the row (where bases far apart at p part). Fills
  * fits (CMP_ROPE_MAX_CONVS) and *p2 (-1 when only p was tried); returns how many
@@ -74,8 +85,7 @@ static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, co
      * candidate must explain the row here as its test did. */
     double tol_p = c->row_tol;
     if (c->r->xrt.rot_step)
-        tol_p = cmp_row_rel_err(a, b, cmp_stage_cols(c->cfg, d->layer, d->stage)) /
-                CMP_ROT_BACK;
+        tol_p = rot_back_tol(c, a, b);
     int nf = 0;
     for (int i = 0; i < n; i++) {
         const double err = cmp_rope_conv_err(c->cfg, d->layer, &cv[i], d->pos, a, b, nh);
@@ -90,6 +100,18 @@ static int rope_conv_fits(cmp_ctx *c, const float *a, const float *b, int nh, co
     free(a2);
     free(b2);
     return nf;
+}
+
+/* "position 1 is the first rotated", or, where the step sits later (a
+ * convention turns every position from 1 on, but a coarse cache's noise
+ * hides its first rows), where it first stands out of the drift. */
+static void first_rotated_words(const cmp_ctx *c, char *buf, size_t n)
+{
+    if (c->d->pos > 1 && c->r->xrt.on)
+        dg_say(buf, n, "it turns every position from 1 on; position %lld is the first where it "
+               "stands out of the drift", (long long)c->d->pos);
+    else
+        dg_say(buf, n, "position %lld is the first rotated", (long long)c->d->pos);
 }
 
 /* The rotation-like step explained by another convention. */
@@ -123,9 +145,12 @@ static void rope_conv_text(cmp_ctx *c, const conv_fit *fits, int nf, int64_t p2)
             "from position %lld on, where RoPE %s; per-head norms equal within %s)",
             (long long)d->pos, d->pos == 0 ? "turns nothing yet" : "first shows it",
             c->r->xrt.on ? "drift" : "1e-5");
-    else if (nf == 1)
-        dg_say(g->detail, sizeof g->detail, "(position %lld is the first rotated; per-head norms "
-            "equal within %s)", (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5");
+    else if (nf == 1) {
+        char first[160];
+        first_rotated_words(c, first, sizeof first);
+        dg_say(g->detail, sizeof g->detail, "(%s; per-head norms equal within %s)", first,
+               c->r->xrt.on ? "drift" : "1e-5");
+    }
     else
         dg_append(g->detail, sizeof g->detail, ")");
     dg_append(g->evidence, sizeof g->evidence, " reproduces the test's at position %lld (error "
@@ -166,7 +191,7 @@ static int rope_partial_fits(cmp_ctx *c, const float *a, const float *b, int nh,
     const bool rot = c->r->xrt.rot_step;
     if (d->pos == 0 || !(own_err > (rot ? 0 : c->row_tol)))
         return 0;
-    const double tol = rot ? own_err / CMP_ROT_BACK : fmin(c->row_tol, own_err / 4);
+    const double tol = rot ? rot_back_tol(c, a, b) : fmin(c->row_tol, own_err / 4);
     float *a2 = NULL, *b2 = NULL;
     if (last_pair(c, p2, &a2, &b2, e) < 0)
         return -1;
@@ -271,9 +296,10 @@ static void rope_partial_text(cmp_ctx *c, const part_fit fits[CMP_PART_KINDS], i
             if (kinds == 1) {
                 dg_say(g->summary, sizeof g->summary, "RoPE turns %s of the %d pairs of each "
                        "head where the config turns %d: %s", cnt, half, own, name);
-                dg_say(g->detail, sizeof g->detail, "(the test's %s: %s; position %lld is the "
-                       "first rotated; per-head norms equal within %s%s)", what, how,
-                       (long long)d->pos, c->r->xrt.on ? "drift" : "1e-5",
+                char firstw[160];
+                first_rotated_words(c, firstw, sizeof firstw);
+                dg_say(g->detail, sizeof g->detail, "(the test's %s: %s; %s; per-head norms "
+                       "equal within %s%s)", what, how, firstw, c->r->xrt.on ? "drift" : "1e-5",
                        first->lo != first->hi ? "; the pairs past the lower count turn too "
                        "little by the last position compared to tell the counts apart" : "");
             } else {

@@ -299,12 +299,18 @@ static int rule_kv_swapped(cmp_ctx *c, kv_err *e)
         free(a);
         free(b);
     }
-    double ek = INFINITY, ev = INFINITY;
+    double ek = INFINITY, ev = INFINITY, same = INFINITY;
     if (rc == 0 && got > 0 && (!norm || got * KV >= 4)) {
         ek = gain_fit_err(ku, vr, got, KV, D, norm);   /* the test's k from the v projection */
         ev = gain_fit_err(ru, vt, got, KV, D, norm);   /* the reference's k from the test's v */
+        same = gain_fit_err(ru, vr, got, KV, D, norm); /* the reference's k from its own v */
     }
     const double tol = fmax(c->row_tol, CMP_MATCH_TOL) * (norm ? 4 : 1);
+    /* Where the reference's own k is its v the same way (Gemma 4's full
+     * layers take v from k's projection), a swap changes nothing and the
+     * fits above hold of any rows near the reference's: not told apart. */
+    if (rc == 0 && same <= tol)
+        ek = ev = INFINITY;
     /* The weights swapped, each projection keeping its own bias: the
      * test's k is the reference's v plus b_k - b_v, and the reference's k
      * the test's v plus the same offset. One offset per channel fitted

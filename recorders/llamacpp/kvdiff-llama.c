@@ -73,7 +73,8 @@ static void usage(FILE *f)
         "  --ubatch N         physical batch (tokens per forward step; default 512)\n"
         "  --batch N          logical batch (tokens per llama_decode; default 2048)\n"
         "  --flash-attn on|off  (default off)\n"
-        "  --cache-type T     KV cache type f32, f16 (default), bf16 or q8_0\n"
+        "  --cache-type T     KV cache type f32, f16 (default), bf16, q8_0\n"
+        "                     or q4_0 (quantized types need --flash-attn on)\n"
         "  --threads N        (default: the cores online, at most 4)\n"
         "  --ctx N            context size (default prompt + max-new)\n"
         "model:\n"
@@ -205,13 +206,13 @@ static int parse_args(int argc, char **argv, rec_opts *o)
             NEED_VALUE;
             static const struct { const char *name; enum ggml_type t; } types[] = {
                 {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16},
-                {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}};
+                {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0}, {"q4_0", GGML_TYPE_Q4_0}};
             int k = -1;
-            for (int j = 0; j < 4; j++)
+            for (int j = 0; j < (int)(sizeof types / sizeof types[0]); j++)
                 if (!strcmp(v, types[j].name))
                     k = j;
             if (k < 0) {
-                fprintf(stderr, TOOL ": --cache-type: '%s' is not f32, f16, bf16 or q8_0\n", v);
+                fprintf(stderr, TOOL ": --cache-type: '%s' is not f32, f16, bf16, q8_0 or q4_0\n", v);
                 return -1;
             }
             o->cache_type = types[k].t;
