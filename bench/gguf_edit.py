@@ -2,7 +2,9 @@
 """gguf_edit.py — one planted change in a GGUF file, for the sweeps
 (bench/xrt_sweep.sh, bench/verdict_sweep.sh): standard library only.
 
-    gguf_edit.py meta IN OUT KEY VALUE        a u32 or f32 metadata value set
+    gguf_edit.py meta IN OUT KEY VALUE        a u32 or f32 metadata value set;
+                                              KEY[I]: element I of an array
+                                              (bool, u8, i32, u32 or f32)
     gguf_edit.py swap IN OUT NAME1 NAME2      two f32 tensors trade their data
     gguf_edit.py add IN OUT PART VALUE        every f32 tensor whose name holds
     gguf_edit.py mul IN OUT PART VALUE        PART: VALUE added / multiplied
@@ -27,6 +29,10 @@ for _ in range(nkv):
     if k=='general.alignment': align=struct.unpack_from('<I',b,o)[0]
     if mode=='meta' and k==a1:
         struct.pack_into('<I' if t==4 else '<f',b,o,int(float(a2)) if t==4 else float(a2))
+    if mode=='meta' and '[' in a1 and k==a1[:a1.index('[')] and t==9:
+        at,n=struct.unpack_from('<IQ',b,o); i=int(a1[a1.index('[')+1:-1])
+        fmt={0:'<B',7:'<B',4:'<I',5:'<i',6:'<f'}[at]; assert 0<=i<n
+        struct.pack_into(fmt,b,o+12+i*size[at],float(a2) if at==6 else int(float(a2)))
     o=skip(t,o)
 tensors=[]
 for _ in range(nt):

@@ -452,6 +452,62 @@ static int patch_freqs_ones(const char *in, const char *to)
     return gguf_affine_tensors(in, to, "rope_freqs", 0, 1) == 1 ? 0 : -1;
 }
 
+/* A Gemma 4 sliding layer run by llama.cpp as a full one: tiny-gemma4
+ * with its full layers given the sliding layers' head size, KV heads and
+ * a v_proj (bench/gemma4_equal_heads.py), so that either type runs on the
+ * same tensors, and the GGUF's layer pattern saying layer 0 (then 5) is
+ * full. The layer rotates with the global base and its partial pairs,
+ * and reads every key: named a layer type at (1, L, q), on f16, bf16,
+ * q8_0 and q4_0 caches. */
+START_TEST(xrt_diag_gemma4_sliding_as_full)
+{
+    char dir[64], args[2048], gguf[512], bad[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(args, sizeof args, "gen --preset tiny-gemma4 -o %s/hf0", dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    const char *py = getenv("KVDIFF_PYTHON");
+    snprintf(args, sizeof args, "%s bench/gemma4_equal_heads.py %s/hf0 %s/hf 2>&1",
+             py && py[0] ? py : "python3", dir, dir);
+    ck_assert_msg(system(args) == 0, "%s failed", args);
+    snprintf(args, sizeof args, "gen --from %s/hf --gguf %s/m.gguf", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 100 --seed 3 --max-new 2 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    snprintf(gguf, sizeof gguf, "%s/m.gguf", dir);
+    snprintf(bad, sizeof bad, "%s/bad.gguf", dir);
+    static const char *const caches[] = {"--cache-type f16 --ubatch 7",
+                                         "--cache-type bf16 --flash-attn on",
+                                         "--cache-type q8_0 --flash-attn on",
+                                         "--cache-type q4_0 --flash-attn on"};
+    static const int layers[] = {0, 5};
+    for (int li = 0; li < 2; li++) {
+        char key[96], words[96];
+        snprintf(key, sizeof key, "gemma4.attention.sliding_window_pattern[%d]", layers[li]);
+        ck_assert_int_eq(gguf_patch(gguf, bad, key, 0), 0);
+        snprintf(words, sizeof words, "layer %d runs as a global layer", layers[li]);
+        for (int i = 0; i < 4; i++) {
+            if (li == 1 && i != 0 && i != 3)
+                continue;   /* layer 5 on two caches: f16 and q4_0 */
+            /* Layer 5 under q4_0's noise (four layers of it flowed in):
+             * the rotation does not stand out before the layer's keys do,
+             * at the window (attention checked from its own q, k, v). */
+            const bool keys_first = li == 1 && i == 3;
+            json_t *j, *g = diagnose(dir, caches[i], keys_first ? 12 : 1, layers[li],
+                                     keys_first ? "attn_out" : "q", &j);
+            if (keys_first)
+                expect_diag(g, caches[i], "layer_type", "recomputed", "layer 5 attends every "
+                            "key at every position checked", "it is global in the test", NULL);
+            else
+                expect_diag(g, caches[i], "layer_type", "recomputed", words,
+                            "rotates with the global layers' base and reads every key", NULL);
+            json_decref(j);
+        }
+    }
+    test_rmtree(dir);
+}
+END_TEST
+
 /* The sliding layers' rope dimension count halved: layer 0 turns 8 of
  * its 16 pairs. */
 START_TEST(xrt_diag_gemma4_rope_swa_dims)
@@ -1239,6 +1295,7 @@ Suite *xrt_diagnose_suite(void)
     tcase_add_test(tc, xrt_diag_gemma4_rope_swa_dims);
     tcase_add_test(tc, xrt_diag_gemma4_rope_global_base);
     tcase_add_test(tc, xrt_diag_gemma4_rope_freqs_ones);
+    tcase_add_test(tc, xrt_diag_gemma4_sliding_as_full);
     tcase_add_test(tc, xrt_diag_rotation_under_floor);
     tcase_add_test(tc, xrt_diag_rotation_upstream_of_step);
     tcase_add_test(tc, xrt_diag_rope_scaling_dropped);

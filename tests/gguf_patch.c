@@ -83,15 +83,40 @@ int gguf_patch(const char *in, const char *outp, const char *key, double v)
         memcpy(&nkv, b + 16, 8);
     size_t off = 24;
     bool done = false;
+    /* "name[i]": element i of an array */
+    const char *br = strchr(key, '[');
+    const size_t kn = br ? (size_t)(br - key) : strlen(key);
+    const long elem = br ? strtol(br + 1, NULL, 10) : -1;
     for (uint64_t i = 0; rc == 0 && i < nkv && off && !done; i++) {
         uint64_t klen;
         uint32_t t;
         memcpy(&klen, b + off, 8);
-        const bool hit = klen == strlen(key) && !memcmp(b + off + 8, key, klen);
+        const bool hit = klen == kn && !memcmp(b + off + 8, key, klen);
         off += 8 + (size_t)klen;
         memcpy(&t, b + off, 4);
         off += 4;
-        if (hit && t == G_U32) {
+        if (hit && br && t == G_ARR) {
+            uint32_t at;
+            uint64_t cnt;
+            memcpy(&at, b + off, 4);
+            memcpy(&cnt, b + off + 4, 8);
+            const size_t es = gguf_scalar_size(at);
+            const size_t at_off = off + 12 + (size_t)elem * es;
+            if (elem >= 0 && (uint64_t)elem < cnt && es > 0 && at_off + es <= (size_t)n) {
+                if (at == G_F32) {
+                    float x = (float)v;
+                    memcpy(b + at_off, &x, 4);
+                } else if (es == 1) {
+                    b[at_off] = (unsigned char)v;
+                } else if (es == 4) {
+                    uint32_t u = (uint32_t)(int64_t)v;
+                    memcpy(b + at_off, &u, 4);
+                }
+                done = es == 1 || es == 4;
+            }
+        } else if (hit && br) {
+            /* not an array: nothing to patch */
+        } else if (hit && t == G_U32) {
             uint32_t u = (uint32_t)v;
             memcpy(b + off, &u, 4);
             done = true;

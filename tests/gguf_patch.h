@@ -7,7 +7,9 @@
 #include <stddef.h>
 
 /* Copies the GGUF `in` to `out` with the value of `key` (a u32 or f32)
- * replaced by v. Returns 0, -1 when the key is absent or the file bad. */
+ * replaced by v; "key[i]": element i of an array of 1- or 4-byte values
+ * (a bool of a layer pattern). Returns 0, -1 when the key is absent or
+ * the file bad. */
 int gguf_patch(const char *in, const char *out, const char *key, double v);
 
 /* Copies the GGUF `in` to `out` with every F32 tensor whose name holds
