@@ -338,6 +338,30 @@ static bool plant_own_masked_layer0(const plant_arg *a, const kv_config *cfg, in
 }
 /* --- end of the layer-scoped block --- */
 
+/* --- a sliding cache read stale: prefill chunks of 7 reading the
+ * previous chunk's keys as never written, on every sliding layer (n < 0)
+ * or on sliding layer n alone --- */
+static bool plant_stale(const plant_arg *a, const kv_config *cfg, int L, int64_t q, cmp_hyp *h)
+{
+    const int64_t cs = (q / 7) * 7;
+    if (config_layer_window(cfg, L) <= 0 || (a->n >= 0 && L != a->n) || q >= a->P || cs == 0)
+        return false;
+    h->zero_lo = cs - 7 > h->lo ? cs - 7 : h->lo;
+    h->zero_hi = cs;
+    return true;
+}
+
+static int64_t n_every(const kv_config *cfg, int P) { (void)cfg; (void)P; return -1; }
+static int64_t n_second_sliding(const kv_config *cfg, int P)
+{
+    (void)P;
+    int seen = 0;
+    for (int l = 0; l < cfg->n_layers; l++)
+        if (config_layer_window(cfg, l) > 0 && cfg->kv_owner[l] == l && seen++ == 1)
+            return l;
+    return -2;   /* none: nothing planted */
+}
+
 static const edit_family edits[] = {
     {"window W-1", {"", plant_window, NULL, CMP_DIAG_WINDOW}, n_w_minus, false},
     {"window W+1", {"", plant_window, NULL, CMP_DIAG_WINDOW}, n_w_plus, true},
@@ -368,6 +392,9 @@ static const edit_family edits[] = {
      n_zero, false},
     {"own key masked, layer 0 only",
      {"", plant_own_masked_layer0, NULL, CMP_DIAG_OWN_KEY_MASKED}, n_zero, false},
+    {"stale sliding cache", {"", plant_stale, NULL, CMP_DIAG_STALE_CACHE}, n_every, false},
+    {"stale sliding cache, one layer only", {"", plant_stale, NULL, CMP_DIAG_STALE_CACHE},
+     n_second_sliding, false},
     /* --- end of the layer-scoped block --- */
 };
 
@@ -437,9 +464,10 @@ static void sweep_edits(void)
                         judge(counts ? "edit" : "edit-out", f->name, f->fam.kind, &r, pos,
                               layer, what);
                     if (pos >= 0 && (f->fam.kind == CMP_DIAG_MISSING_KEY ||
-                                     f->fam.kind == CMP_DIAG_OWN_KEY_MASKED))
+                                     f->fam.kind == CMP_DIAG_OWN_KEY_MASKED ||
+                                     f->fam.kind == CMP_DIAG_STALE_CACHE))
                         judge_scope(counts ? "edit" : "edit-out", f->name, f->fam.kind, &r,
-                                    strstr(f->name, "layer 0 only") != NULL, what);
+                                    strstr(f->name, " only") != NULL, what);
                     cmp_result_free(&r);
                     cmp_memrec_free(got);
                 }

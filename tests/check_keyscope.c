@@ -195,6 +195,18 @@ static bool plant_stale_layer2(const plant_arg *a, const kv_config *cfg, int L, 
     return true;
 }
 
+/* Every sliding layer, prefill chunks of 7, as plant_stale_layer2. */
+static bool plant_stale_all(const plant_arg *a, const kv_config *cfg, int L, int64_t q,
+                            cmp_hyp *h)
+{
+    const int64_t cs = (q / 7) * 7;
+    if (config_layer_window(cfg, L) <= 0 || q >= a->P || cs == 0)
+        return false;
+    h->zero_lo = cs - 7 > h->lo ? cs - 7 : h->lo;
+    h->zero_hi = cs;
+    return true;
+}
+
 static const plant_keys_fn plants[] = {plant_drop5_layer0, plant_own_layer0, plant_drop5_all,
                                        plant_drop_two_layers, plant_layer0_full,
                                        plant_padded_layer0, plant_stuck_layer0,
@@ -345,6 +357,38 @@ START_TEST(test_one_layer_not_claimed_where_another_is_wrong)
 }
 END_TEST
 
+/* Every sliding layer reads the previous prefill chunk stale, on a prompt
+ * of 10 (chunks of 7): a dense cache and a ring of 19 slots (window 12 +
+ * chunk 7, the cache unnamed) read the same keys until the ring wraps,
+ * past the prompt. One cause either way: named, the ring said in the
+ * detail, not "either ... or" the same words twice. */
+START_TEST(test_stale_readings_one_cause)
+{
+    kv_model m;
+    open_model("tiny-gemma3", &m);
+    kv_err e = {{0}};
+    cmp_memrec *ref = plant_record(&m, 10, NNEW, 11, NULL, "{\"engine\":\"reference\"}", true,
+                                   &e);
+    cmp_memrec *test = plant_record(&m, 10, NNEW, 11, NULL, OUT, true, &e);
+    ck_assert_msg(ref && test, "%s", e.msg);
+    const plant_family f = {"stale, every sliding layer", plant_stale_all, NULL,
+                            CMP_DIAG_STALE_CACHE};
+    const plant_arg pa = {.P = 10, .T = 10 + NNEW, .n = 0};
+    ck_assert_msg(plant_apply(&f, &pa, test, &m, &e) == 0, "%s", e.msg);
+    cmp_result r;
+    char *t = compare_pair(ref, test, &r);
+    ck_assert_msg(r.first.found && r.first.pos == 7 && r.first.layer == 0, "%s", t);
+    ck_assert_msg(r.diag.kind == CMP_DIAG_STALE_CACHE && !r.diag.undecided, "%s", t);
+    ck_assert_msg(strstr(r.diag.detail, "a ring of 19 slots (window + chunk) would read the "
+                         "same keys here"), "%s", t);
+    free(t);
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(test);
+    model_free(&m);
+}
+END_TEST
+
 /* The injection's words: parsed, described back, refused past the model. */
 START_TEST(test_layer_injection_parse)
 {
@@ -408,6 +452,7 @@ Suite *keyscope_suite(void)
     tcase_add_loop_test(tc, test_scoped_named, 0, NCASES);
     tcase_add_loop_test(tc, test_scoped_named_from_attn_out, 0, n_outside);
     tcase_add_test(tc, test_one_layer_not_claimed_where_another_is_wrong);
+    tcase_add_test(tc, test_stale_readings_one_cause);
     suite_add_tcase(s, tc);
     return s;
 }

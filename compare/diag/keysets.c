@@ -597,6 +597,34 @@ static void fold_open_scopes(const cmp_ctx *c, ks_run *run)
 /* ------------------------------------------------------------------ */
 /* The rule                                                             */
 
+/* A stale sliding cache read as a dense cache and as a ring of W + C
+ * slots (the cache unnamed) predict the same keys until the ring wraps:
+ * one cause either way, not two. Where those two alone survive (one
+ * scope, one start), the dense reading is kept and the ring's merged;
+ * its size goes to *ring (0: nothing merged). */
+static void merge_stale_readings(ks_run *run, int64_t *ring)
+{
+    *ring = 0;
+    int dense = -1, wide = -1, n = 0;
+    for (int i = 0; i < run->n; i++) {
+        const ks_cand *k = &run->k[i];
+        if (!k->alive)
+            continue;
+        if (k->kind != CMP_DIAG_STALE_CACHE || ++n > 2)
+            return;
+        if (k->variant == 1)
+            wide = i;
+        else
+            dense = i;
+    }
+    if (dense < 0 || wide < 0 || run->k[dense].scope != run->k[wide].scope ||
+        run->k[dense].from != run->k[wide].from)
+        return;
+    run->k[wide].alive = false;
+    run->k[wide].merged = true;
+    *ring = run->k[wide].n;
+}
+
 static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const char *sep,
                    kv_err *e)
 {
@@ -610,6 +638,8 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
     const size_t ns = sizeof c->g->summary, nd = sizeof c->g->detail,
                  nv = sizeof c->g->evidence;
     c->g->basis = CMP_BASIS_RECOMPUTED;
+    int64_t ring = 0;
+    merge_stale_readings(run, &ring);
     if (alive_count(run) > 1) {
         char keys[64];
         dg_counts_phrase(c, keys, sizeof keys);
@@ -672,6 +702,10 @@ static int verdict(cmp_ctx *c, dg_case *a, ks_run *run, double cfg_err, const ch
         dg_layer_survey(c, k->last_pos, k->n, layers, sizeof layers, &n_other, e) < 0)
         return -1;
     ks_survivor_text(c, a, k, layers, n_other);
+    if (ring > 0)
+        dg_append(t, nd, "; a ring of %lld slots (window + chunk) would read the same keys "
+                  "here: the two part once it wraps, at position %lld", (long long)ring,
+                  (long long)ring);
     ev->recompute = 1;
     ev->hyp_err = k->err_p;
     dg_say(ev->hypothesis, sizeof ev->hypothesis, "%s", k->what);
