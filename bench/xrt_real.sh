@@ -12,7 +12,7 @@
 #     PRESET  gemma3-1b-shape (default), qwen2.5-0.5b-shape, qwen3-0.6b-shape
 #     TOKENS  prompt length (default 640)
 #     DIR     work folder, reused between runs (default /tmp/kvdiff-xrt-real)
-#     GRID    full (default): KV f32, f16, bf16, q8_0 x flash off, on x
+#     GRID    full (default): KV f32, f16, bf16, q8_0, q4_0 x flash off, on x
 #             ubatch 64, 512; quick: three legitimate settings
 #     DTYPE   the weights, in the GGUF and the reference's folder alike:
 #             bf16 (default, as released checkpoints are) or f32
@@ -221,10 +221,10 @@ rm -f t.h5
 
 echo "legitimate settings ($GRID grid), $N-token prompt, $NEW new tokens:"
 if [ "$GRID" = quick ]; then
-    grid="f32:off:512 f16:on:64 q8_0:on:512"
+    grid="f32:off:512 f16:on:64 q8_0:on:512 q4_0:on:512"
 else
     grid=""
-    for kv in f32 f16 bf16 q8_0; do for fa in off on; do for ub in 64 512; do
+    for kv in f32 f16 bf16 q8_0 q4_0; do for fa in off on; do for ub in 64 512; do
         grid="$grid $kv:$fa:$ub"; done; done; done
 fi
 for s in $grid; do
@@ -236,7 +236,7 @@ done
 echo "bugs written into the GGUF:"
 printf '%s\n' "$BUGS" > bugs.txt
 while IFS='|' read -r name g pos layer stage kind phrase; do
-    for s in f32:off:512 f16:off:512 f16:on:64 bf16:off:512 q8_0:on:512; do
+    for s in f32:off:512 f16:off:512 f16:on:64 bf16:off:512 q8_0:on:512 q4_0:on:512; do
         IFS=: read -r kv fa ub <<EOF
 $s
 EOF

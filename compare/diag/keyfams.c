@@ -222,7 +222,8 @@ void ks_add_from(ks_run *run, cmp_diag_kind kind, int64_t n, int variant, ks_sco
         return;
     run->k[run->n++] = (ks_cand){.kind = kind, .n = n, .variant = variant, .scope = scope,
                                   .from = from, .alive = true, .fail_pos = -1, .miss_pos = -1,
-                                  .fail_layer = -1, .err_p = INFINITY, .last_pos = -1};
+                                  .fail_layer = -1, .err_p = INFINITY, .last_pos = -1,
+                                  .act_pos = -1, .act_layer = -1};
 }
 
 void ks_add(ks_run *run, cmp_diag_kind kind, int64_t n, int variant, ks_scope scope)

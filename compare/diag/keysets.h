@@ -45,6 +45,14 @@ typedef struct {
     int64_t fail_pos, fail_n, fail_test_n;
     double fail_err;             /* -1: refuted by the positions before p */
     bool merged;                 /* the same predictions as an earlier candidate */
+    /* Across runtimes, the first place before p (walk order) where its
+     * keys differ from the config's and reproduce the test's rows, drift
+     * though the config's keys left there: where the bug first acts
+     * (act_pos -1 none); act_err what its keys leave there, act_cfg_err
+     * what the config's do. */
+    int64_t act_pos;
+    int act_layer;
+    double act_err, act_cfg_err;
     char what[160];              /* its key set at p */
 } ks_cand;
 
