@@ -64,7 +64,8 @@ bool cmp_model_mismatch(const kv_config *x, const kv_config *y, char *why, size_
 /* What attention reads that the configs x (a's) and y (b's) set apart,
  * in words, into diff (empty when nothing): the first layer whose type
  * or KV owner differs, else the sliding window, else the final softcap. */
-static void structure_diff(const cmp_source *a, const cmp_source *b, char *diff, size_t n)
+static cmp_diag_kind structure_diff(const cmp_source *a, const cmp_source *b, char *diff,
+                                    size_t n)
 {
     const kv_config *x = &a->cfg, *y = &b->cfg;
     diff[0] = '\0';
@@ -73,7 +74,7 @@ static void structure_diff(const cmp_source *a, const cmp_source *b, char *diff,
             snprintf(diff, n, "layer %d is %s in %s's config, %s in %s's", l,
                      y->layer_type[l] == ATTN_SLIDING ? "sliding" : "global", b->label,
                      x->layer_type[l] == ATTN_SLIDING ? "sliding" : "global", a->label);
-            return;
+            return CMP_DIAG_LAYER_TYPE;
         }
         if (x->kv_owner[l] != y->kv_owner[l]) {
             char own_x[48], own_y[48];
@@ -83,15 +84,20 @@ static void structure_diff(const cmp_source *a, const cmp_source *b, char *diff,
                      y->kv_owner[l]);
             snprintf(diff, n, "layer %d reads %s KV cache in %s's config, %s in %s's", l, own_y,
                      b->label, own_x, a->label);
-            return;
+            return CMP_DIAG_KV_OWNER;
         }
     }
-    if (x->sliding_window != y->sliding_window)
+    if (x->sliding_window != y->sliding_window) {
         snprintf(diff, n, "sliding_window %d in %s's config, %d in %s's", y->sliding_window,
                  b->label, x->sliding_window, a->label);
-    else if (x->final_softcap != y->final_softcap)
+        return CMP_DIAG_WINDOW;
+    }
+    if (x->final_softcap != y->final_softcap) {
         snprintf(diff, n, "final_logit_softcapping %g in %s's config, %g in %s's",
                  y->final_softcap, b->label, x->final_softcap, a->label);
+        return CMP_DIAG_LOGIT_MAP;
+    }
+    return CMP_DIAG_NONE;
 }
 
 /* a and b are of the same model (refused otherwise, unless forced); the
@@ -131,7 +137,7 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
             break;
         }
     if (diff)
-        structure_diff(a, b, diff, ndiff);
+        (void)structure_diff(a, b, diff, ndiff);
     return 0;
 }
 
@@ -1539,6 +1545,24 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
             snprintf(r->diag.detail, sizeof r->diag.detail, "(the tokens differ at position "
                      "%lld but no recorded stage does before it: record the logits and every "
                      "stage)", (long long)r->tokens.pos);
+    }
+    /* No row steps, the configs differ in what attention reads: the cause
+     * is the one the test's own config states (a coarse cache's drift
+     * hides where it acts). Named from the configs, not recomputed. */
+    if (!r->first.found && r->config_diff[0] &&
+        (r->diag.kind == CMP_DIAG_NONE || r->diag.kind == CMP_DIAG_UNCLASSIFIED)) {
+        char diff[sizeof r->config_diff];
+        memset(&r->diag, 0, sizeof r->diag);
+        r->diag.kind = structure_diff(w->ref, w->test, diff, sizeof diff);
+        r->diag.basis = CMP_BASIS_HEURISTIC;
+        snprintf(r->diag.summary, sizeof r->diag.summary, "the test runs another model "
+                 "structure: %.200s", diff);
+        snprintf(r->diag.detail, sizeof r->diag.detail, "(named from the recordings' own "
+                 "configs: no recorded row steps above %s, so this pair cannot show where it "
+                 "acts; a finer cache or the attention check's stages would)",
+                 r->xrt.on ? "drift" : "tolerance");
+        snprintf(r->diag.evidence, sizeof r->diag.evidence, "the test's recorded model_config "
+                 "against the reference's: %s", diff);
     }
     set_verdict(r, w->ref, w->test);
     return 0;

@@ -1206,6 +1206,10 @@ START_TEST(xrt_diag_q4_0)
                   !strcmp(json_string_value(json_object_get(j, "verdict")), "diverged"),
                   "share8 q4_0: exit %d\n%.3000s", rc, out);
     const char *why = json_string_value(json_object_get(j, "config_differs"));
+    json_t *g = json_object_get(j, "diagnosis");
+    ck_assert_msg(!strcmp(field(g, "kind"), "kv_owner") && !strcmp(field(g, "basis"), "heuristic") &&
+                  strstr(field(g, "summary"), "the test runs another model structure"),
+                  "%.3000s", out);
     ck_assert_msg(why && strstr(why, "layer 4 reads layer 2's KV cache in ") &&
                   strstr(why, "llama.h5's config, its own in ") && strstr(why, "ref.h5's"),
                   "%.3000s", out);
