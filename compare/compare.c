@@ -63,7 +63,8 @@ bool cmp_model_mismatch(const kv_config *x, const kv_config *y, char *why, size_
 
 /* What attention reads that the configs x (a's) and y (b's) set apart,
  * in words, into diff (empty when nothing): the first layer whose type
- * or KV owner differs, else the sliding window, else the final softcap. */
+ * or KV owner differs, else the sliding window, else the final softcap.
+ * Returns the diagnosis that names it (CMP_DIAG_NONE: nothing). */
 static cmp_diag_kind structure_diff(const cmp_source *a, const cmp_source *b, char *diff,
                                     size_t n)
 {
@@ -100,11 +101,8 @@ static cmp_diag_kind structure_diff(const cmp_source *a, const cmp_source *b, ch
     return CMP_DIAG_NONE;
 }
 
-/* a and b are of the same model (refused otherwise, unless forced); the
- * configs' other differences are noted, and where diff is given, what
- * attention reads otherwise goes there (structure_diff). */
 static int check_models(const cmp_source *a, const cmp_source *b, const char *what, bool force,
-                        cmp_result *r, char *diff, size_t ndiff, kv_err *e)
+                        cmp_result *r, kv_err *e)
 {
     const kv_config *x = &a->cfg, *y = &b->cfg;
     char why[512] = "";
@@ -136,8 +134,6 @@ static int check_models(const cmp_source *a, const cmp_source *b, const char *wh
             cmp_note(r, "configs differ: layer %d attention type or KV owner", l);
             break;
         }
-    if (diff)
-        (void)structure_diff(a, b, diff, ndiff);
     return 0;
 }
 
@@ -791,7 +787,7 @@ static int noise_floor(walker *w, kv_err *e)
     const cmp_source *nz = w->o->noise;
     int64_t cut = -1;
     if (check_token_list(nz, e) < 0 ||
-        check_models(w->ref, nz, "noise floor", w->o->force, w->r, NULL, 0, e) < 0 ||
+        check_models(w->ref, nz, "noise floor", w->o->force, w->r, e) < 0 ||
         check_prompts(w->ref, nz, w->o->force, w->r, &cut, e) < 0)
         return -1;
     if (!nz->read || !w->ref->read)
@@ -1549,11 +1545,13 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     /* No row steps, the configs differ in what attention reads: the cause
      * is the one the test's own config states (a coarse cache's drift
      * hides where it acts). Named from the configs, not recomputed. */
-    if (!r->first.found && r->config_diff[0] &&
+    const cmp_diag_kind config_kind =
+        structure_diff(w->ref, w->test, r->config_diff, sizeof r->config_diff);
+    const char *diff = r->config_diff;
+    if (!r->first.found && config_kind != CMP_DIAG_NONE &&
         (r->diag.kind == CMP_DIAG_NONE || r->diag.kind == CMP_DIAG_UNCLASSIFIED)) {
-        char diff[sizeof r->config_diff];
         memset(&r->diag, 0, sizeof r->diag);
-        r->diag.kind = structure_diff(w->ref, w->test, diff, sizeof diff);
+        r->diag.kind = config_kind;
         r->diag.basis = CMP_BASIS_HEURISTIC;
         snprintf(r->diag.summary, sizeof r->diag.summary, "the test runs another model "
                  "structure: %.200s", diff);
@@ -1618,8 +1616,7 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     walker w = {.ref = ref, .test = test, .o = o, .r = r, .B = B};
     r->n_layers_model = ref->cfg.n_layers;
     if (check_token_list(ref, e) < 0 || check_token_list(test, e) < 0 ||
-        check_models(ref, test, "model", o->force, r, r->config_diff, sizeof r->config_diff,
-                     e) < 0 ||
+        check_models(ref, test, "model", o->force, r, e) < 0 ||
         check_prompts(ref, test, o->force, r, &w.pos_limit, e) < 0)
         return -1;
     r->compared.pos_cut = w.pos_limit;

@@ -908,33 +908,29 @@ static int judge(xrt_walk *x, int64_t audit_p, int audit_i, double audit_err, kv
         r->compared.walked_to = p;
     }
     free(own);
-    /* No step by size: a rotation may still have grown far above a
-     * correct run's error under a floor made wide by a coarse cache (a
-     * q4_0 cache's noise lets q rows of later layers differ by 0.5 where
-     * a RoPE base changed moves them by 1.4). Every q and k stage is
-     * searched at its last position as below, from past the last stage. */
-    if (stop < 0 && !out_step && r->compared.walked_to >= 1) {
-        int64_t s = r->compared.walked_to;
-        int si = x->n;
-        if (rot_scan(x, &s, &si, e) < 0)
-            return -1;
-        if (s != r->compared.walked_to || si != x->n) {
-            stop = s;
-            stop_i = si;
-            stop_thr = m->rot_threshold;
-        }
+    /* A plain size step, or a rotation's: an earlier rotation moves it.
+     * No step at all: a rotation may still have grown far above a correct
+     * run's error under a floor made wide by a coarse cache (a q4_0
+     * cache's noise lets q rows of later layers differ by 0.5 where a RoPE
+     * base changed moves them by 1.4): searched the same way from past the
+     * last stage walked. */
+    const bool none = stop < 0;
+    if (none && r->compared.walked_to >= 1) {
+        stop = r->compared.walked_to;
+        stop_i = x->n;
     }
-    if (stop < 0)
-        return 0;
-    /* A plain size step, or a rotation's: an earlier rotation moves it. */
-    if (!out_step && !m->audit_step && !m->sys_step && !m->off_step) {
+    if (stop >= 0 && !out_step && !m->audit_step && !m->sys_step && !m->off_step) {
         const int64_t was = stop;
         const int was_i = stop_i;
         if (rot_scan(x, &stop, &stop_i, e) < 0)
             return -1;
         if (stop != was || stop_i != was_i)
             stop_thr = m->rot_threshold;
+        else if (none)
+            stop = -1;   /* none found: no step */
     }
+    if (stop < 0)
+        return 0;
     if (out_step) {
         m->step = true;
         m->step_err = out_err;

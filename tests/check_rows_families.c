@@ -31,7 +31,61 @@ static void make_reference(const char *dir)
     ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
 }
 
+/* The rows of /layers/L/STAGE in the dump at path (rows x cols floats)
+ * handed to fn and written back, its hashes left alone. */
+typedef void (*rows_fn)(float *a, size_t rows, size_t cols, const void *arg);
+
+static void edit_rows(const char *path, int layer, const char *stage, rows_fn fn, const void *arg)
+{
+    char name[64];
+    snprintf(name, sizeof name, "/layers/%d/%s", layer, stage);
+    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    ck_assert(f >= 0);
+    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
+    ck_assert(d >= 0);
+    hid_t sp = H5Dget_space(d);
+    hsize_t dims[2];
+    ck_assert_int_eq(H5Sget_simple_extent_ndims(sp), 2);
+    H5Sget_simple_extent_dims(sp, dims, NULL);
+    const size_t rows = (size_t)dims[0], cols = (size_t)dims[1];
+    float *a = malloc(rows * cols * sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
+    fn(a, rows, cols, arg);
+    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
+    free(a);
+    H5Sclose(sp);
+    H5Dclose(d);
+    ck_assert(H5Fclose(f) >= 0);
+}
+
 typedef enum { EDIT_ZERO, EDIT_SHIFT, EDIT_ULP } edit_kind;
+
+typedef struct {
+    edit_kind how;
+    int from, shift;
+} edit_arg;
+
+static void edit_fn(float *b, size_t rows, size_t cols, const void *arg)
+{
+    const edit_arg *e = arg;
+    if (e->how == EDIT_ULP) {
+        float *x = b + (size_t)e->from * cols + (size_t)e->shift;
+        *x = nextafterf(*x, INFINITY);
+        return;
+    }
+    float *a = malloc(rows * cols * sizeof *a);
+    ck_assert_ptr_nonnull(a);
+    memcpy(a, b, rows * cols * sizeof *a);
+    for (size_t q = (size_t)e->from; q < rows; q++) {
+        const long srcq = (long)q - e->shift;
+        if (e->how == EDIT_ZERO)
+            memset(b + q * cols, 0, cols * sizeof *b);
+        else if (srcq >= 0 && srcq < (long)rows)
+            memcpy(b + q * cols, a + (size_t)srcq * cols, cols * sizeof *b);
+    }
+    free(a);
+}
 
 /* dir/ref.h5 copied to dir/bad.h5 with /layers/L/STAGE's rows from
  * position `from` on zeroed (EDIT_ZERO), or each the row `shift`
@@ -41,40 +95,12 @@ typedef enum { EDIT_ZERO, EDIT_SHIFT, EDIT_ULP } edit_kind;
 static void edit_copy(const char *dir, int layer, const char *stage, edit_kind how, int from,
                       int shift)
 {
-    char src[512], dst[512], name[64];
+    char src[512], dst[512];
     snprintf(src, sizeof src, "%s/ref.h5", dir);
     snprintf(dst, sizeof dst, "%s/bad.h5", dir);
     ck_assert_int_eq(test_copy_file(src, dst), 0);
-    snprintf(name, sizeof name, "/layers/%d/%s", layer, stage);
-    hid_t f = H5Fopen(dst, H5F_ACC_RDWR, H5P_DEFAULT);
-    ck_assert(f >= 0);
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
-    ck_assert(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    hsize_t dims[2];
-    ck_assert_int_eq(H5Sget_simple_extent_ndims(sp), 2);
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    const size_t rows = (size_t)dims[0], cols = (size_t)dims[1];
-    float *a = malloc(rows * cols * sizeof *a), *b = malloc(rows * cols * sizeof *b);
-    ck_assert(a && b);
-    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
-    memcpy(b, a, rows * cols * sizeof *a);
-    if (how == EDIT_ULP)
-        b[(size_t)from * cols + (size_t)shift] = nextafterf(b[(size_t)from * cols + (size_t)shift],
-                                                            INFINITY);
-    for (size_t q = (size_t)from; q < rows && how != EDIT_ULP; q++) {
-        const long srcq = (long)q - shift;
-        if (how == EDIT_ZERO)
-            memset(b + q * cols, 0, cols * sizeof *b);
-        else if (srcq >= 0 && srcq < (long)rows)
-            memcpy(b + q * cols, a + (size_t)srcq * cols, cols * sizeof *b);
-    }
-    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, b) >= 0);
-    free(a);
-    free(b);
-    H5Sclose(sp);
-    H5Dclose(d);
-    ck_assert(H5Fclose(f) >= 0);
+    const edit_arg arg = {how, from, shift};
+    edit_rows(dst, layer, stage, edit_fn, &arg);
 }
 
 /* compare ref.h5 bad.h5: exit 1, the first divergence at (pos, layer,
@@ -161,37 +187,24 @@ START_TEST(rows_count_not_a_count)
 }
 END_TEST
 
-/* Rows of /layers/L/STAGE in dir/bad.h5 (n x cols, D-wide heads) turned
- * back under base th0 on every pair, then forward under base th1 on the
- * first `pairs` pairs at the whole head's frequencies (Gemma 4's full
- * layers' proportional RoPE): a sliding layer rotated as a full one. */
-static void turn_rows(const char *dir, int layer, const char *stage, int D, double th0,
-                      double th1, int pairs)
+typedef struct {
+    int D, pairs;
+    double th0, th1;
+} turn_arg;
+
+static void turn_fn(float *a, size_t rows, size_t cols, const void *arg)
 {
-    char path[512], name[64];
-    snprintf(path, sizeof path, "%s/bad.h5", dir);
-    snprintf(name, sizeof name, "/layers/%d/%s", layer, stage);
-    hid_t f = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
-    ck_assert(f >= 0);
-    hid_t d = H5Dopen2(f, name, H5P_DEFAULT);
-    ck_assert(d >= 0);
-    hid_t sp = H5Dget_space(d);
-    hsize_t dims[2];
-    H5Sget_simple_extent_dims(sp, dims, NULL);
-    const size_t rows = (size_t)dims[0], cols = (size_t)dims[1];
-    float *a = malloc(rows * cols * sizeof *a);
-    ck_assert_ptr_nonnull(a);
-    ck_assert(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
-    const int half = D / 2;
+    const turn_arg *t = arg;
+    const int D = t->D, half = D / 2;
     for (size_t p = 0; p < rows; p++)
         for (size_t h = 0; h < cols / (size_t)D; h++) {
             float *x = a + p * cols + h * (size_t)D;
             for (int j = 0; j < half; j++) {
-                const double t0 = (double)p * pow(th0, -2.0 * j / D);
+                const double t0 = (double)p * pow(t->th0, -2.0 * j / D);
                 double u0 = x[j] * cos(t0) + x[j + half] * sin(t0);
                 double u1 = x[j + half] * cos(t0) - x[j] * sin(t0);
-                if (j < pairs) {
-                    const double t1 = (double)p * pow(th1, -2.0 * j / D);
+                if (j < t->pairs) {
+                    const double t1 = (double)p * pow(t->th1, -2.0 * j / D);
                     const double r0 = u0 * cos(t1) - u1 * sin(t1);
                     u1 = u1 * cos(t1) + u0 * sin(t1);
                     u0 = r0;
@@ -200,11 +213,19 @@ static void turn_rows(const char *dir, int layer, const char *stage, int D, doub
                 x[j + half] = (float)u1;
             }
         }
-    ck_assert(H5Dwrite(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, a) >= 0);
-    free(a);
-    H5Sclose(sp);
-    H5Dclose(d);
-    ck_assert(H5Fclose(f) >= 0);
+}
+
+/* Rows of /layers/L/STAGE in dir/bad.h5 (n x cols, D-wide heads) turned
+ * back under base th0 on every pair, then forward under base th1 on the
+ * first `pairs` pairs at the whole head's frequencies (Gemma 4's full
+ * layers' proportional RoPE): a sliding layer rotated as a full one. */
+static void turn_rows(const char *dir, int layer, const char *stage, int D, double th0,
+                      double th1, int pairs)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.h5", dir);
+    const turn_arg arg = {D, pairs, th0, th1};
+    edit_rows(path, layer, stage, turn_fn, &arg);
 }
 
 /* Gemma 4: a sliding layer (0, heads of 32, base 1e4 on all 16 pairs)

@@ -45,16 +45,17 @@ static int alive_count(const ks_run *run)
 
 /* Before p (and at p on the layers before l) the walk found the test's
  * rows the reference's, which read the config's keys: a candidate that
- * predicts other keys at such a place is refuted there (*q, *layer;
- * *err -1: by the walk). Across runtimes "the reference's" means within
+ * predicts other keys at such a place is refuted there (k->alive false,
+ * k->fail_*: fail_err -1, by the walk). Across runtimes "the reference's" means within
  * drift, and a quantized cache's drift can hold a key set that differs
  * (a window of 256 of 512 on the first sliding layers of gemma3-1b-shape
  * with a q8_0 cache moves attn_out by 0.014, under the attention check's
  * 0.0196): there the first such place of each layer is recomputed, and
  * refutes only where the candidate's keys do not reproduce the test's
- * own rows (*err that error). 1 refuted, 0 not, -1 on error. */
+ * own rows (fail_err that error); where they do, the first such place
+ * is kept as where it acts (k->act_*). 1 refuted, 0 not, -1 on error. */
 static int refuted_before(cmp_ctx *c, const dg_case *a, ks_cand *k, bool counts_only,
-                          int64_t *q, int *layer, double *err, kv_err *e)
+                          kv_err *e)
 {
     const int64_t p = c->d->pos;
     for (int L = 0; L < c->cfg->n_layers; L++) {
@@ -67,31 +68,31 @@ static int refuted_before(cmp_ctx *c, const dg_case *a, ks_cand *k, bool counts_
             const cmp_hyp cfg = {.lo = ks_window_lo(W, x), .hi = x};
             if (!ks_keys(c, a, k, L, x, &h) || ks_hyp_same(&h, &cfg))
                 continue;
-            *q = x;
-            *layer = L;
-            *err = -1;
-            if (!c->r->xrt.on || counts_only)
-                return 1;
+            double err = -1;
             int64_t tn;
-            const int rc = dg_attn_err_at(c, L, x, &h, false, err, &tn, e);
+            const int rc = c->r->xrt.on && !counts_only
+                               ? dg_attn_err_at(c, L, x, &h, false, &err, &tn, e)
+                               : 1;
             if (rc < 0)
                 return -1;
-            if (rc != 0) {
-                *err = -1;
-                return 1;   /* not recorded there: the walk's word stands */
-            }
-            if (!(*err <= c->attn_tol))
+            if (rc != 0 || !(err <= c->attn_tol)) {
+                /* (not recomputed: the walk's word stands) */
+                k->alive = false;
+                k->fail_pos = x;
+                k->fail_layer = L;
+                k->fail_err = rc != 0 ? -1 : err;
                 return 1;
+            }
             /* It reproduces the test here too: the first such place is
              * where it acts, if the config's keys leave more. */
             double cfg_err;
             if (k->act_pos < 0 || x < k->act_pos || (x == k->act_pos && L < k->act_layer)) {
                 if (dg_attn_err_at(c, L, x, &cfg, false, &cfg_err, &tn, e) < 0)
                     return -1;
-                if (cfg_err > CMP_ROT_BACK * *err) {
+                if (cfg_err > CMP_ROT_BACK * err) {
                     k->act_pos = x;
                     k->act_layer = L;
-                    k->act_err = *err;
+                    k->act_err = err;
                     k->act_cfg_err = cfg_err;
                 }
             }
@@ -124,19 +125,11 @@ static int score_at_p(cmp_ctx *c, dg_case *a, ks_run *run, kv_err *e)
             k->alive = false;
             continue;
         }
-        double before_err;
-        const int rb = refuted_before(c, a, k, run->counts_only, &k->fail_pos, &k->fail_layer,
-                                      &before_err, e);
+        const int rb = refuted_before(c, a, k, run->counts_only, e);
         if (rb < 0)
             return -1;
-        if (rb == 1) {
-            k->alive = false;
-            /* -1: the walk, the test read the config's keys there */
-            k->fail_err = before_err;
+        if (rb == 1)
             continue;
-        }
-        k->fail_layer = c->d->layer;
-        k->fail_pos = c->d->pos;
         if (run->counts_only)
             k->err_p = nt >= 0 ? 0 : INFINITY;   /* the count, checked above */
         else if (dg_hyp_err(c, a, &h, false, &k->err_p, e) < 0)
@@ -916,20 +909,9 @@ int dg_rule_keyset(cmp_ctx *c, dg_case *a, kv_err *e)
             ks_describe(c, a, w);
             if (dg_hyp_err(c, a, &h, false, &w->err_p, e) < 0)
                 rc = -1;
-            double before_err = -1;
-            int64_t at_pos;
-            int at_layer;
-            const int rb = rc == 0 ? refuted_before(c, a, w, run->counts_only, &at_pos, &at_layer,
-                                                    &before_err, e)
-                                   : 0;
-            if (rb < 0)
+            w->alive = rc == 0 && w->err_p <= c->attn_tol;
+            if (w->alive && refuted_before(c, a, w, run->counts_only, e) < 0)
                 rc = -1;
-            w->alive = w->err_p <= c->attn_tol && rb == 0;
-            if (rb == 1) {
-                w->fail_pos = at_pos;
-                w->fail_layer = at_layer;
-                w->fail_err = before_err;
-            }
             for (int i = 0; i < run->n; i++)
                 if (run->k[i].alive) {
                     run->k[i].places = 1;
