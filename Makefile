@@ -16,7 +16,7 @@ BASE_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L -D_DEFAULT_SOURCE -ffp-contrac
                -fno-math-errno $(WARN) -I. $(PKG_CFLAGS)
 LDLIBS  := $(PKG_LIBS) -lm -pthread
 
-LIB_DIRS := model reference chunked dump compare compare/diag reports suites
+LIB_DIRS := model model/families reference chunked dump compare compare/diag reports suites
 LIB_SRC  := $(foreach d,$(LIB_DIRS),$(wildcard $(d)/*.c))
 CLI_SRC  := $(wildcard harness/*.c)
 TEST_SRC := $(wildcard tests/*.c)

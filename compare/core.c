@@ -115,6 +115,8 @@ int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
         return H;
+    case STAGE_ATTN_SINK:
+        return c->attn_sinks ? H : 0;
     case STAGE_LOGITS:
         return c->vocab;
     default:
@@ -167,6 +169,7 @@ void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
         break;
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
+    case STAGE_ATTN_SINK:
         d->head = col;
         break;
     default:

@@ -194,7 +194,7 @@ typedef struct {
 static bool fit_stage(kv_stage st)
 {
     return st != STAGE_ATTN_NORM_STATS && st != STAGE_FFN_NORM_STATS && st != STAGE_ATTN_LSE &&
-           st != STAGE_ATTN_NKEYS;
+           st != STAGE_ATTN_NKEYS && st != STAGE_ATTN_SINK;
 }
 
 static int read_stage(xrt_walk *x, int i, float *ta, float *rb, int64_t cap, kv_err *e)
@@ -334,7 +334,8 @@ static bool kv_rounds_here(const cmp_result *r, int i)
     const cmp_stage_result *sr = &r->stages[i];
     if (sr->layer < 0)
         return false;
-    if (sr->stage == STAGE_ATTN_LSE || sr->stage == STAGE_ATTN_OUT)
+    if (sr->stage == STAGE_ATTN_LSE || sr->stage == STAGE_ATTN_SINK ||
+        sr->stage == STAGE_ATTN_OUT)
         return true;
     if (!after_attention(sr->stage))
         return false;

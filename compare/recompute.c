@@ -361,17 +361,15 @@ double cmp_attention_err(const kv_config *cfg, int layer, const double *lse, con
  * base on sliding layers (unscaled), the global base and scaling elsewhere. */
 static void layer_inv_freq(const kv_config *c, int layer, double *inv)
 {
-    const int D = config_layer_head_dim(c, layer);
     const bool sliding = config_layer_window(c, layer) > 0;
-    double theta = sliding && c->rope_local_theta > 0 ? c->rope_local_theta : c->rope_theta;
-    kern_rope_inv_freq(theta, D, inv);
-    const kv_rope_scaling *rs = &c->rope_scaling;
-    if (!sliding && rs->type != ROPE_SCALE_NONE)
-        kern_rope_scale_inv_freq(inv, D / 2, (int)rs->type, rs->factor, rs->low_freq_factor,
-                                 rs->high_freq_factor, rs->original_max_position);
-    /* Gemma 4's proportional RoPE: the pairs past the rotated ones stay. */
-    for (int j = config_layer_rope_pairs(c, layer); j < D / 2; j++)
-        inv[j] = 0.0;
+    if (sliding && !(c->rope_local_theta > 0)) {
+        /* a dump's config without a local base: the global one */
+        kv_config g = *c;
+        g.rope_local_theta = c->rope_theta;
+        config_rope_inv_freq(&g, true, inv);
+        return;
+    }
+    config_rope_inv_freq(c, sliding, inv);
 }
 
 /* Row-relative error of ref rotated by the angles (cs, sn) against test;

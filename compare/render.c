@@ -329,7 +329,8 @@ static void element_phrase(FILE *f, const cmp_divergence *d)
         fprintf(f, ", head %d, dim %d", d->head, d->dim);
     else if (d->stage == STAGE_K || d->stage == STAGE_V)
         fprintf(f, ", KV head %d, dim %d", d->head, d->dim);
-    else if (d->stage == STAGE_ATTN_LSE || d->stage == STAGE_ATTN_NKEYS)
+    else if (d->stage == STAGE_ATTN_LSE || d->stage == STAGE_ATTN_NKEYS ||
+             d->stage == STAGE_ATTN_SINK)
         fprintf(f, ", head %d", d->head);
     else if (d->stage == STAGE_LOGITS)
         fprintf(f, ", token id %d", d->col);

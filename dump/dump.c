@@ -2,6 +2,7 @@
  * messages, opening a file for reading (SWMR-flagged ones too), attribute
  * readers, stage widths and the model_config parser (dump_internal.h). */
 #include "dump_internal.h"
+#include "../model/family.h"
 #include "../model/outfile.h"
 
 #include <errno.h>
@@ -798,6 +799,8 @@ int dump_stage_cols(const kv_config *c, kv_stage st, int layer)
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
         return c->n_heads;
+    case STAGE_ATTN_SINK:
+        return c->attn_sinks ? c->n_heads : 0;
     case STAGE_LOGITS:
         return c->vocab;
     default:
@@ -924,8 +927,28 @@ static void gemma4_fields(const json_t *o, kv_config *c, problems *p)
     }
 }
 
+/* YaRN's fields (absent ones take config.json's defaults). */
+static void yarn_fields(const json_t *sc, kv_rope_scaling *rs, problems *p)
+{
+    const json_t *v;
+    rs->beta_fast = (v = json_object_get(sc, "beta_fast")) ? num_field(sc, "beta_fast", p) : 32.0;
+    rs->beta_slow = (v = json_object_get(sc, "beta_slow")) ? num_field(sc, "beta_slow", p) : 1.0;
+    v = json_object_get(sc, "truncate");
+    rs->truncate = !v || json_is_true(v);
+    v = json_object_get(sc, "attention_factor");
+    rs->attn_factor = v ? num_field(sc, "attention_factor", p)
+                        : rs->factor > 1 ? 0.1 * log(rs->factor) + 1.0 : 1.0;
+    rs->original_max_position =
+        int_field(sc, "original_max_position_embeddings", 1, INT32_MAX, false, p);
+    if (!(rs->beta_fast > rs->beta_slow && rs->beta_slow > 0 && rs->attn_factor > 0))
+        problem(p, "model_config rope_scaling: yarn needs beta_fast > beta_slow > 0 and "
+                   "attention_factor > 0.");
+}
+
 /* Optional rope_scaling: null, absent, or {"rope_type": "linear" |
- * "llama3", "factor", and for llama3 low_freq_factor, high_freq_factor,
+ * "llama3" | "yarn", "factor", and for llama3 low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings, for yarn
+ * beta_fast, beta_slow, truncate, attention_factor,
  * original_max_position_embeddings}, as config.json has it. */
 static void rope_scaling_field(const json_t *o, kv_config *c, problems *p)
 {
@@ -933,14 +956,22 @@ static void rope_scaling_field(const json_t *o, kv_config *c, problems *p)
     if (!sc || json_is_null(sc))
         return;
     const char *t = json_string_value(json_object_get(sc, "rope_type"));
-    if (!json_is_object(sc) || !t || (strcmp(t, "linear") && strcmp(t, "llama3"))) {
+    if (!json_is_object(sc) || !t || (strcmp(t, "linear") && strcmp(t, "llama3") &&
+                                      strcmp(t, "yarn"))) {
         problem(p, "model_config field \"rope_scaling\" must be null or an object whose "
-                   "rope_type is \"linear\" or \"llama3\".");
+                   "rope_type is \"linear\", \"llama3\" or \"yarn\".");
         return;
     }
     kv_rope_scaling *rs = &c->rope_scaling;
-    rs->type = !strcmp(t, "linear") ? ROPE_SCALE_LINEAR : ROPE_SCALE_LLAMA3;
+    rs->type = !strcmp(t, "linear") ? ROPE_SCALE_LINEAR
+             : !strcmp(t, "llama3") ? ROPE_SCALE_LLAMA3 : ROPE_SCALE_YARN;
     rs->factor = num_field(sc, "factor", p);
+    if (rs->type == ROPE_SCALE_YARN) {
+        yarn_fields(sc, rs, p);
+        if (!(rs->factor > 0))
+            problem(p, "model_config rope_scaling: factor must be > 0.");
+        return;
+    }
     if (rs->type == ROPE_SCALE_LLAMA3) {
         rs->low_freq_factor = num_field(sc, "low_freq_factor", p);
         rs->high_freq_factor = num_field(sc, "high_freq_factor", p);
@@ -956,16 +987,9 @@ static void rope_scaling_field(const json_t *o, kv_config *c, problems *p)
 
 static void arch_of(kv_config *c)
 {
-    if (!strcmp(c->model_type, "qwen2"))
-        c->arch = ARCH_QWEN2;
-    else if (!strcmp(c->model_type, "qwen3"))
-        c->arch = ARCH_QWEN3;
-    else if (!strcmp(c->model_type, "gemma3_text") || !strcmp(c->model_type, "gemma3"))
-        c->arch = ARCH_GEMMA3;
-    else if (!strcmp(c->model_type, "gemma4_text") || !strcmp(c->model_type, "gemma4"))
-        c->arch = ARCH_GEMMA4;
-    else
-        c->arch = ARCH_LLAMA;
+    /* An unknown model_type reads as llama: the plainest family. */
+    const kv_family *f = family_by_model_type(c->model_type);
+    c->arch = f ? f->arch : ARCH_LLAMA;
     /* What the family implies (q/k norms, Gemma's 1 + w): the diagnoses
      * read it as they do from a config.json. */
     config_family_flags(c);
@@ -1026,6 +1050,9 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
         layer_fields(o, &c, &p);
     if (c.arch == ARCH_GEMMA4)
         gemma4_fields(o, &c, &p);
+    /* Experts (gpt-oss): optional, for the reader of the recording. */
+    c.n_experts = opt_int(o, "num_local_experts", 0, 1 << 12, &p);
+    c.n_experts_used = opt_int(o, "num_experts_per_tok", 0, 1 << 12, &p);
     json_decref(o);
     *out = c;
     return p.n;

@@ -888,12 +888,21 @@ static char *config_json(const kv_config *c)
     /* RoPE scaling of the global layers, as config.json writes it; absent
      * when there is none. The comparer's RoPE checks need it. */
     const kv_rope_scaling *rs = &c->rope_scaling;
-    if (rs->type == ROPE_SCALE_LINEAR || rs->type == ROPE_SCALE_LLAMA3) {
+    if (rs->type != ROPE_SCALE_NONE) {
         json_t *s = json_object();
         if (s) {
             bool l3 = rs->type == ROPE_SCALE_LLAMA3;
-            json_object_set_new(s, "rope_type", json_string(l3 ? "llama3" : "linear"));
+            json_object_set_new(s, "rope_type", json_string(l3 ? "llama3"
+                                : rs->type == ROPE_SCALE_YARN ? "yarn" : "linear"));
             json_object_set_new(s, "factor", json_real(rs->factor));
+            if (rs->type == ROPE_SCALE_YARN) {
+                json_object_set_new(s, "beta_fast", json_real(rs->beta_fast));
+                json_object_set_new(s, "beta_slow", json_real(rs->beta_slow));
+                json_object_set_new(s, "truncate", json_boolean(rs->truncate));
+                json_object_set_new(s, "attention_factor", json_real(rs->attn_factor));
+                json_object_set_new(s, "original_max_position_embeddings",
+                                    json_integer(rs->original_max_position));
+            }
             if (l3) {
                 json_object_set_new(s, "low_freq_factor", json_real(rs->low_freq_factor));
                 json_object_set_new(s, "high_freq_factor", json_real(rs->high_freq_factor));
@@ -914,6 +923,10 @@ static char *config_json(const kv_config *c)
         json_object_set_new(o, "use_double_wide_mlp", json_boolean(c->double_wide_mlp));
         json_object_set_new(o, "hidden_size_per_layer_input", json_integer(c->per_layer_dim));
         json_object_set_new(o, "vocab_size_per_layer_input", json_integer(c->per_layer_vocab));
+    }
+    if (c->n_experts > 0) {
+        json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
+        json_object_set_new(o, "num_experts_per_tok", json_integer(c->n_experts_used));
     }
     /* Gemma's final logit softcap: the comparer fits /output as a map of
      * the reference's logits, and must undo the cap the reference applied. */
@@ -1003,6 +1016,10 @@ static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv
     case STAGE_ATTN_NKEYS:
         snprintf(cols, sizeof cols, "one per head");
         units = "keys attended";
+        break;
+    case STAGE_ATTN_SINK:
+        snprintf(cols, sizeof cols, "one per head");
+        units = "share of the softmax (0..1)";
         break;
     case STAGE_LOGITS:
         snprintf(cols, sizeof cols, "one per token id");

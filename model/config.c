@@ -10,6 +10,9 @@
  * request for a 7B model. Features the engines do not implement are refused
  * with a message naming the field, never ignored. */
 #include "config.h"
+#include "config_json.h"
+#include "family.h"
+#include "kernels.h"
 #include "infile.h"
 #include "observer.h"
 #include "outfile.h"
@@ -17,6 +20,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,46 +44,15 @@
 #define MAX_SCALAR       1e9
 #define CONFIG_MAX_BYTES (16L << 20)
 
-/* ---- what each family fixes, and the library's defaults ----------------- */
+/* ---- what each family fixes: model/families/, one file each (family.h) -- */
 
-typedef struct {
-    const char *model_type;     /* as written to config.json */
-    const char *architecture;   /* architectures[0] when writing */
-    const char *act_key;        /* hidden_act or hidden_activation */
-    bool sizes_required;        /* num_attention_heads, vocab_size have 7B defaults */
-    int def_heads, def_kv_heads, def_head_dim, def_vocab; /* when not required */
-    int def_max_positions;
-    double def_theta;
-    bool def_tie;
-    int def_bos, def_eos;       /* -1: none */
-} arch_info;
-
-static const arch_info ARCHES[] = {
-    [ARCH_LLAMA] = { "llama", "LlamaForCausalLM", "hidden_act", true,
-                     0, 0, 0, 0, 2048, 10000.0, false, 1, 2 },
-    [ARCH_QWEN2] = { "qwen2", "Qwen2ForCausalLM", "hidden_act", true,
-                     0, 0, 0, 0, 32768, 10000.0, false, -1, -1 },
-    [ARCH_GEMMA3] = { "gemma3_text", "Gemma3ForCausalLM", "hidden_activation", false,
-                      8, 4, 256, 262208, 131072, 1000000.0, true, 2, 1 },
-    /* Qwen3Config: head_dim defaults to 128 (not hidden/heads). */
-    [ARCH_QWEN3] = { "qwen3", "Qwen3ForCausalLM", "hidden_act", true,
-                     0, 0, 128, 0, 32768, 10000.0, false, -1, -1 },
-    /* Gemma 4: the sizes are required (its published models differ in
-     * each), head_dim defaults to 256 as in Gemma 3. */
-    [ARCH_GEMMA4] = { "gemma4_text", "Gemma4ForCausalLM", "hidden_activation", true,
-                      0, 0, 256, 0, 131072, 1000000.0, true, 2, 1 },
-};
+static const kv_family *fam(const kv_config *c)
+{
+    return family_of(c->arch);
+}
 
 #define GEMMA_DEF_QPAS         256.0
-#define GEMMA_DEF_WINDOW       4096
-#define GEMMA_DEF_PATTERN      6
 #define GEMMA_DEF_LOCAL_THETA  10000.0
-
-static bool arch_known(kv_arch a)
-{
-    return a == ARCH_LLAMA || a == ARCH_QWEN2 || a == ARCH_GEMMA3 || a == ARCH_QWEN3
-        || a == ARCH_GEMMA4;
-}
 
 /* Gemma 3 and 4: sliding layers, KV sharing, sandwich norms, GELU. */
 static bool is_gemma(kv_arch a)
@@ -106,21 +79,19 @@ static float gemma_embed_scale(int hidden)
  * attention biases follow attention_bias; they start off). */
 void config_family_flags(kv_config *c)
 {
-    bool gemma = is_gemma(c->arch);
-    c->norm_plus_one = c->arch == ARCH_GEMMA3;
-    c->qk_norm = gemma || c->arch == ARCH_QWEN3;
-    c->sandwich_norms = gemma;
-    c->qkv_bias = c->arch == ARCH_QWEN2;
-    c->o_bias = false;
-    c->act = gemma ? ACT_GELU_TANH : ACT_SILU;
-    c->v_norm = c->arch == ARCH_GEMMA4;
-    c->layer_scalar = c->arch == ARCH_GEMMA4;
+    c->norm_plus_one = c->qk_norm = c->sandwich_norms = false;
+    c->qkv_bias = c->o_bias = false;
+    c->act = ACT_SILU;
+    c->v_norm = c->layer_scalar = c->attn_sinks = false;
+    const kv_family *f = fam(c);
+    if (f && f->flags)
+        f->flags(c);
 }
 
-static void set_family(kv_config *c, kv_arch arch)
+void family_set(kv_config *c, kv_arch arch)
 {
     c->arch = arch;
-    snprintf(c->model_type, sizeof c->model_type, "%s", ARCHES[arch].model_type);
+    snprintf(c->model_type, sizeof c->model_type, "%s", family_of(arch)->model_type);
     config_family_flags(c);
     snprintf(c->tensor_prefix, sizeof c->tensor_prefix, "model.");
     snprintf(c->lm_head_name, sizeof c->lm_head_name, "lm_head.weight");
@@ -145,7 +116,7 @@ static void set_scales(kv_config *c)
 }
 
 /* Gemma 3's sliding_window_pattern P: layer i slides iff (i+1) % P != 0. */
-static void layers_from_pattern(kv_config *c, int pattern)
+void cfg_layers_from_pattern(kv_config *c, int pattern)
 {
     for (int i = 0; i < c->n_layers; i++)
         c->layer_type[i] = (i + 1) % pattern != 0 ? ATTN_SLIDING : ATTN_GLOBAL;
@@ -185,25 +156,14 @@ static int count_shared(const kv_config *c)
     return n;
 }
 
-static const char *type_name(int t)
+const char *cj_type_name(int t)
 {
     return t == ATTN_SLIDING ? "sliding_attention" : "full_attention";
 }
 
 /* ---- JSON reading helpers ----------------------------------------------- */
 
-/* Where messages come from: the file, and "text_config." when reading the
- * nested text config of a Gemma3ForConditionalGeneration config. */
-typedef struct {
-    const char *file;
-    const char *scope;
-    kv_err *e;
-} jctx;
-
-static int failf(const jctx *cx, const char *key, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static int failf(const jctx *cx, const char *key, const char *fmt, ...)
+int cj_fail(const cfg_jctx *cx, const char *key, const char *fmt, ...)
 {
     char what[768];
     va_list ap;
@@ -215,7 +175,7 @@ static int failf(const jctx *cx, const char *key, const char *fmt, ...)
 
 /* Shortest text that reads back as exactly v; integral values as "500000.0"
  * (Python's repr). */
-static void fmt_double(char *buf, size_t n, double v)
+void cj_fmt_double(char *buf, size_t n, double v)
 {
     if (v == floor(v) && fabs(v) < 1e16) {
         snprintf(buf, n, "%.1f", v);
@@ -229,7 +189,7 @@ static void fmt_double(char *buf, size_t n, double v)
 }
 
 /* A short description of a JSON value for messages: `the string "64"`. */
-static const char *jdesc(const json_t *v, char *buf, size_t n)
+const char *cj_desc(const json_t *v, char *buf, size_t n)
 {
     switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
@@ -239,66 +199,66 @@ static const char *jdesc(const json_t *v, char *buf, size_t n)
     case JSON_NULL: return "null";
     case JSON_STRING: snprintf(buf, n, "the string \"%.40s\"", json_string_value(v)); break;
     case JSON_INTEGER: snprintf(buf, n, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
-    case JSON_REAL: fmt_double(buf, n, json_real_value(v)); break;
+    case JSON_REAL: cj_fmt_double(buf, n, json_real_value(v)); break;
     }
     return buf;
 }
 
-static const char *subkey(char *buf, size_t n, const char *path, const char *key)
+const char *cj_subkey(char *buf, size_t n, const char *path, const char *key)
 {
     snprintf(buf, n, "%s.%s", path, key);
     return buf;
 }
 
-static bool present(const json_t *v)
+bool cj_present(const json_t *v)
 {
     return v != NULL && !json_is_null(v);
 }
 
-static int want_int(const jctx *cx, const char *key, const json_t *v,
+int cj_want_int(const cfg_jctx *cx, const char *key, const json_t *v,
                     long long lo, long long hi, int *out)
 {
     char d[64];
     if (!json_is_integer(v))
-        return failf(cx, key, "is %s; expected an integer", jdesc(v, d, sizeof d));
+        return cj_fail(cx, key, "is %s; expected an integer", cj_desc(v, d, sizeof d));
     long long x = json_integer_value(v);
     if (x < lo || x > hi)
-        return failf(cx, key, "is %lld; expected %lld..%lld", x, lo, hi);
+        return cj_fail(cx, key, "is %lld; expected %lld..%lld", x, lo, hi);
     *out = (int)x;
     return 0;
 }
 
 /* An integer field; absent gives def unless required. null is an error. */
-static int get_int(const jctx *cx, const json_t *obj, const char *key, bool required,
+int cj_get_int(const cfg_jctx *cx, const json_t *obj, const char *key, bool required,
                    int def, long long lo, long long hi, int *out)
 {
     const json_t *v = json_object_get(obj, key);
     if (!v) {
         if (required)
-            return failf(cx, key, "is missing");
+            return cj_fail(cx, key, "is missing");
         *out = def;
         return 0;
     }
-    return want_int(cx, key, v, lo, hi, out);
+    return cj_want_int(cx, key, v, lo, hi, out);
 }
 
 /* A number in (lo, hi] (lo_open) or [lo, hi]; integers are accepted. */
-static int want_num(const jctx *cx, const char *key, const json_t *v,
+int cj_want_num(const cfg_jctx *cx, const char *key, const json_t *v,
                     double lo, bool lo_open, double hi, double *out)
 {
     char d[64];
     if (!json_is_number(v))
-        return failf(cx, key, "is %s; expected a number", jdesc(v, d, sizeof d));
+        return cj_fail(cx, key, "is %s; expected a number", cj_desc(v, d, sizeof d));
     double x = json_number_value(v);
     bool low_ok = lo_open ? x > lo : x >= lo;
     if (!isfinite(x) || !low_ok || x > hi)
-        return failf(cx, key, "is %s; expected a number %s %g and <= %g",
-                     jdesc(v, d, sizeof d), lo_open ? ">" : ">=", lo, hi);
+        return cj_fail(cx, key, "is %s; expected a number %s %g and <= %g",
+                     cj_desc(v, d, sizeof d), lo_open ? ">" : ">=", lo, hi);
     *out = x;
     return 0;
 }
 
-static int get_num(const jctx *cx, const json_t *obj, const char *key, double def,
+int cj_get_num(const cfg_jctx *cx, const json_t *obj, const char *key, double def,
                    double lo, bool lo_open, double hi, double *out)
 {
     const json_t *v = json_object_get(obj, key);
@@ -306,10 +266,10 @@ static int get_num(const jctx *cx, const json_t *obj, const char *key, double de
         *out = def;
         return 0;
     }
-    return want_num(cx, key, v, lo, lo_open, hi, out);
+    return cj_want_num(cx, key, v, lo, lo_open, hi, out);
 }
 
-static int get_bool(const jctx *cx, const json_t *obj, const char *key, bool def, bool *out)
+int cj_get_bool(const cfg_jctx *cx, const json_t *obj, const char *key, bool def, bool *out)
 {
     char d[64];
     const json_t *v = json_object_get(obj, key);
@@ -318,93 +278,93 @@ static int get_bool(const jctx *cx, const json_t *obj, const char *key, bool def
         return 0;
     }
     if (!json_is_boolean(v))
-        return failf(cx, key, "is %s; expected true or false", jdesc(v, d, sizeof d));
+        return cj_fail(cx, key, "is %s; expected true or false", cj_desc(v, d, sizeof d));
     *out = json_is_true(v);
     return 0;
 }
 
 /* A string field; absent gives def (NULL def: required). */
-static int get_str(const jctx *cx, const json_t *obj, const char *key,
+int cj_get_str(const cfg_jctx *cx, const json_t *obj, const char *key,
                    const char *def, const char **out)
 {
     char d[64];
     const json_t *v = json_object_get(obj, key);
     if (!v) {
         if (!def)
-            return failf(cx, key, "is missing");
+            return cj_fail(cx, key, "is missing");
         *out = def;
         return 0;
     }
     if (!json_is_string(v))
-        return failf(cx, key, "is %s; expected a string", jdesc(v, d, sizeof d));
+        return cj_fail(cx, key, "is %s; expected a string", cj_desc(v, d, sizeof d));
     *out = json_string_value(v);
     return 0;
 }
 
 /* Refuses a boolean feature switch that is true. */
-static int refuse_true(const jctx *cx, const json_t *obj, const char *key, const char *why)
+int cj_refuse_true(const cfg_jctx *cx, const json_t *obj, const char *key, const char *why)
 {
     bool on = false;
-    if (get_bool(cx, obj, key, false, &on))
+    if (cj_get_bool(cx, obj, key, false, &on))
         return -1;
-    return on ? failf(cx, key, "is true; %s", why) : 0;
+    return on ? cj_fail(cx, key, "is true; %s", why) : 0;
 }
 
 /* ---- sizes -------------------------------------------------------------- */
 
-static int parse_heads(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_heads(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
-    const arch_info *a = &ARCHES[c->arch];
+    const kv_family *a = fam(c);
     bool gemma = c->arch == ARCH_GEMMA3;
-    if (get_int(cx, obj, "num_attention_heads", a->sizes_required, a->def_heads,
+    if (cj_get_int(cx, obj, "num_attention_heads", a->sizes_required, a->def_heads,
                 1, MAX_HEADS, &c->n_heads))
         return -1;
     /* llama and qwen2 default KV heads to the query heads (null too);
      * Gemma3TextConfig defaults to 4. */
     const json_t *kv = json_object_get(obj, "num_key_value_heads");
-    if (c->arch == ARCH_GEMMA4 && !present(kv))
-        return failf(cx, "num_key_value_heads", "is missing (gemma4_text has no default)");
+    if (c->arch == ARCH_GEMMA4 && !cj_present(kv))
+        return cj_fail(cx, "num_key_value_heads", "is missing (gemma4_text has no default)");
     if (!kv || (json_is_null(kv) && !gemma))
         c->n_kv_heads = gemma ? a->def_kv_heads : c->n_heads;
-    else if (want_int(cx, "num_key_value_heads", kv, 1, MAX_HEADS, &c->n_kv_heads))
+    else if (cj_want_int(cx, "num_key_value_heads", kv, 1, MAX_HEADS, &c->n_kv_heads))
         return -1;
     if (c->n_heads % c->n_kv_heads != 0)
-        return failf(cx, "num_key_value_heads", "is %d, which does not divide "
+        return cj_fail(cx, "num_key_value_heads", "is %d, which does not divide "
                      "num_attention_heads %d", c->n_kv_heads, c->n_heads);
     return 0;
 }
 
-static int parse_head_dim(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_head_dim(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     const json_t *hd = json_object_get(obj, "head_dim");
     /* Gemma3TextConfig and Qwen3Config give head_dim a default of its own
      * (a null there is an error); LlamaConfig and Qwen2Config derive it. */
-    bool own_default = is_gemma(c->arch) || c->arch == ARCH_QWEN3;
-    if (present(hd) || (hd && own_default)) {
-        if (want_int(cx, "head_dim", hd, 1, MAX_HEAD_DIM, &c->head_dim))
+    bool own_default = fam(c)->def_head_dim > 0;
+    if (cj_present(hd) || (hd && own_default)) {
+        if (cj_want_int(cx, "head_dim", hd, 1, MAX_HEAD_DIM, &c->head_dim))
             return -1;
     } else if (own_default) {
-        c->head_dim = ARCHES[c->arch].def_head_dim;
+        c->head_dim = fam(c)->def_head_dim;
     } else if (c->hidden % c->n_heads != 0) {
-        return failf(cx, "head_dim", "is missing and hidden_size %d is not a multiple "
+        return cj_fail(cx, "head_dim", "is missing and hidden_size %d is not a multiple "
                      "of num_attention_heads %d", c->hidden, c->n_heads);
     } else {
         c->head_dim = c->hidden / c->n_heads;
     }
     if (c->head_dim % 2 != 0)
-        return failf(cx, "head_dim", "is %d; RoPE needs an even head_dim", c->head_dim);
+        return cj_fail(cx, "head_dim", "is %d; RoPE needs an even head_dim", c->head_dim);
     return 0;
 }
 
-static int parse_sizes(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_sizes(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
-    const arch_info *a = &ARCHES[c->arch];
-    if (get_int(cx, obj, "hidden_size", true, 0, 1, MAX_HIDDEN, &c->hidden)
-        || get_int(cx, obj, "num_hidden_layers", true, 0, 1, KV_MAX_LAYERS, &c->n_layers)
-        || get_int(cx, obj, "intermediate_size", true, 0, 1, MAX_INTERMEDIATE, &c->intermediate)
+    const kv_family *a = fam(c);
+    if (cj_get_int(cx, obj, "hidden_size", true, 0, 1, MAX_HIDDEN, &c->hidden)
+        || cj_get_int(cx, obj, "num_hidden_layers", true, 0, 1, KV_MAX_LAYERS, &c->n_layers)
+        || cj_get_int(cx, obj, "intermediate_size", true, 0, 1, MAX_INTERMEDIATE, &c->intermediate)
         || parse_heads(cx, obj, c) || parse_head_dim(cx, obj, c)
-        || get_int(cx, obj, "vocab_size", a->sizes_required, a->def_vocab, 1, MAX_VOCAB, &c->vocab)
-        || get_int(cx, obj, "max_position_embeddings", false, a->def_max_positions,
+        || cj_get_int(cx, obj, "vocab_size", a->sizes_required, a->def_vocab, 1, MAX_VOCAB, &c->vocab)
+        || cj_get_int(cx, obj, "max_position_embeddings", false, a->def_max_positions,
                    1, MAX_POSITIONS, &c->max_positions))
         return -1;
     return 0;
@@ -412,27 +372,27 @@ static int parse_sizes(const jctx *cx, const json_t *obj, kv_config *c)
 
 /* ---- norm, activation, features the engines do not implement ------------ */
 
-static int parse_act(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_act(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
-    const char *key = ARCHES[c->arch].act_key;
+    const char *key = fam(c)->act_key;
     bool gemma = is_gemma(c->arch);
     const char *act = NULL;
-    if (get_str(cx, obj, key, gemma ? "gelu_pytorch_tanh" : "silu", &act))
+    if (cj_get_str(cx, obj, key, gemma ? "gelu_pytorch_tanh" : "silu", &act))
         return -1;
     bool ok = gemma ? !strcmp(act, "gelu_pytorch_tanh") || !strcmp(act, "gelu_tanh")
                     : !strcmp(act, "silu") || !strcmp(act, "swish");
     if (!ok)
-        return failf(cx, key, "'%.40s' is not supported for %s (kvdiff runs %s)", act,
+        return cj_fail(cx, key, "'%.40s' is not supported for %s (kvdiff runs %s)", act,
                      c->model_type, gemma ? "gelu_pytorch_tanh" : "silu");
     return 0;
 }
 
 /* attention_bias (LlamaAttention, Qwen3Attention): q, k, v and o_proj
  * all get a bias. */
-static int parse_attention_bias(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_attention_bias(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     bool on = false;
-    if (get_bool(cx, obj, "attention_bias", false, &on))
+    if (cj_get_bool(cx, obj, "attention_bias", false, &on))
         return -1;
     c->qkv_bias = c->o_bias = on;
     return 0;
@@ -440,76 +400,77 @@ static int parse_attention_bias(const jctx *cx, const json_t *obj, kv_config *c)
 
 /* Gemma 4: MoE and bidirectional text attention are out of scope;
  * "vision" (bidirectional over image tokens only) leaves text causal. */
-static int parse_gemma4_switches(const jctx *cx, const json_t *obj)
+static int parse_gemma4_switches(const cfg_jctx *cx, const json_t *obj)
 {
     char d[64];
     const json_t *cap = json_object_get(obj, "attn_logit_softcapping");
-    if (present(cap))
-        return failf(cx, "attn_logit_softcapping", "is %s; attention logit softcapping "
-                     "is not supported (Gemma 4 has none)", jdesc(cap, d, sizeof d));
+    if (cj_present(cap))
+        return cj_fail(cx, "attn_logit_softcapping", "is %s; attention logit softcapping "
+                     "is not supported (Gemma 4 has none)", cj_desc(cap, d, sizeof d));
     const json_t *bi = json_object_get(obj, "use_bidirectional_attention");
-    if (present(bi) && !json_is_false(bi)
+    if (cj_present(bi) && !json_is_false(bi)
         && !(json_is_string(bi) && !strcmp(json_string_value(bi), "vision")))
-        return failf(cx, "use_bidirectional_attention", "is %s; kvdiff runs causal "
-                     "decoders only", jdesc(bi, d, sizeof d));
+        return cj_fail(cx, "use_bidirectional_attention", "is %s; kvdiff runs causal "
+                     "decoders only", cj_desc(bi, d, sizeof d));
     const json_t *ne = json_object_get(obj, "num_experts");
-    if (present(ne) && !(json_is_integer(ne) && json_integer_value(ne) == 0))
-        return failf(cx, "num_experts", "is %s; Gemma 4's mixture-of-experts models are "
-                     "not supported (dense E2B/E4B-style models only)", jdesc(ne, d, sizeof d));
-    return refuse_true(cx, obj, "enable_moe_block", "Gemma 4's mixture-of-experts block is "
+    if (cj_present(ne) && !(json_is_integer(ne) && json_integer_value(ne) == 0))
+        return cj_fail(cx, "num_experts", "is %s; Gemma 4's mixture-of-experts models are "
+                     "not supported (dense E2B/E4B-style models only)", cj_desc(ne, d, sizeof d));
+    return cj_refuse_true(cx, obj, "enable_moe_block", "Gemma 4's mixture-of-experts block is "
                        "not supported (dense E2B/E4B-style models only)")
-        || refuse_true(cx, obj, "attention_bias", "biased attention projections are not "
+        || cj_refuse_true(cx, obj, "attention_bias", "biased attention projections are not "
                        "supported for gemma4_text");
 }
 
-static int parse_family_switches(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_family_switches(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     switch (c->arch) {
     case ARCH_LLAMA:
         return parse_attention_bias(cx, obj, c)
-            || refuse_true(cx, obj, "mlp_bias", "biased MLP projections are not "
+            || cj_refuse_true(cx, obj, "mlp_bias", "biased MLP projections are not "
                            "supported for llama");
     case ARCH_QWEN2:
-        return refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
+        return cj_refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
                            "not supported for qwen2 (kvdiff runs every layer global)");
     case ARCH_QWEN3:
         return parse_attention_bias(cx, obj, c)
-            || refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
+            || cj_refuse_true(cx, obj, "use_sliding_window", "sliding-window attention is "
                            "not supported for qwen3 (kvdiff runs every layer global)");
     case ARCH_GEMMA3: {
         char d[64];
         const json_t *cap = json_object_get(obj, "attn_logit_softcapping");
-        if (present(cap))
-            return failf(cx, "attn_logit_softcapping", "is %s; attention logit "
+        if (cj_present(cap))
+            return cj_fail(cx, "attn_logit_softcapping", "is %s; attention logit "
                          "softcapping is not supported (Gemma 3 sets it to null)",
-                         jdesc(cap, d, sizeof d));
-        return refuse_true(cx, obj, "attention_bias", "biased attention projections are "
+                         cj_desc(cap, d, sizeof d));
+        return cj_refuse_true(cx, obj, "attention_bias", "biased attention projections are "
                            "not supported for gemma3_text")
-            || refuse_true(cx, obj, "use_bidirectional_attention", "kvdiff runs causal "
+            || cj_refuse_true(cx, obj, "use_bidirectional_attention", "kvdiff runs causal "
                            "decoders only");
     }
     case ARCH_GEMMA4:
         return parse_gemma4_switches(cx, obj);
+    default:
+        return 0;   /* the family's parse hook reads its own keys */
     }
-    return 0;
 }
 
-static int parse_gemma_scalars(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_gemma_scalars(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
-    if (get_num(cx, obj, "query_pre_attn_scalar", GEMMA_DEF_QPAS, 0.0, true, MAX_SCALAR,
+    if (cj_get_num(cx, obj, "query_pre_attn_scalar", GEMMA_DEF_QPAS, 0.0, true, MAX_SCALAR,
                 &c->query_pre_attn_scalar))
         return -1;
     const json_t *cap = json_object_get(obj, "final_logit_softcapping");
     c->final_softcap = 0.0;
-    if (present(cap))
-        return want_num(cx, "final_logit_softcapping", cap, 0.0, true, MAX_SCALAR,
+    if (cj_present(cap))
+        return cj_want_num(cx, "final_logit_softcapping", cap, 0.0, true, MAX_SCALAR,
                         &c->final_softcap);
     return 0;
 }
 
-static int parse_norm_act(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_norm_act(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
-    if (get_num(cx, obj, "rms_norm_eps", 1e-6, 0.0, true, 1.0, &c->rms_eps)
+    if (cj_get_num(cx, obj, "rms_norm_eps", 1e-6, 0.0, true, 1.0, &c->rms_eps)
         || parse_act(cx, obj, c) || parse_family_switches(cx, obj, c))
         return -1;
     if (c->arch == ARCH_GEMMA3)
@@ -517,8 +478,8 @@ static int parse_norm_act(const jctx *cx, const json_t *obj, kv_config *c)
     if (c->arch == ARCH_GEMMA4) {
         const json_t *cap = json_object_get(obj, "final_logit_softcapping");
         c->final_softcap = 0.0;
-        if (present(cap))
-            return want_num(cx, "final_logit_softcapping", cap, 0.0, true, MAX_SCALAR,
+        if (cj_present(cap))
+            return cj_want_num(cx, "final_logit_softcapping", cap, 0.0, true, MAX_SCALAR,
                             &c->final_softcap);
     }
     return 0;
@@ -527,15 +488,15 @@ static int parse_norm_act(const jctx *cx, const json_t *obj, kv_config *c)
 /* ---- RoPE --------------------------------------------------------------- */
 
 /* A string member of a RoPE object; "" when absent. */
-static int rope_str(const jctx *cx, const char *path, const json_t *v, const char *key,
+static int rope_str(const cfg_jctx *cx, const char *path, const json_t *v, const char *key,
                     const char **out)
 {
     char k[128], d[64];
     const json_t *s = json_object_get(v, key);
     *out = "";
     if (s && !json_is_string(s))
-        return failf(cx, subkey(k, sizeof k, path, key), "is %s; expected a string",
-                     jdesc(s, d, sizeof d));
+        return cj_fail(cx, cj_subkey(k, sizeof k, path, key), "is %s; expected a string",
+                     cj_desc(s, d, sizeof d));
     if (s)
         *out = json_string_value(s);
     return 0;
@@ -543,29 +504,29 @@ static int rope_str(const jctx *cx, const char *path, const json_t *v, const cha
 
 /* The scaling type: rope_type, or the older key type (they must agree).
  * *key (may be NULL): which of the two said it, for messages. */
-static int scaling_type_key(const jctx *cx, const char *path, const json_t *v,
+static int scaling_type_key(const cfg_jctx *cx, const char *path, const json_t *v,
                             bool required, const char **type, const char **key)
 {
     const char *rt = NULL, *ty = NULL;
     if (rope_str(cx, path, v, "rope_type", &rt) || rope_str(cx, path, v, "type", &ty))
         return -1;
     if (*rt && *ty && strcmp(rt, ty) != 0)
-        return failf(cx, path, "has rope_type '%.40s' and type '%.40s'; they must agree", rt, ty);
+        return cj_fail(cx, path, "has rope_type '%.40s' and type '%.40s'; they must agree", rt, ty);
     *type = *rt ? rt : *ty ? ty : NULL;
     if (key)
         *key = *rt || !*ty ? "rope_type" : "type";
     if (!*type && required)
-        return failf(cx, path, "has no rope_type");
+        return cj_fail(cx, path, "has no rope_type");
     return 0;
 }
 
-static int scaling_type(const jctx *cx, const char *path, const json_t *v,
+static int scaling_type(const cfg_jctx *cx, const char *path, const json_t *v,
                         bool required, const char **type)
 {
     return scaling_type_key(cx, path, v, required, type, NULL);
 }
 
-static int parse_llama3_scaling(const jctx *cx, const char *path, const json_t *v,
+static int parse_llama3_scaling(const cfg_jctx *cx, const char *path, const json_t *v,
                                 kv_rope_scaling *s)
 {
     char k[128];
@@ -573,35 +534,81 @@ static int parse_llama3_scaling(const jctx *cx, const char *path, const json_t *
     double *dst[3] = { &s->factor, &s->low_freq_factor, &s->high_freq_factor };
     for (int i = 0; i < 3; i++) {
         const json_t *x = json_object_get(v, names[i]);
-        subkey(k, sizeof k, path, names[i]);
+        cj_subkey(k, sizeof k, path, names[i]);
         if (!x)
-            return failf(cx, k, "is missing");
-        if (want_num(cx, k, x, 0.0, true, MAX_FACTOR, dst[i]))
+            return cj_fail(cx, k, "is missing");
+        if (cj_want_num(cx, k, x, 0.0, true, MAX_FACTOR, dst[i]))
             return -1;
     }
     const json_t *om = json_object_get(v, "original_max_position_embeddings");
-    subkey(k, sizeof k, path, "original_max_position_embeddings");
+    cj_subkey(k, sizeof k, path, "original_max_position_embeddings");
     if (!om)
-        return failf(cx, k, "is missing");
-    if (want_int(cx, k, om, 1, MAX_POSITIONS, &s->original_max_position))
+        return cj_fail(cx, k, "is missing");
+    if (cj_want_int(cx, k, om, 1, MAX_POSITIONS, &s->original_max_position))
         return -1;
     if (s->high_freq_factor <= s->low_freq_factor)
-        return failf(cx, path, "has high_freq_factor %g <= low_freq_factor %g",
+        return cj_fail(cx, path, "has high_freq_factor %g <= low_freq_factor %g",
                      s->high_freq_factor, s->low_freq_factor);
     return 0;
 }
 
+/* YaRN (HF _compute_yarn_parameters): factor; beta_fast 32 and beta_slow 1
+ * by default; truncate (true by default) rounds the ramp's ends to whole
+ * dims; attention_factor, else mscale / mscale_all_dim, else 0.1 ln(factor)
+ * + 1 multiplies cos and sin. original_max_position_embeddings defaults to
+ * max_position_embeddings (filled in by parse_rope, which knows it). */
+static double yarn_mscale(double factor, double mscale)
+{
+    return factor <= 1.0 ? 1.0 : 0.1 * mscale * log(factor) + 1.0;
+}
+
+static int parse_yarn_scaling(const cfg_jctx *cx, const char *path, const json_t *v,
+                              kv_rope_scaling *s)
+{
+    char k[128];
+    const json_t *f = json_object_get(v, "factor");
+    if (!f)
+        return cj_fail(cx, cj_subkey(k, sizeof k, path, "factor"), "is missing");
+    if (cj_want_num(cx, cj_subkey(k, sizeof k, path, "factor"), f, 0.0, true, MAX_FACTOR,
+                    &s->factor))
+        return -1;
+    const json_t *om = json_object_get(v, "original_max_position_embeddings");
+    if (cj_present(om) && cj_want_int(cx, cj_subkey(k, sizeof k, path,
+                                                    "original_max_position_embeddings"),
+                                      om, 1, MAX_POSITIONS, &s->original_max_position))
+        return -1;
+    const char *bf = "beta_fast", *bs = "beta_slow";
+    if (cj_get_num(cx, v, bf, 32.0, 0.0, true, MAX_FACTOR, &s->beta_fast)
+        || cj_get_num(cx, v, bs, 1.0, 0.0, true, MAX_FACTOR, &s->beta_slow)
+        || cj_get_bool(cx, v, "truncate", true, &s->truncate))
+        return -1;
+    if (s->beta_fast <= s->beta_slow)
+        return cj_fail(cx, path, "has beta_fast %g <= beta_slow %g", s->beta_fast, s->beta_slow);
+    double af = 0, ms = 0, msa = 0;
+    const json_t *a = json_object_get(v, "attention_factor");
+    if (cj_present(a))
+        return cj_want_num(cx, cj_subkey(k, sizeof k, path, "attention_factor"), a, 0.0, true,
+                           MAX_FACTOR, &s->attn_factor);
+    if (cj_get_num(cx, v, "mscale", 0.0, 0.0, false, MAX_FACTOR, &ms)
+        || cj_get_num(cx, v, "mscale_all_dim", 0.0, 0.0, false, MAX_FACTOR, &msa))
+        return -1;
+    af = ms > 0 && msa > 0 ? yarn_mscale(s->factor, ms) / yarn_mscale(s->factor, msa)
+                           : yarn_mscale(s->factor, 1.0);
+    s->attn_factor = af;
+    return 0;
+}
+
 /* A rope_scaling object (or the scaling part of rope_parameters). */
-static int parse_scaling(const jctx *cx, const char *path, const json_t *v,
+int cj_parse_scaling(const cfg_jctx *cx, const char *path, const json_t *v,
                          bool type_required, kv_rope_scaling *s)
 {
     char d[64], k[128];
     const char *type = NULL;
     memset(s, 0, sizeof *s);
-    if (!present(v))
+    if (!cj_present(v))
         return 0;
     if (!json_is_object(v))
-        return failf(cx, path, "is %s; expected an object or null", jdesc(v, d, sizeof d));
+        return cj_fail(cx, path, "is %s; expected an object or null", cj_desc(v, d, sizeof d));
     if (scaling_type(cx, path, v, type_required, &type))
         return -1;
     if (!type || !strcmp(type, "default"))
@@ -610,53 +617,57 @@ static int parse_scaling(const jctx *cx, const char *path, const json_t *v,
         s->type = ROPE_SCALE_LLAMA3;
         return parse_llama3_scaling(cx, path, v, s);
     }
+    if (!strcmp(type, "yarn")) {
+        s->type = ROPE_SCALE_YARN;
+        return parse_yarn_scaling(cx, path, v, s);
+    }
     if (strcmp(type, "linear") != 0)
-        return failf(cx, path, "type '%.40s' is not supported (kvdiff supports linear "
-                     "and llama3)", type);
+        return cj_fail(cx, path, "type '%.40s' is not supported (kvdiff supports linear, "
+                     "llama3 and yarn)", type);
     s->type = ROPE_SCALE_LINEAR;
     const json_t *f = json_object_get(v, "factor");
-    subkey(k, sizeof k, path, "factor");
+    cj_subkey(k, sizeof k, path, "factor");
     if (!f)
-        return failf(cx, k, "is missing");
-    return want_num(cx, k, f, 0.0, true, MAX_FACTOR, &s->factor);
+        return cj_fail(cx, k, "is missing");
+    return cj_want_num(cx, k, f, 0.0, true, MAX_FACTOR, &s->factor);
 }
 
 /* partial_rotary_factor other than 1 (rotating part of each head) is refused. */
-static int refuse_partial_rotary(const jctx *cx, const char *key, const json_t *v)
+static int refuse_partial_rotary(const cfg_jctx *cx, const char *key, const json_t *v)
 {
     double f = 1.0;
-    if (!present(v))
+    if (!cj_present(v))
         return 0;
-    if (want_num(cx, key, v, 0.0, true, 1.0, &f))
+    if (cj_want_num(cx, key, v, 0.0, true, 1.0, &f))
         return -1;
-    return f != 1.0 ? failf(cx, key, "is %g; partial rotary embeddings are not "
+    return f != 1.0 ? cj_fail(cx, key, "is %g; partial rotary embeddings are not "
                             "supported", f) : 0;
 }
 
 /* One entry of transformers 5's rope_parameters: scaling plus rope_theta. */
-static int parse_rope_entry(const jctx *cx, const char *path, const json_t *v,
+static int parse_rope_entry(const cfg_jctx *cx, const char *path, const json_t *v,
                             kv_rope_scaling *s, double *theta)
 {
     char k[128];
     if (!json_is_object(v)) {
         char d[64];
-        return failf(cx, path, "is %s; expected an object", jdesc(v, d, sizeof d));
+        return cj_fail(cx, path, "is %s; expected an object", cj_desc(v, d, sizeof d));
     }
-    if (parse_scaling(cx, path, v, false, s))
+    if (cj_parse_scaling(cx, path, v, false, s))
         return -1;
     const json_t *t = json_object_get(v, "rope_theta");
-    if (t && want_num(cx, subkey(k, sizeof k, path, "rope_theta"), t,
+    if (t && cj_want_num(cx, cj_subkey(k, sizeof k, path, "rope_theta"), t,
                       MIN_THETA, false, MAX_THETA, theta))
         return -1;
-    return refuse_partial_rotary(cx, subkey(k, sizeof k, path, "partial_rotary_factor"),
+    return refuse_partial_rotary(cx, cj_subkey(k, sizeof k, path, "partial_rotary_factor"),
                                  json_object_get(v, "partial_rotary_factor"));
 }
 
 /* rope_parameters.sliding_attention (Gemma 3 and 4): the local base,
  * unscaled. */
-static int parse_sliding_rope(const jctx *cx, const json_t *slide, kv_config *c)
+static int parse_sliding_rope(const cfg_jctx *cx, const json_t *slide, kv_config *c)
 {
-    kv_rope_scaling s = { ROPE_SCALE_NONE, 0, 0, 0, 0 };
+    kv_rope_scaling s = { .type = ROPE_SCALE_NONE };
     const char *path = "rope_parameters.sliding_attention", *type = NULL, *tkey = "rope_type";
     char k[128];
     /* "proportional" here is Gemma 4's full-layer RoPE put on the wrong
@@ -664,14 +675,14 @@ static int parse_sliding_rope(const jctx *cx, const json_t *slide, kv_config *c)
     if (json_is_object(slide) && scaling_type_key(cx, path, slide, false, &type, &tkey))
         return -1;
     if (type && !strcmp(type, "proportional"))
-        return failf(cx, subkey(k, sizeof k, path, tkey), "is 'proportional'; sliding layers "
+        return cj_fail(cx, cj_subkey(k, sizeof k, path, tkey), "is 'proportional'; sliding layers "
                      "rotate whole heads with default RoPE (Gemma 4 rotates part of a head, "
                      "proportional, on full-attention layers only)");
     if (parse_rope_entry(cx, path, slide, &s,
                          &c->rope_local_theta))
         return -1;
     if (s.type != ROPE_SCALE_NONE)
-        return failf(cx, "rope_parameters.sliding_attention", "is scaled; kvdiff "
+        return cj_fail(cx, "rope_parameters.sliding_attention", "is scaled; kvdiff "
                      "scales RoPE on full-attention layers only");
     return 0;
 }
@@ -679,45 +690,45 @@ static int parse_sliding_rope(const jctx *cx, const json_t *slide, kv_config *c)
 /* Gemma 4's full-attention entry: rope_type "proportional" (or "default")
  * with partial_rotary_factor, the first factor * D/2 frequency pairs
  * rotating at theta^(-2j/D), the rest passing through. */
-static int parse_gemma4_full_rope(const jctx *cx, const json_t *v, kv_config *c)
+static int parse_gemma4_full_rope(const cfg_jctx *cx, const json_t *v, kv_config *c)
 {
     const char *path = "rope_parameters.full_attention", *type = NULL;
     char k[128], d[64];
     if (!json_is_object(v))
-        return failf(cx, path, "is %s; expected an object", jdesc(v, d, sizeof d));
+        return cj_fail(cx, path, "is %s; expected an object", cj_desc(v, d, sizeof d));
     const char *tkey = "rope_type";
     if (scaling_type_key(cx, path, v, false, &type, &tkey))
         return -1;
     bool prop = type && !strcmp(type, "proportional");
     if (type && !prop && strcmp(type, "default") != 0)
-        return failf(cx, path, "%s '%.40s' is not supported (Gemma 4's full "
+        return cj_fail(cx, path, "%s '%.40s' is not supported (Gemma 4's full "
                      "layers use proportional)", tkey, type);
     const json_t *t = json_object_get(v, "rope_theta");
-    if (t && want_num(cx, subkey(k, sizeof k, path, "rope_theta"), t, MIN_THETA, false,
+    if (t && cj_want_num(cx, cj_subkey(k, sizeof k, path, "rope_theta"), t, MIN_THETA, false,
                       MAX_THETA, &c->rope_theta))
         return -1;
     const json_t *f = json_object_get(v, "partial_rotary_factor");
     double factor = 1.0;
-    subkey(k, sizeof k, path, "partial_rotary_factor");
-    if (present(f) && want_num(cx, k, f, 0.0, true, 1.0, &factor))
+    cj_subkey(k, sizeof k, path, "partial_rotary_factor");
+    if (cj_present(f) && cj_want_num(cx, k, f, 0.0, true, 1.0, &factor))
         return -1;
     /* No rope_type at all is not "rope_type default": the entry lacks the
      * key the factor needs, and the message says so. */
     if (factor != 1.0 && !type)
-        return failf(cx, k, "is %g but %s has no rope_type (read as default); kvdiff "
+        return cj_fail(cx, k, "is %g but %s has no rope_type (read as default); kvdiff "
                      "rotates part of a head for rope_type proportional only", factor, path);
     if (factor != 1.0 && !prop)
-        return failf(cx, k, "is %g with rope_type default; kvdiff rotates part of a "
+        return cj_fail(cx, k, "is %g with rope_type default; kvdiff rotates part of a "
                      "head for proportional RoPE only", factor);
     c->rope_partial_full = factor == 1.0 ? 0.0 : factor;
     return 0;
 }
 
-static int parse_gemma4_rope(const jctx *cx, const json_t *full, const json_t *slide,
+static int parse_gemma4_rope(const cfg_jctx *cx, const json_t *full, const json_t *slide,
                              kv_config *c)
 {
     if (!full && !slide)
-        return failf(cx, "rope_parameters", "has neither full_attention nor "
+        return cj_fail(cx, "rope_parameters", "has neither full_attention nor "
                      "sliding_attention; gemma4_text keys them by layer type");
     if (full && parse_gemma4_full_rope(cx, full, c))
         return -1;
@@ -726,12 +737,12 @@ static int parse_gemma4_rope(const jctx *cx, const json_t *full, const json_t *s
 
 /* transformers 5 writes rope_parameters instead of rope_theta/rope_scaling:
  * one object for llama/qwen2, one per layer type for Gemma 3. */
-static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
+static int parse_rope_parameters(const cfg_jctx *cx, const json_t *rp, kv_config *c)
 {
     char d[64];
     if (!json_is_object(rp))
-        return failf(cx, "rope_parameters", "is %s; expected an object",
-                     jdesc(rp, d, sizeof d));
+        return cj_fail(cx, "rope_parameters", "is %s; expected an object",
+                     cj_desc(rp, d, sizeof d));
     const json_t *full = json_object_get(rp, "full_attention");
     const json_t *slide = json_object_get(rp, "sliding_attention");
     bool keyed = full || slide;
@@ -739,12 +750,12 @@ static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
         return parse_gemma4_rope(cx, full, slide, c);
     if (c->arch != ARCH_GEMMA3) {
         if (keyed)
-            return failf(cx, "rope_parameters", "is keyed by layer type; %s has one "
+            return cj_fail(cx, "rope_parameters", "is keyed by layer type; %s has one "
                          "kind of layer", c->model_type);
         return parse_rope_entry(cx, "rope_parameters", rp, &c->rope_scaling, &c->rope_theta);
     }
     if (!keyed)
-        return failf(cx, "rope_parameters", "has neither full_attention nor "
+        return cj_fail(cx, "rope_parameters", "has neither full_attention nor "
                      "sliding_attention; gemma3_text keys them by layer type");
     if (full && parse_rope_entry(cx, "rope_parameters.full_attention", full,
                                  &c->rope_scaling, &c->rope_theta))
@@ -752,10 +763,10 @@ static int parse_rope_parameters(const jctx *cx, const json_t *rp, kv_config *c)
     return slide ? parse_sliding_rope(cx, slide, c) : 0;
 }
 
-static int parse_rope(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_rope(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     bool gemma = is_gemma(c->arch);
-    if (get_num(cx, obj, "rope_theta", ARCHES[c->arch].def_theta, MIN_THETA, false,
+    if (cj_get_num(cx, obj, "rope_theta", fam(c)->def_theta, MIN_THETA, false,
                 MAX_THETA, &c->rope_theta))
         return -1;
     c->rope_local_theta = c->rope_theta;
@@ -765,18 +776,20 @@ static int parse_rope(const jctx *cx, const json_t *obj, kv_config *c)
         c->rope_local_theta = GEMMA_DEF_LOCAL_THETA;
         c->rope_partial_full = 0.25;
     }
-    if (c->arch == ARCH_GEMMA3 && get_num(cx, obj, "rope_local_base_freq", GEMMA_DEF_LOCAL_THETA, MIN_THETA,
+    if (c->arch == ARCH_GEMMA3 && cj_get_num(cx, obj, "rope_local_base_freq", GEMMA_DEF_LOCAL_THETA, MIN_THETA,
                          false, MAX_THETA, &c->rope_local_theta))
         return -1;
     const json_t *rs = json_object_get(obj, "rope_scaling");
     const json_t *rp = json_object_get(obj, "rope_parameters");
-    if (present(rs) && present(rp))
-        return failf(cx, "rope_scaling", "and rope_parameters are both set; kvdiff reads "
+    if (cj_present(rs) && cj_present(rp))
+        return cj_fail(cx, "rope_scaling", "and rope_parameters are both set; kvdiff reads "
                      "one of them");
-    if (parse_scaling(cx, "rope_scaling", rs, true, &c->rope_scaling))
+    if (cj_parse_scaling(cx, "rope_scaling", rs, true, &c->rope_scaling))
         return -1;
-    if (present(rp) && parse_rope_parameters(cx, rp, c))
+    if (cj_present(rp) && parse_rope_parameters(cx, rp, c))
         return -1;
+    if (c->rope_scaling.type == ROPE_SCALE_YARN && c->rope_scaling.original_max_position == 0)
+        c->rope_scaling.original_max_position = c->max_positions;
     if (!gemma)
         c->rope_local_theta = c->rope_theta;
     return refuse_partial_rotary(cx, "partial_rotary_factor",
@@ -785,15 +798,15 @@ static int parse_rope(const jctx *cx, const json_t *obj, kv_config *c)
 
 /* ---- layers ------------------------------------------------------------- */
 
-static int parse_layer_types(const jctx *cx, const json_t *lt, kv_config *c)
+static int parse_layer_types(const cfg_jctx *cx, const json_t *lt, kv_config *c)
 {
     char d[64], k[48];
     if (!json_is_array(lt))
-        return failf(cx, "layer_types", "is %s; expected an array of strings",
-                     jdesc(lt, d, sizeof d));
+        return cj_fail(cx, "layer_types", "is %s; expected an array of strings",
+                     cj_desc(lt, d, sizeof d));
     size_t n = json_array_size(lt);
     if (n != (size_t)c->n_layers)
-        return failf(cx, "layer_types", "has %zu entries but num_hidden_layers is %d",
+        return cj_fail(cx, "layer_types", "has %zu entries but num_hidden_layers is %d",
                      n, c->n_layers);
     for (size_t i = 0; i < n; i++) {
         const json_t *v = json_array_get(lt, i);
@@ -801,69 +814,69 @@ static int parse_layer_types(const jctx *cx, const json_t *lt, kv_config *c)
         const char *s = json_is_string(v) ? json_string_value(v) : NULL;
         if (s && !strcmp(s, "full_attention"))
             c->layer_type[i] = ATTN_GLOBAL;
-        else if (s && !strcmp(s, "sliding_attention") && is_gemma(c->arch))
+        else if (s && !strcmp(s, "sliding_attention") && fam(c)->slides)
             c->layer_type[i] = ATTN_SLIDING;
         else if (s && !strcmp(s, "sliding_attention"))
-            return failf(cx, k, "is 'sliding_attention'; sliding attention is not "
+            return cj_fail(cx, k, "is 'sliding_attention'; sliding attention is not "
                          "supported for %s", c->model_type);
         else
-            return failf(cx, k, "is %s; expected 'sliding_attention' or 'full_attention'",
-                         jdesc(v, d, sizeof d));
+            return cj_fail(cx, k, "is %s; expected 'sliding_attention' or 'full_attention'",
+                         cj_desc(v, d, sizeof d));
     }
     return 0;
 }
 
-static int parse_window(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_window(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     const json_t *w = json_object_get(obj, "sliding_window");
-    int window = GEMMA_DEF_WINDOW;
+    int window = fam(c)->def_window;
     if (w && json_is_null(w))
         window = 0;
-    else if (w && want_int(cx, "sliding_window", w, 1, MAX_POSITIONS, &window))
+    else if (w && cj_want_int(cx, "sliding_window", w, 1, MAX_POSITIONS, &window))
         return -1;
     int first_sliding = -1;
     for (int i = c->n_layers - 1; i >= 0; i--)
         if (c->layer_type[i] == ATTN_SLIDING)
             first_sliding = i;
     if (first_sliding >= 0 && window == 0)
-        return failf(cx, "sliding_window", "is null but layer %d is a sliding_attention "
+        return cj_fail(cx, "sliding_window", "is null but layer %d is a sliding_attention "
                      "layer", first_sliding);
     c->sliding_window = first_sliding >= 0 ? window : 0;
     return 0;
 }
 
-static int parse_kv_sharing(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_kv_sharing(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     int n_shared = 0;
-    if (get_int(cx, obj, "num_kv_shared_layers", false, 0, 0, KV_MAX_LAYERS, &n_shared))
+    if (cj_get_int(cx, obj, "num_kv_shared_layers", false, 0, 0, KV_MAX_LAYERS, &n_shared))
         return -1;
     if (n_shared > 0 && !is_gemma(c->arch))
-        return failf(cx, "num_kv_shared_layers", "is %d; KV sharing is read for "
+        return cj_fail(cx, "num_kv_shared_layers", "is %d; KV sharing is read for "
                      "gemma3_text and gemma4_text only", n_shared);
     if (n_shared >= c->n_layers)
-        return failf(cx, "num_kv_shared_layers", "is %d but the model has %d layers; at "
+        return cj_fail(cx, "num_kv_shared_layers", "is %d but the model has %d layers; at "
                      "least the first layer must compute K/V", n_shared, c->n_layers);
     int orphan = set_owners(c, n_shared);
     if (orphan >= 0)
-        return failf(cx, "num_kv_shared_layers", "is %d: layer %d (%s) has no earlier "
+        return cj_fail(cx, "num_kv_shared_layers", "is %d: layer %d (%s) has no earlier "
                      "non-shared %s layer to read K/V from", n_shared, orphan,
-                     type_name(c->layer_type[orphan]), type_name(c->layer_type[orphan]));
+                     cj_type_name(c->layer_type[orphan]), cj_type_name(c->layer_type[orphan]));
     return 0;
 }
 
 /* per_layer_config: {"<layer>": {"head_dim": .., "num_key_value_heads": ..}};
  * the first full-attention layer's value of key, or 0. */
-static int per_layer_full(const jctx *cx, const json_t *obj, const kv_config *c,
+static int per_layer_full(const cfg_jctx *cx, const json_t *obj, const kv_config *c,
                           const char *key, int *out)
 {
     const json_t *plc = json_object_get(obj, "per_layer_config");
     char k[96], d[64];
     *out = 0;
-    if (!present(plc))
+    if (!cj_present(plc))
         return 0;
     if (!json_is_object(plc))
-        return failf(cx, "per_layer_config", "is %s; expected an object",
-                     jdesc(plc, d, sizeof d));
+        return cj_fail(cx, "per_layer_config", "is %s; expected an object",
+                     cj_desc(plc, d, sizeof d));
     for (int i = 0; i < c->n_layers; i++) {
         snprintf(k, sizeof k, "%d", i);
         const json_t *lc = json_object_get(plc, k);
@@ -871,19 +884,19 @@ static int per_layer_full(const jctx *cx, const json_t *obj, const kv_config *c,
             || !json_object_get(lc, key))
             continue;
         snprintf(k, sizeof k, "per_layer_config.%d.%s", i, key);
-        return want_int(cx, k, json_object_get(lc, key), 1, MAX_HEAD_DIM, out);
+        return cj_want_int(cx, k, json_object_get(lc, key), 1, MAX_HEAD_DIM, out);
     }
     return 0;
 }
 
 /* A full layer's size: key (global_head_dim, num_global_key_value_heads),
  * else per_layer_config's pkey for the first full layer, else fallback. */
-static int full_layer_size(const jctx *cx, const json_t *obj, const kv_config *c,
+static int full_layer_size(const cfg_jctx *cx, const json_t *obj, const kv_config *c,
                            const char *key, const char *pkey, int hi, int fallback, int *out)
 {
     const json_t *v = json_object_get(obj, key);
     *out = 0;
-    if (present(v) ? want_int(cx, key, v, 1, hi, out) : per_layer_full(cx, obj, c, pkey, out))
+    if (cj_present(v) ? cj_want_int(cx, key, v, 1, hi, out) : per_layer_full(cx, obj, c, pkey, out))
         return -1;
     if (*out == 0)
         *out = fallback;
@@ -892,7 +905,7 @@ static int full_layer_size(const jctx *cx, const json_t *obj, const kv_config *c
 
 /* Gemma 4's full-layer head size and KV heads, K=V, double-wide MLPs and
  * per-layer inputs (after layer types and KV sharing are known). */
-static int parse_gemma4_layers(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_gemma4_layers(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     if (full_layer_size(cx, obj, c, "global_head_dim", "head_dim", MAX_HEAD_DIM, c->head_dim,
                         &c->head_dim_full)
@@ -900,54 +913,54 @@ static int parse_gemma4_layers(const jctx *cx, const json_t *obj, kv_config *c)
                            MAX_HEADS, c->n_kv_heads, &c->n_kv_heads_full))
         return -1;
     if (c->head_dim_full % 2 != 0)
-        return failf(cx, "global_head_dim", "is %d; RoPE needs an even head size",
+        return cj_fail(cx, "global_head_dim", "is %d; RoPE needs an even head size",
                      c->head_dim_full);
     if (c->n_heads % c->n_kv_heads_full != 0)
-        return failf(cx, "num_global_key_value_heads", "is %d, which does not divide "
+        return cj_fail(cx, "num_global_key_value_heads", "is %d, which does not divide "
                      "num_attention_heads %d", c->n_kv_heads_full, c->n_heads);
     if (c->rope_partial_full > 0 && (int)(c->rope_partial_full * c->head_dim_full / 2) < 1)
-        return failf(cx, "rope_parameters.full_attention.partial_rotary_factor", "is %g: "
+        return cj_fail(cx, "rope_parameters.full_attention.partial_rotary_factor", "is %g: "
                      "no pair of a %d-wide head rotates", c->rope_partial_full,
                      c->head_dim_full);
-    if (get_bool(cx, obj, "attention_k_eq_v", false, &c->k_eq_v)
-        || get_bool(cx, obj, "use_double_wide_mlp", false, &c->double_wide_mlp))
+    if (cj_get_bool(cx, obj, "attention_k_eq_v", false, &c->k_eq_v)
+        || cj_get_bool(cx, obj, "use_double_wide_mlp", false, &c->double_wide_mlp))
         return -1;
     const json_t *p = json_object_get(obj, "hidden_size_per_layer_input");
     c->per_layer_dim = 0;
-    if (present(p) && want_int(cx, "hidden_size_per_layer_input", p, 0, MAX_HIDDEN,
+    if (cj_present(p) && cj_want_int(cx, "hidden_size_per_layer_input", p, 0, MAX_HIDDEN,
                                &c->per_layer_dim))
         return -1;
     c->per_layer_vocab = 0;
     if (c->per_layer_dim > 0) {
-        if (get_int(cx, obj, "vocab_size_per_layer_input", false, c->vocab, 1, MAX_VOCAB,
+        if (cj_get_int(cx, obj, "vocab_size_per_layer_input", false, c->vocab, 1, MAX_VOCAB,
                     &c->per_layer_vocab))
             return -1;
         if ((long long)c->per_layer_dim * c->n_layers > MAX_HIDDEN)
-            return failf(cx, "hidden_size_per_layer_input", "is %d: times %d layers, the "
+            return cj_fail(cx, "hidden_size_per_layer_input", "is %d: times %d layers, the "
                          "per-layer table is wider than %d", c->per_layer_dim,
                          c->n_layers, MAX_HIDDEN);
     }
     return 0;
 }
 
-static int parse_layers(const jctx *cx, const json_t *obj, kv_config *c)
+static int parse_layers(const cfg_jctx *cx, const json_t *obj, kv_config *c)
 {
     const json_t *lt = json_object_get(obj, "layer_types");
     memset(c->layer_type, ATTN_GLOBAL, sizeof c->layer_type);
-    if (c->arch == ARCH_GEMMA3 && !present(lt)) {
-        int pattern = GEMMA_DEF_PATTERN;
-        if (get_int(cx, obj, "sliding_window_pattern", false, GEMMA_DEF_PATTERN,
+    if (fam(c)->def_pattern > 0 && !cj_present(lt)) {
+        int pattern = fam(c)->def_pattern;
+        if (cj_get_int(cx, obj, "sliding_window_pattern", false, pattern,
                     1, MAX_PATTERN, &pattern))
             return -1;
-        layers_from_pattern(c, pattern);
-    } else if (c->arch == ARCH_GEMMA4 && !present(lt)) {
-        return failf(cx, "layer_types", "is missing (gemma4_text lists each layer's type)");
-    } else if (present(lt) && c->arch != ARCH_LLAMA) {
+        cfg_layers_from_pattern(c, pattern);
+    } else if (c->arch == ARCH_GEMMA4 && !cj_present(lt)) {
+        return cj_fail(cx, "layer_types", "is missing (gemma4_text lists each layer's type)");
+    } else if (cj_present(lt) && c->arch != ARCH_LLAMA) {
         /* LlamaConfig has no layer_types; transformers ignores the key there. */
         if (parse_layer_types(cx, lt, c))
             return -1;
     }
-    if (is_gemma(c->arch) && parse_window(cx, obj, c))
+    if (fam(c)->slides && parse_window(cx, obj, c))
         return -1;
     if (parse_kv_sharing(cx, obj, c))
         return -1;
@@ -956,23 +969,23 @@ static int parse_layers(const jctx *cx, const json_t *obj, kv_config *c)
 
 /* ---- token ids, tying --------------------------------------------------- */
 
-static int parse_eos(const jctx *cx, const json_t *v, kv_config *c)
+static int parse_eos(const cfg_jctx *cx, const json_t *v, kv_config *c)
 {
     char k[48], d[64];
     if (json_is_integer(v)) {
         c->n_eos = 1;
-        return want_int(cx, "eos_token_id", v, 0, c->vocab - 1, &c->eos_ids[0]);
+        return cj_want_int(cx, "eos_token_id", v, 0, c->vocab - 1, &c->eos_ids[0]);
     }
     if (!json_is_array(v))
-        return failf(cx, "eos_token_id", "is %s; expected an integer, a list of integers "
-                     "or null", jdesc(v, d, sizeof d));
+        return cj_fail(cx, "eos_token_id", "is %s; expected an integer, a list of integers "
+                     "or null", cj_desc(v, d, sizeof d));
     size_t n = json_array_size(v);
     if (n > KV_MAX_EOS)
-        return failf(cx, "eos_token_id", "lists %zu ids; kvdiff keeps at most %d", n,
+        return cj_fail(cx, "eos_token_id", "lists %zu ids; kvdiff keeps at most %d", n,
                      KV_MAX_EOS);
     for (size_t i = 0; i < n; i++) {
         snprintf(k, sizeof k, "eos_token_id[%zu]", i);
-        if (want_int(cx, k, json_array_get(v, i), 0, c->vocab - 1, &c->eos_ids[i]))
+        if (cj_want_int(cx, k, json_array_get(v, i), 0, c->vocab - 1, &c->eos_ids[i]))
             return -1;
     }
     c->n_eos = (int)n;
@@ -982,10 +995,10 @@ static int parse_eos(const jctx *cx, const json_t *v, kv_config *c)
 /* Gemma3ForConditionalGeneration keeps token ids (and the tie flag) at the top
  * level; set there (not null) they win over text_config's, as in
  * transformers' generation config. */
-static const json_t *pick(const jctx *cx, const json_t *obj, const jctx *top,
-                          const json_t *outer, const char *key, const jctx **used)
+static const json_t *pick(const cfg_jctx *cx, const json_t *obj, const cfg_jctx *top,
+                          const json_t *outer, const char *key, const cfg_jctx **used)
 {
-    if (outer && present(json_object_get(outer, key))) {
+    if (outer && cj_present(json_object_get(outer, key))) {
         *used = top;
         return outer;
     }
@@ -993,18 +1006,18 @@ static const json_t *pick(const jctx *cx, const json_t *obj, const jctx *top,
     return obj;
 }
 
-static int parse_tokens(const jctx *cx, const json_t *obj, const json_t *outer, kv_config *c)
+static int parse_tokens(const cfg_jctx *cx, const json_t *obj, const json_t *outer, kv_config *c)
 {
-    const arch_info *a = &ARCHES[c->arch];
-    jctx top = { cx->file, "", cx->e };
-    const jctx *u;
+    const kv_family *a = fam(c);
+    cfg_jctx top = { cx->file, "", cx->e };
+    const cfg_jctx *u;
     const json_t *src = pick(cx, obj, &top, outer, "tie_word_embeddings", &u);
-    if (get_bool(u, src, "tie_word_embeddings", a->def_tie, &c->tie_embeddings))
+    if (cj_get_bool(u, src, "tie_word_embeddings", a->def_tie, &c->tie_embeddings))
         return -1;
     src = pick(cx, obj, &top, outer, "bos_token_id", &u);
     const json_t *bos = json_object_get(src, "bos_token_id");
     c->bos_id = bos ? -1 : a->def_bos;
-    if (present(bos) && want_int(u, "bos_token_id", bos, 0, c->vocab - 1, &c->bos_id))
+    if (cj_present(bos) && cj_want_int(u, "bos_token_id", bos, 0, c->vocab - 1, &c->bos_id))
         return -1;
     src = pick(cx, obj, &top, outer, "eos_token_id", &u);
     const json_t *eos = json_object_get(src, "eos_token_id");
@@ -1013,7 +1026,7 @@ static int parse_tokens(const jctx *cx, const json_t *obj, const json_t *outer, 
         c->n_eos = 1;
         c->eos_ids[0] = a->def_eos;
     }
-    if (present(eos))
+    if (cj_present(eos))
         return parse_eos(u, eos, c);
     return 0;
 }
@@ -1022,12 +1035,14 @@ static int parse_tokens(const jctx *cx, const json_t *obj, const json_t *outer, 
 
 /* Reads a text model's config object (obj); outer is the enclosing
  * Gemma3ForConditionalGeneration config or NULL. */
-static int parse_text(const jctx *cx, const json_t *obj, const json_t *outer,
+static int parse_text(const cfg_jctx *cx, const json_t *obj, const json_t *outer,
                       kv_arch arch, kv_config *c)
 {
-    set_family(c, arch);
+    family_set(c, arch);
     if (parse_sizes(cx, obj, c) || parse_norm_act(cx, obj, c) || parse_rope(cx, obj, c)
         || parse_layers(cx, obj, c) || parse_tokens(cx, obj, outer, c))
+        return -1;
+    if (fam(c)->parse && fam(c)->parse(cx, obj, c))
         return -1;
     set_scales(c);
     return 0;
@@ -1035,23 +1050,23 @@ static int parse_text(const jctx *cx, const json_t *obj, const json_t *outer,
 
 /* Gemma3ForConditionalGeneration / Gemma4ForConditionalGeneration: the
  * text model under text_config. */
-static int parse_gemma_nested(const jctx *cx, const json_t *root, kv_arch arch,
+static int parse_gemma_nested(const cfg_jctx *cx, const json_t *root, kv_arch arch,
                               kv_config *c)
 {
     char d[64];
     const char *outer = arch == ARCH_GEMMA4 ? "gemma4" : "gemma3";
-    const char *inner_type = ARCHES[arch].model_type;
+    const char *inner_type = family_of(arch)->model_type;
     const json_t *tc = json_object_get(root, "text_config");
     if (!tc)
-        return failf(cx, "text_config", "is missing (model_type %s nests the text "
+        return cj_fail(cx, "text_config", "is missing (model_type %s nests the text "
                      "model there)", outer);
     if (!json_is_object(tc))
-        return failf(cx, "text_config", "is %s; expected an object", jdesc(tc, d, sizeof d));
+        return cj_fail(cx, "text_config", "is %s; expected an object", cj_desc(tc, d, sizeof d));
     const json_t *mt = json_object_get(tc, "model_type");
     if (mt && !(json_is_string(mt) && !strcmp(json_string_value(mt), inner_type)))
-        return failf(cx, "text_config.model_type", "is %s; expected \"%s\"",
-                     jdesc(mt, d, sizeof d), inner_type);
-    jctx inner = { cx->file, "text_config.", cx->e };
+        return cj_fail(cx, "text_config.model_type", "is %s; expected \"%s\"",
+                     cj_desc(mt, d, sizeof d), inner_type);
+    cfg_jctx inner = { cx->file, "text_config.", cx->e };
     if (parse_text(&inner, tc, root, arch, c))
         return -1;
     /* The caller also tries the other layout ("model.language_model." or
@@ -1068,23 +1083,23 @@ static int parse_gemma_nested(const jctx *cx, const json_t *root, kv_arch arch,
 
 static int parse_root(const json_t *root, const char *file, kv_config *c, kv_err *e)
 {
-    jctx cx = { file, "", e };
+    cfg_jctx cx = { file, "", e };
     char d[64];
     const char *mt = NULL;
     if (!json_is_object(root))
         return kv_errf(e, "%s: top level is %s; expected an object", file,
-                       jdesc(root, d, sizeof d));
-    if (get_str(&cx, root, "model_type", NULL, &mt))
+                       cj_desc(root, d, sizeof d));
+    if (cj_get_str(&cx, root, "model_type", NULL, &mt))
         return -1;
-    if (!strcmp(mt, "gemma3"))
-        return parse_gemma_nested(&cx, root, ARCH_GEMMA3, c);
-    if (!strcmp(mt, "gemma4"))
-        return parse_gemma_nested(&cx, root, ARCH_GEMMA4, c);
-    for (int a = 0; a < (int)(sizeof ARCHES / sizeof ARCHES[0]); a++)
-        if (!strcmp(mt, ARCHES[a].model_type))
-            return parse_text(&cx, root, NULL, (kv_arch)a, c);
-    return kv_errf(e, "%s: model_type '%.40s' is not supported (kvdiff reads llama, "
-                   "qwen2, qwen3, gemma3_text, gemma3, gemma4_text, gemma4)", file, mt);
+    const kv_family *f = family_by_model_type(mt);
+    if (f && f->outer_type && !strcmp(mt, f->outer_type))
+        return parse_gemma_nested(&cx, root, f->arch, c);
+    if (f)
+        return parse_text(&cx, root, NULL, f->arch, c);
+    char types[256];
+    family_model_types(types, sizeof types);
+    return kv_errf(e, "%s: model_type '%.40s' is not supported (kvdiff reads %s)", file, mt,
+                   types);
 }
 
 int config_parse_json(const char *text, size_t len, const char *name,
@@ -1173,24 +1188,29 @@ static bool has_nul(const char *s, size_t n)
 
 static int check_family(const kv_config *c, kv_err *e)
 {
-    if (!arch_known(c->arch))
-        return kv_errf(e, "arch %d is not one of llama, qwen2, qwen3, gemma3, gemma4",
-                       (int)c->arch);
+    if (!fam(c))
+        return kv_errf(e, "arch %d is not a family kvdiff knows", (int)c->arch);
     kv_config want;
     memset(&want, 0, sizeof want);
-    set_family(&want, c->arch);
+    family_set(&want, c->arch);
     if (!has_nul(c->model_type, sizeof c->model_type)
         || strcmp(c->model_type, want.model_type) != 0)
         return kv_errf(e, "model_type '%.*s' does not match the arch (expected '%s')",
                        (int)sizeof c->model_type, c->model_type, want.model_type);
     if (c->norm_plus_one != want.norm_plus_one || c->qk_norm != want.qk_norm
         || c->sandwich_norms != want.sandwich_norms || c->act != want.act
-        || c->v_norm != want.v_norm || c->layer_scalar != want.layer_scalar)
-        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/act/v_norm/layer_scalar do "
-                       "not match the %s family", want.model_type);
-    /* Llama and Qwen3 have one switch (attention_bias) for all four biases;
+        || c->v_norm != want.v_norm || c->layer_scalar != want.layer_scalar
+        || c->attn_sinks != want.attn_sinks)
+        return kv_errf(e, "norm_plus_one/qk_norm/sandwich_norms/act/v_norm/layer_scalar/"
+                       "attn_sinks do not match the %s family", want.model_type);
+    const kv_family *f = fam(c);
+    if (!f->moe && (c->n_experts || c->n_experts_used || c->swiglu_limit != 0))
+        return kv_errf(e, "experts are set but %s has a dense MLP", c->model_type);
+    if (f->check && f->check(c, e))
+        return -1;
+    /* Some families have one switch (attention_bias) for all four biases;
      * the others fix them. */
-    bool switchable = c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3;
+    bool switchable = f->bias_switch;
     if (switchable ? c->qkv_bias != c->o_bias
                    : c->qkv_bias != want.qkv_bias || c->o_bias != want.o_bias)
         return kv_errf(e, "qkv_bias %d / o_bias %d do not match the %s family", c->qkv_bias,
@@ -1298,6 +1318,15 @@ static int check_rope(const kv_config *c, kv_err *e)
                            "> low_freq_factor > 0");
         return check_range(e, "rope_scaling original_max_position",
                            s->original_max_position, 1, MAX_POSITIONS);
+    case ROPE_SCALE_YARN:
+        if (!num_in(s->factor, 0.0, true, MAX_FACTOR)
+            || !num_in(s->beta_slow, 0.0, true, MAX_FACTOR)
+            || !num_in(s->beta_fast, s->beta_slow, true, MAX_FACTOR)
+            || !num_in(s->attn_factor, 0.0, true, MAX_FACTOR))
+            return kv_errf(e, "yarn rope_scaling needs factor > 0, beta_fast > beta_slow > 0 "
+                           "and attention_factor > 0");
+        return check_range(e, "rope_scaling original_max_position",
+                           s->original_max_position, 1, MAX_POSITIONS);
     }
     return kv_errf(e, "rope_scaling type %d is unknown", (int)s->type);
 }
@@ -1338,7 +1367,7 @@ static int check_layers(const kv_config *c, kv_err *e)
     for (int i = 0; i < c->n_layers; i++) {
         if (c->layer_type[i] != ATTN_GLOBAL && c->layer_type[i] != ATTN_SLIDING)
             return kv_errf(e, "layer_type[%d] is %d", i, c->layer_type[i]);
-        if (c->layer_type[i] == ATTN_SLIDING && !is_gemma(c->arch))
+        if (c->layer_type[i] == ATTN_SLIDING && !fam(c)->slides)
             return kv_errf(e, "layer %d slides but %s has global layers only", i,
                            c->model_type);
         if (!check_owner(c, i))
@@ -1387,6 +1416,39 @@ int config_layer_window(const kv_config *c, int layer)
         || c->layer_type[layer] != ATTN_SLIDING)
         return 0;
     return c->sliding_window;
+}
+
+/* Gemma 3 leaves its sliding layers unscaled; a family whose
+ * sliding_rope_scaled says so (gpt-oss: one rotary embedding for every
+ * layer) scales them alike. */
+static bool rope_scaled(const kv_config *c, bool sliding)
+{
+    return !sliding || (fam(c) && fam(c)->sliding_rope_scaled);
+}
+
+void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv)
+{
+    const int D = sliding || c->head_dim_full <= 0 ? c->head_dim : c->head_dim_full;
+    const double theta = sliding ? c->rope_local_theta : c->rope_theta;
+    const kv_rope_scaling *rs = &c->rope_scaling;
+    kern_rope_inv_freq(theta, D, inv);
+    if (rope_scaled(c, sliding) && rs->type == ROPE_SCALE_YARN)
+        kern_rope_yarn_inv_freq(inv, D / 2, theta, rs->factor, rs->beta_fast, rs->beta_slow,
+                                rs->original_max_position, rs->truncate);
+    else if (rope_scaled(c, sliding))
+        kern_rope_scale_inv_freq(inv, D / 2, (int)rs->type, rs->factor, rs->low_freq_factor,
+                                 rs->high_freq_factor, rs->original_max_position);
+    /* Gemma 4's proportional RoPE: pairs past the rotated ones keep
+     * frequency 0 (cos 1, sin 0: passed through exactly). */
+    if (!sliding && c->rope_partial_full > 0)
+        for (int j = (int)(c->rope_partial_full * D / 2); j < D / 2; j++)
+            inv[j] = 0.0;
+}
+
+double config_rope_mscale(const kv_config *c, bool sliding)
+{
+    return rope_scaled(c, sliding) && c->rope_scaling.type == ROPE_SCALE_YARN
+               ? c->rope_scaling.attn_factor : 1.0;
 }
 
 double config_layer_theta(const kv_config *c, int layer)
@@ -1445,6 +1507,8 @@ bool config_layer_has_stage(const kv_config *c, int layer, int st)
         return false;
     if ((st == STAGE_PLE_IN || st == STAGE_PLE_OUT) && c->per_layer_dim <= 0)
         return false;
+    if (st == STAGE_ATTN_SINK && !c->attn_sinks)
+        return false;
     return true;
 }
 
@@ -1484,135 +1548,140 @@ int config_max_intermediate(const kv_config *c)
 
 /* ---- writing ------------------------------------------------------------ */
 
-/* A member-by-member JSON object writer: two-space indent, one member a line. */
-typedef struct {
-    FILE *f;
-    int n;
-} jwriter;
-
-static void jw_key(jwriter *w, const char *key)
+void cw_key(cfg_writer *w, const char *key)
 {
     fprintf(w->f, "%s\n  \"%s\": ", w->n++ ? "," : "", key);
 }
 
-static void jw_num(jwriter *w, const char *key, double v)
+void cw_num(cfg_writer *w, const char *key, double v)
 {
     char buf[40];
-    fmt_double(buf, sizeof buf, v);
-    jw_key(w, key);
+    cj_fmt_double(buf, sizeof buf, v);
+    cw_key(w, key);
     fputs(buf, w->f);
 }
 
-static void jw_int(jwriter *w, const char *key, long long v)
+void cw_int(cfg_writer *w, const char *key, long long v)
 {
-    jw_key(w, key);
+    cw_key(w, key);
     fprintf(w->f, "%lld", v);
 }
 
-static void jw_raw(jwriter *w, const char *key, const char *text)
+void cw_raw(cfg_writer *w, const char *key, const char *text)
 {
-    jw_key(w, key);
+    cw_key(w, key);
     fputs(text, w->f);
 }
 
-static void jw_str(jwriter *w, const char *key, const char *s)
+void cw_str(cfg_writer *w, const char *key, const char *s)
 {
-    jw_key(w, key);
+    cw_key(w, key);
     fprintf(w->f, "\"%s\"", s); /* only fixed ASCII names are written */
 }
 
-static void jw_bool(jwriter *w, const char *key, bool b)
+void cw_bool(cfg_writer *w, const char *key, bool b)
 {
-    jw_raw(w, key, b ? "true" : "false");
+    cw_raw(w, key, b ? "true" : "false");
 }
 
-static void write_scaling(jwriter *w, const kv_rope_scaling *s)
+static void write_scaling(cfg_writer *w, const kv_rope_scaling *s)
 {
     char f[40], lo[40], hi[40];
     if (s->type == ROPE_SCALE_NONE) {
-        jw_raw(w, "rope_scaling", "null");
+        cw_raw(w, "rope_scaling", "null");
         return;
     }
-    fmt_double(f, sizeof f, s->factor);
-    jw_key(w, "rope_scaling");
+    cj_fmt_double(f, sizeof f, s->factor);
+    cw_key(w, "rope_scaling");
     if (s->type == ROPE_SCALE_LINEAR) {
         fprintf(w->f, "{\"rope_type\": \"linear\", \"factor\": %s}", f);
         return;
     }
-    fmt_double(lo, sizeof lo, s->low_freq_factor);
-    fmt_double(hi, sizeof hi, s->high_freq_factor);
+    if (s->type == ROPE_SCALE_YARN) {
+        char bf[40], bs[40], af[40];
+        cj_fmt_double(bf, sizeof bf, s->beta_fast);
+        cj_fmt_double(bs, sizeof bs, s->beta_slow);
+        cj_fmt_double(af, sizeof af, s->attn_factor);
+        fprintf(w->f, "{\"rope_type\": \"yarn\", \"factor\": %s, \"beta_fast\": %s, "
+                "\"beta_slow\": %s, \"truncate\": %s, \"attention_factor\": %s, "
+                "\"original_max_position_embeddings\": %d}", f, bf, bs,
+                s->truncate ? "true" : "false", af, s->original_max_position);
+        return;
+    }
+    cj_fmt_double(lo, sizeof lo, s->low_freq_factor);
+    cj_fmt_double(hi, sizeof hi, s->high_freq_factor);
     fprintf(w->f, "{\"rope_type\": \"llama3\", \"factor\": %s, \"low_freq_factor\": %s, "
             "\"high_freq_factor\": %s, \"original_max_position_embeddings\": %d}",
             f, lo, hi, s->original_max_position);
 }
 
-static void write_tokens(jwriter *w, const kv_config *c)
+static void write_tokens(cfg_writer *w, const kv_config *c)
 {
     if (c->bos_id < 0)
-        jw_raw(w, "bos_token_id", "null");
+        cw_raw(w, "bos_token_id", "null");
     else
-        jw_int(w, "bos_token_id", c->bos_id);
+        cw_int(w, "bos_token_id", c->bos_id);
     if (c->n_eos == 0) {
-        jw_raw(w, "eos_token_id", "null");
+        cw_raw(w, "eos_token_id", "null");
     } else if (c->n_eos == 1) {
-        jw_int(w, "eos_token_id", c->eos_ids[0]);
+        cw_int(w, "eos_token_id", c->eos_ids[0]);
     } else {
-        jw_key(w, "eos_token_id");
+        cw_key(w, "eos_token_id");
         for (int i = 0; i < c->n_eos; i++)
             fprintf(w->f, "%s%d", i ? ", " : "[", c->eos_ids[i]);
         fputc(']', w->f);
     }
 }
 
-static void write_common(jwriter *w, const kv_config *c, const char *torch_dtype)
+static void write_common(cfg_writer *w, const kv_config *c, const char *torch_dtype)
 {
-    jw_key(w, "architectures");
-    fprintf(w->f, "[\"%s\"]", ARCHES[c->arch].architecture);
-    jw_str(w, "model_type", c->model_type);
-    jw_int(w, "hidden_size", c->hidden);
-    jw_int(w, "intermediate_size", c->intermediate);
-    jw_int(w, "num_hidden_layers", c->n_layers);
-    jw_int(w, "num_attention_heads", c->n_heads);
-    jw_int(w, "num_key_value_heads", c->n_kv_heads);
-    jw_int(w, "head_dim", c->head_dim);
-    jw_num(w, "rms_norm_eps", c->rms_eps);
-    jw_num(w, "rope_theta", c->rope_theta);
+    cw_key(w, "architectures");
+    fprintf(w->f, "[\"%s\"]", fam(c)->architecture);
+    cw_str(w, "model_type", c->model_type);
+    cw_int(w, "hidden_size", c->hidden);
+    cw_int(w, "intermediate_size", c->intermediate);
+    cw_int(w, "num_hidden_layers", c->n_layers);
+    cw_int(w, "num_attention_heads", c->n_heads);
+    cw_int(w, "num_key_value_heads", c->n_kv_heads);
+    cw_int(w, "head_dim", c->head_dim);
+    cw_num(w, "rms_norm_eps", c->rms_eps);
+    cw_num(w, "rope_theta", c->rope_theta);
     write_scaling(w, &c->rope_scaling);
-    jw_int(w, "vocab_size", c->vocab);
-    jw_int(w, "max_position_embeddings", c->max_positions);
-    jw_bool(w, "tie_word_embeddings", c->tie_embeddings);
+    cw_int(w, "vocab_size", c->vocab);
+    cw_int(w, "max_position_embeddings", c->max_positions);
+    cw_bool(w, "tie_word_embeddings", c->tie_embeddings);
     write_tokens(w, c);
-    jw_str(w, "torch_dtype", torch_dtype);
-    jw_str(w, ARCHES[c->arch].act_key, c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
+    cw_str(w, "torch_dtype", torch_dtype);
+    cw_str(w, fam(c)->act_key, c->act == ACT_SILU ? "silu" : "gelu_pytorch_tanh");
 }
 
 /* The pieces Gemma 3's and Gemma 4's configs share: the window (null
  * when no layer slides), each layer's type, and the softcaps of a model
  * without attention biases. */
-static void jw_window(jwriter *w, const kv_config *c)
+void cw_window(cfg_writer *w, const kv_config *c)
 {
     if (c->sliding_window > 0)
-        jw_int(w, "sliding_window", c->sliding_window);
+        cw_int(w, "sliding_window", c->sliding_window);
     else
-        jw_raw(w, "sliding_window", "null");
+        cw_raw(w, "sliding_window", "null");
 }
 
-static void jw_layer_types(jwriter *w, const kv_config *c)
+void cw_layer_types(cfg_writer *w, const kv_config *c)
 {
-    jw_key(w, "layer_types");
+    cw_key(w, "layer_types");
     for (int i = 0; i < c->n_layers; i++)
-        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", type_name(c->layer_type[i]));
+        fprintf(w->f, "%s\n    \"%s\"", i ? "," : "[", cj_type_name(c->layer_type[i]));
     fputs("\n  ]", w->f);
 }
 
-static void jw_softcaps_unbiased(jwriter *w, const kv_config *c)
+void cw_softcaps_unbiased(cfg_writer *w, const kv_config *c)
 {
     if (c->final_softcap > 0)
-        jw_num(w, "final_logit_softcapping", c->final_softcap);
+        cw_num(w, "final_logit_softcapping", c->final_softcap);
     else
-        jw_raw(w, "final_logit_softcapping", "null");
-    jw_raw(w, "attn_logit_softcapping", "null");
-    jw_bool(w, "attention_bias", false);
+        cw_raw(w, "final_logit_softcapping", "null");
+    cw_raw(w, "attn_logit_softcapping", "null");
+    cw_bool(w, "attention_bias", false);
 }
 
 /* P such that layer i slides iff (i+1) % P != 0, or 0 when there is none. */
@@ -1630,69 +1699,71 @@ static int regular_pattern(const kv_config *c)
     return p;
 }
 
-static void write_gemma(jwriter *w, const kv_config *c)
+static void write_gemma(cfg_writer *w, const kv_config *c)
 {
     double q = c->query_pre_attn_scalar;
     if (q == floor(q) && q <= MAX_SCALAR)
-        jw_int(w, "query_pre_attn_scalar", (long long)q);
+        cw_int(w, "query_pre_attn_scalar", (long long)q);
     else
-        jw_num(w, "query_pre_attn_scalar", q);
-    jw_window(w, c);
+        cw_num(w, "query_pre_attn_scalar", q);
+    cw_window(w, c);
     int p = regular_pattern(c);
     if (p > 0)
-        jw_int(w, "sliding_window_pattern", p);
-    jw_layer_types(w, c);
-    jw_num(w, "rope_local_base_freq", c->rope_local_theta);
-    jw_softcaps_unbiased(w, c);
+        cw_int(w, "sliding_window_pattern", p);
+    cw_layer_types(w, c);
+    cw_num(w, "rope_local_base_freq", c->rope_local_theta);
+    cw_softcaps_unbiased(w, c);
     int shared = count_shared(c);
     if (shared > 0)
-        jw_int(w, "num_kv_shared_layers", shared);
+        cw_int(w, "num_kv_shared_layers", shared);
 }
 
 /* gemma4_text as transformers writes it: rope_parameters keyed by layer
  * type, the full layers' sizes beside the sliding ones'. */
-static void write_gemma4(jwriter *w, const kv_config *c)
+static void write_gemma4(cfg_writer *w, const kv_config *c)
 {
     char lt[40], gt[40], pf[40];
-    jw_int(w, "global_head_dim", c->head_dim_full);
-    jw_int(w, "num_global_key_value_heads", c->n_kv_heads_full);
-    jw_window(w, c);
-    jw_layer_types(w, c);
-    fmt_double(lt, sizeof lt, c->rope_local_theta);
-    fmt_double(gt, sizeof gt, c->rope_theta);
-    fmt_double(pf, sizeof pf, c->rope_partial_full > 0 ? c->rope_partial_full : 1.0);
-    jw_key(w, "rope_parameters");
+    cw_int(w, "global_head_dim", c->head_dim_full);
+    cw_int(w, "num_global_key_value_heads", c->n_kv_heads_full);
+    cw_window(w, c);
+    cw_layer_types(w, c);
+    cj_fmt_double(lt, sizeof lt, c->rope_local_theta);
+    cj_fmt_double(gt, sizeof gt, c->rope_theta);
+    cj_fmt_double(pf, sizeof pf, c->rope_partial_full > 0 ? c->rope_partial_full : 1.0);
+    cw_key(w, "rope_parameters");
     fprintf(w->f, "{\"sliding_attention\": {\"rope_type\": \"default\", \"rope_theta\": %s}, "
             "\"full_attention\": {\"rope_type\": \"proportional\", \"partial_rotary_factor\": "
             "%s, \"rope_theta\": %s}}", lt, pf, gt);
-    jw_softcaps_unbiased(w, c);
-    jw_bool(w, "attention_k_eq_v", c->k_eq_v);
-    jw_int(w, "num_kv_shared_layers", count_shared(c));
-    jw_bool(w, "use_double_wide_mlp", c->double_wide_mlp);
-    jw_int(w, "hidden_size_per_layer_input", c->per_layer_dim);
+    cw_softcaps_unbiased(w, c);
+    cw_bool(w, "attention_k_eq_v", c->k_eq_v);
+    cw_int(w, "num_kv_shared_layers", count_shared(c));
+    cw_bool(w, "use_double_wide_mlp", c->double_wide_mlp);
+    cw_int(w, "hidden_size_per_layer_input", c->per_layer_dim);
     if (c->per_layer_dim > 0)
-        jw_int(w, "vocab_size_per_layer_input", c->per_layer_vocab);
-    jw_bool(w, "enable_moe_block", false);
+        cw_int(w, "vocab_size_per_layer_input", c->per_layer_vocab);
+    cw_bool(w, "enable_moe_block", false);
 }
 
 static void write_config(FILE *f, const kv_config *c, const char *torch_dtype)
 {
-    jwriter w = { f, 0 };
+    cfg_writer w = { f, 0 };
     fputc('{', f);
     write_common(&w, c, torch_dtype);
     if (c->arch == ARCH_LLAMA) {
-        jw_bool(&w, "attention_bias", c->qkv_bias);
-        jw_bool(&w, "mlp_bias", false);
+        cw_bool(&w, "attention_bias", c->qkv_bias);
+        cw_bool(&w, "mlp_bias", false);
     } else if (c->arch == ARCH_QWEN2 || c->arch == ARCH_QWEN3) {
         if (c->arch == ARCH_QWEN3)
-            jw_bool(&w, "attention_bias", c->qkv_bias);
-        jw_bool(&w, "use_sliding_window", false);
-        jw_raw(&w, "sliding_window", "null");
-        jw_int(&w, "max_window_layers", c->n_layers);
+            cw_bool(&w, "attention_bias", c->qkv_bias);
+        cw_bool(&w, "use_sliding_window", false);
+        cw_raw(&w, "sliding_window", "null");
+        cw_int(&w, "max_window_layers", c->n_layers);
     } else if (c->arch == ARCH_GEMMA4) {
         write_gemma4(&w, c);
-    } else {
+    } else if (c->arch == ARCH_GEMMA3) {
         write_gemma(&w, c);
+    } else if (fam(c)->write) {
+        fam(c)->write(&w, c);
     }
     fputs("\n}\n", f);
 }
@@ -1753,7 +1824,7 @@ typedef struct {
     bool k_eq_v, double_wide;
 } preset_spec;
 
-#define NO_SCALING { ROPE_SCALE_NONE, 0, 0, 0, 0 }
+#define NO_SCALING { .type = ROPE_SCALE_NONE }
 #define NO_G4 0, 0, 0, 0.0, 0.0, false, false
 
 /* The tiny models are small enough to dump whole; the -shape presets have
@@ -1768,7 +1839,8 @@ static const preset_spec PRESETS[] = {
       1e-5, 500000.0, 0, 0, false, 0, 0, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     { "tiny-llama3", ARCH_LLAMA, 64, 4, 4, 2, 16, 128, 256, 4096,
       1e-5, 500000.0, 0, 0, true, 0, 0, 0, 1, 1, { 2 },
-      { ROPE_SCALE_LLAMA3, 32.0, 1.0, 4.0, 64 }, NO_G4 },
+      { .type = ROPE_SCALE_LLAMA3, .factor = 32.0, .low_freq_factor = 1.0,
+        .high_freq_factor = 4.0, .original_max_position = 64 }, NO_G4 },
     { "tiny-qwen2", ARCH_QWEN2, 64, 4, 4, 2, 16, 128, 256, 4096,
       1e-6, 1e6, 0, 0, true, 0, 0, 0, 1, 1, { 2 }, NO_SCALING, NO_G4 },
     /* head_dim 32 differs from hidden/heads = 16, as in every Qwen3. */
@@ -1814,7 +1886,7 @@ static const preset_spec PRESETS[] = {
 static void build_preset(const preset_spec *p, kv_config *c)
 {
     memset(c, 0, sizeof *c);
-    set_family(c, p->arch);
+    family_set(c, p->arch);
     c->hidden = p->hidden;
     c->n_layers = p->layers;
     c->n_heads = p->heads;
@@ -1831,7 +1903,7 @@ static void build_preset(const preset_spec *p, kv_config *c)
     c->rope_scaling = p->scaling;
     set_scales(c);
     if (p->pattern > 0)
-        layers_from_pattern(c, p->pattern);
+        cfg_layers_from_pattern(c, p->pattern);
     c->sliding_window = p->window;
     set_owners(c, p->kv_shared);
     c->bos_id = p->bos;
@@ -1851,29 +1923,46 @@ static void build_preset(const preset_spec *p, kv_config *c)
 
 int config_preset(const char *name, kv_config *out, kv_err *e)
 {
-    char list[512] = "";
+    char list[768] = "";
     for (int i = 0; name && out && i < N_PRESETS; i++) {
         if (strcmp(name, PRESETS[i].name) == 0) {
             build_preset(&PRESETS[i], out);
             return 0;
         }
     }
-    for (int i = 0; i < N_PRESETS; i++)
-        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                 PRESETS[i].name);
+    for (int i = 0; name && out && i < family_preset_count(); i++) {
+        const kv_family_preset *p = family_preset(i);
+        if (strcmp(name, p->name) == 0) {
+            memset(out, 0, sizeof *out);
+            p->build(out);
+            return 0;
+        }
+    }
+    for (const char *const *n = config_preset_names(); *n; n++)
+        snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s",
+                 n == config_preset_names() ? "" : ", ", *n);
     return kv_errf(e, "unknown preset '%s' (presets: %s)", name ? name : "(null)", list);
+}
+
+#define MAX_PRESETS 64
+
+static const char *preset_names[MAX_PRESETS + 1];
+static pthread_once_t preset_names_once = PTHREAD_ONCE_INIT;
+
+static void list_presets(void)
+{
+    int n = 0;
+    for (int i = 0; i < N_PRESETS && n < MAX_PRESETS; i++)
+        preset_names[n++] = PRESETS[i].name;
+    for (int i = 0; i < family_preset_count() && n < MAX_PRESETS; i++)
+        preset_names[n++] = family_preset(i)->name;
+    preset_names[n] = NULL;
 }
 
 const char *const *config_preset_names(void)
 {
-    static const char *const names[] = {
-        "tiny-llama", "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-gemma3",
-        "tiny-gemma3-kvshared", "tiny-gemma3-h288", "qwen2.5-0.5b-shape", "qwen3-0.6b-shape",
-        "gemma3-1b-shape", "tiny-gemma4", "gemma4-e2b-shape", NULL,
-    };
-    _Static_assert(sizeof names / sizeof *names == N_PRESETS + 1,
-                   "every preset is listed once");
-    return names;
+    pthread_once(&preset_names_once, list_presets);
+    return preset_names;
 }
 
 /* ---- description -------------------------------------------------------- */
@@ -1899,10 +1988,15 @@ void config_describe(const kv_config *c, char *buf, size_t n)
     if (shared > 0)
         snprintf(layers + strlen(layers), sizeof layers - strlen(layers),
                  ", %d KV-shared", shared);
+    static const char *const scale_names[] = {"none", "linear", "llama3", "yarn"};
     if (c->rope_scaling.type != ROPE_SCALE_NONE)
-        snprintf(extra, sizeof extra, " rope %s x%g",
-                 c->rope_scaling.type == ROPE_SCALE_LINEAR ? "linear" : "llama3",
+        snprintf(extra, sizeof extra, " rope %s x%g", scale_names[c->rope_scaling.type],
                  c->rope_scaling.factor);
+    if (c->attn_sinks)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " sinks");
+    if (c->n_experts > 0)
+        snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " experts %d/%d",
+                 c->n_experts_used, c->n_experts);
     if (c->o_bias)
         snprintf(extra + strlen(extra), sizeof extra - strlen(extra), " attention_bias");
     if (c->arch == ARCH_GEMMA4)

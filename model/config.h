@@ -26,17 +26,23 @@
 #define KV_MAX_POSITIONS    (1 << 24)
 #define KV_MAX_VOCAB        (1 << 24)
 
-typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4 } kv_arch;
+typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4, ARCH_GPT_OSS,
+               ARCH_COUNT } kv_arch;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
 typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;
-typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3 } kv_rope_scale;
+typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN } kv_rope_scale;
 
 typedef struct {
     kv_rope_scale type;
     double factor;               /* linear and llama3 */
     double low_freq_factor;      /* llama3 only */
     double high_freq_factor;     /* llama3 only */
-    int original_max_position;   /* llama3 only */
+    int original_max_position;   /* llama3 and yarn */
+    double beta_fast, beta_slow; /* yarn: the ramp's rotation counts (32, 1 by default) */
+    bool truncate;               /* yarn: the ramp's ends rounded to whole dims (true by
+                                    default; gpt-oss writes false) */
+    double attn_factor;          /* yarn: multiplier of cos and sin (0.1 ln factor + 1
+                                    unless the config names one); 0 elsewhere */
 } kv_rope_scaling;
 
 typedef struct {
@@ -101,6 +107,13 @@ typedef struct {
     bool layer_scalar;           /* each layer's output is multiplied by its layer_scalar */
     int per_layer_dim;           /* hidden_size_per_layer_input P; 0 = no per-layer inputs */
     int per_layer_vocab;         /* vocab_size_per_layer_input */
+
+    /* gpt-oss (zero elsewhere). */
+    bool attn_sinks;             /* a learned logit per head joins every softmax's
+                                    denominator and adds no value */
+    int n_experts;               /* num_local_experts; 0 = a dense MLP */
+    int n_experts_used;          /* num_experts_per_tok (top-k) */
+    double swiglu_limit;         /* the experts' clamp: gate <= limit, |up| <= limit */
 } kv_config;
 
 /* Head size, KV heads and MLP width of layer i (Gemma 4's full-attention
@@ -126,6 +139,14 @@ int config_layer_window(const kv_config *c, int layer);
 
 /* RoPE base of layer i (rope_local_theta on sliding layers of Gemma 3). */
 double config_layer_theta(const kv_config *c, int layer);
+
+/* Inverse frequencies of a layer's RoPE (sliding or full; half = its head
+ * size / 2 values, in double): the layer's base, the scaling where it
+ * applies (full layers; every layer when the family scales sliding ones
+ * too), pairs past a partial rotation 0. mscale: what cos and sin are
+ * multiplied by (YaRN's attention factor, else 1). */
+void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv_freq);
+double config_rope_mscale(const kv_config *c, bool sliding);
 
 /* Sets what follows from c->arch alone: norm_plus_one, qk_norm,
  * sandwich_norms, qkv_bias (Qwen2), o_bias off and the activation. A dump

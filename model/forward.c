@@ -36,6 +36,25 @@ int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
     s->rope_sin = malloc(n * half * sizeof(float));
     s->inv_freq_local = malloc(half * sizeof(double));
     s->inv_freq_global = malloc(half * sizeof(double));
+    if (c->attn_sinks && !(s->sink = malloc(n * H * sizeof(float)))) {
+        fw_state_free(s);
+        return kv_errf(e, "out of memory for activations of %d rows", cap);
+    }
+    if (c->n_experts > 0) {
+        const size_t X = (size_t)c->n_experts, K = (size_t)c->n_experts_used;
+        s->moe_logits = malloc(n * X * sizeof(float));
+        s->moe_in = malloc(n * (E > I ? E : I) * sizeof(float));
+        s->moe_gu = malloc(n * 2 * I * sizeof(float));
+        s->moe_y = malloc(n * K * E * sizeof(float));
+        s->moe_w = malloc(n * K * sizeof(float));
+        s->moe_x = malloc(n * K * sizeof(int));
+        s->moe_rows = malloc(n * sizeof(int));
+        if (!s->moe_logits || !s->moe_in || !s->moe_gu || !s->moe_y || !s->moe_w ||
+            !s->moe_x || !s->moe_rows) {
+            fw_state_free(s);
+            return kv_errf(e, "out of memory for the experts' activations of %d rows", cap);
+        }
+    }
     if (P > 0) {
         s->ple = malloc(n * L * P * sizeof(float));
         s->ple_l = malloc(n * P * sizeof(float));
@@ -47,20 +66,11 @@ int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
         fw_state_free(s);
         return kv_errf(e, "out of memory for activations of %d rows", cap);
     }
-    /* Sliding layers use the local base without scaling (Gemma 3); global
-     * layers use rope_theta with the configured scaling. */
-    const kv_rope_scaling *rs = &c->rope_scaling;
-    const int D_full = c->head_dim_full > 0 ? c->head_dim_full : c->head_dim;
-    kern_rope_inv_freq(c->rope_local_theta, c->head_dim, s->inv_freq_local);
-    kern_rope_inv_freq(c->rope_theta, D_full, s->inv_freq_global);
-    kern_rope_scale_inv_freq(s->inv_freq_global, D_full / 2, (int)rs->type, rs->factor,
-                             rs->low_freq_factor, rs->high_freq_factor,
-                             rs->original_max_position);
-    /* Gemma 4's proportional RoPE: pairs past the rotated ones keep
-     * frequency 0 (cos 1, sin 0: passed through exactly). */
-    if (c->rope_partial_full > 0)
-        for (int j = (int)(c->rope_partial_full * D_full / 2); j < D_full / 2; j++)
-            s->inv_freq_global[j] = 0.0;
+    /* Each layer type's frequencies and cos/sin multiplier (config.h). */
+    config_rope_inv_freq(c, true, s->inv_freq_local);
+    config_rope_inv_freq(c, false, s->inv_freq_global);
+    s->rope_mscale_local = config_rope_mscale(c, true);
+    s->rope_mscale_global = config_rope_mscale(c, false);
     return 0;
 }
 
@@ -74,6 +84,14 @@ void fw_state_free(fw_state *s)
         free(f[i]);
     free(s->inv_freq_local);
     free(s->inv_freq_global);
+    free(s->sink);
+    free(s->moe_logits);
+    free(s->moe_in);
+    free(s->moe_gu);
+    free(s->moe_y);
+    free(s->moe_w);
+    free(s->moe_x);
+    free(s->moe_rows);
     memset(s, 0, sizeof *s);
 }
 
@@ -165,11 +183,15 @@ static void rope_rows(const kv_model *m, int layer, fw_state *s, int n,
     const kv_config *c = &m->cfg;
     const int D = config_layer_head_dim(c, layer), half = D / 2;
     const int KV = config_layer_kv_heads(c, layer);
-    const double *inv = c->layer_type[layer] == ATTN_SLIDING ? s->inv_freq_local
-                                                             : s->inv_freq_global;
+    const bool sliding = c->layer_type[layer] == ATTN_SLIDING;
+    const double *inv = sliding ? s->inv_freq_local : s->inv_freq_global;
+    const double mscale = sliding ? s->rope_mscale_local : s->rope_mscale_global;
     for (int i = 0; i < n; i++) {
         float *cs = s->rope_cos + (size_t)i * half, *sn = s->rope_sin + (size_t)i * half;
-        kern_rope_table((double)rope_pos[i], inv, D, cs, sn);
+        if (mscale == 1.0)
+            kern_rope_table((double)rope_pos[i], inv, D, cs, sn);
+        else
+            kern_rope_table_scaled((double)rope_pos[i], inv, D, mscale, cs, sn);
         kern_rope_apply(s->q + (size_t)i * c->n_heads * D, c->n_heads, D, cs, sn);
         if (with_k)
             kern_rope_apply(s->k + (size_t)i * KV * D, KV, D, cs, sn);
@@ -216,10 +238,33 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     return 0;
 }
 
+/* The sink as one more logit in each head's softmax: with l the keys'
+ * log-sum-exp, the keys keep exp(l) / (exp(l) + exp(sink)) of the weight
+ * (a head that read no key keeps none), the sink the rest. In double,
+ * each output rounded once. */
+static void apply_sinks(const kv_model *m, int layer, fw_state *s, int n)
+{
+    const int H = m->cfg.n_heads, D = config_layer_head_dim(&m->cfg, layer);
+    const float *sinks = m->layers[layer].sinks;
+    for (int i = 0; i < n; i++)
+        for (int h = 0; h < H; h++) {
+            const double l = s->lse[(size_t)i * H + h], sk = sinks[h];
+            const double mx = l > sk ? l : sk;
+            const double wk = isinf(l) && l < 0 ? 0.0 : exp(l - mx), ws = exp(sk - mx);
+            const double keep = wk / (wk + ws);
+            float *o = s->att + ((size_t)i * H + h) * D;
+            for (int d = 0; d < D; d++)
+                o[d] = (float)((double)o[d] * keep);
+            s->sink[(size_t)i * H + h] = (float)(ws / (wk + ws));
+        }
+}
+
 int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                  const int *nkeys, kv_observer *obs)
 {
     const int H = m->cfg.n_heads;
+    if (m->cfg.attn_sinks)
+        apply_sinks(m, layer, s, n);
     EMIT(STAGE_ATTN_LSE, layer, H, s->lse);
     if (fw_wants(obs, STAGE_ATTN_NKEYS, layer)) {
         for (int i = 0; i < n; i++)
@@ -227,6 +272,8 @@ int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                 s->nkeys[(size_t)i * H + h] = (float)nkeys[i];
         EMIT(STAGE_ATTN_NKEYS, layer, H, s->nkeys);
     }
+    if (m->cfg.attn_sinks)
+        EMIT(STAGE_ATTN_SINK, layer, H, s->sink);
     EMIT(STAGE_ATTN_OUT, layer, H * config_layer_head_dim(&m->cfg, layer), s->att);
     return 0;
 }
@@ -257,6 +304,92 @@ static int per_layer_block(const kern_ctx *kc, const kv_model *m, int layer, fw_
     return 0;
 }
 
+/* The k largest of v[0..X) (ties: the lower index first), by rank. */
+static void top_k(const float *v, int X, int k, int *idx)
+{
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int x = 0; x < X; x++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = idx[q] == x;
+            if (!taken && (best < 0 || v[x] > v[best]))
+                best = x;
+        }
+        idx[r] = best;
+    }
+}
+
+/* gpt-oss's gated unit on one gate_up row of 2I interleaved values:
+ * g = min(gate, limit), u = clamp(up, -limit, limit),
+ * out = g sigmoid(1.702 g) (u + 1), in double, rounded once. */
+static void oai_swiglu(const float *gu, int I, double limit, float *out)
+{
+    for (int j = 0; j < I; j++) {
+        double g = gu[2 * j], u = gu[2 * j + 1];
+        g = g < limit ? g : limit;
+        u = u < -limit ? -limit : u > limit ? limit : u;
+        out[j] = (float)(g / (1.0 + exp(-1.702 * g)) * (u + 1.0));
+    }
+}
+
+/* The mixture of experts on s->xn (n rows) into s->proj. The router's
+ * top k logits are softmaxed among themselves (in double); each expert
+ * runs once on the rows that chose it, gathered (the kernels' rows are
+ * independent, so a row's bits do not depend on which rows share its
+ * expert); each row then sums its experts' outputs by rank with fmaf. */
+static void moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n)
+{
+    const kv_config *c = &m->cfg;
+    const model_layer *ly = &m->layers[layer];
+    const int E = c->hidden, X = c->n_experts, K = c->n_experts_used;
+    const int I = config_layer_intermediate(c, layer);
+    kern_matmul(kc, &ly->router, s->xn, n, s->moe_logits);
+    for (int i = 0; i < n; i++) {
+        const float *lg = s->moe_logits + (size_t)i * X;
+        int *ix = s->moe_x + (size_t)i * K;
+        top_k(lg, X, K, ix);
+        double sum = 0, mx = lg[ix[0]];
+        for (int r = 0; r < K; r++)
+            sum += exp((double)lg[ix[r]] - mx);
+        for (int r = 0; r < K; r++)
+            s->moe_w[(size_t)i * K + r] = (float)(exp((double)lg[ix[r]] - mx) / sum);
+    }
+    for (int x = 0; x < X; x++) {
+        int rows = 0;
+        for (int slot = 0; slot < n * K; slot++)
+            if (s->moe_x[slot] == x) {
+                s->moe_rows[rows] = slot;
+                memcpy(s->moe_in + (size_t)rows * E, s->xn + (size_t)(slot / K) * E,
+                       (size_t)E * sizeof(float));
+                rows++;
+            }
+        if (rows == 0)
+            continue;
+        kern_matmul(kc, &ly->gate_up[x], s->moe_in, rows, s->moe_gu);
+        for (int r = 0; r < rows; r++)   /* the unit's output overwrites its input rows */
+            oai_swiglu(s->moe_gu + (size_t)r * 2 * I, I, c->swiglu_limit,
+                       s->moe_in + (size_t)r * I);
+        for (int r = 0; r < rows; r++)   /* packed to (rows, I) */
+            memmove(s->moe_gu + (size_t)r * I, s->moe_in + (size_t)r * I,
+                    (size_t)I * sizeof(float));
+        kern_matmul(kc, &ly->down[x], s->moe_gu, rows, s->moe_in);
+        for (int r = 0; r < rows; r++)
+            memcpy(s->moe_y + (size_t)s->moe_rows[r] * E, s->moe_in + (size_t)r * E,
+                   (size_t)E * sizeof(float));
+    }
+    for (int i = 0; i < n; i++) {
+        float *out = s->proj + (size_t)i * E;
+        for (int j = 0; j < E; j++) {
+            float acc = 0.0f;
+            for (int r = 0; r < K; r++)
+                acc = fmaf(s->moe_w[(size_t)i * K + r],
+                           s->moe_y[((size_t)i * K + r) * E + j], acc);
+            out[j] = acc;
+        }
+    }
+}
+
 int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
                     int64_t pos0, kv_observer *obs)
 {
@@ -274,11 +407,15 @@ int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
     norm_rows(kc, m, s->x, ly->ffn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_FFN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_FFN_NORM, layer, E, s->xn);
-    kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
-    kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
-    kern_act_mul(kc, c->act == ACT_GELU_TANH ? KERN_ACT_GELU_TANH : KERN_ACT_SILU, s->gate, s->up,
-                 (size_t)n * I);
-    kern_matmul(kc, &ly->w_down, s->gate, n, s->proj);
+    if (c->n_experts > 0) {
+        moe_block(kc, m, layer, s, n);
+    } else {
+        kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
+        kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
+        kern_act_mul(kc, c->act == ACT_GELU_TANH ? KERN_ACT_GELU_TANH : KERN_ACT_SILU, s->gate,
+                     s->up, (size_t)n * I);
+        kern_matmul(kc, &ly->w_down, s->gate, n, s->proj);
+    }
     if (c->sandwich_norms)
         norm_rows(kc, m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);
     EMIT(STAGE_FFN_OUT, layer, E, s->proj);

@@ -41,6 +41,16 @@ typedef struct {
     float *stats;    /* (cap, 3) */
     float *rope_cos, *rope_sin; /* (cap, D/2) */
     double *inv_freq_local, *inv_freq_global; /* (D/2) of sliding / full layers */
+    double rope_mscale_local, rope_mscale_global; /* cos/sin multipliers (YaRN) */
+    /* gpt-oss (NULL elsewhere) */
+    float *sink;     /* (cap, H) the sink's share of each softmax */
+    float *moe_logits;   /* (cap, X) router logits */
+    float *moe_in;   /* (cap, max(E, I)) rows gathered for one expert, then theirs */
+    float *moe_gu;   /* (cap, 2I) their gate_up projection */
+    float *moe_y;    /* (cap * k, E) each row's chosen experts' outputs, by rank */
+    float *moe_w;    /* (cap * k) their routing weights */
+    int *moe_x;      /* (cap * k) their expert ids */
+    int *moe_rows;   /* (cap) rows gathered for one expert: row * k + rank */
 } fw_state;
 
 int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e);
@@ -63,8 +73,13 @@ int fw_embed(const kern_ctx *kc, const kv_model *m, fw_state *s, const int32_t *
 int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
                    int64_t pos0, const int64_t *rope_pos, kv_observer *obs);
 
-/* Emits attn_lse (from s->lse), attn_nkeys (nkeys[r] keys read by row r,
- * the same for every head) and attn_out (s->att). */
+/* Finishes attention and emits it: on a model with attention sinks, each
+ * head's output is first scaled by its keys' share of the softmax that
+ * includes the sink (the sink adds to the denominator, no value); then
+ * emits attn_lse (from s->lse, over the keys alone), attn_nkeys (nkeys[r]
+ * keys read by row r, the same for every head), attn_sink (the sink's
+ * share) and attn_out (s->att). Both engines call it after their
+ * attention, so a sink is applied identically whatever the cache. */
 int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                  const int *nkeys, kv_observer *obs);
 

@@ -494,6 +494,48 @@ void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double facto
     }
 }
 
+/* The dim whose wavelength turns `rotations` times in max_pos positions. */
+static double yarn_dim(double rotations, int dim, double theta, int max_pos)
+{
+    const double two_pi = 6.283185307179586476925286766559;
+    return dim * log(max_pos / (rotations * two_pi)) / (2.0 * log(theta));
+}
+
+void kern_rope_yarn_inv_freq(double *inv_freq, int half, double theta, double factor,
+                             double beta_fast, double beta_slow, int original_max,
+                             bool truncate)
+{
+    const int dim = 2 * half;
+    double low = yarn_dim(beta_fast, dim, theta, original_max);
+    double high = yarn_dim(beta_slow, dim, theta, original_max);
+    if (truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    if (low < 0)
+        low = 0;
+    if (high > dim - 1)
+        high = dim - 1;
+    if (low == high)
+        high += 0.001;
+    for (int d = 0; d < half; d++) {
+        double ramp = (d - low) / (high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        double keep = 1.0 - ramp, f = inv_freq[d];
+        inv_freq[d] = (f / factor) * (1.0 - keep) + f * keep;
+    }
+}
+
+void kern_rope_table_scaled(double pos, const double *inv_freq, int head_dim, double mscale,
+                            float *cos_out, float *sin_out)
+{
+    for (int d = 0; d < head_dim / 2; d++) {
+        double angle = pos * inv_freq[d];
+        cos_out[d] = (float)(cos(angle) * mscale);
+        sin_out[d] = (float)(sin(angle) * mscale);
+    }
+}
+
 void kern_rope_table(double pos, const double *inv_freq, int head_dim, float *cos_out,
                      float *sin_out)
 {

@@ -113,6 +113,10 @@ void kern_rmsnorm(const float *x, const float *w, int n, double eps, bool plus_o
 void kern_rope_inv_freq(double theta, int head_dim, double *inv_freq /* D/2 */);
 void kern_rope_table(double pos, const double *inv_freq, int head_dim,
                      float *cos_out, float *sin_out /* D/2 each */);
+/* The same with cos and sin times mscale (YaRN's attention factor), the
+ * product in double, rounded once; mscale 1 gives kern_rope_table's bits. */
+void kern_rope_table_scaled(double pos, const double *inv_freq, int head_dim, double mscale,
+                            float *cos_out, float *sin_out);
 
 /* Applies RoPE scaling to inv_freq (half = D/2 values) in place, in double.
  * type as kv_rope_scale in config.h: 0 none, 1 linear (inv_freq / factor),
@@ -122,6 +126,16 @@ void kern_rope_table(double pos, const double *inv_freq, int head_dim,
 void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double factor,
                               double low_freq_factor, double high_freq_factor,
                               int original_max_position);
+
+/* YaRN (HF _compute_yarn_parameters) in place on half = D/2 inverse
+ * frequencies of base theta: dims below the ramp keep theta^(-2d/D), dims
+ * above it are divided by factor, the ramp between (from the dims where a
+ * wavelength turns beta_fast, resp. beta_slow, times in original_max
+ * positions; truncate rounds them down, resp. up) blends linearly. In
+ * double. The attention factor (cos and sin times it) is the caller's. */
+void kern_rope_yarn_inv_freq(double *inv_freq, int half, double theta, double factor,
+                             double beta_fast, double beta_slow, int original_max,
+                             bool truncate);
 
 /* Rotate-half RoPE in place on n_heads heads of head_dim each:
  * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s, formed in

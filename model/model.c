@@ -19,19 +19,26 @@
 /* ------------------------------------------------------------------ */
 /* Catalogue                                                            */
 
-static int add_spec(tensor_spec *specs, int cap, int n, const char *name,
-                    tensor_kind kind, int layer, int64_t d0, int64_t d1)
+static int add_spec3(tensor_spec *specs, int cap, int n, const char *name,
+                     tensor_kind kind, int layer, int64_t d0, int64_t d1, int64_t d2)
 {
     if (specs && n < cap) {
         tensor_spec *s = &specs[n];
         snprintf(s->name, sizeof s->name, "%s", name);
         s->kind = kind;
         s->layer = layer;
-        s->ndim = d1 > 0 ? 2 : 1;
+        s->ndim = d2 > 0 ? 3 : d1 > 0 ? 2 : 1;
         s->shape[0] = d0;
         s->shape[1] = d1 > 0 ? d1 : 0;
+        s->shape[2] = d2 > 0 ? d2 : 0;
     }
     return n + 1;
+}
+
+static int add_spec(tensor_spec *specs, int cap, int n, const char *name,
+                    tensor_kind kind, int layer, int64_t d0, int64_t d1)
+{
+    return add_spec3(specs, cap, n, name, kind, layer, d0, d1, 0);
 }
 
 static bool layer_owns_kv(const kv_config *c, int i)
@@ -83,6 +90,8 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
         LAYER_T("self_attn.o_proj.weight", TENSOR_LINEAR, E, QD);
         if (c->o_bias)
             LAYER_T("self_attn.o_proj.bias", TENSOR_BIAS, E, 0);
+        if (c->attn_sinks)
+            LAYER_T("self_attn.sinks", TENSOR_SINKS, c->n_heads, 0);
         if (c->qk_norm) {
             LAYER_T("self_attn.q_norm.weight", TENSOR_NORM, D, 0);
             if (owns)
@@ -93,9 +102,21 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
             LAYER_T("pre_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
             LAYER_T("post_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
         }
-        LAYER_T("mlp.gate_proj.weight", TENSOR_LINEAR, I, E);
-        LAYER_T("mlp.up_proj.weight", TENSOR_LINEAR, I, E);
-        LAYER_T("mlp.down_proj.weight", TENSOR_LINEAR, E, I);
+        if (c->n_experts > 0) {
+            const int64_t X = c->n_experts;
+            LAYER_T("mlp.router.weight", TENSOR_LINEAR, X, E);
+            LAYER_T("mlp.router.bias", TENSOR_BIAS, X, 0);
+            snprintf(name, sizeof name, "%slayers.%d.mlp.experts.gate_up_proj", p, i);
+            n = add_spec3(specs, cap, n, name, TENSOR_EXPERTS, i, X, E, 2 * I);
+            LAYER_T("mlp.experts.gate_up_proj_bias", TENSOR_EXPERT_BIAS, X, 2 * I);
+            snprintf(name, sizeof name, "%slayers.%d.mlp.experts.down_proj", p, i);
+            n = add_spec3(specs, cap, n, name, TENSOR_EXPERTS, i, X, I, E);
+            LAYER_T("mlp.experts.down_proj_bias", TENSOR_EXPERT_BIAS, X, E);
+        } else {
+            LAYER_T("mlp.gate_proj.weight", TENSOR_LINEAR, I, E);
+            LAYER_T("mlp.up_proj.weight", TENSOR_LINEAR, I, E);
+            LAYER_T("mlp.down_proj.weight", TENSOR_LINEAR, E, I);
+        }
         if (P > 0) {
             LAYER_T("per_layer_input_gate.weight", TENSOR_LINEAR, P, E);
             LAYER_T("per_layer_projection.weight", TENSOR_LINEAR, E, P);
@@ -112,8 +133,15 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
     return n;
 }
 
-static int64_t spec_rows(const tensor_spec *s) { return s->shape[0]; }
-static int64_t spec_cols(const tensor_spec *s) { return s->ndim == 2 ? s->shape[1] : 1; }
+static int64_t spec_rows(const tensor_spec *s)
+{
+    return s->ndim == 3 ? s->shape[0] * s->shape[1] : s->shape[0];
+}
+
+static int64_t spec_cols(const tensor_spec *s)
+{
+    return s->ndim == 3 ? s->shape[2] : s->ndim == 2 ? s->shape[1] : 1;
+}
 
 /* ------------------------------------------------------------------ */
 /* Synthetic weights                                                    */
@@ -149,6 +177,12 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
     /* Scaled by sqrt(P) when read: rows of order 1 then. */
     case TENSOR_TABLE:  scale = 1.0f / sqrtf((float)(c->per_layer_dim > 0 ? c->per_layer_dim : 1));
                         break;
+    /* Input-major: the fan-in is the middle axis. */
+    case TENSOR_EXPERTS: scale = 1.0f / sqrtf((float)s->shape[1]); break;
+    case TENSOR_EXPERT_BIAS: scale = 0.3f; break;
+    /* Logits of the order of a short context's log-sum-exp: the sink
+     * takes a visible share of every softmax, as trained sinks do. */
+    case TENSOR_SINKS:  scale = 2.0f; offset = 2.0f; break;
     }
     /* Gemma 4 scores q.k unscaled: q/k norm weights of D^-1/4 keep the
      * scores of order 1, as a trained model's small weights do. */
@@ -299,18 +333,17 @@ static int source_check(const row_source *src, const tensor_spec *s, kv_err *e)
     if (t->dtype != ST_F32 && t->dtype != ST_F16 && t->dtype != ST_BF16)
         return kv_errf(e, "%s: tensor '%s' has dtype %s; kvdiff reads F32, F16 and BF16",
                        t->file, s->name, st_dtype_name(t->dtype));
-    bool ok = t->ndim == s->ndim && t->shape[0] == s->shape[0] &&
-              (s->ndim == 1 || t->shape[1] == s->shape[1]);
+    bool ok = t->ndim == s->ndim;
+    for (int d = 0; ok && d < s->ndim; d++)
+        ok = t->shape[d] == s->shape[d];
     if (!ok) {
-        char got[96] = "", want[64];
+        char got[96] = "", want[96] = "";
         for (int d = 0; d < t->ndim && strlen(got) < 64; d++)
             snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", d ? ", " : "",
                      (long long)t->shape[d]);
-        if (s->ndim == 1)
-            snprintf(want, sizeof want, "%lld", (long long)s->shape[0]);
-        else
-            snprintf(want, sizeof want, "%lld, %lld", (long long)s->shape[0],
-                     (long long)s->shape[1]);
+        for (int d = 0; d < s->ndim; d++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", d ? ", " : "",
+                     (long long)s->shape[d]);
         gemma4_origin(src->cfg, s, false, why, sizeof why);
         return kv_errf(e, "%s: tensor '%s' has shape [%s] but config.json implies [%s]%s%s%s",
                        t->file, s->name, got, want, why[0] ? " (" : "", why, why[0] ? ")" : "");
@@ -450,6 +483,55 @@ static int load_linear(const row_source *src, const tensor_spec *s, kern_wtype w
     return 0;
 }
 
+/* A stack of expert matrices (X, in, out), stored input-major: each
+ * expert's in x out block is read, turned to (out, in) and packed on its
+ * own, with a bias slot its _bias tensor fills. */
+static int load_experts(const row_source *src, const tensor_spec *s, kern_wtype wt,
+                        kern_linear **dst, XXH3_state_t *h, kv_err *e)
+{
+    const int64_t X = s->shape[0], A = s->shape[1], B = s->shape[2];
+    if (!*dst && !(*dst = calloc((size_t)X, sizeof **dst)))
+        return kv_errf(e, "out of memory for '%s'", s->name);
+    float *buf = malloc((size_t)(A * B) * sizeof(float));
+    float *tr = malloc((size_t)(A * B) * sizeof(float));
+    int rc = buf && tr ? 0 : kv_errf(e, "out of memory loading '%s'", s->name);
+    for (int64_t x = 0; x < X && rc == 0; x++) {
+        kern_linear *L = &(*dst)[x];
+        if (source_rows(src, s, x * A, A, buf, src->nonfinite, e) < 0) {
+            rc = -1;
+            break;
+        }
+        for (int64_t i = 0; i < A; i++)
+            for (int64_t o = 0; o < B; o++)
+                tr[o * A + i] = buf[i * B + o];
+        if (kern_linear_init(L, (int)B, (int)A, wt, true) < 0) {
+            rc = kv_errf(e, "out of memory for '%s' (expert %lld)", s->name, (long long)x);
+            break;
+        }
+        kern_linear_set_rows(L, 0, (int)B, tr);
+        size_t esz = wt == KERN_BF16 ? 2 : 4;
+        size_t panels = ((size_t)B + KERN_PANEL - 1) / KERN_PANEL;
+        XXH3_64bits_update(h, L->panels, panels * (size_t)A * KERN_PANEL * esz);
+    }
+    free(buf);
+    free(tr);
+    return rc;
+}
+
+/* One bias row per expert, into the matrices load_experts made. */
+static int load_expert_bias(const row_source *src, const tensor_spec *s, kern_linear *L,
+                            XXH3_state_t *h, kv_err *e)
+{
+    if (!L)
+        return kv_errf(e, "internal: '%s' comes before its experts", s->name);
+    for (int64_t x = 0; x < s->shape[0]; x++) {
+        if (source_rows(src, s, x, 1, L[x].bias, src->nonfinite, e) < 0)
+            return -1;
+        XXH3_64bits_update(h, L[x].bias, (size_t)s->shape[1] * sizeof(float));
+    }
+    return 0;
+}
+
 /* Which member of a layer a catalogue entry fills. */
 static const char *suffix_of(const tensor_spec *s)
 {
@@ -477,9 +559,20 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
         return load_linear(src, s, wt, false, &ly->w_pl_gate, h, e);
     if (!strcmp(sx, "per_layer_projection.weight"))
         return load_linear(src, s, wt, false, &ly->w_pl_proj, h, e);
+    if (!strcmp(sx, "mlp.router.weight"))
+        return load_linear(src, s, wt, true, &ly->router, h, e);
+    if (!strcmp(sx, "mlp.experts.gate_up_proj"))
+        return load_experts(src, s, wt, &ly->gate_up, h, e);
+    if (!strcmp(sx, "mlp.experts.down_proj"))
+        return load_experts(src, s, wt, &ly->down, h, e);
+    if (!strcmp(sx, "mlp.experts.gate_up_proj_bias"))
+        return load_expert_bias(src, s, ly->gate_up, h, e);
+    if (!strcmp(sx, "mlp.experts.down_proj_bias"))
+        return load_expert_bias(src, s, ly->down, h, e);
     if (s->kind == TENSOR_BIAS) {
         kern_linear *L = strstr(sx, "q_proj") ? &ly->wq : strstr(sx, "k_proj") ? &ly->wk
-                       : strstr(sx, "v_proj") ? &ly->wv : &ly->wo;
+                       : strstr(sx, "v_proj") ? &ly->wv : strstr(sx, "router") ? &ly->router
+                       : &ly->wo;
         if (source_rows(src, s, 0, s->shape[0], L->bias, src->nonfinite, e) < 0)
             return -1;
         XXH3_64bits_update(h, L->bias, (size_t)s->shape[0] * sizeof(float));
@@ -495,6 +588,7 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     else if (!strcmp(sx, "post_feedforward_layernorm.weight")) dst = &ly->post_ffn_norm;
     else if (!strcmp(sx, "post_per_layer_input_norm.weight")) dst = &ly->pl_norm;
     else if (!strcmp(sx, "layer_scalar")) dst = &ly->layer_scalar;
+    else if (!strcmp(sx, "self_attn.sinks")) dst = &ly->sinks;
     if (!dst)
         return kv_errf(e, "internal: no slot for tensor '%s'", s->name);
     return load_vector(src, s, dst, h, e);
@@ -804,9 +898,18 @@ void model_free(kv_model *m)
             model_layer *ly = &m->layers[i];
             kern_linear *lin[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
                                   &ly->w_gate, &ly->w_up, &ly->w_down,
-                                  &ly->w_pl_gate, &ly->w_pl_proj};
+                                  &ly->w_pl_gate, &ly->w_pl_proj, &ly->router};
             for (size_t j = 0; j < sizeof lin / sizeof *lin; j++)
                 kern_linear_free(lin[j]);
+            for (int x = 0; x < m->cfg.n_experts; x++) {
+                if (ly->gate_up)
+                    kern_linear_free(&ly->gate_up[x]);
+                if (ly->down)
+                    kern_linear_free(&ly->down[x]);
+            }
+            free(ly->gate_up);
+            free(ly->down);
+            free(ly->sinks);
             free(ly->attn_norm);
             free(ly->ffn_norm);
             free(ly->post_attn_norm);
@@ -1077,8 +1180,8 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
         decls[i].name = specs[i].name;
         decls[i].dtype = bf16 ? ST_BF16 : ST_F32;
         decls[i].ndim = specs[i].ndim;
-        decls[i].shape[0] = specs[i].shape[0];
-        decls[i].shape[1] = specs[i].shape[1];
+        for (int d = 0; d < specs[i].ndim; d++)
+            decls[i].shape[d] = specs[i].shape[d];
     }
     snprintf(seedtxt, sizeof seedtxt, "%llu", (unsigned long long)seed);
     /* A config that is no preset's has no "preset" entry; a preset's keeps
@@ -1095,7 +1198,7 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
      * next tensor is drawn into the other. */
     size_t most = 0;
     for (int i = 0; i < n; i++) {
-        size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
+        size_t cnt = (size_t)spec_rows(&specs[i]) * (size_t)spec_cols(&specs[i]);
         most = cnt > most ? cnt : most;
     }
     const size_t esz = bf16 ? sizeof(uint16_t) : sizeof(float);
@@ -1112,7 +1215,7 @@ static int gen_folder(const kv_config *cfg, const char *preset, uint64_t seed, i
         rc = -1;
     int64_t written = 0;
     for (int i = 0; i < n && rc == 0; i++) {
-        size_t cnt = (size_t)specs[i].shape[0] * (size_t)spec_cols(&specs[i]);
+        size_t cnt = (size_t)spec_rows(&specs[i]) * (size_t)spec_cols(&specs[i]);
         void *buf = bufs[i % nbuf];
         gen_job job = {.cfg = &c, .s = &specs[i], .seed = seed,
                        .f32 = bf16 ? NULL : buf, .bf16 = bf16 ? buf : NULL};

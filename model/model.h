@@ -21,13 +21,18 @@ typedef enum {
     TENSOR_NORM,      /* (n) RMSNorm multiplier as stored; also Gemma 4's layer_scalar (1) */
     TENSOR_TABLE,     /* (Vp, L*P) Gemma 4's per-layer embeddings: rows are gathered, never
                          multiplied, so they are kept row-major, not packed */
+    TENSOR_SINKS,     /* (H) gpt-oss's sink logit per head */
+    TENSOR_EXPERTS,   /* (X, in, out) gpt-oss's stacked expert matrices, stored input-major
+                         (x @ W) as transformers keeps them; packed per expert as (out, in) */
+    TENSOR_EXPERT_BIAS, /* (X, out) one bias row per expert */
 } tensor_kind;
 
 typedef struct {
     char name[160];
     tensor_kind kind;
-    int ndim;
-    int64_t shape[2];
+    int ndim;           /* 1, 2 or 3 (experts); a 3-D tensor is read as shape[0] x shape[1]
+                           rows of shape[2] */
+    int64_t shape[3];
     int layer;          /* -1 for model-level tensors */
 } tensor_spec;
 
@@ -60,6 +65,12 @@ typedef struct {
     kern_linear w_pl_proj;          /* (E, P) per_layer_projection */
     float *pl_norm;                 /* (E) post_per_layer_input_norm */
     float *layer_scalar;            /* (1) */
+    /* gpt-oss */
+    float *sinks;                   /* (H) self_attn.sinks */
+    kern_linear router;             /* (X, E) mlp.router, biased */
+    kern_linear *gate_up;           /* (X) experts' (2I, E): gate rows 0, 2, ..., up rows 1, 3,
+                                       ..., as transformers interleaves them; biased */
+    kern_linear *down;              /* (X) experts' (E, I), biased */
 } model_layer;
 
 /* A row-major table whose rows are looked up by token (Gemma 4's

@@ -13,6 +13,7 @@ static const char *const stage_names[STAGE_COUNT] = {
     [STAGE_V] = "v",
     [STAGE_ATTN_LSE] = "attn_lse",
     [STAGE_ATTN_NKEYS] = "attn_nkeys",
+    [STAGE_ATTN_SINK] = "attn_sink",
     [STAGE_ATTN_OUT] = "attn_out",
     [STAGE_ATTN_PROJ] = "attn_proj",
     [STAGE_H_MID] = "h_mid",
@@ -32,7 +33,7 @@ static const kv_stage wire_order[STAGE_COUNT] = {
     STAGE_ATTN_LSE, STAGE_ATTN_NKEYS, STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
     STAGE_FFN_NORM_STATS, STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT,
     STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS,
-    STAGE_PLE_IN, STAGE_PLE_OUT,
+    STAGE_PLE_IN, STAGE_PLE_OUT, STAGE_ATTN_SINK,
 };
 
 int stage_wire_id(kv_stage s)

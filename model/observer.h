@@ -19,6 +19,8 @@ typedef enum {
     STAGE_V,               /* value as written to the cache (KV*D) */
     STAGE_ATTN_LSE,        /* log-sum-exp of scaled scores per head (H) */
     STAGE_ATTN_NKEYS,      /* keys attended per head (H) */
+    STAGE_ATTN_SINK,       /* gpt-oss: the sink's share of each head's softmax,
+                              exp(s) / (exp(s) + sum exp(scores)) (H) */
     STAGE_ATTN_OUT,        /* softmax(scores) V, heads concatenated (H*D) */
     STAGE_ATTN_PROJ,       /* o_proj output; Gemma: after post_attention_layernorm (E) */
     STAGE_H_MID,           /* residual after attention (E) */
@@ -42,7 +44,7 @@ const char *stage_name(kv_stage s);
 
 /* The stage's id in a dump's /row_hash_index (docs/dump-format.md): the
  * ids of format 1 (x_in = 0 ... x_out = 14, embed 15, final_norm 16,
- * logits 17) stay, stages added since come after (ple_in 18, ple_out 19),
+ * logits 17) stay, stages added since come after (ple_in 18, ple_out 19, attn_sink 20),
  * whatever their place in dataflow order. */
 int stage_wire_id(kv_stage s);
 /* The stage of a wire id; STAGE_COUNT when none. */

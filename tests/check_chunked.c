@@ -22,7 +22,7 @@
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
                                       "tiny-gemma3-kvshared", "tiny-llama3", "tiny-qwen3",
-                                      "tiny-llama+attention_bias", "tiny-gemma4"};
+                                      "tiny-llama+attention_bias", "tiny-gemma4", "tiny-gpt-oss"};
 #define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 typedef struct {

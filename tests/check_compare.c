@@ -302,7 +302,8 @@ END_TEST
 /* Correct strategies are identical; cascade is drift                   */
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                      "tiny-gemma3-kvshared", "tiny-gemma4"};
+                                      "tiny-gemma3-kvshared", "tiny-gemma4", "tiny-gpt-oss"};
+#define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 /* One correct strategy against the reference: identical, all of it. */
 static void check_identical(const kv_model *m, cmp_memrec *ref, chk_share_kind share,
@@ -1322,9 +1323,9 @@ Suite *compare_suite(void)
     tcase_add_loop_test(tc, test_injection_that_cannot_matter_is_identical, 0,
                         (int)(sizeof noop_cases / sizeof *noop_cases));
     tcase_add_loop_test(tc, test_heuristic_when_not_recomputable, 0, 4);
-    tcase_add_loop_test(tc, test_correct_strategies_identical, 0, 4);
-    tcase_add_loop_test(tc, test_cascade_exact_is_numeric_drift, 0, 4);
-    tcase_add_loop_test(tc, test_cascade_within_tolerance, 0, 4);
+    tcase_add_loop_test(tc, test_correct_strategies_identical, 0, N_PRESETS);
+    tcase_add_loop_test(tc, test_cascade_exact_is_numeric_drift, 0, N_PRESETS);
+    tcase_add_loop_test(tc, test_cascade_within_tolerance, 0, N_PRESETS);
     tcase_add_loop_test(tc, test_bug_behind_drift, 0, 3);
     tcase_add_test(tc, test_element_location);
     tcase_add_test(tc, test_nan_one_side);

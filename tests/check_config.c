@@ -473,6 +473,56 @@ START_TEST(qwen3_defaults)
 }
 END_TEST
 
+/* openai/gpt-oss-20b's config.json without its quantization_config (a
+ * dequantized checkpoint): the preset gpt-oss-20b-shape but for the
+ * experts' width, cut there. */
+#define GPT_OSS_20B "{\"architectures\": [\"GptOssForCausalLM\"], \"attention_bias\": true," \
+    " \"attention_dropout\": 0.0, \"eos_token_id\": 200002, \"experts_per_token\": 4," \
+    " \"head_dim\": 64, \"hidden_act\": \"silu\", \"hidden_size\": 2880," \
+    " \"initial_context_length\": 4096, \"intermediate_size\": 2880," \
+    " \"max_position_embeddings\": 131072, \"model_type\": \"gpt_oss\"," \
+    " \"num_attention_heads\": 64, \"num_experts_per_tok\": 4, \"num_hidden_layers\": 24," \
+    " \"num_key_value_heads\": 8, \"num_local_experts\": 32, \"output_router_logits\": false," \
+    " \"pad_token_id\": 199999, \"rms_norm_eps\": 1e-05, \"rope_scaling\": {\"beta_fast\": 32.0," \
+    " \"beta_slow\": 1.0, \"factor\": 32.0, \"original_max_position_embeddings\": 4096," \
+    " \"rope_type\": \"yarn\", \"truncate\": false}, \"rope_theta\": 150000," \
+    " \"router_aux_loss_coef\": 0.9, \"sliding_window\": 128, \"swiglu_limit\": 7.0," \
+    " \"tie_word_embeddings\": false, \"torch_dtype\": \"bfloat16\", \"use_cache\": true," \
+    " \"vocab_size\": 201088"
+
+START_TEST(gpt_oss_config)
+{
+    kv_config c = parse_ok(GPT_OSS_20B "}"), p;
+    kv_err e;
+    ck_assert_int_eq(c.arch, ARCH_GPT_OSS);
+    ck_assert(c.attn_sinks && c.qkv_bias && c.o_bias && !c.qk_norm && !c.norm_plus_one);
+    ck_assert_int_eq(c.n_experts, 32);
+    ck_assert_int_eq(c.n_experts_used, 4);
+    ck_assert(c.swiglu_limit == 7.0);
+    /* layer_types absent: even layers slide, odd ones are full */
+    for (int i = 0; i < c.n_layers; i++)
+        ck_assert_int_eq(c.layer_type[i], i % 2 == 0 ? ATTN_SLIDING : ATTN_GLOBAL);
+    ck_assert_int_eq(config_layer_window(&c, 0), 128);
+    ck_assert_int_eq(config_layer_window(&c, 1), 0);
+    ck_assert_int_eq(c.rope_scaling.type, ROPE_SCALE_YARN);
+    ck_assert(!c.rope_scaling.truncate && c.rope_scaling.beta_fast == 32.0);
+    ck_assert(fabs(c.rope_scaling.attn_factor - (0.1 * log(32.0) + 1.0)) < 1e-15);
+    ck_assert(c.attn_scale == 0.125);
+    /* YaRN turns on every layer, sliding ones too, with the same factor */
+    ck_assert(config_rope_mscale(&c, true) == config_rope_mscale(&c, false));
+    ck_assert_int_eq(config_preset("gpt-oss-20b-shape", &p, &e), 0);
+    p.intermediate = c.intermediate;
+    assert_same_config(&c, &p);
+    assert_round_trip(&c);
+    /* The same with the original release's MXFP4 experts: named. */
+    static const char mxfp4[] = GPT_OSS_20B ", \"quantization_config\": {\"quant_method\":"
+                                " \"mxfp4\"}}";
+    ck_assert_int_eq(config_parse_json(mxfp4, strlen(mxfp4), "bad.json", &c, &e), -1);
+    ck_assert_msg(strstr(e.msg, "bad.json: quantization_config is an object; kvdiff reads "
+                         "gpt-oss with BF16/F16/F32 expert weights"), "%s", e.msg);
+}
+END_TEST
+
 START_TEST(llama3_rope_scaling)
 {
     kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
@@ -635,7 +685,7 @@ START_TEST(presets_validate_and_round_trip)
         ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
         assert_round_trip(&c);
     }
-    ck_assert_int_eq(n, 12);
+    ck_assert_int_eq(n, 14);
 }
 END_TEST
 
@@ -852,6 +902,9 @@ END_TEST
                    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
 #define QWEN3_HEAD "{\"model_type\": \"qwen3\", \"hidden_size\": 64, \"intermediate_size\": 96," \
                    " \"num_hidden_layers\": 4, \"num_attention_heads\": 4, \"vocab_size\": 256"
+#define GPT_OSS_HEAD "{\"model_type\": \"gpt_oss\", \"hidden_size\": 64," \
+                     " \"intermediate_size\": 32, \"num_hidden_layers\": 2," \
+                     " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256"
 #define GEMMA_HEAD "{\"model_type\": \"gemma3_text\", \"hidden_size\": 64," \
                    " \"intermediate_size\": 96, \"num_hidden_layers\": 6," \
                    " \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"vocab_size\": 256"
@@ -867,8 +920,8 @@ static const bad_case BAD[] = {
     { "{\"hidden_size\": 64}", "model_type is missing" },
     { "{\"model_type\": 5}", "model_type is 5; expected a string" },
     { "{\"model_type\": \"mistral\", \"hidden_size\": 64}",
-      "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, qwen3, gemma3_text, "
-      "gemma3, gemma4_text, gemma4)" },
+      "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, gemma3_text, "
+      "gemma3, qwen3, gemma4_text, gemma4, gpt_oss)" },
     { "{" G4_BASE ", \"enable_moe_block\": true}",
       "enable_moe_block is true; Gemma 4's mixture-of-experts block is not supported" },
     { "{" G4_BASE ", \"num_experts\": 128}",
@@ -879,8 +932,8 @@ static const bad_case BAD[] = {
       "global_head_dim is 33; RoPE needs an even head size" },
     { "{" G4_BASE ", \"num_global_key_value_heads\": 3}",
       "num_global_key_value_heads is 3, which does not divide num_attention_heads 4" },
-    { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\"}}}",
-      "rope_parameters.full_attention rope_type 'yarn' is not supported" },
+    { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"rope_type\": \"longrope\"}}}",
+      "rope_parameters.full_attention rope_type 'longrope' is not supported" },
     /* the key at fault named: a missing rope_type said missing (not
      * "default"); the sliding entry's rope_type, not "linear and llama3" */
     { "{" G4_BASE ", \"rope_parameters\": {\"full_attention\": {\"partial_rotary_factor\": "
@@ -905,8 +958,8 @@ static const bad_case BAD[] = {
       "num_key_value_heads is 3, which does not divide num_attention_heads 4" },
     { "{\"model_type\": \"llama\", \"hidden_size\": 64, \"num_hidden_layers\": 100000}",
       "num_hidden_layers is 100000; expected 1..256" },
-    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
-      "rope_scaling type 'yarn' is not supported" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"longrope\", \"factor\": 4.0}}",
+      "rope_scaling type 'longrope' is not supported" },
     { LLAMA_HEAD ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}}",
       "rope_scaling type 'dynamic' is not supported" },
     { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"longrope\"}}",
@@ -997,8 +1050,26 @@ static const bad_case BAD[] = {
       " \"text_config\": {\"hidden_size\": 64, \"intermediate_size\": 64, \"num_hidden_layers\": 2}}",
       "eos_token_id[1] is 999999" },
     { "{\"model_type\": \"gemma3\", \"text_config\": {\"hidden_size\": 64, \"intermediate_size\": 64,"
-      " \"num_hidden_layers\": 2, \"rope_scaling\": {\"rope_type\": \"yarn\"}}}",
-      "text_config.rope_scaling type 'yarn' is not supported" },
+      " \"num_hidden_layers\": 2, \"rope_scaling\": {\"rope_type\": \"longrope\"}}}",
+      "text_config.rope_scaling type 'longrope' is not supported" },
+    /* gpt-oss: experts, their choice, MXFP4, YaRN */
+    { GPT_OSS_HEAD "}", "num_local_experts is missing" },
+    { GPT_OSS_HEAD ", \"num_local_experts\": 4, \"num_experts_per_tok\": 5}",
+      "num_experts_per_tok is 5; expected 1..4" },
+    { GPT_OSS_HEAD ", \"num_local_experts\": 4, \"num_experts_per_tok\": 2,"
+      " \"experts_per_token\": 3}", "experts_per_token is 3 but num_experts_per_tok is 2" },
+    { GPT_OSS_HEAD ", \"num_local_experts\": 4, \"swiglu_limit\": 0}",
+      "swiglu_limit is 0; expected a number > 0" },
+    { GPT_OSS_HEAD ", \"num_local_experts\": 4, \"quantization_config\": {\"quant_method\":"
+      " \"mxfp4\"}}", "quantization_config is an object; kvdiff reads gpt-oss with BF16/F16/F32" },
+    { GPT_OSS_HEAD ", \"num_local_experts\": 4, \"layer_types\": [\"sliding_attention\"]}",
+      "layer_types has 1 entries but num_hidden_layers is 2" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\"}}",
+      "rope_scaling.factor is missing" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4,"
+      " \"beta_fast\": 1, \"beta_slow\": 2}}", "rope_scaling has beta_fast 1 <= beta_slow 2" },
+    { LLAMA_HEAD ", \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4,"
+      " \"truncate\": 1}}", "truncate is 1; expected true or false" },
 };
 
 START_TEST(bad_input_is_refused)
@@ -1032,6 +1103,7 @@ Suite *config_suite(void)
     tcase_add_test(t, llama_attention_bias);
     tcase_add_test(t, qwen3_defaults);
     tcase_add_test(t, llama3_rope_scaling);
+    tcase_add_test(t, gpt_oss_config);
     tcase_add_test(t, rope_type_synonyms);
     tcase_add_test(t, rope_parameters_v5);
     tcase_add_test(t, parse_unterminated_buffer);

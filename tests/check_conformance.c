@@ -2,7 +2,8 @@
  *
  * tests/data/conformance/ holds tiny Hugging Face folders (Llama, Qwen2,
  * Gemma 3 with sliding and global layers; Qwen3, and Llama with
- * attention_bias and llama3 RoPE scaling, from make_case.py there), a
+ * attention_bias and llama3 RoPE scaling, Gemma 4, gpt-oss with sinks,
+ * YaRN and experts, from make_case.py there), a
  * 40-token prompt each, and golden tensors from independent float64
  * implementations of the transformers definitions (llama.cpp agrees to
  * 1e-6). Each folder is loaded
@@ -66,7 +67,8 @@ static double run_case(const char *name, double eps_scale, char *worst_name, siz
             st = !strcmp(stage, "q") ? STAGE_Q : !strcmp(stage, "k") ? STAGE_K
                : !strcmp(stage, "v") ? STAGE_V : !strcmp(stage, "attn_out") ? STAGE_ATTN_OUT
                : !strcmp(stage, "ple_in") ? STAGE_PLE_IN
-               : !strcmp(stage, "ple_out") ? STAGE_PLE_OUT : STAGE_X_OUT;
+               : !strcmp(stage, "ple_out") ? STAGE_PLE_OUT
+               : !strcmp(stage, "attn_sink") ? STAGE_ATTN_SINK : STAGE_X_OUT;
             ck_assert_msg(st != STAGE_X_OUT || !strcmp(stage, "x_out"), "unknown %s", t->name);
         }
         int ncols;
@@ -122,6 +124,8 @@ END_TEST
 
 START_TEST(test_gemma4) { check_case("gemma4"); }
 END_TEST
+START_TEST(test_gpt_oss) { check_case("gpt-oss"); }
+END_TEST
 
 Suite *conformance_suite(void)
 {
@@ -134,6 +138,7 @@ Suite *conformance_suite(void)
     tcase_add_test(tc, test_llama3_bias);
     tcase_add_test(tc, test_qwen3_hd64);
     tcase_add_test(tc, test_gemma4);
+    tcase_add_test(tc, test_gpt_oss);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1809,7 +1809,7 @@ START_TEST(test_rope_scaling_in_model_config)
     ck_assert_msg(strstr(out, "RoPE position offset of +3"), "%s", out);
 
     static const char *const bad[] = {
-        "{\"rope_type\": \"yarn\", \"factor\": 4}", "7",
+        "{\"rope_type\": \"longrope\", \"factor\": 4}", "7",
         "{\"rope_type\": \"linear\"}", "{\"rope_type\": \"linear\", \"factor\": -1}",
         "{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4,"
         " \"high_freq_factor\": 1, \"original_max_position_embeddings\": 64}",

@@ -390,8 +390,8 @@ static const struct {
     const char *label;
     kv_rope_scaling scaling;
 } biased_llama[] = {
-    {"tiny-llama attention_bias", {ROPE_SCALE_NONE, 0, 0, 0, 0}},
-    {"tiny-llama attention_bias, linear rope x4", {ROPE_SCALE_LINEAR, 4.0, 0, 0, 0}},
+    {"tiny-llama attention_bias", {.type = ROPE_SCALE_NONE}},
+    {"tiny-llama attention_bias, linear rope x4", {.type = ROPE_SCALE_LINEAR, .factor = 4.0}},
 };
 
 START_TEST(test_biased_llama_export)

@@ -37,7 +37,8 @@ void dg_set(cmp_ctx *c, cmp_diag_kind k, cmp_basis b, const char *summary)
 
 bool dg_is_attn_stage(kv_stage s)
 {
-    return s == STAGE_ATTN_LSE || s == STAGE_ATTN_NKEYS || s == STAGE_ATTN_OUT;
+    return s == STAGE_ATTN_LSE || s == STAGE_ATTN_NKEYS || s == STAGE_ATTN_SINK ||
+           s == STAGE_ATTN_OUT;
 }
 
 float *dg_row(const cmp_ctx *c, const cmp_source *src, int layer, kv_stage st, int64_t pos,

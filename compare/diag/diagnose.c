@@ -250,6 +250,8 @@ static const char *stage_hint(kv_stage s)
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
     case STAGE_ATTN_OUT: return "attention differs";
+    case STAGE_ATTN_SINK: return "the attention sink's share differs (sink logits, or the keys "
+                                 "it competes with)";
     case STAGE_ATTN_PROJ: return "the output projection differs (o_proj or its norm)";
     case STAGE_H_MID:
     case STAGE_X_OUT: return "the residual addition differs";

@@ -45,6 +45,8 @@ def model_config_from_hf(folder_or_config):
         cfg, mt = tc, mt + "_text"
     if mt == "gemma4_text":
         return _gemma4(cfg, name, rules)
+    if mt == "gpt_oss":
+        return _gpt_oss(cfg, name, rules)
     if mt not in _ARCH:
         return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"
@@ -91,7 +93,7 @@ def model_config_from_hf(folder_or_config):
            "sliding_window": window, "layer_types": types, "kv_owner": owners,
            "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)), "rope_theta": theta,
            "rope_local_base_freq": local, "attn_scale": scale}
-    scaling = _rope_scaling(cfg, name, gemma)
+    scaling = rules["rope_scaling"] if rules else _rope_scaling(cfg, name, gemma)
     if scaling:
         out["rope_scaling"] = scaling
     _softcap(cfg, out, gemma)
@@ -173,6 +175,39 @@ def _gemma4(cfg, name, rules):
     if rules["rope_scaling"]:
         out["rope_scaling"] = rules["rope_scaling"]
     _softcap(cfg, out, True)
+    return out
+
+
+def _gpt_oss(cfg, name, rules):
+    """gpt_oss as kvdiff reads it (model/families/gpt_oss.c): layers
+    alternating sliding (even) and full unless layer_types says otherwise,
+    head_dim 64 by default, scores scaled by head_dim^-1/2, YaRN on every
+    layer, experts; config_rules has checked every field."""
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads")
+    kv = heads if kv is None else kv
+    head_dim = cfg.get("head_dim")
+    head_dim = 64 if head_dim is None else head_dim
+    layers = cfg["num_hidden_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        p = cfg.get("sliding_window_pattern") or 2
+        types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(layers)]
+    experts = cfg["num_local_experts"]
+    top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
+    out = {"model_type": "gpt_oss", "hidden_size": cfg["hidden_size"],
+           "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": kv, "head_dim": head_dim,
+           "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
+           "sliding_window": rules["sliding_window"], "layer_types": list(types),
+           "kv_owner": list(range(layers)),
+           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+           "rope_theta": rules["rope_theta"], "rope_local_base_freq": rules["rope_theta"],
+           "attn_scale": 1.0 / math.sqrt(float(head_dim)),
+           "num_local_experts": experts,
+           "num_experts_per_tok": min(experts, 4) if top_k is None else top_k}
+    if rules["rope_scaling"]:
+        out["rope_scaling"] = rules["rope_scaling"]
     return out
 
 
@@ -263,26 +298,26 @@ def _rope(cfg, name, gemma, default_theta):
 
 
 def _rope_scaling(cfg, name, gemma):
-    """The global layers' RoPE scaling as model_config states it (linear or
-    llama3, as config.json writes it), or None."""
+    """The global layers' RoPE scaling as model_config states it (linear,
+    llama3 or yarn, as config.json writes it; yarn with its defaults
+    resolved), or None; read under config_rules' rules."""
     rs = cfg.get("rope_scaling")
     rp = cfg.get("rope_parameters")   # transformers 5
+    path = "rope_scaling"
     if rs is None and isinstance(rp, dict):
         rs = rp.get("full_attention") if gemma else rp
+        path = "rope_parameters.full_attention" if gemma else "rope_parameters"
     if not isinstance(rs, dict):
         return None
-    kind = rs.get("rope_type") or rs.get("type")
-    if kind in (None, "default"):
-        return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": float(rs["factor"])}
-    if kind == "llama3":
-        return {"rope_type": "llama3", "factor": float(rs["factor"]),
-                "low_freq_factor": float(rs["low_freq_factor"]),
-                "high_freq_factor": float(rs["high_freq_factor"]),
-                "original_max_position_embeddings": int(rs["original_max_position_embeddings"])}
-    raise RecorderError(f"{name}: rope_scaling type {kind!r} is not supported (kvdiff supports "
-                        f"linear and llama3)")
+    out = config_rules._scaling(config_rules._Ctx(name), path, rs, False)
+    if out and out["rope_type"] == "yarn" and out["original_max_position_embeddings"] is None:
+        mp = cfg.get("max_position_embeddings")
+        if not isinstance(mp, int) or isinstance(mp, bool) or mp <= 0:
+            raise RecorderError(f"{name}: {path} is yarn without "
+                                f"original_max_position_embeddings, and max_position_embeddings "
+                                f"is not a positive integer")
+        out["original_max_position_embeddings"] = mp
+    return out
 
 
 def _layer_types(cfg, name, mt, layers):

@@ -56,9 +56,17 @@ ARCHES = {
                   theta=10000.0, tie=False, bos=-1, eos=-1),
     "gemma4_text": dict(act="hidden_activation", required=True, heads=0, kv=0, head_dim=256,
                         vocab=0, theta=1000000.0, tie=True, bos=2, eos=1),
+    "gpt_oss": dict(act="hidden_act", required=True, heads=0, kv=0, head_dim=64, vocab=0,
+                    theta=150000.0, tie=False, bos=-1, eos=-1),
 }
 _DEF_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "gemma3_text": 131072, "qwen3": 32768,
-                      "gemma4_text": 131072}
+                      "gemma4_text": 131072, "gpt_oss": 131072}
+# model/families/*.c: the families whose layers may slide, their pattern
+# without layer_types (0: every layer full) and their default window
+_SLIDES = {"gemma3_text": (GEMMA_DEF_PATTERN, GEMMA_DEF_WINDOW),
+           "gemma4_text": (0, GEMMA_DEF_WINDOW), "gpt_oss": (2, 128)}
+_TYPES = "llama, qwen2, gemma3_text, gemma3, qwen3, gemma4_text, gemma4, gpt_oss"
+MAX_EXPERTS = 1 << 12
 
 MISSING = object()   # a key the object does not have (JSON null is None)
 
@@ -268,6 +276,7 @@ class _Config:
     def __init__(self, arch):
         self.arch = arch
         self.gemma = arch in ("gemma3_text", "gemma4_text")
+        self.slides = arch in _SLIDES
         self.partial_full = 0.0
         self.scaling = None
 
@@ -288,7 +297,7 @@ def check(cfg, name="config"):
         return _nested(cx, cfg, mt + "_text")
     if mt not in ARCHES:
         raise RecorderError(f"{name}: model_type '{mt[:40]}' is not supported (kvdiff reads "
-                            f"llama, qwen2, qwen3, gemma3_text, gemma3, gemma4_text, gemma4)")
+                            f"{_TYPES})")
     return _text(cx, cfg, None, mt)
 
 
@@ -312,6 +321,8 @@ def _text(cx, obj, outer, arch):
     _rope(cx, obj, c)
     _layers(cx, obj, c)
     _tokens(cx, obj, outer, c)
+    if c.arch == "gpt_oss":
+        _gpt_oss(cx, obj, c)
     _validate(cx, c)
     return {"model_type": arch, "text_config": obj, "sliding_window": c.window,
             "rope_theta": c.theta, "rope_local_base_freq": c.local_theta,
@@ -326,8 +337,8 @@ def _sizes(cx, obj, c):
     _heads(cx, obj, c)
     _head_dim(cx, obj, c)
     c.vocab = cx.get_int(obj, "vocab_size", a["required"], a["vocab"], 1, MAX_VOCAB)
-    cx.get_int(obj, "max_position_embeddings", False, _DEF_MAX_POSITIONS[c.arch], 1,
-               MAX_POSITIONS)
+    c.max_positions = cx.get_int(obj, "max_position_embeddings", False,
+                                 _DEF_MAX_POSITIONS[c.arch], 1, MAX_POSITIONS)
 
 
 def _heads(cx, obj, c):
@@ -352,7 +363,7 @@ def _head_dim(cx, obj, c):
     hd = obj.get("head_dim", MISSING)
     # Gemma and Qwen3 have a default of their own (a null there is an
     # error); Llama and Qwen2 derive it from the sizes.
-    own_default = c.gemma or c.arch == "qwen3"
+    own_default = ARCHES[c.arch]["head_dim"] > 0
     if hd is not MISSING and (hd is not None or own_default):
         c.head_dim = cx.want_int("head_dim", hd, 1, MAX_HEAD_DIM)
     elif own_default:
@@ -399,7 +410,7 @@ def _family_switches(cx, obj, c):
         cx.refuse_true(obj, "attention_bias", "biased attention projections are not supported "
                                               "for gemma3_text")
         cx.refuse_true(obj, "use_bidirectional_attention", "kvdiff runs causal decoders only")
-    else:
+    elif c.arch == "gemma4_text":
         _gemma4_switches(cx, obj)
 
 
@@ -440,6 +451,9 @@ def _rope(cx, obj, c):
     c.scaling = _scaling(cx, "rope_scaling", rs, True)
     if rp not in (MISSING, None):
         _rope_parameters(cx, rp, c)
+    if c.scaling and c.scaling["rope_type"] == "yarn" and \
+            c.scaling["original_max_position_embeddings"] is None:
+        c.scaling["original_max_position_embeddings"] = c.max_positions
     if not c.gemma:
         c.local_theta = c.theta
     _refuse_partial(cx, "partial_rotary_factor", obj.get("partial_rotary_factor"))
@@ -476,9 +490,11 @@ def _scaling(cx, path, v, type_required):
         return None
     if kind == "llama3":
         return _llama3(cx, path, v)
+    if kind == "yarn":
+        return _yarn(cx, path, v)
     if kind != "linear":
-        cx.fail(path, f"type '{kind[:40]}' is not supported (kvdiff supports linear and "
-                      f"llama3)")
+        cx.fail(path, f"type '{kind[:40]}' is not supported (kvdiff supports linear, llama3 "
+                      f"and yarn)")
     f = v.get("factor", MISSING)
     if f is MISSING:
         cx.fail(f"{path}.factor", "is missing")
@@ -501,6 +517,39 @@ def _llama3(cx, path, v):
     if out["high_freq_factor"] <= out["low_freq_factor"]:
         cx.fail(path, f"has high_freq_factor {_g(out['high_freq_factor'])} <= low_freq_factor "
                       f"{_g(out['low_freq_factor'])}")
+    return out
+
+
+def _yarn_mscale(factor, mscale):
+    return 1.0 if factor <= 1.0 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn(cx, path, v):
+    """config.c's parse_yarn_scaling; original_max_position_embeddings None
+    when absent (_rope fills in max_position_embeddings)."""
+    f = v.get("factor", MISSING)
+    if f is MISSING:
+        cx.fail(f"{path}.factor", "is missing")
+    out = {"rope_type": "yarn", "factor": cx.want_num(f"{path}.factor", f, 0.0, True, MAX_FACTOR)}
+    om = v.get("original_max_position_embeddings")
+    out["original_max_position_embeddings"] = None if om is None else cx.want_int(
+        f"{path}.original_max_position_embeddings", om, 1, MAX_POSITIONS)
+    out["beta_fast"] = cx.get_num(v, "beta_fast", 32.0, 0.0, True, MAX_FACTOR)
+    out["beta_slow"] = cx.get_num(v, "beta_slow", 1.0, 0.0, True, MAX_FACTOR)
+    out["truncate"] = cx.get_bool(v, "truncate", True)
+    if out["beta_fast"] <= out["beta_slow"]:
+        cx.fail(path, f"has beta_fast {_g(out['beta_fast'])} <= beta_slow "
+                      f"{_g(out['beta_slow'])}")
+    a = v.get("attention_factor")
+    if a is not None:
+        out["attention_factor"] = cx.want_num(f"{path}.attention_factor", a, 0.0, True,
+                                              MAX_FACTOR)
+        return out
+    ms = cx.get_num(v, "mscale", 0.0, 0.0, False, MAX_FACTOR)
+    msa = cx.get_num(v, "mscale_all_dim", 0.0, 0.0, False, MAX_FACTOR)
+    factor = out["factor"]
+    out["attention_factor"] = (_yarn_mscale(factor, ms) / _yarn_mscale(factor, msa)
+                               if ms > 0 and msa > 0 else _yarn_mscale(factor, 1.0))
     return out
 
 
@@ -595,8 +644,9 @@ def _rope_parameters(cx, rp, c):
 def _layers(cx, obj, c):
     lt = obj.get("layer_types")
     c.types = ["full_attention"] * c.layers
-    if c.arch == "gemma3_text" and lt is None:
-        p = cx.get_int(obj, "sliding_window_pattern", False, GEMMA_DEF_PATTERN, 1, MAX_PATTERN)
+    pattern = _SLIDES.get(c.arch, (0, 0))[0]
+    if pattern and lt is None:
+        p = cx.get_int(obj, "sliding_window_pattern", False, pattern, 1, MAX_PATTERN)
         c.types = ["sliding_attention" if (i + 1) % p else "full_attention"
                    for i in range(c.layers)]
     elif c.arch == "gemma4_text" and lt is None:
@@ -604,7 +654,7 @@ def _layers(cx, obj, c):
     elif lt is not None and c.arch != "llama":   # LlamaConfig has no layer_types
         _layer_types(cx, lt, c)
     c.window = 0
-    if c.gemma:
+    if c.slides:
         _window(cx, obj, c)
     _kv_sharing(cx, obj, c)
     if c.arch == "gemma4_text":
@@ -618,7 +668,7 @@ def _layer_types(cx, lt, c):
         cx.fail("layer_types", f"has {len(lt)} entries but num_hidden_layers is {c.layers}")
     for i, t in enumerate(lt):
         key = f"layer_types[{i}]"
-        if t == "sliding_attention" and not c.gemma:
+        if t == "sliding_attention" and not c.slides:
             cx.fail(key, f"is 'sliding_attention'; sliding attention is not supported for "
                          f"{c.arch}")
         if t not in ("sliding_attention", "full_attention"):
@@ -628,7 +678,7 @@ def _layer_types(cx, lt, c):
 
 def _window(cx, obj, c):
     w = obj.get("sliding_window", MISSING)
-    window = GEMMA_DEF_WINDOW
+    window = _SLIDES[c.arch][1]
     if w is None:
         window = 0
     elif w is not MISSING:
@@ -707,6 +757,30 @@ def _gemma4_layers(cx, obj, c):
             cx.fail("hidden_size_per_layer_input", f"is {c.per_layer_dim}: times {c.layers} "
                                                    f"layers, the per-layer table is wider "
                                                    f"than {MAX_HIDDEN}")
+
+
+# ---------------------------------------------------------------- gpt-oss
+
+
+def _gpt_oss(cx, obj, c):
+    """model/families/gpt_oss.c's parse: experts, their clamp, the
+    attention biases; MXFP4 checkpoints refused."""
+    q = obj.get("quantization_config")
+    if q is not None:
+        cx.fail("quantization_config", f"is {jdesc(q)}; kvdiff reads gpt-oss with "
+                                       f"BF16/F16/F32 expert weights (dequantize the MXFP4 "
+                                       f"experts first, e.g. save_pretrained after loading "
+                                       f"with dequantize=True)")
+    c.experts = cx.get_int(obj, "num_local_experts", True, 0, 1, MAX_EXPERTS)
+    a, b = obj.get("num_experts_per_tok", MISSING), obj.get("experts_per_token", MISSING)
+    if a is not MISSING:
+        a = cx.want_int("num_experts_per_tok", a, 1, c.experts)
+    if b is not MISSING:
+        b = cx.want_int("experts_per_token", b, 1, c.experts)
+    if a is not MISSING and b is not MISSING and a != b:
+        cx.fail("experts_per_token", f"is {b} but num_experts_per_tok is {a}")
+    cx.get_num(obj, "swiglu_limit", 7.0, 0.0, True, MAX_SCALAR)
+    cx.get_bool(obj, "attention_bias", True)
 
 
 # ---------------------------------------------------------------- token ids

@@ -16,6 +16,15 @@ numpy alone, from the Hugging Face transformers definitions:
                attention scale 1; the last two layers read layers 3
                (sliding) and 2 (full) with double-wide MLPs; per-layer
                inputs (8 wide) and layer scalars; final logit softcap 30.
+  gpt-oss      GptOssForCausalLM (modeling_gpt_oss): layers alternating
+               sliding (window 8) and full attention, a learned sink logit
+               per head in every softmax, q/k/v/o biases, YaRN RoPE
+               (factor 32, beta_fast 32, beta_slow 1, truncate false,
+               cos/sin times 0.1 ln 32 + 1; original_max_position_embeddings
+               64 so that at head_dim 16 one pair is kept, one blended and
+               six slowed), a mixture of 4 experts with 2 chosen (biased
+               router, softmax over the chosen, interleaved gate/up, the
+               clamped gpt-oss SwiGLU), untied embeddings.
   llama3-bias  LlamaForCausalLM with attention_bias (q, k, v and o_proj
                biased, modeling_llama.LlamaAttention) and rope_scaling llama3
                (modeling_rope_utils._compute_llama3_parameters), tied.
@@ -135,6 +144,40 @@ CASES = {
             "tie_word_embeddings": True,
             "bos_token_id": 2,
             "eos_token_id": 1,
+            "torch_dtype": "float32",
+        },
+    },
+    "gpt-oss": {
+        "seed": 1607,
+        "config": {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "hidden_size": 64,
+            "intermediate_size": 32,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-05,
+            "rope_theta": 150000.0,
+            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,
+                             "beta_slow": 1.0, "truncate": False,
+                             "original_max_position_embeddings": 64},
+            "layer_types": ["sliding_attention", "full_attention",
+                            "sliding_attention", "full_attention"],
+            "sliding_window": 8,
+            "attention_bias": True,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "swiglu_limit": 7.0,
+            "router_aux_loss_coef": 0.9,
+            "output_router_logits": False,
+            "vocab_size": 128,
+            "max_position_embeddings": 4096,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
             "torch_dtype": "float32",
         },
     },
@@ -474,6 +517,146 @@ def forward_gemma4(cfg, w, ids):
     return {n: out[n] for n in order}
 
 
+# ---- gpt-oss ---------------------------------------------------------------
+
+def make_weights_gpt_oss(cfg, rng):
+    """gpt-oss names. Linear layers N(0, 1/fan_in), biases 0.3 N(0, 1),
+    RMSNorm multipliers 1 + 0.1 N(0, 1), sinks 1 + N(0, 1) (a visible share
+    of a short softmax), experts stacked input-major as transformers keeps
+    them: gate_up_proj (X, E, 2I) with gate and up interleaved, down_proj
+    (X, I, E)."""
+    E, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    X = cfg["num_local_experts"]
+    w = {}
+
+    def linear(name, n_out, n_in):
+        w[name] = rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)
+
+    def norm(name, n):
+        w[name] = 1.0 + 0.1 * rng.standard_normal(n)
+
+    def vec(name, *shape):
+        w[name] = 0.3 * rng.standard_normal(shape)
+
+    w["model.embed_tokens.weight"] = rng.standard_normal((V, E))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        norm(p + "input_layernorm.weight", E)
+        for proj, n_out in (("q_proj", H * D), ("k_proj", KV * D), ("v_proj", KV * D)):
+            linear(p + f"self_attn.{proj}.weight", n_out, E)
+            vec(p + f"self_attn.{proj}.bias", n_out)
+        linear(p + "self_attn.o_proj.weight", E, H * D)
+        vec(p + "self_attn.o_proj.bias", E)
+        w[p + "self_attn.sinks"] = 1.0 + rng.standard_normal(H)
+        norm(p + "post_attention_layernorm.weight", E)
+        linear(p + "mlp.router.weight", X, E)
+        vec(p + "mlp.router.bias", X)
+        w[p + "mlp.experts.gate_up_proj"] = rng.standard_normal((X, E, 2 * I)) / math.sqrt(E)
+        vec(p + "mlp.experts.gate_up_proj_bias", X, 2 * I)
+        w[p + "mlp.experts.down_proj"] = rng.standard_normal((X, I, E)) / math.sqrt(I)
+        vec(p + "mlp.experts.down_proj_bias", X, E)
+    norm("model.norm.weight", E)
+    w["lm_head.weight"] = rng.standard_normal((V, E)) / math.sqrt(E)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def yarn_freqs(cfg):
+    """modeling_rope_utils._compute_yarn_parameters: (inv_freq, attention
+    factor)."""
+    D, base, rs = cfg["head_dim"], cfg["rope_theta"], cfg["rope_scaling"]
+    factor, fast, slow = rs["factor"], rs.get("beta_fast", 32), rs.get("beta_slow", 1)
+    old = rs.get("original_max_position_embeddings", cfg["max_position_embeddings"])
+    pos_freqs = base ** (np.arange(0, D, 2, dtype=np.float64) / D)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+
+    def dim_of(rot):
+        return D * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(fast), dim_of(slow)
+    if rs.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, D - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(D // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    mscale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return inter * (1 - keep) + extra * keep, mscale
+
+
+def attend_sinks(q, k, v, mask, div, sinks):
+    """softmax over [q k^T / div + mask, sink] per head, the sink column
+    dropped before v: (attention [T, H*D], the sink's share [T, H])."""
+    t, heads, d = q.shape
+    group = heads // k.shape[1]
+    att, share = np.empty((t, heads, d)), np.empty((t, heads))
+    for h in range(heads):
+        s = (q[:, h, :] @ k[:, h // group, :].T) / div
+        s = np.where(mask, s, -np.inf)
+        s = np.concatenate([s, np.full((t, 1), sinks[h])], axis=1)
+        s = np.exp(s - s.max(axis=1, keepdims=True))
+        s /= s.sum(axis=1, keepdims=True)
+        att[:, h, :] = s[:, :-1] @ v[:, h // group, :]
+        share[:, h] = s[:, -1]
+    return att.reshape(t, heads * d), share
+
+
+def forward_gpt_oss(cfg, w, ids):
+    E, L, V = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    H, KV, D = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    X, K, lim = cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["swiglu_limit"]
+    eps = cfg["rms_norm_eps"]
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def lin(x, name):
+        return x @ W[name + ".weight"].T + W[name + ".bias"]
+
+    freqs, mscale = yarn_freqs(cfg)
+    pos = np.arange(T, dtype=np.float64)
+    out = {}
+    x = W["model.embed_tokens.weight"][ids]
+    out["embed"] = x
+    for i in range(L):
+        p = f"model.layers.{i}."
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        # YaRN multiplies cos and sin, so q and k, by the attention factor
+        q = rope(lin(xn, p + "self_attn.q_proj").reshape(T, H, D), pos, freqs) * mscale
+        k = rope(lin(xn, p + "self_attn.k_proj").reshape(T, KV, D), pos, freqs) * mscale
+        v = lin(xn, p + "self_attn.v_proj").reshape(T, KV, D)
+        mask = np.tril(np.ones((T, T), dtype=bool))
+        if cfg["layer_types"][i] == "sliding_attention":
+            mask &= ~np.tril(np.ones((T, T), dtype=bool), -cfg["sliding_window"])
+        att, share = attend_sinks(q, k, v, mask, math.sqrt(D), W[p + "self_attn.sinks"])
+        h_mid = x + lin(att, p + "self_attn.o_proj")
+        hn = rms_norm(h_mid, W[p + "post_attention_layernorm.weight"], eps)
+        logits = lin(hn, p + "mlp.router")
+        moe = np.zeros_like(hn)
+        for t in range(T):
+            top = np.argsort(-logits[t], kind="stable")[:K]
+            wts = np.exp(logits[t, top] - logits[t, top].max())
+            wts /= wts.sum()
+            for e, wt in zip(top, wts):
+                gu = hn[t] @ W[p + "mlp.experts.gate_up_proj"][e] \
+                    + W[p + "mlp.experts.gate_up_proj_bias"][e]
+                g, u = np.minimum(gu[0::2], lim), np.clip(gu[1::2], -lim, lim)
+                y = (u + 1) * (g / (1 + np.exp(-1.702 * g)))
+                moe[t] += wt * (y @ W[p + "mlp.experts.down_proj"][e]
+                                + W[p + "mlp.experts.down_proj_bias"][e])
+        x = h_mid + moe
+        out[f"layers.{i}.q"] = q
+        out[f"layers.{i}.k"] = k
+        out[f"layers.{i}.v"] = v
+        out[f"layers.{i}.attn_sink"] = share
+        out[f"layers.{i}.attn_out"] = att
+        out[f"layers.{i}.x_out"] = x
+    fn = rms_norm(x, W["model.norm.weight"], eps)
+    out["final_norm"] = fn
+    out["logits"] = fn @ W["lm_head.weight"].T
+    assert out["logits"].shape == (T, V)
+    return out
+
+
 # ---- files ---------------------------------------------------------------
 
 def write_safetensors(path, tensors, metadata):
@@ -499,10 +682,12 @@ def make_case(name, root):
     spec = CASES[name]
     cfg = spec["config"]
     rng = np.random.default_rng(spec["seed"])
-    g4 = cfg["model_type"] == "gemma4_text"
-    weights = (make_weights_gemma4 if g4 else make_weights)(cfg, rng)
+    kind = {"gemma4_text": (make_weights_gemma4, forward_gemma4),
+            "gpt_oss": (make_weights_gpt_oss, forward_gpt_oss)}
+    make, fwd = kind.get(cfg["model_type"], (make_weights, forward))
+    weights = make(cfg, rng)
     ids = rng.integers(0, cfg["vocab_size"], size=T)
-    golden = (forward_gemma4 if g4 else forward)(cfg, weights, ids)
+    golden = fwd(cfg, weights, ids)
     folder = os.path.join(root, name)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w") as f:

@@ -1,0 +1,71 @@
+/* families.c — the table of architectures (family.h): one line per family. */
+#include "../family.h"
+
+#include <stdio.h>
+#include <string.h>
+
+extern const kv_family family_llama, family_qwen2, family_qwen3, family_gemma3,
+    family_gemma4, family_gpt_oss;
+
+/* Indexed by kv_arch. */
+static const kv_family *const FAMILIES[ARCH_COUNT] = {
+    [ARCH_LLAMA] = &family_llama,
+    [ARCH_QWEN2] = &family_qwen2,
+    [ARCH_QWEN3] = &family_qwen3,
+    [ARCH_GEMMA3] = &family_gemma3,
+    [ARCH_GEMMA4] = &family_gemma4,
+    [ARCH_GPT_OSS] = &family_gpt_oss,
+};
+
+const kv_family *family_of(kv_arch arch)
+{
+    return (int)arch >= 0 && arch < ARCH_COUNT ? FAMILIES[arch] : NULL;
+}
+
+const kv_family *family_by_model_type(const char *mt)
+{
+    for (int a = 0; mt && a < ARCH_COUNT; a++)
+        if (!strcmp(mt, FAMILIES[a]->model_type)
+            || (FAMILIES[a]->outer_type && !strcmp(mt, FAMILIES[a]->outer_type)))
+            return FAMILIES[a];
+    return NULL;
+}
+
+const kv_family *family_by_gguf_arch(const char *gguf_arch)
+{
+    for (int a = 0; gguf_arch && a < ARCH_COUNT; a++)
+        if (!strcmp(gguf_arch, FAMILIES[a]->gguf_arch))
+            return FAMILIES[a];
+    return NULL;
+}
+
+void family_model_types(char *buf, size_t n)
+{
+    if (n == 0)
+        return;
+    buf[0] = 0;
+    for (int a = 0; a < ARCH_COUNT; a++) {
+        snprintf(buf + strlen(buf), n - strlen(buf), "%s%s", a ? ", " : "",
+                 FAMILIES[a]->model_type);
+        if (FAMILIES[a]->outer_type)
+            snprintf(buf + strlen(buf), n - strlen(buf), ", %s", FAMILIES[a]->outer_type);
+    }
+}
+
+int family_preset_count(void)
+{
+    int n = 0;
+    for (int a = 0; a < ARCH_COUNT; a++)
+        n += FAMILIES[a]->n_presets;
+    return n;
+}
+
+const kv_family_preset *family_preset(int i)
+{
+    for (int a = 0; a < ARCH_COUNT && i >= 0; a++) {
+        if (i < FAMILIES[a]->n_presets)
+            return &FAMILIES[a]->presets[i];
+        i -= FAMILIES[a]->n_presets;
+    }
+    return NULL;
+}

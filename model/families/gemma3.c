@@ -1,0 +1,27 @@
+/* gemma3.c — Gemma 3 (model_type gemma3_text; gemma3 nests it under
+ * text_config).
+ *
+ * Sliding layers (5 of every 6 by default, window 4096) with their own
+ * RoPE base, KV sharing (num_kv_shared_layers, Gemma 3n's rule), sandwich
+ * norms, RMSNorm multipliers 1 + w, q/k norms, tanh-GELU, embeddings
+ * times sqrt(hidden), q.k scaled by query_pre_attn_scalar^-1/2. */
+#include "../family.h"
+
+static void flags(kv_config *c)
+{
+    c->norm_plus_one = true;
+    c->qk_norm = true;
+    c->sandwich_norms = true;
+    c->act = ACT_GELU_TANH;
+}
+
+const kv_family family_gemma3 = {
+    .arch = ARCH_GEMMA3, .model_type = "gemma3_text", .outer_type = "gemma3",
+    .architecture = "Gemma3ForCausalLM", .gguf_arch = "gemma3",
+    .act_key = "hidden_activation",
+    .sizes_required = false, .def_heads = 8, .def_kv_heads = 4, .def_head_dim = 256,
+    .def_vocab = 262208, .def_max_positions = 131072, .def_theta = 1000000.0,
+    .def_tie = true, .def_bos = 2, .def_eos = 1,
+    .slides = true, .def_pattern = 6, .def_window = 4096,
+    .flags = flags,
+};
