@@ -82,6 +82,26 @@ static int eff_window(const chk_engine *c, int layer)
 
 static bool in_decode(const chk_engine *c, int64_t p) { return p >= c->prefill_len; }
 
+/* Rows of layer l (positions s .. s + n - 1) whose softmax an injected
+ * sink bug leaves the sink out of. */
+static void sink_injections(chk_engine *c, int l, int64_t s, int n)
+{
+    const chk_injections *inj = &c->o.inj;
+    fw_state *fs = &c->fw;
+    fs->sink_off_any = false;
+    if (!c->m->cfg.attn_sinks)
+        return;
+    const int W = config_layer_window(&c->m->cfg, l);
+    for (int r = 0; r < n; r++) {
+        const int64_t p = s + r;
+        const bool off = (inj->on[INJ_SINK_DROPPED] && (inj->sink_layer < 0 || inj->sink_layer == l))
+                      || (inj->on[INJ_SINK_PREFILL_ONLY] && in_decode(c, p))
+                      || (inj->on[INJ_SINK_WINDOWED] && W > 0 && p >= W);
+        fs->sink_off[r] = off;
+        fs->sink_off_any |= off;
+    }
+}
+
 static bool isolated(const chk_engine *c)
 {
     return c->o.inj.on[INJ_ISOLATED_CHUNKS] || c->o.inj.on[INJ_ISOLATED_CHUNKS_POS];
@@ -471,6 +491,7 @@ static int chunk_forward(chk_engine *c, const int32_t *tokens, int n, bool last,
                     store_row(c, l2, s + r, fs->k + (size_t)r * kvf, fs->v + (size_t)r * kvf);
         if (layer_attention(c, l, s, n, e) < 0)
             return -1;
+        sink_injections(c, l, s, n);
         if (fw_attn_emit(c->m, l, fs, n, s, c->nkeys, obs) ||
             fw_layer_finish(c->kc, c->m, l, fs, n, s, obs))
             goto stopped;

@@ -54,6 +54,9 @@ typedef enum {
     INJ_DROP_KEY,
     INJ_OWN_KEY_MASKED,
     INJ_ISOLATED_LAYER,
+    INJ_SINK_DROPPED,
+    INJ_SINK_PREFILL_ONLY,
+    INJ_SINK_WINDOWED,
     INJ_COUNT
 } chk_injection;
 
@@ -68,6 +71,7 @@ typedef struct {
     int iso_layer;      /* isolated-layer=L: chunks attend only to themselves on L alone */
     int stale_layer;    /* stale-local[@L]: on sliding layer L alone (-1: every sliding one) */
     int ring_layer;     /* ring-no-wrap[@L]: on sliding layer L alone (-1: every sliding one) */
+    int sink_layer;     /* sink-dropped[@L]: on layer L alone (-1: every layer) */
 } chk_injections;
 
 typedef struct {

@@ -41,6 +41,14 @@ static const inj_info catalogue[INJ_COUNT] = {
         "drop-key=K[@L]: key K is read by no later query (on layer L alone with @L)"},
     [INJ_ISOLATED_LAYER] = {"isolated-layer", true,
         "isolated-layer=L: on layer L alone, each chunk attends only to itself"},
+    [INJ_SINK_DROPPED] = {"sink-dropped", false,
+        "attention sinks: the sink logit is left out of every softmax (sink-dropped@L: layer L "
+        "alone)"},
+    [INJ_SINK_PREFILL_ONLY] = {"sink-prefill-only", false,
+        "attention sinks: applied in prefill chunks, left out of decode steps"},
+    [INJ_SINK_WINDOWED] = {"sink-windowed", false,
+        "attention sinks: the sink is masked like the key at position 0, so sliding layers "
+        "lose it once their window has passed position 0"},
     [INJ_OWN_KEY_MASKED] = {"own-key-masked", true,
         "own-key-masked=F[@L]: queries from position F on skip their own key, a strict mask "
         "(on layer L alone with @L)"},
@@ -90,7 +98,7 @@ static int parse_at_layer(const char *name, const char *val, long lo, int *n, in
 static const int *layer_of(const chk_injections *inj, int i)
 {
     return i == INJ_STALE_LOCAL ? &inj->stale_layer : i == INJ_RING_NO_WRAP ? &inj->ring_layer
-                                                                             : NULL;
+         : i == INJ_SINK_DROPPED ? &inj->sink_layer : NULL;
 }
 
 int chk_injection_parse(const char *spec, chk_injections *inj, kv_err *e)
@@ -222,10 +230,19 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
                           "steps read no prefill slot): give one of them");
     for (int i = 0; i < INJ_COUNT; i++) {
         const int *l = layer_of(inj, i);
-        if (inj->on[i] && l && *l >= 0 && (*l >= c->n_layers || c->layer_type[*l] != ATTN_SLIDING))
+        if (inj->on[i] && l && *l >= c->n_layers)
+            return kv_errf(e, "--inject %s@%d: the model has layers 0..%d", catalogue[i].name,
+                           *l, c->n_layers - 1);
+        if (inj->on[i] && l && *l >= 0 && i != INJ_SINK_DROPPED &&
+            c->layer_type[*l] != ATTN_SLIDING)
             return kv_errf(e, "--inject %s@%d: layer %d is not a sliding-window layer",
                            catalogue[i].name, *l, *l);
+        if (inj->on[i] && (i == INJ_SINK_DROPPED || i == INJ_SINK_PREFILL_ONLY ||
+                           i == INJ_SINK_WINDOWED) && !c->attn_sinks)
+            return kv_errf(e, "--inject %s: the model has no attention sinks", catalogue[i].name);
     }
+    if (inj->on[INJ_SINK_WINDOWED] && !has_sliding(c))
+        return kv_errf(e, "--inject sink-windowed: the model has no sliding-window layer");
     if (inj->on[INJ_RING_NO_WRAP] && o->cache != CACHE_RING)
         return kv_errf(e, "--inject ring-no-wrap needs --cache ring");
     if (inj->on[INJ_RING_NO_WRAP] && !has_sliding(c))

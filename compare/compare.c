@@ -1601,9 +1601,77 @@ static int check_hashes(const cmp_source *ref, const cmp_source *test, const cmp
     return 0;
 }
 
-int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *opts,
+/* The sink logits of a model with attention sinks, from the reference's
+ * own rows: with l a head's log-sum-exp over its keys (attn_lse) and s the
+ * sink's share of its softmax (attn_sink), the sink's logit is
+ * l + log(s / (1 - s)), the same at every position. Read at the first of a
+ * layer's first 16 positions where every head's share is strictly between
+ * 0 and 1; a layer without one keeps NaN (recomputed attention there then
+ * has no sink, and reproduces nothing: said by the families that try). */
+#define SINK_SCAN 16
+
+static int recover_sinks(const cmp_source *ref, float **out, kv_err *e)
+{
+    const kv_config *c = &ref->cfg;
+    const int H = c->n_heads, L = c->n_layers;
+    *out = NULL;
+    if (!c->attn_sinks || !ref->read || H <= 0 || L <= 0)
+        return 0;
+    float *s = malloc((size_t)L * H * sizeof *s);
+    float *lse = malloc((size_t)SINK_SCAN * H * sizeof *lse);
+    float *sh = malloc((size_t)SINK_SCAN * H * sizeof *sh);
+    if (!s || !lse || !sh) {
+        free(s);
+        free(lse);
+        free(sh);
+        return kv_errf(e, "compare: out of memory");
+    }
+    for (size_t i = 0; i < (size_t)L * H; i++)
+        s[i] = NAN;
+    for (int l = 0; l < L; l++) {
+        int64_t p0, n0, p1, n1;
+        int c0, c1;
+        if (ref->info(ref->ctx, l, STAGE_ATTN_LSE, &p0, &n0, &c0) || n0 <= 0 || c0 != H ||
+            ref->info(ref->ctx, l, STAGE_ATTN_SINK, &p1, &n1, &c1) || n1 <= 0 || c1 != H)
+            continue;
+        const int64_t lo = p0 > p1 ? p0 : p1;
+        const int64_t hi = p0 + n0 < p1 + n1 ? p0 + n0 : p1 + n1;
+        const int64_t n = hi - lo < SINK_SCAN ? hi - lo : SINK_SCAN;
+        if (n <= 0)
+            continue;
+        if (ref->read(ref->ctx, l, STAGE_ATTN_LSE, lo, n, lse, e) < 0 ||
+            ref->read(ref->ctx, l, STAGE_ATTN_SINK, lo, n, sh, e) < 0) {
+            free(s);
+            free(lse);
+            free(sh);
+            return -1;
+        }
+        for (int64_t r = 0; r < n; r++) {
+            bool ok = true;
+            for (int h = 0; h < H && ok; h++)
+                ok = isfinite(lse[r * H + h]) && sh[r * H + h] > 0 && sh[r * H + h] < 1;
+            if (!ok)
+                continue;
+            for (int h = 0; h < H; h++) {
+                const double x = sh[r * H + h];
+                s[(size_t)l * H + h] = (float)(lse[r * H + h] + log(x) - log1p(-x));
+            }
+            break;
+        }
+    }
+    free(lse);
+    free(sh);
+    *out = s;
+    return 0;
+}
+
+int cmp_compare(const cmp_source *ref_in, const cmp_source *test_in, const cmp_opts *opts,
                 cmp_result *r, kv_err *e)
 {
+    /* Copies that carry what the comparer works out for both (sinks). */
+    cmp_source ref_src = *ref_in, test_src = *test_in;
+    const cmp_source *ref = &ref_src, *test = &test_src;
+    float *sinks = NULL;
     cmp_opts dflt;
     cmp_opts_default(&dflt);
     const cmp_opts *o = opts ? opts : &dflt;
@@ -1631,6 +1699,11 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     if ((ref->check && ref->check(ref->ctx, e) < 0) ||
         (test->check && test->check(test->ctx, e) < 0))
         return -1;
+    if (!ref_src.sink_logits) {
+        if (recover_sinks(ref, &sinks, e) < 0)
+            return -1;
+        ref_src.sink_logits = test_src.sink_logits = sinks;
+    }
     /* Two threads at most: reading is serial (libhdf5), only weighing rows
      * is split. Without a pool (out of threads) rows are weighed serially. */
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -1641,5 +1714,6 @@ int cmp_compare(const cmp_source *ref, const cmp_source *test, const cmp_opts *o
     pool_free(w.pool);
     if (rc == 0 && !o->no_hashes && settled_by_hashes(r))
         rc = check_hashes(ref, test, o, r, e);
+    free(sinks);
     return rc;
 }

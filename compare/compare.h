@@ -134,6 +134,11 @@ typedef struct cmp_source {
      * with e filled (one line naming the source and what is wrong) makes
      * the compare fail. */
     int (*check)(void *ctx, kv_err *e);
+    /* The attention sinks' logits (n_layers x H) a recomputation of
+     * attention adds to each head's softmax (cfg.attn_sinks), or NULL.
+     * Left NULL by a source's maker: the comparer recovers them from the
+     * reference's attn_lse and attn_sink (docs/diagnosis.md). */
+    const float *sink_logits;
 } cmp_source;
 
 /* A dump file as a source (source_dump.c). Fills *out; the returned handle
@@ -374,6 +379,7 @@ typedef enum {
     CMP_DIAG_LOGIT_MAP,          /* the logits through another softcap or scale */
     CMP_DIAG_STATED_PRECISION,   /* the test states f32 but its rows are coarser */
     CMP_DIAG_ROWS_SHIFTED,       /* K/V rows written N positions off: a write index off */
+    CMP_DIAG_SINK,               /* an attention sink left out of a softmax */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

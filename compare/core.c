@@ -65,6 +65,7 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_LOGIT_MAP] = "logit_map",
         [CMP_DIAG_STATED_PRECISION] = "stated_precision",
         [CMP_DIAG_ROWS_SHIFTED] = "rows_shifted",
+        [CMP_DIAG_SINK] = "attention_sink",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }

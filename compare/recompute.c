@@ -34,7 +34,31 @@ typedef struct {
     double scale;
     const float *q;
     double *m, *s, *acc;         /* (H), (H), (H, D) */
+    const float *sink;           /* (H) the layer's sink logits, or NULL */
 } softmax_state;
+
+/* The layer's sink logits from the source, when the model has sinks. */
+static const float *layer_sinks(const cmp_source *src, const kv_config *cfg, int layer)
+{
+    if (!cfg->attn_sinks || !src->sink_logits || layer < 0 || layer >= cfg->n_layers)
+        return NULL;
+    const float *s = src->sink_logits + (size_t)layer * cfg->n_heads;
+    return isnan(s[0]) ? NULL : s;   /* NaN: not recovered for this layer */
+}
+
+/* A sink joins the softmax's denominator: each head's output keeps
+ * exp(lse) / (exp(lse) + exp(sink)) of itself (lse over the keys, as
+ * attn_lse records it, is unchanged). */
+static void apply_sinks(const float *sink, int H, int D, const double *lse, double *out)
+{
+    for (int h = 0; sink && h < H; h++) {
+        if (!isfinite(lse[h]))
+            continue;
+        const double keep = 1.0 / (1.0 + exp((double)sink[h] - lse[h]));
+        for (int d = 0; d < D; d++)
+            out[(size_t)h * D + d] *= keep;
+    }
+}
 
 /* One key (k, v: KV*D floats; NULL = K = V = 0) into every head. */
 static void add_key(softmax_state *st, const float *k, const float *v)
@@ -149,7 +173,8 @@ static int recompute_open(softmax_state *st, key_reader *kr, const cmp_source *s
     memset(kr, 0, sizeof *kr);
     if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
         return 1;
-    *st = (softmax_state){.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q};
+    *st = (softmax_state){.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q,
+                          .sink = layer_sinks(src, cfg, layer)};
     *kr = (key_reader){.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
     st->m = malloc((size_t)H * sizeof(double));
     st->s = calloc((size_t)H, sizeof(double));
@@ -183,6 +208,7 @@ static void softmax_result(const softmax_state *st, double *lse, double *out)
             out[(size_t)i * st->D + d] = st->s[i] > 0 ? st->acc[(size_t)i * st->D + d] / st->s[i]
                                                       : 0;
     }
+    apply_sinks(st->sink, st->H, st->D, lse, out);
 }
 
 int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
@@ -311,6 +337,7 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
             }
             if (!ok)
                 continue;
+            apply_sinks(layer_sinks(src, cfg, layer), H, D, lse, out);
             const double err = cmp_attention_err(cfg, layer, lse, out, lse_rec, out_rec, 0);
             double *best = sign < 0 ? skip_err : dup_err;
             if (err < *best) {

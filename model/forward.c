@@ -36,7 +36,8 @@ int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
     s->rope_sin = malloc(n * half * sizeof(float));
     s->inv_freq_local = malloc(half * sizeof(double));
     s->inv_freq_global = malloc(half * sizeof(double));
-    if (c->attn_sinks && !(s->sink = malloc(n * H * sizeof(float)))) {
+    if (c->attn_sinks && (!(s->sink = malloc(n * H * sizeof(float))) ||
+                          !(s->sink_off = calloc(n, 1)))) {
         fw_state_free(s);
         return kv_errf(e, "out of memory for activations of %d rows", cap);
     }
@@ -85,6 +86,7 @@ void fw_state_free(fw_state *s)
     free(s->inv_freq_local);
     free(s->inv_freq_global);
     free(s->sink);
+    free(s->sink_off);
     free(s->moe_logits);
     free(s->moe_in);
     free(s->moe_gu);
@@ -248,6 +250,10 @@ static void apply_sinks(const kv_model *m, int layer, fw_state *s, int n)
     const float *sinks = m->layers[layer].sinks;
     for (int i = 0; i < n; i++)
         for (int h = 0; h < H; h++) {
+            if (s->sink_off_any && s->sink_off[i]) {   /* the bug: no sink at all */
+                s->sink[(size_t)i * H + h] = 0.0f;
+                continue;
+            }
             const double l = s->lse[(size_t)i * H + h], sk = sinks[h];
             const double mx = l > sk ? l : sk;
             const double wk = isinf(l) && l < 0 ? 0.0 : exp(l - mx), ws = exp(sk - mx);

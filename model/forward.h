@@ -16,6 +16,7 @@
 #ifndef KV_FORWARD_H
 #define KV_FORWARD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include "observer.h"
 #include "err.h"
@@ -44,6 +45,9 @@ typedef struct {
     double rope_mscale_local, rope_mscale_global; /* cos/sin multipliers (YaRN) */
     /* gpt-oss (NULL elsewhere) */
     float *sink;     /* (cap, H) the sink's share of each softmax */
+    uint8_t *sink_off;   /* (cap) rows whose softmax leaves the sink out (an engine's
+                            injected bug; read only while sink_off_any) */
+    bool sink_off_any;
     float *moe_logits;   /* (cap, X) router logits */
     float *moe_in;   /* (cap, max(E, I)) rows gathered for one expert, then theirs */
     float *moe_gu;   /* (cap, 2I) their gate_up projection */

@@ -153,6 +153,17 @@ static const inj_case inj_cases[] = {
     {"tiny-gemma4", CACHE_RING, 5, "window=4", SHARE_PADDED, 4, 0, STAGE_ATTN_LSE, CMP_DIAG_WINDOW},
     {"tiny-gemma4", CACHE_DENSE, 7, "stale-local", SHARE_PLAIN, 7, 0, STAGE_ATTN_LSE, CMP_DIAG_STALE_CACHE},
     {"tiny-gemma4", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
+    /* gpt-oss: the sink bugs (first seen in attn_sink, the sink's share),
+     * and the cache bugs of a sink model (attention recomputed with the
+     * sinks recovered from the reference). */
+    {"tiny-gpt-oss", CACHE_DENSE, 5, "sink-dropped", SHARE_PLAIN, 0, 0, STAGE_ATTN_SINK, CMP_DIAG_SINK},
+    {"tiny-gpt-oss", CACHE_RING, 7, "sink-dropped@3", SHARE_PLAIN, 0, 3, STAGE_ATTN_SINK, CMP_DIAG_SINK},
+    {"tiny-gpt-oss", CACHE_SPLIT, 16, "sink-prefill-only", SHARE_PLAIN, P, 0, STAGE_ATTN_SINK, CMP_DIAG_SINK},
+    {"tiny-gpt-oss", CACHE_RING, 5, "sink-windowed", SHARE_PLAIN, W, 0, STAGE_ATTN_SINK, CMP_DIAG_SINK},
+    {"tiny-gpt-oss", CACHE_DENSE, 5, "window=11", SHARE_PLAIN, 11, 0, STAGE_ATTN_LSE, CMP_DIAG_WINDOW},
+    {"tiny-gpt-oss", CACHE_RING, 5, "window=13", SHARE_PLAIN, W, 0, STAGE_ATTN_LSE, CMP_DIAG_WINDOW},
+    {"tiny-gpt-oss", CACHE_DENSE, 5, "isolated-chunks", SHARE_PLAIN, 5, 0, STAGE_ATTN_LSE, CMP_DIAG_CHUNK_ISOLATED},
+    {"tiny-gpt-oss", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
     {"tiny-llama", CACHE_SPLIT, 16, "split-mask-off-by-one", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_EXTRA_KEY},
     {"tiny-gemma3", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
     {"tiny-gemma3", CACHE_DENSE, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
