@@ -133,6 +133,9 @@ static const char *const inj_diagnosis[INJ_COUNT] = {
     [INJ_DROP_KEY] = "missing_key",
     [INJ_OWN_KEY_MASKED] = "own_key_masked",
     [INJ_ISOLATED_LAYER] = "chunk_isolated",
+    [INJ_SINK_DROPPED] = "attention_sink",
+    [INJ_SINK_PREFILL_ONLY] = "attention_sink",
+    [INJ_SINK_WINDOWED] = "attention_sink",
 };
 
 const char *suite_injection_diagnosis(int injection)
@@ -140,10 +143,10 @@ const char *suite_injection_diagnosis(int injection)
     return injection >= 0 && injection < INJ_COUNT ? inj_diagnosis[injection] : "?";
 }
 
-/* The injection named by word (its =VALUE, if any, ignored); -1 if none. */
+/* The injection named by word (its =VALUE or @LAYER, if any, ignored); -1 if none. */
 static int injection_index(const char *word)
 {
-    size_t n = strcspn(word, "=");
+    size_t n = strcspn(word, "=@");
     for (int i = 0; i < INJ_COUNT; i++) {
         const char *name = chk_injection_name((chk_injection)i);
         if (strlen(name) == n && !strncmp(name, word, n))
