@@ -328,6 +328,12 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
     const int qf = H * D, kvf = KV * D, owner = cfg->kv_owner[layer];
     const int W = config_layer_window(cfg, layer);
     *first = -1;
+    /* A sink model's attention needs its sink logits (recovered from the
+     * reference, compare.c): without them the layer is not checked. */
+    const float *sinks = cfg->attn_sinks && c->test->sink_logits
+                             ? c->test->sink_logits + (size_t)layer * H : NULL;
+    if (cfg->attn_sinks && (!sinks || isnan(sinks[0])))
+        return 0;
     audit_buf b = {0};
     const size_t nk = (size_t)hi + 1;
     b.k = malloc(nk * kvf * sizeof *b.k);
@@ -373,6 +379,14 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
         }
         kern_attention(kc, n, b.q, H, KV, D, scale, b.krow, b.vrow, b.kbeg, b.kend, b.out,
                        b.lse);
+        for (int i = 0; sinks && i < n; i++)   /* the sink joins each softmax */
+            for (int h = 0; h < H; h++) {
+                const double l = b.lse[(size_t)i * H + h];
+                const double keep = isfinite(l) ? 1.0 / (1.0 + exp((double)sinks[h] - l)) : 0.0;
+                float *o = b.out + ((size_t)i * H + h) * D;
+                for (int d = 0; d < D; d++)
+                    o[d] = (float)((double)o[d] * keep);
+            }
         for (int i = 0; i < n; i++) {
             const double r = residual(b.out + (size_t)i * qf, b.rec + (size_t)i * qf, qf,
                                       m->audit_rms_weight);

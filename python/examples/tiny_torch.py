@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 / Gemma 4 (text:
 per-layer head sizes, v from k, proportional RoPE, KV-shared layers,
-double-wide MLPs, per-layer inputs, layer scalars) that loads a
+double-wide MLPs, per-layer inputs, layer scalars) / gpt-oss (attention
+sinks, YaRN, a mixture of experts) that loads a
 Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
 names, and records its greedy generation with kvdiff_record.TorchHooks. It
 stands in for transformers (not packaged by Debian) so the recorder, the
@@ -42,7 +43,8 @@ read N keys: a split local/global cache), own-key-masked (position q reads
 keys before q only: a strict mask), kv-swap=L (layer L's k_proj and v_proj
 weights swapped), norm-eps=E (every RMSNorm with epsilon E), attn-scale=F
 (scores scaled by F times the config's scale: query_pre_attn_scalar halved
-is F = sqrt(2))."""
+is F = sqrt(2)), sinks-dropped (gpt-oss: no sink in any softmax),
+sinks-prefill-only (gpt-oss: decode steps leave the sink out)."""
 
 import argparse
 import json
@@ -129,6 +131,7 @@ class Faults:
         self.kv_swap = None
         self.norm_eps = None
         self.attn_scale = None
+        self.sinks = "on"
         for s in specs or []:
             name, _, arg = s.partition("=")
             try:
@@ -157,6 +160,8 @@ class Faults:
                         raise ValueError("no such layer")
                 elif name == "norm-eps" and arg:
                     self.norm_eps = float(arg)
+                elif name in ("sinks-dropped", "sinks-prefill-only") and not arg:
+                    self.sinks = name[len("sinks-"):]
                 elif name == "attn-scale" and arg:
                     self.attn_scale = float(arg)
                     if not (self.attn_scale > 0 and math.isfinite(self.attn_scale)):
@@ -166,8 +171,8 @@ class Faults:
             except ValueError as exc:
                 raise ValueError(f"--fault {s!r}: expected window=N, swap-layer-types=A,B, "
                                  f"rope-base-local=T, rope-base=T, drop-key=P, decode-blind, "
-                                 f"global-window=N, own-key-masked, kv-swap=L, norm-eps=E or "
-                                 f"attn-scale=F "
+                                 f"global-window=N, own-key-masked, kv-swap=L, norm-eps=E, "
+                                 f"attn-scale=F, sinks-dropped or sinks-prefill-only "
                                  f"({exc})")
         if self.window is not None and self.window < 1:
             raise ValueError(f"--fault window={self.window}: the window must be >= 1")
@@ -224,8 +229,11 @@ def rope_tables(positions, theta, d, prec, scaling=None, partial=1.0):
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
     if partial < 1.0:
         inv[int(partial * d // 2):] = 0.0
+    mscale = 1.0
     if scaling and scaling["rope_type"] == "linear":
         inv = inv / scaling["factor"]
+    elif scaling and scaling["rope_type"] == "yarn":
+        inv, mscale = yarn_inv_freq(inv, theta, d, scaling)
     elif scaling and scaling["rope_type"] == "llama3":
         f, orig = scaling["factor"], scaling["original_max_position_embeddings"]
         lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -234,9 +242,29 @@ def rope_tables(positions, theta, d, prec, scaling=None, partial=1.0):
         mid = (1 - smooth) * inv / f + smooth * inv
         inv = torch.where(wavelen < orig / hi, inv, torch.where(wavelen > orig / lo, inv / f, mid))
     ang = positions.to(torch.float64)[:, None] * inv[None, :]
-    cos = torch.cat([ang.cos(), ang.cos()], -1).float()
-    sin = torch.cat([ang.sin(), ang.sin()], -1).float()
+    cos = (torch.cat([ang.cos(), ang.cos()], -1) * mscale).float()
+    sin = (torch.cat([ang.sin(), ang.sin()], -1) * mscale).float()
     return prec.rnd(cos), prec.rnd(sin)
+
+
+def yarn_inv_freq(inv, theta, d, s):
+    """transformers' _compute_yarn_parameters: the frequencies below the
+    ramp kept, above it divided by factor, blended between; and the
+    attention factor cos and sin are multiplied by."""
+    factor, old = s["factor"], s["original_max_position_embeddings"]
+
+    def dim_of(rot):
+        return d * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = dim_of(s.get("beta_fast", 32.0)), dim_of(s.get("beta_slow", 1.0))
+    if s.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(d // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
+    mscale = s.get("attention_factor", 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+    return inv / factor * ramp + inv * (1 - ramp), mscale
 
 
 def rotate_half(x):
@@ -308,13 +336,18 @@ class Attention(nn.Module):
         self.h, self.kv, self.d = h, kv, d
         self.layer_idx = layer_idx
         self.owner = c["kv_owner"][layer_idx]
-        bias = arch == "qwen2"
+        bias = arch in ("qwen2", "gpt_oss")
         self.q_proj = Linear(e, h * d, bias, prec)
         if self.owner == layer_idx:   # a KV-shared layer has no k and v of its own
             self.k_proj = Linear(e, kv * d, bias, prec)
             if not self.k_eq_v:       # Gemma 4's K=V layers take v from k_proj
                 self.v_proj = Linear(e, kv * d, bias, prec)
-        self.o_proj = Linear(h * d, e, False, prec)
+        self.o_proj = Linear(h * d, e, arch == "gpt_oss", prec)
+        if arch == "gpt_oss":   # a learned sink logit per head
+            self.sinks = nn.Parameter(torch.zeros(h))
+        self.sink_mode = "on"         # --fault sinks-dropped / sinks-prefill-only
+        self.prompt_length = 0
+        self.scale_sliding = arch == "gpt_oss"   # YaRN on every layer
         self.qk_norm = arch in ("gemma3_text", "qwen3", "gemma4_text")
         kind = norm_kind(arch)
         if self.qk_norm:
@@ -359,8 +392,8 @@ class Attention(nn.Module):
     def forward(self, x, positions, cache, theta, window, scale, visible):
         t, p = x.shape[1], self.prec
         q, k, v = self.project(x, t)
-        cos, sin = rope_tables(positions, theta, self.d, p, None if window else self.scaling,
-                               self.partial)
+        scaled = self.scaling if (not window or self.scale_sliding) else None
+        cos, sin = rope_tables(positions, theta, self.d, p, scaled, self.partial)
         q, k = self.rotate(q, k, cos, sin)
         self.q_rope(q[0].transpose(0, 1).reshape(1, t, self.h * self.d))
         layer = cache.layers[self.owner]
@@ -382,16 +415,83 @@ class Attention(nn.Module):
         if window:
             mask |= kpos[None, :] <= positions[:, None] - window
         mask |= ~visible[kpos][None, :]
+        sink = hasattr(self, "sinks") and (self.sink_mode == "on" or (
+            self.sink_mode == "prefill-only" and positions[0] < self.prompt_length))
         if self.attn == "eager":
             scores = p.rnd(p.rnd(q @ kk.transpose(1, 2)) * scale)
             scores = scores.masked_fill(mask[None], float("-inf"))
-            out = p.rnd(p.rnd(torch.softmax(scores, -1)) @ vv)
+            out = p.rnd(p.rnd(self.softmax(scores, sink)) @ vv)
         else:
             scores = (q @ kk.transpose(1, 2)) * scale
             scores = scores.masked_fill(mask[None], float("-inf"))
-            out = p.rnd(torch.softmax(scores, -1) @ vv)
+            out = p.rnd(self.softmax(scores, sink) @ vv)
         out = out.transpose(0, 1).reshape(1, t, self.h * self.d)
         return self.o_proj(out)
+
+
+    def softmax(self, scores, sink):
+        """The softmax over the keys; with the sink (gpt-oss) one more
+        logit per head joins it, and its column is dropped, as
+        transformers' eager_attention_forward for GptOss does."""
+        if not sink:
+            return torch.softmax(scores, -1)
+        col = self.sinks.view(-1, 1, 1).expand(scores.shape[0], scores.shape[1], 1)
+        both = torch.cat([scores, col], -1)
+        both = both - both.max(-1, keepdim=True).values
+        return torch.softmax(both, -1)[..., :-1]
+
+
+class Router(nn.Module):
+    """GptOssTopKRouter: logits, the top k, softmax over the chosen."""
+
+    def __init__(self, c, prec):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(c["num_local_experts"], c["hidden_size"]))
+        self.bias = nn.Parameter(torch.zeros(c["num_local_experts"]))
+        self.top_k, self.prec = c["num_experts_per_tok"], prec
+
+    def forward(self, x):
+        logits = self.prec.rnd(nn.functional.linear(x, self.weight, self.bias))
+        val, idx = torch.topk(logits, self.top_k, dim=-1)
+        return self.prec.rnd(torch.softmax(val, -1)), idx
+
+
+class Experts(nn.Module):
+    """GptOssExperts: stacked, input-major; gate and up interleaved."""
+
+    def __init__(self, c, prec):
+        super().__init__()
+        x, e, i = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
+        self.gate_up_proj = nn.Parameter(torch.zeros(x, e, 2 * i))
+        self.gate_up_proj_bias = nn.Parameter(torch.zeros(x, 2 * i))
+        self.down_proj = nn.Parameter(torch.zeros(x, i, e))
+        self.down_proj_bias = nn.Parameter(torch.zeros(x, e))
+        self.limit, self.prec = c.get("swiglu_limit", 7.0), prec
+
+    def forward(self, x, weights, idx):
+        r = self.prec.rnd
+        out = torch.zeros_like(x)
+        for t in range(x.shape[0]):
+            for w, e in zip(weights[t], idx[t]):
+                gu = r(x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e])
+                g, u = gu[0::2].clamp(max=self.limit), gu[1::2].clamp(-self.limit, self.limit)
+                y = r(r(g * torch.sigmoid(g * 1.702)) * (u + 1))
+                out[t] = r(out[t] + r(w * r(y @ self.down_proj[e] + self.down_proj_bias[e])))
+        return out
+
+
+class MoE(nn.Module):
+    """GptOssMLP: returns (output, router scores) as transformers' does."""
+
+    def __init__(self, c, prec):
+        super().__init__()
+        self.router, self.experts = Router(c, prec), Experts(c, prec)
+
+    def forward(self, x):
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])
+        w, idx = self.router(flat)
+        return self.experts(flat, w, idx).view(shape), w
 
 
 class MLP(nn.Module):
@@ -423,7 +523,8 @@ class Layer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
             self.post_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
         shared = c["kv_owner"][layer_idx] != layer_idx
-        self.mlp = MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
+        self.mlp = MoE(c, prec) if arch == "gpt_oss" else \
+            MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
         self.ple = arch == "gemma4_text" and c.get("hidden_size_per_layer_input", 0) > 0
         if self.ple:   # Gemma 4's per-layer input block and layer scalar
             pl = c["hidden_size_per_layer_input"]
@@ -450,7 +551,8 @@ class Layer(nn.Module):
                 out = r(out * self.layer_scalar)
             return out
         h = r(x + a)
-        return r(h + self.mlp(self.post_attention_layernorm(h)))
+        m = self.mlp(self.post_attention_layernorm(h))
+        return r(h + (m[0] if isinstance(m, tuple) else m))
 
 
 class Inner(nn.Module):
@@ -558,6 +660,7 @@ class TinyCausalLM(nn.Module):
                 m.eps = f.norm_eps
             if isinstance(m, Attention):
                 m.strict = f.own_masked
+                m.sink_mode, m.prompt_length = f.sinks, prompt_length
         # Gemma's sqrt(hidden) embedding scale: a float32 value (DESIGN.md),
         # which transformers casts to the dtype before the product.
         scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0

@@ -953,22 +953,31 @@ def _check_config(config):
 
 
 def _check_rope_scaling(c):
+    """rope_scaling as kvdiff's dump reader takes it (dump/dump.c)."""
     rs = c.get("rope_scaling")
     if rs is None:
         return
     kind = rs.get("rope_type") if isinstance(rs, dict) else None
-    if kind not in ("linear", "llama3"):
+    if kind not in ("linear", "llama3", "yarn"):
         raise RecorderError("model_config: rope_scaling must be null or an object whose "
-                            "rope_type is \"linear\" or \"llama3\"")
+                            "rope_type is \"linear\", \"llama3\" or \"yarn\"")
     keys = ("factor",) + (("low_freq_factor", "high_freq_factor") if kind == "llama3" else ())
     v = {k: _as_number(rs.get(k)) for k in keys}
-    if kind == "llama3":
+    if kind in ("llama3", "yarn"):
         _whole(rs.get("original_max_position_embeddings"),
                "model_config: rope_scaling.original_max_position_embeddings", 1, _INT32_MAX)
     if any(x is None for x in v.values()) or v["factor"] <= 0 or (
             kind == "llama3" and not v["high_freq_factor"] > v["low_freq_factor"] > 0):
         raise RecorderError("model_config: rope_scaling: factor must be a number > 0 (and "
                             "high_freq_factor > low_freq_factor > 0 for llama3)")
+    if kind == "yarn":
+        fast, slow = _as_number(rs.get("beta_fast", 32.0)), _as_number(rs.get("beta_slow", 1.0))
+        af = rs.get("attention_factor")
+        af = 1.0 if af is None else _as_number(af)
+        if fast is None or slow is None or not fast > slow > 0 or af is None or af <= 0 or \
+                not isinstance(rs.get("truncate", True), bool):
+            raise RecorderError("model_config: rope_scaling: yarn needs beta_fast > beta_slow "
+                                "> 0, attention_factor > 0 and truncate true or false")
 
 
 def _check_gemma4_fields(c):
