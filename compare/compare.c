@@ -219,6 +219,7 @@ typedef struct {
     const cmp_opts *o;
     cmp_result *r;
     int64_t pos_limit;           /* exclusive */
+    bool routing_cut;            /* pos_limit is a routing flip's (find_routing_flip) */
     walk_slot *slots;
     int n;
     int B;                       /* positions per block */
@@ -530,7 +531,7 @@ static int build_slots(walker *w, kv_err *e)
     if (hc.lo <= hc.hi)
         describe_overlap(r, &hr, &ht, &hc, L, w->ref->label, w->test->label,
                          w->test->stopped_on_purpose);
-    if (w->pos_limit >= 0 && w->pos_limit <= hc.hi)
+    if (w->pos_limit >= 0 && w->pos_limit <= hc.hi && !w->routing_cut)
         cmp_note(r, "positions %lld..%lld not compared: the input token at %lld differs, so "
                  "every row from there on has other inputs", (long long)w->pos_limit,
                  (long long)hc.hi, (long long)w->pos_limit);
@@ -1665,6 +1666,140 @@ static int recover_sinks(const cmp_source *ref, float **out, kv_err *e)
     return 0;
 }
 
+/* A mixture of experts sends each row to the top k of its router's
+ * logits. Where the reference's last chosen expert and the one the test
+ * chose instead are closer than the error this pair shows in that row's
+ * logits, and that error is of the size the pair shows at the layer's
+ * earlier positions, the test made a rounding flip at a near tie, not a
+ * mistake: from there on its rows (that position from the layer's MLP on,
+ * every later position through attention) are computed on other experts'
+ * outputs, and comparing them would call the flip a bug. The first
+ * difference in routing, in (position, layer) order, is found before the
+ * walk; when it is such a flip, positions from it on are not compared, as
+ * after a differing input token. A first difference that is no near tie
+ * is left to the walk, which finds it at router_logits or ffn_out. */
+typedef struct {
+    int64_t pos;                 /* -1: none */
+    int layer, dropped, added, k;
+    double gap, err, level;
+    bool tie;
+} routing_flip;
+
+#define ROUTING_MIN_ROWS 4       /* earlier positions that set the pair's error level */
+
+static void top_k_of(const float *v, int X, int k, int *idx)
+{
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int x = 0; x < X; x++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = idx[q] == x;
+            if (!taken && (best < 0 || v[x] > v[best]))
+                best = x;
+        }
+        idx[r] = best;
+    }
+}
+
+static bool chosen(const int *idx, int k, int x)
+{
+    for (int i = 0; i < k; i++)
+        if (idx[i] == x)
+            return true;
+    return false;
+}
+
+/* The first routing difference of layer l, or none, into *f when earlier
+ * than what *f holds. */
+static int layer_routing(const cmp_source *ref, const cmp_source *test, int l, int64_t limit,
+                         routing_flip *f, kv_err *e)
+{
+    const int X = ref->cfg.n_experts, K = ref->cfg.n_experts_used;
+    int64_t pa, na, pb, nb;
+    int ca, cb;
+    if (ref->info(ref->ctx, l, STAGE_ROUTER_LOGITS, &pa, &na, &ca) || na <= 0 || ca != X ||
+        test->info(test->ctx, l, STAGE_ROUTER_LOGITS, &pb, &nb, &cb) || nb <= 0 || cb != X)
+        return 0;
+    int64_t lo = pa > pb ? pa : pb, hi = (pa + na < pb + nb ? pa + na : pb + nb) - 1;
+    if (limit >= 0 && hi >= limit)
+        hi = limit - 1;
+    if (f->pos >= 0 && hi > f->pos)
+        hi = f->pos;
+    if (hi < lo)
+        return 0;
+    const int64_t n = hi - lo + 1;
+    float *a = malloc((size_t)n * X * sizeof *a), *b = malloc((size_t)n * X * sizeof *b);
+    int *ia = malloc(2 * (size_t)K * sizeof *ia), *ib = ia ? ia + K : NULL;
+    int rc = a && b && ia ? 0 : kv_errf(e, "compare: out of memory");
+    if (rc == 0 && (ref->read(ref->ctx, l, STAGE_ROUTER_LOGITS, lo, n, a, e) < 0 ||
+                    test->read(test->ctx, l, STAGE_ROUTER_LOGITS, lo, n, b, e) < 0))
+        rc = -1;
+    double level = 0;
+    for (int64_t r = 0; rc == 0 && r < n; r++) {
+        const float *ra = a + r * X, *rb = b + r * X;
+        double d = 0, scale = 0;
+        for (int x = 0; x < X; x++) {
+            d = fmax(d, fabs((double)ra[x] - rb[x]));
+            scale = fmax(scale, fabs((double)ra[x]));
+        }
+        const double rel = scale > 0 ? d / scale : 0;
+        top_k_of(ra, X, K, ia);
+        top_k_of(rb, X, K, ib);
+        /* The test's k-th logit tied exactly with an unchosen one (f16
+         * logits often are): its runtime may have taken either, and its
+         * recorded logits cannot say which. Taken as the one that differs
+         * from the reference's choice. */
+        for (int x = 0; x < X; x++)
+            if (!chosen(ib, K, x) && rb[x] == rb[ib[K - 1]] && !chosen(ia, K, x) &&
+                chosen(ia, K, ib[K - 1])) {
+                ib[K - 1] = x;
+                break;
+            }
+        int dropped = -1, added = -1;
+        double gap = INFINITY;
+        for (int i = 0; i < K; i++) {
+            if (chosen(ib, K, ia[i]))
+                continue;
+            for (int j = 0; j < K; j++)
+                if (!chosen(ia, K, ib[j]) && (double)ra[ia[i]] - ra[ib[j]] < gap) {
+                    gap = (double)ra[ia[i]] - ra[ib[j]];
+                    dropped = ia[i];
+                    added = ib[j];
+                }
+        }
+        if (dropped >= 0) {
+            const int64_t p = lo + r;
+            if (f->pos < 0 || p < f->pos || (p == f->pos && l < f->layer)) {
+                *f = (routing_flip){.pos = p, .layer = l, .dropped = dropped, .added = added,
+                                    .k = K, .gap = gap, .err = d, .level = level};
+                f->tie = r >= ROUTING_MIN_ROWS && gap <= 2 * d && level > 0 &&
+                         rel <= 8 * level;
+            }
+            break;
+        }
+        level = fmax(level, rel);
+    }
+    free(a);
+    free(b);
+    free(ia);
+    return rc;
+}
+
+static int find_routing_flip(const cmp_source *ref, const cmp_source *test, int64_t limit,
+                             routing_flip *f, kv_err *e)
+{
+    f->pos = -1;
+    const kv_config *c = &ref->cfg;
+    if (c->n_experts <= 0 || c->n_experts_used < 1 || c->n_experts_used >= c->n_experts ||
+        test->cfg.n_experts != c->n_experts || !ref->read || !test->read)
+        return 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (layer_routing(ref, test, l, limit, f, e) < 0)
+            return -1;
+    return 0;
+}
+
 int cmp_compare(const cmp_source *ref_in, const cmp_source *test_in, const cmp_opts *opts,
                 cmp_result *r, kv_err *e)
 {
@@ -1703,6 +1838,25 @@ int cmp_compare(const cmp_source *ref_in, const cmp_source *test_in, const cmp_o
         if (recover_sinks(ref, &sinks, e) < 0)
             return -1;
         ref_src.sink_logits = test_src.sink_logits = sinks;
+    }
+    /* Only across runtimes: kvdiff's own engines route bit for bit alike. */
+    routing_flip fl = {.pos = -1};
+    char why[256];
+    if (cmp_xrt_wanted(ref, test, o, why, sizeof why) &&
+        find_routing_flip(ref, test, w.pos_limit, &fl, e) < 0) {
+        free(sinks);
+        return -1;
+    }
+    if (fl.pos >= 0 && fl.tie) {
+        w.pos_limit = c.pos_limit = r->compared.pos_cut = fl.pos;
+        w.routing_cut = true;
+        cmp_note(r, "positions %lld.. not compared: at position %lld, layer %d the test routed "
+                 "to expert %d where the reference chose expert %d, their logits %.3g apart in "
+                 "the reference, less than twice the %.3g this pair's router logits differ by "
+                 "there (up to %.3g at the layer's earlier positions): a rounding flip at a near "
+                 "tie, after which every row is computed on other experts' outputs (kvdiff has no "
+                 "run that follows the test's routing yet)", (long long)fl.pos,
+                 (long long)fl.pos, fl.layer, fl.added, fl.dropped, fl.gap, fl.err, fl.level);
     }
     /* Two threads at most: reading is serial (libhdf5), only weighing rows
      * is split. Without a pool (out of threads) rows are weighed serially. */

@@ -118,6 +118,8 @@ int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
         return H;
     case STAGE_ATTN_SINK:
         return c->attn_sinks ? H : 0;
+    case STAGE_ROUTER_LOGITS:
+        return c->n_experts > 0 ? c->n_experts : 0;
     case STAGE_LOGITS:
         return c->vocab;
     default:

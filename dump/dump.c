@@ -801,6 +801,8 @@ int dump_stage_cols(const kv_config *c, kv_stage st, int layer)
         return c->n_heads;
     case STAGE_ATTN_SINK:
         return c->attn_sinks ? c->n_heads : 0;
+    case STAGE_ROUTER_LOGITS:
+        return c->n_experts;
     case STAGE_LOGITS:
         return c->vocab;
     default:

@@ -1021,6 +1021,10 @@ static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv
         snprintf(cols, sizeof cols, "one per head");
         units = "share of the softmax (0..1)";
         break;
+    case STAGE_ROUTER_LOGITS:
+        snprintf(cols, sizeof cols, "one per expert");
+        units = "logits (before top-k)";
+        break;
     case STAGE_LOGITS:
         snprintf(cols, sizeof cols, "one per token id");
         break;

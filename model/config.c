@@ -1509,6 +1509,8 @@ bool config_layer_has_stage(const kv_config *c, int layer, int st)
         return false;
     if (st == STAGE_ATTN_SINK && !c->attn_sinks)
         return false;
+    if (st == STAGE_ROUTER_LOGITS && c->n_experts <= 0)
+        return false;
     return true;
 }
 

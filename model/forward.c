@@ -344,13 +344,15 @@ static void oai_swiglu(const float *gu, int I, double limit, float *out)
  * runs once on the rows that chose it, gathered (the kernels' rows are
  * independent, so a row's bits do not depend on which rows share its
  * expert); each row then sums its experts' outputs by rank with fmaf. */
-static void moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n)
+static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                     int64_t pos0, kv_observer *obs)
 {
     const kv_config *c = &m->cfg;
     const model_layer *ly = &m->layers[layer];
     const int E = c->hidden, X = c->n_experts, K = c->n_experts_used;
     const int I = config_layer_intermediate(c, layer);
     kern_matmul(kc, &ly->router, s->xn, n, s->moe_logits);
+    EMIT(STAGE_ROUTER_LOGITS, layer, X, s->moe_logits);
     for (int i = 0; i < n; i++) {
         const float *lg = s->moe_logits + (size_t)i * X;
         int *ix = s->moe_x + (size_t)i * K;
@@ -394,6 +396,7 @@ static void moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state
             out[j] = acc;
         }
     }
+    return 0;
 }
 
 int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
@@ -414,7 +417,8 @@ int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
     EMIT(STAGE_FFN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_FFN_NORM, layer, E, s->xn);
     if (c->n_experts > 0) {
-        moe_block(kc, m, layer, s, n);
+        if (moe_block(kc, m, layer, s, n, pos0, obs))
+            return 1;
     } else {
         kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
         kern_matmul(kc, &ly->w_up, s->xn, n, s->up);

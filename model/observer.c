@@ -19,6 +19,7 @@ static const char *const stage_names[STAGE_COUNT] = {
     [STAGE_H_MID] = "h_mid",
     [STAGE_FFN_NORM_STATS] = "ffn_norm_stats",
     [STAGE_FFN_NORM] = "ffn_norm",
+    [STAGE_ROUTER_LOGITS] = "router_logits",
     [STAGE_FFN_OUT] = "ffn_out",
     [STAGE_PLE_IN] = "ple_in",
     [STAGE_PLE_OUT] = "ple_out",
@@ -33,7 +34,7 @@ static const kv_stage wire_order[STAGE_COUNT] = {
     STAGE_ATTN_LSE, STAGE_ATTN_NKEYS, STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
     STAGE_FFN_NORM_STATS, STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT,
     STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS,
-    STAGE_PLE_IN, STAGE_PLE_OUT, STAGE_ATTN_SINK,
+    STAGE_PLE_IN, STAGE_PLE_OUT, STAGE_ATTN_SINK, STAGE_ROUTER_LOGITS,
 };
 
 int stage_wire_id(kv_stage s)

@@ -26,6 +26,7 @@ typedef enum {
     STAGE_H_MID,           /* residual after attention (E) */
     STAGE_FFN_NORM_STATS,  /* mean, rms, absmax of the FFN-norm input (3) */
     STAGE_FFN_NORM,        /* FFN input norm output (E) */
+    STAGE_ROUTER_LOGITS,   /* mixture of experts: the router's logits, before top-k (X) */
     STAGE_FFN_OUT,         /* MLP output; Gemma: after post_feedforward_layernorm (E) */
     STAGE_PLE_IN,          /* Gemma 4: this layer's slice of the per-layer inputs (P) */
     STAGE_PLE_OUT,         /* Gemma 4: per-layer input block output, after
@@ -44,7 +45,7 @@ const char *stage_name(kv_stage s);
 
 /* The stage's id in a dump's /row_hash_index (docs/dump-format.md): the
  * ids of format 1 (x_in = 0 ... x_out = 14, embed 15, final_norm 16,
- * logits 17) stay, stages added since come after (ple_in 18, ple_out 19, attn_sink 20),
+ * logits 17) stay, stages added since come after (ple_in 18, ple_out 19, attn_sink 20, router_logits 21),
  * whatever their place in dataflow order. */
 int stage_wire_id(kv_stage s);
 /* The stage of a wire id; STAGE_COUNT when none. */

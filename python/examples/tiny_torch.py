@@ -449,9 +449,10 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.zeros(c["num_local_experts"], c["hidden_size"]))
         self.bias = nn.Parameter(torch.zeros(c["num_local_experts"]))
         self.top_k, self.prec = c["num_experts_per_tok"], prec
+        self.logits_tap = nn.Identity()   # the router's logits: the hooks' tap
 
     def forward(self, x):
-        logits = self.prec.rnd(nn.functional.linear(x, self.weight, self.bias))
+        logits = self.logits_tap(self.prec.rnd(nn.functional.linear(x, self.weight, self.bias)))
         val, idx = torch.topk(logits, self.top_k, dim=-1)
         return self.prec.rnd(torch.softmax(val, -1)), idx
 
@@ -720,6 +721,8 @@ def tiny_names(model_type):
     logits are recorded by generate_and_record (one row per step)."""
     names = dict(hf_names(model_type))
     names["q"] = ("model.layers.{i}.self_attn.q_rope", "out")
+    if model_type == "gpt_oss":
+        names["router_logits"] = ("model.layers.{i}.mlp.router.logits_tap", "out")
     del names["final_norm"], names["logits"]
     return names
 

@@ -31,10 +31,12 @@ try:  # Debian's python3-xxhash; without it the dump has no row hashes
 except ImportError:  # pragma: no cover - depends on the machine
     xxhash = None
 
-# In dataflow order; ple_in and ple_out are Gemma 4's per-layer input block.
+# In dataflow order; ple_in and ple_out are Gemma 4's per-layer input block,
+# attn_sink and router_logits gpt-oss's sinks and experts.
 LAYER_STAGES = ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse",
-                "attn_nkeys", "attn_out", "attn_proj", "h_mid", "ffn_norm_stats",
-                "ffn_norm", "ffn_out", "ple_in", "ple_out", "x_out")
+                "attn_nkeys", "attn_sink", "attn_out", "attn_proj", "h_mid",
+                "ffn_norm_stats", "ffn_norm", "router_logits", "ffn_out", "ple_in", "ple_out",
+                "x_out")
 MODEL_STAGES = ("embed", "final_norm", "logits")
 # /row_hash_index stage ids (kvdiff's stage_wire_id): format 1's ids stay
 # (x_in 0 .. x_out 14, embed 15, final_norm 16, logits 17), stages added
@@ -42,7 +44,7 @@ MODEL_STAGES = ("embed", "final_norm", "logits")
 _STAGE_ID = {s: i for i, s in enumerate(
     ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse", "attn_nkeys",
      "attn_out", "attn_proj", "h_mid", "ffn_norm_stats", "ffn_norm", "ffn_out", "x_out",
-     "embed", "final_norm", "logits", "ple_in", "ple_out"))}
+     "embed", "final_norm", "logits", "ple_in", "ple_out", "attn_sink", "router_logits"))}
 _REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
              "sliding_window", "layer_types", "kv_owner", "rms_norm_eps", "rope_theta",
@@ -198,11 +200,17 @@ def stage_width(config, stage, layer=None):
     kv, d = _layer_dims(config, layer)
     widths = {"attn_norm_stats": 3, "ffn_norm_stats": 3, "q": h * d, "k": kv * d,
               "v": kv * d, "attn_lse": h, "attn_nkeys": h, "attn_out": h * d,
-              "logits": config["vocab_size"],
+              "logits": config["vocab_size"], "attn_sink": h,
+              "router_logits": config.get("num_local_experts") or 0,
               "ple_in": config.get("hidden_size_per_layer_input") or 0}
     if stage not in _STAGE_ID:
         raise RecorderError(f"unknown stage {stage!r}; layer stages are "
                             f"{', '.join(LAYER_STAGES)}; model stages {', '.join(MODEL_STAGES)}")
+    if stage == "router_logits" and not config.get("num_local_experts"):
+        raise RecorderError("router_logits: the model has no experts (num_local_experts is "
+                            "not set in the model config)")
+    if stage == "attn_sink" and config.get("model_type") != "gpt_oss":
+        raise RecorderError("attn_sink: the model has no attention sinks")
     if stage in ("ple_in", "ple_out") and not config.get("hidden_size_per_layer_input"):
         raise RecorderError(f"{stage}: the model has no per-layer inputs "
                             f"(hidden_size_per_layer_input is not set in the model config)")
@@ -214,7 +222,8 @@ def _width_words(config, stage, layer=None):
     kv, d = _layer_dims(config, layer)
     return {"q": f"{h} heads x {d}", "attn_out": f"{h} heads x {d}",
             "k": f"{kv} KV heads x {d}", "v": f"{kv} KV heads x {d}",
-            "attn_lse": f"{h} heads", "attn_nkeys": f"{h} heads",
+            "attn_lse": f"{h} heads", "attn_nkeys": f"{h} heads", "attn_sink": f"{h} heads",
+            "router_logits": "num_local_experts",
             "attn_norm_stats": "mean, rms, absmax", "ffn_norm_stats": "mean, rms, absmax",
             "logits": "vocab_size",
             "ple_in": "hidden_size_per_layer_input"}.get(stage, "hidden_size")
@@ -233,8 +242,10 @@ def _columns_attr(config, stage, layer=None):
         return f"{kv} KV heads x {d}, head-major"
     if stage == "attn_out":
         return f"{h} heads x {d}, head-major"
-    if stage in ("attn_lse", "attn_nkeys"):
+    if stage in ("attn_lse", "attn_nkeys", "attn_sink"):
         return "one per head"
+    if stage == "router_logits":
+        return "one per expert"
     if stage == "logits":
         return "one per token id"
     return f"{config['hidden_size']} hidden dims"
@@ -755,9 +766,11 @@ class Recorder:
             d.attrs.create("columns", columns, dtype=h5py.string_dtype())
             return d
         rows = make(s.name, s.cols, "<f4", _columns_attr(self.config, s.name, s.layer))
-        if s.name in ("attn_lse", "attn_nkeys"):
-            rows.attrs.create("units", "nats (natural log)" if s.name == "attn_lse"
-                              else "keys attended", dtype=h5py.string_dtype())
+        units = {"attn_lse": "nats (natural log)", "attn_nkeys": "keys attended",
+                 "attn_sink": "share of the softmax (0..1)",
+                 "router_logits": "logits (before top-k)"}.get(s.name)
+        if units:
+            rows.attrs.create("units", units, dtype=h5py.string_dtype())
         s.dsets = [rows]
         if self.hashes:
             s.dsets += [make(s.name + ".hash", 0, "<u8", _HASH_COLUMNS),
