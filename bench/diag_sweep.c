@@ -171,10 +171,15 @@ static const struct {
     {"stale-local@1", CMP_DIAG_STALE_CACHE, CACHE_KIND_COUNT},
     {"ring-no-wrap@1", CMP_DIAG_RING_NO_WRAP, CACHE_RING},
     /* --- end of the layer-scoped block --- */
+    /* attention sinks (tiny-gpt-oss only: chk_opts_check refuses the others) */
+    {"sink-dropped", CMP_DIAG_SINK, CACHE_KIND_COUNT},
+    {"sink-dropped@1", CMP_DIAG_SINK, CACHE_KIND_COUNT},
+    {"sink-prefill-only", CMP_DIAG_SINK, CACHE_KIND_COUNT},
+    {"sink-windowed", CMP_DIAG_SINK, CACHE_KIND_COUNT},
 };
 
 static const char *const presets[] = {"tiny-gemma3", "tiny-gemma3-kvshared", "tiny-llama",
-                                      "tiny-qwen3"};
+                                      "tiny-qwen3", "tiny-gpt-oss"};
 static const int prompts[] = {10, 40};
 static const int chunks[] = {1, 3, 7, 64, 0};   /* 0: the whole prompt */
 

@@ -274,6 +274,11 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
                             const float *q, const cmp_hyp *h, double *lse, double *out,
                             kv_err *e);
 
+/* A sink model's sink logits (n_layers x H, malloc'd; NaN for a layer
+ * without them) from src's own attn_lse and attn_sink; *out NULL when the
+ * model has no sinks. 0, -1 on error (compare.c). */
+int cmp_recover_sinks(const cmp_source *src, float **out, kv_err *e);
+
 /* Rewrites rec's attention rows (attn_lse, attn_nkeys, attn_out, each
  * where recorded) at every (layer, q) where keys(ctx, layer, q, h) says
  * so, with attention recomputed over h from rec's own q, k, v (h comes
@@ -283,6 +288,11 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
 typedef bool (*cmp_plant_fn)(void *ctx, const kv_config *cfg, int layer, int64_t q, cmp_hyp *h);
 int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
                                void *ctx, kv_err *e);
+/* The same for a model with attention sinks whose logits (n_layers x H)
+ * the caller knows (the rec may not hold attn_lse to recover them from);
+ * NULL: recovered from rec, as cmp_memrec_plant_attention does. */
+int cmp_memrec_plant_attention_sinks(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
+                                     void *ctx, const float *sink_logits, kv_err *e);
 
 /* For the query row q of layer `layer` over keys lo..hi (read from src),
  * the one key whose absence (*skip) and the one whose reading twice

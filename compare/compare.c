@@ -1611,7 +1611,7 @@ static int check_hashes(const cmp_source *ref, const cmp_source *test, const cmp
  * has no sink, and reproduces nothing: said by the families that try). */
 #define SINK_SCAN 16
 
-static int recover_sinks(const cmp_source *ref, float **out, kv_err *e)
+int cmp_recover_sinks(const cmp_source *ref, float **out, kv_err *e)
 {
     const kv_config *c = &ref->cfg;
     const int H = c->n_heads, L = c->n_layers;
@@ -1835,7 +1835,7 @@ int cmp_compare(const cmp_source *ref_in, const cmp_source *test_in, const cmp_o
         (test->check && test->check(test->ctx, e) < 0))
         return -1;
     if (!ref_src.sink_logits) {
-        if (recover_sinks(ref, &sinks, e) < 0)
+        if (cmp_recover_sinks(ref, &sinks, e) < 0)
             return -1;
         ref_src.sink_logits = test_src.sink_logits = sinks;
     }

@@ -396,9 +396,27 @@ void cmp_memrec_source(cmp_memrec *m, cmp_source *out)
 int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
                                void *ctx, kv_err *e)
 {
+    return cmp_memrec_plant_attention_sinks(rec, cfg, keys, ctx, NULL, e);
+}
+
+int cmp_memrec_plant_attention_sinks(cmp_memrec *rec, const kv_config *cfg, cmp_plant_fn keys,
+                                     void *ctx, const float *sink_logits, kv_err *e)
+{
     cmp_source s;
     cmp_memrec_source(rec, &s);
     const int H = cfg->n_heads;
+    /* A sink model's planted attention keeps its sinks (the caller's, or
+     * read off the recording before it is changed), so the plant is one
+     * bug. */
+    float *sinks = NULL;
+    if (cfg->attn_sinks && sink_logits) {
+        if (!(sinks = malloc((size_t)cfg->n_layers * H * sizeof *sinks)))
+            return kv_errf(e, "plant: out of memory");
+        memcpy(sinks, sink_logits, (size_t)cfg->n_layers * H * sizeof *sinks);
+    } else if (cmp_recover_sinks(&s, &sinks, e) < 0) {
+        return -1;
+    }
+    s.sink_logits = sinks;
     double *lse = malloc((size_t)H * sizeof(double));
     double *out = malloc((size_t)config_max_q_width(cfg) * sizeof(double));
     int rc = (!lse || !out) ? kv_errf(e, "plant: out of memory") : 0;
@@ -423,7 +441,12 @@ int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_
             const int D = config_layer_head_dim(cfg, L);
             float *l = cmp_memrec_row(rec, L, STAGE_ATTN_LSE, q, NULL);
             float *k = cmp_memrec_row(rec, L, STAGE_ATTN_NKEYS, q, NULL);
+            float *sh = cmp_memrec_row(rec, L, STAGE_ATTN_SINK, q, NULL);
+            const float *sk = sinks && !isnan(sinks[(size_t)L * H]) ? sinks + (size_t)L * H
+                                                                     : NULL;
             for (int i = 0; i < H; i++) {
+                if (sh && sk)
+                    sh[i] = n > 0 ? (float)(1.0 / (1.0 + exp(lse[i] - (double)sk[i]))) : 1.0f;
                 if (l)
                     l[i] = n > 0 ? (float)lse[i] : NAN;
                 if (k)
@@ -435,5 +458,6 @@ int cmp_memrec_plant_attention(cmp_memrec *rec, const kv_config *cfg, cmp_plant_
     }
     free(lse);
     free(out);
+    free(sinks);
     return rc;
 }

@@ -401,7 +401,19 @@ static inline int plant_apply(const plant_family *f, const plant_arg *a, cmp_mem
     if (f->rows)
         f->rows(a, rec, m);
     plant_cb_ctx pc = {a, f->keys};
-    return f->keys ? cmp_memrec_plant_attention(rec, &m->cfg, plant_cb, &pc, e) : 0;
+    if (!f->keys)
+        return 0;
+    /* A sink model: the model's own sink logits (an attn_out-only
+     * recording holds nothing to recover them from). */
+    const int H = m->cfg.n_heads, L = m->cfg.n_layers;
+    float *sinks = m->cfg.attn_sinks ? (float *)malloc((size_t)L * H * sizeof *sinks) : NULL;
+    if (m->cfg.attn_sinks && !sinks)
+        return kv_errf(e, "plant: out of memory");
+    for (int l = 0; sinks && l < L; l++)
+        memcpy(sinks + (size_t)l * H, m->layers[l].sinks, (size_t)H * sizeof *sinks);
+    int rc = cmp_memrec_plant_attention_sinks(rec, &m->cfg, plant_cb, &pc, sinks, e);
+    free(sinks);
+    return rc;
 }
 
 #endif

@@ -30,8 +30,9 @@ from kvdiff_record import (LAYER_STAGES, Recorder, RecorderError,  # noqa: E402
                            from_interleaved_rope, heads_first, model_config_from_hf,
                            ring_rows, stage_width, unpad_head_dim)
 
-# The stages of a model without Gemma 4's per-layer inputs.
-PLAIN_STAGES = tuple(st for st in LAYER_STAGES if st not in ("ple_in", "ple_out"))
+# The stages of a model without Gemma 4's per-layer inputs, sinks or experts.
+PLAIN_STAGES = tuple(st for st in LAYER_STAGES
+                     if st not in ("ple_in", "ple_out", "attn_sink", "router_logits"))
 
 KVDIFF = os.environ.get("KVDIFF_BIN", os.path.join(ROOT, "build", "kvdiff"))
 
