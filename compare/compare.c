@@ -20,6 +20,7 @@
 #include <xxhash.h>
 
 #include "cmp_internal.h"
+#include "../model/kernels.h"
 #include "../model/pool.h"
 
 void cmp_opts_default(cmp_opts *o)
@@ -1687,21 +1688,6 @@ typedef struct {
 
 #define ROUTING_MIN_ROWS 4       /* earlier positions that set the pair's error level */
 
-static void top_k_of(const float *v, int X, int k, int *idx)
-{
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int x = 0; x < X; x++) {
-            bool taken = false;
-            for (int q = 0; q < r && !taken; q++)
-                taken = idx[q] == x;
-            if (!taken && (best < 0 || v[x] > v[best]))
-                best = x;
-        }
-        idx[r] = best;
-    }
-}
-
 static bool chosen(const int *idx, int k, int x)
 {
     for (int i = 0; i < k; i++)
@@ -1744,8 +1730,8 @@ static int layer_routing(const cmp_source *ref, const cmp_source *test, int l, i
             scale = fmax(scale, fabs((double)ra[x]));
         }
         const double rel = scale > 0 ? d / scale : 0;
-        top_k_of(ra, X, K, ia);
-        top_k_of(rb, X, K, ib);
+        kern_top_k(ra, X, K, ia);
+        kern_top_k(rb, X, K, ib);
         /* The test's k-th logit tied exactly with an unchosen one (f16
          * logits often are): its runtime may have taken either, and its
          * recorded logits cannot say which. Taken as the one that differs

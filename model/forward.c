@@ -310,22 +310,6 @@ static int per_layer_block(const kern_ctx *kc, const kv_model *m, int layer, fw_
     return 0;
 }
 
-/* The k largest of v[0..X) (ties: the lower index first), by rank. */
-static void top_k(const float *v, int X, int k, int *idx)
-{
-    for (int r = 0; r < k; r++) {
-        int best = -1;
-        for (int x = 0; x < X; x++) {
-            bool taken = false;
-            for (int q = 0; q < r && !taken; q++)
-                taken = idx[q] == x;
-            if (!taken && (best < 0 || v[x] > v[best]))
-                best = x;
-        }
-        idx[r] = best;
-    }
-}
-
 /* gpt-oss's gated unit on one gate_up row of 2I interleaved values:
  * g = min(gate, limit), u = clamp(up, -limit, limit),
  * out = g sigmoid(1.702 g) (u + 1), in double, rounded once. */
@@ -356,7 +340,7 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
     for (int i = 0; i < n; i++) {
         const float *lg = s->moe_logits + (size_t)i * X;
         int *ix = s->moe_x + (size_t)i * K;
-        top_k(lg, X, K, ix);
+        kern_top_k(lg, X, K, ix);
         double sum = 0, mx = lg[ix[0]];
         for (int r = 0; r < K; r++)
             sum += exp((double)lg[ix[r]] - mx);

@@ -494,6 +494,21 @@ void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double facto
     }
 }
 
+void kern_top_k(const float *v, int n, int k, int *idx)
+{
+    for (int r = 0; r < k; r++) {
+        int best = -1;
+        for (int x = 0; x < n; x++) {
+            bool taken = false;
+            for (int q = 0; q < r && !taken; q++)
+                taken = idx[q] == x;
+            if (!taken && (best < 0 || v[x] > v[best]))
+                best = x;
+        }
+        idx[r] = best;
+    }
+}
+
 /* The dim whose wavelength turns `rotations` times in max_pos positions. */
 static double yarn_dim(double rotations, int dim, double theta, int max_pos)
 {

@@ -137,6 +137,11 @@ void kern_rope_yarn_inv_freq(double *inv_freq, int half, double theta, double fa
                              double beta_fast, double beta_slow, int original_max,
                              bool truncate);
 
+/* The indices of the k largest of v[0..n) by rank, ties to the lower
+ * index (a mixture of experts' routing; the comparer reads a recording's
+ * the same way). k <= n. */
+void kern_top_k(const float *v, int n, int k, int *idx);
+
 /* Rotate-half RoPE in place on n_heads heads of head_dim each:
  * out[d] = x[d] c - x[d+D/2] s, out[d+D/2] = x[d+D/2] c + x[d] s, formed in
  * double from the float tables and rounded to float once. */
