@@ -56,6 +56,11 @@ typedef struct kv_family {
                                     to full layers only, as in Gemma 3) */
     bool bias_switch;            /* attention_bias turns the q, k, v and o biases on */
 
+    /* GGUF names of layer tensors where this family's differ from the
+     * shared map (model/gguf.c): {Hugging Face suffix, GGUF suffix}
+     * pairs, ended by {NULL, NULL}; NULL: none. */
+    const char *const (*gguf_names)[2];
+
     /* hooks (NULL: nothing of its own) */
     void (*flags)(kv_config *c);                     /* what follows from the family alone */
     int (*parse)(const cfg_jctx *cx, const json_t *obj, kv_config *c); /* its own keys */

@@ -4,6 +4,7 @@
  * docs/gguf-export.md), streamed tensor by tensor to a temporary file
  * renamed into place when whole. */
 #include "gguf.h"
+#include "family.h"
 #include "outfile.h"
 
 #include <errno.h>
@@ -157,8 +158,8 @@ static void kv_str_arr(kvs *k, const char *key, char *const *v, uint64_t n)
 
 static const char *arch_name(kv_arch a)
 {
-    return a == ARCH_LLAMA ? "llama" : a == ARCH_QWEN2 ? "qwen2" : a == ARCH_QWEN3 ? "qwen3"
-         : a == ARCH_GEMMA4 ? "gemma4" : "gemma3";
+    const kv_family *f = family_of(a);
+    return f ? f->gguf_arch : "?";
 }
 
 /* llama.cpp's gemma4 (llama_model's layer reuse callback): a shared layer
@@ -209,7 +210,7 @@ static int gemma4_export_check(const kv_config *c, kv_err *e)
 int gguf_export_check(const kv_config *c, kv_err *e)
 {
     if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3 &&
-        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4)
+        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4 && c->arch != ARCH_GPT_OSS)
         return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
     if (c->arch == ARCH_GEMMA4)
         return gemma4_export_check(c, e);
@@ -223,7 +224,7 @@ int gguf_export_check(const kv_config *c, kv_err *e)
                            "architecture has no KV-shared layers (only gemma3n, a different "
                            "model), so it cannot run this model",
                            i, c->kv_owner[i], arch_name(c->arch));
-        if (c->arch != ARCH_GEMMA3 && c->layer_type[i] == ATTN_SLIDING)
+        if (!family_of(c->arch)->slides && c->layer_type[i] == ATTN_SLIDING)
             return kv_errf(e, "layer %d slides; llama.cpp's %s architecture has no "
                            "sliding-window layers", i, arch_name(c->arch));
     }
@@ -255,12 +256,19 @@ typedef struct {
     char name[96];              /* GGUF name */
     const tensor_spec *spec;    /* source; NULL for rope_freqs */
     int ndim;
-    uint64_t ne[2];             /* ne[0] is the fastest-varying (columns) */
+    uint64_t ne[3];             /* ne[0] is the fastest-varying (columns) */
+    int xform;                  /* experts (XF_*): how the stack is laid out for llama.cpp */
     uint32_t type;              /* ggml type */
     uint64_t nbytes, offset;
     int permute_heads;          /* > 0: Llama q/k row permutation over this many heads */
     float add, mul;             /* stored value = (w + add) * mul */
 } out_tensor;
+
+/* How a stack of experts (X, in, out) input-major, as transformers keeps
+ * it, becomes llama.cpp's (conversion/gpt_oss.py): gate_up_proj split into
+ * its even (gate) and odd (up) outputs, each expert turned to (out, in)
+ * rows; down_proj turned likewise; the biases split or kept. */
+enum { XF_NONE, XF_EVEN, XF_ODD, XF_TURN, XF_BIAS_EVEN, XF_BIAS_ODD };
 
 /* "model.layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj.weight" */
 static const char *layer_suffix(const char *name)
@@ -295,6 +303,10 @@ static const char *gguf_layer_name(const kv_config *c, const char *sx)
         {"post_per_layer_input_norm.weight", "post_norm.weight"},
         {"layer_scalar", "layer_output_scale.weight"},
     };
+    const kv_family *f = family_of(c->arch);
+    for (int i = 0; f && f->gguf_names && f->gguf_names[i][0]; i++)
+        if (!strcmp(sx, f->gguf_names[i][0]))
+            return f->gguf_names[i][1];
     /* Gemma's post_attention_layernorm normalizes the attention output
      * (sandwich); Llama's and Qwen2's is the FFN input norm. */
     if (!strcmp(sx, "post_attention_layernorm.weight"))
@@ -347,6 +359,7 @@ static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
     t->ndim = s->ndim;
     t->ne[0] = (uint64_t)(s->ndim == 2 ? s->shape[1] : s->shape[0]);
     t->ne[1] = s->ndim == 2 ? (uint64_t)s->shape[0] : 1;
+    t->ne[2] = 1;
     /* The converter keeps 1-D tensors (norms, biases) in F32 whatever the
      * output type; so does this writer. */
     t->type = s->ndim == 1 || ot == GGUF_OUT_F32 ? GGML_F32
@@ -354,6 +367,45 @@ static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
                                                : GGML_BF16;
     t->nbytes = t->ne[0] * t->ne[1] * (t->type == GGML_F32 ? 4 : 2);
     return 0;
+}
+
+/* Experts: gate_up_proj gives two tensors (its gate and its up), the
+ * others one. Fills t[0] (and t[1] for gate_up); returns how many. */
+static int plan_experts(const kv_config *c, const tensor_spec *s, gguf_out_type ot,
+                        out_tensor *t)
+{
+    const char *sx = layer_suffix(s->name);
+    const uint64_t X = (uint64_t)s->shape[0];
+    const bool gate_up = strstr(sx, "gate_up_proj") != NULL;
+    const bool bias = s->kind == TENSOR_EXPERT_BIAS;
+    const int n = gate_up ? 2 : 1;
+    (void)c;
+    for (int i = 0; i < n; i++) {
+        out_tensor *o = &t[i];
+        memset(o, 0, sizeof *o);
+        o->spec = s;
+        o->mul = 1.0f;
+        const char *g = gate_up ? (i == 0 ? "ffn_gate_exps" : "ffn_up_exps") : "ffn_down_exps";
+        snprintf(o->name, sizeof o->name, "blk.%d.%s.%s", s->layer, g, bias ? "bias" : "weight");
+        if (bias) {     /* (X, out): [out / n, X] */
+            o->ndim = 2;
+            o->ne[0] = (uint64_t)s->shape[1] / (uint64_t)n;
+            o->ne[1] = X;
+            o->xform = gate_up ? (i == 0 ? XF_BIAS_EVEN : XF_BIAS_ODD) : XF_NONE;
+            o->type = GGML_F32;
+        } else {        /* (X, in, out): [in, out / n, X] */
+            o->ndim = 3;
+            o->ne[0] = (uint64_t)s->shape[1];
+            o->ne[1] = (uint64_t)s->shape[2] / (uint64_t)n;
+            o->ne[2] = X;
+            o->xform = gate_up ? (i == 0 ? XF_EVEN : XF_ODD) : XF_TURN;
+            o->type = ot == GGUF_OUT_F32 ? GGML_F32 : ot == GGUF_OUT_F16 ? GGML_F16 : GGML_BF16;
+        }
+        if (o->ndim == 2)
+            o->ne[2] = 1;
+        o->nbytes = o->ne[0] * o->ne[1] * o->ne[2] * (o->type == GGML_F32 ? 4 : 2);
+    }
+    return n;
 }
 
 /* ------------------------------------------------------------------ */
@@ -374,7 +426,8 @@ static int src_read(const wsource *src, const tensor_spec *s, float *out, kv_err
         return 0;
     }
     const st_tensor *t = st_find(src->st, s->name);
-    uint64_t n = (uint64_t)s->shape[0] * (uint64_t)(s->ndim == 2 ? s->shape[1] : 1);
+    uint64_t n = (uint64_t)s->shape[0] * (uint64_t)(s->ndim >= 2 ? s->shape[1] : 1) *
+                 (uint64_t)(s->ndim == 3 ? s->shape[2] : 1);
     if (!t)
         return kv_errf(e, "%s: tensor '%s' is missing (needed by config.json)", src->dir,
                        s->name);
@@ -518,9 +571,57 @@ done:
     return rc;
 }
 
+/* An experts' tensor: the stack read whole, laid out as t->xform says. */
+static int write_experts(gguf_outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
+{
+    const tensor_spec *s = t->spec;
+    const size_t all = (size_t)s->shape[0] * (size_t)s->shape[1] *
+                       (size_t)(s->ndim == 3 ? s->shape[2] : 1);
+    const size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
+    float *in = malloc(all * sizeof *in), *buf = malloc(n * sizeof *buf);
+    void *outb = t->type == GGML_F32 ? NULL : malloc(n * 2);
+    int rc = -1;
+    if (!in || !buf || (t->type != GGML_F32 && !outb)) {
+        kv_errf(e, "out of memory writing '%s'", t->name);
+        goto done;
+    }
+    if (src_read(src, s, in, e) < 0)
+        goto done;
+    const size_t X = (size_t)s->shape[0];
+    if (t->xform == XF_NONE || t->xform == XF_BIAS_EVEN || t->xform == XF_BIAS_ODD) {
+        const size_t w = (size_t)s->shape[1], half = t->xform == XF_NONE ? 0 : 1;
+        for (size_t x = 0; x < X; x++)
+            for (size_t j = 0; j < (size_t)t->ne[0]; j++)
+                buf[x * t->ne[0] + j] = half ? in[x * w + 2 * j + (t->xform == XF_BIAS_ODD)]
+                                             : in[x * w + j];
+    } else {
+        /* (X, A in, B out) input-major -> per expert rows of A: out o, in a */
+        const size_t A = (size_t)s->shape[1], B = (size_t)s->shape[2];
+        const size_t rows = (size_t)t->ne[1];
+        for (size_t x = 0; x < X; x++)
+            for (size_t r = 0; r < rows; r++) {
+                const size_t col = t->xform == XF_TURN ? r : 2 * r + (t->xform == XF_ODD);
+                for (size_t a = 0; a < A; a++)
+                    buf[(x * rows + r) * A + a] = in[(x * A + a) * B + col];
+            }
+    }
+    if (t->type != GGML_F32)
+        convert(buf, n, t->type, outb);
+    if (of_write(o, outb ? outb : (void *)buf, (size_t)t->nbytes, e) < 0 || of_pad(o, e) < 0)
+        goto done;
+    rc = 0;
+done:
+    free(in);
+    free(buf);
+    free(outb);
+    return rc;
+}
+
 static int write_tensor(gguf_outfile *o, const wsource *src, const out_tensor *t,
                         const float *rope_freqs, kv_err *e)
 {
+    if (t->spec && (t->spec->kind == TENSOR_EXPERTS || t->spec->kind == TENSOR_EXPERT_BIAS))
+        return write_experts(o, src, t, e);
     if (t->spec && !t->permute_heads && t->ndim == 2)
         return write_rows(o, src, t, e);
     size_t n = (size_t)(t->ne[0] * t->ne[1]);
@@ -618,6 +719,30 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
     if (c->rope_scaling.type == ROPE_SCALE_LINEAR) {
         kv_str(k, ".rope.scaling.type", "linear");
         kv_f32(k, ".rope.scaling.factor", (float)c->rope_scaling.factor);
+    }
+    /* YaRN as the converter writes it (TextModel.set_gguf_parameters);
+     * llama.cpp derives the cos/sin factor 0.1 ln factor + 1 itself, and
+     * always rounds the ramp's ends to whole dims (truncate true). */
+    if (c->rope_scaling.type == ROPE_SCALE_YARN) {
+        kv_str(k, ".rope.scaling.type", "yarn");
+        kv_f32(k, ".rope.scaling.factor", (float)c->rope_scaling.factor);
+        kv_u32(k, ".rope.scaling.original_context_length",
+               (uint32_t)c->rope_scaling.original_max_position);
+        kv_f32(k, ".rope.scaling.yarn_beta_fast", (float)c->rope_scaling.beta_fast);
+        kv_f32(k, ".rope.scaling.yarn_beta_slow", (float)c->rope_scaling.beta_slow);
+    }
+    if (c->n_experts > 0) {
+        kv_u32(k, ".expert_count", (uint32_t)c->n_experts);
+        kv_u32(k, ".expert_used_count", (uint32_t)c->n_experts_used);
+        kv_u32(k, ".expert_feed_forward_length", (uint32_t)c->intermediate);
+    }
+    if (c->arch == ARCH_GPT_OSS) {
+        uint8_t pattern[KV_MAX_LAYERS];
+        for (int i = 0; i < c->n_layers; i++)
+            pattern[i] = c->layer_type[i] == ATTN_SLIDING;
+        kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
+        kv_num_arr(k, ".attention.sliding_window_pattern", GT_BOOL, pattern, 1,
+                   (uint64_t)c->n_layers);
     }
     if (c->arch == ARCH_GEMMA4)
         put_gemma4_keys(k, c);
@@ -899,7 +1024,7 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         return -1;
     int n_specs = tensors_list(c, NULL, 0);
     tensor_spec *specs = calloc((size_t)n_specs, sizeof *specs);
-    out_tensor *ts = calloc((size_t)n_specs + 1, sizeof *ts);
+    out_tensor *ts = calloc(2 * (size_t)n_specs + 1, sizeof *ts);
     float *rope_freqs = NULL;
     kvs k = {.arch = arch_name(c->arch)};
     gbuf info = {0};
@@ -921,13 +1046,17 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         t->ndim = 1;
         t->ne[0] = (uint64_t)(c->arch == ARCH_GEMMA4 ? c->head_dim_full : c->head_dim) / 2;
         t->ne[1] = 1;
+        t->ne[2] = 1;
         t->type = GGML_F32;
         t->nbytes = t->ne[0] * 4;
         t->mul = 1.0f;
     }
-    for (int i = 0; i < n_specs; i++)
-        if (plan_tensor(c, &specs[i], i, ot, &ts[n++], e) < 0)
+    for (int i = 0; i < n_specs; i++) {
+        if (specs[i].kind == TENSOR_EXPERTS || specs[i].kind == TENSOR_EXPERT_BIAS)
+            n += plan_experts(c, &specs[i], ot, &ts[n]);
+        else if (plan_tensor(c, &specs[i], i, ot, &ts[n++], e) < 0)
             goto done;
+    }
     float q_fold = c->arch == ARCH_GEMMA3 ? (float)(c->attn_scale / llama_gemma3_scale(c)) : 1.0f;
     put_model_keys(&k, c, ot, name, q_fold);
     put_vocab_keys(&k, c, v);
@@ -958,11 +1087,11 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         goto done;
     int64_t total = 0, done_w = 0;
     for (int i = 0; i < n; i++)
-        total += (int64_t)(ts[i].ne[0] * ts[i].ne[1]);
+        total += (int64_t)(ts[i].ne[0] * ts[i].ne[1] * ts[i].ne[2]);
     for (int i = 0; i < n; i++) {
         if (write_tensor(&o, src, &ts[i], rope_freqs, e) < 0)
             goto done;
-        done_w += (int64_t)(ts[i].ne[0] * ts[i].ne[1]);
+        done_w += (int64_t)(ts[i].ne[0] * ts[i].ne[1] * ts[i].ne[2]);
         if (src->progress && src->progress->fn)
             src->progress->fn(src->progress->ctx, done_w, total, ts[i].name);
     }

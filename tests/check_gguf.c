@@ -575,6 +575,77 @@ START_TEST(test_gemma4_export_agrees)
 }
 END_TEST
 
+/* tiny-gpt-oss exported and run by llama.cpp's openai-moe graph: sinks,
+ * the alternating window, YaRN on every layer and the experts (split and
+ * turned as the converter does) agree with kvdiff's reference to f32
+ * rounding, with YaRN's ramp ends whole (truncate true). gpt-oss's own
+ * configs say truncate false, which llama.cpp does not read: it rounds the
+ * ends anyway (ggml_rope_yarn_corr_dims), so its queries from position 1
+ * on rotate otherwise; the test pins that too. */
+#define OSS_PREFIXES "kqv_out,ffn_inp,ffn_moe_out,l_out"
+
+static double oss_export_err(bool truncate, char *worst, size_t wn)
+{
+    char dir[256], hf[512], path[512], csv[4096], name[64];
+    int32_t ids[PROMPT_LEN];
+    kv_err e = {{0}};
+    kv_config c;
+    test_tmpdir(dir, sizeof dir);
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    ck_assert_int_eq(config_preset("tiny-gpt-oss", &c, &e), 0);
+    c.rope_scaling.truncate = truncate;
+    ck_assert_msg(model_gen_folder_config(&c, 0, 0, hf, &e) == 0, "%s", e.msg);
+    ck_assert_msg(gguf_export_dir(hf, GGUF_OUT_F32, path, &e) == 0, "%s", e.msg);
+    kv_model m;
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_config(&c, "tiny-gpt-oss", 0, &mo, &m, &e) == 0, "%s", e.msg);
+    prompt_ids(m.cfg.vocab, ids, csv, sizeof csv);
+    llama_run lr;
+    int rc = run_llama(path, dir, OSS_PREFIXES, csv, &lr);
+    ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
+    capture *cap = run_reference(&m, ids);
+    static const struct { const char *nm; kv_stage st; } stages[] = {
+        {"kqv_out", STAGE_ATTN_OUT}, {"ffn_inp", STAGE_H_MID},
+        {"ffn_moe_out", STAGE_FFN_OUT}, {"l_out", STAGE_X_OUT},
+    };
+    double most = 0;
+    for (int l = 0; l < m.cfg.n_layers; l++)
+        for (size_t i = 0; i < sizeof stages / sizeof *stages; i++) {
+            snprintf(name, sizeof name, "%s-%d", stages[i].nm, l);
+            double err = compare_stage(&m, cap, &lr, name, stages[i].st, l, 1.0f, 0);
+            if (err > most) {
+                most = err;
+                snprintf(worst, wn, "%s", name);
+            }
+        }
+    double err = compare_stage(&m, cap, &lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
+    if (err > most) {
+        most = err;
+        snprintf(worst, wn, "logits");
+    }
+    capture_free(cap);
+    llama_run_free(&lr);
+    model_free(&m);
+    test_rmtree(dir);
+    return most;
+}
+
+START_TEST(test_gpt_oss_export_agrees)
+{
+    char worst[64] = "";
+    double err = oss_export_err(true, worst, sizeof worst);
+    if (getenv("KVDIFF_TEST_VERBOSE"))
+        fprintf(stderr, "gguf tiny-gpt-oss (truncate true): worst %.2e (%s)\n", err, worst);
+    ck_assert_msg(err <= TOL_F32, "llama.cpp's %s differs from kvdiff's by %.3g relative",
+                  worst, err);
+    /* truncate false (gpt-oss's configs): llama.cpp rotates otherwise. */
+    err = oss_export_err(false, worst, sizeof worst);
+    ck_assert_msg(err > 1e-2, "truncate false: llama.cpp agrees (%.3g at %s), so it reads "
+                  "truncate after all", err, worst);
+}
+END_TEST
+
 /* `kvdiff gen SOURCE --gguf` into an empty folder is refused: exit 2, one
  * line naming want1 (and want2 unless NULL), and nothing written. */
 static void assert_gguf_refused(const char *source, const char *want1, const char *want2)
@@ -871,6 +942,7 @@ Suite *gguf_suite(void)
                         (int)(sizeof biased_llama / sizeof *biased_llama));
     tcase_add_loop_test(tc, test_folder_and_gguf_are_one_model, 0, 2);
     tcase_add_test(tc, test_gemma4_export_agrees);
+    tcase_add_test(tc, test_gpt_oss_export_agrees);
     suite_add_tcase(s, tc);
     TCase *ck = tcase_create("checkpoints");
     tcase_set_timeout(ck, 300);

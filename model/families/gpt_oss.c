@@ -160,6 +160,16 @@ static void shape_20b(kv_config *c)
     c->eos_ids[0] = 200002;
 }
 
+/* llama.cpp's openai-moe tensors (conversion/gpt_oss.py); the experts'
+ * stacks are split and transposed by the exporter (TENSOR_EXPERTS). */
+static const char *const GGUF_NAMES[][2] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"self_attn.sinks", "attn_sinks.weight"},
+    {"mlp.router.weight", "ffn_gate_inp.weight"},
+    {"mlp.router.bias", "ffn_gate_inp.bias"},
+    {NULL, NULL},
+};
+
 static const kv_family_preset PRESETS[] = {
     { "tiny-gpt-oss", tiny },
     { "gpt-oss-20b-shape", shape_20b },
@@ -173,6 +183,7 @@ const kv_family family_gpt_oss = {
     .slides = true, .def_pattern = 2, .def_window = 128,
     .sinks = true, .moe = true, .bias_switch = true,
     .sliding_rope_scaled = true,
+    .gguf_names = GGUF_NAMES,
     .flags = flags, .parse = parse, .check = check, .write = write,
     .presets = PRESETS, .n_presets = (int)(sizeof PRESETS / sizeof PRESETS[0]),
 };
