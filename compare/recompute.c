@@ -561,7 +561,10 @@ double cmp_rope_conv_err(const kv_config *cfg, int layer, const cmp_rope_conv *c
     layer_inv_freq(cfg, layer, inv);
     kern_rope_inv_freq(cv->theta, fd, inv_cv);
     const kv_rope_scaling *rs = &cv->scaling;
-    if (rs->type != ROPE_SCALE_NONE)
+    if (rs->type == ROPE_SCALE_YARN)
+        kern_rope_yarn_inv_freq(inv_cv, fd / 2, cv->theta, rs->factor, rs->beta_fast,
+                                rs->beta_slow, rs->original_max_position, rs->truncate);
+    else if (rs->type != ROPE_SCALE_NONE)
         kern_rope_scale_inv_freq(inv_cv, pairs, (int)rs->type, rs->factor, rs->low_freq_factor,
                                  rs->high_freq_factor, rs->original_max_position);
     for (int d = 0; d < half; d++) {   /* angles in double, as the engines */

@@ -72,7 +72,8 @@ static const double common_linear[] = {2, 4, 8};
 
 static const char *scale_name(kv_rope_scale t)
 {
-    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3" : "none";
+    return t == ROPE_SCALE_LINEAR ? "linear" : t == ROPE_SCALE_LLAMA3 ? "llama3"
+         : t == ROPE_SCALE_YARN ? "yarn" : "none";
 }
 
 /* The conventions a runtime may use instead of the config's on layer l:
@@ -86,7 +87,8 @@ int cmp_rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
     const double theta = sliding && cfg->rope_local_theta > 0 ? cfg->rope_local_theta
                                                               : cfg->rope_theta;
     const kv_rope_scaling none = {.type = ROPE_SCALE_NONE};
-    const kv_rope_scaling *gs = &cfg->rope_scaling, *own = sliding ? &none : gs;
+    const kv_rope_scaling *gs = &cfg->rope_scaling;
+    const kv_rope_scaling *own = config_rope_scaled(cfg, sliding) ? gs : &none;
     const char *type = sliding ? "sliding" : two_bases ? "global" : "";
     int n = 0;
     /* The config's own: added first so that nothing equal to it follows. */
@@ -124,7 +126,20 @@ int cmp_rope_convs(const kv_config *cfg, int layer, cmp_rope_conv *cv)
             n = add_conv(cv, n, theta, &lin, false, CMP_ROWS_SAME, "linear RoPE scaling by %g; "
                          "the config says llama3 scaling", own->factor);
         }
-    } else if (gs->type != ROPE_SCALE_NONE) {
+    }
+    /* YaRN's ramp ends rounded to whole dims or not: llama.cpp always
+     * rounds them (ggml_rope_yarn_corr_dims); gpt-oss's configs say not. */
+    if (own->type == ROPE_SCALE_YARN) {
+        kv_rope_scaling t = *own;
+        t.truncate = !own->truncate;
+        n = add_conv(cv, n, theta, &t, false, CMP_ROWS_SAME, "YaRN with the ramp's ends %s "
+                     "(truncate %s%s); the config says truncate %s",
+                     t.truncate ? "rounded to whole dims" : "not rounded",
+                     t.truncate ? "true" : "false",
+                     t.truncate ? ", which llama.cpp always computes, having no key for it" : "",
+                     own->truncate ? "true" : "false");
+    }
+    if (own->type == ROPE_SCALE_NONE && gs->type != ROPE_SCALE_NONE) {
         n = add_conv(cv, n, theta, gs, false, CMP_ROWS_SAME, "the global layers' %s RoPE "
                      "scaling by %g on a sliding layer, where the config has none",
                      scale_name(gs->type), gs->factor);

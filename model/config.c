@@ -1421,7 +1421,7 @@ int config_layer_window(const kv_config *c, int layer)
 /* Gemma 3 leaves its sliding layers unscaled; a family whose
  * sliding_rope_scaled says so (gpt-oss: one rotary embedding for every
  * layer) scales them alike. */
-static bool rope_scaled(const kv_config *c, bool sliding)
+bool config_rope_scaled(const kv_config *c, bool sliding)
 {
     return !sliding || (fam(c) && fam(c)->sliding_rope_scaled);
 }
@@ -1432,10 +1432,10 @@ void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv)
     const double theta = sliding ? c->rope_local_theta : c->rope_theta;
     const kv_rope_scaling *rs = &c->rope_scaling;
     kern_rope_inv_freq(theta, D, inv);
-    if (rope_scaled(c, sliding) && rs->type == ROPE_SCALE_YARN)
+    if (config_rope_scaled(c, sliding) && rs->type == ROPE_SCALE_YARN)
         kern_rope_yarn_inv_freq(inv, D / 2, theta, rs->factor, rs->beta_fast, rs->beta_slow,
                                 rs->original_max_position, rs->truncate);
-    else if (rope_scaled(c, sliding))
+    else if (config_rope_scaled(c, sliding))
         kern_rope_scale_inv_freq(inv, D / 2, (int)rs->type, rs->factor, rs->low_freq_factor,
                                  rs->high_freq_factor, rs->original_max_position);
     /* Gemma 4's proportional RoPE: pairs past the rotated ones keep
@@ -1447,7 +1447,7 @@ void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv)
 
 double config_rope_mscale(const kv_config *c, bool sliding)
 {
-    return rope_scaled(c, sliding) && c->rope_scaling.type == ROPE_SCALE_YARN
+    return config_rope_scaled(c, sliding) && c->rope_scaling.type == ROPE_SCALE_YARN
                ? c->rope_scaling.attn_factor : 1.0;
 }
 

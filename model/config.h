@@ -146,6 +146,8 @@ double config_layer_theta(const kv_config *c, int layer);
  * too), pairs past a partial rotation 0. mscale: what cos and sin are
  * multiplied by (YaRN's attention factor, else 1). */
 void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv_freq);
+/* Does the config's rope_scaling apply to a layer of this kind? */
+bool config_rope_scaled(const kv_config *c, bool sliding);
 double config_rope_mscale(const kv_config *c, bool sliding);
 
 /* Sets what follows from c->arch alone: norm_plus_one, qk_norm,

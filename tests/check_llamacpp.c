@@ -519,6 +519,71 @@ START_TEST(test_llama_tiny_gemma4)
 }
 END_TEST
 
+/* tiny-gpt-oss in llama.cpp's openai-moe graph (sinks, window, YaRN,
+ * experts). With YaRN's ramp ends whole (truncate true, which llama.cpp
+ * always computes) every cache is "no bug"; with gpt-oss's own truncate
+ * false llama.cpp rotates otherwise from position 1 on: found there, at
+ * q, and named as that convention. */
+static void oss_folder(const char *dir, bool truncate)
+{
+    char hf[512], args[1024];
+    kv_config c;
+    kv_err e = {{0}};
+    snprintf(hf, sizeof hf, "%s/hf", dir);
+    ck_assert_int_eq(config_preset("tiny-gpt-oss", &c, &e), 0);
+    c.rope_scaling.truncate = truncate;
+    ck_assert_msg(model_gen_folder_config(&c, 0, 0, hf, &e) == 0, "%s", e.msg);
+    snprintf(args, sizeof args, "gen --from %s --gguf %s/m.gguf", hf, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+}
+
+START_TEST(test_llama_tiny_gpt_oss)
+{
+    static const char *const caches[] = {"--cache-type f32 --threads 1",
+                                         "--cache-type f16 --flash-attn on --ubatch 7",
+                                         "--cache-type q8_0 --flash-attn on --ubatch 16"};
+    char dir[64], args[2048], path[512];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    oss_folder(dir, true);
+    run_reference(dir, 6);
+    for (size_t i = 0; i < sizeof caches / sizeof *caches; i++) {
+        snprintf(path, sizeof path, "%s/llama%zu.h5", dir, i);
+        snprintf(args, sizeof args, "%s/m.gguf --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 "
+                 "--ignore-eos %s --dump %s", dir, dir, dir, caches[i], path);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        g4_verdict v = compare_json(dir, path);
+        ck_assert_msg(!strcmp(v.verdict, "within_tolerance"), "%s: verdict %s at layer %ld "
+                      "position %ld %s (%s)", caches[i], v.verdict, v.layer, v.pos, v.stage,
+                      v.kind);
+    }
+    kv_err e;
+    snprintf(path, sizeof path, "%s/llama0.h5", dir);
+    dump_file *f = dump_open(path, &e);
+    ck_assert_msg(f, "%s", e.msg);
+    for (int l = 0; l < 4; l++)
+        ck_assert(dump_stage_info(f, l, STAGE_ROUTER_LOGITS).rows == 45);
+    dump_file_close(f);
+    test_rmtree(dir);
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    oss_folder(dir, false);
+    run_reference(dir, 4);
+    snprintf(path, sizeof path, "%s/llama.h5", dir);
+    snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
+             "--cache-type f32 --dump %s", dir, dir, path);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    g4_verdict v = compare_json(dir, path);
+    ck_assert_msg(!strcmp(v.verdict, "diverged") && v.layer == 0 && v.pos == 1 &&
+                  !strcmp(v.stage, "q") && !strcmp(v.kind, "rope_convention"),
+                  "verdict %s at layer %ld position %ld %s (%s)", v.verdict, v.layer, v.pos,
+                  v.stage, v.kind);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    test_run_cli(args, out, sizeof out);
+    ck_assert_msg(strstr(out, "YaRN with the ramp's ends rounded to whole dims (truncate true, "
+                         "which llama.cpp always computes"), "%s", out);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* A GGUF whose shared_kv_layers (8) differs from the model's (4): llama.cpp
  * runs layers 4..7 on layers 2 and 3's caches. Found at layer 4, position
  * 0, attn_out, and named: the layer whose cache it read, verified at every
@@ -771,6 +836,7 @@ Suite *llamacpp_suite(void)
     tcase_add_test(tc, test_llama_tiny_qwen3);
     tcase_add_test(tc, test_llama_gemma3_fold_from_gguf);
     tcase_add_test(tc, test_llama_tiny_gemma4);
+    tcase_add_test(tc, test_llama_tiny_gpt_oss);
     tcase_add_test(tc, test_llama_gemma4_shared_kv_layers_wrong);
     tcase_add_test(tc, test_llama_gemma4_sharing_checked);
     tcase_add_test(tc, test_llama_bad_input);

@@ -508,7 +508,8 @@ static int token_key(const meta *m, const char *path, const char *key, int *out,
 
 /* Which layers slide, as llama.cpp decides (llama_hparams::set_swa_pattern
  * and load_swa_pattern): a bool array, or every n-th layer global. */
-static int gemma3_layer_types(const meta *m, const char *path, kv_config *c, kv_err *e)
+static int gemma3_layer_types(const meta *m, const char *path, kv_config *c, int period,
+                              kv_err *e)
 {
     int64_t k = meta_key(m, "attention.sliding_window_pattern");
     if (k >= 0 && gguf_get_kv_type(m->g, k) == GGUF_TYPE_ARRAY) {
@@ -522,7 +523,7 @@ static int gemma3_layer_types(const meta *m, const char *path, kv_config *c, kv_
         return 0;
     }
     int n;
-    if (meta_int(m, path, "attention.sliding_window_pattern", 0, INT32_MAX, false, 6,
+    if (meta_int(m, path, "attention.sliding_window_pattern", 0, INT32_MAX, false, period,
                  "the sliding window pattern (every n-th layer global)", &n, e) < 0)
         return -1;
     for (int l = 0; l < c->n_layers; l++)
@@ -613,7 +614,7 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
         rope_count(m, path, "rope.dimension_count_swa", "attention.key_length_swa",
                    c->head_dim, false, e) < 0)
         return -1;
-    if (gemma3_layer_types(m, path, c, e) < 0)
+    if (gemma3_layer_types(m, path, c, 6, e) < 0)
         return -1;
     bool sliding = false;
     for (int l = 0; l < c->n_layers; l++)
@@ -702,6 +703,26 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     return 0;
 }
 
+/* gpt-oss (llama_model_openai_moe::load_arch_hparams): experts, the
+ * window on a pattern of period 2, an optional local RoPE base; the
+ * experts' clamp is llama.cpp's fixed 7. */
+static int gpt_oss_from_gguf(const meta *m, const char *path, kv_config *c, kv_err *e)
+{
+    if (meta_int(m, path, "expert_count", 1, 1 << 12, true, 0, "the number of experts",
+                 &c->n_experts, e) < 0 ||
+        meta_int(m, path, "expert_used_count", 1, c->n_experts, true, 0,
+                 "the experts used per token", &c->n_experts_used, e) < 0 ||
+        meta_int(m, path, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, false,
+                 c->intermediate, "the experts' width", &c->intermediate, e) < 0 ||
+        meta_int(m, path, "attention.sliding_window", 1, KV_MAX_POSITIONS, true, 0,
+                 "the sliding window", &c->sliding_window, e) < 0 ||
+        gemma3_layer_types(m, path, c, 2, e) < 0)
+        return -1;
+    c->swiglu_limit = 7.0;
+    c->rope_local_theta = meta_num(m, "rope.freq_base_swa", c->rope_theta, NULL);
+    return 0;
+}
+
 /* What llama.cpp runs, as a kv_config. llama_scale: the q.k multiplier
  * llama.cpp applies (Gemma 3: 1/sqrt(head_dim), or 1/sqrt(E/H) for the
  * 62-layer model, whatever query_pre_attn_scalar was). */
@@ -736,9 +757,13 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         c->arch = ARCH_GEMMA4;
         snprintf(c->model_type, sizeof c->model_type, "gemma4_text");
         config_family_flags(c);
+    } else if (!strcmp(m.arch, "gpt-oss")) {
+        c->arch = ARCH_GPT_OSS;
+        snprintf(c->model_type, sizeof c->model_type, "gpt_oss");
+        config_family_flags(c);   /* sinks, q/k/v/o biases */
     } else {
         return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2, "
-                          "qwen3, gemma3 and gemma4)", path, m.arch);
+                          "qwen3, gemma3, gemma4 and gpt-oss)", path, m.arch);
     }
     /* Llama's attention_bias: llama.cpp loads the biases when present. */
     if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
@@ -799,7 +824,7 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
             return -1;
         if (c->sliding_window > 0) {
             c->rope_local_theta = meta_num(&m, "rope.freq_base_swa", 10000.0, NULL);
-            if (gemma3_layer_types(&m, path, c, e) < 0)
+            if (gemma3_layer_types(&m, path, c, 6, e) < 0)
                 return -1;
         }
         if (c->n_layers == 62)
@@ -811,6 +836,9 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         const double qpas = meta_num(&m, "=kvdiff.query_pre_attn_scalar", 0, &f_qpas);
         if (f_qpas && qpas > 0 && isfinite(qpas))
             c->query_pre_attn_scalar = qpas;
+    } else if (c->arch == ARCH_GPT_OSS) {
+        if (gpt_oss_from_gguf(&m, path, c, e) < 0)
+            return -1;
     } else {
         bool f_scale;
         double s = meta_num(&m, "attention.scale", 0, &f_scale);
@@ -830,6 +858,20 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     if (!strcmp(rtype, "linear") && f_rs && rs > 0 && rs != 1) {
         c->rope_scaling.type = ROPE_SCALE_LINEAR;
         c->rope_scaling.factor = rs;
+    } else if (!strcmp(rtype, "yarn") && f_rs && rs > 0) {
+        /* As llama.cpp runs it: the ramp's ends rounded to whole dims
+         * (ggml_rope_yarn_corr_dims), whatever the checkpoint's truncate;
+         * cos and sin times 0.1 ln factor + 1 (llama_context). */
+        kv_rope_scaling *y = &c->rope_scaling;
+        y->type = ROPE_SCALE_YARN;
+        y->factor = rs;
+        y->beta_fast = meta_num(&m, "rope.scaling.yarn_beta_fast", 32.0, NULL);
+        y->beta_slow = meta_num(&m, "rope.scaling.yarn_beta_slow", 1.0, NULL);
+        y->truncate = true;
+        y->attn_factor = rs > 1 ? 0.1 * log(rs) + 1.0 : 1.0;
+        if (meta_int(&m, path, "rope.scaling.original_context_length", 1, KV_MAX_POSITIONS,
+                     true, 0, "YaRN's original context", &y->original_max_position, e) < 0)
+            return -1;
     } else if (strcmp(rtype, "none") && strcmp(rtype, "linear")) {
         return kv_errf(e, "%s: RoPE scaling '%.32s' is not one kvdiff models", path, rtype);
     }
@@ -980,6 +1022,7 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     mapping m = {MAP_NONE, STAGE_X_IN, -1};
     char base[64];
     const bool gemma = r->cfg->arch == ARCH_GEMMA3 || r->cfg->arch == ARCH_GEMMA4;
+    const bool moe = r->cfg->n_experts > 0;
     /* Qwen2 names no tensor after o_proj (and its nodes no layer): take
      * the product with (and the sum with the bias of) blk.<il>.attn_output;
      * a node named after it comes later and wins (llama's "attn_out"). */
@@ -990,6 +1033,11 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     if (!gemma && t->op == GGML_OP_ADD &&
         (wl = weight_layer(t->src[1], "attn_output.bias")) >= 0 && wl < r->cfg->n_layers)
         return (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, wl};
+    /* The router's logits: the sum with blk.<il>.ffn_gate_inp.bias (named
+     * ffn_moe_probs or ffn_moe_logits_biased by llama.cpp's versions). */
+    if (moe && t->op == GGML_OP_ADD &&
+        (wl = weight_layer(t->src[1], "ffn_gate_inp.bias")) >= 0 && wl < r->cfg->n_layers)
+        return (mapping){MAP_EMIT, STAGE_ROUTER_LOGITS, wl};
     int il = split_name(ggml_get_name(t), base, sizeof base);
     if (il >= r->cfg->n_layers)
         return m;
@@ -1024,10 +1072,11 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
         m = (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, il};
     else if (!strcmp(base, gemma ? "sa_out" : "ffn_inp"))
         m.stage = STAGE_H_MID;
-    else if (!strcmp(base, "ffn_norm"))
-        m.stage = STAGE_FFN_NORM;
-    else if (!strcmp(base, gemma ? "ffn_post_norm" : "ffn_out"))
+    else if (!strcmp(base, moe ? "attn_post_norm" : "ffn_norm"))
+        m.stage = STAGE_FFN_NORM;                  /* gpt-oss names its FFN norm so */
+    else if (!strcmp(base, gemma ? "ffn_post_norm" : moe ? "ffn_moe_out" : "ffn_out"))
         m.stage = STAGE_FFN_OUT;
+
     else if (!strcmp(base, "l_out"))
         m.stage = STAGE_X_OUT;
     else
@@ -1043,6 +1092,7 @@ static int stage_cols(const recorder *r, kv_stage s, int layer)
     case STAGE_Q: case STAGE_ATTN_OUT: return c->n_heads * D;
     case STAGE_K: case STAGE_V: return config_layer_kv_heads(c, layer) * D;
     case STAGE_PLE_IN: return c->per_layer_dim;
+    case STAGE_ROUTER_LOGITS: return c->n_experts;
     case STAGE_LOGITS: return r->V;
     default: return c->hidden;
     }
