@@ -563,6 +563,22 @@ START_TEST(test_llama_tiny_gpt_oss)
     for (int l = 0; l < 4; l++)
         ck_assert(dump_stage_info(f, l, STAGE_ROUTER_LOGITS).rows == 45);
     dump_file_close(f);
+    /* The window off by one in the GGUF (11 for 12), q8_0: llama.cpp's
+     * router then also takes another expert at position 11 of layer 1,
+     * within the error the bug leaves there; the bug, born upstream of it
+     * at layer 0, is found first and named. */
+    char bad[512];
+    snprintf(bad, sizeof bad, "%s/w11.gguf", dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    ck_assert_int_eq(gguf_patch(path, bad, "gpt-oss.attention.sliding_window", 11), 0);
+    snprintf(path, sizeof path, "%s/w11.h5", dir);
+    snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
+             "--cache-type q8_0 --flash-attn on --dump %s", bad, dir, path);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    g4_verdict w = compare_json(dir, path);
+    ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == 11 &&
+                  !strcmp(w.kind, "window"), "window 11: verdict %s at layer %ld position %ld "
+                  "%s (%s)", w.verdict, w.layer, w.pos, w.stage, w.kind);
     test_rmtree(dir);
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     oss_folder(dir, false);
