@@ -571,6 +571,21 @@ done:
     return rc;
 }
 
+/* n floats of tensor t, converted to its type, written whole and padded. */
+static int write_whole(gguf_outfile *o, const out_tensor *t, const float *buf, size_t n,
+                       kv_err *e)
+{
+    void *outb = t->type == GGML_F32 ? NULL : malloc(n * 2);
+    if (t->type != GGML_F32 && !outb)
+        return kv_errf(e, "out of memory writing '%s'", t->name);
+    if (outb)
+        convert(buf, n, t->type, outb);
+    int rc = of_write(o, outb ? outb : (const void *)buf, (size_t)t->nbytes, e) < 0 ||
+             of_pad(o, e) < 0 ? -1 : 0;
+    free(outb);
+    return rc;
+}
+
 /* An experts' tensor: the stack read whole, laid out as t->xform says. */
 static int write_experts(gguf_outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
 {
@@ -579,9 +594,8 @@ static int write_experts(gguf_outfile *o, const wsource *src, const out_tensor *
                        (size_t)(s->ndim == 3 ? s->shape[2] : 1);
     const size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
     float *in = malloc(all * sizeof *in), *buf = malloc(n * sizeof *buf);
-    void *outb = t->type == GGML_F32 ? NULL : malloc(n * 2);
     int rc = -1;
-    if (!in || !buf || (t->type != GGML_F32 && !outb)) {
+    if (!in || !buf) {
         kv_errf(e, "out of memory writing '%s'", t->name);
         goto done;
     }
@@ -605,15 +619,10 @@ static int write_experts(gguf_outfile *o, const wsource *src, const out_tensor *
                     buf[(x * rows + r) * A + a] = in[(x * A + a) * B + col];
             }
     }
-    if (t->type != GGML_F32)
-        convert(buf, n, t->type, outb);
-    if (of_write(o, outb ? outb : (void *)buf, (size_t)t->nbytes, e) < 0 || of_pad(o, e) < 0)
-        goto done;
-    rc = 0;
+    rc = write_whole(o, t, buf, n, e);
 done:
     free(in);
     free(buf);
-    free(outb);
     return rc;
 }
 
@@ -627,9 +636,8 @@ static int write_tensor(gguf_outfile *o, const wsource *src, const out_tensor *t
     size_t n = (size_t)(t->ne[0] * t->ne[1]);
     float *buf = malloc(n * sizeof(float));
     float *tmp = t->permute_heads ? malloc(n * sizeof(float)) : NULL;
-    void *outb = t->type == GGML_F32 ? NULL : malloc(n * 2);
     int rc = -1;
-    if (!buf || (t->permute_heads && !tmp) || (t->type != GGML_F32 && !outb)) {
+    if (!buf || (t->permute_heads && !tmp)) {
         kv_errf(e, "out of memory writing '%s'", t->name);
         goto done;
     }
@@ -648,15 +656,10 @@ static int write_tensor(gguf_outfile *o, const wsource *src, const out_tensor *t
     if (t->add != 0.0f || t->mul != 1.0f)
         for (size_t i = 0; i < n; i++)
             buf[i] = (buf[i] + t->add) * t->mul;
-    if (t->type != GGML_F32)
-        convert(buf, n, t->type, outb);
-    if (of_write(o, outb ? outb : (void *)buf, (size_t)t->nbytes, e) < 0 || of_pad(o, e) < 0)
-        goto done;
-    rc = 0;
+    rc = write_whole(o, t, buf, n, e);
 done:
     free(buf);
     free(tmp);
-    free(outb);
     return rc;
 }
 
