@@ -379,14 +379,8 @@ static int audit_layer(cmp_ctx *c, const kern_ctx *kc, int layer, int64_t lo, in
         }
         kern_attention(kc, n, b.q, H, KV, D, scale, b.krow, b.vrow, b.kbeg, b.kend, b.out,
                        b.lse);
-        for (int i = 0; sinks && i < n; i++)   /* the sink joins each softmax */
-            for (int h = 0; h < H; h++) {
-                const double l = b.lse[(size_t)i * H + h];
-                const double keep = isfinite(l) ? 1.0 / (1.0 + exp((double)sinks[h] - l)) : 0.0;
-                float *o = b.out + ((size_t)i * H + h) * D;
-                for (int d = 0; d < D; d++)
-                    o[d] = (float)((double)o[d] * keep);
-            }
+        if (sinks)   /* the sink joins each softmax, as the engines add it */
+            kern_attn_sinks(n, H, D, sinks, b.lse, b.out, NULL, NULL);
         for (int i = 0; i < n; i++) {
             const double r = residual(b.out + (size_t)i * qf, b.rec + (size_t)i * qf, qf,
                                       m->audit_rms_weight);

@@ -240,37 +240,15 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     return 0;
 }
 
-/* The sink as one more logit in each head's softmax: with l the keys'
- * log-sum-exp, the keys keep exp(l) / (exp(l) + exp(sink)) of the weight
- * (a head that read no key keeps none), the sink the rest. In double,
- * each output rounded once. */
-static void apply_sinks(const kv_model *m, int layer, fw_state *s, int n)
-{
-    const int H = m->cfg.n_heads, D = config_layer_head_dim(&m->cfg, layer);
-    const float *sinks = m->layers[layer].sinks;
-    for (int i = 0; i < n; i++)
-        for (int h = 0; h < H; h++) {
-            if (s->sink_off_any && s->sink_off[i]) {   /* the bug: no sink at all */
-                s->sink[(size_t)i * H + h] = 0.0f;
-                continue;
-            }
-            const double l = s->lse[(size_t)i * H + h], sk = sinks[h];
-            const double mx = l > sk ? l : sk;
-            const double wk = isinf(l) && l < 0 ? 0.0 : exp(l - mx), ws = exp(sk - mx);
-            const double keep = wk / (wk + ws);
-            float *o = s->att + ((size_t)i * H + h) * D;
-            for (int d = 0; d < D; d++)
-                o[d] = (float)((double)o[d] * keep);
-            s->sink[(size_t)i * H + h] = (float)(ws / (wk + ws));
-        }
-}
-
 int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                  const int *nkeys, kv_observer *obs)
 {
     const int H = m->cfg.n_heads;
+    /* The sink as one more logit in each head's softmax (rows an engine's
+     * injected bug marks keep none). */
     if (m->cfg.attn_sinks)
-        apply_sinks(m, layer, s, n);
+        kern_attn_sinks(n, H, config_layer_head_dim(&m->cfg, layer), m->layers[layer].sinks,
+                        s->lse, s->att, s->sink, s->sink_off_any ? s->sink_off : NULL);
     EMIT(STAGE_ATTN_LSE, layer, H, s->lse);
     if (fw_wants(obs, STAGE_ATTN_NKEYS, layer)) {
         for (int i = 0; i < n; i++)

@@ -371,15 +371,13 @@ static int plan_tensor(const kv_config *c, const tensor_spec *s, int index,
 
 /* Experts: gate_up_proj gives two tensors (its gate and its up), the
  * others one. Fills t[0] (and t[1] for gate_up); returns how many. */
-static int plan_experts(const kv_config *c, const tensor_spec *s, gguf_out_type ot,
-                        out_tensor *t)
+static int plan_experts(const tensor_spec *s, gguf_out_type ot, out_tensor *t)
 {
     const char *sx = layer_suffix(s->name);
     const uint64_t X = (uint64_t)s->shape[0];
     const bool gate_up = strstr(sx, "gate_up_proj") != NULL;
     const bool bias = s->kind == TENSOR_EXPERT_BIAS;
     const int n = gate_up ? 2 : 1;
-    (void)c;
     for (int i = 0; i < n; i++) {
         out_tensor *o = &t[i];
         memset(o, 0, sizeof *o);
@@ -391,6 +389,7 @@ static int plan_experts(const kv_config *c, const tensor_spec *s, gguf_out_type 
             o->ndim = 2;
             o->ne[0] = (uint64_t)s->shape[1] / (uint64_t)n;
             o->ne[1] = X;
+            o->ne[2] = 1;
             o->xform = gate_up ? (i == 0 ? XF_BIAS_EVEN : XF_BIAS_ODD) : XF_NONE;
             o->type = GGML_F32;
         } else {        /* (X, in, out): [in, out / n, X] */
@@ -401,8 +400,6 @@ static int plan_experts(const kv_config *c, const tensor_spec *s, gguf_out_type 
             o->xform = gate_up ? (i == 0 ? XF_EVEN : XF_ODD) : XF_TURN;
             o->type = ot == GGUF_OUT_F32 ? GGML_F32 : ot == GGUF_OUT_F16 ? GGML_F16 : GGML_BF16;
         }
-        if (o->ndim == 2)
-            o->ne[2] = 1;
         o->nbytes = o->ne[0] * o->ne[1] * o->ne[2] * (o->type == GGML_F32 ? 4 : 2);
     }
     return n;
@@ -1056,7 +1053,7 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
     }
     for (int i = 0; i < n_specs; i++) {
         if (specs[i].kind == TENSOR_EXPERTS || specs[i].kind == TENSOR_EXPERT_BIAS)
-            n += plan_experts(c, &specs[i], ot, &ts[n]);
+            n += plan_experts(&specs[i], ot, &ts[n]);
         else if (plan_tensor(c, &specs[i], i, ot, &ts[n++], e) < 0)
             goto done;
     }

@@ -494,6 +494,29 @@ void kern_rope_scale_inv_freq(double *inv_freq, int half, int type, double facto
     }
 }
 
+void kern_attn_sinks(int M, int H, int D, const float *sinks, const float *lse, float *out,
+                     float *share, const uint8_t *skip)
+{
+    for (int i = 0; i < M; i++)
+        for (int h = 0; h < H; h++) {
+            const size_t ih = (size_t)i * H + h;
+            if (skip && skip[i]) {
+                if (share)
+                    share[ih] = 0.0f;
+                continue;
+            }
+            const double l = lse[ih], sk = sinks[h];
+            const double mx = l > sk ? l : sk;
+            const double wk = isinf(l) && l < 0 ? 0.0 : exp(l - mx), ws = exp(sk - mx);
+            const double keep = wk / (wk + ws);
+            float *o = out + ih * D;
+            for (int d = 0; d < D; d++)
+                o[d] = (float)((double)o[d] * keep);
+            if (share)
+                share[ih] = (float)(ws / (wk + ws));
+        }
+}
+
 void kern_top_k(const float *v, int n, int k, int *idx)
 {
     for (int r = 0; r < k; r++) {

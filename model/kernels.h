@@ -137,6 +137,14 @@ void kern_rope_yarn_inv_freq(double *inv_freq, int half, double theta, double fa
                              double beta_fast, double beta_slow, int original_max,
                              bool truncate);
 
+/* Attention sinks on M rows of H heads of D: with l a head's log-sum-exp
+ * over its keys (lse) and s its sink logit, its output keeps
+ * exp(l) / (exp(l) + exp(s)) of itself (none when it read no key), in
+ * double, rounded once; share (may be NULL) receives the sink's part.
+ * Rows whose skip[i] is set (skip may be NULL) keep no sink (share 0). */
+void kern_attn_sinks(int M, int H, int D, const float *sinks, const float *lse, float *out,
+                     float *share, const uint8_t *skip);
+
 /* The indices of the k largest of v[0..n) by rank, ties to the lower
  * index (a mixture of experts' routing; the comparer reads a recording's
  * the same way). k <= n. */

@@ -71,8 +71,7 @@ typedef struct {
     int lost_prefill, lost_decode, kept_prefill, kept_decode;
     int lost_in_window, lost_past_window, kept_past_window; /* sliding layers only */
     int kept_global;             /* rows of full layers that kept it */
-    int neither;
-    int64_t last_pos;
+    int neither;                 /* rows reproduced neither way */
 } sink_survey;
 
 /* Sorts the row of layer l at p into s. 0, -1 on error. */
@@ -101,7 +100,6 @@ static int visit(cmp_ctx *c, int l, int64_t p, double tol, sink_survey *s, kv_er
         s->lost_in_window++;
     if (W == 0 && kept)
         s->kept_global++;
-    s->last_pos = p > s->last_pos ? p : s->last_pos;
     return 0;
 }
 
@@ -149,14 +147,12 @@ int dg_rule_sinks(cmp_ctx *c, kv_err *e)
     sink_survey s = {0};
     if (survey(c, tol, &s, e) < 0)
         return -1;
-    int layers_lost = 0, layers_kept = 0, only = -1;
+    int layers_lost = 0, only = -1;
     for (int l = 0; l < cfg->n_layers; l++) {
         if (s.without[l] > 0) {
             layers_lost++;
             only = l;
         }
-        if (s.with[l] > 0)
-            layers_kept++;
     }
     const int lost = s.lost_prefill + s.lost_decode;
     const int kept = s.kept_prefill + s.kept_decode;
@@ -194,7 +190,7 @@ int dg_rule_sinks(cmp_ctx *c, kv_err *e)
            "over the config's keys without the sink reproduces its %s (error %.2g; with the "
            "reference's sink logits, recovered from its attn_lse and attn_sink: %.2g); over "
            "every layer, %d recorded rows read no sink and %d read it (%d prefill and %d decode "
-           "rows lost it)", dg_recorded_attn(c), eo, ew, lost, kept, s.lost_prefill,
-           s.lost_decode);
+           "rows lost it; %d reproduced neither way)", dg_recorded_attn(c), eo, ew, lost, kept,
+           s.lost_prefill, s.lost_decode, s.neither);
     return 1;
 }
