@@ -4,11 +4,13 @@
  * reads — which is exactly where real runtimes go wrong. */
 #include "chunked.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../model/forward.h"
+#include "../model/mla.h"
 
 /* One cache buffer: live storage, and for stale-local the two copies. */
 typedef struct {
@@ -55,13 +57,31 @@ typedef struct {
     int *nkeys;              /* (chunk) */
     float *att2, *lse2;      /* cascade: the chunk's own partial */
     float *logits;           /* (chunk, V) */
+    /* MLA: the candidates' expanded keys and values, or the absorbed
+     * queries and outputs (model/mla.h) */
+    int mla_cap, mla_rows;   /* candidates / rows the buffers hold */
+    float *mla_k, *mla_v;    /* (mla_cap, H*D) */
+    const float **mla_kp, **mla_vp; /* (mla_cap) */
+    const float **mla_lat;   /* (mla_cap) the latent rows attention reads */
+    float *mla_scratch;
+    float *mla_qa, *mla_o, *mla_o2, *mla_lse2; /* (rows, H*(R+dr)), (rows, H) */
+    float *mla_zero;         /* (R+dr) */
+    float *mla_tmp_row;      /* (R+dr) */
 } chk_engine;
 
-/* Layer l's head size and KV heads (Gemma 4's full and sliding layers
- * differ), floats per head as stored (padded under --kv-share padded) and
- * per stored row. */
-static int head_dim(const chk_engine *c, int l) { return config_layer_head_dim(&c->m->cfg, l); }
-static int kv_heads(const chk_engine *c, int l) { return config_layer_kv_heads(&c->m->cfg, l); }
+/* Layer l's cached heads as stored: KV heads of D (Gemma 4's full and
+ * sliding layers differ; MLA: one row of the latent and the key tail),
+ * floats per head as stored (padded under --kv-share padded) and per
+ * stored row. */
+static bool mla(const chk_engine *c) { return config_mla(&c->m->cfg); }
+static int head_dim(const chk_engine *c, int l)
+{
+    return mla(c) ? config_mla_row(&c->m->cfg) : config_layer_head_dim(&c->m->cfg, l);
+}
+static int kv_heads(const chk_engine *c, int l)
+{
+    return mla(c) ? 1 : config_layer_kv_heads(&c->m->cfg, l);
+}
 static int kv_floats(const chk_engine *c, int l) { return kv_heads(c, l) * head_dim(c, l); }
 static int head_stored(const chk_engine *c, int l)
 {
@@ -110,22 +130,25 @@ static bool isolated(const chk_engine *c)
 /* ------------------------------------------------------------------ */
 /* Buffers                                                              */
 
-static int buf_init(kv_buf *b, int nslots, int stride, bool stale)
+/* with_v false: keys only (MLA's latent rows are keys and values alike). */
+static int buf_init(kv_buf *b, int nslots, int stride, bool stale, bool with_v)
 {
     size_t n = (size_t)nslots * (size_t)stride;
     b->nslots = nslots;
     b->k = calloc(n, sizeof(float));
-    b->v = calloc(n, sizeof(float));
-    if (!b->k || !b->v)
+    b->v = with_v ? calloc(n, sizeof(float)) : NULL;
+    if (!b->k || (with_v && !b->v))
         return -1;
     b->read_k = b->k;
     b->read_v = b->v;
     if (stale) {
         b->snap_k = calloc(n, sizeof(float));
-        b->snap_v = calloc(n, sizeof(float));
         b->read_k = calloc(n, sizeof(float));
-        b->read_v = calloc(n, sizeof(float));
-        if (!b->snap_k || !b->snap_v || !b->read_k || !b->read_v)
+        if (with_v) {
+            b->snap_v = calloc(n, sizeof(float));
+            b->read_v = calloc(n, sizeof(float));
+        }
+        if (!b->snap_k || !b->read_k || (with_v && (!b->snap_v || !b->read_v)))
             return -1;
     }
     return 0;
@@ -146,8 +169,8 @@ static void buf_free(kv_buf *b)
 
 static size_t buf_bytes(const kv_buf *b, int stride)
 {
-    size_t copies = b->snap_k ? 3 : 1;
-    return copies * 2 * (size_t)b->nslots * (size_t)stride * sizeof(float);
+    size_t copies = b->snap_k ? 3 : 1, kinds = b->v ? 2 : 1;
+    return copies * kinds * (size_t)b->nslots * (size_t)stride * sizeof(float);
 }
 
 /* stale-local: attention in this chunk reads the state from before the
@@ -158,9 +181,11 @@ static void buf_begin_chunk(kv_buf *b, int stride)
         return;
     size_t bytes = (size_t)b->nslots * (size_t)stride * sizeof(float);
     memcpy(b->read_k, b->snap_k, bytes);
-    memcpy(b->read_v, b->snap_v, bytes);
     memcpy(b->snap_k, b->k, bytes);
-    memcpy(b->snap_v, b->v, bytes);
+    if (b->v) {
+        memcpy(b->read_v, b->snap_v, bytes);
+        memcpy(b->snap_v, b->v, bytes);
+    }
 }
 
 /* Stores one K/V row (KV heads of D floats) at slot, padding each head to
@@ -171,7 +196,7 @@ static void buf_store(kv_buf *b, int slot, const chk_engine *c, int layer, const
     const int KV = kv_heads(c, layer), D = head_dim(c, layer), dp = head_stored(c, layer);
     const int stride = row_stride(c, layer);
     float *dst[4] = {b->k, b->v, b->read_k != b->k ? b->read_k : NULL,
-                     b->read_v != b->v ? b->read_v : NULL};
+                     b->read_v != b->v ? b->read_v : NULL};   /* v NULL: keys only */
     const float *src[4] = {k, v, k, v};
     for (int t = 0; t < 4; t++) {
         if (!dst[t])
@@ -259,32 +284,35 @@ static void cand_build(chk_engine *c, int layer, int64_t s, int64_t hi, cand_lis
     const layer_cache *lc = &c->caches[src];
     const kv_buf *b = &lc->main;
     const int st = row_stride(c, src);
+    /* A keys-only cache (MLA) gives its rows as values too. */
+    const float *bv = b->read_v ? b->read_v : b->read_k;
+    const float *dv = lc->dec.read_v ? lc->dec.read_v : lc->dec.read_k;
     cl->n = 0;
     if (c->o.cache == CACHE_DENSE) {
         /* Fixed shape: every slot, valid once written. */
         for (int j = 0; j < b->nslots; j++)
-            cand_add(cl, j, j < hi, slot_row(b->read_k, j, st), slot_row(b->read_v, j, st));
+            cand_add(cl, j, j < hi, slot_row(b->read_k, j, st), slot_row(bv, j, st));
     } else if (c->o.cache == CACHE_SPLIT) {
         int64_t lim = c->prefill_len + (c->o.inj.on[INJ_SPLIT_MASK_OFF_BY_ONE] ? 1 : 0);
         /* The bug: decode builds its key list from the decode cache alone. */
         if (c->o.inj.on[INJ_SPLIT_DECODE_BLIND] && in_decode(c, s))
             lim = 0;
         for (int j = 0; j < b->nslots; j++)
-            cand_add(cl, j, j < lim, slot_row(b->read_k, j, st), slot_row(b->read_v, j, st));
+            cand_add(cl, j, j < lim, slot_row(b->read_k, j, st), slot_row(bv, j, st));
         const kv_buf *d = &lc->dec;
         for (int j = 0; j < d->nslots; j++)
             cand_add(cl, c->prefill_len + j, j < c->decode_count,
-                     slot_row(d->read_k, j, st), slot_row(d->read_v, j, st));
+                     slot_row(d->read_k, j, st), slot_row(dv, j, st));
     } else if (lc->ring) {
         int w = eff_window(c, layer);
         int64_t lo = s - w + 1 > 0 ? s - w + 1 : 0;
         for (int64_t p = lo; p < hi; p++) {
             int slot = (int)(p % b->nslots);
-            cand_add(cl, p, true, slot_row(b->read_k, slot, st), slot_row(b->read_v, slot, st));
+            cand_add(cl, p, true, slot_row(b->read_k, slot, st), slot_row(bv, slot, st));
         }
     } else {
         for (int64_t p = 0; p < hi; p++)
-            cand_add(cl, p, true, slot_row(b->read_k, (int)p, st), slot_row(b->read_v, (int)p, st));
+            cand_add(cl, p, true, slot_row(b->read_k, (int)p, st), slot_row(bv, (int)p, st));
     }
 }
 
@@ -367,6 +395,160 @@ static int ensure_mask(chk_engine *c, int n, int ncand, kv_err *e)
     return c->mask ? 0 : kv_errf(e, "out of memory for the attention mask");
 }
 
+/* Exact attention, or cascade's two partials (the cached prefix, the
+ * chunk itself) merged, of n query rows over the candidates cl (whose rows
+ * are kr, vr) into out, lse; out2, lse2: cascade's scratch. */
+static int run_attention(chk_engine *c, int layer, const cand_list *cl, int64_t s, int n,
+                         const float *q, int H, int KV, int D, float scale,
+                         const float *const *kr, const float *const *vr, float *out,
+                         float *lse, float *out2, float *lse2, kv_err *e)
+{
+    const kern_ctx *kc = c->kc;
+    if (c->o.attn == CHK_ATTN_EXACT) {
+        build_mask(c, layer, cl, s, n, 0);
+        if (kern_attention_masked(kc, n, q, H, KV, D, scale, kr, vr, cl->n, c->mask, out,
+                                  lse) < 0)
+            return kv_errf(e, "out of memory in attention");
+        for (int r = 0; r < n; r++)
+            c->nkeys[r] = count_keys(c, cl, r);
+        return 0;
+    }
+    build_mask(c, layer, cl, s, n, -1);
+    for (int r = 0; r < n; r++)
+        c->nkeys[r] = count_keys(c, cl, r);
+    if (kern_attention_masked(kc, n, q, H, KV, D, scale, kr, vr, cl->n, c->mask, out, lse) < 0)
+        return kv_errf(e, "out of memory in attention");
+    build_mask(c, layer, cl, s, n, +1);
+    for (int r = 0; r < n; r++)
+        c->nkeys[r] += count_keys(c, cl, r);
+    if (kern_attention_masked(kc, n, q, H, KV, D, scale, kr, vr, cl->n, c->mask, out2,
+                              lse2) < 0)
+        return kv_errf(e, "out of memory in attention");
+    kern_lse_merge(n, H, D, out, lse, out2, lse2);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* MLA: the latent cache                                                */
+
+/* What the cache keeps of the row computed at position p: the row itself,
+ * or (injected bugs) its key tail rotated a second time, or zeroed. */
+static const float *mla_cache_row(chk_engine *c, int64_t p, const float *row)
+{
+    const kv_config *cfg = &c->m->cfg;
+    const int R = cfg->kv_lora_rank, dr = cfg->qk_rope_dim, W = R + dr;
+    if (!c->o.inj.on[INJ_MLA_ROPE_TWICE] && !c->o.inj.on[INJ_MLA_ROPE_UNCACHED])
+        return row;
+    float *t = c->mla_tmp_row;
+    memcpy(t, row, (size_t)W * sizeof(float));
+    if (c->o.inj.on[INJ_MLA_ROPE_UNCACHED]) {
+        memset(t + R, 0, (size_t)dr * sizeof(float));
+        return t;
+    }
+    float cs[KV_MAX_HEAD_DIM / 2], sn[KV_MAX_HEAD_DIM / 2];
+    const fw_state *fs = &c->fw;
+    /* The rotation of set_rope_positions' position p, once more. */
+    int64_t rp = p;
+    if (c->o.inj.on[INJ_ROPE_OFFSET] && in_decode(c, p))
+        rp += c->o.inj.rope_offset;
+    if (fs->rope_mscale_global == 1.0)
+        kern_rope_table((double)rp, fs->inv_freq_global, dr, cs, sn);
+    else
+        kern_rope_table_scaled((double)rp, fs->inv_freq_global, dr, fs->rope_mscale_global, cs,
+                               sn);
+    kern_rope_apply_pairs(t + R, 1, W, dr / 2, cs, sn);
+    return t;
+}
+
+static int mla_reserve(chk_engine *c, int ncand, int n, kv_err *e)
+{
+    const kv_config *cfg = &c->m->cfg;
+    const size_t HD = (size_t)cfg->n_heads * cfg->head_dim;
+    const size_t HW = (size_t)cfg->n_heads * config_mla_row(cfg);
+    if (ncand > c->mla_cap) {
+        free(c->mla_k);
+        free(c->mla_v);
+        free(c->mla_kp);
+        free(c->mla_vp);
+        free(c->mla_lat);
+        c->mla_cap = ncand;
+        c->mla_k = malloc((size_t)ncand * HD * sizeof(float));
+        c->mla_v = malloc((size_t)ncand * HD * sizeof(float));
+        c->mla_kp = malloc((size_t)ncand * sizeof *c->mla_kp);
+        c->mla_vp = malloc((size_t)ncand * sizeof *c->mla_vp);
+        c->mla_lat = malloc((size_t)ncand * sizeof *c->mla_lat);
+        free(c->mla_scratch);
+        c->mla_scratch = NULL;
+    }
+    if (n > c->mla_rows) {
+        free(c->mla_qa);
+        free(c->mla_o);
+        free(c->mla_o2);
+        free(c->mla_lse2);
+        free(c->mla_scratch);
+        c->mla_scratch = NULL;
+        c->mla_rows = n;
+        c->mla_qa = malloc((size_t)n * HW * sizeof(float));
+        c->mla_o = malloc((size_t)n * HW * sizeof(float));
+        c->mla_o2 = malloc((size_t)n * HW * sizeof(float));
+        c->mla_lse2 = malloc((size_t)n * cfg->n_heads * sizeof(float));
+    }
+    if (!c->mla_scratch) {
+        size_t a = mla_expand_scratch(cfg, c->mla_cap), b = mla_absorb_scratch(cfg, c->mla_rows);
+        c->mla_scratch = malloc((a > b ? a : b) * sizeof(float));
+    }
+    if (!c->mla_k || !c->mla_v || !c->mla_kp || !c->mla_vp || !c->mla_lat || !c->mla_qa ||
+        !c->mla_o || !c->mla_o2 || !c->mla_lse2 || !c->mla_scratch)
+        return kv_errf(e, "out of memory for the latent attention of %d keys", ncand);
+    return 0;
+}
+
+/* MLA attention of one layer over one chunk (model/mla.h). The latent
+ * rows are the candidates' keys; expanded, each goes through kv_b_proj
+ * (the reference's bits), absorbed the query and the output do. */
+static int mla_attention(chk_engine *c, int layer, int64_t s, int n, const cand_list *cl,
+                         kv_err *e)
+{
+    const kv_config *cfg = &c->m->cfg;
+    const chk_injections *inj = &c->o.inj;
+    fw_state *fs = &c->fw;
+    const int H = cfg->n_heads, D = cfg->head_dim, W = config_mla_row(cfg);
+    const bool decode = in_decode(c, s);
+    const bool absorbed = decode && (c->o.mla_absorbed || inj->on[INJ_MLA_NO_MSCALE] ||
+                                     inj->on[INJ_MLA_MIXED_FORMS]);
+    if (mla_reserve(c, cl->n, n, e) < 0)
+        return -1;
+    for (int j = 0; j < cl->n; j++) {
+        const int64_t p = cl->pos[j];
+        c->mla_lat[j] = cl->k[j];
+        /* The bug: the tail is not cached; this chunk's own keys still
+         * carry theirs (computed, not read back). */
+        if (inj->on[INJ_MLA_ROPE_UNCACHED] && p >= s && p < s + n)
+            c->mla_lat[j] = fs->lat + (size_t)(p - s) * W;
+        /* The bug: prefill never filled the latent cache decode reads. */
+        if (inj->on[INJ_MLA_MIXED_FORMS] && decode && p < c->prefill_len)
+            c->mla_lat[j] = c->mla_zero;
+    }
+    if (!absorbed) {
+        mla_expand(c->kc, c->m, layer, c->mla_lat, cl->n, c->mla_k, c->mla_v, c->mla_scratch);
+        for (int j = 0; j < cl->n; j++) {
+            c->mla_kp[j] = c->mla_k + (size_t)j * H * D;
+            c->mla_vp[j] = c->mla_v + (size_t)j * H * D;
+        }
+        return run_attention(c, layer, cl, s, n, fs->q, H, H, D, (float)cfg->attn_scale,
+                             c->mla_kp, c->mla_vp, fs->att, fs->lse, c->att2, c->lse2, e);
+    }
+    /* The bug: absorbed decode without YaRN's mscale_all_dim correction. */
+    const float scale = inj->on[INJ_MLA_NO_MSCALE] ? (float)(1.0 / sqrt((double)D))
+                                                  : (float)cfg->attn_scale;
+    mla_absorb_q(c->kc, c->m, layer, fs->q, n, c->mla_qa, c->mla_scratch);
+    if (run_attention(c, layer, cl, s, n, c->mla_qa, H, 1, W, scale, c->mla_lat, c->mla_lat,
+                      c->mla_o, fs->lse, c->mla_o2, c->mla_lse2, e) < 0)
+        return -1;
+    mla_absorb_out(c->kc, c->m, layer, c->mla_o, n, fs->att, c->mla_scratch);
+    return 0;
+}
+
 static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e)
 {
     const kv_config *cfg = &c->m->cfg;
@@ -388,34 +570,13 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
     }
     if (ensure_mask(c, n, cl->n, e) < 0)
         return -1;
-    const kern_ctx *kc = c->kc;
-    const float scale = (float)cfg->attn_scale;
-    const int H = cfg->n_heads, KV = kv_heads(c, layer), D = head_dim(c, layer);
-    const float *const *kr = (const float *const *)cl->k, *const *vr = (const float *const *)cl->v;
-    if (c->o.attn == CHK_ATTN_EXACT) {
-        build_mask(c, layer, cl, s, n, 0);
-        if (kern_attention_masked(kc, n, fs->q, H, KV, D, scale, kr, vr, cl->n, c->mask,
-                                  fs->att, fs->lse) < 0)
-            return kv_errf(e, "out of memory in attention");
-        for (int r = 0; r < n; r++)
-            c->nkeys[r] = count_keys(c, cl, r);
-        return 0;
-    }
-    /* Cascade: the cached prefix and the chunk itself as two partials. */
-    build_mask(c, layer, cl, s, n, -1);
-    for (int r = 0; r < n; r++)
-        c->nkeys[r] = count_keys(c, cl, r);
-    if (kern_attention_masked(kc, n, fs->q, H, KV, D, scale, kr, vr, cl->n, c->mask, fs->att,
-                              fs->lse) < 0)
-        return kv_errf(e, "out of memory in attention");
-    build_mask(c, layer, cl, s, n, +1);
-    for (int r = 0; r < n; r++)
-        c->nkeys[r] += count_keys(c, cl, r);
-    if (kern_attention_masked(kc, n, fs->q, H, KV, D, scale, kr, vr, cl->n, c->mask, c->att2,
-                              c->lse2) < 0)
-        return kv_errf(e, "out of memory in attention");
-    kern_lse_merge(n, H, D, fs->att, fs->lse, c->att2, c->lse2);
-    return 0;
+    if (mla(c))
+        return mla_attention(c, layer, s, n, cl, e);
+    const kv_config *cfg2 = cfg;
+    return run_attention(c, layer, cl, s, n, fs->q, cfg2->n_heads, kv_heads(c, layer),
+                         head_dim(c, layer), (float)cfg->attn_scale,
+                         (const float *const *)cl->k, (const float *const *)cl->v, fs->att,
+                         fs->lse, c->att2, c->lse2, e);
 }
 
 /* ------------------------------------------------------------------ */
@@ -485,7 +646,10 @@ static int chunk_forward(chk_engine *c, const int32_t *tokens, int n, bool last,
             goto stopped;
         /* The owner writes its rows, and under plain sharing so does every
          * follower's own copy. */
-        for (int l2 = l; cfg->kv_owner[l] == l && l2 < cfg->n_layers; l2++)
+        if (mla(c))
+            for (int r = 0; r < n; r++)
+                store_row(c, l, s + r, mla_cache_row(c, s + r, fs->lat + (size_t)r * kvf), NULL);
+        for (int l2 = l; !mla(c) && cfg->kv_owner[l] == l && l2 < cfg->n_layers; l2++)
             if (cfg->kv_owner[l2] == l && has_storage(c, l2))
                 for (int r = 0; r < n; r++)
                     store_row(c, l2, s + r, fs->k + (size_t)r * kvf, fs->v + (size_t)r * kvf);
@@ -591,6 +755,18 @@ static void chk_destroy(kv_engine *self)
     free(c->caches);
     free(c->cands);
     free(c->zero_row);
+    free(c->mla_k);
+    free(c->mla_v);
+    free(c->mla_kp);
+    free(c->mla_vp);
+    free(c->mla_lat);
+    free(c->mla_scratch);
+    free(c->mla_qa);
+    free(c->mla_o);
+    free(c->mla_o2);
+    free(c->mla_lse2);
+    free(c->mla_zero);
+    free(c->mla_tmp_row);
     rows_free(c);
     free(c->mask);
     free(c);
@@ -612,9 +788,9 @@ static int alloc_caches(chk_engine *c, kv_err *e)
         int slots = lc->ring ? eff_window(c, l) + c->o.chunk : T;
         if (lc->ring && slots > T)
             slots = T; /* a ring larger than the context never wraps */
-        int rc = buf_init(&lc->main, slots, row_stride(c, l), lc->stale);
+        int rc = buf_init(&lc->main, slots, row_stride(c, l), lc->stale, !mla(c));
         if (rc == 0 && c->o.cache == CACHE_SPLIT)
-            rc = buf_init(&lc->dec, T, row_stride(c, l), lc->stale);
+            rc = buf_init(&lc->dec, T, row_stride(c, l), lc->stale, !mla(c));
         if (rc < 0)
             return kv_errf(e, "out of memory for the KV cache of layer %d", l);
     }
@@ -648,7 +824,12 @@ kv_engine *chk_create(const kv_model *m, const kern_ctx *kc, const chk_opts *o,
     c->caches = calloc((size_t)m->cfg.n_layers, sizeof *c->caches);
     c->cands = calloc((size_t)m->cfg.n_layers, sizeof *c->cands);
     c->zero_row = calloc((size_t)config_max_kv_width(&m->cfg), sizeof(float));
-    if (!c->caches || !c->cands || !c->zero_row) {
+    if (config_mla(&m->cfg)) {
+        c->mla_zero = calloc((size_t)config_mla_row(&m->cfg), sizeof(float));
+        c->mla_tmp_row = calloc((size_t)config_mla_row(&m->cfg), sizeof(float));
+    }
+    if (!c->caches || !c->cands || !c->zero_row ||
+        (config_mla(&m->cfg) && (!c->mla_zero || !c->mla_tmp_row))) {
         kv_errf(e, "out of memory");
         chk_destroy(&c->base);
         return NULL;

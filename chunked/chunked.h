@@ -57,6 +57,10 @@ typedef enum {
     INJ_SINK_DROPPED,
     INJ_SINK_PREFILL_ONLY,
     INJ_SINK_WINDOWED,
+    INJ_MLA_ROPE_TWICE,
+    INJ_MLA_ROPE_UNCACHED,
+    INJ_MLA_NO_MSCALE,
+    INJ_MLA_MIXED_FORMS,
     INJ_COUNT
 } chk_injection;
 
@@ -81,6 +85,9 @@ typedef struct {
     chk_share_kind share;
     int share_pad;          /* SHARE_PADDED: head_dim rounded up to a multiple of this */
     int max_ctx;            /* positions the caches are sized for */
+    bool mla_absorbed;      /* MLA: decode steps run the absorbed form (model/mla.h); else
+                               every step expands the cached latents (bit-identical to the
+                               reference) */
     chk_injections inj;
 } chk_opts;
 

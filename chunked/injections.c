@@ -2,6 +2,7 @@
  * reproduce: names, help, parsing, and whether one applies to a model.
  * docs/injections.md explains each and where its first divergence lands. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,17 @@ static const inj_info catalogue[INJ_COUNT] = {
     [INJ_SINK_WINDOWED] = {"sink-windowed", false,
         "attention sinks: the sink is masked like the key at position 0, so sliding layers "
         "lose it once their window has passed position 0"},
+    [INJ_MLA_ROPE_TWICE] = {"mla-rope-twice", false,
+        "latent cache: the shared key tail is rotated a second time as it is written"},
+    [INJ_MLA_ROPE_UNCACHED] = {"mla-rope-uncached", false,
+        "latent cache: the key tail is not cached (zeros), so keys of earlier chunks lose "
+        "their position; a chunk's own keys keep theirs"},
+    [INJ_MLA_NO_MSCALE] = {"mla-no-mscale", false,
+        "latent cache: decode runs absorbed with q.k scaled by qk_head_dim^-1/2 alone, "
+        "without YaRN's mscale_all_dim correction"},
+    [INJ_MLA_MIXED_FORMS] = {"mla-mixed-forms", false,
+        "latent cache: prefill attends its expanded keys and never fills the latent cache; "
+        "decode runs absorbed over it and reads zeros at every prompt position"},
     [INJ_OWN_KEY_MASKED] = {"own-key-masked", true,
         "own-key-masked=F[@L]: queries from position F on skip their own key, a strict mask "
         "(on layer L alone with @L)"},
@@ -241,6 +253,15 @@ int chk_opts_check(const chk_opts *o, const kv_config *c, kv_err *e)
                            i == INJ_SINK_WINDOWED) && !c->attn_sinks)
             return kv_errf(e, "--inject %s: the model has no attention sinks", catalogue[i].name);
     }
+    for (int i = INJ_MLA_ROPE_TWICE; i <= INJ_MLA_MIXED_FORMS; i++)
+        if (inj->on[i] && !config_mla(c))
+            return kv_errf(e, "--inject %s: the model has no latent (MLA) cache",
+                           catalogue[i].name);
+    if (inj->on[INJ_MLA_NO_MSCALE] && c->attn_scale == 1.0 / sqrt((double)c->head_dim))
+        return kv_errf(e, "--inject mla-no-mscale: the config has no mscale_all_dim "
+                          "correction to leave out");
+    if (o->mla_absorbed && !config_mla(c))
+        return kv_errf(e, "--mla absorbed: the model has no latent (MLA) cache");
     if (inj->on[INJ_SINK_WINDOWED] && !has_sliding(c))
         return kv_errf(e, "--inject sink-windowed: the model has no sliding-window layer");
     if (inj->on[INJ_RING_NO_WRAP] && o->cache != CACHE_RING)

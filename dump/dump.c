@@ -789,11 +789,15 @@ int dump_stage_cols(const kv_config *c, kv_stage st, int layer)
     case STAGE_FFN_NORM_STATS:
         return 3;
     case STAGE_Q:
-    case STAGE_ATTN_OUT:
         return c->n_heads * config_layer_head_dim(c, layer);
+    case STAGE_ATTN_OUT:
+        return c->n_heads * config_layer_v_head_dim(c, layer);
     case STAGE_K:
-    case STAGE_V:
         return config_layer_kv_heads(c, layer) * config_layer_head_dim(c, layer);
+    case STAGE_V:
+        return config_layer_kv_heads(c, layer) * config_layer_v_head_dim(c, layer);
+    case STAGE_KV_LATENT:
+        return config_mla_row(c);
     case STAGE_PLE_IN:
         return c->per_layer_dim;
     case STAGE_ATTN_LSE:
@@ -1055,6 +1059,16 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     /* Experts (gpt-oss): optional, for the reader of the recording. */
     c.n_experts = opt_int(o, "num_local_experts", 0, 1 << 12, &p);
     c.n_experts_used = opt_int(o, "num_experts_per_tok", 0, 1 << 12, &p);
+    c.first_dense = opt_int(o, "first_k_dense_replace", 0, KV_MAX_LAYERS, &p);
+    c.moe_every = opt_int(o, "moe_layer_freq", 0, KV_MAX_LAYERS, &p);
+    /* MLA (DeepSeek): the latent's and the key tail's widths, the values'. */
+    c.kv_lora_rank = opt_int(o, "kv_lora_rank", 0, KV_MAX_HEAD_DIM, &p);
+    c.qk_rope_dim = opt_int(o, "qk_rope_head_dim", 0, KV_MAX_HEAD_DIM, &p);
+    c.v_head_dim = opt_int(o, "v_head_dim", 0, KV_MAX_HEAD_DIM, &p);
+    if (c.kv_lora_rank > 0 && (c.qk_rope_dim <= 0 || c.qk_rope_dim % 2 || c.v_head_dim <= 0 ||
+                               c.qk_rope_dim >= c.head_dim))
+        problem(&p, "model_config: an MLA model needs an even qk_rope_head_dim below head_dim "
+                "and a v_head_dim.");
     json_decref(o);
     *out = c;
     return p.n;

@@ -927,6 +927,16 @@ static char *config_json(const kv_config *c)
     if (c->n_experts > 0) {
         json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
         json_object_set_new(o, "num_experts_per_tok", json_integer(c->n_experts_used));
+        if (c->first_dense > 0 || c->moe_every > 1) {
+            json_object_set_new(o, "first_k_dense_replace", json_integer(c->first_dense));
+            json_object_set_new(o, "moe_layer_freq", json_integer(c->moe_every));
+        }
+    }
+    if (config_mla(c)) {
+        /* MLA: the cache row's widths and the values' (docs/dump-format.md). */
+        json_object_set_new(o, "kv_lora_rank", json_integer(c->kv_lora_rank));
+        json_object_set_new(o, "qk_rope_head_dim", json_integer(c->qk_rope_dim));
+        json_object_set_new(o, "v_head_dim", json_integer(c->v_head_dim));
     }
     /* Gemma's final logit softcap: the comparer fits /output as a map of
      * the reference's logits, and must undo the cap the reference applied. */
@@ -1001,13 +1011,19 @@ static int describe_stage_datasets(const dump_writer *w, const stage_sink *s, kv
         break;
     case STAGE_Q:
     case STAGE_ATTN_OUT:
-        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads, D,
+        snprintf(cols, sizeof cols, "%d heads x %d, head-major%s", c->n_heads,
+                 st == STAGE_Q ? D : config_layer_v_head_dim(c, layer),
                  st == STAGE_Q ? "; after RoPE" : "");
         break;
     case STAGE_K:
     case STAGE_V:
-        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", KV, D,
+        snprintf(cols, sizeof cols, "%d KV heads x %d, head-major%s", KV,
+                 st == STAGE_K ? D : config_layer_v_head_dim(c, layer),
                  st == STAGE_K ? "; after RoPE" : "");
+        break;
+    case STAGE_KV_LATENT:
+        snprintf(cols, sizeof cols, "normed latent x %d, then the rotated key tail x %d",
+                 c->kv_lora_rank, c->qk_rope_dim);
         break;
     case STAGE_ATTN_LSE:
         snprintf(cols, sizeof cols, "one per head");

@@ -49,6 +49,8 @@ static void run_usage(FILE *f)
             "                     chunk longer than the run takes the whole prompt at once\n"
             "  --cache S          chunked: dense (default), split, or ring\n"
             "  --attn A           chunked: exact (default, bit-identical) or cascade\n"
+            "  --mla F            chunked, MLA models: expanded (default, bit-identical) or\n"
+            "                     absorbed (decode steps fold kv_b_proj into q and the output)\n"
             "  --kv-share K       chunked, KV-shared layers: plain (default), padded, owner-read-only\n"
             "  --kv-pad N         chunked, --kv-share padded: head_dim padded to a multiple of N (64)\n"
             "  --inject I[=V]     chunked: reproduce a cache bug (repeatable)\n"

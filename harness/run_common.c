@@ -131,6 +131,10 @@ static int chunked_option(run_opts *o, const char *name, const char *val, kv_err
         if (strcmp(val, "exact") && strcmp(val, "cascade"))
             return kv_errf(e, "--attn: '%s' is not exact or cascade", val);
         o->co.attn = strcmp(val, "exact") ? CHK_ATTN_CASCADE : CHK_ATTN_EXACT;
+    } else if (!strcmp(name, "mla")) {
+        if (strcmp(val, "expanded") && strcmp(val, "absorbed"))
+            return kv_errf(e, "--mla: '%s' is not expanded or absorbed", val);
+        o->co.mla_absorbed = !strcmp(val, "absorbed");
     } else if (!strcmp(name, "kv-share")) {
         if (chk_share_parse(val, &o->co.share) < 0)
             return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-read-only", val);
@@ -200,6 +204,7 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
         {"chunk", required_argument, 0, 0},       {"cache", required_argument, 0, 0},
         {"attn", required_argument, 0, 0},        {"kv-share", required_argument, 0, 0},
         {"kv-pad", required_argument, 0, 0},      {"inject", required_argument, 0, 0},
+        {"mla", required_argument, 0, 0},
         {"list-injections", no_argument, 0, 0},   {"dump", required_argument, 0, 0},
         {"fingerprint", no_argument, 0, 0},       {"dump-layers", required_argument, 0, 0},
         {"dump-positions", required_argument, 0, 0}, {"dump-stages", required_argument, 0, 0},
@@ -292,11 +297,13 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e)
     if (strcmp(o->engine, "reference") && strcmp(o->engine, "chunked"))
         return kv_errf(e, "--engine: '%s' is not a known engine (reference, chunked)", o->engine);
     bool chunked_opts = o->chunk_given || o->co.cache != CACHE_DENSE ||
-                        o->co.attn != CHK_ATTN_EXACT || o->co.share != SHARE_PLAIN;
+                        o->co.attn != CHK_ATTN_EXACT || o->co.share != SHARE_PLAIN ||
+                        o->co.mla_absorbed;
     for (int i = 0; i < INJ_COUNT; i++)
         chunked_opts = chunked_opts || o->co.inj.on[i];
     if (chunked_opts && strcmp(o->engine, "chunked"))
-        return kv_errf(e, "--chunk, --cache, --attn, --kv-share and --inject need --engine chunked");
+        return kv_errf(e, "--chunk, --cache, --attn, --mla, --kv-share and --inject need "
+                          "--engine chunked");
     /* The chunked engine prefills in --chunk sized chunks; a --prefill it
      * would ignore must not pass for a setting that took effect. */
     if (o->prefill_given && !strcmp(o->engine, "chunked"))
@@ -343,6 +350,8 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
         json_object_set_new(j, "cache", json_string(chk_cache_name(o->co.cache)));
         json_object_set_new(j, "attention", json_string(o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade"));
         json_object_set_new(j, "kv_share", json_string(chk_share_name(o->co.share)));
+        if (o->co.mla_absorbed)
+            json_object_set_new(j, "mla", json_string("absorbed"));
         json_object_set_new(j, "inject", json_string(inj));
     } else {
         json_object_set_new(j, "prefill_step", json_integer(o->prefill_step));

@@ -216,12 +216,13 @@ static void describe_run(const run_opts *o, long ctx, char *buf, size_t n)
         snprintf(buf, n, "reference prefill=%s", o->prefill_step ? "steps" : "all");
         return;
     }
-    char inj[256];
+    char inj[200];
     chk_injections_describe(&o->co.inj, inj, sizeof inj);
-    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s kv-share=%s%s%s", run_effective_chunk(o, ctx),
-             chk_cache_name(o->co.cache), o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade",
-             chk_share_name(o->co.share), strcmp(inj, "none") ? " inject=" : "",
-             strcmp(inj, "none") ? inj : "");
+    snprintf(buf, n, "chunked chunk=%d cache=%s attn=%s%s kv-share=%s%s%.200s",
+             run_effective_chunk(o, ctx), chk_cache_name(o->co.cache),
+             o->co.attn == CHK_ATTN_EXACT ? "exact" : "cascade",
+             o->co.mla_absorbed ? " mla=absorbed" : "", chk_share_name(o->co.share),
+             strcmp(inj, "none") ? " inject=" : "", strcmp(inj, "none") ? inj : "");
 }
 
 int run_compare(const run_opts *o, const kv_model *m, const kern_ctx *kc,

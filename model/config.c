@@ -97,6 +97,18 @@ void family_set(kv_config *c, kv_arch arch)
     snprintf(c->lm_head_name, sizeof c->lm_head_name, "lm_head.weight");
 }
 
+static double yarn_mscale(double factor, double mscale);
+
+/* DeepSeek's YaRN also scales q.k, by m(mscale_all_dim)^2 (1 without it). */
+static double softmax_mscale2(const kv_config *c)
+{
+    const kv_rope_scaling *s = &c->rope_scaling;
+    if (s->type != ROPE_SCALE_YARN || !(s->mscale_all_dim > 0))
+        return 1.0;
+    double m = yarn_mscale(s->factor, s->mscale_all_dim);
+    return m * m;
+}
+
 /* Scales that follow from the sizes (call after head_dim / qpas are set). */
 static void set_scales(kv_config *c)
 {
@@ -110,7 +122,7 @@ static void set_scales(kv_config *c)
         c->query_pre_attn_scalar = 0.0;
     } else {
         c->embed_scale = 1.0f;
-        c->attn_scale = scale_of((double)c->head_dim);
+        c->attn_scale = scale_of((double)c->head_dim) * softmax_mscale2(c);
         c->query_pre_attn_scalar = 0.0;
     }
 }
@@ -585,13 +597,15 @@ static int parse_yarn_scaling(const cfg_jctx *cx, const char *path, const json_t
     if (s->beta_fast <= s->beta_slow)
         return cj_fail(cx, path, "has beta_fast %g <= beta_slow %g", s->beta_fast, s->beta_slow);
     double af = 0, ms = 0, msa = 0;
+    if (cj_get_num(cx, v, "mscale", 0.0, 0.0, false, MAX_FACTOR, &ms)
+        || cj_get_num(cx, v, "mscale_all_dim", 0.0, 0.0, false, MAX_FACTOR, &msa))
+        return -1;
+    s->mscale = ms;
+    s->mscale_all_dim = msa;
     const json_t *a = json_object_get(v, "attention_factor");
     if (cj_present(a))
         return cj_want_num(cx, cj_subkey(k, sizeof k, path, "attention_factor"), a, 0.0, true,
                            MAX_FACTOR, &s->attn_factor);
-    if (cj_get_num(cx, v, "mscale", 0.0, 0.0, false, MAX_FACTOR, &ms)
-        || cj_get_num(cx, v, "mscale_all_dim", 0.0, 0.0, false, MAX_FACTOR, &msa))
-        return -1;
     af = ms > 0 && msa > 0 ? yarn_mscale(s->factor, ms) / yarn_mscale(s->factor, msa)
                            : yarn_mscale(s->factor, 1.0);
     s->attn_factor = af;
@@ -1206,6 +1220,19 @@ static int check_family(const kv_config *c, kv_err *e)
     const kv_family *f = fam(c);
     if (!f->moe && (c->n_experts || c->n_experts_used || c->swiglu_limit != 0))
         return kv_errf(e, "experts are set but %s has a dense MLP", c->model_type);
+    /* DeepSeek's routing and shared experts, and MLA, are theirs alone. */
+    if (!f->mla && (c->route || c->moe_intermediate || c->n_shared_experts || c->first_dense
+                    || c->moe_every || c->n_group || c->topk_group || c->norm_topk
+                    || c->routed_scale != 0))
+        return kv_errf(e, "shared experts / routing fields are set but %s has none",
+                       c->model_type);
+    if (!f->mla && (c->kv_lora_rank || c->q_lora_rank || c->qk_rope_dim || c->v_head_dim))
+        return kv_errf(e, "latent attention fields are set but %s has none", c->model_type);
+    if (!(isfinite(c->rope_scaling.mscale) && c->rope_scaling.mscale >= 0
+          && isfinite(c->rope_scaling.mscale_all_dim) && c->rope_scaling.mscale_all_dim >= 0
+          && c->rope_scaling.mscale <= MAX_FACTOR && c->rope_scaling.mscale_all_dim <= MAX_FACTOR))
+        return kv_errf(e, "rope_scaling mscale %g / mscale_all_dim %g out of range",
+                       c->rope_scaling.mscale, c->rope_scaling.mscale_all_dim);
     if (f->check && f->check(c, e))
         return -1;
     /* Some families have one switch (attention_bias) for all four biases;
@@ -1345,7 +1372,8 @@ static int check_numbers(const kv_config *c, kv_err *e)
     if (!gemma && c->query_pre_attn_scalar != 0.0)
         return kv_errf(e, "query_pre_attn_scalar is set but %s has none", c->model_type);
     double want_scale = c->arch == ARCH_GEMMA4 ? 1.0
-        : scale_of(gemma ? c->query_pre_attn_scalar : (double)c->head_dim);
+        : gemma ? scale_of(c->query_pre_attn_scalar)
+        : scale_of((double)c->head_dim) * softmax_mscale2(c);
     if (!close_to(c->attn_scale, want_scale))
         return kv_errf(e, "attn_scale %.17g is not %.17g", c->attn_scale, want_scale);
     if (!num_in(c->final_softcap, 0.0, false, MAX_SCALAR)
@@ -1428,7 +1456,9 @@ bool config_rope_scaled(const kv_config *c, bool sliding)
 
 void config_rope_inv_freq(const kv_config *c, bool sliding, double *inv)
 {
-    const int D = sliding || c->head_dim_full <= 0 ? c->head_dim : c->head_dim_full;
+    /* MLA rotates each head's qk_rope_dim tail at theta^(-2j/qk_rope_dim). */
+    const int D = config_mla(c) ? c->qk_rope_dim
+                : sliding || c->head_dim_full <= 0 ? c->head_dim : c->head_dim_full;
     const double theta = sliding ? c->rope_local_theta : c->rope_theta;
     const kv_rope_scaling *rs = &c->rope_scaling;
     kern_rope_inv_freq(theta, D, inv);
@@ -1486,9 +1516,41 @@ int config_layer_intermediate(const kv_config *c, int layer)
 {
     if (!c)
         return 0;
+    if (c->moe_intermediate > 0 && config_layer_moe(c, layer))
+        return c->moe_intermediate;
     bool shared = layer >= 0 && layer < c->n_layers && layer < KV_MAX_LAYERS
         && c->kv_owner[layer] != layer;
     return c->double_wide_mlp && shared ? 2 * c->intermediate : c->intermediate;
+}
+
+bool config_layer_moe(const kv_config *c, int layer)
+{
+    return c && c->n_experts > 0 && layer >= c->first_dense
+        && (c->moe_every <= 1 || layer % c->moe_every == 0);
+}
+
+int config_layer_dense_width(const kv_config *c, int layer)
+{
+    if (!c)
+        return 0;
+    if (config_layer_moe(c, layer))
+        return c->n_shared_experts * c->moe_intermediate;
+    return config_layer_intermediate(c, layer);
+}
+
+int config_layer_v_head_dim(const kv_config *c, int layer)
+{
+    return c && c->v_head_dim > 0 ? c->v_head_dim : config_layer_head_dim(c, layer);
+}
+
+bool config_mla(const kv_config *c)
+{
+    return c && c->kv_lora_rank > 0;
+}
+
+int config_mla_row(const kv_config *c)
+{
+    return config_mla(c) ? c->kv_lora_rank + c->qk_rope_dim : 0;
 }
 
 int config_layer_rope_pairs(const kv_config *c, int layer)
@@ -1509,7 +1571,9 @@ bool config_layer_has_stage(const kv_config *c, int layer, int st)
         return false;
     if (st == STAGE_ATTN_SINK && !c->attn_sinks)
         return false;
-    if (st == STAGE_ROUTER_LOGITS && c->n_experts <= 0)
+    if (st == STAGE_ROUTER_LOGITS && !config_layer_moe(c, layer))
+        return false;
+    if (st == STAGE_KV_LATENT && !config_mla(c))
         return false;
     return true;
 }
@@ -1545,7 +1609,11 @@ int config_max_intermediate(const kv_config *c)
 {
     if (!c)
         return 0;
-    return c->double_wide_mlp ? 2 * c->intermediate : c->intermediate;
+    int w = c->double_wide_mlp ? 2 * c->intermediate : c->intermediate;
+    int shared = c->n_shared_experts * c->moe_intermediate;
+    if (c->moe_intermediate > w)
+        w = c->moe_intermediate;
+    return shared > w ? shared : w;
 }
 
 /* ---- writing ------------------------------------------------------------ */
@@ -1606,8 +1674,14 @@ static void write_scaling(cfg_writer *w, const kv_rope_scaling *s)
         cj_fmt_double(af, sizeof af, s->attn_factor);
         fprintf(w->f, "{\"rope_type\": \"yarn\", \"factor\": %s, \"beta_fast\": %s, "
                 "\"beta_slow\": %s, \"truncate\": %s, \"attention_factor\": %s, "
-                "\"original_max_position_embeddings\": %d}", f, bf, bs,
+                "\"original_max_position_embeddings\": %d", f, bf, bs,
                 s->truncate ? "true" : "false", af, s->original_max_position);
+        if (s->mscale > 0 || s->mscale_all_dim > 0) {
+            cj_fmt_double(bf, sizeof bf, s->mscale);
+            cj_fmt_double(bs, sizeof bs, s->mscale_all_dim);
+            fprintf(w->f, ", \"mscale\": %s, \"mscale_all_dim\": %s", bf, bs);
+        }
+        fputc('}', w->f);
         return;
     }
     cj_fmt_double(lo, sizeof lo, s->low_freq_factor);
@@ -1645,7 +1719,8 @@ static void write_common(cfg_writer *w, const kv_config *c, const char *torch_dt
     cw_int(w, "num_hidden_layers", c->n_layers);
     cw_int(w, "num_attention_heads", c->n_heads);
     cw_int(w, "num_key_value_heads", c->n_kv_heads);
-    cw_int(w, "head_dim", c->head_dim);
+    if (!fam(c)->mla)
+        cw_int(w, "head_dim", c->head_dim);
     cw_num(w, "rms_norm_eps", c->rms_eps);
     cw_num(w, "rope_theta", c->rope_theta);
     write_scaling(w, &c->rope_scaling);

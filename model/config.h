@@ -27,7 +27,16 @@
 #define KV_MAX_VOCAB        (1 << 24)
 
 typedef enum { ARCH_LLAMA, ARCH_QWEN2, ARCH_GEMMA3, ARCH_QWEN3, ARCH_GEMMA4, ARCH_GPT_OSS,
-               ARCH_COUNT } kv_arch;
+               ARCH_DEEPSEEK2, ARCH_DEEPSEEK3, ARCH_COUNT } kv_arch;
+/* How a mixture of experts picks and weighs its experts. */
+typedef enum {
+    ROUTE_TOPK_SOFTMAX = 0,   /* gpt-oss: top k logits, softmaxed among themselves */
+    ROUTE_SOFTMAX,            /* DeepSeek-V2: softmax over all, top k of it (group-limited
+                                 when n_group > 0), normalised or times routed_scale */
+    ROUTE_SIGMOID,            /* DeepSeek-V3 (noaux_tc): sigmoid scores, chosen by score +
+                                 correction bias within the best groups, weights the
+                                 scores (normalised), times routed_scale */
+} kv_route;
 typedef enum { ACT_SILU, ACT_GELU_TANH } kv_act;
 typedef enum { ATTN_GLOBAL = 0, ATTN_SLIDING = 1 } kv_attn_type;
 typedef enum { ROPE_SCALE_NONE, ROPE_SCALE_LINEAR, ROPE_SCALE_LLAMA3, ROPE_SCALE_YARN } kv_rope_scale;
@@ -43,6 +52,9 @@ typedef struct {
                                     default; gpt-oss writes false) */
     double attn_factor;          /* yarn: multiplier of cos and sin (0.1 ln factor + 1
                                     unless the config names one); 0 elsewhere */
+    double mscale, mscale_all_dim; /* yarn as DeepSeek writes it (0: absent): cos and sin
+                                    times m(mscale) / m(mscale_all_dim), and q.k times
+                                    m(mscale_all_dim)^2, m(x) = 0.1 x ln factor + 1 */
 } kv_rope_scaling;
 
 typedef struct {
@@ -114,6 +126,29 @@ typedef struct {
     int n_experts;               /* num_local_experts; 0 = a dense MLP */
     int n_experts_used;          /* num_experts_per_tok (top-k) */
     double swiglu_limit;         /* the experts' clamp: gate <= limit, |up| <= limit */
+
+    /* Experts beyond gpt-oss's (DeepSeek; zero elsewhere). */
+    kv_route route;
+    int moe_intermediate;        /* each routed expert's width (0: intermediate) */
+    int n_shared_experts;        /* shared experts on every row: one MLP of width
+                                    n_shared_experts x moe_intermediate */
+    int first_dense;             /* first_k_dense_replace: layers before it are dense */
+    int moe_every;               /* moe_layer_freq: layer i >= first_dense has experts
+                                    iff i % moe_every == 0 (0: every layer) */
+    int n_group, topk_group;     /* group-limited routing: experts in n_group groups,
+                                    the best topk_group groups chosen first (0: none) */
+    bool norm_topk;              /* norm_topk_prob: the chosen weights sum to 1 */
+    double routed_scale;         /* routed_scaling_factor */
+
+    /* MLA, multi-head latent attention (DeepSeek-V2/V3; zero elsewhere).
+     * head_dim is then qk_nope + qk_rope and n_kv_heads n_heads: q, k and
+     * v as the expanded heads; the cache row is the latent. */
+    int kv_lora_rank;            /* R: the cached latent's width; 0: not MLA */
+    int q_lora_rank;             /* 0: q_proj; else q_a_proj (to this), q_a_layernorm,
+                                    q_b_proj */
+    int qk_rope_dim;             /* each head's rotated tail; one key tail shared by all
+                                    heads, rotated on interleaved pairs (2i, 2i+1) */
+    int v_head_dim;              /* values and attention output per head */
 } kv_config;
 
 /* Head size, KV heads and MLP width of layer i (Gemma 4's full-attention
@@ -121,6 +156,17 @@ typedef struct {
 int config_layer_head_dim(const kv_config *c, int layer);
 int config_layer_kv_heads(const kv_config *c, int layer);
 int config_layer_intermediate(const kv_config *c, int layer);
+/* Does layer i run a mixture of experts (else a dense MLP)? */
+bool config_layer_moe(const kv_config *c, int layer);
+/* Width of the dense MLP of layer i: intermediate on dense layers, the
+ * shared experts' n_shared x moe_intermediate on expert layers (0: none). */
+int config_layer_dense_width(const kv_config *c, int layer);
+/* Values per head (MLA's v_head_dim; else the head size). */
+int config_layer_v_head_dim(const kv_config *c, int layer);
+/* Is this model's attention MLA (a latent cache)? */
+bool config_mla(const kv_config *c);
+/* Floats of one MLA cache row: kv_lora_rank + qk_rope_dim (0 when not MLA). */
+int config_mla_row(const kv_config *c);
 /* Pairs of layer i's head that RoPE rotates (D/2 unless partial). */
 int config_layer_rope_pairs(const kv_config *c, int layer);
 /* The largest of each over all layers (buffer sizes). */

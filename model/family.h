@@ -1,6 +1,7 @@
 /* family.h — one architecture as one table row.
  *
- * A family (llama, qwen2, qwen3, gemma3_text, gemma4_text, gpt_oss) is a
+ * A family (llama, qwen2, qwen3, gemma3_text, gemma4_text, gpt_oss,
+ * deepseek_v2, deepseek_v3) is a
  * kv_family in its own file under model/families/: its config.json names
  * and transformers' defaults, the traits the shared code reads instead of
  * asking "which model is this" (may layers slide, may they share a KV
@@ -55,6 +56,8 @@ typedef struct kv_family {
     bool sliding_rope_scaled;    /* rope_scaling applies to sliding layers too (else
                                     to full layers only, as in Gemma 3) */
     bool bias_switch;            /* attention_bias turns the q, k, v and o biases on */
+    bool mla;                    /* multi-head latent attention (kv_lora_rank ...); head_dim
+                                    is derived (qk_nope + qk_rope), never written */
 
     /* GGUF names of layer tensors where this family's differ from the
      * shared map (model/gguf.c): {Hugging Face suffix, GGUF suffix}

@@ -1,6 +1,7 @@
 /* forward.c — one transformer layer as both engines compute it (see
  * forward.h). Row-independent: the engines differ only in their caches. */
 #include "forward.h"
+#include "mla.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -56,6 +57,22 @@ int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e)
             return kv_errf(e, "out of memory for the experts' activations of %d rows", cap);
         }
     }
+    if (c->n_experts > 0 && !(s->moe_sel = malloc(n * (size_t)c->n_experts * sizeof(float)))) {
+        fw_state_free(s);
+        return kv_errf(e, "out of memory for the experts' activations of %d rows", cap);
+    }
+    if (config_mla(c)) {
+        size_t tmp = mla_expand_scratch(c, cap);
+        if (tmp < n * (size_t)c->q_lora_rank)
+            tmp = n * (size_t)c->q_lora_rank;
+        s->lat = malloc(n * (size_t)config_mla_row(c) * sizeof(float));
+        s->mla_rows = malloc(n * sizeof(float *));
+        s->mla_tmp = malloc(tmp * sizeof(float));
+        if (!s->lat || !s->mla_rows || !s->mla_tmp) {
+            fw_state_free(s);
+            return kv_errf(e, "out of memory for the latent attention of %d rows", cap);
+        }
+    }
     if (P > 0) {
         s->ple = malloc(n * L * P * sizeof(float));
         s->ple_l = malloc(n * P * sizeof(float));
@@ -94,6 +111,10 @@ void fw_state_free(fw_state *s)
     free(s->moe_w);
     free(s->moe_x);
     free(s->moe_rows);
+    free(s->moe_sel);
+    free(s->lat);
+    free(s->mla_rows);
+    free(s->mla_tmp);
     memset(s, 0, sizeof *s);
 }
 
@@ -209,6 +230,8 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     const int KV = config_layer_kv_heads(c, layer);
     const bool owns = c->kv_owner[layer] == layer;
 
+    if (config_mla(c))
+        return mla_attn_inputs(kc, m, layer, s, n, pos0, rope_pos, obs);
     EMIT(STAGE_X_IN, layer, E, s->x);
     norm_rows(kc, m, s->x, ly->attn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_ATTN_NORM_STATS, layer, 3, s->stats);
@@ -258,7 +281,10 @@ int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
     }
     if (m->cfg.attn_sinks)
         EMIT(STAGE_ATTN_SINK, layer, H, s->sink);
-    EMIT(STAGE_ATTN_OUT, layer, H * config_layer_head_dim(&m->cfg, layer), s->att);
+    /* MLA's heads come out padded to the keys' width: packed to Dv. */
+    if (config_mla(&m->cfg))
+        mla_compact(&m->cfg, s->att, n);
+    EMIT(STAGE_ATTN_OUT, layer, H * config_layer_v_head_dim(&m->cfg, layer), s->att);
     return 0;
 }
 
@@ -301,11 +327,103 @@ static void oai_swiglu(const float *gu, int I, double limit, float *out)
     }
 }
 
-/* The mixture of experts on s->xn (n rows) into s->proj. The router's
- * top k logits are softmaxed among themselves (in double); each expert
- * runs once on the rows that chose it, gathered (the kernels' rows are
- * independent, so a row's bits do not depend on which rows share its
- * expert); each row then sums its experts' outputs by rank with fmaf. */
+/* Group-limited choice (DeepSeek): the experts in n_group groups of
+ * X / n_group; a group's score is its best score (softmax routing) or the
+ * sum of its best two (sigmoid routing); only the topk_group best groups'
+ * experts stay in sel, the others' scores set to 0 as transformers masks
+ * them. gs and gi: scratch of n_group floats and ints. */
+static void keep_best_groups(const kv_config *c, float *sel, float *gs, int *gi)
+{
+    const int G = c->n_group, per = c->n_experts / G;
+    for (int g = 0; g < G; g++) {
+        const float *v = sel + (size_t)g * per;
+        if (c->route == ROUTE_SIGMOID && per >= 2) {
+            int top[2];
+            kern_top_k(v, per, 2, top);
+            gs[g] = v[top[0]] + v[top[1]];
+        } else {
+            int top;
+            kern_top_k(v, per, 1, &top);
+            gs[g] = v[top];
+        }
+    }
+    kern_top_k(gs, G, c->topk_group, gi);
+    for (int g = 0; g < G; g++) {
+        bool kept = false;
+        for (int t = 0; t < c->topk_group; t++)
+            kept |= gi[t] == g;
+        if (!kept)
+            for (int j = 0; j < per; j++)
+                sel[(size_t)g * per + j] = 0.0f;
+    }
+}
+
+/* Row i's experts (s->moe_x) and weights (s->moe_w) from its router logits:
+ *   gpt-oss   the top k logits, softmaxed among themselves;
+ *   softmax   (DeepSeek-V2) scores softmax(logits) over all experts, the top
+ *             k scores (within the best groups), their scores normalised
+ *             (norm_topk) or times routed_scale;
+ *   sigmoid   (DeepSeek-V3) scores sigmoid(logits), chosen by score +
+ *             correction bias within the best groups, weights their scores
+ *             (normalised when norm_topk), times routed_scale.
+ * Scores in double, rounded to float as the frameworks keep them. */
+static void route_row(const kv_config *c, const model_layer *ly, fw_state *s, int i)
+{
+    const int X = c->n_experts, K = c->n_experts_used;
+    const float *lg = s->moe_logits + (size_t)i * X;
+    int *ix = s->moe_x + (size_t)i * K;
+    float *w = s->moe_w + (size_t)i * K;
+    if (c->route == ROUTE_TOPK_SOFTMAX) {
+        kern_top_k(lg, X, K, ix);
+        double sum = 0, mx = lg[ix[0]];
+        for (int r = 0; r < K; r++)
+            sum += exp((double)lg[ix[r]] - mx);
+        for (int r = 0; r < K; r++)
+            w[r] = (float)(exp((double)lg[ix[r]] - mx) / sum);
+        return;
+    }
+    float *score = s->moe_sel + (size_t)i * X;   /* the scores, then what chooses */
+    float sel[X], gs[c->n_group > 0 ? c->n_group : 1];
+    int gi[c->n_group > 0 ? c->n_group : 1];
+    if (c->route == ROUTE_SOFTMAX) {
+        double mx = lg[0], sum = 0;
+        for (int x = 1; x < X; x++)
+            mx = lg[x] > mx ? lg[x] : mx;
+        for (int x = 0; x < X; x++)
+            sum += exp((double)lg[x] - mx);
+        for (int x = 0; x < X; x++)
+            score[x] = (float)(exp((double)lg[x] - mx) / sum);
+    } else {
+        for (int x = 0; x < X; x++)
+            score[x] = (float)(1.0 / (1.0 + exp(-(double)lg[x])));
+    }
+    for (int x = 0; x < X; x++)
+        sel[x] = c->route == ROUTE_SIGMOID && ly->router_sel_bias
+                     ? score[x] + ly->router_sel_bias[x] : score[x];
+    if (c->n_group > 0)
+        keep_best_groups(c, sel, gs, gi);
+    kern_top_k(sel, X, K, ix);
+    double sum = 0;
+    for (int r = 0; r < K; r++)
+        sum += score[ix[r]];
+    const bool norm = c->norm_topk && (c->route == ROUTE_SIGMOID || K > 1);
+    for (int r = 0; r < K; r++) {
+        double v = score[ix[r]];
+        if (norm)
+            v /= sum + 1e-20;
+        if (c->route == ROUTE_SIGMOID || !norm)
+            v *= c->routed_scale;
+        w[r] = (float)v;
+    }
+}
+
+/* The mixture of experts on s->xn (n rows) into s->proj. Each row's
+ * experts and weights as route_row says; each expert runs once on the
+ * rows that chose it, gathered (the kernels' rows are independent, so a
+ * row's bits do not depend on which rows share its expert); each row then
+ * sums its experts' outputs by rank with fmaf. An expert is gpt-oss's
+ * (gate and up interleaved, biased, its clamped SwiGLU) or DeepSeek's
+ * (gate rows then up rows, SiLU). */
 static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
                      int64_t pos0, kv_observer *obs)
 {
@@ -313,18 +431,11 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
     const model_layer *ly = &m->layers[layer];
     const int E = c->hidden, X = c->n_experts, K = c->n_experts_used;
     const int I = config_layer_intermediate(c, layer);
+    const bool oai = c->route == ROUTE_TOPK_SOFTMAX;
     kern_matmul(kc, &ly->router, s->xn, n, s->moe_logits);
     EMIT(STAGE_ROUTER_LOGITS, layer, X, s->moe_logits);
-    for (int i = 0; i < n; i++) {
-        const float *lg = s->moe_logits + (size_t)i * X;
-        int *ix = s->moe_x + (size_t)i * K;
-        kern_top_k(lg, X, K, ix);
-        double sum = 0, mx = lg[ix[0]];
-        for (int r = 0; r < K; r++)
-            sum += exp((double)lg[ix[r]] - mx);
-        for (int r = 0; r < K; r++)
-            s->moe_w[(size_t)i * K + r] = (float)(exp((double)lg[ix[r]] - mx) / sum);
-    }
+    for (int i = 0; i < n; i++)
+        route_row(c, ly, s, i);
     for (int x = 0; x < X; x++) {
         int rows = 0;
         for (int slot = 0; slot < n * K; slot++)
@@ -337,9 +448,15 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
         if (rows == 0)
             continue;
         kern_matmul(kc, &ly->gate_up[x], s->moe_in, rows, s->moe_gu);
-        for (int r = 0; r < rows; r++)   /* the unit's output overwrites its input rows */
-            oai_swiglu(s->moe_gu + (size_t)r * 2 * I, I, c->swiglu_limit,
-                       s->moe_in + (size_t)r * I);
+        for (int r = 0; r < rows; r++) {  /* the unit's output overwrites its input rows */
+            float *gu = s->moe_gu + (size_t)r * 2 * I;
+            if (oai) {
+                oai_swiglu(gu, I, c->swiglu_limit, s->moe_in + (size_t)r * I);
+            } else {
+                kern_silu_mul(gu, gu + I, I);
+                memcpy(s->moe_in + (size_t)r * I, gu, (size_t)I * sizeof(float));
+            }
+        }
         for (int r = 0; r < rows; r++)   /* packed to (rows, I) */
             memmove(s->moe_gu + (size_t)r * I, s->moe_in + (size_t)r * I,
                     (size_t)I * sizeof(float));
@@ -361,12 +478,23 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
     return 0;
 }
 
+/* The dense MLP on s->xn: down(act(gate) * up), width I, into out. */
+static void dense_mlp(const kern_ctx *kc, const kv_model *m, const model_layer *ly, fw_state *s,
+                      int n, int I, float *out)
+{
+    kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
+    kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
+    kern_act_mul(kc, m->cfg.act == ACT_GELU_TANH ? KERN_ACT_GELU_TANH : KERN_ACT_SILU, s->gate,
+                 s->up, (size_t)n * I);
+    kern_matmul(kc, &ly->w_down, s->gate, n, out);
+}
+
 int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
                     int64_t pos0, kv_observer *obs)
 {
     const kv_config *c = &m->cfg;
     const model_layer *ly = &m->layers[layer];
-    const int E = c->hidden, I = config_layer_intermediate(c, layer);
+    const int E = c->hidden, I = config_layer_dense_width(c, layer);
 
     kern_matmul(kc, &ly->wo, s->att, n, s->proj);
     if (c->sandwich_norms)
@@ -378,15 +506,17 @@ int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
     norm_rows(kc, m, s->x, ly->ffn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_FFN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_FFN_NORM, layer, E, s->xn);
-    if (c->n_experts > 0) {
+    if (config_layer_moe(c, layer)) {
         if (moe_block(kc, m, layer, s, n, pos0, obs))
             return 1;
+        /* DeepSeek's shared experts: one dense MLP on every row, added. */
+        const int S = config_layer_dense_width(c, layer);
+        if (S > 0) {
+            dense_mlp(kc, m, ly, s, n, S, s->moe_in);
+            add_rows(s->proj, s->moe_in, (size_t)n * E);
+        }
     } else {
-        kern_matmul(kc, &ly->w_gate, s->xn, n, s->gate);
-        kern_matmul(kc, &ly->w_up, s->xn, n, s->up);
-        kern_act_mul(kc, c->act == ACT_GELU_TANH ? KERN_ACT_GELU_TANH : KERN_ACT_SILU, s->gate,
-                     s->up, (size_t)n * I);
-        kern_matmul(kc, &ly->w_down, s->gate, n, s->proj);
+        dense_mlp(kc, m, ly, s, n, I, s->proj);
     }
     if (c->sandwich_norms)
         norm_rows(kc, m, s->proj, ly->post_ffn_norm, n, E, s->proj, NULL);

@@ -55,6 +55,11 @@ typedef struct {
     float *moe_w;    /* (cap * k) their routing weights */
     int *moe_x;      /* (cap * k) their expert ids */
     int *moe_rows;   /* (cap) rows gathered for one expert: row * k + rank */
+    float *moe_sel;  /* (cap, X) DeepSeek: the scores experts are chosen by */
+    /* MLA (NULL elsewhere; mla.h) */
+    float *lat;      /* (cap, R + dr) the cache rows */
+    float **mla_rows;/* (cap) pointers to them */
+    float *mla_tmp;  /* scratch: (cap, max(q_lora_rank, R + H (nope + Dv))) */
 } fw_state;
 
 int fw_state_init(fw_state *s, const kv_model *m, int cap, kv_err *e);

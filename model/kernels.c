@@ -599,6 +599,19 @@ void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, co
     }
 }
 
+void kern_rope_apply_pairs(float *x, int n_heads, int stride, int pairs, const float *cos_t,
+                           const float *sin_t)
+{
+    for (int h = 0; h < n_heads; h++) {
+        float *xh = x + (size_t)h * stride;
+        for (int d = 0; d < pairs; d++) {
+            double x1 = xh[2 * d], x2 = xh[2 * d + 1];
+            xh[2 * d] = (float)(x1 * cos_t[d] - x2 * sin_t[d]);
+            xh[2 * d + 1] = (float)(x2 * cos_t[d] + x1 * sin_t[d]);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------
  * gated activations: act(gate) * up in double, rounded to float once (the
  * frameworks round the activation, then the product). */

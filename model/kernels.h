@@ -155,6 +155,12 @@ void kern_top_k(const float *v, int n, int k, int *idx);
  * double from the float tables and rounded to float once. */
 void kern_rope_apply(float *x, int n_heads, int head_dim, const float *cos_t, const float *sin_t);
 
+/* RoPE on interleaved pairs (2d, 2d + 1), d < pairs, of n_heads vectors
+ * stride floats apart (x points at the first one's rotated part): MLA's key
+ * tails. The same arithmetic as kern_rope_apply. */
+void kern_rope_apply_pairs(float *x, int n_heads, int stride, int pairs, const float *cos_t,
+                           const float *sin_t);
+
 /* Gated activations, in place into gate: gate[i] = act(gate[i]) * up[i],
  * computed in double and rounded to float once.
  * SiLU: x / (1 + exp(-x)); GELU: the exact tanh form. */

@@ -41,6 +41,60 @@ static int add_spec(tensor_spec *specs, int cap, int n, const char *name,
     return add_spec3(specs, cap, n, name, kind, layer, d0, d1, 0);
 }
 
+/* MLA's attention tensors of layer i (DeepseekV2Attention's names). */
+static void mla_tensors(const kv_config *c, int i, tensor_spec *specs, int cap, int *n)
+{
+    const int64_t E = c->hidden, H = c->n_heads, D = c->head_dim, Dv = c->v_head_dim;
+    const int64_t R = c->kv_lora_rank, dr = c->qk_rope_dim, QR = c->q_lora_rank;
+    char name[160];
+#define MLA_T(suffix, kind, d0, d1)                                            \
+    do {                                                                       \
+        snprintf(name, sizeof name, "%slayers.%d.self_attn.%s", c->tensor_prefix, i, suffix); \
+        *n = add_spec(specs, cap, *n, name, kind, i, d0, d1);                  \
+    } while (0)
+    if (QR > 0) {
+        MLA_T("q_a_proj.weight", TENSOR_LINEAR, QR, E);
+        MLA_T("q_a_layernorm.weight", TENSOR_NORM, QR, 0);
+        MLA_T("q_b_proj.weight", TENSOR_LINEAR, H * D, QR);
+    } else {
+        MLA_T("q_proj.weight", TENSOR_LINEAR, H * D, E);
+    }
+    MLA_T("kv_a_proj_with_mqa.weight", TENSOR_LINEAR, R + dr, E);
+    MLA_T("kv_a_layernorm.weight", TENSOR_NORM, R, 0);
+    MLA_T("kv_b_proj.weight", TENSOR_LINEAR, H * (D - dr + Dv), R);
+    MLA_T("o_proj.weight", TENSOR_LINEAR, E, H * Dv);
+#undef MLA_T
+}
+
+/* DeepSeek's mixture on layer i: the router (and V3's correction bias),
+ * each expert's three projections, the shared experts as one MLP. */
+static void deepseek_moe_tensors(const kv_config *c, int i, tensor_spec *specs, int cap, int *n)
+{
+    const int64_t E = c->hidden, X = c->n_experts, I = c->moe_intermediate;
+    const int64_t S = (int64_t)c->n_shared_experts * I;
+    char name[160];
+#define MOE_T(kind, d0, d1, ...)                                               \
+    do {                                                                       \
+        int o_ = snprintf(name, sizeof name, "%slayers.%d.mlp.", c->tensor_prefix, i); \
+        snprintf(name + o_, sizeof name - (size_t)o_, __VA_ARGS__);            \
+        *n = add_spec(specs, cap, *n, name, kind, i, d0, d1);                  \
+    } while (0)
+    MOE_T(TENSOR_LINEAR, X, E, "gate.weight");
+    if (c->route == ROUTE_SIGMOID)
+        MOE_T(TENSOR_BIAS, X, 0, "gate.e_score_correction_bias");
+    for (int64_t x = 0; x < X; x++) {
+        MOE_T(TENSOR_EXPERT_PART, I, E, "experts.%lld.gate_proj.weight", (long long)x);
+        MOE_T(TENSOR_EXPERT_PART, I, E, "experts.%lld.up_proj.weight", (long long)x);
+        MOE_T(TENSOR_EXPERT_PART, E, I, "experts.%lld.down_proj.weight", (long long)x);
+    }
+    if (S > 0) {
+        MOE_T(TENSOR_LINEAR, S, E, "shared_experts.gate_proj.weight");
+        MOE_T(TENSOR_LINEAR, S, E, "shared_experts.up_proj.weight");
+        MOE_T(TENSOR_LINEAR, E, S, "shared_experts.down_proj.weight");
+    }
+#undef MOE_T
+}
+
 static bool layer_owns_kv(const kv_config *c, int i)
 {
     return c->kv_owner[i] == i;
@@ -74,6 +128,9 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
         n = add_spec(specs, cap, n, name, kind, i, d0, d1);                    \
     } while (0)
         LAYER_T("input_layernorm.weight", TENSOR_NORM, E, 0);
+        if (config_mla(c)) {
+            mla_tensors(c, i, specs, cap, &n);
+        } else {
         LAYER_T("self_attn.q_proj.weight", TENSOR_LINEAR, QD, E);
         if (c->qkv_bias)
             LAYER_T("self_attn.q_proj.bias", TENSOR_BIAS, QD, 0);
@@ -90,6 +147,7 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
         LAYER_T("self_attn.o_proj.weight", TENSOR_LINEAR, E, QD);
         if (c->o_bias)
             LAYER_T("self_attn.o_proj.bias", TENSOR_BIAS, E, 0);
+        }
         if (c->attn_sinks)
             LAYER_T("self_attn.sinks", TENSOR_SINKS, c->n_heads, 0);
         if (c->qk_norm) {
@@ -102,7 +160,9 @@ int tensors_list(const kv_config *c, tensor_spec *specs, int cap)
             LAYER_T("pre_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
             LAYER_T("post_feedforward_layernorm.weight", TENSOR_NORM, E, 0);
         }
-        if (c->n_experts > 0) {
+        if (config_layer_moe(c, i) && c->route != ROUTE_TOPK_SOFTMAX) {
+            deepseek_moe_tensors(c, i, specs, cap, &n);
+        } else if (config_layer_moe(c, i)) {
             const int64_t X = c->n_experts;
             LAYER_T("mlp.router.weight", TENSOR_LINEAR, X, E);
             LAYER_T("mlp.router.bias", TENSOR_BIAS, X, 0);
@@ -179,6 +239,7 @@ static void synth_rows(const kv_config *c, const tensor_spec *s, uint64_t seed,
                         break;
     /* Input-major: the fan-in is the middle axis. */
     case TENSOR_EXPERTS: scale = 1.0f / sqrtf((float)s->shape[1]); break;
+    case TENSOR_EXPERT_PART: scale = 1.0f / sqrtf((float)cols); break;
     case TENSOR_EXPERT_BIAS: scale = 0.3f; break;
     /* Logits of the order of a short context's log-sum-exp: the sink
      * takes a visible share of every softmax, as trained sinks do. */
@@ -532,6 +593,73 @@ static int load_expert_bias(const row_source *src, const tensor_spec *s, kern_li
     return 0;
 }
 
+/* One DeepSeek expert's projection (mlp.experts.N.gate_proj / up_proj /
+ * down_proj): gate and up into rows [0, I) and [I, 2I) of the expert's
+ * gate_up matrix (hashed once both are in: up follows gate in the
+ * catalogue), down into its own. */
+static int load_expert_part(const row_source *src, const tensor_spec *s, kv_model *m,
+                            model_layer *ly, const char *sx, XXH3_state_t *h, kv_err *e)
+{
+    const kv_config *c = &m->cfg;
+    const int X = c->n_experts, I = c->moe_intermediate, E = c->hidden;
+    int x = -1, used = 0;
+    char part[16] = "";
+    if (sscanf(sx, "mlp.experts.%d.%15[a-z_]%n", &x, part, &used) != 2 || x < 0 || x >= X)
+        return kv_errf(e, "internal: expert tensor '%s' out of the catalogue", s->name);
+    const bool gate = !strcmp(part, "gate_proj"), up = !strcmp(part, "up_proj");
+    if (!ly->gate_up && (!(ly->gate_up = calloc((size_t)X, sizeof *ly->gate_up))
+                         || !(ly->down = calloc((size_t)X, sizeof *ly->down))))
+        return kv_errf(e, "out of memory for the experts of '%s'", s->name);
+    kern_linear *L = gate || up ? &ly->gate_up[x] : &ly->down[x];
+    const int rows = (int)spec_rows(s), cols = (int)spec_cols(s);
+    if (!L->panels && kern_linear_init(L, gate || up ? 2 * I : E, cols, m->wtype, false) < 0)
+        return kv_errf(e, "out of memory for '%s'", s->name);
+    float *buf = malloc((size_t)rows * (size_t)cols * sizeof(float));
+    if (!buf)
+        return kv_errf(e, "out of memory loading '%s'", s->name);
+    int rc = source_rows(src, s, 0, rows, buf, src->nonfinite, e);
+    if (rc == 0) {
+        kern_linear_set_rows(L, up ? I : 0, rows, buf);
+        if (!gate) {
+            size_t esz = m->wtype == KERN_BF16 ? 2 : 4;
+            size_t panels = ((size_t)L->n_out + KERN_PANEL - 1) / KERN_PANEL;
+            XXH3_64bits_update(h, L->panels, panels * (size_t)L->n_in * KERN_PANEL * esz);
+        }
+    }
+    free(buf);
+    return rc;
+}
+
+/* MLA's absorbed forms, from kv_b_proj as packed (exactly its values):
+ * each head's key part turned to (R, nope), its value part (Dv, R). */
+static int mla_absorbed(const kv_config *c, model_layer *ly, const tensor_spec *s, kv_err *e)
+{
+    const int H = c->n_heads, R = c->kv_lora_rank, nope = c->head_dim - c->qk_rope_dim;
+    const int Dv = c->v_head_dim, per = nope + Dv;
+    ly->uk_t = calloc((size_t)H, sizeof *ly->uk_t);
+    ly->uv = calloc((size_t)H, sizeof *ly->uv);
+    float *rows = malloc((size_t)per * R * sizeof(float));
+    float *tr = malloc((size_t)R * nope * sizeof(float));
+    int rc = ly->uk_t && ly->uv && rows && tr ? 0 : kv_errf(e, "out of memory for '%s'", s->name);
+    for (int h = 0; h < H && rc == 0; h++) {
+        for (int j = 0; j < per; j++)
+            kern_linear_get_row(&ly->wkv_b, h * per + j, rows + (size_t)j * R);
+        for (int r = 0; r < R; r++)
+            for (int d = 0; d < nope; d++)
+                tr[(size_t)r * nope + d] = rows[(size_t)d * R + r];
+        if (kern_linear_init(&ly->uk_t[h], R, nope, ly->wkv_b.wtype, false) < 0
+            || kern_linear_init(&ly->uv[h], Dv, R, ly->wkv_b.wtype, false) < 0) {
+            rc = kv_errf(e, "out of memory for '%s' (absorbed)", s->name);
+            break;
+        }
+        kern_linear_set_rows(&ly->uk_t[h], 0, R, tr);
+        kern_linear_set_rows(&ly->uv[h], 0, Dv, rows + (size_t)nope * R);
+    }
+    free(rows);
+    free(tr);
+    return rc;
+}
+
 /* Which member of a layer a catalogue entry fills. */
 static const char *suffix_of(const tensor_spec *s)
 {
@@ -563,6 +691,29 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
         return load_linear(src, s, wt, true, &ly->router, h, e);
     if (!strcmp(sx, "mlp.experts.gate_up_proj"))
         return load_experts(src, s, wt, &ly->gate_up, h, e);
+    if (s->kind == TENSOR_EXPERT_PART)
+        return load_expert_part(src, s, m, ly, sx, h, e);
+    if (!strcmp(sx, "self_attn.q_a_proj.weight"))
+        return load_linear(src, s, wt, false, &ly->wq_a, h, e);
+    if (!strcmp(sx, "self_attn.q_b_proj.weight"))
+        return load_linear(src, s, wt, false, &ly->wq, h, e);
+    if (!strcmp(sx, "self_attn.kv_a_proj_with_mqa.weight"))
+        return load_linear(src, s, wt, false, &ly->wkv_a, h, e);
+    if (!strcmp(sx, "self_attn.kv_b_proj.weight")) {
+        if (load_linear(src, s, wt, false, &ly->wkv_b, h, e) < 0)
+            return -1;
+        return mla_absorbed(&m->cfg, ly, s, e);
+    }
+    if (!strcmp(sx, "mlp.gate.weight"))
+        return load_linear(src, s, wt, false, &ly->router, h, e);
+    if (!strcmp(sx, "mlp.shared_experts.gate_proj.weight"))
+        return load_linear(src, s, wt, false, &ly->w_gate, h, e);
+    if (!strcmp(sx, "mlp.shared_experts.up_proj.weight"))
+        return load_linear(src, s, wt, false, &ly->w_up, h, e);
+    if (!strcmp(sx, "mlp.shared_experts.down_proj.weight"))
+        return load_linear(src, s, wt, false, &ly->w_down, h, e);
+    if (!strcmp(sx, "mlp.gate.e_score_correction_bias"))
+        return load_vector(src, s, &ly->router_sel_bias, h, e);
     if (!strcmp(sx, "mlp.experts.down_proj"))
         return load_experts(src, s, wt, &ly->down, h, e);
     if (!strcmp(sx, "mlp.experts.gate_up_proj_bias"))
@@ -589,6 +740,8 @@ static int load_layer_tensor(const row_source *src, const tensor_spec *s, kv_mod
     else if (!strcmp(sx, "post_per_layer_input_norm.weight")) dst = &ly->pl_norm;
     else if (!strcmp(sx, "layer_scalar")) dst = &ly->layer_scalar;
     else if (!strcmp(sx, "self_attn.sinks")) dst = &ly->sinks;
+    else if (!strcmp(sx, "self_attn.q_a_layernorm.weight")) dst = &ly->q_a_norm;
+    else if (!strcmp(sx, "self_attn.kv_a_layernorm.weight")) dst = &ly->kv_a_norm;
     if (!dst)
         return kv_errf(e, "internal: no slot for tensor '%s'", s->name);
     return load_vector(src, s, dst, h, e);
@@ -898,7 +1051,8 @@ void model_free(kv_model *m)
             model_layer *ly = &m->layers[i];
             kern_linear *lin[] = {&ly->wq, &ly->wk, &ly->wv, &ly->wo,
                                   &ly->w_gate, &ly->w_up, &ly->w_down,
-                                  &ly->w_pl_gate, &ly->w_pl_proj, &ly->router};
+                                  &ly->w_pl_gate, &ly->w_pl_proj, &ly->router,
+                                  &ly->wq_a, &ly->wkv_a, &ly->wkv_b};
             for (size_t j = 0; j < sizeof lin / sizeof *lin; j++)
                 kern_linear_free(lin[j]);
             for (int x = 0; x < m->cfg.n_experts; x++) {
@@ -907,9 +1061,20 @@ void model_free(kv_model *m)
                 if (ly->down)
                     kern_linear_free(&ly->down[x]);
             }
+            for (int h = 0; h < m->cfg.n_heads; h++) {
+                if (ly->uk_t)
+                    kern_linear_free(&ly->uk_t[h]);
+                if (ly->uv)
+                    kern_linear_free(&ly->uv[h]);
+            }
+            free(ly->uk_t);
+            free(ly->uv);
             free(ly->gate_up);
             free(ly->down);
             free(ly->sinks);
+            free(ly->router_sel_bias);
+            free(ly->q_a_norm);
+            free(ly->kv_a_norm);
             free(ly->attn_norm);
             free(ly->ffn_norm);
             free(ly->post_attn_norm);

@@ -25,6 +25,9 @@ typedef enum {
     TENSOR_EXPERTS,   /* (X, in, out) gpt-oss's stacked expert matrices, stored input-major
                          (x @ W) as transformers keeps them; packed per expert as (out, in) */
     TENSOR_EXPERT_BIAS, /* (X, out) one bias row per expert */
+    TENSOR_EXPERT_PART, /* (out, in) one expert's gate, up or down projection, stored
+                           alone (DeepSeek: mlp.experts.N.gate_proj.weight); gate and up
+                           packed into one (2I, in) matrix, gate rows first */
 } tensor_kind;
 
 typedef struct {
@@ -70,7 +73,17 @@ typedef struct {
     kern_linear router;             /* (X, E) mlp.router, biased */
     kern_linear *gate_up;           /* (X) experts' (2I, E): gate rows 0, 2, ..., up rows 1, 3,
                                        ..., as transformers interleaves them; biased */
-    kern_linear *down;              /* (X) experts' (E, I), biased */
+    kern_linear *down;              /* (X) experts' (E, I), biased (gpt-oss) */
+    float *router_sel_bias;         /* (X) DeepSeek-V3's e_score_correction_bias */
+    /* MLA (DeepSeek): wq is q_proj, or q_b_proj after q_a_proj and its norm */
+    kern_linear wq_a;               /* (q_lora_rank, E) */
+    float *q_a_norm;                /* (q_lora_rank) */
+    kern_linear wkv_a;              /* (R + dr, E) kv_a_proj_with_mqa */
+    float *kv_a_norm;               /* (R) kv_a_layernorm */
+    kern_linear wkv_b;              /* (H (nope + Dv), R) kv_b_proj */
+    kern_linear *uk_t;              /* (H) the absorbed forms of wkv_b: each head's key part
+                                       turned, (R, nope) */
+    kern_linear *uv;                /* (H) each head's value part, (Dv, R) */
 } model_layer;
 
 /* A row-major table whose rows are looked up by token (Gemma 4's

@@ -9,6 +9,7 @@ static const char *const stage_names[STAGE_COUNT] = {
     [STAGE_ATTN_NORM_STATS] = "attn_norm_stats",
     [STAGE_ATTN_NORM] = "attn_norm",
     [STAGE_Q] = "q",
+    [STAGE_KV_LATENT] = "kv_latent",
     [STAGE_K] = "k",
     [STAGE_V] = "v",
     [STAGE_ATTN_LSE] = "attn_lse",
@@ -34,7 +35,7 @@ static const kv_stage wire_order[STAGE_COUNT] = {
     STAGE_ATTN_LSE, STAGE_ATTN_NKEYS, STAGE_ATTN_OUT, STAGE_ATTN_PROJ, STAGE_H_MID,
     STAGE_FFN_NORM_STATS, STAGE_FFN_NORM, STAGE_FFN_OUT, STAGE_X_OUT,
     STAGE_EMBED, STAGE_FINAL_NORM, STAGE_LOGITS,
-    STAGE_PLE_IN, STAGE_PLE_OUT, STAGE_ATTN_SINK, STAGE_ROUTER_LOGITS,
+    STAGE_PLE_IN, STAGE_PLE_OUT, STAGE_ATTN_SINK, STAGE_ROUTER_LOGITS, STAGE_KV_LATENT,
 };
 
 int stage_wire_id(kv_stage s)

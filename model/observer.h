@@ -15,8 +15,12 @@ typedef enum {
     STAGE_ATTN_NORM_STATS, /* mean, rms, absmax of the input-norm input (3) */
     STAGE_ATTN_NORM,       /* input_layernorm output (E) */
     STAGE_Q,               /* query after bias, q_norm, RoPE (H*D) */
-    STAGE_K,               /* key as written to the cache (KV*D) */
-    STAGE_V,               /* value as written to the cache (KV*D) */
+    STAGE_KV_LATENT,       /* MLA: the cache row, the normed latent (kv_lora_rank) then
+                              the rotated shared key tail (qk_rope_dim) */
+    STAGE_K,               /* key as written to the cache (KV*D); MLA: each head's
+                              expanded key, nope part then the shared rotated tail */
+    STAGE_V,               /* value as written to the cache (KV*D); MLA: each head's
+                              expanded value (H * v_head_dim) */
     STAGE_ATTN_LSE,        /* log-sum-exp of scaled scores per head (H) */
     STAGE_ATTN_NKEYS,      /* keys attended per head (H) */
     STAGE_ATTN_SINK,       /* gpt-oss: the sink's share of each head's softmax,
@@ -45,7 +49,7 @@ const char *stage_name(kv_stage s);
 
 /* The stage's id in a dump's /row_hash_index (docs/dump-format.md): the
  * ids of format 1 (x_in = 0 ... x_out = 14, embed 15, final_norm 16,
- * logits 17) stay, stages added since come after (ple_in 18, ple_out 19, attn_sink 20, router_logits 21),
+ * logits 17) stay, stages added since come after (ple_in 18, ple_out 19, attn_sink 20, router_logits 21, kv_latent 22),
  * whatever their place in dataflow order. */
 int stage_wire_id(kv_stage s);
 /* The stage of a wire id; STAGE_COUNT when none. */

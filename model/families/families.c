@@ -5,7 +5,7 @@
 #include <string.h>
 
 extern const kv_family family_llama, family_qwen2, family_qwen3, family_gemma3,
-    family_gemma4, family_gpt_oss;
+    family_gemma4, family_gpt_oss, family_deepseek2, family_deepseek3;
 
 /* Indexed by kv_arch. */
 static const kv_family *const FAMILIES[ARCH_COUNT] = {
@@ -15,6 +15,8 @@ static const kv_family *const FAMILIES[ARCH_COUNT] = {
     [ARCH_GEMMA3] = &family_gemma3,
     [ARCH_GEMMA4] = &family_gemma4,
     [ARCH_GPT_OSS] = &family_gpt_oss,
+    [ARCH_DEEPSEEK2] = &family_deepseek2,
+    [ARCH_DEEPSEEK3] = &family_deepseek3,
 };
 
 const kv_family *family_of(kv_arch arch)

@@ -1089,8 +1089,11 @@ static int stage_cols(const recorder *r, kv_stage s, int layer)
     const kv_config *c = r->cfg;
     const int D = config_layer_head_dim(c, layer);
     switch (s) {
-    case STAGE_Q: case STAGE_ATTN_OUT: return c->n_heads * D;
-    case STAGE_K: case STAGE_V: return config_layer_kv_heads(c, layer) * D;
+    case STAGE_Q: return c->n_heads * D;
+    case STAGE_ATTN_OUT: return c->n_heads * config_layer_v_head_dim(c, layer);
+    case STAGE_K: return config_layer_kv_heads(c, layer) * D;
+    case STAGE_V: return config_layer_kv_heads(c, layer) * config_layer_v_head_dim(c, layer);
+    case STAGE_KV_LATENT: return config_mla_row(c);
     case STAGE_PLE_IN: return c->per_layer_dim;
     case STAGE_ROUTER_LOGITS: return c->n_experts;
     case STAGE_LOGITS: return r->V;
