@@ -293,6 +293,7 @@ static bool reference_agrees(cmp_ctx *c, int layer, int64_t p, kv_err *e, int *r
 {
     const kv_config *cfg = c->cfg;
     const int qf = cfg->n_heads * config_layer_head_dim(cfg, layer);
+    const int of = cfg->n_heads * config_layer_v_head_dim(cfg, layer);
     float *q = malloc((size_t)qf * 2 * sizeof *q);
     double *out = malloc((size_t)qf * sizeof *out), *lse = malloc((size_t)cfg->n_heads *
                                                                    sizeof *lse);
@@ -300,7 +301,7 @@ static bool reference_agrees(cmp_ctx *c, int layer, int64_t p, kv_err *e, int *r
     if (!q || !out || !lse) {
         *rc = kv_errf(e, "compare: out of memory checking attention");
     } else if (cmp_read_row(c->ref, layer, STAGE_Q, p, qf, q, e) == 0 &&
-               cmp_read_row(c->ref, layer, STAGE_ATTN_OUT, p, qf, q + qf, e) == 0) {
+               cmp_read_row(c->ref, layer, STAGE_ATTN_OUT, p, of, q + qf, e) == 0) {
         const int W = config_layer_window(cfg, layer);
         cmp_hyp h = {.lo = W > 0 && p - W + 1 > 0 ? p - W + 1 : 0, .hi = p};
         const int r = cmp_recompute_attention(c->ref, cfg, layer, q, &h, lse, out, e);

@@ -261,6 +261,13 @@ typedef struct {
     bool all_zero;
     bool skip_one, dup_one;      /* the key at skip_pos not read; the one at dup_pos read twice */
     int64_t skip_pos, dup_pos;
+    /* MLA (latent caches): each key's shared rotated tail (the last
+     * qk_rope_dim of every head) rotated once more by its own position
+     * (tail_twice), or zero for keys before tail_lo (tail_zero); q.k
+     * times scale_mul times the config's scale (0: 1). */
+    bool tail_twice, tail_zero;
+    int64_t tail_lo;
+    double scale_mul;
     cmp_diag_kind kind;          /* what it would mean */
     char what[160];              /* in words, for the evidence */
 } cmp_hyp;

@@ -380,6 +380,7 @@ typedef enum {
     CMP_DIAG_STATED_PRECISION,   /* the test states f32 but its rows are coarser */
     CMP_DIAG_ROWS_SHIFTED,       /* K/V rows written N positions off: a write index off */
     CMP_DIAG_SINK,               /* an attention sink left out of a softmax */
+    CMP_DIAG_LATENT_CACHE,       /* an MLA latent cache: its RoPE tail, scale or forms */
     CMP_DIAG_COUNT
 } cmp_diag_kind;
 

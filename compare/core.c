@@ -66,6 +66,7 @@ const char *cmp_diag_name(cmp_diag_kind k)
         [CMP_DIAG_STATED_PRECISION] = "stated_precision",
         [CMP_DIAG_ROWS_SHIFTED] = "rows_shifted",
         [CMP_DIAG_SINK] = "attention_sink",
+        [CMP_DIAG_LATENT_CACHE] = "latent_cache",
     };
     return (k >= 0 && k < CMP_DIAG_COUNT) ? names[k] : "?";
 }
@@ -108,18 +109,22 @@ int cmp_stage_cols(const kv_config *c, int layer, kv_stage st)
     case STAGE_FFN_NORM_STATS:
         return 3;
     case STAGE_Q:
-    case STAGE_ATTN_OUT:
         return H * D;
+    case STAGE_ATTN_OUT:
+        return H * config_layer_v_head_dim(c, layer);
     case STAGE_K:
     case STAGE_V:
-        return (layer >= 0 && layer < KV_MAX_LAYERS && c->kv_owner[layer] != layer) ? 0 : KV * D;
+        return (layer >= 0 && layer < KV_MAX_LAYERS && c->kv_owner[layer] != layer) ? 0
+               : KV * (st == STAGE_K ? D : config_layer_v_head_dim(c, layer));
+    case STAGE_KV_LATENT:
+        return config_mla_row(c);
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
         return H;
     case STAGE_ATTN_SINK:
         return c->attn_sinks ? H : 0;
     case STAGE_ROUTER_LOGITS:
-        return c->n_experts > 0 ? c->n_experts : 0;
+        return config_layer_moe(c, layer) ? c->n_experts : 0;
     case STAGE_LOGITS:
         return c->vocab;
     default:
@@ -159,16 +164,19 @@ int cmp_source_held(const cmp_source *src, int layer, kv_stage st, int cols, int
 
 void cmp_set_element(cmp_divergence *d, const kv_config *c, int col)
 {
-    const int D = config_layer_head_dim(c, d->layer);
+    const int D = config_layer_head_dim(c, d->layer), Dv = config_layer_v_head_dim(c, d->layer);
     d->col = col;
     d->head = d->dim = -1;
     switch (d->stage) {
     case STAGE_Q:
-    case STAGE_ATTN_OUT:
     case STAGE_K:
-    case STAGE_V:
         d->head = col / D;
         d->dim = col % D;
+        break;
+    case STAGE_ATTN_OUT:
+    case STAGE_V:
+        d->head = col / Dv;
+        d->dim = col % Dv;
         break;
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:

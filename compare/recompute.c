@@ -30,10 +30,10 @@ static double attn_scale(const kv_config *c)
 
 /* Online softmax state of every head. */
 typedef struct {
-    int H, KV, D;
+    int H, KV, D, Dv;            /* Dv: values per head (MLA's v_head_dim; else D) */
     double scale;
     const float *q;
-    double *m, *s, *acc;         /* (H), (H), (H, D) */
+    double *m, *s, *acc;         /* (H), (H), (H, Dv) */
     const float *sink;           /* (H) the layer's sink logits, or NULL */
 } softmax_state;
 
@@ -73,19 +73,19 @@ static void add_key(softmax_state *st, const float *k, const float *v)
                 score += (double)qh[d] * (double)kk[d];
             score *= st->scale;
         }
-        double *acc = st->acc + (size_t)h * st->D;
+        double *acc = st->acc + (size_t)h * st->Dv;
         if (score > st->m[h]) {
             const double f = exp(st->m[h] - score);
             st->s[h] *= f;
-            for (int d = 0; d < st->D; d++)
+            for (int d = 0; d < st->Dv; d++)
                 acc[d] *= f;
             st->m[h] = score;
         }
         const double w = exp(score - st->m[h]);
         st->s[h] += w;
         if (v)
-            for (int d = 0; d < st->D; d++)
-                acc[d] += w * (double)v[(size_t)kh * st->D + d];
+            for (int d = 0; d < st->Dv; d++)
+                acc[d] += w * (double)v[(size_t)kh * st->Dv + d];
     }
 }
 
@@ -111,9 +111,15 @@ static int key_source(const cmp_hyp *h, int64_t j, int64_t *from)
 
 typedef struct {
     const cmp_source *src;
-    int owner, kvf;
-    float *k, *v;                /* (KEY_BLOCK, kvf) */
+    int owner, kvf, vf;          /* floats of a key row, of a value row */
+    float *k, *v;                /* (KEY_BLOCK, kvf), (KEY_BLOCK, vf) */
     float *k1, *v1;              /* one substituted row */
+    /* MLA's tail hypotheses (NULL cfg: none): a changed key row, the
+     * tail's frequencies and cos/sin factor */
+    const kv_config *cfg;
+    float *t1;
+    double *inv_freq;
+    double mscale;
 } key_reader;
 
 static int read_kv(const key_reader *kr, int64_t p, int64_t n, float *k, float *v, kv_err *e)
@@ -122,12 +128,33 @@ static int read_kv(const key_reader *kr, int64_t p, int64_t n, float *k, float *
     int cols;
     for (int s = STAGE_K; s <= STAGE_V; s++)
         if (kr->src->info(kr->src->ctx, kr->owner, (kv_stage)s, &first, &rows, &cols) != 0 ||
-            p < first || p + n > first + rows || cols != kr->kvf)
+            p < first || p + n > first + rows || cols != (s == STAGE_K ? kr->kvf : kr->vf))
             return 1;
     if (kr->src->read(kr->src->ctx, kr->owner, STAGE_K, p, n, k, e) < 0 ||
         kr->src->read(kr->src->ctx, kr->owner, STAGE_V, p, n, v, e) < 0)
         return -1;
     return 0;
+}
+
+/* The latent-cache hypotheses' change of one key row (MLA, cmp_hyp):
+ * into kr->k1 when there is one, else k itself. */
+static const float *tail_of(const key_reader *kr, const cmp_hyp *h, int64_t pos, const float *k)
+{
+    if (!k || !kr->cfg || (!h->tail_twice && !(h->tail_zero && pos < h->tail_lo)))
+        return k;
+    const kv_config *c = kr->cfg;
+    const int D = c->head_dim, dr = c->qk_rope_dim, KV = kr->kvf / D;
+    float *t = kr->t1;
+    memcpy(t, k, (size_t)kr->kvf * sizeof(float));
+    if (h->tail_zero) {
+        for (int g = 0; g < KV; g++)
+            memset(t + (size_t)g * D + (D - dr), 0, (size_t)dr * sizeof(float));
+        return t;
+    }
+    float cs[KV_MAX_HEAD_DIM / 2], sn[KV_MAX_HEAD_DIM / 2];
+    kern_rope_table_scaled((double)pos, kr->inv_freq, dr, kr->mscale, cs, sn);
+    kern_rope_apply_pairs(t + (D - dr), KV, D, dr / 2, cs, sn);
+    return t;
 }
 
 static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, kv_err *e)
@@ -146,7 +173,7 @@ static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, 
             const float *k = NULL, *v = NULL;
             if (how == 1) {
                 k = kr->k + (size_t)r * kr->kvf;
-                v = kr->v + (size_t)r * kr->kvf;
+                v = kr->v + (size_t)r * kr->vf;
             } else if (how == 2) {
                 int rc = read_kv(kr, from, 1, kr->k1, kr->v1, e);
                 if (rc)
@@ -154,6 +181,7 @@ static int add_range(softmax_state *st, const key_reader *kr, const cmp_hyp *h, 
                 k = kr->k1;
                 v = kr->v1;
             }
+            k = tail_of(kr, h, how == 2 ? from : j0 + r, k);
             for (int t = 0; t < times; t++)
                 add_key(st, k, v);
         }
@@ -168,23 +196,33 @@ static int recompute_open(softmax_state *st, key_reader *kr, const cmp_source *s
                           const kv_config *cfg, int layer, const float *q, kv_err *e)
 {
     const int H = cfg->n_heads, KV = config_layer_kv_heads(cfg, layer);
-    const int D = config_layer_head_dim(cfg, layer);
+    const int D = config_layer_head_dim(cfg, layer), Dv = config_layer_v_head_dim(cfg, layer);
     memset(st, 0, sizeof *st);
     memset(kr, 0, sizeof *kr);
-    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0)
+    if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0 || Dv <= 0)
         return 1;
-    *st = (softmax_state){.H = H, .KV = KV, .D = D, .scale = attn_scale(cfg), .q = q,
+    *st = (softmax_state){.H = H, .KV = KV, .D = D, .Dv = Dv, .scale = attn_scale(cfg), .q = q,
                           .sink = layer_sinks(src, cfg, layer)};
-    *kr = (key_reader){.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D};
+    *kr = (key_reader){.src = src, .owner = cfg->kv_owner[layer], .kvf = KV * D,
+                       .vf = KV * Dv};
     st->m = malloc((size_t)H * sizeof(double));
     st->s = calloc((size_t)H, sizeof(double));
-    st->acc = calloc((size_t)H * D, sizeof(double));
+    st->acc = calloc((size_t)H * Dv, sizeof(double));
     kr->k = malloc((size_t)(KEY_BLOCK + 1) * kr->kvf * sizeof(float));
-    kr->v = malloc((size_t)(KEY_BLOCK + 1) * kr->kvf * sizeof(float));
+    kr->v = malloc((size_t)(KEY_BLOCK + 1) * kr->vf * sizeof(float));
     if (!st->m || !st->s || !st->acc || !kr->k || !kr->v)
         return kv_errf(e, "compare: out of memory recomputing attention");
     kr->k1 = kr->k + (size_t)KEY_BLOCK * kr->kvf;
-    kr->v1 = kr->v + (size_t)KEY_BLOCK * kr->kvf;
+    kr->v1 = kr->v + (size_t)KEY_BLOCK * kr->vf;
+    if (config_mla(cfg)) {
+        kr->cfg = cfg;
+        kr->t1 = malloc((size_t)kr->kvf * sizeof(float));
+        kr->inv_freq = malloc((size_t)(cfg->qk_rope_dim / 2 + 1) * sizeof(double));
+        if (!kr->t1 || !kr->inv_freq)
+            return kv_errf(e, "compare: out of memory recomputing attention");
+        config_rope_inv_freq(cfg, false, kr->inv_freq);
+        kr->mscale = config_rope_mscale(cfg, false);
+    }
     for (int i = 0; i < H; i++)
         st->m[i] = -INFINITY;
     return 0;
@@ -197,18 +235,20 @@ static void recompute_close(softmax_state *st, key_reader *kr)
     free(st->acc);
     free(kr->k);
     free(kr->v);
+    free(kr->t1);
+    free(kr->inv_freq);
 }
 
-/* The attention the state holds, into lse (H) and out (H x D). */
+/* The attention the state holds, into lse (H) and out (H x Dv). */
 static void softmax_result(const softmax_state *st, double *lse, double *out)
 {
     for (int i = 0; i < st->H; i++) {
         lse[i] = st->s[i] > 0 ? st->m[i] + log(st->s[i]) : -INFINITY;
-        for (int d = 0; d < st->D; d++)
-            out[(size_t)i * st->D + d] = st->s[i] > 0 ? st->acc[(size_t)i * st->D + d] / st->s[i]
-                                                      : 0;
+        for (int d = 0; d < st->Dv; d++)
+            out[(size_t)i * st->Dv + d] = st->s[i] > 0
+                                              ? st->acc[(size_t)i * st->Dv + d] / st->s[i] : 0;
     }
-    apply_sinks(st->sink, st->H, st->D, lse, out);
+    apply_sinks(st->sink, st->H, st->Dv, lse, out);
 }
 
 int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int layer,
@@ -218,6 +258,8 @@ int cmp_recompute_attention(const cmp_source *src, const kv_config *cfg, int lay
     softmax_state st;
     key_reader kr;
     int rc = recompute_open(&st, &kr, src, cfg, layer, q, e);
+    if (h->scale_mul > 0)
+        st.scale *= h->scale_mul;
     if (rc == 0)
         rc = add_range(&st, &kr, h, e);
     for (int i = 0; rc == 0 && i < h->extra_zero; i++)
@@ -233,7 +275,7 @@ int cmp_extend_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     const float *out_rec, double rms_weight, int64_t *best_hi, double *best_err,
                     kv_err *e)
 {
-    const int H = cfg->n_heads, D = config_layer_head_dim(cfg, layer);
+    const int H = cfg->n_heads, D = config_layer_v_head_dim(cfg, layer);
     *best_hi = -1;
     *best_err = INFINITY;
     if (hi_max <= p)
@@ -274,27 +316,27 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     int64_t *skip, double *skip_err, int64_t *dup, double *dup_err, kv_err *e)
 {
     const int H = cfg->n_heads, KV = config_layer_kv_heads(cfg, layer);
-    const int D = config_layer_head_dim(cfg, layer);
+    const int D = config_layer_head_dim(cfg, layer), Dv = config_layer_v_head_dim(cfg, layer);
     const int64_t n = hi - lo + 1;
     *skip = *dup = -1;
     *skip_err = *dup_err = INFINITY;
     if (!src->read || H <= 0 || KV <= 0 || H % KV || D <= 0 || n < 2 || n > SCAN_MAX_KEYS)
         return 1;
-    const int kvf = KV * D, group = H / KV;
+    const int kvf = KV * D, vf = KV * Dv, group = H / KV;
     const double scale = attn_scale(cfg);
-    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = kvf};
-    float *vs = malloc((size_t)n * kvf * sizeof(float));
+    key_reader kr = {.src = src, .owner = cfg->kv_owner[layer], .kvf = kvf, .vf = vf};
+    float *vs = malloc((size_t)n * vf * sizeof(float));
     float *kb = malloc((size_t)KEY_BLOCK * kvf * sizeof(float));
     double *sc = malloc((size_t)n * H * sizeof(double));
     double *m = malloc((size_t)H * sizeof(double)), *z = calloc((size_t)H, sizeof(double));
-    double *acc = calloc((size_t)H * D, sizeof(double));
-    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * D * sizeof(double));
+    double *acc = calloc((size_t)H * Dv, sizeof(double));
+    double *lse = malloc((size_t)H * sizeof(double)), *out = malloc((size_t)H * Dv * sizeof(double));
     int rc = (!vs || !kb || !sc || !m || !z || !acc || !lse || !out)
                  ? kv_errf(e, "compare: out of memory scanning key sets") : 0;
     /* Every key's score per head, and its value row. */
     for (int64_t j0 = 0; rc == 0 && j0 < n; j0 += KEY_BLOCK) {
         const int64_t b = n - j0 < KEY_BLOCK ? n - j0 : KEY_BLOCK;
-        rc = read_kv(&kr, lo + j0, b, kb, vs + (size_t)j0 * kvf, e);
+        rc = read_kv(&kr, lo + j0, b, kb, vs + (size_t)j0 * vf, e);
         for (int64_t r = 0; rc == 0 && r < b; r++)
             for (int h = 0; h < H; h++) {
                 const float *qh = q + (size_t)h * D;
@@ -311,10 +353,10 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
             m[h] = fmax(m[h], sc[(size_t)j * H + h]);
         for (int64_t j = 0; j < n; j++) {
             const double w = exp(sc[(size_t)j * H + h] - m[h]);
-            const float *v = vs + (size_t)j * kvf + (size_t)(h / group) * D;
+            const float *v = vs + (size_t)j * vf + (size_t)(h / group) * Dv;
             z[h] += w;
-            for (int d = 0; d < D; d++)
-                acc[(size_t)h * D + d] += w * v[d];
+            for (int d = 0; d < Dv; d++)
+                acc[(size_t)h * Dv + d] += w * v[d];
         }
     }
     /* Each key taken out (sign -1) or counted twice (+1). */
@@ -330,14 +372,14 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
                     ok = false;
                     break;
                 }
-                const float *v = vs + (size_t)j * kvf + (size_t)(h / group) * D;
+                const float *v = vs + (size_t)j * vf + (size_t)(h / group) * Dv;
                 lse[h] = m[h] + log(zz);
-                for (int d = 0; d < D; d++)
-                    out[(size_t)h * D + d] = (acc[(size_t)h * D + d] + sign * w * v[d]) / zz;
+                for (int d = 0; d < Dv; d++)
+                    out[(size_t)h * Dv + d] = (acc[(size_t)h * Dv + d] + sign * w * v[d]) / zz;
             }
             if (!ok)
                 continue;
-            apply_sinks(layer_sinks(src, cfg, layer), H, D, lse, out);
+            apply_sinks(layer_sinks(src, cfg, layer), H, Dv, lse, out);
             const double err = cmp_attention_err(cfg, layer, lse, out, lse_rec, out_rec, 0);
             double *best = sign < 0 ? skip_err : dup_err;
             if (err < *best) {
@@ -359,7 +401,7 @@ int cmp_keyset_scan(const cmp_source *src, const kv_config *cfg, int layer, cons
 double cmp_attention_err(const kv_config *cfg, int layer, const double *lse, const double *out,
                          const float *lse_rec, const float *out_rec, double rms_weight)
 {
-    const int H = cfg->n_heads, n = cfg->n_heads * config_layer_head_dim(cfg, layer);
+    const int H = cfg->n_heads, n = cfg->n_heads * config_layer_v_head_dim(cfg, layer);
     double err = 0;
     for (int h = 0; lse_rec && h < H; h++) {
         if (!isfinite(lse[h]) || !isfinite(lse_rec[h])) {
@@ -457,10 +499,11 @@ static bool rope_refine(double est, const double *inv, const double *theta, cons
     return true;
 }
 
-double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
-                      int nheads, int64_t *delta)
+/* cmp_rope_solve on rows of nheads heads of D rotated as halves. */
+static double solve_half(const kv_config *cfg, int layer, int D, const float *ref,
+                         const float *test, int nheads, int64_t *delta)
 {
-    const int D = config_layer_head_dim(cfg, layer), half = D / 2;
+    const int half = D / 2;
     double *inv = malloc((size_t)half * 5 * sizeof(double));
     int *order = malloc((size_t)half * sizeof(int));
     double best = INFINITY;
@@ -530,6 +573,42 @@ double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const f
 done:
     free(inv);
     free(order);
+    return best;
+}
+
+double cmp_rope_solve(const kv_config *cfg, int layer, const float *ref, const float *test,
+                      int nheads, int64_t *delta)
+{
+    const int D = config_layer_head_dim(cfg, layer);
+    if (!config_mla(cfg))
+        return solve_half(cfg, layer, D, ref, test, nheads, delta);
+    /* MLA rotates each head's tail on interleaved pairs: the tails laid
+     * out as halves, solved so; the parts before them must agree as they
+     * are (an offset turns nothing else). */
+    const int dr = cfg->qk_rope_dim, nope = D - dr, half = dr / 2;
+    float *a = calloc((size_t)nheads * dr, sizeof *a), *b = calloc((size_t)nheads * dr, sizeof *b);
+    double best = INFINITY, test_max = 0, still = 0;
+    *delta = 0;
+    if (a && b && half > 0) {
+        for (int h = 0; h < nheads; h++) {
+            const float *x = ref + (size_t)h * D, *y = test + (size_t)h * D;
+            for (int j = 0; j < half; j++) {
+                a[(size_t)h * dr + j] = x[nope + 2 * j];
+                a[(size_t)h * dr + half + j] = x[nope + 2 * j + 1];
+                b[(size_t)h * dr + j] = y[nope + 2 * j];
+                b[(size_t)h * dr + half + j] = y[nope + 2 * j + 1];
+            }
+            for (int j = 0; j < D; j++)
+                test_max = fmax(test_max, fabs((double)y[j]));
+            for (int j = 0; j < nope; j++)
+                still = fmax(still, fabs((double)x[j] - (double)y[j]));
+        }
+        best = solve_half(cfg, layer, dr, a, b, nheads, delta);
+        if (test_max > 0)
+            best = fmax(best, still / test_max);
+    }
+    free(a);
+    free(b);
     return best;
 }
 

@@ -136,6 +136,10 @@ static const char *const inj_diagnosis[INJ_COUNT] = {
     [INJ_SINK_DROPPED] = "attention_sink",
     [INJ_SINK_PREFILL_ONLY] = "attention_sink",
     [INJ_SINK_WINDOWED] = "attention_sink",
+    [INJ_MLA_ROPE_TWICE] = "latent_cache",
+    [INJ_MLA_ROPE_UNCACHED] = "latent_cache",
+    [INJ_MLA_NO_MSCALE] = "latent_cache",
+    [INJ_MLA_MIXED_FORMS] = "latent_cache",
 };
 
 const char *suite_injection_diagnosis(int injection)

@@ -133,6 +133,7 @@ int dg_hyp_err(cmp_ctx *c, dg_case *a, const cmp_hyp *h, bool on_ref, double *er
 {
     const kv_config *cfg = c->cfg;
     const int H = cfg->n_heads, D = config_layer_head_dim(cfg, c->d->layer);
+    const int Dv = config_layer_v_head_dim(cfg, c->d->layer);
     const cmp_evidence *ev = c->ev;
     const float *q = on_ref ? a->q_ref : (a->q_test ? a->q_test : a->q_ref);
     const float *lse_rec = on_ref ? ev->lse_ref : ev->lse_test;
@@ -152,7 +153,7 @@ int dg_hyp_err(cmp_ctx *c, dg_case *a, const cmp_hyp *h, bool on_ref, double *er
         a->ref_rows_used = true;
     if (rc == 0)
         *err = cmp_hyp_nkeys(h) == 0
-                   ? (dg_attn_empty(lse_rec, out_rec, H, H * D) ? 0 : INFINITY)
+                   ? (dg_attn_empty(lse_rec, out_rec, H, H * Dv) ? 0 : INFINITY)
                    : cmp_attention_err(cfg, c->d->layer, lse, out, lse_rec, out_rec, c->rms_weight);
     free(lse);
     free(out);
@@ -184,6 +185,7 @@ int dg_attn_err_at(cmp_ctx *c, int layer, int64_t q, const cmp_hyp *h, bool coun
 {
     const kv_config *cfg = c->cfg;
     const int H = cfg->n_heads, D = config_layer_head_dim(cfg, layer);
+    const int Dv = config_layer_v_head_dim(cfg, layer);
     int rc = 0;
     float *qr = counts_only ? NULL : dg_row(c, c->test, layer, STAGE_Q, q, &rc, e);
     float *lse = counts_only ? NULL : dg_row(c, c->test, layer, STAGE_ATTN_LSE, q, &rc, e);
@@ -205,7 +207,7 @@ int dg_attn_err_at(cmp_ctx *c, int layer, int64_t q, const cmp_hyp *h, bool coun
             *err = 0;
         } else if (rc == 0) {
             *err = cmp_hyp_nkeys(h) == 0
-                       ? (dg_attn_empty(lse, out, H, H * D) ? 0 : INFINITY)
+                       ? (dg_attn_empty(lse, out, H, H * Dv) ? 0 : INFINITY)
                        : cmp_attention_err(cfg, layer, l, o, lse, out, c->rms_weight);
         }
     }

@@ -7,7 +7,7 @@
  * rows.c (rows written as zero, k and v swapped, a norm epsilon, attention
  * that read zeros), rope.c (rotations and scales), norms.c (norm
  * conventions), sharing.c (another layer's KV cache), sinks.c (attention
- * sinks left out) —; diagnose.c on top: the evidence at the point, drift,
+ * sinks left out), mla.c (latent caches) —; diagnose.c on top: the evidence at the point, drift,
  * and the driver that runs the families in order. */
 #ifndef KV_DIAG_H
 #define KV_DIAG_H
@@ -96,6 +96,8 @@ int dg_rule_qk_norm_missing(cmp_ctx *c, kv_err *e);   /* norms.c */
 int dg_rule_zero_read(cmp_ctx *c, kv_err *e);         /* rows.c: attention read K = V = 0 */
 int dg_rule_kv_owner(cmp_ctx *c, kv_err *e);          /* sharing.c: another layer's cache */
 int dg_rule_sinks(cmp_ctx *c, kv_err *e);             /* sinks.c: a sink left out */
+/* mla.c: an MLA latent cache's key tail, scale or mixed forms */
+int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e);
 int dg_rule_maps(cmp_ctx *c, kv_err *e);              /* maps.c: a row or channel scale, a bias */
 /* maps.c: f32 stated, a coarser type seen: exact (the rows hold only its
  * values; tried first) or not (an error of its size at the first stage

@@ -354,6 +354,8 @@ static int run_rules(cmp_ctx *c, dg_case *a, kv_err *e)
         return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = dg_rule_sinks(c, e)) != 0)
         return rc < 0 ? -1 : 0;
+    if (d->layer >= 0 && (rc = dg_rule_mla(c, a, e)) != 0)
+        return rc < 0 ? -1 : 0;
     if (d->layer >= 0 && (rc = dg_rule_rope(c, e)) != 0) {
         if (rc < 0)
             return -1;
