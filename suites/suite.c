@@ -394,7 +394,7 @@ int suite_parse_prompt(const char *text, const char *base_dir, suite_prompt *p, 
 
 static const char *const engine_opts[] = {"engine", "prefill", "chunk", "cache", "attn",
                                           "kv-share", "kv-pad", "inject", "max-ctx", "dtype",
-                                          "threads", NULL};
+                                          "threads", "mla", NULL};
 
 static int engine_opt_index(const char *name, size_t n)
 {
@@ -430,6 +430,8 @@ static int check_engine_value(const char *opt, const char *v, chk_injections *in
         return kv_errf(e, "--attn: '%s' is not exact or cascade", v);
     if (!strcmp(opt, "kv-share") && chk_share_parse(v, &sk) < 0)
         return kv_errf(e, "--kv-share: '%s' is not plain, padded or owner-read-only", v);
+    if (!strcmp(opt, "mla") && strcmp(v, "expanded") && strcmp(v, "absorbed"))
+        return kv_errf(e, "--mla: '%s' is not expanded or absorbed", v);
     if (!strcmp(opt, "dtype") && strcmp(v, "f32") && strcmp(v, "bf16"))
         return kv_errf(e, "--dtype: '%s' is not f32 or bf16", v);
     if (!strcmp(opt, "inject") && chk_injection_parse(v, inj, e) < 0)
@@ -469,7 +471,7 @@ static int engine_words(char **w, int nw, char **out, int *nout, kv_err *e)
         int k = engine_opt_index(name, nl);
         if (k < 0)
             return kv_errf(e, "'--%.*s' is not allowed here (engine, prefill, chunk, cache, "
-                           "attn, kv-share, kv-pad, inject, max-ctx, dtype, threads)",
+                           "attn, kv-share, kv-pad, inject, max-ctx, dtype, threads, mla)",
                            (int)nl, name);
         const char *val = eq ? eq + 1 : (i + 1 < nw ? w[++i] : NULL);
         if (!val || !*val)
@@ -485,7 +487,7 @@ static int engine_words(char **w, int nw, char **out, int *nout, kv_err *e)
             return -1;
     }
     static const char *const chunked_only[] = {"chunk", "cache", "attn", "kv-share", "kv-pad",
-                                               "inject", NULL};
+                                               "inject", "mla", NULL};
     for (int i = 0; chunked_only[i]; i++)
         if (given[engine_opt_index(chunked_only[i], strlen(chunked_only[i]))] &&
             strcmp(engine, "chunked"))

@@ -22,7 +22,8 @@
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
                                       "tiny-gemma3-kvshared", "tiny-llama3", "tiny-qwen3",
-                                      "tiny-llama+attention_bias", "tiny-gemma4", "tiny-gpt-oss"};
+                                      "tiny-llama+attention_bias", "tiny-gemma4", "tiny-gpt-oss",
+                                      "tiny-deepseek-v2", "tiny-deepseek-v3"};
 #define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 typedef struct {

@@ -171,6 +171,20 @@ static const inj_case inj_cases[] = {
     {"tiny-qwen2", CACHE_DENSE, 16, "rope-offset=3", SHARE_PLAIN, P, 0, STAGE_Q, CMP_DIAG_ROPE_OFFSET},
     {"tiny-gemma3", CACHE_RING, 5, "ring-no-wrap", SHARE_PLAIN, W + 5, 0, STAGE_ATTN_LSE, CMP_DIAG_RING_NO_WRAP},
     {"tiny-gemma3", CACHE_RING, 16, "ring-no-wrap", SHARE_PLAIN, W + 16, 0, STAGE_ATTN_LSE, CMP_DIAG_RING_NO_WRAP},
+    /* MLA (latent caches): their own bugs, and the cache bugs of a model
+     * whose values are narrower than its keys. */
+    {"tiny-deepseek-v2", CACHE_DENSE, 5, "mla-rope-twice", SHARE_PLAIN, 1, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v3", CACHE_SPLIT, 7, "mla-rope-twice", SHARE_PLAIN, 1, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v2", CACHE_DENSE, 7, "mla-rope-uncached", SHARE_PLAIN, 7, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v3", CACHE_RING, 16, "mla-rope-uncached", SHARE_PLAIN, 16, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v2", CACHE_SPLIT, 16, "mla-no-mscale", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v3", CACHE_DENSE, 5, "mla-no-mscale", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v2", CACHE_DENSE, 16, "mla-mixed-forms", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v3", CACHE_SPLIT, 5, "mla-mixed-forms", SHARE_PLAIN, P, 0, STAGE_ATTN_LSE, CMP_DIAG_LATENT_CACHE},
+    {"tiny-deepseek-v2", CACHE_DENSE, 7, "isolated-chunks", SHARE_PLAIN, 7, 0, STAGE_ATTN_LSE, CMP_DIAG_CHUNK_ISOLATED},
+    {"tiny-deepseek-v2", CACHE_SPLIT, 16, "decode-index-stuck", SHARE_PLAIN, P + 1, 0, STAGE_ATTN_LSE, CMP_DIAG_DECODE_STUCK},
+    {"tiny-deepseek-v3", CACHE_DENSE, 16, "rope-offset=3", SHARE_PLAIN, P, 0, STAGE_Q, CMP_DIAG_ROPE_OFFSET},
+    {"tiny-deepseek-v2", CACHE_SPLIT, 7, "isolated-chunks-pos", SHARE_PLAIN, 7, 0, STAGE_Q, CMP_DIAG_ROPE_OFFSET},
 };
 
 /* The catalogue entry of an injection on a cache and chunk size. */
@@ -313,7 +327,8 @@ END_TEST
 /* Correct strategies are identical; cascade is drift                   */
 
 static const char *const presets[] = {"tiny-llama", "tiny-qwen2", "tiny-gemma3",
-                                      "tiny-gemma3-kvshared", "tiny-gemma4", "tiny-gpt-oss"};
+                                      "tiny-gemma3-kvshared", "tiny-gemma4", "tiny-gpt-oss",
+                                      "tiny-deepseek-v2", "tiny-deepseek-v3"};
 #define N_PRESETS (int)(sizeof presets / sizeof *presets)
 
 /* One correct strategy against the reference: identical, all of it. */
@@ -389,6 +404,46 @@ START_TEST(test_cascade_exact_is_numeric_drift)
     ck_assert_int_eq(r.ev.nkeys_diff_pos, -1);
     ck_assert(!r.beyond.found);
     ck_assert_ptr_nonnull(strstr(text, "not a cache bug"));
+    cmp_result_free(&r);
+    cmp_memrec_free(ref);
+    cmp_memrec_free(got);
+    model_free(&m);
+}
+END_TEST
+
+/* MLA's absorbed decode: another rounding of the same attention, drift;
+ * a bug after its first decode step is still found beyond it and named. */
+START_TEST(test_mla_absorbed_decode)
+{
+    static const char *const mla_presets[] = {"tiny-deepseek-v2", "tiny-deepseek-v3"};
+    kv_model m;
+    open_model(mla_presets[_i / 2], &m);
+    const bool bug = _i % 2;
+    cmp_memrec *ref = record_ref(&m, P, NEW);
+    kv_err e = {{0}};
+    chk_opts o = chunked(bug ? CACHE_DENSE : CACHE_SPLIT, 7);
+    o.mla_absorbed = true;
+    if (bug)
+        ck_assert_int_eq(chk_injection_parse("decode-index-stuck", &o.inj, &e), 0);
+    rec_spec sp = {.o = &o, .inject = bug ? "decode-index-stuck" : NULL, .p = P, .nnew = NEW};
+    cmp_memrec *got = record(&m, &sp);
+    cmp_result r;
+    compare(ref, got, NULL, &r);
+    char text[4096];
+    dump_on_failure(&r, text, sizeof text);
+    ck_assert_msg(r.verdict == CMP_DIVERGED && r.first.found && r.first.pos == P &&
+                  r.first.row_rel < 1e-4, "%s", text);
+    if (!bug) {
+        ck_assert_msg(r.diag.kind == CMP_DIAG_NUMERIC_DRIFT, "%s", text);
+        ck_assert(!r.beyond.found);
+        ck_assert_ptr_nonnull(strstr(text, "not a cache bug"));
+    } else {
+        ck_assert_msg(r.beyond.found && r.beyond.pos == P + 1 && r.beyond.layer == 0,
+                      "%s", text);
+        ck_assert_msg(r.diag.kind == CMP_DIAG_DECODE_STUCK && r.diag.basis == CMP_BASIS_RECOMPUTED,
+                      "%s", text);
+        ck_assert_ptr_null(strstr(text, "not a cache bug"));
+    }
     cmp_result_free(&r);
     cmp_memrec_free(ref);
     cmp_memrec_free(got);
@@ -1338,6 +1393,7 @@ Suite *compare_suite(void)
     tcase_add_loop_test(tc, test_cascade_exact_is_numeric_drift, 0, N_PRESETS);
     tcase_add_loop_test(tc, test_cascade_within_tolerance, 0, N_PRESETS);
     tcase_add_loop_test(tc, test_bug_behind_drift, 0, 3);
+    tcase_add_loop_test(tc, test_mla_absorbed_decode, 0, 4);
     tcase_add_test(tc, test_element_location);
     tcase_add_test(tc, test_nan_one_side);
     tcase_add_test(tc, test_tolerance_modes);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "model/config.h"
+#include "model/observer.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -523,6 +524,106 @@ START_TEST(gpt_oss_config)
 }
 END_TEST
 
+/* deepseek-ai/DeepSeek-V2-Lite's config.json: the preset
+ * deepseek-v2-lite-shape but for the experts' width, cut there. */
+#define DEEPSEEK_V2_LITE "{\"architectures\": [\"DeepseekV2ForCausalLM\"]," \
+    " \"attention_bias\": false, \"attention_dropout\": 0.0, \"aux_loss_alpha\": 0.001," \
+    " \"bos_token_id\": 100000, \"eos_token_id\": 100001, \"first_k_dense_replace\": 1," \
+    " \"hidden_act\": \"silu\", \"hidden_size\": 2048, \"initializer_range\": 0.02," \
+    " \"intermediate_size\": 10944, \"kv_lora_rank\": 512, \"max_position_embeddings\": 163840," \
+    " \"model_type\": \"deepseek_v2\", \"moe_intermediate_size\": 1408, \"moe_layer_freq\": 1," \
+    " \"n_group\": 1, \"n_routed_experts\": 64, \"n_shared_experts\": 2," \
+    " \"norm_topk_prob\": false, \"num_attention_heads\": 16, \"num_experts_per_tok\": 6," \
+    " \"num_hidden_layers\": 27, \"num_key_value_heads\": 16, \"pretraining_tp\": 1," \
+    " \"q_lora_rank\": null, \"qk_nope_head_dim\": 128, \"qk_rope_head_dim\": 64," \
+    " \"rms_norm_eps\": 1e-06, \"rope_scaling\": {\"beta_fast\": 32, \"beta_slow\": 1," \
+    " \"factor\": 40, \"mscale\": 0.707, \"mscale_all_dim\": 0.707," \
+    " \"original_max_position_embeddings\": 4096, \"type\": \"yarn\"}, \"rope_theta\": 10000," \
+    " \"routed_scaling_factor\": 1.0, \"scoring_func\": \"softmax\", \"seq_aux\": true," \
+    " \"tie_word_embeddings\": false, \"topk_group\": 1, \"topk_method\": \"greedy\"," \
+    " \"torch_dtype\": \"bfloat16\", \"use_cache\": true, \"v_head_dim\": 128," \
+    " \"vocab_size\": 102400"
+
+START_TEST(deepseek_v2_config)
+{
+    kv_config c = parse_ok(DEEPSEEK_V2_LITE "}"), p;
+    kv_err e;
+    ck_assert_int_eq(c.arch, ARCH_DEEPSEEK2);
+    ck_assert(config_mla(&c) && c.kv_lora_rank == 512 && c.q_lora_rank == 0);
+    ck_assert(c.head_dim == 192 && c.qk_rope_dim == 64 && c.v_head_dim == 128);
+    ck_assert(c.n_kv_heads == 16 && !c.qkv_bias && !c.o_bias && !c.norm_plus_one);
+    ck_assert_int_eq(config_mla_row(&c), 576);
+    ck_assert_int_eq(config_layer_v_head_dim(&c, 3), 128);
+    ck_assert(c.n_experts == 64 && c.n_experts_used == 6 && c.n_shared_experts == 2);
+    ck_assert(c.route == ROUTE_SOFTMAX && c.n_group == 0 && !c.norm_topk && c.routed_scale == 1.0);
+    /* the first layer dense, the others experts of 1408 and a shared MLP of 2816 */
+    ck_assert(!config_layer_moe(&c, 0) && config_layer_moe(&c, 1) && config_layer_moe(&c, 26));
+    ck_assert_int_eq(config_layer_intermediate(&c, 0), 10944);
+    ck_assert_int_eq(config_layer_intermediate(&c, 1), 1408);
+    ck_assert_int_eq(config_layer_dense_width(&c, 1), 2816);
+    ck_assert(config_layer_has_stage(&c, 0, STAGE_KV_LATENT));
+    ck_assert(!config_layer_has_stage(&c, 0, STAGE_ROUTER_LOGITS));
+    /* YaRN: cos and sin unscaled (mscale = mscale_all_dim), q.k times m^2 */
+    const double m = 0.1 * 0.707 * log(40.0) + 1.0;
+    ck_assert(c.rope_scaling.type == ROPE_SCALE_YARN && c.rope_scaling.attn_factor == 1.0);
+    ck_assert(fabs(c.attn_scale - m * m / sqrt(192.0)) < 1e-15);
+    ck_assert_int_eq(config_preset("deepseek-v2-lite-shape", &p, &e), 0);
+    p.moe_intermediate = c.moe_intermediate;
+    assert_same_config(&c, &p);
+    assert_round_trip(&c);
+    /* What kvdiff does not run is named, file and key. */
+#define DS_BASE "{\"model_type\": \"deepseek_v2\", \"hidden_size\": 64," \
+    " \"intermediate_size\": 96, \"num_hidden_layers\": 2, \"num_attention_heads\": 4," \
+    " \"vocab_size\": 256, \"kv_lora_rank\": 32, \"q_lora_rank\": null," \
+    " \"qk_nope_head_dim\": 16, \"n_routed_experts\": 8, \"num_experts_per_tok\": 2"
+    static const struct { const char *text, *msg; } bad[] = {
+        {DS_BASE ", \"attention_bias\": true}", "bad.json: attention_bias is true"},
+        {DS_BASE ", \"topk_method\": \"noaux_tc\"}", "bad.json: topk_method 'noaux_tc'"},
+        {DS_BASE ", \"qk_rope_head_dim\": 8, \"v_head_dim\": 32}", "v_head_dim 32 out of 1..24"},
+        {DS_BASE ", \"num_key_value_heads\": 1}", "bad.json: num_key_value_heads is 1"},
+        {DS_BASE ", \"qk_rope_head_dim\": 7}", "bad.json: qk_rope_head_dim is 7"},
+        {DS_BASE ", \"topk_method\": \"group_limited_greedy\", \"n_group\": 3}",
+         "bad.json: n_group is 3, which does not divide n_routed_experts 8"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ck_assert_int_eq(config_parse_json(bad[i].text, strlen(bad[i].text), "bad.json", &c, &e),
+                         -1);
+        ck_assert_msg(strstr(e.msg, bad[i].msg), "%s", e.msg);
+    }
+}
+END_TEST
+
+/* DeepSeek-V3's parts on a small config: a q LoRA, sigmoid routing with
+ * groups and a correction bias, the interleaved RoPE it must say. */
+START_TEST(deepseek_v3_config)
+{
+    static const char v3[] = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
+        " \"vocab_size\": 256, \"kv_lora_rank\": 32, \"q_lora_rank\": 24,"
+        " \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16,"
+        " \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 32,"
+        " \"n_shared_experts\": 1, \"first_k_dense_replace\": 1, \"n_group\": 4,"
+        " \"topk_group\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.5,"
+        " \"max_position_embeddings\": 512, \"rms_norm_eps\": 1e-6, \"bos_token_id\": 0,"
+        " \"eos_token_id\": 1, \"rope_scaling\": {\"type\": \"yarn\", \"factor\": 8,"
+        " \"original_max_position_embeddings\": 64, \"mscale\": 1.0, \"mscale_all_dim\": 1.0,"
+        " \"beta_fast\": 32, \"beta_slow\": 1}}";
+    kv_config c = parse_ok(v3), p;
+    kv_err e;
+    ck_assert_int_eq(c.arch, ARCH_DEEPSEEK3);
+    ck_assert(c.q_lora_rank == 24 && c.route == ROUTE_SIGMOID && c.n_group == 4 &&
+              c.topk_group == 2 && c.norm_topk && c.routed_scale == 2.5);
+    ck_assert_int_eq(config_preset("tiny-deepseek-v3", &p, &e), 0);
+    assert_same_config(&c, &p);
+    assert_round_trip(&c);
+    static const char no_interleave[] = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64,"
+        " \"intermediate_size\": 96, \"num_hidden_layers\": 1, \"num_attention_heads\": 4,"
+        " \"vocab_size\": 256, \"n_routed_experts\": null, \"rope_interleave\": false}";
+    ck_assert_int_eq(config_parse_json(no_interleave, strlen(no_interleave), "bad.json", &c, &e), -1);
+    ck_assert_msg(strstr(e.msg, "bad.json: rope_interleave is false"), "%s", e.msg);
+}
+END_TEST
+
 START_TEST(llama3_rope_scaling)
 {
     kv_config c = parse_ok("{\"model_type\": \"llama\", \"hidden_size\": 64,"
@@ -685,7 +786,7 @@ START_TEST(presets_validate_and_round_trip)
         ck_assert_msg(config_validate(&c, &e) == 0, "%s: %s", *name, e.msg);
         assert_round_trip(&c);
     }
-    ck_assert_int_eq(n, 14);
+    ck_assert_int_eq(n, 17);
 }
 END_TEST
 
@@ -921,7 +1022,7 @@ static const bad_case BAD[] = {
     { "{\"model_type\": 5}", "model_type is 5; expected a string" },
     { "{\"model_type\": \"mistral\", \"hidden_size\": 64}",
       "model_type 'mistral' is not supported (kvdiff reads llama, qwen2, gemma3_text, "
-      "gemma3, qwen3, gemma4_text, gemma4, gpt_oss)" },
+      "gemma3, qwen3, gemma4_text, gemma4, gpt_oss, deepseek_v2, deepseek_v3)" },
     { "{" G4_BASE ", \"enable_moe_block\": true}",
       "enable_moe_block is true; Gemma 4's mixture-of-experts block is not supported" },
     { "{" G4_BASE ", \"num_experts\": 128}",
@@ -1104,6 +1205,8 @@ Suite *config_suite(void)
     tcase_add_test(t, qwen3_defaults);
     tcase_add_test(t, llama3_rope_scaling);
     tcase_add_test(t, gpt_oss_config);
+    tcase_add_test(t, deepseek_v2_config);
+    tcase_add_test(t, deepseek_v3_config);
     tcase_add_test(t, rope_type_synonyms);
     tcase_add_test(t, rope_parameters_v5);
     tcase_add_test(t, parse_unterminated_buffer);

@@ -68,7 +68,8 @@ static double run_case(const char *name, double eps_scale, char *worst_name, siz
                : !strcmp(stage, "v") ? STAGE_V : !strcmp(stage, "attn_out") ? STAGE_ATTN_OUT
                : !strcmp(stage, "ple_in") ? STAGE_PLE_IN
                : !strcmp(stage, "ple_out") ? STAGE_PLE_OUT
-               : !strcmp(stage, "attn_sink") ? STAGE_ATTN_SINK : STAGE_X_OUT;
+               : !strcmp(stage, "attn_sink") ? STAGE_ATTN_SINK
+               : !strcmp(stage, "kv_latent") ? STAGE_KV_LATENT : STAGE_X_OUT;
             ck_assert_msg(st != STAGE_X_OUT || !strcmp(stage, "x_out"), "unknown %s", t->name);
         }
         int ncols;
@@ -126,6 +127,10 @@ START_TEST(test_gemma4) { check_case("gemma4"); }
 END_TEST
 START_TEST(test_gpt_oss) { check_case("gpt-oss"); }
 END_TEST
+START_TEST(test_deepseek_v2) { check_case("deepseek-v2"); }
+END_TEST
+START_TEST(test_deepseek_v3) { check_case("deepseek-v3"); }
+END_TEST
 
 Suite *conformance_suite(void)
 {
@@ -139,6 +144,8 @@ Suite *conformance_suite(void)
     tcase_add_test(tc, test_qwen3_hd64);
     tcase_add_test(tc, test_gemma4);
     tcase_add_test(tc, test_gpt_oss);
+    tcase_add_test(tc, test_deepseek_v2);
+    tcase_add_test(tc, test_deepseek_v3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -138,7 +138,7 @@ int test_record_cut_short(const char *dir)
 int test_layer_stages(const kv_config *c)
 {
     return STAGE_LAYER_COUNT - (c->per_layer_dim > 0 ? 0 : 2) - (c->attn_sinks ? 0 : 1) -
-           (c->n_experts > 0 ? 0 : 1);
+           (c->n_experts > 0 ? 0 : 1) - (config_mla(c) ? 0 : 1);
 }
 
 int test_copy_file(const char *from, const char *to)

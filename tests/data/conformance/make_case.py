@@ -25,6 +25,16 @@ numpy alone, from the Hugging Face transformers definitions:
                six slowed), a mixture of 4 experts with 2 chosen (biased
                router, softmax over the chosen, interleaved gate/up, the
                clamped gpt-oss SwiGLU), untied embeddings.
+  deepseek-v2  DeepseekV2ForCausalLM (modeling_deepseek_v2): multi-head
+               latent attention (q_proj; kv_a_proj_with_mqa to a latent of
+               32, normed, and one shared 8-wide key tail; kv_b_proj to each
+               head's 16 key dims and 12 value dims), RoPE on interleaved
+               pairs of the tails, YaRN with mscale / mscale_all_dim 0.707
+               (q.k times m^2); layer 0 dense, then 6 experts (2 chosen by
+               softmax, greedy) and a shared expert.
+  deepseek-v3  DeepseekV3ForCausalLM: the same with a q LoRA (24), sigmoid
+               routing in 4 groups of 2 with e_score_correction_bias,
+               normalised weights times 2.5.
   llama3-bias  LlamaForCausalLM with attention_bias (q, k, v and o_proj
                biased, modeling_llama.LlamaAttention) and rope_scaling llama3
                (modeling_rope_utils._compute_llama3_parameters), tied.
@@ -178,6 +188,98 @@ CASES = {
             "tie_word_embeddings": False,
             "bos_token_id": 1,
             "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+    # DeepSeek-V2 (modeling_deepseek_v2): MLA with one q_proj, values of
+    # 12 (narrower than the keys' 16 + 8), YaRN factor 8 from 16 positions
+    # with mscale = mscale_all_dim 0.707 (cos/sin unscaled, q.k times m^2);
+    # the first layer dense, then 6 experts of 24 with 2 chosen by a
+    # softmax over all (greedy, weights not normalised) and a shared one.
+    "deepseek-v2": {
+        "seed": 1608,
+        "config": {
+            "architectures": ["DeepseekV2ForCausalLM"],
+            "model_type": "deepseek_v2",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 32,
+            "q_lora_rank": None,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 12,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 8.0, "beta_fast": 32, "beta_slow": 1,
+                             "mscale": 0.707, "mscale_all_dim": 0.707,
+                             "original_max_position_embeddings": 16},
+            "attention_bias": False,
+            "n_routed_experts": 6,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "moe_layer_freq": 1,
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 1.0,
+            "topk_method": "greedy",
+            "scoring_func": "softmax",
+            "vocab_size": 128,
+            "max_position_embeddings": 128,
+            "tie_word_embeddings": False,
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "torch_dtype": "float32",
+        },
+    },
+    # DeepSeek-V3 (modeling_deepseek_v3): a q LoRA (q_a_proj, its norm,
+    # q_b_proj), sigmoid routing over 8 experts in 4 groups (2 kept, each
+    # scored by its best two), chosen with e_score_correction_bias,
+    # weights normalised and times 2.5; mscale = mscale_all_dim 1.
+    "deepseek-v3": {
+        "seed": 1609,
+        "config": {
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 64,
+            "intermediate_size": 96,
+            "num_hidden_layers": 3,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "kv_lora_rank": 32,
+            "q_lora_rank": 24,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "hidden_act": "silu",
+            "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0,
+            "rope_scaling": {"type": "yarn", "factor": 8.0, "beta_fast": 32, "beta_slow": 1,
+                             "mscale": 1.0, "mscale_all_dim": 1.0,
+                             "original_max_position_embeddings": 16},
+            "rope_interleave": True,
+            "attention_bias": False,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 3,
+            "moe_intermediate_size": 24,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 1,
+            "moe_layer_freq": 1,
+            "n_group": 4,
+            "topk_group": 2,
+            "norm_topk_prob": True,
+            "routed_scaling_factor": 2.5,
+            "topk_method": "noaux_tc",
+            "scoring_func": "sigmoid",
+            "vocab_size": 128,
+            "max_position_embeddings": 128,
+            "tie_word_embeddings": False,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
             "torch_dtype": "float32",
         },
     },
@@ -657,6 +759,205 @@ def forward_gpt_oss(cfg, w, ids):
     return out
 
 
+# ---- DeepSeek-V2 / V3 (MLA) -------------------------------------------------
+
+def make_weights_deepseek(cfg, rng):
+    """DeepseekV2/V3 names: the latent attention's projections and norms,
+    dense MLPs on the first layers, then the router (V3: and its
+    e_score_correction_bias), each expert's gate/up/down and the shared
+    experts'. Linear N(0, 1/fan_in), norms 1 + 0.1 N(0, 1)."""
+    E, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, R, QR = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["q_lora_rank"]
+    nope, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    X, MI, S = cfg["n_routed_experts"], cfg["moe_intermediate_size"], cfg["n_shared_experts"]
+    w = {}
+
+    def linear(name, n_out, n_in):
+        w[name] = rng.standard_normal((n_out, n_in)) / math.sqrt(n_in)
+
+    def norm(name, n):
+        w[name] = 1.0 + 0.1 * rng.standard_normal(n)
+
+    w["model.embed_tokens.weight"] = rng.standard_normal((V, E))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        norm(p + "input_layernorm.weight", E)
+        if QR:
+            linear(p + "self_attn.q_a_proj.weight", QR, E)
+            norm(p + "self_attn.q_a_layernorm.weight", QR)
+            linear(p + "self_attn.q_b_proj.weight", H * (nope + dr), QR)
+        else:
+            linear(p + "self_attn.q_proj.weight", H * (nope + dr), E)
+        linear(p + "self_attn.kv_a_proj_with_mqa.weight", R + dr, E)
+        norm(p + "self_attn.kv_a_layernorm.weight", R)
+        linear(p + "self_attn.kv_b_proj.weight", H * (nope + dv), R)
+        linear(p + "self_attn.o_proj.weight", E, H * dv)
+        norm(p + "post_attention_layernorm.weight", E)
+        if i < cfg["first_k_dense_replace"]:
+            linear(p + "mlp.gate_proj.weight", I, E)
+            linear(p + "mlp.up_proj.weight", I, E)
+            linear(p + "mlp.down_proj.weight", E, I)
+            continue
+        linear(p + "mlp.gate.weight", X, E)
+        if cfg["scoring_func"] == "sigmoid":
+            w[p + "mlp.gate.e_score_correction_bias"] = 0.3 * rng.standard_normal(X)
+        for e in range(X):
+            linear(p + f"mlp.experts.{e}.gate_proj.weight", MI, E)
+            linear(p + f"mlp.experts.{e}.up_proj.weight", MI, E)
+            linear(p + f"mlp.experts.{e}.down_proj.weight", E, MI)
+        linear(p + "mlp.shared_experts.gate_proj.weight", S * MI, E)
+        linear(p + "mlp.shared_experts.up_proj.weight", S * MI, E)
+        linear(p + "mlp.shared_experts.down_proj.weight", E, S * MI)
+    norm("model.norm.weight", E)
+    w["lm_head.weight"] = rng.standard_normal((V, E)) / math.sqrt(E)
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def deepseek_yarn(cfg):
+    """_compute_yarn_parameters over the rotated tail (DeepseekV2Config's
+    head_dim is qk_rope_head_dim), with DeepSeek's mscale keys: (inv_freq,
+    cos/sin factor, q.k factor)."""
+    dr, base, rs = cfg["qk_rope_head_dim"], cfg["rope_theta"], cfg["rope_scaling"]
+    factor, fast, slow = rs["factor"], rs.get("beta_fast", 32), rs.get("beta_slow", 1)
+    old = rs["original_max_position_embeddings"]
+    pos_freqs = base ** (np.arange(0, dr, 2, dtype=np.float64) / dr)
+    extra, inter = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+
+    def dim_of(rot):
+        return dr * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = math.floor(dim_of(fast)), math.ceil(dim_of(slow))
+    low, high = max(low, 0), min(high, dr - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dr // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+
+    def m(x):
+        return 0.1 * x * math.log(factor) + 1.0 if factor > 1 else 1.0
+
+    keep = 1 - ramp
+    return (inter * (1 - keep) + extra * keep, m(rs["mscale"]) / m(rs["mscale_all_dim"]),
+            m(rs["mscale_all_dim"]) ** 2)
+
+
+def rope_interleaved(x, pos, freqs):
+    """Pairs (2j, 2j+1) rotated by pos * freqs[j] (x [T, heads, dr])."""
+    ang = pos[:, None] * freqs[None, :]
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    a, b = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = a * c - b * s
+    out[..., 1::2] = b * c + a * s
+    return out
+
+
+def deepseek_route(cfg, logits, bias):
+    """DeepseekV2Moe / DeepseekV3TopkRouter on one row: (experts, weights)."""
+    X, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    if cfg["scoring_func"] == "softmax":
+        scores = np.exp(logits - logits.max())
+        scores /= scores.sum()
+        sel = scores.copy()
+    else:
+        scores = 1.0 / (1.0 + np.exp(-logits))
+        sel = scores + bias
+    if cfg["topk_method"] in ("group_limited_greedy", "noaux_tc"):
+        G, TG = cfg["n_group"], cfg["topk_group"]
+        groups = sel.reshape(G, X // G)
+        if cfg["scoring_func"] == "sigmoid":
+            gs = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
+        else:
+            gs = groups.max(axis=1)
+        keep = np.argsort(-gs, kind="stable")[:TG]
+        mask = np.zeros(G, dtype=bool)
+        mask[keep] = True
+        sel = np.where(np.repeat(mask, X // G), sel, 0.0)
+    top = np.argsort(-sel, kind="stable")[:K]
+    wts = scores[top]
+    if cfg["scoring_func"] == "sigmoid":
+        if cfg["norm_topk_prob"]:
+            wts = wts / (wts.sum() + 1e-20)
+        wts = wts * cfg["routed_scaling_factor"]
+    elif K > 1 and cfg["norm_topk_prob"]:
+        wts = wts / (wts.sum() + 1e-20)
+    else:
+        wts = wts * cfg["routed_scaling_factor"]
+    return top, wts
+
+
+def forward_deepseek(cfg, w, ids):
+    E, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    H, R, QR = cfg["num_attention_heads"], cfg["kv_lora_rank"], cfg["q_lora_rank"]
+    nope, dr, dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    X, eps = cfg["n_routed_experts"], cfg["rms_norm_eps"]
+    D = nope + dr
+    W = {k: v.astype(np.float64) for k, v in w.items()}
+
+    def lin(x, name):
+        return x @ W[name + ".weight"].T
+
+    def silu(x):
+        return x / (1.0 + np.exp(-x))
+
+    def mlp(x, p):
+        return lin(silu(lin(x, p + "gate_proj")) * lin(x, p + "up_proj"), p + "down_proj")
+
+    freqs, cs_factor, qk_factor = deepseek_yarn(cfg)
+    scale = qk_factor / math.sqrt(D)
+    pos = np.arange(T, dtype=np.float64)
+    out = {}
+    x = W["model.embed_tokens.weight"][ids]
+    out["embed"] = x
+    mask = np.tril(np.ones((T, T), dtype=bool))
+    for i in range(L):
+        p = f"model.layers.{i}."
+        xn = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        if QR:
+            qa = rms_norm(lin(xn, p + "self_attn.q_a_proj"),
+                          W[p + "self_attn.q_a_layernorm.weight"], eps)
+            q = lin(qa, p + "self_attn.q_b_proj").reshape(T, H, D)
+        else:
+            q = lin(xn, p + "self_attn.q_proj").reshape(T, H, D)
+        ckv = lin(xn, p + "self_attn.kv_a_proj_with_mqa")
+        lat = rms_norm(ckv[:, :R], W[p + "self_attn.kv_a_layernorm.weight"], eps)
+        k_pe = rope_interleaved(ckv[:, None, R:], pos, freqs)[:, 0, :] * cs_factor
+        q = q.copy()
+        q[..., nope:] = rope_interleaved(q[..., nope:], pos, freqs) * cs_factor
+        kv = (lat @ W[p + "self_attn.kv_b_proj.weight"].T).reshape(T, H, nope + dv)
+        k = np.concatenate([kv[..., :nope], np.repeat(k_pe[:, None, :], H, axis=1)], axis=2)
+        v = kv[..., nope:]
+        att = np.empty((T, H, dv))
+        for h in range(H):
+            sc = np.where(mask, (q[:, h, :] @ k[:, h, :].T) * scale, -np.inf)
+            sc = np.exp(sc - sc.max(axis=1, keepdims=True))
+            sc /= sc.sum(axis=1, keepdims=True)
+            att[:, h, :] = sc @ v[:, h, :]
+        att = att.reshape(T, H * dv)
+        h_mid = x + lin(att, p + "self_attn.o_proj")
+        hn = rms_norm(h_mid, W[p + "post_attention_layernorm.weight"], eps)
+        if i < cfg["first_k_dense_replace"]:
+            y = mlp(hn, p + "mlp.")
+        else:
+            logits = lin(hn, p + "mlp.gate")
+            bias = W.get(p + "mlp.gate.e_score_correction_bias", np.zeros(X))
+            y = mlp(hn, p + "mlp.shared_experts.")
+            for t in range(T):
+                top, wts = deepseek_route(cfg, logits[t], bias)
+                for e, wt in zip(top, wts):
+                    y[t] += wt * mlp(hn[t:t + 1], p + f"mlp.experts.{e}.")[0]
+        x = h_mid + y
+        out[f"layers.{i}.q"] = q
+        out[f"layers.{i}.kv_latent"] = np.concatenate([lat, k_pe], axis=1)
+        out[f"layers.{i}.k"] = k
+        out[f"layers.{i}.v"] = v
+        out[f"layers.{i}.attn_out"] = att
+        out[f"layers.{i}.x_out"] = x
+    fn = rms_norm(x, W["model.norm.weight"], eps)
+    out["final_norm"] = fn
+    out["logits"] = fn @ W["lm_head.weight"].T
+    return out
+
+
 # ---- files ---------------------------------------------------------------
 
 def write_safetensors(path, tensors, metadata):
@@ -683,7 +984,9 @@ def make_case(name, root):
     cfg = spec["config"]
     rng = np.random.default_rng(spec["seed"])
     kind = {"gemma4_text": (make_weights_gemma4, forward_gemma4),
-            "gpt_oss": (make_weights_gpt_oss, forward_gpt_oss)}
+            "gpt_oss": (make_weights_gpt_oss, forward_gpt_oss),
+            "deepseek_v2": (make_weights_deepseek, forward_deepseek),
+            "deepseek_v3": (make_weights_deepseek, forward_deepseek)}
     make, fwd = kind.get(cfg["model_type"], (make_weights, forward))
     weights = make(cfg, rng)
     ids = rng.integers(0, cfg["vocab_size"], size=T)
