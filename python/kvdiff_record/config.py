@@ -47,6 +47,8 @@ def model_config_from_hf(folder_or_config):
         return _gemma4(cfg, name, rules)
     if mt == "gpt_oss":
         return _gpt_oss(cfg, name, rules)
+    if mt in ("deepseek_v2", "deepseek_v3"):
+        return _deepseek(cfg, rules)
     if mt not in _ARCH:
         return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"
@@ -208,6 +210,45 @@ def _gpt_oss(cfg, name, rules):
            "num_experts_per_tok": min(experts, 4) if top_k is None else top_k}
     if rules["rope_scaling"]:
         out["rope_scaling"] = rules["rope_scaling"]
+    return out
+
+
+def _deepseek(cfg, rules):
+    """deepseek_v2 / deepseek_v3 as kvdiff reads them (model/families/
+    deepseek.c): every layer full, the expanded heads (head_dim qk_nope +
+    qk_rope, as many KV heads as heads), q.k scaled by head_dim^-1/2 times
+    DeepSeek's m(mscale_all_dim)^2, the latent's and values' widths, which
+    layers have experts; config_rules has checked every field."""
+    mla = rules["mla"]
+    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
+    head_dim = mla["head_dim"]
+    scale = 1.0 / math.sqrt(float(head_dim))
+    rs = rules["rope_scaling"]
+    raw = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    msa = raw.get("mscale_all_dim") if isinstance(raw, dict) else None
+    if rs and rs["rope_type"] == "yarn" and msa:
+        m = 0.1 * float(msa) * math.log(rs["factor"]) + 1.0 if rs["factor"] > 1.0 else 1.0
+        scale = scale * (m * m)
+    out = {"model_type": rules["model_type"], "hidden_size": cfg["hidden_size"],
+           "num_hidden_layers": layers, "num_attention_heads": heads,
+           "num_key_value_heads": heads, "head_dim": head_dim,
+           "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
+           "sliding_window": 0, "layer_types": ["full_attention"] * layers,
+           "kv_owner": list(range(layers)),
+           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
+           "rope_theta": rules["rope_theta"], "rope_local_base_freq": rules["rope_theta"],
+           "attn_scale": scale}
+    if rs:
+        out["rope_scaling"] = rs
+    if "experts" in mla:
+        out["num_local_experts"] = mla["experts"]
+        out["num_experts_per_tok"] = mla["top_k"]
+        if mla["first_dense"] > 0 or mla["moe_every"] > 1:
+            out["first_k_dense_replace"] = mla["first_dense"]
+            out["moe_layer_freq"] = mla["moe_every"]
+    out["kv_lora_rank"] = mla["kv_lora_rank"]
+    out["qk_rope_head_dim"] = mla["qk_rope_head_dim"]
+    out["v_head_dim"] = mla["v_head_dim"]
     return out
 
 

@@ -32,8 +32,9 @@ except ImportError:  # pragma: no cover - depends on the machine
     xxhash = None
 
 # In dataflow order; ple_in and ple_out are Gemma 4's per-layer input block,
-# attn_sink and router_logits gpt-oss's sinks and experts.
-LAYER_STAGES = ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse",
+# attn_sink and router_logits gpt-oss's sinks and experts, kv_latent an MLA
+# model's cache row (DeepSeek).
+LAYER_STAGES = ("x_in", "attn_norm_stats", "attn_norm", "q", "kv_latent", "k", "v", "attn_lse",
                 "attn_nkeys", "attn_sink", "attn_out", "attn_proj", "h_mid",
                 "ffn_norm_stats", "ffn_norm", "router_logits", "ffn_out", "ple_in", "ple_out",
                 "x_out")
@@ -44,7 +45,8 @@ MODEL_STAGES = ("embed", "final_norm", "logits")
 _STAGE_ID = {s: i for i, s in enumerate(
     ("x_in", "attn_norm_stats", "attn_norm", "q", "k", "v", "attn_lse", "attn_nkeys",
      "attn_out", "attn_proj", "h_mid", "ffn_norm_stats", "ffn_norm", "ffn_out", "x_out",
-     "embed", "final_norm", "logits", "ple_in", "ple_out", "attn_sink", "router_logits"))}
+     "embed", "final_norm", "logits", "ple_in", "ple_out", "attn_sink", "router_logits",
+     "kv_latent"))}
 _REQUIRED = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "intermediate_size", "vocab_size",
              "sliding_window", "layer_types", "kv_owner", "rms_norm_eps", "rope_theta",
@@ -193,16 +195,26 @@ def _layer_dims(config, layer):
     return kv, d
 
 
+def _moe_layer(config, layer):
+    """Has `layer` experts (DeepSeek: dense before first_k_dense_replace)?"""
+    first = config.get("first_k_dense_replace") or 0
+    every = config.get("moe_layer_freq") or 1
+    return layer >= first and layer % every == 0
+
+
 def stage_width(config, stage, layer=None):
     """Floats per row of `stage` (of `layer`, whose widths may differ on
     Gemma 4) for the model_config dict `config`."""
     e, h = config["hidden_size"], config["num_attention_heads"]
     kv, d = _layer_dims(config, layer)
+    dv = config.get("v_head_dim") or d   # MLA: values narrower than keys
     widths = {"attn_norm_stats": 3, "ffn_norm_stats": 3, "q": h * d, "k": kv * d,
-              "v": kv * d, "attn_lse": h, "attn_nkeys": h, "attn_out": h * d,
+              "v": kv * dv, "attn_lse": h, "attn_nkeys": h, "attn_out": h * dv,
               "logits": config["vocab_size"], "attn_sink": h,
               "router_logits": config.get("num_local_experts") or 0,
-              "ple_in": config.get("hidden_size_per_layer_input") or 0}
+              "ple_in": config.get("hidden_size_per_layer_input") or 0,
+              "kv_latent": (config.get("kv_lora_rank") or 0)
+              + (config.get("qk_rope_head_dim") or 0)}
     if stage not in _STAGE_ID:
         raise RecorderError(f"unknown stage {stage!r}; layer stages are "
                             f"{', '.join(LAYER_STAGES)}; model stages {', '.join(MODEL_STAGES)}")
@@ -211,6 +223,12 @@ def stage_width(config, stage, layer=None):
                             "not set in the model config)")
     if stage == "attn_sink" and config.get("model_type") != "gpt_oss":
         raise RecorderError("attn_sink: the model has no attention sinks")
+    if stage == "kv_latent" and not config.get("kv_lora_rank"):
+        raise RecorderError("kv_latent: the model has no latent (MLA) cache (kv_lora_rank is "
+                            "not set in the model config)")
+    if stage == "router_logits" and layer is not None and not _moe_layer(config, layer):
+        raise RecorderError(f"router_logits: layer {layer} has a dense MLP "
+                            f"(first_k_dense_replace, moe_layer_freq)")
     if stage in ("ple_in", "ple_out") and not config.get("hidden_size_per_layer_input"):
         raise RecorderError(f"{stage}: the model has no per-layer inputs "
                             f"(hidden_size_per_layer_input is not set in the model config)")
@@ -220,8 +238,10 @@ def stage_width(config, stage, layer=None):
 def _width_words(config, stage, layer=None):
     h = config["num_attention_heads"]
     kv, d = _layer_dims(config, layer)
-    return {"q": f"{h} heads x {d}", "attn_out": f"{h} heads x {d}",
-            "k": f"{kv} KV heads x {d}", "v": f"{kv} KV heads x {d}",
+    dv = config.get("v_head_dim") or d
+    return {"q": f"{h} heads x {d}", "attn_out": f"{h} heads x {dv}",
+            "k": f"{kv} KV heads x {d}", "v": f"{kv} KV heads x {dv}",
+            "kv_latent": "kv_lora_rank + qk_rope_head_dim",
             "attn_lse": f"{h} heads", "attn_nkeys": f"{h} heads", "attn_sink": f"{h} heads",
             "router_logits": "num_local_experts",
             "attn_norm_stats": "mean, rms, absmax", "ffn_norm_stats": "mean, rms, absmax",
@@ -238,10 +258,14 @@ def _columns_attr(config, stage, layer=None):
     if stage in ("q", "k"):
         n = h if stage == "q" else kv
         return f"{n} {'heads' if stage == 'q' else 'KV heads'} x {d}, head-major; after RoPE"
+    dv = config.get("v_head_dim") or d
     if stage == "v":
-        return f"{kv} KV heads x {d}, head-major"
+        return f"{kv} KV heads x {dv}, head-major"
     if stage == "attn_out":
-        return f"{h} heads x {d}, head-major"
+        return f"{h} heads x {dv}, head-major"
+    if stage == "kv_latent":
+        return (f"normed latent x {config['kv_lora_rank']}, then the rotated key tail x "
+                f"{config['qk_rope_head_dim']}")
     if stage in ("attn_lse", "attn_nkeys", "attn_sink"):
         return "one per head"
     if stage == "router_logits":

@@ -48,7 +48,7 @@ class Base(unittest.TestCase):
         cls.dir = tempfile.mkdtemp(prefix="kvdiff-py-")
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
                        "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2", "tiny-gemma4",
-                       "tiny-gpt-oss"):
+                       "tiny-gpt-oss", "tiny-deepseek-v2", "tiny-deepseek-v3"):
             rc, out = kvdiff("gen", "--preset", preset, "-o", os.path.join(cls.dir, preset))
             assert rc == 0, out
         cls.ref = os.path.join(cls.dir, "ref.h5")
@@ -79,7 +79,7 @@ class TestRecorder(Base):
     def test_config_matches_kvdiff(self):
         for preset in ("tiny-llama", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-qwen3",
                        "tiny-llama3", "tiny-gemma3-h288", "tiny-qwen2", "tiny-gemma4",
-                       "tiny-gpt-oss"):
+                       "tiny-gpt-oss", "tiny-deepseek-v2", "tiny-deepseek-v3"):
             dump = self.path(f"cfg-{preset}.h5")
             rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "4",
                              "--max-new", "1", "--dump", dump)
@@ -1196,7 +1196,7 @@ class TestConfigAgreement(Base):
                     out.append((p, f.read()))
         base = {}
         for preset in ("tiny-gemma4", "tiny-gemma3", "tiny-gemma3-kvshared", "tiny-llama3",
-                       "tiny-qwen2", "tiny-qwen3"):
+                       "tiny-qwen2", "tiny-qwen3", "tiny-deepseek-v3"):
             with open(self.path(f"{preset}/config.json"), "rb") as f:
                 data = f.read()
             out.append((preset, data))
@@ -1209,7 +1209,7 @@ class TestConfigAgreement(Base):
         for label, data in hostile_configs.variants(nested, TINY, TINY):
             out.append((f"gemma4 nested {label}", data))
         for preset in ("tiny-gemma3", "tiny-gemma3-kvshared", "tiny-llama3", "tiny-qwen2",
-                       "tiny-qwen3"):
+                       "tiny-qwen3", "tiny-deepseek-v3"):
             for label, data in hostile_configs.variants(base[preset], TINY, TINY):
                 out.append((f"{preset} {label}", data))
         return out
