@@ -330,8 +330,12 @@ static void oai_swiglu(const float *gu, int I, double limit, float *out)
 /* Group-limited choice (DeepSeek): the experts in n_group groups of
  * X / n_group; a group's score is its best score (softmax routing) or the
  * sum of its best two (sigmoid routing); only the topk_group best groups'
- * experts stay in sel, the others' scores set to 0 as transformers masks
- * them. gs and gi: scratch of n_group floats and ints. */
+ * experts stay in sel, the others' set to -inf, as DeepSeek's own
+ * inference code and llama.cpp mask them. (transformers masks them to 0:
+ * the same unless a kept group's corrected scores, sigmoid + bias, fall
+ * below 0, when it can pick a dropped group's expert; llama.cpp's export
+ * of tiny-deepseek-v3 differs from a 0 mask at layer 2.) gs and gi:
+ * scratch of n_group floats and ints. */
 static void keep_best_groups(const kv_config *c, float *sel, float *gs, int *gi)
 {
     const int G = c->n_group, per = c->n_experts / G;
@@ -354,7 +358,7 @@ static void keep_best_groups(const kv_config *c, float *sel, float *gs, int *gi)
             kept |= gi[t] == g;
         if (!kept)
             for (int j = 0; j < per; j++)
-                sel[(size_t)g * per + j] = 0.0f;
+                sel[(size_t)g * per + j] = -INFINITY;
     }
 }
 

@@ -117,6 +117,14 @@ static void kv_u32(kvs *k, const char *key, uint32_t v)
     gb_u32(&k->kv, v);
 }
 
+static void kv_bool(kvs *k, const char *key, bool v)
+{
+    char b[128];
+    const uint8_t byte = v ? 1 : 0;
+    kv_key(k, akey(k, key, b, sizeof b), GT_BOOL);
+    gb_put(&k->kv, &byte, 1);
+}
+
 static void kv_f32(kvs *k, const char *key, float v)
 {
     char b[128];
@@ -210,8 +218,19 @@ static int gemma4_export_check(const kv_config *c, kv_err *e)
 int gguf_export_check(const kv_config *c, kv_err *e)
 {
     if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3 &&
-        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4 && c->arch != ARCH_GPT_OSS)
+        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4 && c->arch != ARCH_GPT_OSS &&
+        c->arch != ARCH_DEEPSEEK2 && c->arch != ARCH_DEEPSEEK3)
         return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
+    /* llama.cpp's deepseek2 assumes mscale = mscale_all_dim (cos and sin
+     * unscaled; llama_context's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]). */
+    if (config_mla(c) && c->rope_scaling.type == ROPE_SCALE_YARN &&
+        c->rope_scaling.mscale != c->rope_scaling.mscale_all_dim)
+        return kv_errf(e, "rope_scaling mscale %g differs from mscale_all_dim %g; llama.cpp's "
+                       "deepseek2 takes them equal, so it cannot run this model",
+                       c->rope_scaling.mscale, c->rope_scaling.mscale_all_dim);
+    if (config_mla(c) && c->moe_every > 1)
+        return kv_errf(e, "moe_layer_freq %d; llama.cpp's deepseek2 has experts on every "
+                       "layer after the leading dense ones", c->moe_every);
     if (c->arch == ARCH_GEMMA4)
         return gemma4_export_check(c, e);
     /* llama_model_qwen3::load_arch_tensors creates no attn_output.bias. */
@@ -255,6 +274,8 @@ static double llama_gemma3_scale(const kv_config *c)
 typedef struct {
     char name[96];              /* GGUF name */
     const tensor_spec *spec;    /* source; NULL for rope_freqs */
+    int stack_n, stack_stride;  /* > 0: stacked from stack_n catalogue entries, spec and
+                                   every stack_stride-th after it (DeepSeek's experts) */
     int ndim;
     uint64_t ne[3];             /* ne[0] is the fastest-varying (columns) */
     int xform;                  /* experts (XF_*): how the stack is laid out for llama.cpp */
@@ -268,7 +289,7 @@ typedef struct {
  * it, becomes llama.cpp's (conversion/gpt_oss.py): gate_up_proj split into
  * its even (gate) and odd (up) outputs, each expert turned to (out, in)
  * rows; down_proj turned likewise; the biases split or kept. */
-enum { XF_NONE, XF_EVEN, XF_ODD, XF_TURN, XF_BIAS_EVEN, XF_BIAS_ODD };
+enum { XF_NONE, XF_EVEN, XF_ODD, XF_TURN, XF_BIAS_EVEN, XF_BIAS_ODD, XF_K_B, XF_V_B };
 
 /* "model.layers.3.self_attn.q_proj.weight" -> "self_attn.q_proj.weight" */
 static const char *layer_suffix(const char *name)
@@ -403,6 +424,55 @@ static int plan_experts(const tensor_spec *s, gguf_out_type ot, out_tensor *t)
         o->nbytes = o->ne[0] * o->ne[1] * o->ne[2] * (o->type == GGML_F32 ? 4 : 2);
     }
     return n;
+}
+
+/* DeepSeek's experts, one catalogue entry per expert and projection
+ * (gate, up, down in turn): stacked as the converter's merge_expert does,
+ * [in, out, X] each. s is expert 0's gate_proj. Fills t[0..2]. */
+static int plan_deepseek_experts(const kv_config *c, const tensor_spec *s, gguf_out_type ot,
+                                 out_tensor *t)
+{
+    static const char *const names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    for (int i = 0; i < 3; i++) {
+        out_tensor *o = &t[i];
+        memset(o, 0, sizeof *o);
+        o->spec = s + i;
+        o->stack_n = c->n_experts;
+        o->stack_stride = 3;
+        o->mul = 1.0f;
+        snprintf(o->name, sizeof o->name, "blk.%d.%s.weight", s->layer, names[i]);
+        o->ndim = 3;
+        o->ne[0] = (uint64_t)s[i].shape[1];
+        o->ne[1] = (uint64_t)s[i].shape[0];
+        o->ne[2] = (uint64_t)c->n_experts;
+        o->type = ot == GGUF_OUT_F32 ? GGML_F32 : ot == GGUF_OUT_F16 ? GGML_F16 : GGML_BF16;
+        o->nbytes = o->ne[0] * o->ne[1] * o->ne[2] * (o->type == GGML_F32 ? 4 : 2);
+    }
+    return 3;
+}
+
+/* MLA's kv_b_proj split as the converter writes it for the absorbed form:
+ * attn_k_b [nope, R, H] (each head's key part turned), attn_v_b [R, Dv, H]. */
+static int plan_kv_b(const kv_config *c, const tensor_spec *s, gguf_out_type ot, out_tensor *t)
+{
+    const uint64_t R = (uint64_t)c->kv_lora_rank, H = (uint64_t)c->n_heads;
+    const uint64_t nope = (uint64_t)(c->head_dim - c->qk_rope_dim), Dv = (uint64_t)c->v_head_dim;
+    for (int i = 0; i < 2; i++) {
+        out_tensor *o = &t[i];
+        memset(o, 0, sizeof *o);
+        o->spec = s;
+        o->mul = 1.0f;
+        o->xform = i == 0 ? XF_K_B : XF_V_B;
+        snprintf(o->name, sizeof o->name, "blk.%d.%s.weight", s->layer,
+                 i == 0 ? "attn_k_b" : "attn_v_b");
+        o->ndim = 3;
+        o->ne[0] = i == 0 ? nope : R;
+        o->ne[1] = i == 0 ? R : Dv;
+        o->ne[2] = H;
+        o->type = ot == GGUF_OUT_F32 ? GGML_F32 : ot == GGUF_OUT_F16 ? GGML_F16 : GGML_BF16;
+        o->nbytes = o->ne[0] * o->ne[1] * o->ne[2] * (o->type == GGML_F32 ? 4 : 2);
+    }
+    return 2;
 }
 
 /* ------------------------------------------------------------------ */
@@ -623,11 +693,56 @@ done:
     return rc;
 }
 
+/* A stack of DeepSeek experts (each entry's rows as they are, one after
+ * the other), or MLA's kv_b_proj split into attn_k_b / attn_v_b. */
+static int write_assembled(gguf_outfile *o, const wsource *src, const out_tensor *t, kv_err *e)
+{
+    const size_t n = (size_t)(t->ne[0] * t->ne[1] * t->ne[2]);
+    const tensor_spec *s = t->spec;
+    const size_t in_n = t->stack_n > 0 ? 0 : (size_t)(s->shape[0] * s->shape[1]);
+    float *buf = malloc(n * sizeof *buf), *in = in_n ? malloc(in_n * sizeof *in) : NULL;
+    int rc = -1;
+    if (!buf || (in_n && !in)) {
+        kv_errf(e, "out of memory writing '%s'", t->name);
+        goto done;
+    }
+    if (t->stack_n > 0) {
+        const size_t per = (size_t)(t->ne[0] * t->ne[1]);
+        for (int x = 0; x < t->stack_n; x++)
+            if (src_read(src, s + (size_t)x * t->stack_stride, buf + x * per, e) < 0)
+                goto done;
+    } else {
+        const kv_config *c = src->cfg;
+        const size_t R = (size_t)c->kv_lora_rank, H = (size_t)c->n_heads;
+        const size_t nope = (size_t)(c->head_dim - c->qk_rope_dim), Dv = (size_t)c->v_head_dim;
+        const size_t per = nope + Dv;
+        if (src_read(src, s, in, e) < 0)
+            goto done;
+        for (size_t h = 0; h < H; h++) {
+            const float *rows = in + h * per * R;
+            if (t->xform == XF_K_B) {       /* (d, r, h) = kv_b[h per + d][r] */
+                for (size_t r = 0; r < R; r++)
+                    for (size_t d = 0; d < nope; d++)
+                        buf[(h * R + r) * nope + d] = rows[d * R + r];
+            } else {                        /* (r, j, h) = kv_b[h per + nope + j][r] */
+                memcpy(buf + h * Dv * R, rows + nope * R, Dv * R * sizeof *buf);
+            }
+        }
+    }
+    rc = write_whole(o, t, buf, n, e);
+done:
+    free(buf);
+    free(in);
+    return rc;
+}
+
 static int write_tensor(gguf_outfile *o, const wsource *src, const out_tensor *t,
                         const float *rope_freqs, kv_err *e)
 {
     if (t->spec && (t->spec->kind == TENSOR_EXPERTS || t->spec->kind == TENSOR_EXPERT_BIAS))
         return write_experts(o, src, t, e);
+    if (t->stack_n > 0 || t->xform == XF_K_B || t->xform == XF_V_B)
+        return write_assembled(o, src, t, e);
     if (t->spec && !t->permute_heads && t->ndim == 2)
         return write_rows(o, src, t, e);
     size_t n = (size_t)(t->ne[0] * t->ne[1]);
@@ -693,10 +808,44 @@ static void put_gemma4_keys(kvs *k, const kv_config *c)
     kv_u32(k, ".embedding_length_per_layer_input", (uint32_t)c->per_layer_dim);
 }
 
+/* As the converter's DeepseekV2Model.set_gguf_parameters writes them;
+ * q_lora_rank always (0: one q_proj), since llama.cpp requires it of any
+ * model whose layer count is not DeepSeek-V2-Lite's; the gating function
+ * and the expert groups as llama.cpp's own keys name them. */
+static void put_deepseek_keys(kvs *k, const kv_config *c)
+{
+    kv_u32(k, ".leading_dense_block_count", (uint32_t)(c->n_experts > 0 ? c->first_dense
+                                                                         : c->n_layers));
+    kv_u32(k, ".attention.q_lora_rank", (uint32_t)c->q_lora_rank);
+    kv_u32(k, ".attention.kv_lora_rank", (uint32_t)c->kv_lora_rank);
+    kv_u32(k, ".attention.key_length_mla", (uint32_t)c->head_dim);
+    kv_u32(k, ".attention.value_length_mla", (uint32_t)c->v_head_dim);
+    if (c->n_experts == 0) {
+        kv_u32(k, ".expert_feed_forward_length", (uint32_t)c->intermediate);
+        kv_u32(k, ".expert_shared_count", 0);
+        return;
+    }
+    kv_u32(k, ".expert_shared_count", (uint32_t)c->n_shared_experts);
+    kv_f32(k, ".expert_weights_scale", (float)c->routed_scale);
+    if (c->norm_topk)
+        kv_bool(k, ".expert_weights_norm", true);
+    kv_u32(k, ".expert_gating_func", c->route == ROUTE_SIGMOID ? 2u : 1u);
+    if (c->n_group > 0) {
+        kv_u32(k, ".expert_group_count", (uint32_t)c->n_group);
+        kv_u32(k, ".expert_group_used_count", (uint32_t)c->topk_group);
+    }
+    /* [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: the converter stores 0.1 times it */
+    if (c->rope_scaling.type == ROPE_SCALE_YARN && c->rope_scaling.mscale_all_dim > 0)
+        kv_f32(k, ".rope.scaling.yarn_log_multiplier", (float)(0.1 * c->rope_scaling.mscale_all_dim));
+}
+
 static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const char *name,
                            float q_fold)
 {
     const int D = c->arch == ARCH_GEMMA4 ? c->head_dim_full : c->head_dim;
+    /* MLA as llama.cpp's deepseek2 runs it: one KV head of the latent and
+     * the key tail (keys R + dr, values R), the expanded heads under _mla. */
+    const bool mla = config_mla(c);
     kv_str(k, "general.architecture", k->arch);
     kv_str(k, "general.name", name);
     kv_u32(k, "general.file_type", ot == GGUF_OUT_F32 ? FTYPE_F32
@@ -708,11 +857,11 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
         kv_u32(k, ".feed_forward_length", (uint32_t)c->intermediate);
     kv_u32(k, ".attention.head_count", (uint32_t)c->n_heads);
     if (c->arch != ARCH_GEMMA4)
-        kv_u32(k, ".attention.head_count_kv", (uint32_t)c->n_kv_heads);
+        kv_u32(k, ".attention.head_count_kv", mla ? 1u : (uint32_t)c->n_kv_heads);
     /* Gemma 4: the full layers' head; the sliding ones' under "_swa". */
-    kv_u32(k, ".attention.key_length", (uint32_t)D);
-    kv_u32(k, ".attention.value_length", (uint32_t)D);
-    kv_u32(k, ".rope.dimension_count", (uint32_t)D);
+    kv_u32(k, ".attention.key_length", (uint32_t)(mla ? config_mla_row(c) : D));
+    kv_u32(k, ".attention.value_length", (uint32_t)(mla ? c->kv_lora_rank : D));
+    kv_u32(k, ".rope.dimension_count", (uint32_t)(mla ? c->qk_rope_dim : D));
     kv_f32(k, ".attention.layer_norm_rms_epsilon", (float)c->rms_eps);
     kv_f32(k, ".rope.freq_base", (float)c->rope_theta);
     kv_u32(k, ".vocab_size", (uint32_t)c->vocab);
@@ -734,8 +883,11 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
     if (c->n_experts > 0) {
         kv_u32(k, ".expert_count", (uint32_t)c->n_experts);
         kv_u32(k, ".expert_used_count", (uint32_t)c->n_experts_used);
-        kv_u32(k, ".expert_feed_forward_length", (uint32_t)c->intermediate);
+        kv_u32(k, ".expert_feed_forward_length",
+               (uint32_t)(c->moe_intermediate > 0 ? c->moe_intermediate : c->intermediate));
     }
+    if (mla)
+        put_deepseek_keys(k, c);
     if (c->arch == ARCH_GPT_OSS) {
         uint8_t pattern[KV_MAX_LAYERS];
         for (int i = 0; i < c->n_layers; i++)
@@ -1052,9 +1204,15 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         t->mul = 1.0f;
     }
     for (int i = 0; i < n_specs; i++) {
-        if (specs[i].kind == TENSOR_EXPERTS || specs[i].kind == TENSOR_EXPERT_BIAS)
-            n += plan_experts(&specs[i], ot, &ts[n]);
-        else if (plan_tensor(c, &specs[i], i, ot, &ts[n++], e) < 0)
+        const tensor_spec *s = &specs[i];
+        if (s->kind == TENSOR_EXPERTS || s->kind == TENSOR_EXPERT_BIAS)
+            n += plan_experts(s, ot, &ts[n]);
+        else if (s->kind == TENSOR_EXPERT_PART)
+            n += strstr(s->name, ".experts.0.gate_proj.") ? plan_deepseek_experts(c, s, ot, &ts[n])
+                                                         : 0;
+        else if (s->layer >= 0 && !strcmp(layer_suffix(s->name), "self_attn.kv_b_proj.weight"))
+            n += plan_kv_b(c, s, ot, &ts[n]);
+        else if (plan_tensor(c, s, i, ot, &ts[n++], e) < 0)
             goto done;
     }
     float q_fold = c->arch == ARCH_GEMMA3 ? (float)(c->attn_scale / llama_gemma3_scale(c)) : 1.0f;

@@ -646,6 +646,64 @@ START_TEST(test_gpt_oss_export_agrees)
 }
 END_TEST
 
+/* tiny-deepseek-v2 and -v3 exported (kv_b_proj split into attn_k_b and
+ * attn_v_b, experts stacked) and run by llama.cpp's deepseek2 graph in
+ * its MLA form (the latent cache, absorbed attention): the attention
+ * output (after v_b), the residuals, the MLP (routed experts plus the
+ * shared one) and the logits agree with kvdiff's expanded reference to f32
+ * rounding; YaRN's q.k factor m(mscale_all_dim)^2 comes from
+ * yarn_log_multiplier, V3's sigmoid routing in groups from the gating and
+ * group keys. */
+#define DS_PREFIXES "kqv_out,ffn_inp,ffn_out,l_out"
+
+START_TEST(test_deepseek_export_agrees)
+{
+    static const char *const presets[] = {"tiny-deepseek-v2", "tiny-deepseek-v3"};
+    const char *preset = presets[_i];
+    char dir[256], path[512], csv[4096], name[64], worst[64] = "";
+    int32_t ids[PROMPT_LEN];
+    kv_err e = {{0}};
+    test_tmpdir(dir, sizeof dir);
+    snprintf(path, sizeof path, "%s/m.gguf", dir);
+    ck_assert_msg(gguf_export_preset(preset, 0, GGUF_OUT_F32, path, &e) == 0, "%s", e.msg);
+    kv_model m;
+    model_opts mo = {.wtype = -1};
+    ck_assert_msg(model_from_preset(preset, 0, &mo, &m, &e) == 0, "%s", e.msg);
+    prompt_ids(m.cfg.vocab, ids, csv, sizeof csv);
+    llama_run lr;
+    int rc = run_llama(path, dir, DS_PREFIXES, csv, &lr);
+    ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
+    capture *cap = run_reference(&m, ids);
+    static const struct { const char *nm; kv_stage st; } stages[] = {
+        {"kqv_out", STAGE_ATTN_OUT}, {"ffn_inp", STAGE_H_MID},
+        {"ffn_out", STAGE_FFN_OUT}, {"l_out", STAGE_X_OUT},
+    };
+    double most = 0;
+    for (int l = 0; l < m.cfg.n_layers; l++)
+        for (size_t i = 0; i < sizeof stages / sizeof *stages; i++) {
+            snprintf(name, sizeof name, "%s-%d", stages[i].nm, l);
+            double err = compare_stage(&m, cap, &lr, name, stages[i].st, l, 1.0f, 0);
+            if (err > most) {
+                most = err;
+                snprintf(worst, sizeof worst, "%s", name);
+            }
+        }
+    double err = compare_stage(&m, cap, &lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
+    if (err > most) {
+        most = err;
+        snprintf(worst, sizeof worst, "logits");
+    }
+    if (getenv("KVDIFF_TEST_VERBOSE"))
+        fprintf(stderr, "gguf %s: worst %.2e (%s)\n", preset, most, worst);
+    ck_assert_msg(most <= TOL_F32, "%s: llama.cpp's %s differs from kvdiff's by %.3g relative",
+                  preset, worst, most);
+    capture_free(cap);
+    llama_run_free(&lr);
+    model_free(&m);
+    test_rmtree(dir);
+}
+END_TEST
+
 /* `kvdiff gen SOURCE --gguf` into an empty folder is refused: exit 2, one
  * line naming want1 (and want2 unless NULL), and nothing written. */
 static void assert_gguf_refused(const char *source, const char *want1, const char *want2)
@@ -943,6 +1001,7 @@ Suite *gguf_suite(void)
     tcase_add_loop_test(tc, test_folder_and_gguf_are_one_model, 0, 2);
     tcase_add_test(tc, test_gemma4_export_agrees);
     tcase_add_test(tc, test_gpt_oss_export_agrees);
+    tcase_add_loop_test(tc, test_deepseek_export_agrees, 0, 2);
     suite_add_tcase(s, tc);
     TCase *ck = tcase_create("checkpoints");
     tcase_set_timeout(ck, 300);

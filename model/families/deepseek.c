@@ -252,7 +252,7 @@ static void yarn(kv_config *c, double factor, int original_max, double mscale)
     s->mscale = s->mscale_all_dim = mscale;
     s->attn_factor = 1.0;
     const double m = 0.1 * mscale * log(factor) + 1.0;
-    c->attn_scale = 1.0 / sqrt((double)c->head_dim) * m * m;
+    c->attn_scale = 1.0 / sqrt((double)c->head_dim) * (m * m);   /* as config.c derives it */
 }
 
 typedef struct {

@@ -32,7 +32,7 @@ from kvdiff_record import (LAYER_STAGES, Recorder, RecorderError,  # noqa: E402
 
 # The stages of a model without Gemma 4's per-layer inputs, sinks or experts.
 PLAIN_STAGES = tuple(st for st in LAYER_STAGES
-                     if st not in ("ple_in", "ple_out", "attn_sink", "router_logits"))
+                     if st not in ("ple_in", "ple_out", "attn_sink", "router_logits", "kv_latent"))
 
 KVDIFF = os.environ.get("KVDIFF_BIN", os.path.join(ROOT, "build", "kvdiff"))
 

@@ -871,7 +871,10 @@ def deepseek_route(cfg, logits, bias):
         keep = np.argsort(-gs, kind="stable")[:TG]
         mask = np.zeros(G, dtype=bool)
         mask[keep] = True
-        sel = np.where(np.repeat(mask, X // G), sel, 0.0)
+        # -inf as DeepSeek's inference code (and llama.cpp) mask dropped
+        # groups; transformers fills 0.0, which differs only when a kept
+        # group's corrected scores are negative (no row of this case)
+        sel = np.where(np.repeat(mask, X // G), sel, -np.inf)
     top = np.argsort(-sel, kind="stable")[:K]
     wts = scores[top]
     if cfg["scoring_func"] == "sigmoid":
