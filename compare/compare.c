@@ -21,6 +21,7 @@
 
 #include "cmp_internal.h"
 #include "../model/kernels.h"
+#include "../model/forward.h"
 #include "../model/pool.h"
 
 void cmp_opts_default(cmp_opts *o)
@@ -1684,9 +1685,13 @@ typedef struct {
     int layer, dropped, added, k;
     double gap, err, level;
     bool tie;
+    int group_mul;               /* > 0: the choice differed by expert group (DeepSeek);
+                                    the gap is the groups' and a group score sums this many
+                                    rows' errors */
 } routing_flip;
 
 #define ROUTING_MIN_ROWS 4       /* earlier positions that set the pair's error level */
+#define ROUTING_EARLY_REL 2e-2   /* before them: the router row's relative error allowed */
 
 static bool chosen(const int *idx, int k, int x)
 {
@@ -1694,6 +1699,32 @@ static bool chosen(const int *idx, int k, int x)
         if (idx[i] == x)
             return true;
     return false;
+}
+
+/* Grouped routing: when the groups ra keeps and those rb keeps differ,
+ * *gap = the smallest of ra's group scores of a group only ra keeps minus
+ * one only rb keeps, and true; false when both keep the same groups. */
+static bool group_gap(const kv_config *c, const float *ra, const float *rb, double *gap)
+{
+    const int G = c->n_group, T = c->topk_group;
+    float ga[G], gb[G];
+    int ka[G], kb[G];
+    fw_route_groups(c, ra, ga);
+    fw_route_groups(c, rb, gb);
+    kern_top_k(ga, G, T, ka);
+    kern_top_k(gb, G, T, kb);
+    double best = INFINITY;
+    for (int i = 0; i < T; i++) {
+        if (chosen(kb, T, ka[i]))
+            continue;
+        for (int j = 0; j < T; j++)
+            if (!chosen(ka, T, kb[j]))
+                best = fmin(best, (double)ga[ka[i]] - ga[kb[j]]);
+    }
+    if (!isfinite(best))
+        return false;
+    *gap = best;
+    return true;
 }
 
 /* The first routing difference of layer l, or none, into *f when earlier
@@ -1730,8 +1761,8 @@ static int layer_routing(const cmp_source *ref, const cmp_source *test, int l, i
             scale = fmax(scale, fabs((double)ra[x]));
         }
         const double rel = scale > 0 ? d / scale : 0;
-        kern_top_k(ra, X, K, ia);
-        kern_top_k(rb, X, K, ib);
+        fw_route_choose(&ref->cfg, ra, ia);   /* as the engines choose */
+        fw_route_choose(&ref->cfg, rb, ib);
         /* The test's k-th logit tied exactly with an unchosen one (f16
          * logits often are): its runtime may have taken either, and its
          * recorded logits cannot say which. Taken as the one that differs
@@ -1743,7 +1774,7 @@ static int layer_routing(const cmp_source *ref, const cmp_source *test, int l, i
                 break;
             }
         int dropped = -1, added = -1;
-        double gap = INFINITY;
+        double gap = INFINITY, allow = 2 * d;
         for (int i = 0; i < K; i++) {
             if (chosen(ib, K, ia[i]))
                 continue;
@@ -1754,13 +1785,30 @@ static int layer_routing(const cmp_source *ref, const cmp_source *test, int l, i
                     added = ib[j];
                 }
         }
+        /* Grouped routing (DeepSeek) decides by group first: when the two
+         * sides kept other groups, the gap is the groups' (in the
+         * reference's scores), and a group score sums up to two rows'
+         * errors. */
+        int group_mul = 0;
+        if (dropped >= 0 && ref->cfg.n_group > 0 && rc == 0 &&
+            group_gap(&ref->cfg, ra, rb, &gap)) {
+            group_mul = ref->cfg.route == ROUTE_SIGMOID ? 2 : 1;
+            allow = 2 * group_mul * d;
+        }
         if (dropped >= 0) {
             const int64_t p = lo + r;
             if (f->pos < 0 || p < f->pos || (p == f->pos && l < f->layer)) {
                 *f = (routing_flip){.pos = p, .layer = l, .dropped = dropped, .added = added,
-                                    .k = K, .gap = gap, .err = d, .level = level};
-                f->tie = r >= ROUTING_MIN_ROWS && gap <= 2 * d && level > 0 &&
-                         rel <= 8 * level;
+                                    .k = K, .gap = gap, .err = d, .level = level,
+                                    .group_mul = group_mul};
+                /* The pair's error level comes from the layer's earlier rows;
+                 * in the first few (no level yet) a row within
+                 * ROUTING_EARLY_REL of the reference's may tie. The walk
+                 * through the flip's position still judges every stage up
+                 * to and including the router's row. */
+                f->tie = gap <= allow &&
+                         (r >= ROUTING_MIN_ROWS ? level > 0 && rel <= 8 * level
+                                                : rel <= ROUTING_EARLY_REL);
             }
             break;
         }
@@ -1856,7 +1904,17 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
             w.pos_limit = c.pos_limit = r->compared.pos_cut = cut;
             w.routing_cut = true;
         }
-        if (pass == 1)
+        if (pass == 1 && fl->group_mul > 0)
+            cmp_note(r, "positions %lld.. not compared: at position %lld, layer %d the test "
+                     "routed to expert %d where the reference chose expert %d, having kept "
+                     "other expert groups: their group scores %.3g apart in the reference, "
+                     "less than %d times the %.3g this pair's router scores differ by there "
+                     "(up to %.3g at the layer's earlier positions): a rounding flip at a near "
+                     "tie, after which every row is computed on other experts' outputs (kvdiff "
+                     "has no run that follows the test's routing yet)",
+                     (long long)fl->pos, (long long)fl->pos, fl->layer, fl->added, fl->dropped,
+                     fl->gap, 2 * fl->group_mul, fl->err, fl->level);
+        else if (pass == 1)
             cmp_note(r, "positions %lld.. not compared: at position %lld, layer %d the test "
                      "routed to expert %d where the reference chose expert %d, their logits %.3g "
                      "apart in the reference, less than twice the %.3g this pair's router logits "

@@ -931,6 +931,14 @@ static char *config_json(const kv_config *c)
             json_object_set_new(o, "first_k_dense_replace", json_integer(c->first_dense));
             json_object_set_new(o, "moe_layer_freq", json_integer(c->moe_every));
         }
+        /* How router_logits choose (the comparer's routing flips): sigmoid
+         * scores with a correction bias, within the best groups. */
+        if (c->route == ROUTE_SIGMOID)
+            json_object_set_new(o, "scoring_func", json_string("sigmoid"));
+        if (c->n_group > 0) {
+            json_object_set_new(o, "n_group", json_integer(c->n_group));
+            json_object_set_new(o, "topk_group", json_integer(c->topk_group));
+        }
     }
     if (config_mla(c)) {
         /* MLA: the cache row's widths and the values' (docs/dump-format.md). */

@@ -328,15 +328,15 @@ static void oai_swiglu(const float *gu, int I, double limit, float *out)
 }
 
 /* Group-limited choice (DeepSeek): the experts in n_group groups of
- * X / n_group; a group's score is its best score (softmax routing) or the
- * sum of its best two (sigmoid routing); only the topk_group best groups'
- * experts stay in sel, the others' set to -inf, as DeepSeek's own
- * inference code and llama.cpp mask them. (transformers masks them to 0:
- * the same unless a kept group's corrected scores, sigmoid + bias, fall
- * below 0, when it can pick a dropped group's expert; llama.cpp's export
- * of tiny-deepseek-v3 differs from a 0 mask at layer 2.) gs and gi:
- * scratch of n_group floats and ints. */
-static void keep_best_groups(const kv_config *c, float *sel, float *gs, int *gi)
+ * X / n_group; a group's score is its best selection score (softmax
+ * routing) or the sum of its best two (sigmoid routing); only the
+ * topk_group best groups' experts stay, the others' set to -inf, as
+ * DeepSeek's own inference code and llama.cpp mask them. (transformers
+ * masks them to 0: the same unless a kept group's corrected scores,
+ * sigmoid + bias, fall below 0, when it can pick a dropped group's expert;
+ * llama.cpp's export of tiny-deepseek-v3 differs from a 0 mask at layer
+ * 2.) */
+void fw_route_groups(const kv_config *c, const float *sel, float *gs)
 {
     const int G = c->n_group, per = c->n_experts / G;
     for (int g = 0; g < G; g++) {
@@ -351,34 +351,61 @@ static void keep_best_groups(const kv_config *c, float *sel, float *gs, int *gi)
             gs[g] = v[top];
         }
     }
+}
+
+void fw_route_choose(const kv_config *c, const float *sel, int *idx)
+{
+    const int X = c->n_experts, K = c->n_experts_used;
+    if (c->n_group <= 0) {
+        kern_top_k(sel, X, K, idx);
+        return;
+    }
+    const int G = c->n_group, per = X / G;
+    float masked[X], gs[G];
+    int gi[G];
+    fw_route_groups(c, sel, gs);
     kern_top_k(gs, G, c->topk_group, gi);
     for (int g = 0; g < G; g++) {
         bool kept = false;
         for (int t = 0; t < c->topk_group; t++)
             kept |= gi[t] == g;
-        if (!kept)
-            for (int j = 0; j < per; j++)
-                sel[(size_t)g * per + j] = -INFINITY;
+        for (int j = 0; j < per; j++)
+            masked[g * per + j] = kept ? sel[g * per + j] : -INFINITY;
     }
+    kern_top_k(masked, X, K, idx);
 }
 
-/* Row i's experts (s->moe_x) and weights (s->moe_w) from its router logits:
- *   gpt-oss   the top k logits, softmaxed among themselves;
- *   softmax   (DeepSeek-V2) scores softmax(logits) over all experts, the top
- *             k scores (within the best groups), their scores normalised
+/* Row i's selection row (s->moe_sel) from its router logits: the logits
+ * themselves (gpt-oss; DeepSeek-V2, whose softmax keeps their order), or
+ * sigmoid(logit) + e_score_correction_bias (DeepSeek-V3). What the
+ * router_logits stage records: what the experts are chosen by. */
+static void route_select_row(const kv_config *c, const model_layer *ly, fw_state *s, int i)
+{
+    const int X = c->n_experts;
+    const float *lg = s->moe_logits + (size_t)i * X;
+    float *sel = s->moe_sel + (size_t)i * X;
+    for (int x = 0; x < X; x++)
+        sel[x] = c->route != ROUTE_SIGMOID ? lg[x]
+                 : (float)(1.0 / (1.0 + exp(-(double)lg[x]))) +
+                   (ly->router_sel_bias ? ly->router_sel_bias[x] : 0.0f);
+}
+
+/* Row i's experts (s->moe_x, by fw_route_choose on its selection row) and
+ * weights (s->moe_w):
+ *   gpt-oss   the chosen logits softmaxed among themselves;
+ *   softmax   (DeepSeek-V2) their softmax over all experts, normalised
  *             (norm_topk) or times routed_scale;
- *   sigmoid   (DeepSeek-V3) scores sigmoid(logits), chosen by score +
- *             correction bias within the best groups, weights their scores
- *             (normalised when norm_topk), times routed_scale.
- * Scores in double, rounded to float as the frameworks keep them. */
-static void route_row(const kv_config *c, const model_layer *ly, fw_state *s, int i)
+ *   sigmoid   (DeepSeek-V3) their sigmoid scores (without the bias),
+ *             normalised when norm_topk, times routed_scale.
+ * In double, rounded to float as the frameworks keep them. */
+static void route_row(const kv_config *c, fw_state *s, int i)
 {
     const int X = c->n_experts, K = c->n_experts_used;
     const float *lg = s->moe_logits + (size_t)i * X;
     int *ix = s->moe_x + (size_t)i * K;
     float *w = s->moe_w + (size_t)i * K;
+    fw_route_choose(c, s->moe_sel + (size_t)i * X, ix);
     if (c->route == ROUTE_TOPK_SOFTMAX) {
-        kern_top_k(lg, X, K, ix);
         double sum = 0, mx = lg[ix[0]];
         for (int r = 0; r < K; r++)
             sum += exp((double)lg[ix[r]] - mx);
@@ -386,33 +413,25 @@ static void route_row(const kv_config *c, const model_layer *ly, fw_state *s, in
             w[r] = (float)(exp((double)lg[ix[r]] - mx) / sum);
         return;
     }
-    float *score = s->moe_sel + (size_t)i * X;   /* the scores, then what chooses */
-    float sel[X], gs[c->n_group > 0 ? c->n_group : 1];
-    int gi[c->n_group > 0 ? c->n_group : 1];
+    float score[K];
     if (c->route == ROUTE_SOFTMAX) {
-        double mx = lg[0], sum = 0;
+        double mx = lg[0], all = 0;
         for (int x = 1; x < X; x++)
             mx = lg[x] > mx ? lg[x] : mx;
         for (int x = 0; x < X; x++)
-            sum += exp((double)lg[x] - mx);
-        for (int x = 0; x < X; x++)
-            score[x] = (float)(exp((double)lg[x] - mx) / sum);
+            all += exp((double)lg[x] - mx);
+        for (int r = 0; r < K; r++)
+            score[r] = (float)(exp((double)lg[ix[r]] - mx) / all);
     } else {
-        for (int x = 0; x < X; x++)
-            score[x] = (float)(1.0 / (1.0 + exp(-(double)lg[x])));
+        for (int r = 0; r < K; r++)
+            score[r] = (float)(1.0 / (1.0 + exp(-(double)lg[ix[r]])));
     }
-    for (int x = 0; x < X; x++)
-        sel[x] = c->route == ROUTE_SIGMOID && ly->router_sel_bias
-                     ? score[x] + ly->router_sel_bias[x] : score[x];
-    if (c->n_group > 0)
-        keep_best_groups(c, sel, gs, gi);
-    kern_top_k(sel, X, K, ix);
     double sum = 0;
     for (int r = 0; r < K; r++)
-        sum += score[ix[r]];
+        sum += score[r];
     const bool norm = c->norm_topk && (c->route == ROUTE_SIGMOID || K > 1);
     for (int r = 0; r < K; r++) {
-        double v = score[ix[r]];
+        double v = score[r];
         if (norm)
             v /= sum + 1e-20;
         if (c->route == ROUTE_SIGMOID || !norm)
@@ -437,9 +456,11 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
     const int I = config_layer_intermediate(c, layer);
     const bool oai = c->route == ROUTE_TOPK_SOFTMAX;
     kern_matmul(kc, &ly->router, s->xn, n, s->moe_logits);
-    EMIT(STAGE_ROUTER_LOGITS, layer, X, s->moe_logits);
     for (int i = 0; i < n; i++)
-        route_row(c, ly, s, i);
+        route_select_row(c, ly, s, i);
+    EMIT(STAGE_ROUTER_LOGITS, layer, X, s->moe_sel);
+    for (int i = 0; i < n; i++)
+        route_row(c, s, i);
     for (int x = 0; x < X; x++) {
         int rows = 0;
         for (int slot = 0; slot < n * K; slot++)

@@ -55,7 +55,7 @@ typedef struct {
     float *moe_w;    /* (cap * k) their routing weights */
     int *moe_x;      /* (cap * k) their expert ids */
     int *moe_rows;   /* (cap) rows gathered for one expert: row * k + rank */
-    float *moe_sel;  /* (cap, X) DeepSeek: the scores experts are chosen by */
+    float *moe_sel;  /* (cap, X) the rows experts are chosen by (router_logits) */
     /* MLA (NULL elsewhere; mla.h) */
     float *lat;      /* (cap, R + dr) the cache rows */
     float **mla_rows;/* (cap) pointers to them */
@@ -91,6 +91,15 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
  * attention, so a sink is applied identically whatever the cache. */
 int fw_attn_emit(const kv_model *m, int layer, fw_state *s, int n, int64_t pos0,
                  const int *nkeys, kv_observer *obs);
+
+/* The k experts a mixture chooses from one selection row (the
+ * router_logits stage: logits, or DeepSeek-V3's sigmoid + correction
+ * bias), within the best groups when the config has them; idx by rank.
+ * The comparer reads recordings the same way. */
+void fw_route_choose(const kv_config *c, const float *sel, int *idx);
+/* The n_group group scores fw_route_choose keeps the best topk_group of:
+ * a group's best selection score, or its best two's sum (sigmoid). */
+void fw_route_groups(const kv_config *c, const float *sel, float *gs);
 
 /* From s->att and s->x: output projection, residual, FFN, residual -> s->x. */
 int fw_layer_finish(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,

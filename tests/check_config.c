@@ -599,8 +599,8 @@ START_TEST(deepseek_v3_config)
 {
     static const char v3[] = "{\"model_type\": \"deepseek_v3\", \"hidden_size\": 64,"
         " \"intermediate_size\": 96, \"num_hidden_layers\": 4, \"num_attention_heads\": 4,"
-        " \"vocab_size\": 256, \"kv_lora_rank\": 32, \"q_lora_rank\": 24,"
-        " \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 8, \"v_head_dim\": 16,"
+        " \"vocab_size\": 256, \"kv_lora_rank\": 64, \"q_lora_rank\": 24,"
+        " \"qk_nope_head_dim\": 16, \"qk_rope_head_dim\": 32, \"v_head_dim\": 16,"
         " \"n_routed_experts\": 8, \"num_experts_per_tok\": 3, \"moe_intermediate_size\": 32,"
         " \"n_shared_experts\": 1, \"first_k_dense_replace\": 1, \"n_group\": 4,"
         " \"topk_group\": 2, \"norm_topk_prob\": true, \"routed_scaling_factor\": 2.5,"

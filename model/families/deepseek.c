@@ -292,14 +292,16 @@ static void base(kv_config *c, kv_arch arch, const ds_sizes *z)
     c->routed_scale = 1.0;
 }
 
-/* Four layers (the first dense), 4 heads of 16 + 8 (key tails) over a
- * latent of 32, values 16 wide (narrower than the keys' 24, as in the
+/* Four layers (the first dense), 4 heads of 16 + 32 (key tails) over a
+ * latent of 64, values 16 wide (narrower than the keys' 48, as in the
  * real ones), 8 experts of 32 with 3 chosen and one shared; YaRN factor 8
- * from 64 positions with mscale 0.707 (q.k times 1.32). */
+ * from 64 positions with mscale 0.707 (q.k times 1.32). The latent and
+ * the cache row (96) are multiples of 32, as llama.cpp's q8_0 cache
+ * blocks need (the real 512 and 576 are). */
 static void tiny_v2(kv_config *c)
 {
-    const ds_sizes z = {.hidden = 64, .layers = 4, .heads = 4, .kv_rank = 32, .q_rank = 0,
-                        .nope = 16, .rope = 8, .v = 16, .inter = 96, .vocab = 256,
+    const ds_sizes z = {.hidden = 64, .layers = 4, .heads = 4, .kv_rank = 64, .q_rank = 0,
+                        .nope = 16, .rope = 32, .v = 16, .inter = 96, .vocab = 256,
                         .experts = 8, .top_k = 3, .moe_inter = 32, .shared = 1,
                         .first_dense = 1};
     base(c, ARCH_DEEPSEEK2, &z);
@@ -314,8 +316,8 @@ static void tiny_v2(kv_config *c)
  * bias over 4 groups of which 2 are kept, normalised weights times 2.5. */
 static void tiny_v3(kv_config *c)
 {
-    const ds_sizes z = {.hidden = 64, .layers = 4, .heads = 4, .kv_rank = 32, .q_rank = 24,
-                        .nope = 16, .rope = 8, .v = 16, .inter = 96, .vocab = 256,
+    const ds_sizes z = {.hidden = 64, .layers = 4, .heads = 4, .kv_rank = 64, .q_rank = 24,
+                        .nope = 16, .rope = 32, .v = 16, .inter = 96, .vocab = 256,
                         .experts = 8, .top_k = 3, .moe_inter = 32, .shared = 1,
                         .first_dense = 1};
     base(c, ARCH_DEEPSEEK3, &z);

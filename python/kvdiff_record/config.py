@@ -246,6 +246,10 @@ def _deepseek(cfg, rules):
         if mla["first_dense"] > 0 or mla["moe_every"] > 1:
             out["first_k_dense_replace"] = mla["first_dense"]
             out["moe_layer_freq"] = mla["moe_every"]
+        if mla["sigmoid"]:
+            out["scoring_func"] = "sigmoid"
+        if mla["n_group"]:
+            out["n_group"], out["topk_group"] = mla["n_group"], mla["topk_group"]
     out["kv_lora_rank"] = mla["kv_lora_rank"]
     out["qk_rope_head_dim"] = mla["qk_rope_head_dim"]
     out["v_head_dim"] = mla["v_head_dim"]

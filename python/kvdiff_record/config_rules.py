@@ -853,6 +853,7 @@ def _deepseek(cx, obj, c):
                                f"{'noaux_tc' if v3 else 'greedy and group_limited_greedy'})")
     if scoring != ("sigmoid" if v3 else "softmax"):
         cx.fail("scoring_func", f"'{scoring[:40]}' does not go with topk_method {method}")
+    mla["sigmoid"], mla["n_group"], mla["topk_group"] = v3, 0, 0
     if method != "greedy":
         g = cx.get_int(obj, "n_group", False, 1, 1, mla["experts"])
         tg = cx.get_int(obj, "topk_group", False, 1, 1, g)
@@ -862,6 +863,7 @@ def _deepseek(cx, obj, c):
         if mla["top_k"] > tg * (mla["experts"] // g):
             cx.fail("topk_group", f"is {tg}: its groups hold fewer than num_experts_per_tok "
                                   f"{mla['top_k']} experts")
+        mla["n_group"], mla["topk_group"] = g, tg
 
 
 # ---------------------------------------------------------------- token ids

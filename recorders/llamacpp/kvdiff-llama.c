@@ -723,6 +723,83 @@ static int gpt_oss_from_gguf(const meta *m, const char *path, kv_config *c, kv_e
     return 0;
 }
 
+/* DeepSeek-V2/V3 (llama_model_deepseek2::load_arch_hparams) in its MLA
+ * form: the expanded heads (key_length_mla, value_length_mla; the GGUF's
+ * key_length is the latent cache's row), the latent and the key tail,
+ * leading dense layers, experts with shared ones, the gating, groups and
+ * weights; q.k times m(mscale_all_dim)^2 / sqrt(head) from
+ * yarn_log_multiplier (stored as 0.1 mscale_all_dim), cos and sin
+ * unscaled (llama_context takes mscale = mscale_all_dim). V3 is told by
+ * its sigmoid gating. llama_scale: the q.k multiplier llama.cpp applies. */
+static int deepseek_from_gguf(const meta *m, const char *path, kv_config *c,
+                              double *llama_scale, kv_err *e)
+{
+    int gating = 1, dense = 0;
+    if (meta_int(m, path, "attention.kv_lora_rank", 1, KV_MAX_HEAD_DIM, true, 0,
+                 "the latent's width", &c->kv_lora_rank, e) < 0 ||
+        meta_int(m, path, "attention.q_lora_rank", 0, KV_MAX_HEAD_DIM, false, 0,
+                 "the q LoRA's rank", &c->q_lora_rank, e) < 0 ||
+        meta_int(m, path, "attention.key_length_mla", 4, KV_MAX_HEAD_DIM, true, 0,
+                 "the expanded head size", &c->head_dim, e) < 0 ||
+        meta_int(m, path, "attention.value_length_mla", 1, c->head_dim, true, 0,
+                 "the expanded value size", &c->v_head_dim, e) < 0 ||
+        meta_int(m, path, "rope.dimension_count", 2, c->head_dim - 1, true, 0,
+                 "the rotated tail", &c->qk_rope_dim, e) < 0 ||
+        meta_int(m, path, "leading_dense_block_count", 0, c->n_layers, false, 0,
+                 "the leading dense layers", &dense, e) < 0 ||
+        meta_int(m, path, "expert_gating_func", 0, 2, false, 1, "the gating function",
+                 &gating, e) < 0)
+        return -1;
+    if (c->qk_rope_dim % 2)
+        return kv_errf(e, "%s: the rotated tail of %d is odd", path, c->qk_rope_dim);
+    c->arch = gating == 2 ? ARCH_DEEPSEEK3 : ARCH_DEEPSEEK2;
+    snprintf(c->model_type, sizeof c->model_type, gating == 2 ? "deepseek_v3" : "deepseek_v2");
+    config_family_flags(c);
+    c->n_kv_heads = c->n_heads;
+    c->route = gating == 2 ? ROUTE_SIGMOID : ROUTE_SOFTMAX;
+    c->routed_scale = 1.0;
+    if (dense < c->n_layers && meta_get(m, "expert_count").found) {
+        bool f_norm = false;
+        if (meta_int(m, path, "expert_count", 1, 1 << 12, true, 0, "the number of experts",
+                     &c->n_experts, e) < 0 ||
+            meta_int(m, path, "expert_used_count", 1, c->n_experts, true, 0,
+                     "the experts used per token", &c->n_experts_used, e) < 0 ||
+            meta_int(m, path, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, true, 0,
+                     "the experts' width", &c->moe_intermediate, e) < 0 ||
+            meta_int(m, path, "expert_shared_count", 0, 64, false, 0, "the shared experts",
+                     &c->n_shared_experts, e) < 0 ||
+            meta_int(m, path, "expert_group_count", 0, c->n_experts, false, 0,
+                     "the expert groups", &c->n_group, e) < 0 ||
+            meta_int(m, path, "expert_group_used_count", 0, c->n_experts, false, 0,
+                     "the expert groups used", &c->topk_group, e) < 0)
+            return -1;
+        const int64_t kn = meta_key(m, "expert_weights_norm");
+        f_norm = kn >= 0 && gguf_get_kv_type(m->g, kn) == GGUF_TYPE_BOOL &&
+                 gguf_get_val_bool(m->g, kn);
+        c->norm_topk = f_norm;
+        c->routed_scale = meta_num(m, "expert_weights_scale", 1.0, NULL);
+        c->first_dense = dense;
+        c->moe_every = 1;
+        if (c->n_group <= 1)
+            c->n_group = c->topk_group = 0;
+    }
+    /* YaRN: read by the common code; DeepSeek's factors set here. */
+    bool f_mul;
+    const double log_mul = meta_num(m, "rope.scaling.yarn_log_multiplier", 0, &f_mul) / 0.1;
+    double mul = 1.0;
+    if (c->rope_scaling.type == ROPE_SCALE_YARN) {
+        c->rope_scaling.attn_factor = 1.0;
+        c->rope_scaling.mscale = c->rope_scaling.mscale_all_dim = f_mul ? log_mul : 0.0;
+        if (f_mul && log_mul > 0 && c->rope_scaling.factor > 1) {
+            const double ms = 0.1 * log_mul * log(c->rope_scaling.factor) + 1.0;
+            mul = ms * ms;
+        }
+    }
+    *llama_scale = 1.0 / sqrt((double)c->head_dim) * mul;
+    c->attn_scale = *llama_scale;
+    return 0;
+}
+
 /* What llama.cpp runs, as a kv_config. llama_scale: the q.k multiplier
  * llama.cpp applies (Gemma 3: 1/sqrt(head_dim), or 1/sqrt(E/H) for the
  * 62-layer model, whatever query_pre_attn_scalar was). */
@@ -761,9 +838,13 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         c->arch = ARCH_GPT_OSS;
         snprintf(c->model_type, sizeof c->model_type, "gpt_oss");
         config_family_flags(c);   /* sinks, q/k/v/o biases */
+    } else if (!strcmp(m.arch, "deepseek2")) {
+        c->arch = ARCH_DEEPSEEK2;   /* or V3: deepseek_from_gguf tells */
+        snprintf(c->model_type, sizeof c->model_type, "deepseek_v2");
+        config_family_flags(c);
     } else {
         return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2, "
-                          "qwen3, gemma3, gemma4 and gpt-oss)", path, m.arch);
+                          "qwen3, gemma3, gemma4, gpt-oss and deepseek2)", path, m.arch);
     }
     /* Llama's attention_bias: llama.cpp loads the biases when present. */
     if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
@@ -875,6 +956,8 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     } else if (strcmp(rtype, "none") && strcmp(rtype, "linear")) {
         return kv_errf(e, "%s: RoPE scaling '%.32s' is not one kvdiff models", path, rtype);
     }
+    if (c->arch == ARCH_DEEPSEEK2)
+        return deepseek_from_gguf(&m, path, c, llama_scale, e);
     return 0;
 }
 
@@ -936,6 +1019,7 @@ typedef struct {
                                      * the block sizes of q/k and of v, 0 when none */
     int64_t next[STAGE_COUNT][KV_MAX_LAYERS + 1];   /* next position of each dataset */
     pending v[KV_MAX_LAYERS], proj[KV_MAX_LAYERS];
+    pending q[KV_MAX_LAYERS];       /* MLA: q before RoPE, until its rotated tails come */
     unsigned char *raw;
     size_t raw_cap;
     float *buf, *tmp;
@@ -946,7 +1030,8 @@ typedef struct {
     char err[512];
 } recorder;
 
-typedef enum { MAP_NONE, MAP_EMIT, MAP_PENDING_V, MAP_PENDING_PROJ, MAP_PLE } map_kind;
+typedef enum { MAP_NONE, MAP_EMIT, MAP_PENDING_V, MAP_PENDING_PROJ, MAP_PLE, MAP_PENDING_Q,
+               MAP_Q_TAILS } map_kind;
 
 typedef struct {
     map_kind kind;
@@ -1017,6 +1102,44 @@ static mapping map_gemma4(const recorder *r, const struct ggml_tensor *t, const 
     return m;
 }
 
+/* DeepSeek's MLA graph (llama_model_deepseek2::graph, absorbed form): q
+ * is "q" before RoPE (held) with its tails from the rotated "q_pe"; the
+ * latent cache's row is "Kcur" (the normed latent, then the rotated key
+ * tail); the expanded keys and values are never formed, so k and v are
+ * not recorded; "kqv_out" is the attention after v_b (H x v_head_dim);
+ * the router's logits "ffn_moe_logits"; "ffn_out" the MLP's sum with the
+ * shared experts. */
+static mapping map_deepseek(const recorder *r, const struct ggml_tensor *t, const char *base,
+                            int il)
+{
+    const kv_config *c = r->cfg;
+    mapping m = {MAP_EMIT, STAGE_X_IN, il};
+    if (!strcmp(base, "attn_norm"))
+        m.stage = STAGE_ATTN_NORM;
+    else if (!strcmp(base, "q") && (t->ne[0] == (int64_t)c->n_heads * c->head_dim ||
+                                    (t->ne[0] == c->head_dim && t->ne[1] == c->n_heads)))
+        m = (mapping){MAP_PENDING_Q, STAGE_Q, il};
+    else if (!strcmp(base, "q_pe") && t->op == GGML_OP_ROPE)
+        m = (mapping){MAP_Q_TAILS, STAGE_Q, il};
+    else if (!strcmp(base, "Kcur"))
+        m.stage = STAGE_KV_LATENT;
+    else if (!strcmp(base, "kqv_out"))
+        m.stage = STAGE_ATTN_OUT;
+    else if (!strcmp(base, "ffn_inp"))
+        m.stage = STAGE_H_MID;
+    else if (!strcmp(base, "ffn_norm"))
+        m.stage = STAGE_FFN_NORM;
+    else if (!strcmp(base, c->route == ROUTE_SIGMOID ? "ffn_moe_probs_biased" : "ffn_moe_logits"))
+        m.stage = STAGE_ROUTER_LOGITS;            /* what the experts are chosen by */
+    else if (!strcmp(base, "ffn_out"))
+        m.stage = STAGE_FFN_OUT;
+    else if (!strcmp(base, "l_out"))
+        m.stage = STAGE_X_OUT;
+    else
+        m.kind = MAP_NONE;
+    return m;
+}
+
 static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
 {
     mapping m = {MAP_NONE, STAGE_X_IN, -1};
@@ -1058,6 +1181,8 @@ static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
     }
     if (r->cfg->arch == ARCH_GEMMA4)
         return map_gemma4(r, t, base, il);
+    if (config_mla(r->cfg))
+        return map_deepseek(r, t, base, il);
     if (!strcmp(base, "attn_norm"))
         m.stage = STAGE_ATTN_NORM;
     else if (!strcmp(base, "Qcur") && t->op == GGML_OP_ROPE)
@@ -1221,6 +1346,23 @@ static bool keep_pending(recorder *r, pending *p, const float *rows, int nrows, 
     return true;
 }
 
+/* MLA: the held q rows (before RoPE) with each head's tail replaced by
+ * the rotated q_pe ([dr, H, rows], dr fastest), emitted as q. */
+static bool emit_q_tails(recorder *r, int il, const float *pe, int nrows)
+{
+    const kv_config *c = r->cfg;
+    const int H = c->n_heads, D = c->head_dim, dr = c->qk_rope_dim;
+    pending *p = &r->q[il];
+    if (p->nrows != nrows)
+        return rec_fail(r, "layer %d: q_pe has %d rows, the q before it %d", il, nrows,
+                        p->nrows);
+    for (int i = 0; i < nrows; i++)
+        for (int h = 0; h < H; h++)
+            memcpy(p->rows + ((size_t)i * H + h) * D + (D - dr),
+                   pe + ((size_t)i * H + h) * dr, (size_t)dr * sizeof(float));
+    return flush_pending(r, p, STAGE_Q, il);
+}
+
 /* Gemma 4's inp_per_layer, [P, L, T] (P fastest): layer l's P values of
  * token t at (l + L t) P; each layer's rows go to its ple_in. */
 static bool emit_ple(recorder *r, const struct ggml_tensor *t)
@@ -1286,7 +1428,8 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
         return true;
     if (m.kind == MAP_PLE)
         return emit_ple(r, t);
-    const int cols = stage_cols(r, m.stage, m.layer);
+    const int cols = m.kind == MAP_Q_TAILS ? r->cfg->n_heads * r->cfg->qk_rope_dim
+                                           : stage_cols(r, m.stage, m.layer);
     int64_t n = 0;
     if (!read_tensor(r, t, &n))
         return false;
@@ -1298,6 +1441,10 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
     switch (m.kind) {
     case MAP_PENDING_V:
         return keep_pending(r, &r->v[il], r->buf, nrows, cols);
+    case MAP_PENDING_Q:
+        return keep_pending(r, &r->q[il], r->buf, nrows, cols);
+    case MAP_Q_TAILS:
+        return emit_q_tails(r, il, r->buf, nrows);
     case MAP_PENDING_PROJ:
         return keep_pending(r, &r->proj[il], r->buf, nrows, cols);
     default:
@@ -1335,6 +1482,7 @@ static void recorder_free(recorder *r)
     for (int l = 0; l < KV_MAX_LAYERS; l++) {
         free(r->v[l].rows);
         free(r->proj[l].rows);
+        free(r->q[l].rows);
     }
     free(r->raw);
     free(r->buf);
