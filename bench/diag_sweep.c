@@ -176,10 +176,16 @@ static const struct {
     {"sink-dropped@1", CMP_DIAG_SINK, CACHE_KIND_COUNT},
     {"sink-prefill-only", CMP_DIAG_SINK, CACHE_KIND_COUNT},
     {"sink-windowed", CMP_DIAG_SINK, CACHE_KIND_COUNT},
+    /* latent caches (the MLA presets only) */
+    {"mla-rope-twice", CMP_DIAG_LATENT_CACHE, CACHE_KIND_COUNT},
+    {"mla-rope-uncached", CMP_DIAG_LATENT_CACHE, CACHE_KIND_COUNT},
+    {"mla-no-mscale", CMP_DIAG_LATENT_CACHE, CACHE_KIND_COUNT},
+    {"mla-mixed-forms", CMP_DIAG_LATENT_CACHE, CACHE_KIND_COUNT},
 };
 
 static const char *const presets[] = {"tiny-gemma3", "tiny-gemma3-kvshared", "tiny-llama",
-                                      "tiny-qwen3", "tiny-gpt-oss"};
+                                      "tiny-qwen3", "tiny-gpt-oss", "tiny-deepseek-v2",
+                                      "tiny-deepseek-v3"};
 static const int prompts[] = {10, 40};
 static const int chunks[] = {1, 3, 7, 64, 0};   /* 0: the whole prompt */
 
@@ -203,19 +209,22 @@ static void sweep_injections(void)
             for (int cache = 0; cache < CACHE_KIND_COUNT; cache++)
                 for (size_t ci = 0; ci < sizeof chunks / sizeof *chunks; ci++) {
                     const int C = chunks[ci] > 0 ? chunks[ci] : P;
-                    for (int attn = 0; attn < 2; attn++) {   /* legitimate runs */
+                    /* legitimate runs: exact, cascade, and (MLA) absorbed decode */
+                    for (int attn = 0; attn < 3; attn++) {
                         chk_opts o;
                         chk_opts_default(&o);
                         o.cache = (chk_cache_kind)cache;
                         o.chunk = C;
-                        o.attn = attn ? CHK_ATTN_CASCADE : CHK_ATTN_EXACT;
+                        o.attn = attn == 1 ? CHK_ATTN_CASCADE : CHK_ATTN_EXACT;
+                        o.mla_absorbed = attn == 2;
                         o.max_ctx = P + NNEW;
                         if (chk_opts_check(&o, &m.cfg, &e) != 0)
                             continue;
                         char settings[256];
                         snprintf(settings, sizeof settings, "{\"engine\":\"chunked\",\"chunk\":%d,"
                                  "\"cache\":\"%s\",\"attention\":\"%s\",\"max_ctx\":%d}", C,
-                                 chk_cache_name(o.cache), attn ? "cascade" : "exact", P + NNEW);
+                                 chk_cache_name(o.cache), attn == 1 ? "cascade" : "exact",
+                                 P + NNEW);
                         cmp_memrec *got = record(&m, P, &o, settings, true);
                         cmp_result r;
                         compare(ref, got, &r);
@@ -227,7 +236,8 @@ static void sweep_injections(void)
                             false_alarms++;
                             fprintf(stderr, "false alarm: %s P %d %s chunk %d %s: %s\n",
                                     presets[pi], P, chk_cache_name(o.cache), C,
-                                    attn ? "cascade" : "exact", r.diag.summary);
+                                    attn == 1 ? "cascade" : attn == 2 ? "absorbed" : "exact",
+                                    r.diag.summary);
                         }
                         cmp_result_free(&r);
                         cmp_memrec_free(got);

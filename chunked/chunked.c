@@ -572,8 +572,7 @@ static int layer_attention(chk_engine *c, int layer, int64_t s, int n, kv_err *e
         return -1;
     if (mla(c))
         return mla_attention(c, layer, s, n, cl, e);
-    const kv_config *cfg2 = cfg;
-    return run_attention(c, layer, cl, s, n, fs->q, cfg2->n_heads, kv_heads(c, layer),
+    return run_attention(c, layer, cl, s, n, fs->q, cfg->n_heads, kv_heads(c, layer),
                          head_dim(c, layer), (float)cfg->attn_scale,
                          (const float *const *)cl->k, (const float *const *)cl->v, fs->att,
                          fs->lse, c->att2, c->lse2, e);

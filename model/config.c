@@ -127,6 +127,18 @@ static void set_scales(kv_config *c)
     }
 }
 
+void cfg_yarn(kv_config *c, double factor, int original_max, bool truncate)
+{
+    kv_rope_scaling *s = &c->rope_scaling;
+    s->type = ROPE_SCALE_YARN;
+    s->factor = factor;
+    s->original_max_position = original_max;
+    s->beta_fast = 32.0;
+    s->beta_slow = 1.0;
+    s->truncate = truncate;
+    s->attn_factor = yarn_mscale(factor, 1.0);
+}
+
 /* Gemma 3's sliding_window_pattern P: layer i slides iff (i+1) % P != 0. */
 void cfg_layers_from_pattern(kv_config *c, int pattern)
 {

@@ -57,6 +57,10 @@ int cj_parse_scaling(const cfg_jctx *cx, const char *path, const json_t *v,
 const char *cj_type_name(int t);
 /* Layer i slides iff (i + 1) % pattern != 0. */
 void cfg_layers_from_pattern(kv_config *c, int pattern);
+/* YaRN as a preset states it: factor, original positions, betas 32 and 1,
+ * truncate, and transformers' default cos/sin factor 0.1 ln factor + 1
+ * (a family with its own, DeepSeek's, sets it after). */
+void cfg_yarn(kv_config *c, double factor, int original_max, bool truncate);
 
 /* A member-by-member JSON object writer: two-space indent, one member a line. */
 typedef struct {

@@ -584,9 +584,41 @@ END_TEST
  * on rotate otherwise; the test pins that too. */
 #define OSS_PREFIXES "kqv_out,ffn_inp,ffn_moe_out,l_out"
 
+/* A llama.cpp graph node recorded per layer ("<nm>-<il>") and the stage
+ * of kvdiff's reference it is compared with. */
+typedef struct {
+    const char *nm;
+    kv_stage st;
+} layer_node;
+
+/* The largest relative error of n nodes at every layer and of the
+ * logits, its name into worst. */
+static double nodes_err(const kv_model *m, const capture *cap, const llama_run *lr,
+                        const layer_node *nodes,
+                        int n, char *worst, size_t wn)
+{
+    char name[64];
+    double most = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int i = 0; i < n; i++) {
+            snprintf(name, sizeof name, "%s-%d", nodes[i].nm, l);
+            double err = compare_stage(m, cap, lr, name, nodes[i].st, l, 1.0f, 0);
+            if (err > most) {
+                most = err;
+                snprintf(worst, wn, "%s", name);
+            }
+        }
+    double err = compare_stage(m, cap, lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
+    if (err > most) {
+        most = err;
+        snprintf(worst, wn, "logits");
+    }
+    return most;
+}
+
 static double oss_export_err(bool truncate, char *worst, size_t wn)
 {
-    char dir[256], hf[512], path[512], csv[4096], name[64];
+    char dir[256], hf[512], path[512], csv[4096];
     int32_t ids[PROMPT_LEN];
     kv_err e = {{0}};
     kv_config c;
@@ -605,25 +637,11 @@ static double oss_export_err(bool truncate, char *worst, size_t wn)
     int rc = run_llama(path, dir, OSS_PREFIXES, csv, &lr);
     ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
     capture *cap = run_reference(&m, ids);
-    static const struct { const char *nm; kv_stage st; } stages[] = {
+    static const layer_node nodes[] = {
         {"kqv_out", STAGE_ATTN_OUT}, {"ffn_inp", STAGE_H_MID},
         {"ffn_moe_out", STAGE_FFN_OUT}, {"l_out", STAGE_X_OUT},
     };
-    double most = 0;
-    for (int l = 0; l < m.cfg.n_layers; l++)
-        for (size_t i = 0; i < sizeof stages / sizeof *stages; i++) {
-            snprintf(name, sizeof name, "%s-%d", stages[i].nm, l);
-            double err = compare_stage(&m, cap, &lr, name, stages[i].st, l, 1.0f, 0);
-            if (err > most) {
-                most = err;
-                snprintf(worst, wn, "%s", name);
-            }
-        }
-    double err = compare_stage(&m, cap, &lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
-    if (err > most) {
-        most = err;
-        snprintf(worst, wn, "logits");
-    }
+    double most = nodes_err(&m, cap, &lr, nodes, 4, worst, wn);
     capture_free(cap);
     llama_run_free(&lr);
     model_free(&m);
@@ -660,7 +678,7 @@ START_TEST(test_deepseek_export_agrees)
 {
     static const char *const presets[] = {"tiny-deepseek-v2", "tiny-deepseek-v3"};
     const char *preset = presets[_i];
-    char dir[256], path[512], csv[4096], name[64], worst[64] = "";
+    char dir[256], path[512], csv[4096], worst[64] = "";
     int32_t ids[PROMPT_LEN];
     kv_err e = {{0}};
     test_tmpdir(dir, sizeof dir);
@@ -674,25 +692,11 @@ START_TEST(test_deepseek_export_agrees)
     int rc = run_llama(path, dir, DS_PREFIXES, csv, &lr);
     ck_assert_msg(rc == 0, "llama_forward exit %d: %s", rc, lr.out);
     capture *cap = run_reference(&m, ids);
-    static const struct { const char *nm; kv_stage st; } stages[] = {
+    static const layer_node nodes[] = {
         {"kqv_out", STAGE_ATTN_OUT}, {"ffn_inp", STAGE_H_MID},
         {"ffn_out", STAGE_FFN_OUT}, {"l_out", STAGE_X_OUT},
     };
-    double most = 0;
-    for (int l = 0; l < m.cfg.n_layers; l++)
-        for (size_t i = 0; i < sizeof stages / sizeof *stages; i++) {
-            snprintf(name, sizeof name, "%s-%d", stages[i].nm, l);
-            double err = compare_stage(&m, cap, &lr, name, stages[i].st, l, 1.0f, 0);
-            if (err > most) {
-                most = err;
-                snprintf(worst, sizeof worst, "%s", name);
-            }
-        }
-    double err = compare_stage(&m, cap, &lr, "logits", STAGE_LOGITS, -1, 1.0f, 0);
-    if (err > most) {
-        most = err;
-        snprintf(worst, sizeof worst, "logits");
-    }
+    double most = nodes_err(&m, cap, &lr, nodes, 4, worst, sizeof worst);
     if (getenv("KVDIFF_TEST_VERBOSE"))
         fprintf(stderr, "gguf %s: worst %.2e (%s)\n", preset, most, worst);
     ck_assert_msg(most <= TOL_F32, "%s: llama.cpp's %s differs from kvdiff's by %.3g relative",

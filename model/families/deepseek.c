@@ -243,12 +243,7 @@ static void write(cfg_writer *w, const kv_config *c)
 static void yarn(kv_config *c, double factor, int original_max, double mscale)
 {
     kv_rope_scaling *s = &c->rope_scaling;
-    s->type = ROPE_SCALE_YARN;
-    s->factor = factor;
-    s->original_max_position = original_max;
-    s->beta_fast = 32.0;
-    s->beta_slow = 1.0;
-    s->truncate = true;
+    cfg_yarn(c, factor, original_max, true);
     s->mscale = s->mscale_all_dim = mscale;
     s->attn_factor = 1.0;
     const double m = 0.1 * mscale * log(factor) + 1.0;

@@ -119,18 +119,6 @@ static void base(kv_config *c, int hidden, int layers, int heads, int kv_heads, 
     c->swiglu_limit = 7.0;
 }
 
-static void yarn(kv_config *c, double factor, int original_max)
-{
-    kv_rope_scaling *s = &c->rope_scaling;
-    s->type = ROPE_SCALE_YARN;
-    s->factor = factor;
-    s->original_max_position = original_max;
-    s->beta_fast = 32.0;
-    s->beta_slow = 1.0;
-    s->truncate = false;
-    s->attn_factor = 0.1 * log(factor) + 1.0;
-}
-
 /* Four layers (S F S F), 4 query heads 32 wide on 2 KV heads, 8 experts
  * of width 64 with 4 chosen, window 12 (short prompts cross it). YaRN
  * has gpt-oss's factor 32 and betas with original_max_position_embeddings
@@ -140,7 +128,7 @@ static void tiny(kv_config *c)
 {
     base(c, 64, 4, 4, 2, 32, 64, 256, 12, 8, 4);
     c->max_positions = 4096;
-    yarn(c, 32.0, 64);
+    cfg_yarn(c, 32.0, 64, false);
     c->bos_id = 1;
     c->n_eos = 1;
     c->eos_ids[0] = 2;
@@ -154,7 +142,7 @@ static void shape_20b(kv_config *c)
 {
     base(c, 2880, 24, 64, 8, 64, 192, 201088, 128, 32, 4);
     c->max_positions = 131072;
-    yarn(c, 32.0, 4096);
+    cfg_yarn(c, 32.0, 4096, false);
     c->bos_id = -1;     /* its config.json names none */
     c->n_eos = 1;
     c->eos_ids[0] = 200002;
