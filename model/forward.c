@@ -230,12 +230,24 @@ int fw_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s
     const int KV = config_layer_kv_heads(c, layer);
     const bool owns = c->kv_owner[layer] == layer;
 
-    if (config_mla(c))
-        return mla_attn_inputs(kc, m, layer, s, n, pos0, rope_pos, obs);
     EMIT(STAGE_X_IN, layer, E, s->x);
     norm_rows(kc, m, s->x, ly->attn_norm, n, E, s->xn, s->stats);
     EMIT(STAGE_ATTN_NORM_STATS, layer, 3, s->stats);
     EMIT(STAGE_ATTN_NORM, layer, E, s->xn);
+    if (config_mla(c)) {
+        /* q, the cache row, the expanded keys; the values packed to
+         * v_head_dim in s->att (free until attention) to be emitted */
+        mla_attn_inputs(kc, m, layer, s, n, rope_pos);
+        EMIT(STAGE_Q, layer, c->n_heads * D, s->q);
+        EMIT(STAGE_KV_LATENT, layer, config_mla_row(c), s->lat);
+        EMIT(STAGE_K, layer, c->n_heads * D, s->k);
+        if (fw_wants(obs, STAGE_V, layer)) {
+            memcpy(s->att, s->v, (size_t)n * c->n_heads * D * sizeof(float));
+            mla_compact(c, s->att, n);
+            EMIT(STAGE_V, layer, c->n_heads * c->v_head_dim, s->att);
+        }
+        return 0;
+    }
 
     kern_matmul(kc, &ly->wq, s->xn, n, s->q);
     if (owns) {

@@ -3,12 +3,6 @@
 
 #include <string.h>
 
-#define EMIT(st, layer, ncols, data)                                           \
-    do {                                                                       \
-        if (fw_emit(obs, st, layer, pos0, n, ncols, data) != 0)                \
-            return 1;                                                          \
-    } while (0)
-
 /* The sizes every function here uses. */
 typedef struct {
     int H, D, dr, R, W, nope, Dv, per;
@@ -28,18 +22,12 @@ static mla_dims dims_of(const kv_config *c)
     return d;
 }
 
-int mla_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
-                    int64_t pos0, const int64_t *rope_pos, kv_observer *obs)
+void mla_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                     const int64_t *rope_pos)
 {
     const kv_config *c = &m->cfg;
     const model_layer *ly = &m->layers[layer];
     const mla_dims d = dims_of(c);
-    const int E = c->hidden;
-
-    EMIT(STAGE_X_IN, layer, E, s->x);
-    kern_rmsnorm_rows(kc, s->x, ly->attn_norm, n, E, c->rms_eps, false, s->xn, s->stats);
-    EMIT(STAGE_ATTN_NORM_STATS, layer, 3, s->stats);
-    EMIT(STAGE_ATTN_NORM, layer, E, s->xn);
 
     if (c->q_lora_rank > 0) {
         kern_matmul(kc, &ly->wq_a, s->xn, n, s->mla_tmp);
@@ -67,17 +55,7 @@ int mla_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *
         kern_rope_apply_pairs(s->q + (size_t)i * d.H * d.D + d.nope, d.H, d.D, half, cs, sn);
         kern_rope_apply_pairs(s->lat + (size_t)i * d.W + d.R, 1, d.W, half, cs, sn);
     }
-    EMIT(STAGE_Q, layer, d.H * d.D, s->q);
-    EMIT(STAGE_KV_LATENT, layer, d.W, s->lat);
     mla_expand(kc, m, layer, (const float *const *)s->mla_rows, n, s->k, s->v, s->mla_tmp);
-    EMIT(STAGE_K, layer, d.H * d.D, s->k);
-    if (fw_wants(obs, STAGE_V, layer)) {
-        /* s->att is free until attention: the values packed there. */
-        memcpy(s->att, s->v, (size_t)n * d.H * d.D * sizeof(float));
-        mla_compact(c, s->att, n);
-        EMIT(STAGE_V, layer, d.H * d.Dv, s->att);
-    }
-    return 0;
 }
 
 size_t mla_expand_scratch(const kv_config *c, int n)

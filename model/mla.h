@@ -20,17 +20,17 @@
  *             value part. What llama.cpp and most ports run in decode: the
  *             same scores, another rounding.
  *
- * Every function is row-independent. */
+ * Every function is row-independent and emits nothing (forward.c does). */
 #ifndef KV_MLA_H
 #define KV_MLA_H
 
 #include "forward.h"
 
-/* fw_attn_inputs of an MLA layer: s->q, s->lat (n rows of R + dr), s->k
- * (n, H*D) and s->v (n, H*D, each head's Dv values then zeros); emits q,
- * kv_latent, k and v (H * Dv). */
-int mla_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
-                    int64_t pos0, const int64_t *rope_pos, kv_observer *obs);
+/* An MLA layer's attention inputs from s->xn (the input norm's output):
+ * s->q, s->lat (n rows of R + dr), s->k (n, H*D) and s->v (n, H*D, each
+ * head's Dv values then zeros). fw_attn_inputs emits them. */
+void mla_attn_inputs(const kern_ctx *kc, const kv_model *m, int layer, fw_state *s, int n,
+                     const int64_t *rope_pos);
 
 /* Floats of scratch mla_expand needs for n rows. */
 size_t mla_expand_scratch(const kv_config *c, int n);
