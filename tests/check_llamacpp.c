@@ -560,6 +560,30 @@ START_TEST(test_llama_tiny_deepseek)
     ck_assert(dump_stage_info(f, 0, STAGE_ROUTER_LOGITS).rows == 0);   /* dense layer 0 */
     ck_assert(dump_stage_info(f, 1, STAGE_ROUTER_LOGITS).rows == 45);
     dump_file_close(f);
+    /* A GGUF without DeepSeek's yarn_log_multiplier (a converter that
+     * drops mscale_all_dim): llama.cpp scales q.k by head^-1/2 alone.
+     * Found where attention first reads two keys and named from the
+     * test's q with the reference's k and v. */
+    if (_i == 0) {
+        char bad[512];
+        snprintf(bad, sizeof bad, "%s/nomscale.gguf", dir);
+        snprintf(path, sizeof path, "%s/m.gguf", dir);
+        ck_assert_int_eq(gguf_patch(path, bad, "deepseek2.rope.scaling.yarn_log_multiplier",
+                                    1e-9), 0);
+        snprintf(path, sizeof path, "%s/nomscale.h5", dir);
+        snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
+                 "--cache-type f16 --dump %s", bad, dir, path);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        g4_verdict w = compare_json(dir, path);
+        ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == 1 &&
+                      !strcmp(w.stage, "attn_out") && !strcmp(w.kind, "latent_cache"),
+                      "no mscale: verdict %s at layer %ld position %ld %s (%s)", w.verdict,
+                      w.layer, w.pos, w.stage, w.kind);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+        test_run_cli(args, out, sizeof out);
+        ck_assert_msg(strstr(out, "lacks YaRN's mscale_all_dim correction") &&
+                      strstr(out, "the reference's k, v (the test records none)"), "%s", out);
+    }
     test_rmtree(dir);
 }
 END_TEST

@@ -25,6 +25,15 @@ static double err_of(cmp_ctx *c, dg_case *a, const cmp_hyp *h, kv_err *e, int *r
     return err;
 }
 
+/* Whose rows a recomputation read: the test's own, or its q with the
+ * reference's k and v where the test records none (llama.cpp's absorbed
+ * graph never forms them). Valid after the errors were computed. */
+static const char *rows_used(const dg_case *a)
+{
+    return a->ref_rows_used ? "the test's q and the reference's k, v (the test records none)"
+                            : "the test's q, k, v";
+}
+
 /* m(mscale_all_dim)^2: what DeepSeek's YaRN multiplies q.k by (1: none). */
 static double softmax_mscale2(const kv_config *cfg)
 {
@@ -59,9 +68,9 @@ int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e)
                "once more", cfg->qk_rope_dim);
         dg_say(detail, sizeof detail, "(the tail is rotated when kv_a_proj_with_mqa's output is "
                "split and again when it is written to or read from the cache)");
-        dg_say(ev, sizeof ev, "recomputing attention from the test's q, k, v with each key's "
-               "tail rotated again by its own position reproduces its %s (error %.2g; the "
-               "config's keys: %.2g)", dg_recorded_attn(c), err, e_cfg);
+        dg_say(ev, sizeof ev, "recomputing attention from %s with each key's tail rotated "
+               "again by its own position reproduces its %s (error %.2g; the config's keys: "
+               "%.2g)", rows_used(a), dg_recorded_attn(c), err, e_cfg);
         goto named;
     }
     /* The tail not cached: keys before the chunk the query is in read a
@@ -86,8 +95,8 @@ int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e)
         dg_say(detail, sizeof detail, "(the cache keeps the latent of kv_lora_rank %d alone; "
                "the shared rotated key of qk_rope_head_dim %d is dropped when a chunk ends)",
                cfg->kv_lora_rank, cfg->qk_rope_dim);
-        dg_say(ev, sizeof ev, "recomputing attention from the test's q, k, v with the tails "
-               "of keys 0..%lld zeroed reproduces its %s (error %.2g; the config's keys: %.2g)",
+        dg_say(ev, sizeof ev, "recomputing attention from %s with the tails of keys 0..%lld "
+               "zeroed reproduces its %s (error %.2g; the config's keys: %.2g)", rows_used(a),
                (long long)best_lo - 1, dg_recorded_attn(c), best, e_cfg);
         goto named;
     }
@@ -106,9 +115,9 @@ int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e)
                    "by (0.1 mscale_all_dim ln factor + 1)^2; %s)",
                    decode ? "the decode path, absorbed in most runtimes, computes its scale "
                             "apart from prefill's" : "the scale is computed without it");
-            dg_say(ev, sizeof ev, "recomputing attention from the test's q, k, v with q.k "
-                   "scaled by 1/%.4g of the config's reproduces its %s (error %.2g; the "
-                   "config's scale: %.2g)", m2, dg_recorded_attn(c), err, e_cfg);
+            dg_say(ev, sizeof ev, "recomputing attention from %s with q.k scaled by 1/%.4g of "
+                   "the config's reproduces its %s (error %.2g; the config's scale: %.2g)",
+                   rows_used(a), m2, dg_recorded_attn(c), err, e_cfg);
             goto named;
         }
     }
@@ -125,8 +134,8 @@ int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e)
             dg_say(detail, sizeof detail, "(prefill ran the expanded form and never wrote the "
                    "latent cache that decode's absorbed form reads: the two forms mixed across "
                    "chunks)");
-            dg_say(ev, sizeof ev, "recomputing attention from the test's q, k, v with keys "
-                   "0..%lld zero reproduces its %s (error %.2g; the config's keys: %.2g)",
+            dg_say(ev, sizeof ev, "recomputing attention from %s with keys 0..%lld zero "
+                   "reproduces its %s (error %.2g; the config's keys: %.2g)", rows_used(a),
                    (long long)P - 1, dg_recorded_attn(c), err, e_cfg);
             goto named;
         }
