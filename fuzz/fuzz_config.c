@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/infile.c model/config.c model/outfile.c
+// fuzz-sources: model/err.c model/infile.c model/config.c model/outfile.c model/families/*.c model/kernels.c model/kernels_x86.c model/pool.c
 /* fuzz_config.c — libFuzzer target for config_parse_json: any input either
  * fails with a message or yields a config that config_validate accepts,
  * whose description and config.json text can be produced. */

@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/observer.c model/config.c model/outfile.c model/infile.c dump/dump.c dump/reader.c dump/direct.c dump/validate.c
+// fuzz-sources: model/err.c model/observer.c model/config.c model/outfile.c model/infile.c dump/dump.c dump/reader.c dump/direct.c dump/validate.c dump/settings.c model/text.c model/families/*.c model/kernels.c model/kernels_x86.c model/pool.c
 // fuzz-pkgs: hdf5 libxxhash
 /* fuzz_dump.c — libFuzzer target for the dump reader and validator: the
  * input is written to a temporary file, validated (every violation is a

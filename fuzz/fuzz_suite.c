@@ -1,4 +1,4 @@
-// fuzz-sources: model/err.c model/tokens.c chunked/injections.c model/observer.c suites/suite.c model/config.c model/outfile.c model/infile.c model/tokenizer.c model/bpe.c
+// fuzz-sources: model/err.c model/tokens.c chunked/injections.c model/observer.c suites/suite.c model/config.c model/outfile.c model/infile.c model/tokenizer.c model/bpe.c model/families/*.c model/kernels.c model/kernels_x86.c model/pool.c
 // fuzz-pkgs: inih libxxhash libpcre2-8 libutf8proc
 /* fuzz_suite.c — the suite file parser on arbitrary bytes: it must never
  * crash, refuse with one line "t.suite:LINE: ..." or nothing but a file
