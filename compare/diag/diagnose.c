@@ -247,6 +247,8 @@ static const char *stage_hint(kv_stage s)
     case STAGE_Q:
     case STAGE_K:
     case STAGE_V: return "a projection differs (weights, bias, q/k norm or RoPE)";
+    case STAGE_KV_LATENT: return "the latent cache row differs (kv_a_proj_with_mqa, "
+                                 "kv_a_layernorm, or the key tail's RoPE)";
     case STAGE_ATTN_LSE:
     case STAGE_ATTN_NKEYS:
     case STAGE_ATTN_OUT: return "attention differs";

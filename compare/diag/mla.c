@@ -10,8 +10,10 @@
  * holds (stage k: each head's nope part and the shared rotated tail). */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "diag.h"
+#include "../../model/kernels.h"
 
 #define TAIL_SCAN_MAX 512   /* chunk starts tried for an uncached tail, at most */
 
@@ -41,10 +43,101 @@ static double softmax_mscale2(const kv_config *cfg)
     return cfg->attn_scale > 0 ? cfg->attn_scale / plain : 1.0;
 }
 
+/* Relative error of n values of b against a (max abs over a's max abs). */
+static double rel_err(const float *a, const float *b, int n)
+{
+    double d = 0, s = 0;
+    for (int i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        s = fmax(s, fabs((double)a[i]));
+    }
+    return s > 0 ? d / s : d;
+}
+
+/* The cache row itself (kv_latent) first differs: the latent as the
+ * reference's and the tail rotated once more, not rotated, or zero. Read
+ * from the two rows at the point: the test's tail against the reference's
+ * turned by the position's angle either way. */
+static int latent_row(cmp_ctx *c, kv_err *e)
+{
+    const cmp_divergence *d = c->d;
+    const kv_config *cfg = c->cfg;
+    const int R = cfg->kv_lora_rank, dr = cfg->qk_rope_dim, half = dr / 2;
+    float *a = NULL, *b = NULL;
+    int rc = dg_row_pair(c, d->layer, STAGE_KV_LATENT, d->pos, &a, &b, e);
+    if (rc != 0)
+        return rc < 0 ? -1 : 0;
+    const double tol = fmax(c->row_tol, 1e-6);
+    double inv[KV_MAX_HEAD_DIM / 2];
+    float cs[KV_MAX_HEAD_DIM / 2], sn[KV_MAX_HEAD_DIM / 2], neg[KV_MAX_HEAD_DIM / 2];
+    float fwd[KV_MAX_HEAD_DIM], back[KV_MAX_HEAD_DIM], zero[KV_MAX_HEAD_DIM] = {0};
+    const float *ta = a + R, *tb = b + R;
+    const double lat = rel_err(a, b, R), scale_a = rel_err(zero, ta, dr);
+    int found = 0;
+    char sum[320], detail[320], ev[320];
+    if (dr > KV_MAX_HEAD_DIM || lat > tol || d->pos < 1 || scale_a <= 0)
+        goto out;
+    config_rope_inv_freq(cfg, false, inv);
+    /* YaRN's cos/sin factor m: a second turn multiplies by it again, an
+     * unturned tail lacks it */
+    const double m = config_rope_mscale(cfg, false);
+    kern_rope_table_scaled((double)d->pos, inv, dr, m, cs, sn);
+    float ics[KV_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < half; i++) {
+        ics[i] = (float)(cs[i] / (m * m));
+        neg[i] = (float)(-sn[i] / (m * m));
+    }
+    memcpy(fwd, ta, (size_t)dr * sizeof(float));
+    memcpy(back, ta, (size_t)dr * sizeof(float));
+    kern_rope_apply_pairs(fwd, 1, dr, half, cs, sn);
+    kern_rope_apply_pairs(back, 1, dr, half, ics, neg);
+    const double e_fwd = rel_err(fwd, tb, dr), e_back = rel_err(back, tb, dr);
+    const bool tail_zero = rel_err(zero, tb, dr) <= tol * scale_a;   /* max |tb| vs max |ta| */
+    if (e_fwd <= tol) {
+        dg_say(sum, sizeof sum, "the latent cache's RoPE key tail is rotated twice: the "
+               "cached row's shared %d-wide tail is turned by its position once more", dr);
+        dg_say(detail, sizeof detail, "(the tail is rotated when kv_a_proj_with_mqa's output is "
+               "split and again before it is cached)");
+        dg_say(ev, sizeof ev, "the test's kv_latent row at position %lld holds the "
+               "reference's latent (error %.2g) and its tail turned once more by position "
+               "%lld's angles (error %.2g; the tails as recorded differ by %.2g)",
+               (long long)d->pos, lat, (long long)d->pos, e_fwd, rel_err(ta, tb, dr));
+        found = 1;
+    } else if (e_back <= tol) {
+        dg_say(sum, sizeof sum, "the latent cache's RoPE key tail is not rotated: the cached "
+               "row holds the shared %d-wide tail as projected", dr);
+        dg_say(detail, sizeof detail, "(kv_a_proj_with_mqa's last qk_rope_head_dim values "
+               "are cached before RoPE turns them)");
+        dg_say(ev, sizeof ev, "the test's kv_latent row at position %lld holds the "
+               "reference's latent (error %.2g) and its tail turned back by position %lld's "
+               "angles (error %.2g)", (long long)d->pos, lat, (long long)d->pos, e_back);
+        found = 1;
+    } else if (tail_zero) {
+        dg_say(sum, sizeof sum, "the latent cache holds no RoPE key tail: the cached row's "
+               "shared %d-wide tail is zero", dr);
+        dg_say(detail, sizeof detail, "(the cache keeps the latent of kv_lora_rank %d alone)",
+               R);
+        dg_say(ev, sizeof ev, "the test's kv_latent row at position %lld holds the "
+               "reference's latent (error %.2g) and a zero tail", (long long)d->pos, lat);
+        found = 1;
+    }
+    if (found) {
+        dg_set(c, CMP_DIAG_LATENT_CACHE, CMP_BASIS_RECOMPUTED, sum);
+        dg_say(c->g->detail, sizeof c->g->detail, "%s", detail);
+        dg_say(c->g->evidence, sizeof c->g->evidence, "%s", ev);
+    }
+out:
+    free(a);
+    free(b);
+    return found;
+}
+
 int dg_rule_mla(cmp_ctx *c, dg_case *a, kv_err *e)
 {
     const cmp_divergence *d = c->d;
     const kv_config *cfg = c->cfg;
+    if (config_mla(cfg) && d->layer >= 0 && d->stage == STAGE_KV_LATENT)
+        return latent_row(c, e);
     if (!config_mla(cfg) || d->layer < 0 || !dg_is_attn_stage(d->stage) || !a->q_test)
         return 0;
     const double tol = fmax(c->attn_tol, c->row_tol);

@@ -2,7 +2,8 @@
 """A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 / Gemma 4 (text:
 per-layer head sizes, v from k, proportional RoPE, KV-shared layers,
 double-wide MLPs, per-layer inputs, layer scalars) / gpt-oss (attention
-sinks, YaRN, a mixture of experts) that loads a
+sinks, YaRN, a mixture of experts) / DeepSeek-V2, V3 (latent attention,
+shared experts: tiny_deepseek.py) that loads a
 Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
 names, and records its greedy generation with kvdiff_record.TorchHooks. It
 stands in for transformers (not packaged by Debian) so the recorder, the
@@ -44,7 +45,9 @@ keys before q only: a strict mask), kv-swap=L (layer L's k_proj and v_proj
 weights swapped), norm-eps=E (every RMSNorm with epsilon E), attn-scale=F
 (scores scaled by F times the config's scale: query_pre_attn_scalar halved
 is F = sqrt(2)), sinks-dropped (gpt-oss: no sink in any softmax),
-sinks-prefill-only (gpt-oss: decode steps leave the sink out)."""
+sinks-prefill-only (gpt-oss: decode steps leave the sink out),
+mla-rope-twice, mla-rope-uncached, mla-no-mscale (DeepSeek:
+tiny_deepseek.py)."""
 
 import argparse
 import json
@@ -62,6 +65,14 @@ from kvdiff_record import Recorder, model_config_from_hf  # noqa: E402
 from kvdiff_record.torch_hooks import TorchHooks, hf_names  # noqa: E402
 
 DTYPES = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}
+DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+
+
+def tiny_deepseek():
+    """DeepSeek's attention and MLPs (tiny_deepseek.py, which imports this
+    module: loaded when a DeepSeek model is built)."""
+    import tiny_deepseek as module
+    return module
 
 
 def load_safetensors(path):
@@ -132,6 +143,7 @@ class Faults:
         self.norm_eps = None
         self.attn_scale = None
         self.sinks = "on"
+        self.mla = []
         for s in specs or []:
             name, _, arg = s.partition("=")
             try:
@@ -162,6 +174,9 @@ class Faults:
                     self.norm_eps = float(arg)
                 elif name in ("sinks-dropped", "sinks-prefill-only") and not arg:
                     self.sinks = name[len("sinks-"):]
+                elif name in ("mla-rope-twice", "mla-rope-uncached", "mla-no-mscale") and \
+                        not arg:
+                    self.mla.append(name)
                 elif name == "attn-scale" and arg:
                     self.attn_scale = float(arg)
                     if not (self.attn_scale > 0 and math.isfinite(self.attn_scale)):
@@ -172,7 +187,8 @@ class Faults:
                 raise ValueError(f"--fault {s!r}: expected window=N, swap-layer-types=A,B, "
                                  f"rope-base-local=T, rope-base=T, drop-key=P, decode-blind, "
                                  f"global-window=N, own-key-masked, kv-swap=L, norm-eps=E, "
-                                 f"attn-scale=F, sinks-dropped or sinks-prefill-only "
+                                 f"attn-scale=F, sinks-dropped, sinks-prefill-only, "
+                                 f"mla-rope-twice, mla-rope-uncached or mla-no-mscale "
                                  f"({exc})")
         if self.window is not None and self.window < 1:
             raise ValueError(f"--fault window={self.window}: the window must be >= 1")
@@ -524,8 +540,11 @@ class Layer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
             self.post_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
         shared = c["kv_owner"][layer_idx] != layer_idx
-        self.mlp = MoE(c, prec) if arch == "gpt_oss" else \
-            MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
+        if arch in DEEPSEEK:
+            self.mlp = tiny_deepseek().mlp_for(c, prec, layer_idx)
+        else:
+            self.mlp = MoE(c, prec) if arch == "gpt_oss" else \
+                MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
         self.ple = arch == "gemma4_text" and c.get("hidden_size_per_layer_input", 0) > 0
         if self.ple:   # Gemma 4's per-layer input block and layer scalar
             pl = c["hidden_size_per_layer_input"]
@@ -632,7 +651,9 @@ class TinyCausalLM(nn.Module):
             raise ValueError(f"--attn {attn!r}: expected sdpa or eager")
         if cache not in ("dynamic", "full"):
             raise ValueError(f"cache {cache!r}: expected dynamic or full")
-        if rotary == "single":
+        if arch in DEEPSEEK:
+            attention = tiny_deepseek().MLAAttention
+        elif rotary == "single":
             from tiny_rope_single import SingleRopeAttention as attention
         elif rotary == "pair":
             attention = Attention
@@ -662,6 +683,8 @@ class TinyCausalLM(nn.Module):
             if isinstance(m, Attention):
                 m.strict = f.own_masked
                 m.sink_mode, m.prompt_length = f.sinks, prompt_length
+        if arch in DEEPSEEK:
+            tiny_deepseek().set_faults(self, f.mla, prompt_length)
         # Gemma's sqrt(hidden) embedding scale: a float32 value (DESIGN.md),
         # which transformers casts to the dtype before the product.
         scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
@@ -723,6 +746,8 @@ def tiny_names(model_type):
     names["q"] = ("model.layers.{i}.self_attn.q_rope", "out")
     if model_type == "gpt_oss":
         names["router_logits"] = ("model.layers.{i}.mlp.router.logits_tap", "out")
+    if model_type in DEEPSEEK:
+        names.update(tiny_deepseek().names())
     del names["final_norm"], names["logits"]
     return names
 

@@ -195,7 +195,7 @@ def _layer_dims(config, layer):
     return kv, d
 
 
-def _moe_layer(config, layer):
+def moe_layer(config, layer):
     """Has `layer` experts (DeepSeek: dense before first_k_dense_replace)?"""
     first = config.get("first_k_dense_replace") or 0
     every = config.get("moe_layer_freq") or 1
@@ -226,7 +226,7 @@ def stage_width(config, stage, layer=None):
     if stage == "kv_latent" and not config.get("kv_lora_rank"):
         raise RecorderError("kv_latent: the model has no latent (MLA) cache (kv_lora_rank is "
                             "not set in the model config)")
-    if stage == "router_logits" and layer is not None and not _moe_layer(config, layer):
+    if stage == "router_logits" and layer is not None and not moe_layer(config, layer):
         raise RecorderError(f"router_logits: layer {layer} has a dense MLP "
                             f"(first_k_dense_replace, moe_layer_freq)")
     if stage in ("ple_in", "ple_out") and not config.get("hidden_size_per_layer_input"):

@@ -21,7 +21,7 @@ import sys
 import numpy as np
 
 from .layouts import heads_first
-from .recorder import LAYER_STAGES, RecorderError
+from .recorder import LAYER_STAGES, RecorderError, moe_layer
 
 # Hugging Face transformers names, Llama and Qwen2 (LlamaDecoderLayer,
 # Qwen2DecoderLayer): post_attention_layernorm is the FFN's input norm.
@@ -273,6 +273,8 @@ class TorchHooks:
             if kind not in ("in", "out", "in_stats"):
                 raise RecorderError(f"names[{stage!r}]: kind {kind!r} is not in, out or in_stats")
             layers = range(cfg["num_hidden_layers"]) if "{i}" in template else [None]
+            if stage == "router_logits":   # a dense layer (DeepSeek's first) has no router
+                layers = [i for i in layers if moe_layer(cfg, i)]
             for layer in layers:
                 name = template.format(i=layer)
                 if name not in modules:

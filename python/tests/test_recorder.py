@@ -499,6 +499,40 @@ class TestTorch(Base):
         self.assertIn("the attention sinks are left out of the softmax: every attention reads "
                       "its keys alone", text)
 
+    def test_torch_deepseek_v2(self):
+        self.check_model("tiny-deepseek-v2")
+
+    def test_torch_deepseek_v3(self):
+        self.check_model("tiny-deepseek-v3")
+
+    def test_torch_deepseek_latent_faults(self):
+        """A port's latent-cache bugs in the torch DeepSeek, each found
+        where it is born and named: the key tail rotated twice (the cache
+        row itself, position 1), not cached (the second chunk's first
+        query), decode without YaRN's mscale (the first decode step)."""
+        from tiny_torch import generate_and_record
+        for preset in ("tiny-deepseek-v2", "tiny-deepseek-v3"):
+            ref = self.path(f"ref-faults-{preset}.h5")
+            rc, out = kvdiff("run", "--model", self.path(preset), "--prompt-random", "12",
+                             "--max-new", "4", "--dump", ref)
+            self.assertEqual(rc, 0, out)
+            with h5py.File(ref, "r") as f:
+                prompt = [int(t) for t in f["tokens"][:f["tokens"].attrs["prompt_length"]]]
+            for fault, chunk, where, name in (
+                    ("mla-rope-twice", None, "position 1, layer 0 (global), stage kv_latent",
+                     "the latent cache's RoPE key tail is rotated twice"),
+                    ("mla-rope-uncached", 5, "position 5, layer 0 (global), stage attn_out",
+                     "the latent cache holds no RoPE key tail: keys before position 5"),
+                    ("mla-no-mscale", None, "position 12, layer 0 (global), stage attn_out",
+                     "the softmax scale lacks YaRN's mscale_all_dim correction in decode")):
+                dump = self.path(f"torch-{preset}-{fault}.h5")
+                generate_and_record(self.path(preset), prompt, 4, dump, chunk=chunk,
+                                    faults=[fault])
+                rc, text = kvdiff("compare", ref, dump)
+                self.assertEqual(rc, 1, f"{preset} {fault}: {text}")
+                self.assertIn(f"FIRST STEP ABOVE DRIFT  {where}", text, f"{preset} {fault}")
+                self.assertIn(name, text, f"{preset} {fault}")
+
     def test_torch_hooks_bad_name(self):
         from tiny_torch import TinyCausalLM
         from kvdiff_record.torch_hooks import TorchHooks
