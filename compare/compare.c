@@ -1871,6 +1871,7 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
         check_prompts(ref, test, o->force, r, &w.pos_limit, e) < 0)
         return -1;
     r->compared.pos_cut = w.pos_limit;
+    r->compared.routing_flip = -1;
     if (!ref->complete)
         cmp_note(r, "%s is partial (the run stopped early): compared what it holds", ref->label);
     if (!test->complete && !test->stopped_on_purpose)
@@ -1891,7 +1892,11 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
     char why[256];
     if (pass == 0) {
         *fl = (routing_flip){.pos = -1};
-        if (cmp_xrt_wanted(ref, test, o, why, sizeof why) &&
+        /* A run that followed the other's routing (kvdiff run --follow)
+         * chose every recorded row's experts as the other did. */
+        const bool followed = cmp_settings_int(ref, "follow_routing", 0) > 0 ||
+                              cmp_settings_int(test, "follow_routing", 0) > 0;
+        if (!followed && cmp_xrt_wanted(ref, test, o, why, sizeof why) &&
             find_routing_flip(ref, test, w.pos_limit, fl, e) < 0) {
             free(sinks);
             return -1;
@@ -1903,6 +1908,7 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
         if (w.pos_limit < 0 || cut < w.pos_limit) {
             w.pos_limit = c.pos_limit = r->compared.pos_cut = cut;
             w.routing_cut = true;
+            r->compared.routing_flip = fl->pos;
         }
         if (pass == 1 && fl->group_mul > 0)
             cmp_note(r, "positions %lld.. not compared: at position %lld, layer %d the test "
@@ -1910,8 +1916,9 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
                      "other expert groups: their group scores %.3g apart in the reference, "
                      "less than %d times the %.3g this pair's router scores differ by there "
                      "(up to %.3g at the layer's earlier positions): a rounding flip at a near "
-                     "tie, after which every row is computed on other experts' outputs (kvdiff "
-                     "has no run that follows the test's routing yet)",
+                     "tie, after which every row is computed on other experts' outputs (`kvdiff "
+                     "run --follow` on the test's dump routes as it did: compare against that "
+                     "for every position)",
                      (long long)fl->pos, (long long)fl->pos, fl->layer, fl->added, fl->dropped,
                      fl->gap, 2 * fl->group_mul, fl->err, fl->level);
         else if (pass == 1)
@@ -1920,7 +1927,8 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
                      "apart in the reference, less than twice the %.3g this pair's router logits "
                      "differ by there (up to %.3g at the layer's earlier positions): a rounding "
                      "flip at a near tie, after which every row is computed on other experts' "
-                     "outputs (kvdiff has no run that follows the test's routing yet)",
+                     "outputs (`kvdiff run --follow` on the test's dump routes as it did: compare "
+                     "against that for every position)",
                      (long long)fl->pos, (long long)fl->pos, fl->layer, fl->added, fl->dropped,
                      fl->gap, fl->err, fl->level);
     }

@@ -519,6 +519,9 @@ typedef struct {
     bool hashed;                 /* some stage compared by fingerprint */
     int64_t pos_cut;             /* first position whose input token differs (walk
                                   * stops before it); -1 none */
+    int64_t routing_flip;        /* the position where the test's router took another
+                                  * expert at a near tie, the compare stopping at or
+                                  * after it (compare.c); -1 none */
     int64_t walked_to;           /* last position the walk read */
     bool by_index;               /* settled by both sides' digests (row hash indexes) */
     char lacks[320];             /* the (layer, stage) pairs one side records and the

@@ -688,12 +688,15 @@ static json_t *jcompared(const cmp_result *r)
     for (int s = STAGE_EMBED; s < STAGE_COUNT; s++)
         if (cmp_result_stage(r, -1, (kv_stage)s))
             json_array_append_new(ms, json_string(stage_name((kv_stage)s)));
-    return json_pack("{si sI sI sI si so sI sb sb so sI sb}", "layers", cv->n_layers, "positions",
+    return json_pack("{si sI sI sI si so sI sb sb so so sI sb}", "layers", cv->n_layers,
+                     "positions",
                      (json_int_t)(cv->pos_hi >= cv->pos_lo ? cv->pos_hi - cv->pos_lo + 1 : 0),
                      "position_lo", (json_int_t)cv->pos_lo, "position_hi",
                      (json_int_t)cv->pos_hi, "stages", cv->n_stages, "model_stages", ms, "rows",
                      (json_int_t)cv->rows, "partial", cv->partial, "fingerprint", cv->hashed,
                      "token_cut", cv->pos_cut >= 0 ? json_integer(cv->pos_cut) : json_null(),
+                     "routing_flip",
+                     cv->routing_flip >= 0 ? json_integer(cv->routing_flip) : json_null(),
                      "walked_to", (json_int_t)cv->walked_to, "by_index", cv->by_index);
 }
 

@@ -33,8 +33,10 @@ static void run_usage(FILE *f)
             "  --follow TEST.h5   teacher forcing: TEST.h5's prompt, then its generated tokens\n"
             "                     fed back one at a time in place of sampled ones (--max-new\n"
             "                     implied, no EOS stop); compare the dump with TEST.h5 when\n"
-            "                     their tokens differ. Not with --prompt-*, --temperature,\n"
-            "                     --top-k, --top-p, --seed\n"
+            "                     their tokens differ. With experts, its routing too: each\n"
+            "                     row TEST.h5's router_logits record chooses that row's\n"
+            "                     experts. Not with --prompt-*, --temperature, --top-k,\n"
+            "                     --top-p, --seed\n"
             "generation:\n"
             "  --max-new N        tokens to generate (default 16)\n"
             "  --temperature T    0 = greedy (default); > 0 samples with PCG32\n"
@@ -285,6 +287,7 @@ int cmd_run(int argc, char **argv)
         tok = NULL;
         rc = run_compare(&o, &m, &kc, prompt, n_prompt);
         free(prompt);
+        run_follow_free(&o);
         cli_close_model(&m, &kc);
         /* stopped by a signal: the shell's convention, 128 + the signal */
         return run_stop_signal && rc != EXIT_OK ? 128 + run_stop_signal : rc;
@@ -296,6 +299,7 @@ int cmd_run(int argc, char **argv)
         cli_error("run", &e);
     tok_free(tok);
     free(prompt);
+    run_follow_free(&o);
     cli_close_model(&m, &kc);
     return rc;
 }

@@ -21,6 +21,8 @@ typedef struct {
     const char *sampling_opt;    /* the first of --temperature, --top-k, --top-p, --seed given */
     const char *follow_path;     /* --follow TEST.h5: its prompt, then its generated tokens
                                   * fed back in place of sampling (run_follow_load) */
+    kv_route_rows *follow_route; /* and its routing, where it records router_logits
+                                  * (run_follow_load; run_follow_free) */
     const char *engine;          /* "reference" or "chunked" */
     int prefill_step;            /* reference: 0 all, else tokens per step */
     bool prefill_given;
@@ -62,7 +64,14 @@ int run_parse(int argc, char **argv, run_opts *o, kv_err *e);
  * then the whole token list, *n_prompt its prompt_length; o->go.follow
  * views the generated ids inside *prompt (valid while it lives), and
  * o->go.max_new is their count. */
-int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e);
+int run_follow_load(run_opts *o, kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e);
+/* With experts, the followed run's routing too: every router_logits row it
+ * records becomes the row that layer's experts are chosen by at that
+ * position (m->route_follow, owned by o); its own router still weighs the
+ * chosen experts and records its own rows. A followed run then routes as
+ * the followed one did, and a compare of the pair sees every position
+ * (after a rounding flip at a near tie too). Frees what it loaded. */
+void run_follow_free(run_opts *o);
 
 /* The reference side of a comparison: o with the engine set to the
  * reference and every chunked-engine option dropped. */

@@ -361,6 +361,10 @@ char *run_settings_json(const run_opts *o, const kern_ctx *kc, const kv_model *m
          * followed tokens for this engine's own greedy choices. */
         json_t *f = json_string(o->follow_path);
         json_object_set_new(j, "follow", f ? f : json_string("(a path that is not UTF-8)"));
+        /* the router rows whose experts it took (compare: no routing flip) */
+        if (m->route_follow)
+            json_object_set_new(j, "follow_routing",
+                                json_integer((json_int_t)m->route_follow->followed));
     } else {
         json_object_set_new(j, "temperature", json_real(o->go.samp.temperature));
         json_object_set_new(j, "top_k", json_integer(o->go.samp.top_k));
@@ -404,7 +408,59 @@ static int follow_check_tokens(const char *path, const int32_t *ids, int64_t n, 
     return 0;
 }
 
-int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e)
+void run_follow_free(run_opts *o)
+{
+    kv_route_rows *r = o->follow_route;
+    if (!r)
+        return;
+    for (int l = 0; r->rows && l < r->n_layers; l++)
+        free(r->rows[l]);
+    free(r->rows);
+    free(r->first);
+    free(r->n);
+    free(r);
+    o->follow_route = NULL;
+}
+
+/* The followed file's router_logits rows, each layer's as recorded (a
+ * stage another width than the model's experts is refused). */
+static int follow_routes(run_opts *o, kv_model *m, const dump_file *f, kv_err *e)
+{
+    const kv_config *c = &m->cfg;
+    if (c->n_experts <= 0)
+        return 0;
+    kv_route_rows *r = calloc(1, sizeof *r);
+    if (!r || !(r->rows = calloc((size_t)c->n_layers, sizeof *r->rows)) ||
+        !(r->first = calloc((size_t)c->n_layers, sizeof *r->first)) ||
+        !(r->n = calloc((size_t)c->n_layers, sizeof *r->n))) {
+        o->follow_route = r;
+        run_follow_free(o);
+        return kv_errf(e, "out of memory for the routing of %s", o->follow_path);
+    }
+    o->follow_route = r;
+    r->n_layers = c->n_layers;
+    r->X = c->n_experts;
+    for (int l = 0; l < c->n_layers; l++) {
+        const dump_dataset_info in = dump_stage_info(f, l, STAGE_ROUTER_LOGITS);
+        if (!in.present || in.rows <= 0)
+            continue;
+        if (in.cols != c->n_experts)
+            return kv_errf(e, "%s: layer %d's router_logits are %d wide, but the model has %d "
+                              "experts", o->follow_path, l, in.cols, c->n_experts);
+        if (!(r->rows[l] = malloc((size_t)in.rows * (size_t)r->X * sizeof(float))))
+            return kv_errf(e, "out of memory for the routing of %s", o->follow_path);
+        if (dump_read_rows(f, l, STAGE_ROUTER_LOGITS, 0, in.rows, r->rows[l], e) < 0)
+            return -1;
+        r->first[l] = in.first_position;
+        r->n[l] = in.rows;
+        r->followed += in.rows;
+    }
+    if (r->followed > 0)
+        m->route_follow = r;
+    return 0;
+}
+
+int run_follow_load(run_opts *o, kv_model *m, int32_t **prompt, int *n_prompt, kv_err *e)
 {
     const char *path = o->follow_path;
     *prompt = NULL;
@@ -436,6 +492,8 @@ int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_pro
         rc = dump_read_tokens(f, ids, e);
     if (rc == 0)
         rc = follow_check_tokens(path, ids, n, p, m->cfg.vocab, e);
+    if (rc == 0)
+        rc = follow_routes(o, m, f, e);
     dump_file_close(f);
     if (rc == 0 && o->max_new_given && o->go.max_new != n - p)
         rc = kv_errf(e, "--max-new %d and --follow %s: it generated %lld tokens, and a followed "
@@ -443,6 +501,8 @@ int run_follow_load(run_opts *o, const kv_model *m, int32_t **prompt, int *n_pro
                      (long long)(n - p));
     if (rc < 0) {
         free(ids);
+        m->route_follow = NULL;
+        run_follow_free(o);
         return -1;
     }
     *prompt = ids;

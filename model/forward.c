@@ -402,21 +402,22 @@ static void route_select_row(const kv_config *c, const model_layer *ly, fw_state
                    (ly->router_sel_bias ? ly->router_sel_bias[x] : 0.0f);
 }
 
-/* Row i's experts (s->moe_x, by fw_route_choose on its selection row) and
- * weights (s->moe_w):
+/* Row i's experts (s->moe_x, by fw_route_choose on its selection row, or
+ * on `followed`, another run's, when given) and weights (s->moe_w, from
+ * this row's own router logits):
  *   gpt-oss   the chosen logits softmaxed among themselves;
  *   softmax   (DeepSeek-V2) their softmax over all experts, normalised
  *             (norm_topk) or times routed_scale;
  *   sigmoid   (DeepSeek-V3) their sigmoid scores (without the bias),
  *             normalised when norm_topk, times routed_scale.
  * In double, rounded to float as the frameworks keep them. */
-static void route_row(const kv_config *c, fw_state *s, int i)
+static void route_row(const kv_config *c, fw_state *s, int i, const float *followed)
 {
     const int X = c->n_experts, K = c->n_experts_used;
     const float *lg = s->moe_logits + (size_t)i * X;
     int *ix = s->moe_x + (size_t)i * K;
     float *w = s->moe_w + (size_t)i * K;
-    fw_route_choose(c, s->moe_sel + (size_t)i * X, ix);
+    fw_route_choose(c, followed ? followed : s->moe_sel + (size_t)i * X, ix);
     if (c->route == ROUTE_TOPK_SOFTMAX) {
         double sum = 0, mx = lg[ix[0]];
         for (int r = 0; r < K; r++)
@@ -452,6 +453,20 @@ static void route_row(const kv_config *c, fw_state *s, int i)
     }
 }
 
+/* The followed run's selection row of (layer, pos) (kvdiff run --follow),
+ * or NULL: none recorded there, or one holding a non-finite value. */
+static const float *followed_row(const kv_route_rows *f, int layer, int64_t pos)
+{
+    if (!f || layer >= f->n_layers || !f->rows[layer] || pos < f->first[layer] ||
+        pos >= f->first[layer] + f->n[layer])
+        return NULL;
+    const float *row = f->rows[layer] + (size_t)(pos - f->first[layer]) * f->X;
+    for (int x = 0; x < f->X; x++)
+        if (!isfinite(row[x]))
+            return NULL;
+    return row;
+}
+
 /* The mixture of experts on s->xn (n rows) into s->proj. Each row's
  * experts and weights as route_row says; each expert runs once on the
  * rows that chose it, gathered (the kernels' rows are independent, so a
@@ -472,7 +487,7 @@ static int moe_block(const kern_ctx *kc, const kv_model *m, int layer, fw_state 
         route_select_row(c, ly, s, i);
     EMIT(STAGE_ROUTER_LOGITS, layer, X, s->moe_sel);
     for (int i = 0; i < n; i++)
-        route_row(c, s, i);
+        route_row(c, s, i, followed_row(m->route_follow, layer, pos0 + i));
     for (int x = 0; x < X; x++) {
         int rows = 0;
         for (int slot = 0; slot < n * K; slot++)

@@ -95,6 +95,18 @@ typedef struct {
     void *data;
 } model_table;
 
+/* Routing taken from another run's recording (kvdiff run --follow): per
+ * layer, the selection rows (its router_logits) that run chose experts
+ * by, at positions first[l] .. first[l] + n[l] - 1 (rows[l] NULL: none
+ * recorded). The engines then choose each of those rows' experts from the
+ * followed row, their weights still from their own router (forward.c). */
+typedef struct {
+    int n_layers, X;
+    int64_t *first, *n;             /* (n_layers) */
+    float **rows;                   /* (n_layers) each (n[l], X) or NULL */
+    int64_t followed;               /* rows held over all layers */
+} kv_route_rows;
+
 typedef struct {
     kv_config cfg;
     kern_wtype wtype;               /* storage of the projection weights */
@@ -113,6 +125,9 @@ typedef struct {
      * N NaN or infinite values". Rows computed from them are NaN. */
     int nonfinite_tensors;
     char nonfinite_first[512];
+    /* NULL: the model routes by its own router rows; else set by the
+     * caller (who owns it) for a followed run. */
+    const kv_route_rows *route_follow;
 } kv_model;
 
 /* Called after each tensor is made or loaded, in catalogue order, with its

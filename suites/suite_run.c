@@ -961,17 +961,30 @@ static json_t *compare_pair(const suite_case *c, const char *bin, const char *re
  * --follow`, teacher forcing) and takes the verdict of that pair, where
  * every position is compared. A flip the evidence does not explain keeps
  * the first compare's failure: following it would compare past a bug.
+ * Likewise a router that took another expert at a near tie (the compare
+ * stopped there: compared.routing_flip): the followed run routes as the
+ * outside side did at every recorded router row (and feeds its tokens),
+ * so its compare judges every position, the flip's and all after it, on
+ * the same experts, whatever the first compare made of what it saw.
  * Other expectations ask for the tokens themselves (identical, within) or
  * for an injection's divergence: they judge the pair as run. Returns the
  * kvdiff side (0 A, 1 B) to re-run, or -1. */
-static int side_to_follow(const suite_case *c, json_t *j, int code, long long *pos)
+static int side_to_follow(const suite_case *c, json_t *j, int code, long long *pos,
+                          bool *routing)
 {
     json_t *tok = json_object_get(j, "tokens");
+    json_t *cut = json_object_get(json_object_get(j, "compared"), "routing_flip");
+    *routing = json_is_integer(cut);
     if (c->expect.kind != SUITE_EXPECT_NO_BUG || (c->ka == SUITE_SIDE_KVDIFF) ==
-        (c->kb == SUITE_SIDE_KVDIFF) || strcmp(jstr(tok, "verdict"), "differ") ||
-        !json_is_true(json_object_get(tok, "flip_drift")) || code != 0)
+        (c->kb == SUITE_SIDE_KVDIFF))
         return -1;
-    *pos = json_integer_value(json_object_get(tok, "position"));
+    if (*routing)
+        *pos = json_integer_value(cut);
+    else if (strcmp(jstr(tok, "verdict"), "differ") ||
+             !json_is_true(json_object_get(tok, "flip_drift")) || code != 0)
+        return -1;
+    else
+        *pos = json_integer_value(json_object_get(tok, "position"));
     return c->ka == SUITE_SIDE_KVDIFF ? 0 : 1;
 }
 
@@ -1007,7 +1020,8 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
     if (!(j = compare_pair(c, bin, a, b, js, log, log_fd, &code, r)))
         goto done;
     long long flip = -1;
-    int side = side_to_follow(c, j, code, &flip);
+    bool routing = false;
+    int side = side_to_follow(c, j, code, &flip, &routing);
     if (side >= 0) {
         /* the kvdiff side again, on the other side's tokens; its dump and
          * the compare of the pair take the place of the first ones (the
@@ -1036,9 +1050,14 @@ static void run_steps(const suite_case *c, const char *bin, const char *folder, 
         put(was, sizeof was, "%s", r->where);
         put(r->where, sizeof r->where, "%s (followed from position %lld)", was, flip);
         size_t used = strlen(r->got);
-        put(r->got + used, sizeof r->got - used, "; engine %c re-run on engine %c's tokens "
-            "(kvdiff run --follow), which differed from position %lld", side ? 'B' : 'A',
-            side ? 'A' : 'B', flip);
+        if (routing)
+            put(r->got + used, sizeof r->got - used, "; engine %c re-run on engine %c's "
+                "tokens and routing (kvdiff run --follow), whose router took another expert "
+                "at a near tie at position %lld", side ? 'B' : 'A', side ? 'A' : 'B', flip);
+        else
+            put(r->got + used, sizeof r->got - used, "; engine %c re-run on engine %c's "
+                "tokens (kvdiff run --follow), which differed from position %lld",
+                side ? 'B' : 'A', side ? 'A' : 'B', flip);
         if (r->outcome == SUITE_FAIL) {   /* the message quotes got: refresh it */
             char want[256];
             suite_expect_describe(&c->expect, want, sizeof want);

@@ -9,7 +9,9 @@
  * followed is the reference followed. Bad files and options conflicting
  * with --follow are one line, exit 2, and leave no dump. A suite case
  * whose outside side generated other tokens re-runs its kvdiff side with
- * --follow and takes that pair's verdict (no-bug only). */
+ * --follow and takes that pair's verdict (no-bug only); one whose outside
+ * side's router took another expert at a near tie is re-run following
+ * its routing too. */
 #include <check.h>
 #include <jansson.h>
 #include <hdf5.h>
@@ -499,6 +501,60 @@ START_TEST(test_suite_follows_near_tie)
 }
 END_TEST
 
+/* Real llama.cpp on tiny-deepseek-v3 with a q8_0 cache: its router keeps
+ * other expert groups at position 2, their scores within this pair's
+ * error (a rounding flip), and the compare stops there. The no-bug case
+ * re-runs the reference on llama.cpp's tokens and routing and compares
+ * every position; by hand, the followed run says what it followed and
+ * its compare has no flip left. */
+START_TEST(test_suite_follows_routing)
+{
+    char dir[64], args[768], path[128];
+    ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
+    snprintf(path, sizeof path, "%s/f.suite", dir);
+    FILE *f = fopen(path, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("[route]\nmodel = tiny-deepseek-v3\nprompt = random:40:3\nmax_new = 6\n"
+          "a = --engine reference\n"
+          "b = llama.cpp: --cache-type q8_0 --flash-attn on --ubatch 16\nexpect = no-bug\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "suite %s --keep %s/work", path, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    ck_assert_msg(strstr(out, "- (followed from position "), "%s", out);
+    snprintf(args, sizeof args, "gen --preset tiny-deepseek-v3 -o %s/hf --gguf %s/m.gguf", dir,
+             dir);
+    run_ok(args);
+    snprintf(args, sizeof args, "run --model %s/hf --prompt-random 40 --seed 3 --max-new 6 "
+             "--ignore-eos --dump %s/ref.h5", dir, dir);
+    run_ok(args);
+    snprintf(args, sizeof args, "%s/m.gguf --hf %s/hf --prompt-from %s/ref.h5 --max-new 6 "
+             "--ignore-eos --threads 1 --cache-type q8_0 --flash-attn on --ubatch 16 "
+             "--dump %s/ll.h5", dir, dir, dir, dir);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s/ll.h5 --json", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    json_t *j = json_loads(out, 0, NULL), *cv = json_object_get(j, "compared");
+    ck_assert_msg(j && json_is_integer(json_object_get(cv, "routing_flip")), "%s", out);
+    const json_int_t flip = json_integer_value(json_object_get(cv, "routing_flip"));
+    ck_assert_msg(json_integer_value(json_object_get(cv, "position_hi")) <= flip, "%s", out);
+    json_decref(j);
+    snprintf(args, sizeof args, "run --model %s/hf --follow %s/ll.h5 --dump %s/followed.h5", dir,
+             dir, dir);
+    run_ok(args);
+    snprintf(args, sizeof args, "inspect %s/followed.h5", dir);
+    run_ok(args);
+    ck_assert_msg(strstr(out, "\"follow_routing\":"), "%s", out);
+    snprintf(args, sizeof args, "compare %s/followed.h5 %s/ll.h5 --json", dir, dir);
+    ck_assert_msg(test_run_cli(args, out, sizeof out) == 0, "%s", out);
+    j = json_loads(out, 0, NULL);
+    cv = json_object_get(j, "compared");
+    ck_assert_msg(j && json_is_null(json_object_get(cv, "routing_flip")) &&
+                  json_integer_value(json_object_get(cv, "position_hi")) == 44, "%s", out);
+    json_decref(j);
+    test_rmtree(dir);
+}
+END_TEST
+
 Suite *follow_suite(void)
 {
     Suite *s = suite_create("follow");
@@ -513,6 +569,7 @@ Suite *follow_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_suite_does_not_follow_unexplained);
     tcase_add_test(tc, test_suite_follows_near_tie);
+    tcase_add_test(tc, test_suite_follows_routing);
     suite_add_tcase(s, tc);
     return s;
 }

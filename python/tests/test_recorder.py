@@ -473,7 +473,8 @@ class TestTorch(Base):
     def test_torch_gpt_oss_bf16_routing_flip_and_sinks(self):
         """gpt-oss in bf16: on this prompt the test's router takes another
         expert at a near tie at position 19 (its logits within the pair's
-        error there): no bug, the positions from it on not compared. A
+        error there): no bug, the positions from it on not compared; the
+        reference run following the test's routing compares them all. A
         port that drops the sinks is named from attn_out alone."""
         from tiny_torch import generate_and_record
         ref = self.path("ref-oss-40.h5")
@@ -490,6 +491,17 @@ class TestTorch(Base):
         self.assertRegex(text, r"positions 19\.\. not compared: at position 19, layer 3 the "
                                r"test routed to expert \d+ where the reference chose expert \d+")
         self.assertIn("a rounding flip at a near tie", text)
+        # the reference following the test's tokens and routing: every
+        # position compared, no flip left
+        fol = self.path("ref-oss-followed.h5")
+        rc, out = kvdiff("run", "--model", self.path("tiny-gpt-oss"), "--follow", dump,
+                         "--dump", fol)
+        self.assertEqual(rc, 0, out)
+        rc, text = kvdiff("compare", fol, dump)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("no bug: drift (cross-runtime", text)
+        self.assertIn("x 47 positions x", text)
+        self.assertNotIn("not compared", text)
         dump = self.path("torch-oss-nosink.h5")
         generate_and_record(self.path("tiny-gpt-oss"), prompt, 8, dump,
                             faults=["sinks-dropped"])
