@@ -584,6 +584,33 @@ START_TEST(test_llama_tiny_deepseek)
         ck_assert_msg(strstr(out, "lacks YaRN's mscale_all_dim correction") &&
                       strstr(out, "the reference's k, v (the test records none)"), "%s", out);
     }
+    /* The latent cache's own bugs, made in llama.cpp's graph as it runs
+     * (kvdiff-llama --fault): each found where it is born and named. */
+    static const struct {
+        const char *fault, *opts, *stage, *says;
+        long pos;
+    } planted[] = {
+        {"mla-rope-twice", "--cache-type f16", "kv_latent", "tail is rotated twice", 1},
+        {"mla-rope-uncached", "--cache-type f16 --flash-attn on --ubatch 7", "attn_out",
+         "holds no RoPE key tail: keys before position 7", 7},
+        {"mla-mixed-forms", "--cache-type f32", "attn_out",
+         "decode reads the latent cache empty at every prompt position", 40},
+    };
+    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
+        snprintf(path, sizeof path, "%s/%s.h5", dir, planted[i].fault);
+        snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 "
+                 "--ignore-eos %s --fault %s --dump %s", dir, dir, planted[i].opts,
+                 planted[i].fault, path);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        g4_verdict w = compare_json(dir, path);
+        ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == planted[i].pos &&
+                      !strcmp(w.stage, planted[i].stage) && !strcmp(w.kind, "latent_cache"),
+                      "%s %s: verdict %s at layer %ld position %ld %s (%s)", presets[_i],
+                      planted[i].fault, w.verdict, w.layer, w.pos, w.stage, w.kind);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+        test_run_cli(args, out, sizeof out);
+        ck_assert_msg(strstr(out, planted[i].says), "%s: %s", planted[i].fault, out);
+    }
     test_rmtree(dir);
 }
 END_TEST
@@ -784,6 +811,10 @@ START_TEST(test_llama_bad_input)
     ck_assert(make_gguf("tiny-llama", dir, gguf, NULL) == 0);
     snprintf(args, sizeof args, "%s --prompt-tokens 1,256,3 --threads 1 --dump %s", gguf, dump);
     one_line_exit2(args, "out of range", dump);
+    /* a latent cache's fault on a model without one */
+    snprintf(args, sizeof args, "%s --prompt-tokens 1,2,3 --threads 1 --fault mla-rope-twice "
+             "--dump %s", gguf, dump);
+    one_line_exit2(args, "has no latent (MLA) cache", dump);
 
     struct stat sb;
     ck_assert(stat(gguf, &sb) == 0);

@@ -96,7 +96,13 @@ static void usage(FILE *f)
         "  --fault dup-key=P       the prompt's key P is in the cache twice when decoding\n"
         "  --fault rope-offset=K   every token runs at its position + K (RoPE rotated K too far)\n"
         "  --fault ggml-abort      ggml aborts in the first decode step (a failed GGML_ASSERT,\n"
-        "                          as on a GGUF llama.cpp cannot compute with)\n");
+        "                          as on a GGUF llama.cpp cannot compute with)\n"
+        "  MLA (deepseek2), changed in the graph as it runs:\n"
+        "  --fault mla-rope-twice  the key tail (k_pe) rotated once more before it is cached\n"
+        "  --fault mla-rope-uncached  cached rows keep no key tail once their ubatch ran\n"
+        "  --fault mla-mixed-forms    the first decode step finds the prompt's latent rows\n"
+        "                          never written (zero), as if prefill ran the expanded form\n"
+        "                          (f32, f16 or bf16 caches for these two)\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -1026,6 +1032,10 @@ typedef struct {
     size_t buf_cap;
     bool list;                      /* --list-tensors */
     bool paused;                    /* a planted fault's own decode: nothing recorded */
+    int graph_fault;                /* a test fault planted in the graph (graph_fault_kind) */
+    int n_prompt;                   /* its prompt length */
+    int call_pos0;                  /* the first position of the current llama_decode call */
+    long graph_fault_hits;          /* nodes it changed */
     bool failed;
     char err[512];
 } recorder;
@@ -1405,6 +1415,133 @@ static bool wanted(recorder *r, kv_stage st, int layer)
            (st == STAGE_EMBED && r->obs->wants(r->obs, STAGE_X_IN, 0));
 }
 
+/* ------------------------------------------------------------------ */
+/* Test aids planted in the graph as it runs (--fault mla-*)            */
+
+/* A latent cache's bugs made inside llama.cpp's MLA graph: the node is
+ * computed, changed here (cb_eval's second call), and every node after it
+ * reads the change, the cache included. Each says so in engine_settings
+ * ("fault"), as the memory-API faults below do. */
+enum { GF_NONE, GF_ROPE_TWICE, GF_ROPE_UNCACHED, GF_MIXED_FORMS };
+
+/* The node graph_fault changes, and its layer: the rotated key tail
+ * ("k_pe-<il>", ROPE) or the K cache after this ubatch's rows are written
+ * into it ("cache_k_l<il> (view)", SET_ROWS). */
+static bool graph_fault_node(const recorder *r, const struct ggml_tensor *t, int *layer)
+{
+    char base[64];
+    const char *name = ggml_get_name(t);
+    if (r->graph_fault == GF_ROPE_TWICE) {
+        *layer = split_name(name, base, sizeof base);
+        return t->op == GGML_OP_ROPE && *layer >= 0 && !strcmp(base, "k_pe");
+    }
+    if (t->op != GGML_OP_SET_ROWS || strncmp(name, "cache_k_l", 9) ||
+        !isdigit((unsigned char)name[9]))
+        return false;
+    *layer = atoi(name + 9);
+    return true;
+}
+
+/* The tail turned once more by each row's position (t->src[1], the
+ * positions ROPE read), with kvdiff's own tables of the config. */
+static bool fault_rope_twice(recorder *r, struct ggml_tensor *t)
+{
+    const kv_config *c = r->cfg;
+    const int dr = c->qk_rope_dim, half = dr / 2;
+    const int64_t rows = ggml_nrows(t);
+    const struct ggml_tensor *pos = t->src[1];
+    if (t->type != GGML_TYPE_F32 || !ggml_is_contiguous(t) || t->ne[0] != dr || !pos ||
+        pos->type != GGML_TYPE_I32 || ggml_nelements(pos) != rows || dr > KV_MAX_HEAD_DIM)
+        return rec_fail(r, "--fault mla-rope-twice: %s is not the %d-wide f32 key tail it "
+                           "expects", ggml_get_name(t), dr);
+    float *x = malloc((size_t)ggml_nelements(t) * sizeof *x);
+    int32_t *p = malloc((size_t)rows * sizeof *p);
+    if (!x || !p) {
+        free(x);
+        free(p);
+        return rec_fail(r, "out of memory planting --fault mla-rope-twice");
+    }
+    ggml_backend_tensor_get(t, x, 0, ggml_nbytes(t));
+    ggml_backend_tensor_get(pos, p, 0, (size_t)rows * sizeof *p);
+    double inv[KV_MAX_HEAD_DIM / 2];
+    float cs[KV_MAX_HEAD_DIM / 2], sn[KV_MAX_HEAD_DIM / 2];
+    config_rope_inv_freq(c, false, inv);
+    const double m = config_rope_mscale(c, false);
+    for (int64_t i = 0; i < rows; i++) {
+        kern_rope_table_scaled((double)p[i], inv, dr, m, cs, sn);
+        kern_rope_apply_pairs(x + i * dr, 1, dr, half, cs, sn);
+    }
+    ggml_backend_tensor_set(t, x, 0, ggml_nbytes(t));
+    free(x);
+    free(p);
+    return true;
+}
+
+/* Bytes [from, from + len) of each cache row (cell) in [lo, hi) not
+ * written by this ubatch (t->src[1]: the cells SET_ROWS wrote, I64 or
+ * I32) set to 0, which is 0.0 in f32, f16 and bf16. */
+static bool fault_zero_cells(recorder *r, struct ggml_tensor *t, int64_t lo, int64_t hi,
+                             size_t from, size_t len)
+{
+    const struct ggml_tensor *idx = t->src[1];
+    const int64_t n_idx = idx ? ggml_nelements(idx) : 0;
+    if (!idx || (idx->type != GGML_TYPE_I64 && idx->type != GGML_TYPE_I32))
+        return rec_fail(r, "--fault: %s has no row indices to read", ggml_get_name(t));
+    int64_t *cells = malloc((size_t)(n_idx + 1) * sizeof *cells);
+    unsigned char *zero = calloc(1, len);
+    if (!cells || !zero) {
+        free(cells);
+        free(zero);
+        return rec_fail(r, "out of memory planting --fault");
+    }
+    for (int64_t i = 0; i < n_idx; i++) {
+        if (idx->type == GGML_TYPE_I64) {
+            ggml_backend_tensor_get(idx, &cells[i], (size_t)i * sizeof(int64_t), sizeof(int64_t));
+        } else {
+            int32_t v;
+            ggml_backend_tensor_get(idx, &v, (size_t)i * sizeof v, sizeof v);
+            cells[i] = v;
+        }
+    }
+    if (hi > t->ne[1])
+        hi = t->ne[1];
+    for (int64_t cell = lo; cell < hi; cell++) {
+        bool written = false;
+        for (int64_t i = 0; i < n_idx && !written; i++)
+            written = cells[i] == cell;
+        if (!written)
+            ggml_backend_tensor_set(t, zero, (size_t)cell * t->nb[1] + from, len);
+    }
+    free(cells);
+    free(zero);
+    return true;
+}
+
+/* The planted change to node t of layer il (graph_fault_node's). */
+static bool graph_fault_apply(recorder *r, struct ggml_tensor *t, int il)
+{
+    const kv_config *c = r->cfg;
+    if (r->graph_fault == GF_ROPE_TWICE)
+        return fault_rope_twice(r, t);
+    if (t->type != GGML_TYPE_F32 && t->type != GGML_TYPE_F16 && t->type != GGML_TYPE_BF16)
+        return rec_fail(r, "--fault %s plants in an f32, f16 or bf16 cache, not %s",
+                        r->graph_fault == GF_ROPE_UNCACHED ? "mla-rope-uncached"
+                                                           : "mla-mixed-forms",
+                        ggml_type_name(t->type));
+    const size_t R = ggml_row_size(t->type, c->kv_lora_rank);
+    const size_t W = ggml_row_size(t->type, c->kv_lora_rank + c->qk_rope_dim);
+    (void)il;
+    /* uncached: every earlier row loses its tail as its ubatch ends */
+    if (r->graph_fault == GF_ROPE_UNCACHED)
+        return fault_zero_cells(r, t, 0, t->ne[1], R, W - R);
+    /* mixed forms: the first decode step finds the prompt's rows (cells
+     * 0 .. n_prompt - 1 of a fresh single-sequence context) never
+     * written: zero latents, zero tails, from then on */
+    if (r->call_pos0 == r->n_prompt)
+        return fault_zero_cells(r, t, 0, r->n_prompt, 0, W);
+    return true;
+}
+
 /* cb_eval: ask = true, "do you want this node's data?"; ask = false, the
  * node is computed. Returning false from the second call stops the graph. */
 static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
@@ -1412,8 +1549,6 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
     recorder *r = user;
     if (r->failed)
         return !ask ? false : true;
-    if (r->paused)
-        return !ask;
     if (r->list) {
         if (ask)
             printf("%s %s %s [%lld %lld %lld %lld]\n", ggml_get_name(t), ggml_op_desc(t),
@@ -1421,6 +1556,15 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
                    (long long)t->ne[2], (long long)t->ne[3]);
         return false;
     }
+    int gl;
+    if (r->graph_fault && graph_fault_node(r, t, &gl)) {
+        if (ask)
+            return true;
+        r->graph_fault_hits++;
+        return graph_fault_apply(r, t, gl);
+    }
+    if (r->paused)
+        return !ask;
     mapping m = map_tensor(r, t);
     if (m.kind == MAP_NONE || !wanted(r, m.stage, m.layer))
         return false;
@@ -1641,7 +1785,11 @@ typedef enum {
     FAULT_DECODE_BLIND,             /* the prompt removed before the first decode step */
     FAULT_DUP_KEY,                  /* position pos decoded again as a second cell */
     FAULT_ROPE_OFFSET,              /* every token given to llama.cpp at position + pos */
-    FAULT_GGML_ABORT                /* ggml's abort in the first decode step */
+    FAULT_GGML_ABORT,               /* ggml's abort in the first decode step */
+    /* MLA (deepseek2): planted in the graph as it runs (graph_fault) */
+    FAULT_MLA_ROPE_TWICE,           /* the key tail rotated once more before it is cached */
+    FAULT_MLA_ROPE_UNCACHED,        /* cached rows keep no key tail past their ubatch */
+    FAULT_MLA_MIXED_FORMS           /* decode finds the prompt's latent rows never written */
 } fault_kind;
 
 typedef struct {
@@ -1661,6 +1809,12 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->kind = FAULT_DECODE_BLIND;
     } else if (!strcmp(spec, "ggml-abort")) {
         f->kind = FAULT_GGML_ABORT;
+    } else if (!strcmp(spec, "mla-rope-twice")) {
+        f->kind = FAULT_MLA_ROPE_TWICE;
+    } else if (!strcmp(spec, "mla-rope-uncached")) {
+        f->kind = FAULT_MLA_ROPE_UNCACHED;
+    } else if (!strcmp(spec, "mla-mixed-forms")) {
+        f->kind = FAULT_MLA_MIXED_FORMS;
     } else if (!strncmp(spec, "drop-key=", 9) || !strncmp(spec, "dup-key=", 8)) {
         const bool drop = spec[1] == 'r';
         const char *v = spec + (drop ? 9 : 8);
@@ -1683,7 +1837,8 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->pos = (int)k;
     } else {
         return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind, "
-                          "dup-key=P, rope-offset=K or ggml-abort", spec);
+                          "dup-key=P, rope-offset=K, ggml-abort, mla-rope-twice, "
+                          "mla-rope-uncached or mla-mixed-forms", spec);
     }
     return 0;
 }
@@ -1724,6 +1879,7 @@ static int fault_before(struct llama_context *ctx, recorder *r, const fault *f,
                         const int32_t *ids, int n_prompt, int pos0)
 {
     llama_memory_t mem = llama_get_memory(ctx);
+    r->call_pos0 = pos0;   /* the graph faults' clock */
     if (f->kind == FAULT_ISOLATE_UBATCH && pos0 > 0)
         return llama_memory_seq_rm(mem, 0, 0, pos0) ? 0 : -1;
     if (f->kind == FAULT_DECODE_BLIND && pos0 == n_prompt)
@@ -1748,7 +1904,9 @@ static int fault_after(struct llama_context *ctx, const fault *f, int pos0, int 
 static const char *fault_name(const fault *f, char *buf, size_t n)
 {
     static const char *const names[] = {"", "isolate-ubatch", "drop-key", "decode-blind",
-                                        "dup-key", "rope-offset", "ggml-abort"};
+                                        "dup-key", "rope-offset", "ggml-abort",
+                                        "mla-rope-twice", "mla-rope-uncached",
+                                        "mla-mixed-forms"};
     if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY || f->kind == FAULT_ROPE_OFFSET)
         snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
     else
@@ -1972,6 +2130,20 @@ int main(int argc, char **argv)
             r->rot_k *= 2;
     }
     r->list = o.list_tensors;
+    r->graph_fault = flt.kind == FAULT_MLA_ROPE_TWICE      ? GF_ROPE_TWICE
+                     : flt.kind == FAULT_MLA_ROPE_UNCACHED ? GF_ROPE_UNCACHED
+                     : flt.kind == FAULT_MLA_MIXED_FORMS   ? GF_MIXED_FORMS
+                                                           : GF_NONE;
+    r->n_prompt = n_prompt;
+    if (r->graph_fault && !config_mla(&cfg)) {
+        kv_errf(&e, "--fault %s: %s has no latent (MLA) cache", o.fault, o.gguf);
+        goto fail;
+    }
+    if (r->graph_fault && o.no_record) {
+        kv_errf(&e, "--fault %s plants through the graph callback, which --no-record turns off",
+                o.fault);
+        goto fail;
+    }
 
     struct llama_context_params cp = llama_context_default_params();
     cp.n_ctx = (uint32_t)n_ctx;
@@ -2079,6 +2251,12 @@ int main(int argc, char **argv)
             break;
         rc = decode(ctx, &batch, &next, 1, pos, n_batch, fcp);
         pos++;
+    }
+    if (!why && rc == 0 && r->graph_fault && r->graph_fault_hits == 0 && !r->failed) {
+        /* a test aid that changed nothing must not pass for one that did */
+        snprintf(whybuf, sizeof whybuf, "--fault %s found no node of llama.cpp's MLA graph to "
+                 "plant in (k_pe, cache_k_l<i>)", o.fault);
+        why = whybuf;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (o.timing)
