@@ -675,6 +675,32 @@ START_TEST(test_llama_tiny_gpt_oss)
     ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == 11 &&
                   !strcmp(w.kind, "window"), "window 11: verdict %s at layer %ld position %ld "
                   "%s (%s)", w.verdict, w.layer, w.pos, w.stage, w.kind);
+    /* The sinks left out inside llama.cpp (kvdiff-llama --fault: the sink
+     * weights set to -inf before attention reads them), in every softmax
+     * or in decode only: found where they act and named. */
+    static const struct {
+        const char *fault, *opts, *says;
+        long pos;
+    } sinks[] = {
+        {"sink-dropped", "--cache-type f16 --flash-attn on", "sinks are left out of the softmax",
+         0},
+        {"sink-prefill-only", "--cache-type f32", "sinks are applied in prefill only", 40},
+    };
+    for (size_t i = 0; i < sizeof sinks / sizeof *sinks; i++) {
+        snprintf(path, sizeof path, "%s/%s.h5", dir, sinks[i].fault);
+        snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 "
+                 "--ignore-eos %s --fault %s --dump %s", dir, dir, sinks[i].opts,
+                 sinks[i].fault, path);
+        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+        g4_verdict s = compare_json(dir, path);
+        ck_assert_msg(!strcmp(s.verdict, "diverged") && s.layer == 0 && s.pos == sinks[i].pos &&
+                      !strcmp(s.stage, "attn_out") && !strcmp(s.kind, "attention_sink"),
+                      "%s: verdict %s at layer %ld position %ld %s (%s)", sinks[i].fault,
+                      s.verdict, s.layer, s.pos, s.stage, s.kind);
+        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+        test_run_cli(args, out, sizeof out);
+        ck_assert_msg(strstr(out, sinks[i].says), "%s: %s", sinks[i].fault, out);
+    }
     test_rmtree(dir);
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     oss_folder(dir, false);

@@ -102,7 +102,10 @@ static void usage(FILE *f)
         "  --fault mla-rope-uncached  cached rows keep no key tail once their ubatch ran\n"
         "  --fault mla-mixed-forms    the first decode step finds the prompt's latent rows\n"
         "                          never written (zero), as if prefill ran the expanded form\n"
-        "                          (f32, f16 or bf16 caches for these two)\n");
+        "                          (f32, f16 or bf16 caches for these two)\n"
+        "  attention sinks (gpt-oss), in the graph as it runs:\n"
+        "  --fault sink-dropped    no sink in any softmax\n"
+        "  --fault sink-prefill-only  decode steps' softmax leaves the sink out\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -1422,7 +1425,42 @@ static bool wanted(recorder *r, kv_stage st, int layer)
  * computed, changed here (cb_eval's second call), and every node after it
  * reads the change, the cache included. Each says so in engine_settings
  * ("fault"), as the memory-API faults below do. */
-enum { GF_NONE, GF_ROPE_TWICE, GF_ROPE_UNCACHED, GF_MIXED_FORMS };
+enum { GF_NONE, GF_ROPE_TWICE, GF_ROPE_UNCACHED, GF_MIXED_FORMS, GF_SINK_DROPPED,
+       GF_SINK_PREFILL_ONLY };
+
+/* The sinks an attention node reads (gpt-oss: ggml_soft_max_add_sinks
+ * puts them in src[2], ggml_flash_attn_ext_add_sinks in src[4]), or NULL. */
+static struct ggml_tensor *node_sinks(const struct ggml_tensor *t)
+{
+    if (t->op == GGML_OP_SOFT_MAX)
+        return t->src[2];
+    if (t->op == GGML_OP_FLASH_ATTN_EXT)
+        return t->src[4];
+    return NULL;
+}
+
+/* Sinks left out: the weight set to -inf (exp(-inf) = 0 in the softmax),
+ * before the attention node computes (cb_eval's first call), in every
+ * step or from the first decode step on; the model is loaded without
+ * mmap for it (its weights writable). */
+static bool fault_sinks(recorder *r, struct ggml_tensor *t)
+{
+    struct ggml_tensor *w = node_sinks(t);
+    if (r->graph_fault == GF_SINK_PREFILL_ONLY && r->call_pos0 < r->n_prompt)
+        return true;
+    if (w->type != GGML_TYPE_F32)
+        return rec_fail(r, "--fault: the sinks %s are %s, not f32", ggml_get_name(w),
+                        ggml_type_name(w->type));
+    const int64_t n = ggml_nelements(w);
+    float *x = malloc((size_t)n * sizeof *x);
+    if (!x)
+        return rec_fail(r, "out of memory planting --fault");
+    for (int64_t i = 0; i < n; i++)
+        x[i] = -INFINITY;
+    ggml_backend_tensor_set(w, x, 0, (size_t)n * sizeof *x);
+    free(x);
+    return true;
+}
 
 /* The node graph_fault changes, and its layer: the rotated key tail
  * ("k_pe-<il>", ROPE) or the K cache after this ubatch's rows are written
@@ -1434,6 +1472,10 @@ static bool graph_fault_node(const recorder *r, const struct ggml_tensor *t, int
     if (r->graph_fault == GF_ROPE_TWICE) {
         *layer = split_name(name, base, sizeof base);
         return t->op == GGML_OP_ROPE && *layer >= 0 && !strcmp(base, "k_pe");
+    }
+    if (r->graph_fault == GF_SINK_DROPPED || r->graph_fault == GF_SINK_PREFILL_ONLY) {
+        *layer = -1;
+        return node_sinks(t) != NULL;
     }
     if (t->op != GGML_OP_SET_ROWS || strncmp(name, "cache_k_l", 9) ||
         !isdigit((unsigned char)name[9]))
@@ -1558,6 +1600,13 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
     }
     int gl;
     if (r->graph_fault && graph_fault_node(r, t, &gl)) {
+        if (r->graph_fault == GF_SINK_DROPPED || r->graph_fault == GF_SINK_PREFILL_ONLY) {
+            /* a weight the node reads, changed before it computes */
+            r->graph_fault_hits++;
+            if (!fault_sinks(r, t))
+                return !ask ? false : true;
+            return false;
+        }
         if (ask)
             return true;
         r->graph_fault_hits++;
@@ -1789,7 +1838,10 @@ typedef enum {
     /* MLA (deepseek2): planted in the graph as it runs (graph_fault) */
     FAULT_MLA_ROPE_TWICE,           /* the key tail rotated once more before it is cached */
     FAULT_MLA_ROPE_UNCACHED,        /* cached rows keep no key tail past their ubatch */
-    FAULT_MLA_MIXED_FORMS           /* decode finds the prompt's latent rows never written */
+    FAULT_MLA_MIXED_FORMS,          /* decode finds the prompt's latent rows never written */
+    /* attention sinks (gpt-oss), in the graph too */
+    FAULT_SINK_DROPPED,             /* no sink in any softmax */
+    FAULT_SINK_PREFILL_ONLY         /* decode steps' softmax without the sink */
 } fault_kind;
 
 typedef struct {
@@ -1815,6 +1867,10 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->kind = FAULT_MLA_ROPE_UNCACHED;
     } else if (!strcmp(spec, "mla-mixed-forms")) {
         f->kind = FAULT_MLA_MIXED_FORMS;
+    } else if (!strcmp(spec, "sink-dropped")) {
+        f->kind = FAULT_SINK_DROPPED;
+    } else if (!strcmp(spec, "sink-prefill-only")) {
+        f->kind = FAULT_SINK_PREFILL_ONLY;
     } else if (!strncmp(spec, "drop-key=", 9) || !strncmp(spec, "dup-key=", 8)) {
         const bool drop = spec[1] == 'r';
         const char *v = spec + (drop ? 9 : 8);
@@ -1838,7 +1894,8 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
     } else {
         return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind, "
                           "dup-key=P, rope-offset=K, ggml-abort, mla-rope-twice, "
-                          "mla-rope-uncached or mla-mixed-forms", spec);
+                          "mla-rope-uncached, mla-mixed-forms, sink-dropped or "
+                          "sink-prefill-only", spec);
     }
     return 0;
 }
@@ -1906,7 +1963,8 @@ static const char *fault_name(const fault *f, char *buf, size_t n)
     static const char *const names[] = {"", "isolate-ubatch", "drop-key", "decode-blind",
                                         "dup-key", "rope-offset", "ggml-abort",
                                         "mla-rope-twice", "mla-rope-uncached",
-                                        "mla-mixed-forms"};
+                                        "mla-mixed-forms", "sink-dropped",
+                                        "sink-prefill-only"};
     if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY || f->kind == FAULT_ROPE_OFFSET)
         snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
     else
@@ -2077,6 +2135,9 @@ int main(int argc, char **argv)
     llama_backend_init();
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
+    /* a sink fault writes a weight: no read-only mapping of the file */
+    if (flt.kind == FAULT_SINK_DROPPED || flt.kind == FAULT_SINK_PREFILL_ONLY)
+        mp.load_mode = LLAMA_LOAD_MODE_NONE;
     model = llama_model_load_from_file(o.gguf, mp);
     if (!model) {
         kv_errf(&e, "%s: llama.cpp could not load the model: %s", o.gguf,
@@ -2133,9 +2194,17 @@ int main(int argc, char **argv)
     r->graph_fault = flt.kind == FAULT_MLA_ROPE_TWICE      ? GF_ROPE_TWICE
                      : flt.kind == FAULT_MLA_ROPE_UNCACHED ? GF_ROPE_UNCACHED
                      : flt.kind == FAULT_MLA_MIXED_FORMS   ? GF_MIXED_FORMS
+                     : flt.kind == FAULT_SINK_DROPPED      ? GF_SINK_DROPPED
+                     : flt.kind == FAULT_SINK_PREFILL_ONLY ? GF_SINK_PREFILL_ONLY
                                                            : GF_NONE;
+    const bool sink_fault = r->graph_fault == GF_SINK_DROPPED ||
+                            r->graph_fault == GF_SINK_PREFILL_ONLY;
+    if (sink_fault && !cfg.attn_sinks) {
+        kv_errf(&e, "--fault %s: %s has no attention sinks", o.fault, o.gguf);
+        goto fail;
+    }
     r->n_prompt = n_prompt;
-    if (r->graph_fault && !config_mla(&cfg)) {
+    if (r->graph_fault && !sink_fault && !config_mla(&cfg)) {
         kv_errf(&e, "--fault %s: %s has no latent (MLA) cache", o.fault, o.gguf);
         goto fail;
     }
@@ -2254,8 +2323,8 @@ int main(int argc, char **argv)
     }
     if (!why && rc == 0 && r->graph_fault && r->graph_fault_hits == 0 && !r->failed) {
         /* a test aid that changed nothing must not pass for one that did */
-        snprintf(whybuf, sizeof whybuf, "--fault %s found no node of llama.cpp's MLA graph to "
-                 "plant in (k_pe, cache_k_l<i>)", o.fault);
+        snprintf(whybuf, sizeof whybuf, "--fault %s found no node of llama.cpp's graph to "
+                 "plant in", o.fault);
         why = whybuf;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
