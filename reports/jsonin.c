@@ -435,6 +435,9 @@ static void read_compared(jr *c, json_t *root, cmp_result *r)
     cv->partial = boolean(c, m, "compared", "partial");
     cv->hashed = boolean(c, m, "compared", "fingerprint");
     cv->pos_cut = integer(c, m, "compared", "token_cut", 0, INT64_MAX, -1);
+    /* optional: results saved before routing was followed lack it */
+    cv->routing_flip = json_object_get(m, "routing_flip")
+                           ? integer(c, m, "compared", "routing_flip", 0, INT64_MAX, -1) : -1;
     cv->walked_to = integer(c, m, "compared", "walked_to", -1, INT64_MAX, INT64_MIN);
     /* optional: results saved before the row hash index existed lack it */
     json_t *bi = json_object_get(m, "by_index");
