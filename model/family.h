@@ -7,14 +7,17 @@
  * asking "which model is this" (may layers slide, may they share a KV
  * cache, do attention sinks or experts exist), and hooks for what no trait
  * can say: the keys of config.json only it has, their checks and how they
- * are written back, and its built-in presets. The shared code (config.c,
+ * are written back, its built-in presets, and its side of llama.cpp (GGUF
+ * keys written and read back, what llama.cpp cannot run of it, the names
+ * of its graph's nodes). The shared code (config.c,
  * model.c, forward.c, the engines) implements each feature once (a sink, a
  * mixture of experts, YaRN) and turns it on from the config, so a new
  * family is a new file plus its line in families.c.
  *
  * Families added before this table still keep some of their reading in
- * config.c (Gemma's RoPE and layer keys, Gemma 4's per-layer sizes);
- * docs/architectures.md lists what each file holds. */
+ * config.c (Gemma's RoPE and layer keys, Gemma 4's per-layer sizes),
+ * gguf.c and kvdiff-llama (Gemma's GGUF keys); docs/architectures.md lists
+ * what each file holds. */
 #ifndef KV_FAMILY_H
 #define KV_FAMILY_H
 
@@ -23,6 +26,71 @@
 
 #include "config.h"
 #include "config_json.h"
+#include "observer.h"
+
+/* llama.cpp's graph for this family, as kvdiff-llama records it: which
+ * node of a layer ("<node>-<layer>") or of the model (no layer) carries
+ * which stage. A node matches on its name and, where set, on being the
+ * ROPE op of that name or on rows of the stage's full width. */
+typedef enum {
+    GRAPH_EMIT,         /* the node's rows are the stage's */
+    GRAPH_LAST,         /* several nodes carry the name: the last one before the layer's
+                           next recorded stage wins (q, v, attn_proj) */
+    GRAPH_Q_TAILS,      /* MLA: the rotated tails of the q held before (q_pe) */
+    GRAPH_ALL_LAYERS    /* a model node holding every layer's stage (Gemma 4's ple_in) */
+} kv_graph_take;
+
+typedef struct {
+    const char *node;            /* NULL ends a table */
+    kv_stage stage;
+    kv_graph_take take;
+    bool model;                  /* a model node (no layer) */
+    bool rope;                   /* only its ROPE op (the name before RoPE is skipped) */
+    bool full_width;             /* only a node whose rows are the stage's full width */
+} kv_graph_name;
+
+/* An entry's first three fields, named (the others default to false). */
+#define KV_GRAPH(n, s, t) .node = (n), .stage = (s), .take = (t)
+
+/* The names llama.cpp's llama, qwen2 and qwen3 graphs give (families.c):
+ * a family whose graph names nothing else sets no table of its own. */
+extern const kv_graph_name family_graph_default[];
+
+/* GGUF metadata as a family's from_gguf reads it (kvdiff-llama provides
+ * it over ggml's gguf API). A key is named by its suffix after
+ * "<general.architecture>.", or in full after '='. Messages name the file
+ * (path) and the key. */
+typedef struct kv_gguf_in kv_gguf_in;
+struct kv_gguf_in {
+    const void *ctx;
+    const char *path;
+    /* An integer from lo to hi into *out; dflt when absent (an error
+     * naming `what` when required). 0, or -1 with e set. */
+    int (*int_key)(const kv_gguf_in *g, const char *suffix, long long lo, long long hi,
+                   bool required, long long dflt, const char *what, int *out, kv_err *e);
+    /* A number (any numeric type), dflt when absent; *found (may be NULL)
+     * says whether it was there. */
+    double (*num)(const kv_gguf_in *g, const char *suffix, double dflt, bool *found);
+    bool (*has)(const kv_gguf_in *g, const char *suffix);       /* the key is there */
+    bool (*is_true)(const kv_gguf_in *g, const char *suffix);   /* a bool key, true */
+    /* Which layers slide, as llama.cpp decides: a bool per layer in
+     * attention.sliding_window_pattern, or every n-th layer global (n that
+     * key's number, `period` when absent). 0, or -1 with e set. */
+    int (*layer_types)(const kv_gguf_in *g, kv_config *c, int period, kv_err *e);
+};
+
+/* GGUF metadata as a family's gguf_keys writes it (model/gguf.c provides
+ * it): a key starting with '.' is the architecture's ("deepseek2" +
+ * ".attention.kv_lora_rank"), any other is written as named. */
+typedef struct kv_gguf_out kv_gguf_out;
+struct kv_gguf_out {
+    void *ctx;
+    void (*u32)(kv_gguf_out *g, const char *key, uint32_t v);
+    void (*f32)(kv_gguf_out *g, const char *key, float v);
+    void (*flag)(kv_gguf_out *g, const char *key, bool v);
+    void (*u32s)(kv_gguf_out *g, const char *key, const uint32_t *v, int n);   /* per layer */
+    void (*flags)(kv_gguf_out *g, const char *key, const uint8_t *v, int n);   /* bools */
+};
 
 /* A built-in preset: fills a zeroed config completely. */
 typedef struct {
@@ -64,6 +132,9 @@ typedef struct kv_family {
      * pairs, ended by {NULL, NULL}; NULL: none. */
     const char *const (*gguf_names)[2];
 
+    /* llama.cpp's graph names (NULL: family_graph_default) */
+    const kv_graph_name *graph;
+
     /* hooks (NULL: nothing of its own) */
     void (*flags)(kv_config *c);                     /* what follows from the family alone */
     int (*parse)(const cfg_jctx *cx, const json_t *obj, kv_config *c); /* its own keys */
@@ -71,10 +142,26 @@ typedef struct kv_family {
     void (*write)(cfg_writer *w, const kv_config *c);/* its own keys, after the common ones */
     const kv_family_preset *presets;
     int n_presets;
+
+    /* What llama.cpp runs of this family from a GGUF's metadata, beyond
+     * the sizes, RoPE and scaling every family shares (read before it,
+     * into c); llama_scale is the q.k multiplier llama.cpp applies (set
+     * to head_dim^-1/2 before). kvdiff-llama calls it; NULL: nothing of
+     * its own (or, for the older families, still in kvdiff-llama). */
+    int (*from_gguf)(const kv_gguf_in *g, kv_config *c, double *llama_scale, kv_err *e);
+    /* Its own GGUF metadata as llama.cpp's converter writes it, after the
+     * keys every family shares (model/gguf.c); NULL: none (or, for the
+     * older families, still in gguf.c). */
+    void (*gguf_keys)(kv_gguf_out *g, const kv_config *c);
+    /* What llama.cpp's graph for it cannot run, refused before a GGUF is
+     * written (one line, e); NULL: nothing of its own. */
+    int (*gguf_check)(const kv_config *c, kv_err *e);
 } kv_family;
 
 /* The family of arch, or NULL when arch is not one. */
 const kv_family *family_of(kv_arch arch);
+/* Its llama.cpp graph names (family_graph_default when it names none). */
+const kv_graph_name *family_graph(kv_arch arch);
 /* The family whose model_type (or outer_type) is mt, or NULL. */
 const kv_family *family_by_model_type(const char *mt);
 /* The family llama.cpp calls gguf_arch, or NULL. */

@@ -217,20 +217,11 @@ static int gemma4_export_check(const kv_config *c, kv_err *e)
 
 int gguf_export_check(const kv_config *c, kv_err *e)
 {
-    if (c->arch != ARCH_LLAMA && c->arch != ARCH_QWEN2 && c->arch != ARCH_GEMMA3 &&
-        c->arch != ARCH_QWEN3 && c->arch != ARCH_GEMMA4 && c->arch != ARCH_GPT_OSS &&
-        c->arch != ARCH_DEEPSEEK2 && c->arch != ARCH_DEEPSEEK3)
+    const kv_family *fam = family_of(c->arch);
+    if (!fam || !fam->gguf_arch)
         return kv_errf(e, "model_type '%s' has no GGUF export", c->model_type);
-    /* llama.cpp's deepseek2 assumes mscale = mscale_all_dim (cos and sin
-     * unscaled; llama_context's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]). */
-    if (config_mla(c) && c->rope_scaling.type == ROPE_SCALE_YARN &&
-        c->rope_scaling.mscale != c->rope_scaling.mscale_all_dim)
-        return kv_errf(e, "rope_scaling mscale %g differs from mscale_all_dim %g; llama.cpp's "
-                       "deepseek2 takes them equal, so it cannot run this model",
-                       c->rope_scaling.mscale, c->rope_scaling.mscale_all_dim);
-    if (config_mla(c) && c->moe_every > 1)
-        return kv_errf(e, "moe_layer_freq %d; llama.cpp's deepseek2 has experts on every "
-                       "layer after the leading dense ones", c->moe_every);
+    if (fam->gguf_check && fam->gguf_check(c, e) < 0)
+        return -1;
     if (c->arch == ARCH_GEMMA4)
         return gemma4_export_check(c, e);
     /* llama_model_qwen3::load_arch_tensors creates no attn_output.bias. */
@@ -426,10 +417,11 @@ static int plan_experts(const tensor_spec *s, gguf_out_type ot, out_tensor *t)
     return n;
 }
 
-/* DeepSeek's experts, one catalogue entry per expert and projection
- * (gate, up, down in turn): stacked as the converter's merge_expert does,
+/* Experts stored one catalogue entry per expert and projection
+ * (TENSOR_EXPERT_PART: gate, up, down in turn; DeepSeek's layout): stacked
+ * as the converter's merge_expert does,
  * [in, out, X] each. s is expert 0's gate_proj. Fills t[0..2]. */
-static int plan_deepseek_experts(const kv_config *c, const tensor_spec *s, gguf_out_type ot,
+static int plan_expert_parts(const kv_config *c, const tensor_spec *s, gguf_out_type ot,
                                  out_tensor *t)
 {
     static const char *const names[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
@@ -778,65 +770,19 @@ done:
 /* ------------------------------------------------------------------ */
 /* Metadata                                                             */
 
-/* As the converter's Gemma4Model.set_gguf_parameters writes them, with one
- * difference: final_logit_softcapping is always written, 0 for none,
- * since llama.cpp applies 30 when the key is absent (the converter leaves
- * it out for a null, and such a model then runs capped). */
-static void put_gemma4_keys(kvs *k, const kv_config *c)
+/* kv_gguf_out (model/family.h) over kvs: what a family's gguf_keys writes. */
+static void out_u32(kv_gguf_out *g, const char *key, uint32_t v) { kv_u32(g->ctx, key, v); }
+static void out_f32(kv_gguf_out *g, const char *key, float v) { kv_f32(g->ctx, key, v); }
+static void out_flag(kv_gguf_out *g, const char *key, bool v) { kv_bool(g->ctx, key, v); }
+
+static void out_u32s(kv_gguf_out *g, const char *key, const uint32_t *v, int n)
 {
-    uint32_t kv[KV_MAX_LAYERS], ff[KV_MAX_LAYERS];
-    uint8_t pattern[KV_MAX_LAYERS];
-    int shared = 0;
-    for (int i = 0; i < c->n_layers; i++) {
-        kv[i] = (uint32_t)config_layer_kv_heads(c, i);
-        ff[i] = (uint32_t)config_layer_intermediate(c, i);
-        pattern[i] = c->layer_type[i] == ATTN_SLIDING;
-        shared += c->kv_owner[i] != i;
-    }
-    kv_num_arr(k, ".attention.head_count_kv", GT_UINT32, kv, 4, (uint64_t)c->n_layers);
-    if (c->double_wide_mlp)
-        kv_num_arr(k, ".feed_forward_length", GT_UINT32, ff, 4, (uint64_t)c->n_layers);
-    kv_u32(k, ".attention.key_length_swa", (uint32_t)c->head_dim);
-    kv_u32(k, ".attention.value_length_swa", (uint32_t)c->head_dim);
-    kv_u32(k, ".rope.dimension_count_swa", (uint32_t)c->head_dim);
-    kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
-    kv_num_arr(k, ".attention.sliding_window_pattern", GT_BOOL, pattern, 1,
-                   (uint64_t)c->n_layers);
-    kv_f32(k, ".rope.freq_base_swa", (float)c->rope_local_theta);
-    kv_f32(k, ".final_logit_softcapping", (float)c->final_softcap);
-    kv_u32(k, ".attention.shared_kv_layers", (uint32_t)shared);
-    kv_u32(k, ".embedding_length_per_layer_input", (uint32_t)c->per_layer_dim);
+    kv_num_arr(g->ctx, key, GT_UINT32, v, 4, (uint64_t)n);
 }
 
-/* As the converter's DeepseekV2Model.set_gguf_parameters writes them;
- * q_lora_rank always (0: one q_proj), since llama.cpp requires it of any
- * model whose layer count is not DeepSeek-V2-Lite's; the gating function
- * and the expert groups as llama.cpp's own keys name them. */
-static void put_deepseek_keys(kvs *k, const kv_config *c)
+static void out_flags(kv_gguf_out *g, const char *key, const uint8_t *v, int n)
 {
-    kv_u32(k, ".leading_dense_block_count", (uint32_t)(c->n_experts > 0 ? c->first_dense
-                                                                         : c->n_layers));
-    kv_u32(k, ".attention.q_lora_rank", (uint32_t)c->q_lora_rank);
-    kv_u32(k, ".attention.kv_lora_rank", (uint32_t)c->kv_lora_rank);
-    kv_u32(k, ".attention.key_length_mla", (uint32_t)c->head_dim);
-    kv_u32(k, ".attention.value_length_mla", (uint32_t)c->v_head_dim);
-    if (c->n_experts == 0) {
-        kv_u32(k, ".expert_feed_forward_length", (uint32_t)c->intermediate);
-        kv_u32(k, ".expert_shared_count", 0);
-        return;
-    }
-    kv_u32(k, ".expert_shared_count", (uint32_t)c->n_shared_experts);
-    kv_f32(k, ".expert_weights_scale", (float)c->routed_scale);
-    if (c->norm_topk)
-        kv_bool(k, ".expert_weights_norm", true);
-    kv_u32(k, ".expert_gating_func", c->route == ROUTE_SIGMOID ? 2u : 1u);
-    if (c->n_group > 0) {
-        kv_u32(k, ".expert_group_count", (uint32_t)c->n_group);
-        kv_u32(k, ".expert_group_used_count", (uint32_t)c->topk_group);
-    }
-    /* [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: the converter stores 0.1 times it */
-    if (c->rope_scaling.type == ROPE_SCALE_YARN && c->rope_scaling.mscale_all_dim > 0)
-        kv_f32(k, ".rope.scaling.yarn_log_multiplier", (float)(0.1 * c->rope_scaling.mscale_all_dim));
+    kv_num_arr(g->ctx, key, GT_BOOL, v, 1, (uint64_t)n);
 }
 
 static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const char *name,
@@ -886,18 +832,11 @@ static void put_model_keys(kvs *k, const kv_config *c, gguf_out_type ot, const c
         kv_u32(k, ".expert_feed_forward_length",
                (uint32_t)(c->moe_intermediate > 0 ? c->moe_intermediate : c->intermediate));
     }
-    if (mla)
-        put_deepseek_keys(k, c);
-    if (c->arch == ARCH_GPT_OSS) {
-        uint8_t pattern[KV_MAX_LAYERS];
-        for (int i = 0; i < c->n_layers; i++)
-            pattern[i] = c->layer_type[i] == ATTN_SLIDING;
-        kv_u32(k, ".attention.sliding_window", (uint32_t)c->sliding_window);
-        kv_num_arr(k, ".attention.sliding_window_pattern", GT_BOOL, pattern, 1,
-                   (uint64_t)c->n_layers);
+    const kv_family *fam = family_of(c->arch);
+    if (fam && fam->gguf_keys) {
+        kv_gguf_out out = {k, out_u32, out_f32, out_flag, out_u32s, out_flags};
+        fam->gguf_keys(&out, c);
     }
-    if (c->arch == ARCH_GEMMA4)
-        put_gemma4_keys(k, c);
     if (c->arch == ARCH_GEMMA3) {
         int any_sliding = 0;
         uint8_t pattern[KV_MAX_LAYERS];
@@ -1208,7 +1147,7 @@ static int export_model(const wsource *src, const vocab_out *v, gguf_out_type ot
         if (s->kind == TENSOR_EXPERTS || s->kind == TENSOR_EXPERT_BIAS)
             n += plan_experts(s, ot, &ts[n]);
         else if (s->kind == TENSOR_EXPERT_PART)
-            n += strstr(s->name, ".experts.0.gate_proj.") ? plan_deepseek_experts(c, s, ot, &ts[n])
+            n += strstr(s->name, ".experts.0.gate_proj.") ? plan_expert_parts(c, s, ot, &ts[n])
                                                          : 0;
         else if (s->layer >= 0 && !strcmp(layer_suffix(s->name), "self_attn.kv_b_proj.weight"))
             n += plan_kv_b(c, s, ot, &ts[n]);

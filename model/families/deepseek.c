@@ -29,6 +29,7 @@
 #include "../family.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_EXPERTS (1 << 12)
@@ -372,6 +373,154 @@ static const char *const GGUF_NAMES[][2] = {
     {NULL, NULL},
 };
 
+/* DeepSeek-V2/V3 as llama.cpp's deepseek2 reads a GGUF
+ * (llama_model_deepseek2::load_arch_hparams) in its MLA form: the
+ * expanded heads (key_length_mla, value_length_mla; the GGUF's key_length
+ * is the latent cache's row), the latent and the key tail, leading dense
+ * layers, experts with shared ones, the gating, groups and weights; q.k
+ * times m(mscale_all_dim)^2 / sqrt(head) from yarn_log_multiplier (stored
+ * as 0.1 mscale_all_dim), cos and sin unscaled (llama_context takes
+ * mscale = mscale_all_dim). V3 is told by its sigmoid gating. */
+static int from_gguf(const kv_gguf_in *g, kv_config *c, double *llama_scale, kv_err *e)
+{
+    int gating = 1, dense = 0;
+    if (g->int_key(g, "attention.kv_lora_rank", 1, KV_MAX_HEAD_DIM, true, 0,
+                   "the latent's width", &c->kv_lora_rank, e) < 0 ||
+        g->int_key(g, "attention.q_lora_rank", 0, KV_MAX_HEAD_DIM, false, 0,
+                   "the q LoRA's rank", &c->q_lora_rank, e) < 0 ||
+        g->int_key(g, "attention.key_length_mla", 4, KV_MAX_HEAD_DIM, true, 0,
+                   "the expanded head size", &c->head_dim, e) < 0 ||
+        g->int_key(g, "attention.value_length_mla", 1, c->head_dim, true, 0,
+                   "the expanded value size", &c->v_head_dim, e) < 0 ||
+        g->int_key(g, "rope.dimension_count", 2, c->head_dim - 1, true, 0,
+                   "the rotated tail", &c->qk_rope_dim, e) < 0 ||
+        g->int_key(g, "leading_dense_block_count", 0, c->n_layers, false, 0,
+                   "the leading dense layers", &dense, e) < 0 ||
+        g->int_key(g, "expert_gating_func", 0, 2, false, 1, "the gating function", &gating,
+                   e) < 0)
+        return -1;
+    if (c->qk_rope_dim % 2)
+        return kv_errf(e, "%s: the rotated tail of %d is odd", g->path, c->qk_rope_dim);
+    c->arch = gating == 2 ? ARCH_DEEPSEEK3 : ARCH_DEEPSEEK2;
+    snprintf(c->model_type, sizeof c->model_type, gating == 2 ? "deepseek_v3" : "deepseek_v2");
+    config_family_flags(c);
+    c->n_kv_heads = c->n_heads;
+    c->route = gating == 2 ? ROUTE_SIGMOID : ROUTE_SOFTMAX;
+    c->routed_scale = 1.0;
+    if (dense < c->n_layers && g->has(g, "expert_count")) {
+        if (g->int_key(g, "expert_count", 1, 1 << 12, true, 0, "the number of experts",
+                       &c->n_experts, e) < 0 ||
+            g->int_key(g, "expert_used_count", 1, c->n_experts, true, 0,
+                       "the experts used per token", &c->n_experts_used, e) < 0 ||
+            g->int_key(g, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, true, 0,
+                       "the experts' width", &c->moe_intermediate, e) < 0 ||
+            g->int_key(g, "expert_shared_count", 0, 64, false, 0, "the shared experts",
+                       &c->n_shared_experts, e) < 0 ||
+            g->int_key(g, "expert_group_count", 0, c->n_experts, false, 0,
+                       "the expert groups", &c->n_group, e) < 0 ||
+            g->int_key(g, "expert_group_used_count", 0, c->n_experts, false, 0,
+                       "the expert groups used", &c->topk_group, e) < 0)
+            return -1;
+        c->norm_topk = g->is_true(g, "expert_weights_norm");
+        c->routed_scale = g->num(g, "expert_weights_scale", 1.0, NULL);
+        c->first_dense = dense;
+        c->moe_every = 1;
+        if (c->n_group <= 1)
+            c->n_group = c->topk_group = 0;
+    }
+    /* YaRN: read by the shared code; DeepSeek's factors set here. */
+    bool f_mul;
+    const double log_mul = g->num(g, "rope.scaling.yarn_log_multiplier", 0, &f_mul) / 0.1;
+    double mul = 1.0;
+    if (c->rope_scaling.type == ROPE_SCALE_YARN) {
+        c->rope_scaling.attn_factor = 1.0;
+        c->rope_scaling.mscale = c->rope_scaling.mscale_all_dim = f_mul ? log_mul : 0.0;
+        if (f_mul && log_mul > 0 && c->rope_scaling.factor > 1) {
+            const double ms = 0.1 * log_mul * log(c->rope_scaling.factor) + 1.0;
+            mul = ms * ms;
+        }
+    }
+    *llama_scale = 1.0 / sqrt((double)c->head_dim) * mul;
+    c->attn_scale = *llama_scale;
+    return 0;
+}
+
+/* Its GGUF keys as the converter's DeepseekV2Model.set_gguf_parameters
+ * writes them; q_lora_rank always (0: one q_proj), since llama.cpp
+ * requires it of any model whose layer count is not DeepSeek-V2-Lite's;
+ * the gating function and the expert groups as llama.cpp's own keys name
+ * them. (The shared code wrote the MLA head: one KV head of the latent
+ * and the key tail, keys R + dr, values R.) */
+static void gguf_keys(kv_gguf_out *g, const kv_config *c)
+{
+    g->u32(g, ".leading_dense_block_count", (uint32_t)(c->n_experts > 0 ? c->first_dense
+                                                                        : c->n_layers));
+    g->u32(g, ".attention.q_lora_rank", (uint32_t)c->q_lora_rank);
+    g->u32(g, ".attention.kv_lora_rank", (uint32_t)c->kv_lora_rank);
+    g->u32(g, ".attention.key_length_mla", (uint32_t)c->head_dim);
+    g->u32(g, ".attention.value_length_mla", (uint32_t)c->v_head_dim);
+    if (c->n_experts == 0) {
+        g->u32(g, ".expert_feed_forward_length", (uint32_t)c->intermediate);
+        g->u32(g, ".expert_shared_count", 0);
+        return;
+    }
+    g->u32(g, ".expert_shared_count", (uint32_t)c->n_shared_experts);
+    g->f32(g, ".expert_weights_scale", (float)c->routed_scale);
+    if (c->norm_topk)
+        g->flag(g, ".expert_weights_norm", true);
+    g->u32(g, ".expert_gating_func", c->route == ROUTE_SIGMOID ? 2u : 1u);
+    if (c->n_group > 0) {
+        g->u32(g, ".expert_group_count", (uint32_t)c->n_group);
+        g->u32(g, ".expert_group_used_count", (uint32_t)c->topk_group);
+    }
+    /* [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]: the converter stores 0.1 times it */
+    if (c->rope_scaling.type == ROPE_SCALE_YARN && c->rope_scaling.mscale_all_dim > 0)
+        g->f32(g, ".rope.scaling.yarn_log_multiplier",
+               (float)(0.1 * c->rope_scaling.mscale_all_dim));
+}
+
+/* What llama.cpp's deepseek2 cannot run: mscale other than
+ * mscale_all_dim (it leaves cos and sin unscaled; llama_context's
+ * [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]), experts on some layers only. */
+static int gguf_check(const kv_config *c, kv_err *e)
+{
+    if (c->rope_scaling.type == ROPE_SCALE_YARN &&
+        c->rope_scaling.mscale != c->rope_scaling.mscale_all_dim)
+        return kv_errf(e, "rope_scaling mscale %g differs from mscale_all_dim %g; llama.cpp's "
+                       "deepseek2 takes them equal, so it cannot run this model",
+                       c->rope_scaling.mscale, c->rope_scaling.mscale_all_dim);
+    if (c->moe_every > 1)
+        return kv_errf(e, "moe_layer_freq %d; llama.cpp's deepseek2 has experts on every "
+                       "layer after the leading dense ones", c->moe_every);
+    return 0;
+}
+
+/* llama.cpp's deepseek2 graph in the MLA form (absorbed attention): q is
+ * "q" before RoPE (the last of that name at the heads' full width: the q
+ * LoRA's nodes are narrower) with its tails from the rotated "q_pe"; the
+ * latent cache's row is "Kcur"; the expanded keys and values are never
+ * formed (no k, v); "kqv_out" is the attention after v_b; the router's
+ * row is its logits (V2) or the biased sigmoid scores the experts are
+ * chosen by (V3); "ffn_out" the MLP with the shared experts. */
+#define DEEPSEEK_GRAPH(router) \
+    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true}, \
+    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true}, \
+    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true}, \
+    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)}, \
+    {KV_GRAPH("q", STAGE_Q, GRAPH_LAST), .full_width = true}, \
+    {KV_GRAPH("q_pe", STAGE_Q, GRAPH_Q_TAILS), .rope = true}, \
+    {KV_GRAPH("Kcur", STAGE_KV_LATENT, GRAPH_EMIT)}, \
+    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)}, \
+    {KV_GRAPH("ffn_inp", STAGE_H_MID, GRAPH_EMIT)}, \
+    {KV_GRAPH("ffn_norm", STAGE_FFN_NORM, GRAPH_EMIT)}, \
+    {KV_GRAPH(router, STAGE_ROUTER_LOGITS, GRAPH_EMIT)}, \
+    {KV_GRAPH("ffn_out", STAGE_FFN_OUT, GRAPH_EMIT)}, \
+    {KV_GRAPH("l_out", STAGE_X_OUT, GRAPH_EMIT)}, \
+    {.node = NULL}
+
+static const kv_graph_name GRAPH_V2[] = {DEEPSEEK_GRAPH("ffn_moe_logits")};
+static const kv_graph_name GRAPH_V3[] = {DEEPSEEK_GRAPH("ffn_moe_probs_biased")};
+
 const kv_family family_deepseek2 = {
     .arch = ARCH_DEEPSEEK2, .model_type = "deepseek_v2", .architecture = "DeepseekV2ForCausalLM",
     .gguf_arch = "deepseek2", .act_key = "hidden_act",
@@ -379,6 +528,8 @@ const kv_family family_deepseek2 = {
     .def_theta = 10000.0, .def_tie = false, .def_bos = 100000, .def_eos = 100001,
     .moe = true, .mla = true,
     .gguf_names = GGUF_NAMES,
+    .graph = GRAPH_V2, .from_gguf = from_gguf, .gguf_keys = gguf_keys,
+    .gguf_check = gguf_check,
     .flags = flags, .parse = parse, .check = check, .write = write,
     .presets = PRESETS_V2, .n_presets = (int)(sizeof PRESETS_V2 / sizeof PRESETS_V2[0]),
 };
@@ -390,6 +541,8 @@ const kv_family family_deepseek3 = {
     .def_theta = 10000.0, .def_tie = false, .def_bos = 0, .def_eos = 1,
     .moe = true, .mla = true,
     .gguf_names = GGUF_NAMES,
+    .graph = GRAPH_V3, .from_gguf = from_gguf, .gguf_keys = gguf_keys,
+    .gguf_check = gguf_check,
     .flags = flags, .parse = parse, .check = check, .write = write,
     .presets = PRESETS_V3, .n_presets = (int)(sizeof PRESETS_V3 / sizeof PRESETS_V3[0]),
 };

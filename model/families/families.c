@@ -24,6 +24,33 @@ const kv_family *family_of(kv_arch arch)
     return (int)arch >= 0 && arch < ARCH_COUNT ? FAMILIES[arch] : NULL;
 }
 
+/* llama.cpp's llm_build_llama / qwen2 / qwen3: q and k after RoPE, the
+ * last Vcur (after its bias), o_proj's output "attn_out" (Qwen2 names
+ * none: kvdiff-llama takes the product with attn_output.weight), the FFN
+ * input norm "ffn_norm". */
+const kv_graph_name family_graph_default[] = {
+    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
+    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("attn_out", STAGE_ATTN_PROJ, GRAPH_LAST)},
+    {KV_GRAPH("ffn_inp", STAGE_H_MID, GRAPH_EMIT)},
+    {KV_GRAPH("ffn_norm", STAGE_FFN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("ffn_out", STAGE_FFN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("l_out", STAGE_X_OUT, GRAPH_EMIT)},
+    {.node = NULL},
+};
+
+const kv_graph_name *family_graph(kv_arch arch)
+{
+    const kv_family *f = family_of(arch);
+    return f && f->graph ? f->graph : family_graph_default;
+}
+
 const kv_family *family_by_model_type(const char *mt)
 {
     for (int a = 0; mt && a < ARCH_COUNT; a++)

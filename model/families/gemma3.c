@@ -15,6 +15,26 @@ static void flags(kv_config *c)
     c->act = ACT_GELU_TANH;
 }
 
+/* llama.cpp's gemma3 graph: the scaled embedding "inp_scaled", the
+ * sandwich norms ("attn_post_norm" ends the attention block, "sa_out" is
+ * the residual, "ffn_post_norm" ends the MLP). */
+static const kv_graph_name GRAPH[] = {
+    {KV_GRAPH("inp_scaled", STAGE_EMBED, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
+    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("attn_post_norm", STAGE_ATTN_PROJ, GRAPH_LAST)},
+    {KV_GRAPH("sa_out", STAGE_H_MID, GRAPH_EMIT)},
+    {KV_GRAPH("ffn_norm", STAGE_FFN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("ffn_post_norm", STAGE_FFN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("l_out", STAGE_X_OUT, GRAPH_EMIT)},
+    {.node = NULL},
+};
+
 const kv_family family_gemma3 = {
     .arch = ARCH_GEMMA3, .model_type = "gemma3_text", .outer_type = "gemma3",
     .architecture = "Gemma3ForCausalLM", .gguf_arch = "gemma3",
@@ -23,5 +43,6 @@ const kv_family family_gemma3 = {
     .def_vocab = 262208, .def_max_positions = 131072, .def_theta = 1000000.0,
     .def_tie = true, .def_bos = 2, .def_eos = 1,
     .slides = true, .def_pattern = 6, .def_window = 4096,
+    .graph = GRAPH,
     .flags = flags,
 };

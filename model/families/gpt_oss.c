@@ -163,6 +163,58 @@ static const kv_family_preset PRESETS[] = {
     { "gpt-oss-20b-shape", shape_20b },
 };
 
+/* gpt-oss as llama.cpp reads a GGUF (llama_model_openai_moe::
+ * load_arch_hparams): experts, the window on a pattern of period 2, an
+ * optional local RoPE base; the experts' clamp is llama.cpp's fixed 7. */
+static int from_gguf(const kv_gguf_in *g, kv_config *c, double *llama_scale, kv_err *e)
+{
+    (void)llama_scale;   /* head_dim^-1/2, as set */
+    if (g->int_key(g, "expert_count", 1, MAX_EXPERTS, true, 0, "the number of experts",
+                   &c->n_experts, e) < 0 ||
+        g->int_key(g, "expert_used_count", 1, c->n_experts, true, 0,
+                   "the experts used per token", &c->n_experts_used, e) < 0 ||
+        g->int_key(g, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, false,
+                   c->intermediate, "the experts' width", &c->intermediate, e) < 0 ||
+        g->int_key(g, "attention.sliding_window", 1, KV_MAX_POSITIONS, true, 0,
+                   "the sliding window", &c->sliding_window, e) < 0 ||
+        g->layer_types(g, c, 2, e) < 0)
+        return -1;
+    c->swiglu_limit = 7.0;
+    c->rope_local_theta = g->num(g, "rope.freq_base_swa", c->rope_theta, NULL);
+    return 0;
+}
+
+/* Its GGUF keys beyond the shared ones: the window and which layers
+ * slide, one bool per layer. */
+static void gguf_keys(kv_gguf_out *g, const kv_config *c)
+{
+    uint8_t pattern[KV_MAX_LAYERS];
+    for (int i = 0; i < c->n_layers; i++)
+        pattern[i] = c->layer_type[i] == ATTN_SLIDING;
+    g->u32(g, ".attention.sliding_window", (uint32_t)c->sliding_window);
+    g->flags(g, ".attention.sliding_window_pattern", pattern, c->n_layers);
+}
+
+/* llama.cpp's openai-moe graph: Llama's names, but "attn_post_norm" is
+ * the FFN's input norm and "ffn_moe_out" the MLP's output (the router's
+ * logits are taken by kvdiff-llama as the sum with ffn_gate_inp.bias). */
+static const kv_graph_name GRAPH[] = {
+    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
+    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
+    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
+    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("attn_out", STAGE_ATTN_PROJ, GRAPH_LAST)},
+    {KV_GRAPH("ffn_inp", STAGE_H_MID, GRAPH_EMIT)},
+    {KV_GRAPH("attn_post_norm", STAGE_FFN_NORM, GRAPH_EMIT)},
+    {KV_GRAPH("ffn_moe_out", STAGE_FFN_OUT, GRAPH_EMIT)},
+    {KV_GRAPH("l_out", STAGE_X_OUT, GRAPH_EMIT)},
+    {.node = NULL},
+};
+
 const kv_family family_gpt_oss = {
     .arch = ARCH_GPT_OSS, .model_type = "gpt_oss", .architecture = "GptOssForCausalLM",
     .gguf_arch = "gpt-oss", .act_key = "hidden_act",
@@ -172,6 +224,7 @@ const kv_family family_gpt_oss = {
     .sinks = true, .moe = true, .bias_switch = true,
     .sliding_rope_scaled = true,
     .gguf_names = GGUF_NAMES,
+    .graph = GRAPH, .from_gguf = from_gguf, .gguf_keys = gguf_keys,
     .flags = flags, .parse = parse, .check = check, .write = write,
     .presets = PRESETS, .n_presets = (int)(sizeof PRESETS / sizeof PRESETS[0]),
 };

@@ -4,7 +4,7 @@ so a recording of the same model states the same config kvdiff's does."""
 
 import math
 
-from . import config_rules
+from . import config_rules, families
 from .recorder import RecorderError
 
 # model/config.c ARCHES: per model_type the default heads, KV heads, head_dim
@@ -45,10 +45,8 @@ def model_config_from_hf(folder_or_config):
         cfg, mt = tc, mt + "_text"
     if mt == "gemma4_text":
         return _gemma4(cfg, name, rules)
-    if mt == "gpt_oss":
-        return _gpt_oss(cfg, name, rules)
-    if mt in ("deepseek_v2", "deepseek_v3"):
-        return _deepseek(cfg, rules)
+    if mt in families.FAMILIES:   # a family file's own model_config
+        return families.FAMILIES[mt].model_config(cfg, name, rules)
     if mt not in _ARCH:
         return _any_architecture(cfg, name, mt)
     gemma = mt == "gemma3_text"
@@ -177,82 +175,6 @@ def _gemma4(cfg, name, rules):
     if rules["rope_scaling"]:
         out["rope_scaling"] = rules["rope_scaling"]
     _softcap(cfg, out, True)
-    return out
-
-
-def _gpt_oss(cfg, name, rules):
-    """gpt_oss as kvdiff reads it (model/families/gpt_oss.c): layers
-    alternating sliding (even) and full unless layer_types says otherwise,
-    head_dim 64 by default, scores scaled by head_dim^-1/2, YaRN on every
-    layer, experts; config_rules has checked every field."""
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads")
-    kv = heads if kv is None else kv
-    head_dim = cfg.get("head_dim")
-    head_dim = 64 if head_dim is None else head_dim
-    layers = cfg["num_hidden_layers"]
-    types = cfg.get("layer_types")
-    if types is None:
-        p = cfg.get("sliding_window_pattern") or 2
-        types = ["sliding_attention" if (i + 1) % p else "full_attention" for i in range(layers)]
-    experts = cfg["num_local_experts"]
-    top_k = cfg.get("num_experts_per_tok", cfg.get("experts_per_token"))
-    out = {"model_type": "gpt_oss", "hidden_size": cfg["hidden_size"],
-           "num_hidden_layers": layers, "num_attention_heads": heads,
-           "num_key_value_heads": kv, "head_dim": head_dim,
-           "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
-           "sliding_window": rules["sliding_window"], "layer_types": list(types),
-           "kv_owner": list(range(layers)),
-           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-           "rope_theta": rules["rope_theta"], "rope_local_base_freq": rules["rope_theta"],
-           "attn_scale": 1.0 / math.sqrt(float(head_dim)),
-           "num_local_experts": experts,
-           "num_experts_per_tok": min(experts, 4) if top_k is None else top_k}
-    if rules["rope_scaling"]:
-        out["rope_scaling"] = rules["rope_scaling"]
-    return out
-
-
-def _deepseek(cfg, rules):
-    """deepseek_v2 / deepseek_v3 as kvdiff reads them (model/families/
-    deepseek.c): every layer full, the expanded heads (head_dim qk_nope +
-    qk_rope, as many KV heads as heads), q.k scaled by head_dim^-1/2 times
-    DeepSeek's m(mscale_all_dim)^2, the latent's and values' widths, which
-    layers have experts; config_rules has checked every field."""
-    mla = rules["mla"]
-    heads, layers = cfg["num_attention_heads"], cfg["num_hidden_layers"]
-    head_dim = mla["head_dim"]
-    scale = 1.0 / math.sqrt(float(head_dim))
-    rs = rules["rope_scaling"]
-    raw = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    msa = raw.get("mscale_all_dim") if isinstance(raw, dict) else None
-    if rs and rs["rope_type"] == "yarn" and msa:
-        m = 0.1 * float(msa) * math.log(rs["factor"]) + 1.0 if rs["factor"] > 1.0 else 1.0
-        scale = scale * (m * m)
-    out = {"model_type": rules["model_type"], "hidden_size": cfg["hidden_size"],
-           "num_hidden_layers": layers, "num_attention_heads": heads,
-           "num_key_value_heads": heads, "head_dim": head_dim,
-           "intermediate_size": cfg["intermediate_size"], "vocab_size": cfg["vocab_size"],
-           "sliding_window": 0, "layer_types": ["full_attention"] * layers,
-           "kv_owner": list(range(layers)),
-           "rms_norm_eps": float(cfg.get("rms_norm_eps", 1e-6)),
-           "rope_theta": rules["rope_theta"], "rope_local_base_freq": rules["rope_theta"],
-           "attn_scale": scale}
-    if rs:
-        out["rope_scaling"] = rs
-    if "experts" in mla:
-        out["num_local_experts"] = mla["experts"]
-        out["num_experts_per_tok"] = mla["top_k"]
-        if mla["first_dense"] > 0 or mla["moe_every"] > 1:
-            out["first_k_dense_replace"] = mla["first_dense"]
-            out["moe_layer_freq"] = mla["moe_every"]
-        if mla["sigmoid"]:
-            out["scoring_func"] = "sigmoid"
-        if mla["n_group"]:
-            out["n_group"], out["topk_group"] = mla["n_group"], mla["topk_group"]
-    out["kv_lora_rank"] = mla["kv_lora_rank"]
-    out["qk_rope_head_dim"] = mla["qk_rope_head_dim"]
-    out["v_head_dim"] = mla["v_head_dim"]
     return out
 
 

@@ -56,24 +56,14 @@ ARCHES = {
                   theta=10000.0, tie=False, bos=-1, eos=-1),
     "gemma4_text": dict(act="hidden_activation", required=True, heads=0, kv=0, head_dim=256,
                         vocab=0, theta=1000000.0, tie=True, bos=2, eos=1),
-    "gpt_oss": dict(act="hidden_act", required=True, heads=0, kv=0, head_dim=64, vocab=0,
-                    theta=150000.0, tie=False, bos=-1, eos=-1),
-    # head_dim is derived (qk_nope + qk_rope): the 192 only spares the walk
-    # a hidden/heads it would not use (model/families/deepseek.c)
-    "deepseek_v2": dict(act="hidden_act", required=True, heads=0, kv=0, head_dim=192, vocab=0,
-                        theta=10000.0, tie=False, bos=100000, eos=100001),
-    "deepseek_v3": dict(act="hidden_act", required=True, heads=0, kv=0, head_dim=192, vocab=0,
-                        theta=10000.0, tie=False, bos=0, eos=1),
-}
+}   # and each family file's ARCH (families/, added at the end of this module)
 _DEF_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "gemma3_text": 131072, "qwen3": 32768,
-                      "gemma4_text": 131072, "gpt_oss": 131072, "deepseek_v2": 2048,
-                      "deepseek_v3": 4096}
+                      "gemma4_text": 131072}
 # model/families/*.c: the families whose layers may slide, their pattern
 # without layer_types (0: every layer full) and their default window
 _SLIDES = {"gemma3_text": (GEMMA_DEF_PATTERN, GEMMA_DEF_WINDOW),
-           "gemma4_text": (0, GEMMA_DEF_WINDOW), "gpt_oss": (2, 128)}
-_TYPES = ("llama, qwen2, gemma3_text, gemma3, qwen3, gemma4_text, gemma4, gpt_oss, "
-          "deepseek_v2, deepseek_v3")
+           "gemma4_text": (0, GEMMA_DEF_WINDOW)}
+_TYPES = "llama, qwen2, gemma3_text, gemma3, qwen3, gemma4_text, gemma4"
 MAX_RANK = 1 << 14
 MAX_EXPERTS = 1 << 12
 
@@ -330,10 +320,8 @@ def _text(cx, obj, outer, arch):
     _rope(cx, obj, c)
     _layers(cx, obj, c)
     _tokens(cx, obj, outer, c)
-    if c.arch == "gpt_oss":
-        _gpt_oss(cx, obj, c)
-    if c.arch in ("deepseek_v2", "deepseek_v3"):
-        _deepseek(cx, obj, c)
+    if c.arch in families.FAMILIES:   # a family file's own keys
+        families.FAMILIES[c.arch].rules(cx, obj, c)
     _validate(cx, c)
     return {"model_type": arch, "text_config": obj, "sliding_window": c.window,
             "rope_theta": c.theta, "rope_local_base_freq": c.local_theta,
@@ -774,98 +762,6 @@ def _gemma4_layers(cx, obj, c):
 # ---------------------------------------------------------------- gpt-oss
 
 
-def _gpt_oss(cx, obj, c):
-    """model/families/gpt_oss.c's parse: experts, their clamp, the
-    attention biases; MXFP4 checkpoints refused."""
-    q = obj.get("quantization_config")
-    if q is not None:
-        cx.fail("quantization_config", f"is {jdesc(q)}; kvdiff reads gpt-oss with "
-                                       f"BF16/F16/F32 expert weights (dequantize the MXFP4 "
-                                       f"experts first, e.g. save_pretrained after loading "
-                                       f"with dequantize=True)")
-    c.experts = cx.get_int(obj, "num_local_experts", True, 0, 1, MAX_EXPERTS)
-    a, b = obj.get("num_experts_per_tok", MISSING), obj.get("experts_per_token", MISSING)
-    if a is not MISSING:
-        a = cx.want_int("num_experts_per_tok", a, 1, c.experts)
-    if b is not MISSING:
-        b = cx.want_int("experts_per_token", b, 1, c.experts)
-    if a is not MISSING and b is not MISSING and a != b:
-        cx.fail("experts_per_token", f"is {b} but num_experts_per_tok is {a}")
-    cx.get_num(obj, "swiglu_limit", 7.0, 0.0, True, MAX_SCALAR)
-    cx.get_bool(obj, "attention_bias", True)
-
-
-# ---------------------------------------------------------------- DeepSeek
-
-
-def _deepseek(cx, obj, c):
-    """model/families/deepseek.c's parse: the latent attention's sizes, the
-    experts and their routing; sets c.mla to what config.py writes."""
-    v3 = c.arch == "deepseek_v3"
-    mla = {}
-    mla["kv_lora_rank"] = cx.get_int(obj, "kv_lora_rank", False, 512, 1, MAX_RANK)
-    q = obj.get("q_lora_rank", MISSING)
-    mla["q_lora_rank"] = 1536 if q is MISSING else 0 if q is None else cx.want_int(
-        "q_lora_rank", q, 1, MAX_RANK)
-    nope = cx.get_int(obj, "qk_nope_head_dim", False, 128, 1, MAX_RANK)
-    rope = cx.get_int(obj, "qk_rope_head_dim", False, 64, 2, MAX_RANK)
-    mla["v_head_dim"] = cx.get_int(obj, "v_head_dim", False, 128, 1, MAX_RANK)
-    cx.refuse_true(obj, "attention_bias", "kvdiff runs DeepSeek's attention without biases "
-                                          "(no published checkpoint has them)")
-    cx.refuse_true(obj, "mlp_bias", "kvdiff runs DeepSeek's MLPs without biases")
-    if rope % 2:
-        cx.fail("qk_rope_head_dim", f"is {rope}; RoPE needs it even")
-    if v3 and not cx.get_bool(obj, "rope_interleave", True):
-        cx.fail("rope_interleave", "is false; kvdiff rotates DeepSeek's key tails on "
-                                   "interleaved pairs (2i, 2i+1), as the checkpoints do")
-    kv = obj.get("num_key_value_heads")
-    if kv is not None and kv != c.heads:
-        cx.fail("num_key_value_heads", f"is {kv}; MLA expands the latent to all {c.heads} "
-                                       f"heads")
-    c.kv, c.head_dim = c.heads, nope + rope
-    mla["qk_rope_head_dim"], mla["head_dim"] = rope, c.head_dim
-    if mla["v_head_dim"] > c.head_dim:
-        raise RecorderError(f"{cx.name}: v_head_dim {mla['v_head_dim']} out of 1..{c.head_dim} "
-                            f"(qk_nope + qk_rope)")
-    c.mla = mla
-    x = obj.get("n_routed_experts", MISSING)
-    if x is None:
-        return
-    mla["experts"] = cx.get_int(obj, "n_routed_experts", False, 256 if v3 else 64, 1,
-                                MAX_EXPERTS)
-    k = obj.get("num_experts_per_tok")
-    if k is None:
-        cx.fail("num_experts_per_tok", f"is missing (n_routed_experts is {mla['experts']})")
-    mla["top_k"] = cx.want_int("num_experts_per_tok", k, 1, mla["experts"])
-    cx.get_int(obj, "moe_intermediate_size", False, 2048 if v3 else 1407, 1, MAX_INTERMEDIATE)
-    if _present(obj, "n_shared_experts"):
-        cx.want_int("n_shared_experts", obj["n_shared_experts"], 0, 64)
-    mla["first_dense"] = cx.get_int(obj, "first_k_dense_replace", False, 3 if v3 else 0, 0,
-                                    c.layers)
-    mla["moe_every"] = cx.get_int(obj, "moe_layer_freq", False, 1, 1, MAX_LAYERS)
-    cx.get_bool(obj, "norm_topk_prob", v3)
-    cx.get_num(obj, "routed_scaling_factor", 2.5 if v3 else 1.0, 0.0, True, MAX_SCALAR)
-    method = cx.get_str(obj, "topk_method", "noaux_tc" if v3 else "greedy")
-    scoring = cx.get_str(obj, "scoring_func", "sigmoid" if v3 else "softmax")
-    known = ("noaux_tc",) if v3 else ("greedy", "group_limited_greedy")
-    if method not in known:
-        cx.fail("topk_method", f"'{method[:40]}' is not {c.arch}'s (kvdiff runs "
-                               f"{'noaux_tc' if v3 else 'greedy and group_limited_greedy'})")
-    if scoring != ("sigmoid" if v3 else "softmax"):
-        cx.fail("scoring_func", f"'{scoring[:40]}' does not go with topk_method {method}")
-    mla["sigmoid"], mla["n_group"], mla["topk_group"] = v3, 0, 0
-    if method != "greedy":
-        g = cx.get_int(obj, "n_group", False, 1, 1, mla["experts"])
-        tg = cx.get_int(obj, "topk_group", False, 1, 1, g)
-        if mla["experts"] % g:
-            cx.fail("n_group", f"is {g}, which does not divide n_routed_experts "
-                               f"{mla['experts']}")
-        if mla["top_k"] > tg * (mla["experts"] // g):
-            cx.fail("topk_group", f"is {tg}: its groups hold fewer than num_experts_per_tok "
-                                  f"{mla['top_k']} experts")
-        mla["n_group"], mla["topk_group"] = g, tg
-
-
 # ---------------------------------------------------------------- token ids
 
 
@@ -968,3 +864,15 @@ def check_other(cfg, name="config"):
     if _present(cfg, "use_sliding_window"):
         cx.get_bool(cfg, "use_sliding_window", True)
     _scaling(cx, "rope_scaling", cfg.get("rope_scaling"), False)
+
+
+# The families in files of their own (families/): their defaults and
+# traits join the tables above.
+from . import families  # noqa: E402  (the family files use this module)
+
+for _mt, _f in families.FAMILIES.items():
+    ARCHES[_mt] = _f.ARCH
+    _DEF_MAX_POSITIONS[_mt] = _f.MAX_POSITIONS
+    if getattr(_f, "SLIDES", None):
+        _SLIDES[_mt] = _f.SLIDES
+    _TYPES += ", " + _mt

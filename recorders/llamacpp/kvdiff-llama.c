@@ -30,6 +30,7 @@
 
 #include "dump/dump.h"
 #include "model/config.h"
+#include "model/family.h"
 #include "model/infile.h"
 #include "model/kernels.h"
 #include "model/outfile.h"
@@ -712,101 +713,34 @@ static int gemma4_from_gguf(const meta *m, const char *path, kv_config *c, kv_er
     return 0;
 }
 
-/* gpt-oss (llama_model_openai_moe::load_arch_hparams): experts, the
- * window on a pattern of period 2, an optional local RoPE base; the
- * experts' clamp is llama.cpp's fixed 7. */
-static int gpt_oss_from_gguf(const meta *m, const char *path, kv_config *c, kv_err *e)
+/* kv_gguf_in (model/family.h) over the GGUF's metadata: what a family's
+ * from_gguf reads. */
+static int gin_int(const kv_gguf_in *g, const char *suffix, long long lo, long long hi,
+                   bool required, long long dflt, const char *what, int *out, kv_err *e)
 {
-    if (meta_int(m, path, "expert_count", 1, 1 << 12, true, 0, "the number of experts",
-                 &c->n_experts, e) < 0 ||
-        meta_int(m, path, "expert_used_count", 1, c->n_experts, true, 0,
-                 "the experts used per token", &c->n_experts_used, e) < 0 ||
-        meta_int(m, path, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, false,
-                 c->intermediate, "the experts' width", &c->intermediate, e) < 0 ||
-        meta_int(m, path, "attention.sliding_window", 1, KV_MAX_POSITIONS, true, 0,
-                 "the sliding window", &c->sliding_window, e) < 0 ||
-        gemma3_layer_types(m, path, c, 2, e) < 0)
-        return -1;
-    c->swiglu_limit = 7.0;
-    c->rope_local_theta = meta_num(m, "rope.freq_base_swa", c->rope_theta, NULL);
-    return 0;
+    return meta_int(g->ctx, g->path, suffix, lo, hi, required, dflt, what, out, e);
 }
 
-/* DeepSeek-V2/V3 (llama_model_deepseek2::load_arch_hparams) in its MLA
- * form: the expanded heads (key_length_mla, value_length_mla; the GGUF's
- * key_length is the latent cache's row), the latent and the key tail,
- * leading dense layers, experts with shared ones, the gating, groups and
- * weights; q.k times m(mscale_all_dim)^2 / sqrt(head) from
- * yarn_log_multiplier (stored as 0.1 mscale_all_dim), cos and sin
- * unscaled (llama_context takes mscale = mscale_all_dim). V3 is told by
- * its sigmoid gating. llama_scale: the q.k multiplier llama.cpp applies. */
-static int deepseek_from_gguf(const meta *m, const char *path, kv_config *c,
-                              double *llama_scale, kv_err *e)
+static double gin_num(const kv_gguf_in *g, const char *suffix, double dflt, bool *found)
 {
-    int gating = 1, dense = 0;
-    if (meta_int(m, path, "attention.kv_lora_rank", 1, KV_MAX_HEAD_DIM, true, 0,
-                 "the latent's width", &c->kv_lora_rank, e) < 0 ||
-        meta_int(m, path, "attention.q_lora_rank", 0, KV_MAX_HEAD_DIM, false, 0,
-                 "the q LoRA's rank", &c->q_lora_rank, e) < 0 ||
-        meta_int(m, path, "attention.key_length_mla", 4, KV_MAX_HEAD_DIM, true, 0,
-                 "the expanded head size", &c->head_dim, e) < 0 ||
-        meta_int(m, path, "attention.value_length_mla", 1, c->head_dim, true, 0,
-                 "the expanded value size", &c->v_head_dim, e) < 0 ||
-        meta_int(m, path, "rope.dimension_count", 2, c->head_dim - 1, true, 0,
-                 "the rotated tail", &c->qk_rope_dim, e) < 0 ||
-        meta_int(m, path, "leading_dense_block_count", 0, c->n_layers, false, 0,
-                 "the leading dense layers", &dense, e) < 0 ||
-        meta_int(m, path, "expert_gating_func", 0, 2, false, 1, "the gating function",
-                 &gating, e) < 0)
-        return -1;
-    if (c->qk_rope_dim % 2)
-        return kv_errf(e, "%s: the rotated tail of %d is odd", path, c->qk_rope_dim);
-    c->arch = gating == 2 ? ARCH_DEEPSEEK3 : ARCH_DEEPSEEK2;
-    snprintf(c->model_type, sizeof c->model_type, gating == 2 ? "deepseek_v3" : "deepseek_v2");
-    config_family_flags(c);
-    c->n_kv_heads = c->n_heads;
-    c->route = gating == 2 ? ROUTE_SIGMOID : ROUTE_SOFTMAX;
-    c->routed_scale = 1.0;
-    if (dense < c->n_layers && meta_get(m, "expert_count").found) {
-        bool f_norm = false;
-        if (meta_int(m, path, "expert_count", 1, 1 << 12, true, 0, "the number of experts",
-                     &c->n_experts, e) < 0 ||
-            meta_int(m, path, "expert_used_count", 1, c->n_experts, true, 0,
-                     "the experts used per token", &c->n_experts_used, e) < 0 ||
-            meta_int(m, path, "expert_feed_forward_length", 1, KV_MAX_INTERMEDIATE, true, 0,
-                     "the experts' width", &c->moe_intermediate, e) < 0 ||
-            meta_int(m, path, "expert_shared_count", 0, 64, false, 0, "the shared experts",
-                     &c->n_shared_experts, e) < 0 ||
-            meta_int(m, path, "expert_group_count", 0, c->n_experts, false, 0,
-                     "the expert groups", &c->n_group, e) < 0 ||
-            meta_int(m, path, "expert_group_used_count", 0, c->n_experts, false, 0,
-                     "the expert groups used", &c->topk_group, e) < 0)
-            return -1;
-        const int64_t kn = meta_key(m, "expert_weights_norm");
-        f_norm = kn >= 0 && gguf_get_kv_type(m->g, kn) == GGUF_TYPE_BOOL &&
-                 gguf_get_val_bool(m->g, kn);
-        c->norm_topk = f_norm;
-        c->routed_scale = meta_num(m, "expert_weights_scale", 1.0, NULL);
-        c->first_dense = dense;
-        c->moe_every = 1;
-        if (c->n_group <= 1)
-            c->n_group = c->topk_group = 0;
-    }
-    /* YaRN: read by the common code; DeepSeek's factors set here. */
-    bool f_mul;
-    const double log_mul = meta_num(m, "rope.scaling.yarn_log_multiplier", 0, &f_mul) / 0.1;
-    double mul = 1.0;
-    if (c->rope_scaling.type == ROPE_SCALE_YARN) {
-        c->rope_scaling.attn_factor = 1.0;
-        c->rope_scaling.mscale = c->rope_scaling.mscale_all_dim = f_mul ? log_mul : 0.0;
-        if (f_mul && log_mul > 0 && c->rope_scaling.factor > 1) {
-            const double ms = 0.1 * log_mul * log(c->rope_scaling.factor) + 1.0;
-            mul = ms * ms;
-        }
-    }
-    *llama_scale = 1.0 / sqrt((double)c->head_dim) * mul;
-    c->attn_scale = *llama_scale;
-    return 0;
+    return meta_num(g->ctx, suffix, dflt, found);
+}
+
+static bool gin_has(const kv_gguf_in *g, const char *suffix)
+{
+    return meta_get(g->ctx, suffix).found;
+}
+
+static bool gin_is_true(const kv_gguf_in *g, const char *suffix)
+{
+    const meta *m = g->ctx;
+    const int64_t k = meta_key(m, suffix);
+    return k >= 0 && gguf_get_kv_type(m->g, k) == GGUF_TYPE_BOOL && gguf_get_val_bool(m->g, k);
+}
+
+static int gin_layer_types(const kv_gguf_in *g, kv_config *c, int period, kv_err *e)
+{
+    return gemma3_layer_types(g->ctx, g->path, c, period, e);
 }
 
 /* What llama.cpp runs, as a kv_config. llama_scale: the q.k multiplier
@@ -820,41 +754,21 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     if (ka < 0 || gguf_get_kv_type(g, ka) != GGUF_TYPE_STRING)
         return kv_errf(e, "%s: no general.architecture in the GGUF metadata", path);
     meta m = {g, gguf_get_val_str(g, ka)};
-    if (!strcmp(m.arch, "llama")) {
-        c->arch = ARCH_LLAMA;
-        snprintf(c->model_type, sizeof c->model_type, "llama");
-        c->act = ACT_SILU;
-    } else if (!strcmp(m.arch, "qwen2")) {
-        c->arch = ARCH_QWEN2;
-        snprintf(c->model_type, sizeof c->model_type, "qwen2");
-        c->act = ACT_SILU;
-        c->qkv_bias = true;
-    } else if (!strcmp(m.arch, "qwen3")) {
-        c->arch = ARCH_QWEN3;
-        snprintf(c->model_type, sizeof c->model_type, "qwen3");
-        c->act = ACT_SILU;
-        c->qk_norm = true;
-    } else if (!strcmp(m.arch, "gemma3")) {
-        c->arch = ARCH_GEMMA3;
-        snprintf(c->model_type, sizeof c->model_type, "gemma3_text");
-        c->act = ACT_GELU_TANH;
-        c->norm_plus_one = c->qk_norm = c->sandwich_norms = true;
-    } else if (!strcmp(m.arch, "gemma4")) {
-        c->arch = ARCH_GEMMA4;
-        snprintf(c->model_type, sizeof c->model_type, "gemma4_text");
-        config_family_flags(c);
-    } else if (!strcmp(m.arch, "gpt-oss")) {
-        c->arch = ARCH_GPT_OSS;
-        snprintf(c->model_type, sizeof c->model_type, "gpt_oss");
-        config_family_flags(c);   /* sinks, q/k/v/o biases */
-    } else if (!strcmp(m.arch, "deepseek2")) {
-        c->arch = ARCH_DEEPSEEK2;   /* or V3: deepseek_from_gguf tells */
-        snprintf(c->model_type, sizeof c->model_type, "deepseek_v2");
-        config_family_flags(c);
-    } else {
-        return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows llama, qwen2, "
-                          "qwen3, gemma3, gemma4, gpt-oss and deepseek2)", path, m.arch);
+    const kv_family *fam = family_by_gguf_arch(m.arch);
+    if (!fam) {
+        char known[256] = "";
+        for (int a = 0; a < ARCH_COUNT; a++) {
+            const char *ga = family_of((kv_arch)a)->gguf_arch;
+            if (!strstr(known, ga))
+                snprintf(known + strlen(known), sizeof known - strlen(known), "%s%s",
+                         known[0] ? ", " : "", ga);
+        }
+        return kv_errf(e, "%s: unsupported architecture '%.64s' (" TOOL " knows %s)", path,
+                       m.arch, known);
     }
+    /* its model_type and what follows from the family alone (a DeepSeek
+     * GGUF is V2 until its gating says V3) */
+    family_set(c, fam->arch);
     /* Llama's attention_bias: llama.cpp loads the biases when present. */
     if (c->arch == ARCH_LLAMA && gguf_find_tensor(g, "blk.0.attn_q.bias") >= 0)
         c->qkv_bias = c->o_bias = true;
@@ -926,10 +840,7 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
         const double qpas = meta_num(&m, "=kvdiff.query_pre_attn_scalar", 0, &f_qpas);
         if (f_qpas && qpas > 0 && isfinite(qpas))
             c->query_pre_attn_scalar = qpas;
-    } else if (c->arch == ARCH_GPT_OSS) {
-        if (gpt_oss_from_gguf(&m, path, c, e) < 0)
-            return -1;
-    } else {
+    } else if (!fam->from_gguf) {
         bool f_scale;
         double s = meta_num(&m, "attention.scale", 0, &f_scale);
         if (f_scale && s != 0)
@@ -965,8 +876,11 @@ static int config_from_gguf(const struct gguf_context *g, const char *path, kv_c
     } else if (strcmp(rtype, "none") && strcmp(rtype, "linear")) {
         return kv_errf(e, "%s: RoPE scaling '%.32s' is not one kvdiff models", path, rtype);
     }
-    if (c->arch == ARCH_DEEPSEEK2)
-        return deepseek_from_gguf(&m, path, c, llama_scale, e);
+    if (fam->from_gguf) {
+        const kv_gguf_in gin = {&m, path, gin_int, gin_num, gin_has, gin_is_true,
+                                gin_layer_types};
+        return fam->from_gguf(&gin, c, llama_scale, e);
+    }
     return 0;
 }
 
@@ -1081,144 +995,52 @@ static int weight_layer(const struct ggml_tensor *w, const char *what)
     return il;
 }
 
-/* Where a graph node goes (docs/recorders.md has the table). */
-/* Gemma 4's graph names of a layer's nodes (llama_model_gemma4::graph). */
-static mapping map_gemma4(const recorder *r, const struct ggml_tensor *t, const char *base,
-                          int il)
-{
-    mapping m = {MAP_EMIT, STAGE_X_IN, il};
-    (void)r;
-    if (!strcmp(base, "attn_norm"))
-        m.stage = STAGE_ATTN_NORM;
-    else if (!strcmp(base, "Qcur_pos") && t->op == GGML_OP_ROPE)
-        m.stage = STAGE_Q;
-    else if (!strcmp(base, "Kcur_pos") && t->op == GGML_OP_ROPE)
-        m.stage = STAGE_K;
-    else if (!strcmp(base, "Vcur_normed"))
-        m.stage = STAGE_V;
-    else if (!strcmp(base, "kqv_out"))
-        m.stage = STAGE_ATTN_OUT;
-    else if (!strcmp(base, "attn_post_norm"))
-        m.stage = STAGE_ATTN_PROJ;
-    else if (!strcmp(base, "attn_out"))
-        m.stage = STAGE_H_MID;
-    else if (!strcmp(base, "ffn_norm"))
-        m.stage = STAGE_FFN_NORM;
-    else if (!strcmp(base, "ffn_post_norm"))
-        m.stage = STAGE_FFN_OUT;
-    else if (!strcmp(base, "per_layer_embd_out"))
-        m.stage = STAGE_PLE_OUT;
-    else if (!strcmp(base, "l_out"))
-        m.stage = STAGE_X_OUT;
-    else
-        m.kind = MAP_NONE;
-    return m;
-}
+static int stage_cols(const recorder *r, kv_stage s, int layer);
 
-/* DeepSeek's MLA graph (llama_model_deepseek2::graph, absorbed form): q
- * is "q" before RoPE (held) with its tails from the rotated "q_pe"; the
- * latent cache's row is "Kcur" (the normed latent, then the rotated key
- * tail); the expanded keys and values are never formed, so k and v are
- * not recorded; "kqv_out" is the attention after v_b (H x v_head_dim);
- * the router's logits "ffn_moe_logits"; "ffn_out" the MLP's sum with the
- * shared experts. */
-static mapping map_deepseek(const recorder *r, const struct ggml_tensor *t, const char *base,
-                            int il)
-{
-    const kv_config *c = r->cfg;
-    mapping m = {MAP_EMIT, STAGE_X_IN, il};
-    if (!strcmp(base, "attn_norm"))
-        m.stage = STAGE_ATTN_NORM;
-    else if (!strcmp(base, "q") && (t->ne[0] == (int64_t)c->n_heads * c->head_dim ||
-                                    (t->ne[0] == c->head_dim && t->ne[1] == c->n_heads)))
-        m = (mapping){MAP_PENDING_Q, STAGE_Q, il};
-    else if (!strcmp(base, "q_pe") && t->op == GGML_OP_ROPE)
-        m = (mapping){MAP_Q_TAILS, STAGE_Q, il};
-    else if (!strcmp(base, "Kcur"))
-        m.stage = STAGE_KV_LATENT;
-    else if (!strcmp(base, "kqv_out"))
-        m.stage = STAGE_ATTN_OUT;
-    else if (!strcmp(base, "ffn_inp"))
-        m.stage = STAGE_H_MID;
-    else if (!strcmp(base, "ffn_norm"))
-        m.stage = STAGE_FFN_NORM;
-    else if (!strcmp(base, c->route == ROUTE_SIGMOID ? "ffn_moe_probs_biased" : "ffn_moe_logits"))
-        m.stage = STAGE_ROUTER_LOGITS;            /* what the experts are chosen by */
-    else if (!strcmp(base, "ffn_out"))
-        m.stage = STAGE_FFN_OUT;
-    else if (!strcmp(base, "l_out"))
-        m.stage = STAGE_X_OUT;
-    else
-        m.kind = MAP_NONE;
-    return m;
-}
-
+/* Where a graph node goes: the family's graph names (model/family.h, each
+ * family's file; docs/recorders.md has the table), after what every
+ * family shares: o_proj's product (Qwen2 names no node after it), the
+ * router's sum with its bias (gpt-oss). */
 static mapping map_tensor(const recorder *r, const struct ggml_tensor *t)
 {
+    const kv_config *c = r->cfg;
     mapping m = {MAP_NONE, STAGE_X_IN, -1};
-    char base[64];
-    const bool gemma = r->cfg->arch == ARCH_GEMMA3 || r->cfg->arch == ARCH_GEMMA4;
-    const bool moe = r->cfg->n_experts > 0;
-    /* Qwen2 names no tensor after o_proj (and its nodes no layer): take
-     * the product with (and the sum with the bias of) blk.<il>.attn_output;
-     * a node named after it comes later and wins (llama's "attn_out"). */
     int wl;
-    if (!gemma && t->op == GGML_OP_MUL_MAT &&
-        (wl = weight_layer(t->src[0], "attn_output.weight")) >= 0 && wl < r->cfg->n_layers)
+    /* Sandwich norms (Gemma) end the attention block after o_proj. */
+    if (!c->sandwich_norms && t->op == GGML_OP_MUL_MAT &&
+        (wl = weight_layer(t->src[0], "attn_output.weight")) >= 0 && wl < c->n_layers)
         return (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, wl};
-    if (!gemma && t->op == GGML_OP_ADD &&
-        (wl = weight_layer(t->src[1], "attn_output.bias")) >= 0 && wl < r->cfg->n_layers)
+    if (!c->sandwich_norms && t->op == GGML_OP_ADD &&
+        (wl = weight_layer(t->src[1], "attn_output.bias")) >= 0 && wl < c->n_layers)
         return (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, wl};
     /* The router's logits: the sum with blk.<il>.ffn_gate_inp.bias (named
      * ffn_moe_probs or ffn_moe_logits_biased by llama.cpp's versions). */
-    if (moe && t->op == GGML_OP_ADD &&
-        (wl = weight_layer(t->src[1], "ffn_gate_inp.bias")) >= 0 && wl < r->cfg->n_layers)
+    if (c->n_experts > 0 && t->op == GGML_OP_ADD &&
+        (wl = weight_layer(t->src[1], "ffn_gate_inp.bias")) >= 0 && wl < c->n_layers)
         return (mapping){MAP_EMIT, STAGE_ROUTER_LOGITS, wl};
-    int il = split_name(ggml_get_name(t), base, sizeof base);
-    if (il >= r->cfg->n_layers)
+    char base[64];
+    const int il = split_name(ggml_get_name(t), base, sizeof base);
+    if (il >= c->n_layers)
         return m;
-    m.layer = il;
-    m.kind = MAP_EMIT;
-    if (il < 0) {
-        if (!strcmp(base, gemma ? "inp_scaled" : "embd"))
-            m.stage = STAGE_EMBED;
-        else if (!strcmp(base, "inp_per_layer"))   /* Gemma 4: every layer's ple_in */
-            m = (mapping){MAP_PLE, STAGE_PLE_IN, -1};
-        else if (!strcmp(base, "result_norm"))
-            m.stage = STAGE_FINAL_NORM;
-        else if (!strcmp(base, "result_output"))
-            m.stage = STAGE_LOGITS;
-        else
-            m.kind = MAP_NONE;
-        return m;
+    for (const kv_graph_name *g = family_graph(c->arch); g->node; g++) {
+        if (g->model != (il < 0) || strcmp(base, g->node) ||
+            (g->rope && t->op != GGML_OP_ROPE))
+            continue;
+        if (g->full_width) {
+            const int64_t cols = stage_cols(r, g->stage, il);
+            if (t->ne[0] != cols && t->ne[0] * t->ne[1] != cols)
+                continue;
+        }
+        switch (g->take) {
+        case GRAPH_ALL_LAYERS: return (mapping){MAP_PLE, g->stage, -1};
+        case GRAPH_Q_TAILS: return (mapping){MAP_Q_TAILS, g->stage, il};
+        case GRAPH_LAST:
+            return (mapping){g->stage == STAGE_Q   ? MAP_PENDING_Q
+                             : g->stage == STAGE_V ? MAP_PENDING_V
+                                                   : MAP_PENDING_PROJ, g->stage, il};
+        case GRAPH_EMIT: return (mapping){MAP_EMIT, g->stage, il};
+        }
     }
-    if (r->cfg->arch == ARCH_GEMMA4)
-        return map_gemma4(r, t, base, il);
-    if (config_mla(r->cfg))
-        return map_deepseek(r, t, base, il);
-    if (!strcmp(base, "attn_norm"))
-        m.stage = STAGE_ATTN_NORM;
-    else if (!strcmp(base, "Qcur") && t->op == GGML_OP_ROPE)
-        m.stage = STAGE_Q;                         /* the other Qcur nodes are before RoPE */
-    else if (!strcmp(base, "Kcur") && t->op == GGML_OP_ROPE)
-        m.stage = STAGE_K;
-    else if (!strcmp(base, "Vcur"))
-        m = (mapping){MAP_PENDING_V, STAGE_V, il};  /* the last one (after bias) wins */
-    else if (!strcmp(base, "kqv_out"))
-        m.stage = STAGE_ATTN_OUT;                  /* rotated back when V is (rotate_back) */
-    else if (!strcmp(base, gemma ? "attn_post_norm" : "attn_out"))
-        m = (mapping){MAP_PENDING_PROJ, STAGE_ATTN_PROJ, il};
-    else if (!strcmp(base, gemma ? "sa_out" : "ffn_inp"))
-        m.stage = STAGE_H_MID;
-    else if (!strcmp(base, moe ? "attn_post_norm" : "ffn_norm"))
-        m.stage = STAGE_FFN_NORM;                  /* gpt-oss names its FFN norm so */
-    else if (!strcmp(base, gemma ? "ffn_post_norm" : moe ? "ffn_moe_out" : "ffn_out"))
-        m.stage = STAGE_FFN_OUT;
-
-    else if (!strcmp(base, "l_out"))
-        m.stage = STAGE_X_OUT;
-    else
-        m.kind = MAP_NONE;
     return m;
 }
 
