@@ -676,8 +676,9 @@ START_TEST(test_llama_tiny_gpt_oss)
                   !strcmp(w.kind, "window"), "window 11: verdict %s at layer %ld position %ld "
                   "%s (%s)", w.verdict, w.layer, w.pos, w.stage, w.kind);
     /* The sinks left out inside llama.cpp (kvdiff-llama --fault: the sink
-     * weights set to -inf before attention reads them), in every softmax
-     * or in decode only: found where they act and named. */
+     * weights set to -inf before attention reads them), in every softmax,
+     * in decode only, or on a sliding layer's rows whose window has left
+     * key 0 (the sink masked as that key): found where they act, named. */
     static const struct {
         const char *fault, *opts, *says;
         long pos;
@@ -685,6 +686,8 @@ START_TEST(test_llama_tiny_gpt_oss)
         {"sink-dropped", "--cache-type f16 --flash-attn on", "sinks are left out of the softmax",
          0},
         {"sink-prefill-only", "--cache-type f32", "sinks are applied in prefill only", 40},
+        {"sink-windowed", "--cache-type f16 --flash-attn on --ubatch 1",
+         "sink is masked like the key at position 0", 12},
     };
     for (size_t i = 0; i < sizeof sinks / sizeof *sinks; i++) {
         snprintf(path, sizeof path, "%s/%s.h5", dir, sinks[i].fault);

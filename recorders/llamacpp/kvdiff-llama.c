@@ -106,7 +106,10 @@ static void usage(FILE *f)
         "                          (f32, f16 or bf16 caches for these two)\n"
         "  attention sinks (gpt-oss), in the graph as it runs:\n"
         "  --fault sink-dropped    no sink in any softmax\n"
-        "  --fault sink-prefill-only  decode steps' softmax leaves the sink out\n");
+        "  --fault sink-prefill-only  decode steps' softmax leaves the sink out\n"
+        "  --fault sink-windowed   a sliding layer's sink is masked with key 0 once the\n"
+        "                          window leaves it (the sink applied after the mask;\n"
+        "                          needs --ubatch 1)\n");
 }
 
 static int parse_int(const char *s, const char *opt, int lo, int *out)
@@ -953,6 +956,9 @@ typedef struct {
     int n_prompt;                   /* its prompt length */
     int call_pos0;                  /* the first position of the current llama_decode call */
     long graph_fault_hits;          /* nodes it changed */
+    int64_t ubatch_pos;             /* sink-windowed: the position of the ubatch's token */
+    float sink_saved[KV_MAX_LAYERS][KV_MAX_HEADS];   /* and each layer's sinks */
+    bool sink_kept[KV_MAX_LAYERS];
     bool failed;
     char err[512];
 } recorder;
@@ -1248,7 +1254,14 @@ static bool wanted(recorder *r, kv_stage st, int layer)
  * reads the change, the cache included. Each says so in engine_settings
  * ("fault"), as the memory-API faults below do. */
 enum { GF_NONE, GF_ROPE_TWICE, GF_ROPE_UNCACHED, GF_MIXED_FORMS, GF_SINK_DROPPED,
-       GF_SINK_PREFILL_ONLY };
+       GF_SINK_PREFILL_ONLY, GF_SINK_WINDOWED };
+
+static bool sink_fault(int gf)
+{
+    return gf == GF_SINK_DROPPED || gf == GF_SINK_PREFILL_ONLY || gf == GF_SINK_WINDOWED;
+}
+
+static int weight_layer(const struct ggml_tensor *w, const char *what);
 
 /* The sinks an attention node reads (gpt-oss: ggml_soft_max_add_sinks
  * puts them in src[2], ggml_flash_attn_ext_add_sinks in src[4]), or NULL. */
@@ -1263,8 +1276,10 @@ static struct ggml_tensor *node_sinks(const struct ggml_tensor *t)
 
 /* Sinks left out: the weight set to -inf (exp(-inf) = 0 in the softmax),
  * before the attention node computes (cb_eval's first call), in every
- * step or from the first decode step on; the model is loaded without
- * mmap for it (its weights writable). */
+ * step, from the first decode step on, or (windowed, one token a ubatch)
+ * on a sliding layer's rows whose window no longer holds key 0, the
+ * weight put back for the others; the model is loaded without mmap for
+ * it (its weights writable). */
 static bool fault_sinks(recorder *r, struct ggml_tensor *t)
 {
     struct ggml_tensor *w = node_sinks(t);
@@ -1274,13 +1289,31 @@ static bool fault_sinks(recorder *r, struct ggml_tensor *t)
         return rec_fail(r, "--fault: the sinks %s are %s, not f32", ggml_get_name(w),
                         ggml_type_name(w->type));
     const int64_t n = ggml_nelements(w);
-    float *x = malloc((size_t)n * sizeof *x);
-    if (!x)
+    const int il = weight_layer(w, "attn_sinks.weight");
+    bool drop = true;
+    if (r->graph_fault == GF_SINK_WINDOWED) {
+        if (il < 0 || il >= r->cfg->n_layers || n > KV_MAX_HEADS)
+            return rec_fail(r, "--fault sink-windowed: %s is no layer's sinks",
+                            ggml_get_name(w));
+        if (!r->sink_kept[il]) {   /* the layer's own logits, to put back */
+            ggml_backend_tensor_get(w, r->sink_saved[il], 0, (size_t)n * sizeof(float));
+            r->sink_kept[il] = true;
+        }
+        drop = r->cfg->layer_type[il] == ATTN_SLIDING && r->ubatch_pos >= r->cfg->sliding_window;
+        if (!drop) {
+            ggml_backend_tensor_set(w, r->sink_saved[il], 0, (size_t)n * sizeof(float));
+            return true;
+        }
+    }
+    float x[KV_MAX_HEADS];
+    float *big = n > KV_MAX_HEADS ? malloc((size_t)n * sizeof *big) : NULL;
+    float *v = n > KV_MAX_HEADS ? big : x;
+    if (!v)
         return rec_fail(r, "out of memory planting --fault");
     for (int64_t i = 0; i < n; i++)
-        x[i] = -INFINITY;
-    ggml_backend_tensor_set(w, x, 0, (size_t)n * sizeof *x);
-    free(x);
+        v[i] = -INFINITY;
+    ggml_backend_tensor_set(w, v, 0, (size_t)n * sizeof *v);
+    free(big);
     return true;
 }
 
@@ -1295,7 +1328,7 @@ static bool graph_fault_node(const recorder *r, const struct ggml_tensor *t, int
         *layer = split_name(name, base, sizeof base);
         return t->op == GGML_OP_ROPE && *layer >= 0 && !strcmp(base, "k_pe");
     }
-    if (r->graph_fault == GF_SINK_DROPPED || r->graph_fault == GF_SINK_PREFILL_ONLY) {
+    if (sink_fault(r->graph_fault)) {
         *layer = -1;
         return node_sinks(t) != NULL;
     }
@@ -1420,9 +1453,17 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
                    (long long)t->ne[2], (long long)t->ne[3]);
         return false;
     }
+    /* sink-windowed's clock: the ubatch's position, from the positions a
+     * ROPE node reads (inputs, set before the graph runs) */
+    if (ask && r->graph_fault == GF_SINK_WINDOWED && t->op == GGML_OP_ROPE && t->src[1] &&
+        t->src[1]->type == GGML_TYPE_I32 && ggml_nelements(t->src[1]) >= 1) {
+        int32_t p0;
+        ggml_backend_tensor_get(t->src[1], &p0, 0, sizeof p0);
+        r->ubatch_pos = p0;
+    }
     int gl;
     if (r->graph_fault && graph_fault_node(r, t, &gl)) {
-        if (r->graph_fault == GF_SINK_DROPPED || r->graph_fault == GF_SINK_PREFILL_ONLY) {
+        if (sink_fault(r->graph_fault)) {
             /* a weight the node reads, changed before it computes */
             r->graph_fault_hits++;
             if (!fault_sinks(r, t))
@@ -1663,7 +1704,8 @@ typedef enum {
     FAULT_MLA_MIXED_FORMS,          /* decode finds the prompt's latent rows never written */
     /* attention sinks (gpt-oss), in the graph too */
     FAULT_SINK_DROPPED,             /* no sink in any softmax */
-    FAULT_SINK_PREFILL_ONLY         /* decode steps' softmax without the sink */
+    FAULT_SINK_PREFILL_ONLY,        /* decode steps' softmax without the sink */
+    FAULT_SINK_WINDOWED             /* a sliding layer's sink leaves with key 0 */
 } fault_kind;
 
 typedef struct {
@@ -1693,6 +1735,8 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
         f->kind = FAULT_SINK_DROPPED;
     } else if (!strcmp(spec, "sink-prefill-only")) {
         f->kind = FAULT_SINK_PREFILL_ONLY;
+    } else if (!strcmp(spec, "sink-windowed")) {
+        f->kind = FAULT_SINK_WINDOWED;
     } else if (!strncmp(spec, "drop-key=", 9) || !strncmp(spec, "dup-key=", 8)) {
         const bool drop = spec[1] == 'r';
         const char *v = spec + (drop ? 9 : 8);
@@ -1716,8 +1760,8 @@ static int parse_fault(const char *spec, int n_prompt, fault *f, kv_err *e)
     } else {
         return kv_errf(e, "--fault: '%s' is not isolate-ubatch, drop-key=P, decode-blind, "
                           "dup-key=P, rope-offset=K, ggml-abort, mla-rope-twice, "
-                          "mla-rope-uncached, mla-mixed-forms, sink-dropped or "
-                          "sink-prefill-only", spec);
+                          "mla-rope-uncached, mla-mixed-forms, sink-dropped, "
+                          "sink-prefill-only or sink-windowed", spec);
     }
     return 0;
 }
@@ -1786,7 +1830,7 @@ static const char *fault_name(const fault *f, char *buf, size_t n)
                                         "dup-key", "rope-offset", "ggml-abort",
                                         "mla-rope-twice", "mla-rope-uncached",
                                         "mla-mixed-forms", "sink-dropped",
-                                        "sink-prefill-only"};
+                                        "sink-prefill-only", "sink-windowed"};
     if (f->kind == FAULT_DROP_KEY || f->kind == FAULT_DUP_KEY || f->kind == FAULT_ROPE_OFFSET)
         snprintf(buf, n, "%s=%d", names[f->kind], f->pos);
     else
@@ -1958,7 +2002,8 @@ int main(int argc, char **argv)
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
     /* a sink fault writes a weight: no read-only mapping of the file */
-    if (flt.kind == FAULT_SINK_DROPPED || flt.kind == FAULT_SINK_PREFILL_ONLY)
+    if (flt.kind == FAULT_SINK_DROPPED || flt.kind == FAULT_SINK_PREFILL_ONLY ||
+        flt.kind == FAULT_SINK_WINDOWED)
         mp.load_mode = LLAMA_LOAD_MODE_NONE;
     model = llama_model_load_from_file(o.gguf, mp);
     if (!model) {
@@ -2018,15 +2063,20 @@ int main(int argc, char **argv)
                      : flt.kind == FAULT_MLA_MIXED_FORMS   ? GF_MIXED_FORMS
                      : flt.kind == FAULT_SINK_DROPPED      ? GF_SINK_DROPPED
                      : flt.kind == FAULT_SINK_PREFILL_ONLY ? GF_SINK_PREFILL_ONLY
+                     : flt.kind == FAULT_SINK_WINDOWED     ? GF_SINK_WINDOWED
                                                            : GF_NONE;
-    const bool sink_fault = r->graph_fault == GF_SINK_DROPPED ||
-                            r->graph_fault == GF_SINK_PREFILL_ONLY;
-    if (sink_fault && !cfg.attn_sinks) {
+    const bool sinks_planted = sink_fault(r->graph_fault);
+    if (sinks_planted && !cfg.attn_sinks) {
         kv_errf(&e, "--fault %s: %s has no attention sinks", o.fault, o.gguf);
         goto fail;
     }
+    if (r->graph_fault == GF_SINK_WINDOWED && o.ubatch != 1) {
+        kv_errf(&e, "--fault sink-windowed decides per row: it needs --ubatch 1 (one token a "
+                    "graph), not %d", o.ubatch);
+        goto fail;
+    }
     r->n_prompt = n_prompt;
-    if (r->graph_fault && !sink_fault && !config_mla(&cfg)) {
+    if (r->graph_fault && !sinks_planted && !config_mla(&cfg)) {
         kv_errf(&e, "--fault %s: %s has no latent (MLA) cache", o.fault, o.gguf);
         goto fail;
     }
