@@ -1061,12 +1061,12 @@ int dump_config_parse(const char *text, kv_config *out, dump_problem_fn fn, void
     c.n_experts_used = opt_int(o, "num_experts_per_tok", 0, 1 << 12, &p);
     c.first_dense = opt_int(o, "first_k_dense_replace", 0, KV_MAX_LAYERS, &p);
     c.moe_every = opt_int(o, "moe_layer_freq", 0, KV_MAX_LAYERS, &p);
-    /* How router_logits choose: gpt-oss's top k of logits, DeepSeek's
-     * (sigmoid scores with a bias: scoring_func), within groups. */
+    /* How router_logits choose: the family's routing (arch_of set it:
+     * gpt-oss's top k of logits, DeepSeek's softmax), sigmoid scores with
+     * a bias where scoring_func says so, within groups. */
     const char *scoring = json_string_value(json_object_get(o, "scoring_func"));
-    c.route = scoring && !strcmp(scoring, "sigmoid") ? ROUTE_SIGMOID
-            : c.arch == ARCH_DEEPSEEK2 || c.arch == ARCH_DEEPSEEK3 ? ROUTE_SOFTMAX
-            : ROUTE_TOPK_SOFTMAX;
+    if (scoring && !strcmp(scoring, "sigmoid"))
+        c.route = ROUTE_SIGMOID;
     c.n_group = opt_int(o, "n_group", 0, 1 << 12, &p);
     c.topk_group = opt_int(o, "topk_group", 0, 1 << 12, &p);
     if (c.n_group > 0 && (c.n_experts % c.n_group || c.topk_group < 1 ||

@@ -83,6 +83,7 @@ void config_family_flags(kv_config *c)
     c->qkv_bias = c->o_bias = false;
     c->act = ACT_SILU;
     c->v_norm = c->layer_scalar = c->attn_sinks = false;
+    c->route = ROUTE_TOPK_SOFTMAX;
     const kv_family *f = fam(c);
     if (f && f->flags)
         f->flags(c);

@@ -39,6 +39,9 @@ static void flags(kv_config *c)
 {
     c->act = ACT_SILU;
     c->qkv_bias = c->o_bias = false;
+    /* the routing each version's published configs name (parse reads
+     * scoring_func and topk_method) */
+    c->route = c->arch == ARCH_DEEPSEEK3 ? ROUTE_SIGMOID : ROUTE_SOFTMAX;
 }
 
 /* q_lora_rank: null (V2-Lite: one q_proj) or a rank (1536 when absent,
