@@ -525,8 +525,9 @@ END_TEST
  * step or 7 tokens a step and decode; V3's q8_0 run flips its routing at a
  * near tie between expert groups, said in a note. kvdiff-llama records q
  * (the tails from the rotated q_pe), the cache row (Kcur), the attention
- * output and the router's selection scores; the expanded k and v are
- * never formed there. */
+ * output and the router's selection scores; the expanded k and v, which
+ * that graph never forms, it computes from each cache row and the GGUF's
+ * attn_k_b / attn_v_b. */
 START_TEST(test_llama_tiny_deepseek)
 {
     static const char *const presets[] = {"tiny-deepseek-v2", "tiny-deepseek-v3"};
@@ -557,13 +558,15 @@ START_TEST(test_llama_tiny_deepseek)
     ck_assert_msg(f, "%s", e.msg);
     ck_assert(dump_stage_info(f, 0, STAGE_KV_LATENT).rows == 45);
     ck_assert(dump_stage_info(f, 3, STAGE_Q).rows == 45);
+    ck_assert(dump_stage_info(f, 3, STAGE_K).rows == 45);   /* expanded from the rows */
+    ck_assert(dump_stage_info(f, 3, STAGE_V).rows == 45);
     ck_assert(dump_stage_info(f, 0, STAGE_ROUTER_LOGITS).rows == 0);   /* dense layer 0 */
     ck_assert(dump_stage_info(f, 1, STAGE_ROUTER_LOGITS).rows == 45);
     dump_file_close(f);
     /* A GGUF without DeepSeek's yarn_log_multiplier (a converter that
      * drops mscale_all_dim): llama.cpp scales q.k by head^-1/2 alone.
      * Found where attention first reads two keys and named from the
-     * test's q with the reference's k and v. */
+     * test's own q, k and v. */
     if (_i == 0) {
         char bad[512];
         snprintf(bad, sizeof bad, "%s/nomscale.gguf", dir);
@@ -582,7 +585,7 @@ START_TEST(test_llama_tiny_deepseek)
         snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
         test_run_cli(args, out, sizeof out);
         ck_assert_msg(strstr(out, "lacks YaRN's mscale_all_dim correction") &&
-                      strstr(out, "the reference's k, v (the test records none)"), "%s", out);
+                      strstr(out, "from the test's q, k, v"), "%s", out);
     }
     /* The latent cache's own bugs, made in llama.cpp's graph as it runs
      * (kvdiff-llama --fault): each found where it is born and named. */

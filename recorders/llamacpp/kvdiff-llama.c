@@ -956,6 +956,10 @@ typedef struct {
     int n_prompt;                   /* its prompt length */
     int call_pos0;                  /* the first position of the current llama_decode call */
     long graph_fault_hits;          /* nodes it changed */
+    /* MLA: each layer's attn_k_b (nope, R, H) and attn_v_b (R, Dv, H) as
+     * floats, to expand the cached latent rows into k and v (NULL: the
+     * GGUF has none; k and v are then not recorded) */
+    float *k_b[KV_MAX_LAYERS], *v_b[KV_MAX_LAYERS];
     int64_t ubatch_pos;             /* sink-windowed: the position of the ubatch's token */
     float sink_saved[KV_MAX_LAYERS][KV_MAX_HEADS];   /* and each layer's sinks */
     bool sink_kept[KV_MAX_LAYERS];
@@ -1247,6 +1251,119 @@ static bool wanted(recorder *r, kv_stage st, int layer)
 }
 
 /* ------------------------------------------------------------------ */
+/* MLA: the expanded heads, from the cache row                          */
+
+/* One of the GGUF's tensors as n floats (any type ggml can turn to float),
+ * read from the file; NULL with e set, or NULL and no error when absent. */
+static float *gguf_floats(const struct gguf_context *g, const char *path, const char *name,
+                          int64_t n, kv_err *e)
+{
+    const int64_t id = gguf_find_tensor(g, name);
+    if (id < 0)
+        return NULL;
+    const enum ggml_type t = gguf_get_tensor_type(g, id);
+    const struct ggml_type_traits *tr = ggml_get_type_traits(t);
+    const size_t bytes = gguf_get_tensor_size(g, id);
+    if (!tr || (t != GGML_TYPE_F32 && !tr->to_float) ||
+        bytes != ggml_row_size(t, n)) {
+        kv_errf(e, "%s: %s is not %lld values kvdiff-llama can read (%s, %zu bytes)", path,
+                name, (long long)n, ggml_type_name(t), bytes);
+        return NULL;
+    }
+    void *raw = malloc(bytes);
+    float *out = malloc((size_t)n * sizeof *out);
+    FILE *f = raw && out ? fopen(path, "rb") : NULL;
+    bool ok = f && fseeko(f, (off_t)(gguf_get_data_offset(g) + gguf_get_tensor_offset(g, id)),
+                          SEEK_SET) == 0 && fread(raw, 1, bytes, f) == bytes;
+    if (f)
+        fclose(f);
+    if (ok && t == GGML_TYPE_F32)
+        memcpy(out, raw, bytes);
+    else if (ok)
+        tr->to_float(raw, out, n);
+    free(raw);
+    if (!ok) {
+        free(out);
+        kv_errf(e, "%s: cannot read %s", path, name);
+        return NULL;
+    }
+    return out;
+}
+
+/* Every layer's attn_k_b and attn_v_b (the converter's split of
+ * kv_b_proj), when the GGUF holds them all. */
+static int mla_load_expansion(recorder *r, const struct gguf_context *g, const char *path,
+                              kv_err *e)
+{
+    const kv_config *c = r->cfg;
+    const int64_t R = c->kv_lora_rank, H = c->n_heads, nope = c->head_dim - c->qk_rope_dim;
+    for (int l = 0; l < c->n_layers; l++) {
+        char kn[64], vn[64];
+        snprintf(kn, sizeof kn, "blk.%d.attn_k_b.weight", l);
+        snprintf(vn, sizeof vn, "blk.%d.attn_v_b.weight", l);
+        e->msg[0] = 0;
+        r->k_b[l] = gguf_floats(g, path, kn, nope * R * H, e);
+        r->v_b[l] = r->k_b[l] ? gguf_floats(g, path, vn, R * c->v_head_dim * H, e) : NULL;
+        if (e->msg[0])
+            return -1;
+        if (!r->k_b[l] || !r->v_b[l]) {   /* not the absorbed MLA form: no expansion */
+            for (int i = 0; i <= l; i++) {
+                free(r->k_b[i]);
+                free(r->v_b[i]);
+                r->k_b[i] = r->v_b[i] = NULL;
+            }
+            return 0;
+        }
+    }
+    return 0;
+}
+
+/* k and v of n cache rows (the normed latent, then the rotated tail) of
+ * layer il, as docs/dump-format.md defines them for MLA: each head's key
+ * is attn_k_b's rows of the latent then the shared tail, its value
+ * attn_v_b's; in double, rounded once. */
+static bool mla_emit_kv(recorder *r, int il, const float *rows, int n)
+{
+    const kv_config *c = r->cfg;
+    const int R = c->kv_lora_rank, dr = c->qk_rope_dim, H = c->n_heads, D = c->head_dim;
+    const int nope = D - dr, Dv = c->v_head_dim;
+    const bool want_k = wanted(r, STAGE_K, il), want_v = wanted(r, STAGE_V, il);
+    if (!r->k_b[il] || (!want_k && !want_v))
+        return true;
+    float *k = malloc((size_t)n * H * D * sizeof *k), *v = malloc((size_t)n * H * Dv * sizeof *v);
+    if (!k || !v) {
+        free(k);
+        free(v);
+        return rec_fail(r, "out of memory expanding layer %d's latent rows", il);
+    }
+    for (int i = 0; i < n; i++) {
+        const float *lat = rows + (size_t)i * (R + dr);
+        for (int h = 0; h < H; h++) {
+            float *kh = k + ((size_t)i * H + h) * D, *vh = v + ((size_t)i * H + h) * Dv;
+            for (int d = 0; d < nope; d++) {   /* (d, r, h) at d + nope (r + R h) */
+                double acc = 0;
+                for (int q = 0; q < R; q++)
+                    acc += (double)r->k_b[il][d + (size_t)nope * (q + (size_t)R * h)] * lat[q];
+                kh[d] = (float)acc;
+            }
+            memcpy(kh + nope, lat + R, (size_t)dr * sizeof(float));
+            for (int j = 0; j < Dv; j++) {     /* (q, j, h) at q + R (j + Dv h) */
+                const float *w = r->v_b[il] + (size_t)R * (j + (size_t)Dv * h);
+                double acc = 0;
+                for (int q = 0; q < R; q++)
+                    acc += (double)w[q] * lat[q];
+                vh[j] = (float)acc;
+            }
+        }
+    }
+    bool ok = (!want_k || emit_rows(r, STAGE_K, il, k, n)) &&
+              (!want_v || emit_rows(r, STAGE_V, il, v, n));
+    free(k);
+    free(v);
+    return ok;
+}
+
+/* ------------------------------------------------------------------ */
 /* Test aids planted in the graph as it runs (--fault mla-*)            */
 
 /* A latent cache's bugs made inside llama.cpp's MLA graph: the node is
@@ -1525,6 +1642,8 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
     }
     if (!emit_rows(r, m.stage, il, r->buf, nrows))
         return false;
+    if (m.stage == STAGE_KV_LATENT)   /* the expanded heads, from the row just cached */
+        return mla_emit_kv(r, il, r->buf, nrows);
     /* A layer's input is the last one's output (the embedding for layer 0). */
     if (m.stage == STAGE_X_OUT && il + 1 < r->cfg->n_layers)
         return emit_rows(r, STAGE_X_IN, il + 1, r->buf, nrows);
@@ -1536,6 +1655,8 @@ static bool on_tensor(struct ggml_tensor *t, bool ask, void *user)
 static void recorder_free(recorder *r)
 {
     for (int l = 0; l < KV_MAX_LAYERS; l++) {
+        free(r->k_b[l]);
+        free(r->v_b[l]);
         free(r->v[l].rows);
         free(r->proj[l].rows);
         free(r->q[l].rows);
@@ -2045,6 +2166,8 @@ int main(int argc, char **argv)
         goto fail;
     }
     r->cfg = &cfg;
+    if (config_mla(&cfg) && mla_load_expansion(r, g, o.gguf, &e) < 0)
+        goto fail;
     r->unpermute = llama_model_rope_type(model) == LLAMA_ROPE_TYPE_NORM;
     r->q_unfold = (float)(cfg.attn_scale / llama_scale);
     /* llama.cpp's own rule (llama-kv-cache.cpp): q/k blocks of the largest
