@@ -51,6 +51,20 @@ typedef struct {
 
 /* An entry's first three fields, named (the others default to false). */
 #define KV_GRAPH(n, s, t) .node = (n), .stage = (s), .take = (t)
+/* The model nodes every llama.cpp graph names alike, after its embedding
+ * node's name. */
+#define KV_GRAPH_MODEL(embed)                                                  \
+    {KV_GRAPH(embed, STAGE_EMBED, GRAPH_EMIT), .model = true},                 \
+    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},    \
+    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true}
+/* Llama's attention nodes (llama, qwen, gemma3, gpt-oss): the norm, q and
+ * k after RoPE, the last v (after its bias), the attention output. */
+#define KV_GRAPH_LLAMA_ATTN                                                    \
+    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},                      \
+    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},                     \
+    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},                     \
+    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},                                   \
+    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)}
 
 /* The names llama.cpp's llama, qwen2 and qwen3 graphs give (families.c):
  * a family whose graph names nothing else sets no table of its own. */

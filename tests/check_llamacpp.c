@@ -519,6 +519,32 @@ START_TEST(test_llama_tiny_gemma4)
 }
 END_TEST
 
+/* A cache bug planted in llama.cpp (kvdiff-llama --fault F with opts) on
+ * dir's m.gguf and ref.h5's prompt: found at layer 0, position pos, stage,
+ * named kind, the compare saying `says`. */
+typedef struct {
+    const char *fault, *opts, *stage, *says;
+    long pos;
+} planted_bug;
+
+static void expect_planted(const char *dir, const char *what, const planted_bug *b,
+                           const char *kind)
+{
+    char path[512], args[2048];
+    snprintf(path, sizeof path, "%s/%s.h5", dir, b->fault);
+    snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos %s "
+             "--fault %s --dump %s", dir, dir, b->opts, b->fault, path);
+    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
+    g4_verdict w = compare_json(dir, path);
+    ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == b->pos &&
+                  !strcmp(w.stage, b->stage) && !strcmp(w.kind, kind),
+                  "%s %s: verdict %s at layer %ld position %ld %s (%s)", what, b->fault,
+                  w.verdict, w.layer, w.pos, w.stage, w.kind);
+    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
+    test_run_cli(args, out, sizeof out);
+    ck_assert_msg(strstr(out, b->says), "%s %s: %s", what, b->fault, out);
+}
+
 /* tiny-deepseek-v2 and -v3 in llama.cpp's deepseek2 graph, MLA form (the
  * latent cache, absorbed attention; values through v_b): "no bug" with
  * f32, f16 and q8_0 caches, flash attention on and off, prefill in one
@@ -589,31 +615,15 @@ START_TEST(test_llama_tiny_deepseek)
     }
     /* The latent cache's own bugs, made in llama.cpp's graph as it runs
      * (kvdiff-llama --fault): each found where it is born and named. */
-    static const struct {
-        const char *fault, *opts, *stage, *says;
-        long pos;
-    } planted[] = {
+    static const planted_bug planted[] = {
         {"mla-rope-twice", "--cache-type f16", "kv_latent", "tail is rotated twice", 1},
         {"mla-rope-uncached", "--cache-type f16 --flash-attn on --ubatch 7", "attn_out",
          "holds no RoPE key tail: keys before position 7", 7},
         {"mla-mixed-forms", "--cache-type f32", "attn_out",
          "decode reads the latent cache empty at every prompt position", 40},
     };
-    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++) {
-        snprintf(path, sizeof path, "%s/%s.h5", dir, planted[i].fault);
-        snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 "
-                 "--ignore-eos %s --fault %s --dump %s", dir, dir, planted[i].opts,
-                 planted[i].fault, path);
-        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
-        g4_verdict w = compare_json(dir, path);
-        ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == planted[i].pos &&
-                      !strcmp(w.stage, planted[i].stage) && !strcmp(w.kind, "latent_cache"),
-                      "%s %s: verdict %s at layer %ld position %ld %s (%s)", presets[_i],
-                      planted[i].fault, w.verdict, w.layer, w.pos, w.stage, w.kind);
-        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
-        test_run_cli(args, out, sizeof out);
-        ck_assert_msg(strstr(out, planted[i].says), "%s: %s", planted[i].fault, out);
-    }
+    for (size_t i = 0; i < sizeof planted / sizeof *planted; i++)
+        expect_planted(dir, presets[_i], &planted[i], "latent_cache");
     test_rmtree(dir);
 }
 END_TEST
@@ -682,31 +692,16 @@ START_TEST(test_llama_tiny_gpt_oss)
      * weights set to -inf before attention reads them), in every softmax,
      * in decode only, or on a sliding layer's rows whose window has left
      * key 0 (the sink masked as that key): found where they act, named. */
-    static const struct {
-        const char *fault, *opts, *says;
-        long pos;
-    } sinks[] = {
-        {"sink-dropped", "--cache-type f16 --flash-attn on", "sinks are left out of the softmax",
-         0},
-        {"sink-prefill-only", "--cache-type f32", "sinks are applied in prefill only", 40},
-        {"sink-windowed", "--cache-type f16 --flash-attn on --ubatch 1",
+    static const planted_bug sinks[] = {
+        {"sink-dropped", "--cache-type f16 --flash-attn on", "attn_out",
+         "sinks are left out of the softmax", 0},
+        {"sink-prefill-only", "--cache-type f32", "attn_out",
+         "sinks are applied in prefill only", 40},
+        {"sink-windowed", "--cache-type f16 --flash-attn on --ubatch 1", "attn_out",
          "sink is masked like the key at position 0", 12},
     };
-    for (size_t i = 0; i < sizeof sinks / sizeof *sinks; i++) {
-        snprintf(path, sizeof path, "%s/%s.h5", dir, sinks[i].fault);
-        snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 "
-                 "--ignore-eos %s --fault %s --dump %s", dir, dir, sinks[i].opts,
-                 sinks[i].fault, path);
-        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
-        g4_verdict s = compare_json(dir, path);
-        ck_assert_msg(!strcmp(s.verdict, "diverged") && s.layer == 0 && s.pos == sinks[i].pos &&
-                      !strcmp(s.stage, "attn_out") && !strcmp(s.kind, "attention_sink"),
-                      "%s: verdict %s at layer %ld position %ld %s (%s)", sinks[i].fault,
-                      s.verdict, s.layer, s.pos, s.stage, s.kind);
-        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
-        test_run_cli(args, out, sizeof out);
-        ck_assert_msg(strstr(out, sinks[i].says), "%s: %s", sinks[i].fault, out);
-    }
+    for (size_t i = 0; i < sizeof sinks / sizeof *sinks; i++)
+        expect_planted(dir, "tiny-gpt-oss", &sinks[i], "attention_sink");
     test_rmtree(dir);
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     oss_folder(dir, false);

@@ -506,9 +506,7 @@ static int gguf_check(const kv_config *c, kv_err *e)
  * row is its logits (V2) or the biased sigmoid scores the experts are
  * chosen by (V3); "ffn_out" the MLP with the shared experts. */
 #define DEEPSEEK_GRAPH(router) \
-    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true}, \
-    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true}, \
-    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true}, \
+    KV_GRAPH_MODEL("embd"), \
     {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)}, \
     {KV_GRAPH("q", STAGE_Q, GRAPH_LAST), .full_width = true}, \
     {KV_GRAPH("q_pe", STAGE_Q, GRAPH_Q_TAILS), .rope = true}, \

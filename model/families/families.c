@@ -29,14 +29,8 @@ const kv_family *family_of(kv_arch arch)
  * none: kvdiff-llama takes the product with attn_output.weight), the FFN
  * input norm "ffn_norm". */
 const kv_graph_name family_graph_default[] = {
-    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
-    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
-    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    KV_GRAPH_MODEL("embd"),
+    KV_GRAPH_LLAMA_ATTN,
     {KV_GRAPH("attn_out", STAGE_ATTN_PROJ, GRAPH_LAST)},
     {KV_GRAPH("ffn_inp", STAGE_H_MID, GRAPH_EMIT)},
     {KV_GRAPH("ffn_norm", STAGE_FFN_NORM, GRAPH_EMIT)},

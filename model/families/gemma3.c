@@ -19,14 +19,8 @@ static void flags(kv_config *c)
  * sandwich norms ("attn_post_norm" ends the attention block, "sa_out" is
  * the residual, "ffn_post_norm" ends the MLP). */
 static const kv_graph_name GRAPH[] = {
-    {KV_GRAPH("inp_scaled", STAGE_EMBED, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
-    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
-    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    KV_GRAPH_MODEL("inp_scaled"),
+    KV_GRAPH_LLAMA_ATTN,
     {KV_GRAPH("attn_post_norm", STAGE_ATTN_PROJ, GRAPH_LAST)},
     {KV_GRAPH("sa_out", STAGE_H_MID, GRAPH_EMIT)},
     {KV_GRAPH("ffn_norm", STAGE_FFN_NORM, GRAPH_EMIT)},

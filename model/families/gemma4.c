@@ -50,10 +50,8 @@ static void gguf_keys(kv_gguf_out *g, const kv_config *c)
  * RoPE as "Qcur_pos" / "Kcur_pos", v after its norm, the per-layer
  * inputs of every layer in one node and each layer's block output. */
 static const kv_graph_name GRAPH[] = {
-    {KV_GRAPH("inp_scaled", STAGE_EMBED, GRAPH_EMIT), .model = true},
+    KV_GRAPH_MODEL("inp_scaled"),
     {KV_GRAPH("inp_per_layer", STAGE_PLE_IN, GRAPH_ALL_LAYERS), .model = true},
-    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
     {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
     {KV_GRAPH("Qcur_pos", STAGE_Q, GRAPH_EMIT), .rope = true},
     {KV_GRAPH("Kcur_pos", STAGE_K, GRAPH_EMIT), .rope = true},

@@ -199,14 +199,8 @@ static void gguf_keys(kv_gguf_out *g, const kv_config *c)
  * the FFN's input norm and "ffn_moe_out" the MLP's output (the router's
  * logits are taken by kvdiff-llama as the sum with ffn_gate_inp.bias). */
 static const kv_graph_name GRAPH[] = {
-    {KV_GRAPH("embd", STAGE_EMBED, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_norm", STAGE_FINAL_NORM, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("result_output", STAGE_LOGITS, GRAPH_EMIT), .model = true},
-    {KV_GRAPH("attn_norm", STAGE_ATTN_NORM, GRAPH_EMIT)},
-    {KV_GRAPH("Qcur", STAGE_Q, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Kcur", STAGE_K, GRAPH_EMIT), .rope = true},
-    {KV_GRAPH("Vcur", STAGE_V, GRAPH_LAST)},
-    {KV_GRAPH("kqv_out", STAGE_ATTN_OUT, GRAPH_EMIT)},
+    KV_GRAPH_MODEL("embd"),
+    KV_GRAPH_LLAMA_ATTN,
     {KV_GRAPH("attn_out", STAGE_ATTN_PROJ, GRAPH_LAST)},
     {KV_GRAPH("ffn_inp", STAGE_H_MID, GRAPH_EMIT)},
     {KV_GRAPH("attn_post_norm", STAGE_FFN_NORM, GRAPH_EMIT)},
