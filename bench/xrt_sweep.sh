@@ -27,6 +27,7 @@
 #       of 32 wide)
 #   -b  the build folder holding kvdiff and kvdiff-llama (default build)
 #   -B  no bug runs
+#   -x  only the block of the caches beyond grouped-query attention (below)
 #
 # Bugs (1 thread, KV f32, f16, bf16 x flash off, on and each quantized type of
 # -k with flash on, x ubatch 7, whole), each
@@ -36,23 +37,34 @@
 # swapped; tiny-llama: q/k rows without the permutation) and
 # cache bugs planted with kvdiff-llama's test-only --fault (isolated
 # ubatches, a key removed, decode blind to the prompt, a key twice); then
-# blocks for KV sharing, RoPE pairs and bases, and Gemma 4 layer types.
+# blocks for KV sharing, RoPE pairs and bases, and Gemma 4 layer types;
+# and the caches beyond grouped-query attention (tiny-deepseek-v2, -v3,
+# tiny-gpt-oss with truncate true, which llama.cpp computes): legitimate
+# cells (KV f32, f16 x flash off, on x ubatch 7, whole; q8_0 flash on),
+# then the latent cache's bugs (its key tail rotated twice, not cached,
+# decode reading unwritten latents: --fault; YaRN's mscale dropped from the
+# GGUF) and the sinks' (dropped, prefill only, masked with key 0 at ubatch
+# 1: --fault; the window off by one in the GGUF).
 # Counted: found at the exact place and named; at the planted layer but
 # later, named (a coarse cache's noise hides the first rows); diverged by
-# the recordings' configs alone (no row steps); missed.
+# the recordings' configs alone (no row steps); missed. A run whose router
+# took another expert at a near tie is judged as kvdiff suite judges it:
+# the reference re-run on its tokens and routing (followed=P in its line).
 #
 # From the repository root, after `make kvdiff recorders`. Needs python3
 # (GGUF patching, reading JSON: the standard library; numpy for the Gemma 4
 # layer type block: KVDIFF_PYTHON names an interpreter that has it).
 set -u
 N_LIST="100 600"; T_LIST="1 2"; PRESETS="tiny-llama tiny-qwen2 tiny-gemma3"; GRID=full; BUGS=1
-BIG_GRID=mini; KV_TYPES="f32 f16 bf16 q8_0 q4_0"; BUILD=build
-while getopts n:t:p:g:G:k:b:B o; do
+BIG_GRID=mini; KV_TYPES="f32 f16 bf16 q8_0 q4_0"; BUILD=build; ONLY_NEW=0
+while getopts n:t:p:g:G:k:b:Bx o; do
   case $o in
     n) N_LIST=$OPTARG;; t) T_LIST=$OPTARG;; p) PRESETS=$OPTARG;; g) GRID=$OPTARG;;
-    G) BIG_GRID=$OPTARG;; k) KV_TYPES=$OPTARG;; b) BUILD=$OPTARG;; B) BUGS=0;; *) exit 2;;
+    G) BIG_GRID=$OPTARG;; k) KV_TYPES=$OPTARG;; b) BUILD=$OPTARG;; B) BUGS=0;;
+    x) ONLY_NEW=1;; *) exit 2;;
   esac
 done
+[ "$ONLY_NEW" = 1 ] && PRESETS=""
 shift $((OPTIND - 1))
 D=${1:-/tmp/kvdiff-xrt-sweep}
 SRC=$PWD
@@ -84,6 +96,18 @@ run_cell() { # TAG GGUF HF REF THREADS KV FA UB EXTRA...
       </dev/null >rec.log 2>&1; then
     echo "$tag not-run: $(tr '\n' ' ' < rec.log | head -c 120)" | tee -a results.txt; return; fi
   $K compare "$ref" s.h5 --json </dev/null > c.json; rc=$?
+  # A router that took another expert at a near tie ends the comparison
+  # there: as kvdiff suite does, the reference is re-run on the test's
+  # tokens and routing (run --follow) and that pair judged, every position.
+  flip=$(python3 -c "import json;print(json.load(open('c.json'))['compared'].get('routing_flip'))" \
+         2>/dev/null)
+  if [ -n "$flip" ] && [ "$flip" != None ] && [ "$hf" != - ]; then
+    rm -f f.h5
+    if $K run --model "$hf" --follow s.h5 --dump f.h5 </dev/null >/dev/null 2>&1; then
+      $K compare f.h5 s.h5 --json </dev/null > c.json; rc=$?
+      tag="$tag followed=$flip"
+    fi
+  fi
   python3 - "$tag" $rc <<'PY' | tee -a results.txt
 import json,sys
 tag,rc=sys.argv[1:]
@@ -135,7 +159,7 @@ for p in $PRESETS; do for n in $N_LIST; do
   done
 done; done
 
-if [ "$BUGS" = 1 ]; then
+if [ "$BUGS" = 1 ] && [ "$ONLY_NEW" = 0 ]; then
   # the quantized caches of -k, with flash attention (llama.cpp's condition)
   QCELLS=""
   for kv in $KV_TYPES; do case $kv in q*) QCELLS="$QCELLS ${kv}:on";; esac; done
@@ -238,6 +262,68 @@ want=0/4/attn_out:kv_owner" g4-share8.gguf - "tiny-gemma4-ref$n.h5" 1 "$kv" "$fa
   done
   # --- end of the Gemma 4 layer type block ---
 fi
+
+# --- the caches beyond grouped-query attention: latent (MLA) and sinks ---
+if [ ! -f oss.gguf ]; then   # gpt-oss with the ramp's ends whole, as llama.cpp computes
+  $K gen --preset tiny-gpt-oss -o oss >/dev/null || exit 2
+  python3 - <<'PY' || exit 2
+import json
+c=json.load(open('oss/config.json')); c['rope_scaling']['truncate']=True
+json.dump(c,open('oss/config.json','w'),indent=1)
+PY
+  $K gen --from oss --gguf oss.gguf >/dev/null || exit 2
+fi
+for p in tiny-deepseek-v2 tiny-deepseek-v3; do
+  [ -f "$p.gguf" ] || $K gen --preset "$p" -o "$p" --gguf "$p.gguf" >/dev/null || exit 2
+done
+gguf_edit meta tiny-deepseek-v2.gguf ds-nomscale.gguf deepseek2.rope.scaling.yarn_log_multiplier 1e-9
+gguf_edit meta oss.gguf oss-w11.gguf gpt-oss.attention.sliding_window 11
+for n in $N_LIST; do
+  for m in tiny-deepseek-v2 tiny-deepseek-v3 oss; do
+    [ -f "$m-ref$n.h5" ] || $K run --model "$m" --prompt-random "$n" --seed 3 --max-new 4 \
+        --ignore-eos --dump "$m-ref$n.h5" >/dev/null || exit 2
+    for cell in f32:off:7 f32:off:W f32:on:7 f16:off:W f16:on:7 f16:on:W q8_0:on:16; do
+      kv=${cell%%:*} rest=${cell#*:} fa=${rest%:*} ub=${rest#*:}
+      [ "$ub" = W ] && ub=$((n + 4))
+      run_cell "legit $m n=$n t=1 kv=$kv fa=$fa ub=$ub" "$m.gguf" "$m" "$m-ref$n.h5" 1 \
+          "$kv" "$fa" "$ub"
+    done
+  done
+  [ "$BUGS" = 1 ] || continue
+  for m in tiny-deepseek-v2 tiny-deepseek-v3; do
+    for bug in mla-rope-twice mla-rope-uncached mla-mixed-forms nomscale; do
+      for cell in f32:off f32:on f16:off f16:on; do for ub in 7 $((n + 4)); do
+        kv=${cell%:*} fa=${cell#*:} g=$m.gguf extra="--fault $bug"
+        case $bug in
+          mla-rope-twice) want="1/0/kv_latent latent_cache";;
+          mla-rope-uncached) [ "$ub" -lt "$n" ] || continue
+            want="$ub/0/attn_out latent_cache";;
+          mla-mixed-forms) want="$n/0/attn_out latent_cache";;
+          nomscale) [ "$m" = tiny-deepseek-v2 ] || continue
+            g=ds-nomscale.gguf extra="" want="1/0/attn_out latent_cache";;
+        esac
+        # shellcheck disable=SC2086
+        run_cell "bug $m-$bug n=$n t=1 kv=$kv fa=$fa ub=$ub want=${want% *}:${want#* }" "$g" \
+            "$m" "$m-ref$n.h5" 1 "$kv" "$fa" "$ub" $extra
+      done; done
+    done
+  done
+  for bug in sink-dropped sink-prefill-only sink-windowed w11; do
+    for cell in f32:off f16:off f16:on q8_0:on; do for ub in 1 7 $((n + 4)); do
+      kv=${cell%:*} fa=${cell#*:} g=oss.gguf extra="--fault $bug"
+      case $bug in
+        sink-dropped) [ "$ub" != 1 ] || continue; want="0/0/attn_out attention_sink";;
+        sink-prefill-only) [ "$ub" != 1 ] || continue; want="$n/0/attn_out attention_sink";;
+        sink-windowed) [ "$ub" = 1 ] || continue; want="12/0/attn_out attention_sink";;
+        w11) [ "$ub" != 1 ] || continue; g=oss-w11.gguf extra="" want="11/0/attn_out window";;
+      esac
+      # shellcheck disable=SC2086
+      run_cell "bug oss-$bug n=$n t=1 kv=$kv fa=$fa ub=$ub want=${want% *}:${want#* }" "$g" \
+          oss "oss-ref$n.h5" 1 "$kv" "$fa" "$ub" $extra
+    done; done
+  done
+done
+# --- end of the latent and sink block ---
 
 # The counts.
 python3 - <<'PY'

@@ -1528,7 +1528,25 @@ static int compare_run(walker *w, cmp_ctx *c, kv_err *e)
     if (r->first.found && getenv("KVDIFF_DIAG_TIME"))
         fprintf(stderr, "diagnosis: %.3f s\n",
                 (double)(d1.tv_sec - d0.tv_sec) + 1e-9 * (double)(d1.tv_nsec - d0.tv_nsec));
-    if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift) {
+    const bool past_routing = r->compared.routing_flip >= 0 &&
+                              r->tokens.pos > r->compared.routing_flip;
+    if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER && !r->tokens.flip_drift &&
+        past_routing) {
+        /* Nothing from the routing flip on was compared: the token is not
+         * evidence either way, and this pair cannot settle it. */
+        r->diag.kind = CMP_DIAG_UNCLASSIFIED;
+        snprintf(r->diag.summary, sizeof r->diag.summary, "not decided: the comparison stops "
+                 "at a routing flip before the tokens differ");
+        snprintf(r->diag.detail, sizeof r->diag.detail, "(the test's router took another "
+                 "expert at a near tie at position %lld, layer %d, a rounding flip, and no "
+                 "position from there on is compared; the tokens differ at %lld, past it. "
+                 "Whether a bug lies after the flip this pair cannot say: re-run the reference "
+                 "on the test's tokens and routing, kvdiff run --model MODEL --follow TEST.h5 "
+                 "--dump FOLLOWED.h5, and compare FOLLOWED.h5 with the test; kvdiff suite does "
+                 "so by itself)", (long long)r->compared.routing_flip,
+                 r->compared.routing_flip_layer, (long long)r->tokens.pos);
+    } else if (!r->first.found && r->tokens.kind == CMP_TOKENS_DIFFER &&
+               !r->tokens.flip_drift) {
         r->diag.kind = CMP_DIAG_UNCLASSIFIED;
         snprintf(r->diag.summary, sizeof r->diag.summary, "cause not identified");
         if (r->xrt.on)   /* the stages do differ there: within the drift model */
@@ -1909,6 +1927,7 @@ static int compare_pass(const cmp_source *ref_in, const cmp_source *test_in, con
             w.pos_limit = c.pos_limit = r->compared.pos_cut = cut;
             w.routing_cut = true;
             r->compared.routing_flip = fl->pos;
+            r->compared.routing_flip_layer = fl->layer;
         }
         if (pass == 1 && fl->group_mul > 0)
             cmp_note(r, "positions %lld.. not compared: at position %lld, layer %d the test "

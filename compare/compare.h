@@ -522,6 +522,7 @@ typedef struct {
     int64_t routing_flip;        /* the position where the test's router took another
                                   * expert at a near tie, the compare stopping at or
                                   * after it (compare.c); -1 none */
+    int routing_flip_layer;      /* and its layer */
     int64_t walked_to;           /* last position the walk read */
     bool by_index;               /* settled by both sides' digests (row hash indexes) */
     char lacks[320];             /* the (layer, stage) pairs one side records and the

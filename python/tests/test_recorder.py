@@ -517,6 +517,34 @@ class TestTorch(Base):
     def test_torch_deepseek_v3(self):
         self.check_model("tiny-deepseek-v3")
 
+    def test_torch_deepseek_bf16_routing_followed(self):
+        """DeepSeek-V2 in bf16 on this prompt: the test's router takes
+        another expert at a near tie at position 8, and a token flips at 15,
+        past it. Compared as run, the pair cannot decide (nothing from the
+        flip on is compared); the reference re-run on the test's tokens and
+        routing is compared at every position: no bug."""
+        from tiny_torch import generate_and_record
+        prompt = list(range(1, 48, 4))
+        model = self.path("tiny-deepseek-v2")
+        ref = self.path("ref-ds2-route.h5")
+        rc, out = kvdiff("run", "--model", model, "--prompt-tokens",
+                         ",".join(map(str, prompt)), "--max-new", "6", "--dump", ref)
+        self.assertEqual(rc, 0, out)
+        dump = self.path("torch-ds2-bf16.h5")
+        generate_and_record(model, prompt, 6, dump, dtype="bf16")
+        rc, text = kvdiff("compare", ref, dump)
+        self.assertEqual(rc, 1, text)
+        self.assertIn("not decided: the comparison stops at a routing flip before the tokens "
+                      "differ", text)
+        self.assertIn("kvdiff run --model MODEL --follow TEST.h5", text)
+        fol = self.path("ref-ds2-followed.h5")
+        rc, out = kvdiff("run", "--model", model, "--follow", dump, "--dump", fol)
+        self.assertEqual(rc, 0, out)
+        rc, text = kvdiff("compare", fol, dump)
+        self.assertEqual(rc, 0, text)
+        self.assertIn("no bug: drift (cross-runtime", text)
+        self.assertNotIn("not compared", text)
+
     def test_torch_deepseek_latent_faults(self):
         """A port's latent-cache bugs in the torch DeepSeek, each found
         where it is born and named: the key tail rotated twice (the cache
