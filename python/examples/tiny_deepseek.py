@@ -46,7 +46,7 @@ def rope_pairs(x, cos, sin, rnd):
     return rnd(out)
 
 
-class MLAAttention(nn.Module):
+class Attention(nn.Module):
     """DeepseekV2Attention / DeepseekV3Attention in the expanded form."""
 
     def __init__(self, c, arch, prec, attn, layer_idx):
@@ -228,7 +228,7 @@ def mlp_for(c, prec, i):
 
 def set_faults(model, faults, prompt_length):
     for m in model.modules():
-        if isinstance(m, MLAAttention):
+        if isinstance(m, Attention):
             m.faults = {f for f in faults if f in FAULTS}
             m.prompt_length = prompt_length
 

@@ -2,8 +2,8 @@
 """A small pure-PyTorch Llama (3) / Qwen2 / Qwen3 / Gemma 3 / Gemma 4 (text:
 per-layer head sizes, v from k, proportional RoPE, KV-shared layers,
 double-wide MLPs, per-layer inputs, layer scalars) / gpt-oss (attention
-sinks, YaRN, a mixture of experts) / DeepSeek-V2, V3 (latent attention,
-shared experts: tiny_deepseek.py) that loads a
+sinks, YaRN, a mixture of experts: tiny_gpt_oss.py) / DeepSeek-V2, V3
+(latent attention, shared experts: tiny_deepseek.py) that loads a
 Hugging Face folder (kvdiff gen writes one) with Hugging Face's module
 names, and records its greedy generation with kvdiff_record.TorchHooks. It
 stands in for transformers (not packaged by Debian) so the recorder, the
@@ -45,9 +45,9 @@ keys before q only: a strict mask), kv-swap=L (layer L's k_proj and v_proj
 weights swapped), norm-eps=E (every RMSNorm with epsilon E), attn-scale=F
 (scores scaled by F times the config's scale: query_pre_attn_scalar halved
 is F = sqrt(2)), sinks-dropped (gpt-oss: no sink in any softmax),
-sinks-prefill-only (gpt-oss: decode steps leave the sink out),
-mla-rope-twice, mla-rope-uncached, mla-no-mscale (DeepSeek:
-tiny_deepseek.py)."""
+sinks-prefill-only (gpt-oss: decode steps leave the sink out;
+tiny_gpt_oss.py), mla-rope-twice, mla-rope-uncached, mla-no-mscale
+(DeepSeek: tiny_deepseek.py)."""
 
 import argparse
 import json
@@ -65,14 +65,23 @@ from kvdiff_record import Recorder, model_config_from_hf  # noqa: E402
 from kvdiff_record.torch_hooks import TorchHooks, hf_names  # noqa: E402
 
 DTYPES = {"f32": None, "bf16": torch.bfloat16, "f16": torch.float16}
-DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+
+# The families whose attention or MLP is their own, each in a file beside
+# this one that imports it (loaded when such a model is built): model_type
+# -> module. A module gives Attention (the attention class), mlp_for(c,
+# prec, layer) (a layer's MLP), FAULTS (the --fault names it plants),
+# set_faults(model, faults, prompt_length) and names() (its taps beyond
+# hf_names, for the recorder).
+FAMILY_FILES = {"gpt_oss": "tiny_gpt_oss", "deepseek_v2": "tiny_deepseek",
+                "deepseek_v3": "tiny_deepseek"}
+FAMILY_FAULTS = ("sinks-dropped", "sinks-prefill-only", "mla-rope-twice", "mla-rope-uncached",
+                 "mla-no-mscale")
 
 
-def tiny_deepseek():
-    """DeepSeek's attention and MLPs (tiny_deepseek.py, which imports this
-    module: loaded when a DeepSeek model is built)."""
-    import tiny_deepseek as module
-    return module
+def family(model_type):
+    """The family file's module of model_type, or None."""
+    name = FAMILY_FILES.get(model_type)
+    return __import__(name) if name else None
 
 
 def load_safetensors(path):
@@ -142,8 +151,7 @@ class Faults:
         self.kv_swap = None
         self.norm_eps = None
         self.attn_scale = None
-        self.sinks = "on"
-        self.mla = []
+        self.family = []   # FAMILY_FAULTS given: the family file plants them
         for s in specs or []:
             name, _, arg = s.partition("=")
             try:
@@ -172,11 +180,8 @@ class Faults:
                         raise ValueError("no such layer")
                 elif name == "norm-eps" and arg:
                     self.norm_eps = float(arg)
-                elif name in ("sinks-dropped", "sinks-prefill-only") and not arg:
-                    self.sinks = name[len("sinks-"):]
-                elif name in ("mla-rope-twice", "mla-rope-uncached", "mla-no-mscale") and \
-                        not arg:
-                    self.mla.append(name)
+                elif name in FAMILY_FAULTS and not arg:
+                    self.family.append(name)
                 elif name == "attn-scale" and arg:
                     self.attn_scale = float(arg)
                     if not (self.attn_scale > 0 and math.isfinite(self.attn_scale)):
@@ -345,6 +350,13 @@ class DynamicCache:
 
 
 class Attention(nn.Module):
+    """The attention of Llama, Qwen and Gemma; a family file's subclass
+    sets the switches below (tiny_gpt_oss: biases, sinks, YaRN on the
+    sliding layers too) and may take the softmax (softmax, use_sink)."""
+    qkv_bias = False      # q, k, v biases (Qwen2 has them whatever this says)
+    o_bias = False        # an o_proj bias
+    scale_sliding = False # rope_scaling on the sliding layers too
+
     def __init__(self, c, arch, prec, attn, layer_idx):
         super().__init__()
         h, e = c["num_attention_heads"], c["hidden_size"]
@@ -352,18 +364,13 @@ class Attention(nn.Module):
         self.h, self.kv, self.d = h, kv, d
         self.layer_idx = layer_idx
         self.owner = c["kv_owner"][layer_idx]
-        bias = arch in ("qwen2", "gpt_oss")
+        bias = arch == "qwen2" or self.qkv_bias
         self.q_proj = Linear(e, h * d, bias, prec)
         if self.owner == layer_idx:   # a KV-shared layer has no k and v of its own
             self.k_proj = Linear(e, kv * d, bias, prec)
             if not self.k_eq_v:       # Gemma 4's K=V layers take v from k_proj
                 self.v_proj = Linear(e, kv * d, bias, prec)
-        self.o_proj = Linear(h * d, e, arch == "gpt_oss", prec)
-        if arch == "gpt_oss":   # a learned sink logit per head
-            self.sinks = nn.Parameter(torch.zeros(h))
-        self.sink_mode = "on"         # --fault sinks-dropped / sinks-prefill-only
-        self.prompt_length = 0
-        self.scale_sliding = arch == "gpt_oss"   # YaRN on every layer
+        self.o_proj = Linear(h * d, e, self.o_bias, prec)
         self.qk_norm = arch in ("gemma3_text", "qwen3", "gemma4_text")
         kind = norm_kind(arch)
         if self.qk_norm:
@@ -431,8 +438,7 @@ class Attention(nn.Module):
         if window:
             mask |= kpos[None, :] <= positions[:, None] - window
         mask |= ~visible[kpos][None, :]
-        sink = hasattr(self, "sinks") and (self.sink_mode == "on" or (
-            self.sink_mode == "prefill-only" and positions[0] < self.prompt_length))
+        sink = self.use_sink(positions)
         if self.attn == "eager":
             scores = p.rnd(p.rnd(q @ kk.transpose(1, 2)) * scale)
             scores = scores.masked_fill(mask[None], float("-inf"))
@@ -445,70 +451,15 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
+    def use_sink(self, positions):
+        """Whether this forward's softmax takes a sink (none here)."""
+        del positions
+        return False
+
     def softmax(self, scores, sink):
-        """The softmax over the keys; with the sink (gpt-oss) one more
-        logit per head joins it, and its column is dropped, as
-        transformers' eager_attention_forward for GptOss does."""
-        if not sink:
-            return torch.softmax(scores, -1)
-        col = self.sinks.view(-1, 1, 1).expand(scores.shape[0], scores.shape[1], 1)
-        both = torch.cat([scores, col], -1)
-        both = both - both.max(-1, keepdim=True).values
-        return torch.softmax(both, -1)[..., :-1]
-
-
-class Router(nn.Module):
-    """GptOssTopKRouter: logits, the top k, softmax over the chosen."""
-
-    def __init__(self, c, prec):
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(c["num_local_experts"], c["hidden_size"]))
-        self.bias = nn.Parameter(torch.zeros(c["num_local_experts"]))
-        self.top_k, self.prec = c["num_experts_per_tok"], prec
-        self.logits_tap = nn.Identity()   # the router's logits: the hooks' tap
-
-    def forward(self, x):
-        logits = self.logits_tap(self.prec.rnd(nn.functional.linear(x, self.weight, self.bias)))
-        val, idx = torch.topk(logits, self.top_k, dim=-1)
-        return self.prec.rnd(torch.softmax(val, -1)), idx
-
-
-class Experts(nn.Module):
-    """GptOssExperts: stacked, input-major; gate and up interleaved."""
-
-    def __init__(self, c, prec):
-        super().__init__()
-        x, e, i = c["num_local_experts"], c["hidden_size"], c["intermediate_size"]
-        self.gate_up_proj = nn.Parameter(torch.zeros(x, e, 2 * i))
-        self.gate_up_proj_bias = nn.Parameter(torch.zeros(x, 2 * i))
-        self.down_proj = nn.Parameter(torch.zeros(x, i, e))
-        self.down_proj_bias = nn.Parameter(torch.zeros(x, e))
-        self.limit, self.prec = c.get("swiglu_limit", 7.0), prec
-
-    def forward(self, x, weights, idx):
-        r = self.prec.rnd
-        out = torch.zeros_like(x)
-        for t in range(x.shape[0]):
-            for w, e in zip(weights[t], idx[t]):
-                gu = r(x[t] @ self.gate_up_proj[e] + self.gate_up_proj_bias[e])
-                g, u = gu[0::2].clamp(max=self.limit), gu[1::2].clamp(-self.limit, self.limit)
-                y = r(r(g * torch.sigmoid(g * 1.702)) * (u + 1))
-                out[t] = r(out[t] + r(w * r(y @ self.down_proj[e] + self.down_proj_bias[e])))
-        return out
-
-
-class MoE(nn.Module):
-    """GptOssMLP: returns (output, router scores) as transformers' does."""
-
-    def __init__(self, c, prec):
-        super().__init__()
-        self.router, self.experts = Router(c, prec), Experts(c, prec)
-
-    def forward(self, x):
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1])
-        w, idx = self.router(flat)
-        return self.experts(flat, w, idx).view(shape), w
+        """The softmax over the keys (sink: a family's, tiny_gpt_oss)."""
+        del sink
+        return torch.softmax(scores, -1)
 
 
 class MLP(nn.Module):
@@ -540,11 +491,9 @@ class Layer(nn.Module):
             self.pre_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
             self.post_feedforward_layernorm = RMSNorm(e, eps, kind, prec)
         shared = c["kv_owner"][layer_idx] != layer_idx
-        if arch in DEEPSEEK:
-            self.mlp = tiny_deepseek().mlp_for(c, prec, layer_idx)
-        else:
-            self.mlp = MoE(c, prec) if arch == "gpt_oss" else \
-                MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
+        fam = family(arch)
+        self.mlp = fam.mlp_for(c, prec, layer_idx) if fam else \
+            MLP(c, gemma, prec, wide=shared and bool(c.get("use_double_wide_mlp")))
         self.ple = arch == "gemma4_text" and c.get("hidden_size_per_layer_input", 0) > 0
         if self.ple:   # Gemma 4's per-layer input block and layer scalar
             pl = c["hidden_size_per_layer_input"]
@@ -651,8 +600,9 @@ class TinyCausalLM(nn.Module):
             raise ValueError(f"--attn {attn!r}: expected sdpa or eager")
         if cache not in ("dynamic", "full"):
             raise ValueError(f"cache {cache!r}: expected dynamic or full")
-        if arch in DEEPSEEK:
-            attention = tiny_deepseek().MLAAttention
+        fam = family(arch)
+        if fam:
+            attention = fam.Attention
         elif rotary == "single":
             from tiny_rope_single import SingleRopeAttention as attention
         elif rotary == "pair":
@@ -682,9 +632,8 @@ class TinyCausalLM(nn.Module):
                 m.eps = f.norm_eps
             if isinstance(m, Attention):
                 m.strict = f.own_masked
-                m.sink_mode, m.prompt_length = f.sinks, prompt_length
-        if arch in DEEPSEEK:
-            tiny_deepseek().set_faults(self, f.mla, prompt_length)
+        if fam:
+            fam.set_faults(self, f.family, prompt_length)
         # Gemma's sqrt(hidden) embedding scale: a float32 value (DESIGN.md),
         # which transformers casts to the dtype before the product.
         scale = float(np.float32(math.sqrt(c["hidden_size"]))) if self.gemma else 1.0
@@ -744,10 +693,9 @@ def tiny_names(model_type):
     logits are recorded by generate_and_record (one row per step)."""
     names = dict(hf_names(model_type))
     names["q"] = ("model.layers.{i}.self_attn.q_rope", "out")
-    if model_type == "gpt_oss":
-        names["router_logits"] = ("model.layers.{i}.mlp.router.logits_tap", "out")
-    if model_type in DEEPSEEK:
-        names.update(tiny_deepseek().names())
+    fam = family(model_type)
+    if fam:
+        names.update(fam.names())
     del names["final_norm"], names["logits"]
     return names
 
