@@ -202,6 +202,13 @@ def moe_layer(config, layer):
     return layer >= first and layer % every == 0
 
 
+def _has_sinks(config):
+    """Does the model_type's family put a sink in every softmax (its row in
+    families.FAMILIES says SINKS)?"""
+    from . import families   # the family files import this module
+    return bool(getattr(families.FAMILIES.get(config.get("model_type")), "SINKS", False))
+
+
 def stage_width(config, stage, layer=None):
     """Floats per row of `stage` (of `layer`, whose widths may differ on
     Gemma 4) for the model_config dict `config`."""
@@ -221,7 +228,7 @@ def stage_width(config, stage, layer=None):
     if stage == "router_logits" and not config.get("num_local_experts"):
         raise RecorderError("router_logits: the model has no experts (num_local_experts is "
                             "not set in the model config)")
-    if stage == "attn_sink" and config.get("model_type") != "gpt_oss":
+    if stage == "attn_sink" and not _has_sinks(config):
         raise RecorderError("attn_sink: the model has no attention sinks")
     if stage == "kv_latent" and not config.get("kv_lora_rank"):
         raise RecorderError("kv_latent: the model has no latent (MLA) cache (kv_lora_rank is "

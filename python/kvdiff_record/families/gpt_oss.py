@@ -12,6 +12,7 @@ ARCH = dict(act="hidden_act", required=True, heads=0, kv=0, head_dim=64, vocab=0
             theta=150000.0, tie=False, bos=-1, eos=-1)
 MAX_POSITIONS = 131072
 SLIDES = (2, 128)   # without layer_types every 2nd layer full; window 128
+SINKS = True        # a learned sink logit per head in every softmax (the attn_sink stage)
 
 
 def rules(cx, obj, c):
