@@ -519,30 +519,37 @@ START_TEST(test_llama_tiny_gemma4)
 }
 END_TEST
 
-/* A cache bug planted in llama.cpp (kvdiff-llama --fault F with opts) on
- * dir's m.gguf and ref.h5's prompt: found at layer 0, position pos, stage,
- * named kind, the compare saying `says`. */
+/* A bug planted in llama.cpp, by kvdiff-llama --fault F (fault) or in the
+ * GGUF (gguf: a file in dir; NULL: dir's m.gguf), run with opts on ref.h5's
+ * prompt and max_new tokens (0: 6): found at layer 0, position pos, stage,
+ * named kind, the compare saying `says` (its text is left in out). */
 typedef struct {
     const char *fault, *opts, *stage, *says;
     long pos;
+    const char *gguf;
+    int max_new;
 } planted_bug;
 
 static void expect_planted(const char *dir, const char *what, const planted_bug *b,
                            const char *kind)
 {
-    char path[512], args[2048];
-    snprintf(path, sizeof path, "%s/%s.h5", dir, b->fault);
-    snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 6 --ignore-eos %s "
-             "--fault %s --dump %s", dir, dir, b->opts, b->fault, path);
+    char path[512], args[2048], fault[128] = "";
+    const char *name = b->fault ? b->fault : b->gguf;
+    if (b->fault)
+        snprintf(fault, sizeof fault, "--fault %s", b->fault);
+    snprintf(path, sizeof path, "%s/%s.h5", dir, name);
+    snprintf(args, sizeof args, "%s/%s --prompt-from %s/ref.h5 --max-new %d --ignore-eos %s "
+             "%s --dump %s", dir, b->gguf ? b->gguf : "m.gguf", dir, b->max_new ? b->max_new : 6,
+             b->opts, fault, path);
     ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
     g4_verdict w = compare_json(dir, path);
     ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == b->pos &&
                   !strcmp(w.stage, b->stage) && !strcmp(w.kind, kind),
-                  "%s %s: verdict %s at layer %ld position %ld %s (%s)", what, b->fault,
+                  "%s %s: verdict %s at layer %ld position %ld %s (%s)", what, name,
                   w.verdict, w.layer, w.pos, w.stage, w.kind);
     snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
     test_run_cli(args, out, sizeof out);
-    ck_assert_msg(strstr(out, b->says), "%s %s: %s", what, b->fault, out);
+    ck_assert_msg(strstr(out, b->says), "%s %s: %s", what, name, out);
 }
 
 /* tiny-deepseek-v2 and -v3 in llama.cpp's deepseek2 graph, MLA form (the
@@ -599,28 +606,20 @@ START_TEST(test_llama_tiny_deepseek)
         snprintf(path, sizeof path, "%s/m.gguf", dir);
         ck_assert_int_eq(gguf_patch(path, bad, "deepseek2.rope.scaling.yarn_log_multiplier",
                                     1e-9), 0);
-        snprintf(path, sizeof path, "%s/nomscale.h5", dir);
-        snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
-                 "--cache-type f16 --dump %s", bad, dir, path);
-        ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
-        g4_verdict w = compare_json(dir, path);
-        ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == 1 &&
-                      !strcmp(w.stage, "attn_out") && !strcmp(w.kind, "latent_cache"),
-                      "no mscale: verdict %s at layer %ld position %ld %s (%s)", w.verdict,
-                      w.layer, w.pos, w.stage, w.kind);
-        snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
-        test_run_cli(args, out, sizeof out);
-        ck_assert_msg(strstr(out, "lacks YaRN's mscale_all_dim correction") &&
-                      strstr(out, "from the test's q, k, v"), "%s", out);
+        const planted_bug nomscale = {NULL, "--cache-type f16", "attn_out",
+                                      "lacks YaRN's mscale_all_dim correction", 1,
+                                      .gguf = "nomscale.gguf"};
+        expect_planted(dir, presets[_i], &nomscale, "latent_cache");
+        ck_assert_msg(strstr(out, "from the test's q, k, v"), "%s", out);
     }
     /* The latent cache's own bugs, made in llama.cpp's graph as it runs
      * (kvdiff-llama --fault): each found where it is born and named. */
     static const planted_bug planted[] = {
-        {"mla-rope-twice", "--cache-type f16", "kv_latent", "tail is rotated twice", 1},
+        {"mla-rope-twice", "--cache-type f16", "kv_latent", "tail is rotated twice", 1, NULL, 0},
         {"mla-rope-uncached", "--cache-type f16 --flash-attn on --ubatch 7", "attn_out",
-         "holds no RoPE key tail: keys before position 7", 7},
+         "holds no RoPE key tail: keys before position 7", 7, NULL, 0},
         {"mla-mixed-forms", "--cache-type f32", "attn_out",
-         "decode reads the latent cache empty at every prompt position", 40},
+         "decode reads the latent cache empty at every prompt position", 40, NULL, 0},
     };
     for (size_t i = 0; i < sizeof planted / sizeof *planted; i++)
         expect_planted(dir, presets[_i], &planted[i], "latent_cache");
@@ -680,25 +679,20 @@ START_TEST(test_llama_tiny_gpt_oss)
     snprintf(bad, sizeof bad, "%s/w11.gguf", dir);
     snprintf(path, sizeof path, "%s/m.gguf", dir);
     ck_assert_int_eq(gguf_patch(path, bad, "gpt-oss.attention.sliding_window", 11), 0);
-    snprintf(path, sizeof path, "%s/w11.h5", dir);
-    snprintf(args, sizeof args, "%s --prompt-from %s/ref.h5 --max-new 6 --ignore-eos "
-             "--cache-type q8_0 --flash-attn on --dump %s", bad, dir, path);
-    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
-    g4_verdict w = compare_json(dir, path);
-    ck_assert_msg(!strcmp(w.verdict, "diverged") && w.layer == 0 && w.pos == 11 &&
-                  !strcmp(w.kind, "window"), "window 11: verdict %s at layer %ld position %ld "
-                  "%s (%s)", w.verdict, w.layer, w.pos, w.stage, w.kind);
+    const planted_bug w11 = {NULL, "--cache-type q8_0 --flash-attn on", "attn_out", "window",
+                             11, .gguf = "w11.gguf"};
+    expect_planted(dir, "tiny-gpt-oss", &w11, "window");
     /* The sinks left out inside llama.cpp (kvdiff-llama --fault: the sink
      * weights set to -inf before attention reads them), in every softmax,
      * in decode only, or on a sliding layer's rows whose window has left
      * key 0 (the sink masked as that key): found where they act, named. */
     static const planted_bug sinks[] = {
         {"sink-dropped", "--cache-type f16 --flash-attn on", "attn_out",
-         "sinks are left out of the softmax", 0},
+         "sinks are left out of the softmax", 0, NULL, 0},
         {"sink-prefill-only", "--cache-type f32", "attn_out",
-         "sinks are applied in prefill only", 40},
+         "sinks are applied in prefill only", 40, NULL, 0},
         {"sink-windowed", "--cache-type f16 --flash-attn on --ubatch 1", "attn_out",
-         "sink is masked like the key at position 0", 12},
+         "sink is masked like the key at position 0", 12, NULL, 0},
     };
     for (size_t i = 0; i < sizeof sinks / sizeof *sinks; i++)
         expect_planted(dir, "tiny-gpt-oss", &sinks[i], "attention_sink");
@@ -706,19 +700,11 @@ START_TEST(test_llama_tiny_gpt_oss)
     ck_assert_ptr_nonnull(test_tmpdir(dir, sizeof dir));
     oss_folder(dir, false);
     run_reference(dir, 4);
-    snprintf(path, sizeof path, "%s/llama.h5", dir);
-    snprintf(args, sizeof args, "%s/m.gguf --prompt-from %s/ref.h5 --max-new 4 --ignore-eos "
-             "--cache-type f32 --dump %s", dir, dir, path);
-    ck_assert_msg(test_run_recorder(args, out, sizeof out) == 0, "%s", out);
-    g4_verdict v = compare_json(dir, path);
-    ck_assert_msg(!strcmp(v.verdict, "diverged") && v.layer == 0 && v.pos == 1 &&
-                  !strcmp(v.stage, "q") && !strcmp(v.kind, "rope_convention"),
-                  "verdict %s at layer %ld position %ld %s (%s)", v.verdict, v.layer, v.pos,
-                  v.stage, v.kind);
-    snprintf(args, sizeof args, "compare %s/ref.h5 %s", dir, path);
-    test_run_cli(args, out, sizeof out);
-    ck_assert_msg(strstr(out, "YaRN with the ramp's ends rounded to whole dims (truncate true, "
-                         "which llama.cpp always computes"), "%s", out);
+    const planted_bug truncate = {NULL, "--cache-type f32", "q",
+                                  "YaRN with the ramp's ends rounded to whole dims (truncate "
+                                  "true, which llama.cpp always computes", 1, .gguf = "m.gguf",
+                                  .max_new = 4};
+    expect_planted(dir, "tiny-gpt-oss truncate false", &truncate, "rope_convention");
     test_rmtree(dir);
 }
 END_TEST
